@@ -1,0 +1,39 @@
+//! The block-device seam between frontends (NBD today, ublk later) and whatever serves the
+//! blocks (a volume engine, or a plain file in tests). Frontends validate alignment and range
+//! against `size()` before calling; implementations check again.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use hawser_core::IoError;
+
+#[async_trait]
+pub trait BlockDevice: Send + Sync + 'static {
+    /// Size in bytes (a multiple of 4096).
+    fn size(&self) -> u64;
+    /// Read `len` bytes at `offset`.
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, IoError>;
+    /// Write `data` at `offset`; with `fua` the data is durable when this returns.
+    /// `data` is 4096-aligned in memory when it came from a frontend (see `AlignedBuf`).
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError>;
+    /// Make every write that completed before this call durable.
+    async fn flush(&self) -> Result<(), IoError>;
+    /// Discard a range; it reads back as zeroes.
+    async fn trim(&self, offset: u64, len: u32) -> Result<(), IoError>;
+    /// Zero a range; `may_trim` allows deallocating it.
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        may_trim: bool,
+    ) -> Result<(), IoError>;
+}
+
+/// Finds the device behind an NBD export name (a volume attached on this node).
+pub trait ExportRegistry: Send + Sync + 'static {
+    fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>>;
+    /// Names of all exports, for NBD_OPT_LIST.
+    fn names(&self) -> Vec<String>;
+}

@@ -1,0 +1,34 @@
+//! Types of Hawser's REST APIs: the controller's (used by the CLI, agents and tests) and the
+//! agent's admin API (used by the controller). JSON over HTTP; unknown fields are refused so
+//! a typo in a request is an error, not a silently ignored setting.
+
+pub mod agent;
+pub mod controller;
+pub mod error;
+pub mod size;
+
+pub use error::{ApiError, ErrorCode};
+pub use size::{format_size, parse_size, SizeError};
+
+/// Default controller address (loopback only).
+pub const DEFAULT_CONTROLLER_URL: &str = "http://127.0.0.1:9400";
+
+/// Checks a user-chosen name (volume, node, pool): 1-63 characters of `[a-z0-9-]`, starting
+/// with a letter or digit, like a Kubernetes DNS label, so it is safe in paths and URIs.
+pub fn validate_name(kind: &str, name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && !name.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "invalid {kind} name {name:?}: use 1-63 characters a-z, 0-9 and '-', \
+                 not starting with '-'"
+            ),
+        ))
+    }
+}

@@ -1,0 +1,181 @@
+//! On-disk replica metadata: a fixed 4096-byte record with magic, version and checksum, kept
+//! next to the replica's data file and replaced atomically (write temp, fsync, rename, fsync
+//! directory) so a crash leaves either the old or the new record, never a mix.
+
+use crate::constants::MAX_ID_BYTES;
+
+pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HWSRMETA");
+pub const META_VERSION: u32 = 1;
+/// One block, so the record is written by a single sector-aligned write.
+pub const META_LEN: usize = 4096;
+
+/// Replica states as stored on disk. Issue-level semantics live in docs/protocol.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReplicaDiskState {
+    /// Created, holds data of the volume as of its last in-sync write.
+    Ok = 1,
+    /// Marked failed after a disk error; never read from.
+    Failed = 2,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaMeta {
+    pub volume: String,
+    pub replica: String,
+    /// Volume size in bytes.
+    pub size: u64,
+    /// Highest volume epoch this replica has accepted. Requests with a lower epoch are refused.
+    pub epoch: u64,
+    /// Bumped on every metadata change (debugging, resync ordering later).
+    pub generation: u64,
+    pub state: ReplicaDiskState,
+    /// Thin (sparse) or thick (fully allocated) data file.
+    pub thin: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MetaError {
+    #[error("metadata record is {len} bytes, expected {META_LEN}")]
+    BadLength { len: usize },
+    #[error("not a Hawser replica metadata record (magic {found:#018x})")]
+    BadMagic { found: u64 },
+    #[error("unsupported metadata version {found}")]
+    BadVersion { found: u32 },
+    #[error("metadata checksum mismatch (computed {computed:#010x}, stored {found:#010x})")]
+    Checksum { computed: u32, found: u32 },
+    #[error("metadata field {field} is invalid")]
+    BadField { field: &'static str },
+}
+
+// Layout: magic u64 | version u32 | state u8 | thin u8 | pad u16 | size u64 | epoch u64 |
+// generation u64 | vol_len u16 | rep_len u16 | volume bytes | replica bytes | zeroes |
+// crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
+const IDS_AT: usize = 44;
+
+impl ReplicaMeta {
+    pub fn encode(&self) -> Result<Vec<u8>, MetaError> {
+        let vol = self.volume.as_bytes();
+        let rep = self.replica.as_bytes();
+        if vol.is_empty() || vol.len() > MAX_ID_BYTES {
+            return Err(MetaError::BadField { field: "volume" });
+        }
+        if rep.is_empty() || rep.len() > MAX_ID_BYTES {
+            return Err(MetaError::BadField { field: "replica" });
+        }
+        let mut b = vec![0u8; META_LEN];
+        b[0..8].copy_from_slice(&META_MAGIC.to_le_bytes());
+        b[8..12].copy_from_slice(&META_VERSION.to_le_bytes());
+        b[12] = self.state as u8;
+        b[13] = u8::from(self.thin);
+        b[16..24].copy_from_slice(&self.size.to_le_bytes());
+        b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        b[32..40].copy_from_slice(&self.generation.to_le_bytes());
+        // Both lengths are <= MAX_ID_BYTES (checked above), so they fit in u16.
+        b[40..42].copy_from_slice(&(vol.len() as u16).to_le_bytes());
+        b[42..44].copy_from_slice(&(rep.len() as u16).to_le_bytes());
+        b[IDS_AT..IDS_AT + vol.len()].copy_from_slice(vol);
+        b[IDS_AT + vol.len()..IDS_AT + vol.len() + rep.len()].copy_from_slice(rep);
+        let crc = crc32c::crc32c(&b[..META_LEN - 4]);
+        b[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+        Ok(b)
+    }
+
+    /// Decode a record read from disk. Never panics.
+    pub fn decode(b: &[u8]) -> Result<ReplicaMeta, MetaError> {
+        if b.len() != META_LEN {
+            return Err(MetaError::BadLength { len: b.len() });
+        }
+        let magic = u64::from_le_bytes(arr8(&b[0..8]));
+        if magic != META_MAGIC {
+            return Err(MetaError::BadMagic { found: magic });
+        }
+        let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if version != META_VERSION {
+            return Err(MetaError::BadVersion { found: version });
+        }
+        let found = u32::from_le_bytes([b[4092], b[4093], b[4094], b[4095]]);
+        let computed = crc32c::crc32c(&b[..META_LEN - 4]);
+        if computed != found {
+            return Err(MetaError::Checksum { computed, found });
+        }
+        let state = match b[12] {
+            1 => ReplicaDiskState::Ok,
+            2 => ReplicaDiskState::Failed,
+            _ => return Err(MetaError::BadField { field: "state" }),
+        };
+        let thin = match b[13] {
+            0 => false,
+            1 => true,
+            _ => return Err(MetaError::BadField { field: "thin" }),
+        };
+        let vol_len = usize::from(u16::from_le_bytes([b[40], b[41]]));
+        let rep_len = usize::from(u16::from_le_bytes([b[42], b[43]]));
+        if vol_len == 0 || vol_len > MAX_ID_BYTES || rep_len == 0 || rep_len > MAX_ID_BYTES {
+            return Err(MetaError::BadField { field: "id length" });
+        }
+        let id = |from: usize, len: usize, field| {
+            std::str::from_utf8(&b[from..from + len])
+                .map(str::to_owned)
+                .map_err(|_| MetaError::BadField { field })
+        };
+        Ok(ReplicaMeta {
+            volume: id(IDS_AT, vol_len, "volume")?,
+            replica: id(IDS_AT + vol_len, rep_len, "replica")?,
+            size: u64::from_le_bytes(arr8(&b[16..24])),
+            epoch: u64::from_le_bytes(arr8(&b[24..32])),
+            generation: u64::from_le_bytes(arr8(&b[32..40])),
+            state,
+            thin,
+        })
+    }
+}
+
+fn arr8(s: &[u8]) -> [u8; 8] {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(s);
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ReplicaMeta {
+        ReplicaMeta {
+            volume: "demo".into(),
+            replica: "demo-r1".into(),
+            size: 1 << 30,
+            epoch: 4,
+            generation: 11,
+            state: ReplicaDiskState::Ok,
+            thin: true,
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let m = sample();
+        assert_eq!(ReplicaMeta::decode(&m.encode().expect("encode")), Ok(m));
+    }
+
+    #[test]
+    fn corruption_anywhere_is_detected() {
+        let bytes = sample().encode().expect("encode");
+        for at in [0, 9, 12, 20, 30, 45, 2000, 4095] {
+            let mut b = bytes.clone();
+            b[at] ^= 0x40;
+            assert!(ReplicaMeta::decode(&b).is_err(), "flip at {at} accepted");
+        }
+        assert_eq!(ReplicaMeta::decode(&bytes[..100]), Err(MetaError::BadLength { len: 100 }));
+    }
+
+    #[test]
+    fn bad_ids_refused_on_encode() {
+        let mut m = sample();
+        m.volume = String::new();
+        assert!(m.encode().is_err());
+        m.volume = "x".repeat(MAX_ID_BYTES + 1);
+        assert!(m.encode().is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! NBD protocol messages (newstyle fixed handshake and transmission), big-endian.
