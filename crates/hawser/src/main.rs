@@ -1,0 +1,2 @@
+//! The `hawser` binary.
+fn main() {}
