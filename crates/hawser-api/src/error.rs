@@ -44,7 +44,10 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { code, message: message.into() }
+        ApiError {
+            code,
+            message: message.into(),
+        }
     }
     pub fn not_found(kind: &str, name: &str) -> Self {
         ApiError::new(ErrorCode::NotFound, format!("{kind} {name:?} not found"))

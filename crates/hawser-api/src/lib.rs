@@ -18,7 +18,9 @@ pub const DEFAULT_CONTROLLER_URL: &str = "http://127.0.0.1:9400";
 pub fn validate_name(kind: &str, name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         && !name.starts_with('-');
     if ok {
         Ok(())

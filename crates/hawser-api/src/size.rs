@@ -30,14 +30,20 @@ impl From<SizeError> for ApiError {
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     let s = input.trim();
     if s.starts_with('-') {
-        return Err(SizeError::Negative { input: input.into() });
+        return Err(SizeError::Negative {
+            input: input.into(),
+        });
     }
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     if num.is_empty() {
-        return Err(SizeError::Unparsable { input: input.into() });
+        return Err(SizeError::Unparsable {
+            input: input.into(),
+        });
     }
-    let n: u64 = num.parse().map_err(|_| SizeError::Overflow { input: input.into() })?;
+    let n: u64 = num.parse().map_err(|_| SizeError::Overflow {
+        input: input.into(),
+    })?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "ki" | "kib" => 1 << 10,
@@ -48,9 +54,15 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        _ => return Err(SizeError::Unparsable { input: input.into() }),
+        _ => {
+            return Err(SizeError::Unparsable {
+                input: input.into(),
+            })
+        }
     };
-    let bytes = n.checked_mul(mult).ok_or(SizeError::Overflow { input: input.into() })?;
+    let bytes = n.checked_mul(mult).ok_or(SizeError::Overflow {
+        input: input.into(),
+    })?;
     check_volume_size(bytes)?;
     Ok(bytes)
 }
@@ -64,7 +76,9 @@ pub fn check_volume_size(bytes: u64) -> Result<(), SizeError> {
         return Err(SizeError::Unaligned { bytes });
     }
     if bytes > 1 << 62 {
-        return Err(SizeError::Overflow { input: bytes.to_string() });
+        return Err(SizeError::Overflow {
+            input: bytes.to_string(),
+        });
     }
     Ok(())
 }
@@ -105,12 +119,27 @@ mod tests {
     fn rejects_bad_sizes() {
         assert_eq!(parse_size("0"), Err(SizeError::Zero));
         assert_eq!(parse_size("0GiB"), Err(SizeError::Zero));
-        assert!(matches!(parse_size("-1GiB"), Err(SizeError::Negative { .. })));
-        assert!(matches!(parse_size("ten"), Err(SizeError::Unparsable { .. })));
-        assert!(matches!(parse_size("10XB"), Err(SizeError::Unparsable { .. })));
+        assert!(matches!(
+            parse_size("-1GiB"),
+            Err(SizeError::Negative { .. })
+        ));
+        assert!(matches!(
+            parse_size("ten"),
+            Err(SizeError::Unparsable { .. })
+        ));
+        assert!(matches!(
+            parse_size("10XB"),
+            Err(SizeError::Unparsable { .. })
+        ));
         assert!(matches!(parse_size(""), Err(SizeError::Unparsable { .. })));
-        assert_eq!(parse_size("1000"), Err(SizeError::Unaligned { bytes: 1000 }));
-        assert!(matches!(parse_size("99999999999TiB"), Err(SizeError::Overflow { .. })));
+        assert_eq!(
+            parse_size("1000"),
+            Err(SizeError::Unaligned { bytes: 1000 })
+        );
+        assert!(matches!(
+            parse_size("99999999999TiB"),
+            Err(SizeError::Overflow { .. })
+        ));
         assert!(matches!(
             parse_size("99999999999999999999999"),
             Err(SizeError::Overflow { .. })

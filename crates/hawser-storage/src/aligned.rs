@@ -28,7 +28,9 @@ impl AlignedBuf {
         let layout = Self::layout(len);
         // SAFETY: layout has a non-zero size (at least ALIGN) and a power-of-two alignment.
         let raw = unsafe { alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
         AlignedBuf { ptr, len }
     }
 

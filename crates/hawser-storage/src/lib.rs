@@ -2,5 +2,15 @@
 //! record) on one node. Blocking I/O only: callers run it on a thread pool.
 
 pub mod aligned;
+pub mod error;
+pub mod file_ops;
+pub mod pool;
+pub mod replica;
 
 pub use aligned::AlignedBuf;
+pub use error::{ReplicaIoError, StorageError};
+pub use pool::{Pool, PoolConfig, PoolUsage};
+pub use replica::{NewReplica, Replica};
+
+#[cfg(test)]
+mod tests;

@@ -135,7 +135,11 @@ pub enum FrameError {
     #[error("payload of {len} bytes exceeds the maximum of {MAX_PAYLOAD_BYTES}")]
     PayloadTooLarge { len: u32 },
     #[error("{op:?} frame with payload_len {payload_len} does not fit its length {length}")]
-    BadPayloadLen { op: Op, length: u32, payload_len: u32 },
+    BadPayloadLen {
+        op: Op,
+        length: u32,
+        payload_len: u32,
+    },
     #[error("frame shorter than its header ({len} < {HEADER_LEN} bytes)")]
     Truncated { len: usize },
 }
@@ -277,7 +281,11 @@ impl FrameHeader {
         if ok {
             Ok(())
         } else {
-            Err(FrameError::BadPayloadLen { op: self.op, length, payload_len })
+            Err(FrameError::BadPayloadLen {
+                op: self.op,
+                length,
+                payload_len,
+            })
         }
     }
 
@@ -285,7 +293,10 @@ impl FrameHeader {
     pub fn check_payload(&self, payload: &[u8]) -> Result<(), FrameError> {
         let computed = crc32c::crc32c(payload);
         if computed != self.payload_crc || payload.len() != self.payload_len as usize {
-            return Err(FrameError::PayloadChecksum { computed, found: self.payload_crc });
+            return Err(FrameError::PayloadChecksum {
+                computed,
+                found: self.payload_crc,
+            });
         }
         Ok(())
     }
@@ -312,7 +323,11 @@ impl HelloInfo {
 
     pub fn decode(bytes: &[u8]) -> Option<HelloInfo> {
         let b: &[u8; Self::LEN] = bytes.try_into().ok()?;
-        Some(HelloInfo { size: le_u64(b, 0), epoch: le_u64(b, 8), generation: le_u64(b, 16) })
+        Some(HelloInfo {
+            size: le_u64(b, 0),
+            epoch: le_u64(b, 8),
+            generation: le_u64(b, 16),
+        })
     }
 }
 
@@ -365,7 +380,10 @@ mod tests {
         let mut payload = vec![0xab; 8192];
         assert!(h.check_payload(&payload).is_ok());
         payload[100] ^= 1;
-        assert!(matches!(h.check_payload(&payload), Err(FrameError::PayloadChecksum { .. })));
+        assert!(matches!(
+            h.check_payload(&payload),
+            Err(FrameError::PayloadChecksum { .. })
+        ));
     }
 
     #[test]
@@ -377,7 +395,10 @@ mod tests {
             Err(FrameError::PayloadTooLarge { .. })
         ));
         h.payload_len = 512;
-        assert!(matches!(FrameHeader::decode(&h.encode()), Err(FrameError::BadPayloadLen { .. })));
+        assert!(matches!(
+            FrameHeader::decode(&h.encode()),
+            Err(FrameError::BadPayloadLen { .. })
+        ));
         let mut f = FrameHeader::request(Op::Flush, 1, 1, 0, 0);
         f.payload_len = 8;
         assert!(FrameHeader::decode(&f.encode()).is_err());
@@ -386,13 +407,20 @@ mod tests {
     #[test]
     fn short_input_is_an_error_not_a_panic() {
         for n in 0..HEADER_LEN {
-            assert_eq!(FrameHeader::decode(&vec![0; n]), Err(FrameError::Truncated { len: n }));
+            assert_eq!(
+                FrameHeader::decode(&vec![0; n]),
+                Err(FrameError::Truncated { len: n })
+            );
         }
     }
 
     #[test]
     fn hello_info_roundtrip() {
-        let i = HelloInfo { size: 1 << 30, epoch: 3, generation: 9 };
+        let i = HelloInfo {
+            size: 1 << 30,
+            epoch: 3,
+            generation: 9,
+        };
         assert_eq!(HelloInfo::decode(&i.encode()), Some(i));
         assert_eq!(HelloInfo::decode(&[0; 5]), None);
     }

@@ -167,7 +167,10 @@ mod tests {
             b[at] ^= 0x40;
             assert!(ReplicaMeta::decode(&b).is_err(), "flip at {at} accepted");
         }
-        assert_eq!(ReplicaMeta::decode(&bytes[..100]), Err(MetaError::BadLength { len: 100 }));
+        assert_eq!(
+            ReplicaMeta::decode(&bytes[..100]),
+            Err(MetaError::BadLength { len: 100 })
+        );
     }
 
     #[test]

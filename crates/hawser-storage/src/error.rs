@@ -1,0 +1,72 @@
+//! Errors of pools and replicas. Control-path errors ([`StorageError`]) carry the names and
+//! numbers a human needs; data-path errors ([`ReplicaIoError`]) are small and map one to one to
+//! wire statuses.
+
+use std::path::PathBuf;
+
+use hawser_wire::meta::MetaError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error(
+        "pool {pool:?} has no room for a {kind} replica of {need} bytes \
+         ({available} bytes available)"
+    )]
+    NoRoom {
+        pool: String,
+        kind: &'static str,
+        need: u64,
+        available: u64,
+    },
+    #[error("replica {id:?} already exists in pool {pool:?}")]
+    ReplicaExists { pool: String, id: String },
+    #[error("replica {id:?} not found")]
+    ReplicaNotFound { id: String },
+    #[error("invalid replica size {size}: must be a positive multiple of 4096")]
+    InvalidSize { size: u64 },
+    #[error("invalid replica or volume id {id:?}")]
+    InvalidId { id: String },
+    #[error("{context} {path}: {source}")]
+    Io {
+        context: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("replica metadata {path} is unreadable: {source}")]
+    Meta { path: PathBuf, source: MetaError },
+}
+
+impl StorageError {
+    pub fn io(context: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StorageError::Io {
+            context,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Why a data-path operation on a replica failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicaIoError {
+    #[error("request epoch {request} is older than the replica's epoch {replica}")]
+    StaleEpoch { request: u64, replica: u64 },
+    #[error("offset/length out of range or not 512-byte aligned")]
+    OutOfRange,
+    #[error("no space left on the pool's filesystem")]
+    NoSpace,
+    #[error("disk I/O error (errno {errno})")]
+    Io { errno: i32 },
+    #[error("replica is marked failed")]
+    Failed,
+}
+
+impl ReplicaIoError {
+    pub fn from_io(e: &std::io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => ReplicaIoError::NoSpace,
+            Some(errno) => ReplicaIoError::Io { errno },
+            None => ReplicaIoError::Io { errno: libc::EIO },
+        }
+    }
+}

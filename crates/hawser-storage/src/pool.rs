@@ -1,0 +1,185 @@
+//! A storage pool: a directory on a local filesystem holding replicas, with capacity
+//! accounting. Thick replicas must fit in the filesystem's free space; thin ones must keep the
+//! sum of replica sizes within `capacity * overprovision_ratio`. The check and the create run
+//! under one lock so two creates cannot both take the last room.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use hawser_wire::constants::{BLOCK_BYTES, MAX_ID_BYTES};
+
+use crate::error::StorageError;
+use crate::file_ops;
+use crate::replica::{NewReplica, Replica};
+
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub name: String,
+    pub path: PathBuf,
+    /// Thin replicas may be placed while their total size <= capacity * ratio.
+    pub overprovision_ratio: f64,
+    /// Treat the pool as this big even if the filesystem is larger.
+    pub capacity_limit: Option<u64>,
+}
+
+/// A snapshot of a pool's space.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolUsage {
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub provisioned_bytes: u64,
+    pub replicas: u32,
+}
+
+pub struct Pool {
+    config: PoolConfig,
+    dir: PathBuf,
+    replicas: Mutex<BTreeMap<String, Arc<Replica>>>,
+}
+
+impl Pool {
+    /// Open (creating the directory if needed) and load every replica in it. A data file
+    /// without metadata is the leftover of a create that crashed, and is removed.
+    pub fn open(config: PoolConfig) -> Result<Pool, StorageError> {
+        let dir = config.path.join("replicas");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StorageError::io("create pool directory", &dir, e))?;
+        let mut replicas = BTreeMap::new();
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| StorageError::io("list pool", &dir, e))?;
+        for entry in entries {
+            let path = entry
+                .map_err(|e| StorageError::io("list pool", &dir, e))?
+                .path();
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("meta") => {
+                    let r = Replica::open(&config.name, path)?;
+                    replicas.insert(r.id().to_owned(), Arc::new(r));
+                }
+                Some("data") if !path.with_extension("meta").exists() => {
+                    tracing::warn!(path = %path.display(), "removing data file of an unfinished create");
+                    std::fs::remove_file(&path)
+                        .map_err(|e| StorageError::io("remove orphan data file", &path, e))?;
+                }
+                Some("tmp") => {
+                    let _ = std::fs::remove_file(&path);
+                }
+                _ => {}
+            }
+        }
+        Ok(Pool {
+            config,
+            dir,
+            replicas: Mutex::new(replicas),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.config.path
+    }
+
+    pub fn overprovision_ratio(&self) -> f64 {
+        self.config.overprovision_ratio
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Replica>>> {
+        self.replicas.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn usage(&self) -> Result<PoolUsage, StorageError> {
+        let map = self.lock();
+        self.usage_locked(&map)
+    }
+
+    fn usage_locked(
+        &self,
+        map: &BTreeMap<String, Arc<Replica>>,
+    ) -> Result<PoolUsage, StorageError> {
+        let (fs_size, fs_free) = file_ops::fs_space(&self.dir)
+            .map_err(|e| StorageError::io("statvfs pool", &self.dir, e))?;
+        let capacity = self
+            .config
+            .capacity_limit
+            .map_or(fs_size, |l| l.min(fs_size));
+        let provisioned: u64 = map.values().map(|r| r.size()).sum();
+        Ok(PoolUsage {
+            capacity_bytes: capacity,
+            free_bytes: fs_free.min(capacity),
+            provisioned_bytes: provisioned,
+            replicas: u32::try_from(map.len()).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// Create a replica if it fits; see the module doc for the rule.
+    pub fn create_replica(&self, new: &NewReplica) -> Result<Arc<Replica>, StorageError> {
+        if new.size == 0 || new.size % BLOCK_BYTES != 0 {
+            return Err(StorageError::InvalidSize { size: new.size });
+        }
+        for id in [&new.id, &new.volume] {
+            if !valid_id(id) {
+                return Err(StorageError::InvalidId { id: id.clone() });
+            }
+        }
+        let mut map = self.lock();
+        if map.contains_key(&new.id) {
+            return Err(StorageError::ReplicaExists {
+                pool: self.name().into(),
+                id: new.id.clone(),
+            });
+        }
+        let usage = self.usage_locked(&map)?;
+        let (kind, available) = if new.thin {
+            let limit = (usage.capacity_bytes as f64 * self.config.overprovision_ratio) as u64;
+            ("thin", limit.saturating_sub(usage.provisioned_bytes))
+        } else {
+            ("thick", usage.free_bytes)
+        };
+        if new.size > available {
+            return Err(StorageError::NoRoom {
+                pool: self.name().into(),
+                kind,
+                need: new.size,
+                available,
+            });
+        }
+        let replica = Arc::new(Replica::create(&self.dir, self.name(), new)?);
+        map.insert(new.id.clone(), replica.clone());
+        Ok(replica)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Replica>> {
+        self.lock().get(id).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Arc<Replica>> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// Remove a replica's files. Operations still holding the `Arc` keep working on the
+    /// unlinked file until they drop it.
+    pub fn delete_replica(&self, id: &str) -> Result<(), StorageError> {
+        let mut map = self.lock();
+        let replica = map
+            .get(id)
+            .cloned()
+            .ok_or(StorageError::ReplicaNotFound { id: id.into() })?;
+        replica.remove_files()?;
+        map.remove(id);
+        Ok(())
+    }
+}
+
+/// Ids become file names: keep them to a safe alphabet.
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.')
+        && !id.starts_with('.')
+}

@@ -1,0 +1,340 @@
+//! One replica: a data file (`<id>.data`, O_DIRECT) holding the volume's bytes at their own
+//! offsets, and a metadata record (`<id>.meta`) replaced atomically.
+//!
+//! Fencing lives here: every data operation carries the epoch of the engine that sent it, and
+//! is refused when that epoch is older than the replica's. Data operations hold `epoch_gate`
+//! for reading across the check *and* the I/O, and raising the epoch takes it for writing, so
+//! once a newer engine's Hello has been answered no write of an older engine can still land.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use bytes::Bytes;
+use hawser_wire::constants::SECTOR_BYTES;
+use hawser_wire::meta::{ReplicaDiskState, ReplicaMeta};
+
+use crate::aligned::{is_aligned, AlignedBuf};
+use crate::error::{ReplicaIoError, StorageError};
+use crate::file_ops;
+
+/// Largest zero buffer written when the filesystem cannot zero a range by itself.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+pub struct Replica {
+    id: String,
+    volume: String,
+    size: u64,
+    thin: bool,
+    pool: String,
+    data_path: PathBuf,
+    meta_path: PathBuf,
+    file: File,
+    /// Highest epoch accepted; mirrors `meta.epoch` for lock-free reads.
+    epoch: AtomicU64,
+    /// Readers: data operations. Writer: epoch changes. See the module doc.
+    epoch_gate: RwLock<()>,
+    meta: Mutex<ReplicaMeta>,
+    failed: AtomicBool,
+}
+
+/// What a new replica looks like.
+#[derive(Clone, Debug)]
+pub struct NewReplica {
+    pub id: String,
+    pub volume: String,
+    pub size: u64,
+    pub thin: bool,
+}
+
+impl Replica {
+    pub(crate) fn paths(dir: &Path, id: &str) -> (PathBuf, PathBuf) {
+        (
+            dir.join(format!("{id}.data")),
+            dir.join(format!("{id}.meta")),
+        )
+    }
+
+    /// Create the data file (sparse, or fully allocated when thick) and then its metadata.
+    /// The metadata is written last: a data file without metadata is an unfinished create
+    /// and is removed when the pool is opened.
+    pub(crate) fn create(
+        dir: &Path,
+        pool: &str,
+        new: &NewReplica,
+    ) -> Result<Replica, StorageError> {
+        let (data_path, meta_path) = Self::paths(dir, &new.id);
+        let (file, _) = file_ops::open_data(&data_path, true)
+            .map_err(|e| StorageError::io("create replica data file", &data_path, e))?;
+        let sized = if new.thin {
+            file.set_len(new.size)
+        } else {
+            file_ops::fallocate(&file, 0, 0, new.size)
+        };
+        if let Err(e) = sized {
+            drop(file);
+            let _ = std::fs::remove_file(&data_path);
+            return Err(StorageError::io("size replica data file", &data_path, e));
+        }
+        let meta = ReplicaMeta {
+            volume: new.volume.clone(),
+            replica: new.id.clone(),
+            size: new.size,
+            epoch: 0,
+            generation: 1,
+            state: ReplicaDiskState::Ok,
+            thin: new.thin,
+        };
+        if let Err(e) = write_meta(&meta_path, &meta) {
+            let _ = std::fs::remove_file(&data_path);
+            return Err(e);
+        }
+        Ok(Self::from_parts(pool, data_path, meta_path, file, meta))
+    }
+
+    /// Open an existing replica from its metadata file.
+    pub(crate) fn open(pool: &str, meta_path: PathBuf) -> Result<Replica, StorageError> {
+        let raw = std::fs::read(&meta_path)
+            .map_err(|e| StorageError::io("read replica metadata", &meta_path, e))?;
+        let meta = ReplicaMeta::decode(&raw).map_err(|source| StorageError::Meta {
+            path: meta_path.clone(),
+            source,
+        })?;
+        let data_path = meta_path.with_extension("data");
+        let (file, _) = file_ops::open_data(&data_path, false)
+            .map_err(|e| StorageError::io("open replica data file", &data_path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| StorageError::io("stat replica data file", &data_path, e))?
+            .len();
+        if len != meta.size {
+            let e = std::io::Error::other(format!(
+                "data file is {len} bytes, metadata says {}",
+                meta.size
+            ));
+            return Err(StorageError::io("check replica data file", &data_path, e));
+        }
+        Ok(Self::from_parts(pool, data_path, meta_path, file, meta))
+    }
+
+    fn from_parts(
+        pool: &str,
+        data_path: PathBuf,
+        meta_path: PathBuf,
+        file: File,
+        meta: ReplicaMeta,
+    ) -> Replica {
+        Replica {
+            id: meta.replica.clone(),
+            volume: meta.volume.clone(),
+            size: meta.size,
+            thin: meta.thin,
+            pool: pool.to_owned(),
+            data_path,
+            meta_path,
+            file,
+            epoch: AtomicU64::new(meta.epoch),
+            epoch_gate: RwLock::new(()),
+            failed: AtomicBool::new(meta.state == ReplicaDiskState::Failed),
+            meta: Mutex::new(meta),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    pub fn volume(&self) -> &str {
+        &self.volume
+    }
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    pub fn thin(&self) -> bool {
+        self.thin
+    }
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+    pub fn generation(&self) -> u64 {
+        self.meta.lock().map(|m| m.generation).unwrap_or(0)
+    }
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+    pub fn allocated_bytes(&self) -> u64 {
+        file_ops::allocated_bytes(&self.file).unwrap_or(0)
+    }
+
+    /// Accept `epoch` as the newest: persist it if it is higher, refuse it if it is lower.
+    /// Waits for in-flight data operations (of any epoch) to finish first.
+    pub fn raise_epoch(&self, epoch: u64) -> Result<(), StorageError> {
+        let _gate = self.epoch_gate.write().unwrap_or_else(|p| p.into_inner());
+        let current = self.epoch();
+        if epoch < current {
+            let e = std::io::Error::other(format!("epoch {epoch} is older than {current}"));
+            return Err(StorageError::io("raise replica epoch", &self.meta_path, e));
+        }
+        if epoch == current {
+            return Ok(());
+        }
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = meta.clone();
+        next.epoch = epoch;
+        next.generation += 1;
+        write_meta(&self.meta_path, &next)?;
+        *meta = next;
+        self.epoch.store(epoch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Run a data operation under the epoch gate after checking `epoch` and the range.
+    fn gated<T>(
+        &self,
+        epoch: u64,
+        offset: u64,
+        len: u64,
+        op: impl FnOnce() -> Result<T, ReplicaIoError>,
+    ) -> Result<T, ReplicaIoError> {
+        let _gate = self.epoch_gate.read().unwrap_or_else(|p| p.into_inner());
+        let current = self.epoch();
+        if epoch < current {
+            return Err(ReplicaIoError::StaleEpoch {
+                request: epoch,
+                replica: current,
+            });
+        }
+        if self.is_failed() {
+            return Err(ReplicaIoError::Failed);
+        }
+        let aligned = offset % SECTOR_BYTES == 0 && len % SECTOR_BYTES == 0;
+        let end = offset.checked_add(len);
+        if !aligned || end.is_none_or(|end| end > self.size) {
+            return Err(ReplicaIoError::OutOfRange);
+        }
+        op()
+    }
+
+    pub fn read(&self, epoch: u64, offset: u64, len: u32) -> Result<Bytes, ReplicaIoError> {
+        self.gated(epoch, offset, u64::from(len), || {
+            let mut buf = AlignedBuf::zeroed(len as usize);
+            file_ops::read_at(&self.file, buf.as_mut_slice(), offset)
+                .map_err(|e| ReplicaIoError::from_io(&e))?;
+            Ok(buf.into_bytes())
+        })
+    }
+
+    pub fn write(
+        &self,
+        epoch: u64,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), ReplicaIoError> {
+        self.gated(epoch, offset, data.len() as u64, || {
+            let copy;
+            let data = if is_aligned(data) {
+                data
+            } else {
+                copy = AlignedBuf::copy_from(data);
+                copy.as_slice()
+            };
+            file_ops::write_at(&self.file, data, offset, fua)
+                .map_err(|e| ReplicaIoError::from_io(&e))
+        })
+    }
+
+    /// Make every completed write durable.
+    pub fn flush(&self, epoch: u64) -> Result<(), ReplicaIoError> {
+        self.gated(epoch, 0, 0, || {
+            self.file
+                .sync_data()
+                .map_err(|e| ReplicaIoError::from_io(&e))
+        })
+    }
+
+    /// Discard a range. Thin replicas give the space back; thick ones keep it allocated.
+    pub fn trim(&self, epoch: u64, offset: u64, len: u32) -> Result<(), ReplicaIoError> {
+        self.write_zeroes(epoch, offset, len, false, true)
+    }
+
+    /// Zero a range. With `may_trim` a thin replica deallocates it.
+    pub fn write_zeroes(
+        &self,
+        epoch: u64,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        may_trim: bool,
+    ) -> Result<(), ReplicaIoError> {
+        let len64 = u64::from(len);
+        self.gated(epoch, offset, len64, || {
+            let fast = if self.thin && may_trim {
+                file_ops::punch_hole(&self.file, offset, len64)
+            } else {
+                file_ops::zero_range(&self.file, offset, len64)
+            };
+            match fast {
+                Ok(()) => {}
+                Err(e) if file_ops::is_unsupported(&e) => self.write_zero_buffers(offset, len64)?,
+                Err(e) => return Err(ReplicaIoError::from_io(&e)),
+            }
+            if fua {
+                self.file
+                    .sync_data()
+                    .map_err(|e| ReplicaIoError::from_io(&e))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn write_zero_buffers(&self, offset: u64, len: u64) -> Result<(), ReplicaIoError> {
+        let zeroes = AlignedBuf::zeroed(ZERO_CHUNK_BYTES);
+        let mut at = 0u64;
+        while at < len {
+            let n = (len - at).min(ZERO_CHUNK_BYTES as u64) as usize;
+            file_ops::write_at(&self.file, &zeroes.as_slice()[..n], offset + at, false)
+                .map_err(|e| ReplicaIoError::from_io(&e))?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remove_files(&self) -> Result<(), StorageError> {
+        for p in [&self.meta_path, &self.data_path] {
+            match std::fs::remove_file(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io("remove replica file", p, e)),
+            }
+        }
+        file_ops::sync_dir(&self.meta_path)
+            .map_err(|e| StorageError::io("sync pool directory", &self.meta_path, e))
+    }
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("id", &self.id)
+            .field("volume", &self.volume)
+            .field("size", &self.size)
+            .field("epoch", &self.epoch())
+            .finish_non_exhaustive()
+    }
+}
+
+fn write_meta(path: &Path, meta: &ReplicaMeta) -> Result<(), StorageError> {
+    let bytes = meta.encode().map_err(|source| StorageError::Meta {
+        path: path.to_owned(),
+        source,
+    })?;
+    file_ops::replace_file(path, &bytes)
+        .map_err(|e| StorageError::io("write replica metadata", path, e))
+}
