@@ -1,0 +1,218 @@
+//! Tests of the embedded store: compare-and-swap, durability across reopen, corrupt files and
+//! concurrent writers.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use hawser_store::{get_json, put_json, EmbeddedStore, Expect, Store, StoreError};
+
+fn open(dir: &tempfile::TempDir) -> EmbeddedStore {
+    EmbeddedStore::open(dir.path().join("store.json")).unwrap()
+}
+
+#[tokio::test]
+async fn cas_conflicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir);
+    let v1 = s
+        .put("volumes/a", b"1".to_vec(), Expect::Absent)
+        .await
+        .unwrap();
+    // Creating again fails and reports the version found.
+    let err = s
+        .put("volumes/a", b"2".to_vec(), Expect::Absent)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { ref key, expected: Expect::Absent, found: Some(f) }
+            if key == "volumes/a" && f == v1),
+        "{err:?}"
+    );
+    let v2 = s
+        .put("volumes/a", b"2".to_vec(), Expect::Version(v1))
+        .await
+        .unwrap();
+    assert!(v2 > v1);
+    // A stale version loses.
+    let err = s
+        .put("volumes/a", b"3".to_vec(), Expect::Version(v1))
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict());
+    // A version on an absent key loses too.
+    let err = s
+        .put("volumes/b", b"x".to_vec(), Expect::Version(v1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { found: None, .. }),
+        "{err:?}"
+    );
+    // Deletes are conditional as well.
+    assert!(s
+        .delete("volumes/a", Expect::Version(v1))
+        .await
+        .unwrap_err()
+        .is_conflict());
+    assert!(s
+        .delete("volumes/a", Expect::Absent)
+        .await
+        .unwrap_err()
+        .is_conflict());
+    s.delete("volumes/a", Expect::Version(v2)).await.unwrap();
+    assert_eq!(s.get("volumes/a").await.unwrap(), None);
+    // Deleting a missing key is a no-op unless a version was expected.
+    s.delete("volumes/a", Expect::Any).await.unwrap();
+    assert!(s
+        .delete("volumes/a", Expect::Version(v2))
+        .await
+        .unwrap_err()
+        .is_conflict());
+    // Any overwrites unconditionally.
+    let v3 = s
+        .put("volumes/a", b"4".to_vec(), Expect::Any)
+        .await
+        .unwrap();
+    assert!(v3 > v2, "a recreated key never reuses a version");
+}
+
+#[tokio::test]
+async fn list_is_sorted_and_prefix_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir);
+    for k in ["volumes/b", "nodes/n1", "volumes/a", "volumesx", "w"] {
+        s.put(k, k.as_bytes().to_vec(), Expect::Any).await.unwrap();
+    }
+    let keys: Vec<String> = s
+        .list("volumes/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(keys, ["volumes/a", "volumes/b"]);
+    assert_eq!(s.list("").await.unwrap().len(), 5);
+    assert!(s.list("zzz").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn persists_across_reopen_and_versions_keep_growing() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = vec![0u8, 255, 1, 2];
+    let last = {
+        let s = open(&dir);
+        put_json(&s, "nodes/n1", &serde_json::json!({"x": 1}), Expect::Absent)
+            .await
+            .unwrap();
+        s.put("blob", binary.clone(), Expect::Any).await.unwrap();
+        s.put("gone", b"1".to_vec(), Expect::Any).await.unwrap();
+        s.delete("gone", Expect::Any).await.unwrap();
+        s.put("x", b"1".to_vec(), Expect::Any).await.unwrap()
+    };
+    let s = open(&dir);
+    let (v, _): (serde_json::Value, u64) = get_json(&s, "nodes/n1").await.unwrap().unwrap();
+    assert_eq!(v, serde_json::json!({"x": 1}));
+    assert_eq!(s.get("blob").await.unwrap().unwrap().value, binary);
+    assert_eq!(s.get("gone").await.unwrap(), None);
+    assert_eq!(s.get("x").await.unwrap().unwrap().version, last);
+    // Five mutations (the delete counts) and the counter survived the reopen.
+    assert_eq!(last, 5);
+    let next = s.put("y", b"1".to_vec(), Expect::Any).await.unwrap();
+    assert_eq!(next, 6);
+}
+
+#[tokio::test]
+async fn second_open_of_same_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _s = open(&dir);
+    let err = EmbeddedStore::open(dir.path().join("store.json"))
+        .err()
+        .unwrap();
+    assert!(matches!(err, StoreError::Locked { .. }), "{err:?}");
+}
+
+#[test]
+fn corrupt_files_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.json");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = EmbeddedStore::open(&path).unwrap();
+        s.put("volumes/a", b"{\"size\":4096}".to_vec(), Expect::Any)
+            .await
+            .unwrap();
+    });
+    let good = std::fs::read(&path).unwrap();
+    let mut flipped = good.clone();
+    let last = flipped.len() - 3;
+    flipped[last] ^= 0x01;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", good[..good.len() - 5].to_vec()),
+        ("bit flip", flipped),
+        ("empty", Vec::new()),
+        ("garbage", b"not a store at all\n{}".to_vec()),
+        (
+            "header only",
+            good[..good.iter().position(|&b| b == b'\n').unwrap()].to_vec(),
+        ),
+    ];
+    for (what, bytes) in cases {
+        std::fs::write(&path, &bytes).unwrap();
+        let err = EmbeddedStore::open(&path)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: opened"));
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{what}: {err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains(&path.display().to_string()), "{what}: {msg}");
+    }
+    // And the good file still opens.
+    std::fs::write(&path, &good).unwrap();
+    EmbeddedStore::open(&path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_cas_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let s: Arc<dyn Store> = Arc::new(open(&dir));
+    for round in 0..5 {
+        let v = s
+            .put("k", format!("base{round}").into_bytes(), Expect::Any)
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    s.put("k", format!("w{i}").into_bytes(), Expect::Version(v))
+                        .await
+                })
+            })
+            .collect();
+        let mut wins = Vec::new();
+        for (i, t) in tasks.into_iter().enumerate() {
+            match t.await.unwrap() {
+                Ok(_) => wins.push(i),
+                Err(e) => assert!(e.is_conflict(), "{e:?}"),
+            }
+        }
+        assert_eq!(wins.len(), 1, "round {round}: winners {wins:?}");
+        let got = s.get("k").await.unwrap().unwrap();
+        assert_eq!(got.value, format!("w{}", wins[0]).into_bytes());
+    }
+}
+
+#[tokio::test]
+async fn leftover_tmp_file_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = open(&dir);
+        s.put("a", b"1".to_vec(), Expect::Any).await.unwrap();
+    }
+    // A crash between writing the temp file and the rename leaves it behind.
+    std::fs::write(dir.path().join("store.json.tmp"), b"half-written").unwrap();
+    let s = open(&dir);
+    assert_eq!(s.get("a").await.unwrap().unwrap().value, b"1");
+    s.put("b", b"2".to_vec(), Expect::Any).await.unwrap();
+}
