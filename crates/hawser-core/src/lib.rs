@@ -1,9 +1,20 @@
 //! Hawser's replication core. The volume engine is a state machine: it takes client requests,
 //! replica replies and control-plane answers as inputs and returns commands (send this to that
 //! replica, complete that request, ask the controller to outdate a replica). It does no I/O and
-//! knows no clock or runtime, so the agent drives it with tokio and the simulator drives it
+//! knows no clock or runtime, so the agent drives it with tokio and a simulator can drive it
 //! from one seed.
 
+pub mod constants;
+pub mod engine;
 pub mod io_error;
+pub mod range_lock;
+pub mod types;
 
+pub use engine::{Engine, Membership, ReplicaSpec};
 pub use io_error::IoError;
+pub use types::{
+    ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaOp, ReplicaResult, SubId, Tag,
+};
+
+#[cfg(test)]
+mod engine_tests;
