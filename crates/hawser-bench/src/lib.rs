@@ -1,10 +1,96 @@
 //! `hawser bench`: runs the standard 8-test fio comparison against block targets and prints
-//! each target's ratio to the baseline.
+//! each target's ratio to the baseline, plus the CPU and memory of monitored processes.
+//!
+//! `plan` checks the arguments, `target` and `suite` define what is measured, `fio` runs and
+//! parses fio, `procstat` samples processes, `ratio` compares targets, `runner` sequences a
+//! run and `report` prints and saves it.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+mod fio;
+mod plan;
+mod procstat;
+mod ratio;
+mod report;
+mod runner;
+mod suite;
+mod target;
 
 /// Arguments of `hawser bench`.
-#[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// A target to measure, as NAME=SPEC. SPEC is `file:/path` (a regular file, created and
+    /// preallocated to --size if missing, or a block device; libaio, O_DIRECT) or `nbd:URI`
+    /// (fio's nbd engine, e.g. `nbd://127.0.0.1:10809/demo` or
+    /// `nbd+unix:///demo?socket=/run/demo.sock`). Repeatable; the first is the baseline.
+    #[arg(long = "target", value_name = "NAME=SPEC", required = true)]
+    pub targets: Vec<String>,
 
-pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("hawser bench is not implemented yet")
+    /// Target the ratios are computed against [default: the first --target].
+    #[arg(long, value_name = "NAME")]
+    pub baseline: Option<String>,
+
+    /// Seconds each test runs on each target.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub runtime: u64,
+
+    /// Region every test works on, e.g. 1GiB, 64MiB, 512M (units are binary, as in fio).
+    #[arg(long, value_name = "SIZE", default_value = "1GiB")]
+    pub size: String,
+
+    /// Tests to run, comma separated [default: all]. They always run in the standard order.
+    #[arg(
+        long,
+        value_name = "TEST,...",
+        value_delimiter = ',',
+        value_parser = clap::builder::PossibleValuesParser::new(suite::NAMES)
+    )]
+    pub tests: Vec<String>,
+
+    /// Where to write all numbers, command lines and settings as JSON.
+    #[arg(long, value_name = "PATH", default_value = "bench-results.json")]
+    pub json: PathBuf,
+
+    /// Report RSS and CPU of a process (e.g. a target's server) at rest before the tests and
+    /// under load during them. Repeatable.
+    #[arg(long = "monitor-pid", value_name = "NAME=PID")]
+    pub monitor_pids: Vec<String>,
+
+    /// Seconds monitored processes are sampled at rest before the tests.
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    pub idle_secs: u64,
+
+    /// Write the whole region of every target once before the first read test, so reads
+    /// never hit unallocated holes (which would flatter thin targets). On by default.
+    #[arg(long, overrides_with = "no_prefill")]
+    pub prefill: bool,
+
+    /// Skip the prefill.
+    #[arg(long, overrides_with = "prefill")]
+    pub no_prefill: bool,
+
+    /// Also report NAME's ratio to BASE on every test (e.g. `hawser-1r:nbdkit`). Repeatable.
+    #[arg(long = "targets-ratio", value_name = "NAME:BASE")]
+    pub targets_ratios: Vec<String>,
+
+    /// Print PASS/MISS for TARGET's ratio to BASE (default: the baseline) on TEST, e.g.
+    /// `hawser-1r/nbdkit:randwrite>=0.95`. Reported only; never changes the exit code.
+    #[arg(long = "expect", value_name = "TARGET[/BASE]:TEST>=RATIO")]
+    pub expects: Vec<String>,
+
+    /// The fio binary (3.x, built with the nbd engine for nbd: targets).
+    #[arg(long, value_name = "PATH", default_value = "fio")]
+    pub fio: String,
+}
+
+/// Runs `hawser bench`: all tests on all targets, then prints the table and writes the JSON.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let plan = plan::Plan::from_args(&args).context("check bench arguments")?;
+    let report = runner::run(&plan)?;
+    print!("{}", report::render(&report));
+    report::write_json(&report, &plan.json_path)?;
+    eprintln!("wrote {}", plan.json_path.display());
+    Ok(())
 }

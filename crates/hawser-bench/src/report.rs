@@ -1,0 +1,339 @@
+//! The results of a bench run: the JSON document written to `--json`, and the table printed
+//! to stdout.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::procstat::PhaseStats;
+use crate::suite::RatioMetric;
+
+const MIB: f64 = 1048576.0;
+
+/// Everything a run measured, and how.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub fio_version: String,
+    /// Start of the run, RFC 3339 UTC.
+    pub timestamp: String,
+    pub runtime_secs: u64,
+    pub size_bytes: u64,
+    pub baseline: String,
+    pub prefill: bool,
+    pub targets: Vec<TargetInfo>,
+    pub prefills: Vec<PrefillRun>,
+    pub results: Vec<TestResult>,
+    pub target_ratios: Vec<PairRatio>,
+    pub processes: Vec<ProcessReport>,
+    pub expectations: Vec<ExpectOutcome>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetInfo {
+    pub name: String,
+    pub kind: &'static str,
+    pub spec: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefillRun {
+    pub target: String,
+    pub secs: f64,
+    pub mib_per_sec: f64,
+    pub command: Vec<String>,
+}
+
+/// One test on one target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TestResult {
+    pub test: String,
+    pub target: String,
+    pub iops: f64,
+    pub bw_bytes_per_sec: f64,
+    pub mib_per_sec: f64,
+    pub lat_mean_us: f64,
+    /// Mean flush latency of the `_fsync` write test, which `lat_mean_us` does not include.
+    pub sync_lat_mean_us: Option<f64>,
+    pub ratio_metric: RatioMetric,
+    pub ratio_to_baseline: Option<f64>,
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PairRatio {
+    pub target: String,
+    pub base: String,
+    pub test: String,
+    pub ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessReport {
+    pub name: String,
+    pub pid: u32,
+    /// Before any test ran.
+    pub idle: Option<PhaseStats>,
+    /// While the tests (and prefills) ran.
+    pub tests: Option<PhaseStats>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ExpectOutcome {
+    pub expectation: String,
+    pub ratio: Option<f64>,
+    pub pass: bool,
+}
+
+/// Writes the report as pretty JSON.
+pub fn write_json(report: &Report, path: &Path) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(report).context("serialize bench report")?;
+    std::fs::write(path, text + "\n")
+        .with_context(|| format!("write bench results to {}", path.display()))
+}
+
+/// The human-readable report: results table, then target ratios, processes, expectations.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    render_results(&mut out, report);
+    render_pairs(&mut out, report);
+    render_processes(&mut out, report);
+    render_expectations(&mut out, report);
+    out
+}
+
+/// `lat us` is fio's mean data I/O latency; with fsync=1 the flush that follows each write is
+/// timed apart by fio, so it gets its own `fsync us` column.
+fn render_results(out: &mut String, r: &Report) {
+    let size_mib = r.size_bytes as f64 / MIB;
+    let prefill = if r.prefill { "on" } else { "off" };
+    let _ = writeln!(
+        out,
+        "{}, {} s per test, region {size_mib:.0} MiB, prefill {prefill}, baseline {}",
+        r.fio_version, r.runtime_secs, r.baseline
+    );
+    let tw = width(r.results.iter().map(|x| x.test.as_str()), "test");
+    let nw = width(r.results.iter().map(|x| x.target.as_str()), "target");
+    let vs = format!("x {}", r.baseline);
+    let _ = writeln!(
+        out,
+        "{:<tw$}  {:<nw$}  {:>10}  {:>9}  {:>10}  {:>10}  {vs:>9}",
+        "test", "target", "IOPS", "MiB/s", "lat us", "fsync us"
+    );
+    let mut previous_test = "";
+    for x in &r.results {
+        let test = if x.test == previous_test {
+            ""
+        } else {
+            x.test.as_str()
+        };
+        previous_test = &x.test;
+        let _ = writeln!(
+            out,
+            "{test:<tw$}  {:<nw$}  {:>10.0}  {:>9.1}  {:>10.1}  {:>10}  {:>w$}",
+            x.target,
+            x.iops,
+            x.mib_per_sec,
+            x.lat_mean_us,
+            fmt_opt(x.sync_lat_mean_us, 1),
+            fmt_ratio(x.ratio_to_baseline),
+            w = vs.len().max(9)
+        );
+    }
+}
+
+fn render_pairs(out: &mut String, r: &Report) {
+    if r.target_ratios.is_empty() {
+        return;
+    }
+    let tw = width(r.target_ratios.iter().map(|p| p.test.as_str()), "test");
+    let _ = writeln!(out, "\ntarget ratios (IOPS; bandwidth for 4M tests)");
+    for p in &r.target_ratios {
+        let pair = format!("{}/{}", p.target, p.base);
+        let _ = writeln!(out, "{:<tw$}  {pair}  {}", p.test, fmt_ratio(p.ratio));
+    }
+}
+
+fn render_processes(out: &mut String, r: &Report) {
+    if r.processes.is_empty() {
+        return;
+    }
+    let nw = width(r.processes.iter().map(|p| p.name.as_str()), "process");
+    let _ = writeln!(out, "\nprocesses (CPU % of one core)");
+    let _ = writeln!(
+        out,
+        "{:<nw$}  {:>8}  {:>10}  {:>12}  {:>11}  {:>15}",
+        "process", "pid", "idle CPU %", "idle RSS MiB", "tests CPU %", "peak RSS MiB"
+    );
+    for p in &r.processes {
+        let cpu = |s: &Option<PhaseStats>| fmt_opt(s.as_ref().and_then(|s| s.cpu_percent), 1);
+        let mib = |b: Option<u64>| fmt_opt(b.map(|b| b as f64 / MIB), 1);
+        let idle_rss = mib(p.idle.as_ref().and_then(|s| s.rss_mean_bytes));
+        let peak = mib(p.tests.as_ref().and_then(|s| s.rss_peak_bytes));
+        let exited = [&p.idle, &p.tests]
+            .iter()
+            .any(|s| s.as_ref().is_some_and(|s| s.exited));
+        let note = if exited {
+            "  (exited during the run)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{:<nw$}  {:>8}  {:>10}  {idle_rss:>12}  {:>11}  {peak:>15}{note}",
+            p.name,
+            p.pid,
+            cpu(&p.idle),
+            cpu(&p.tests),
+        );
+    }
+}
+
+fn render_expectations(out: &mut String, r: &Report) {
+    if r.expectations.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nexpectations (reported, not enforced)");
+    for e in &r.expectations {
+        let verdict = if e.pass { "PASS" } else { "MISS" };
+        let _ = writeln!(
+            out,
+            "{verdict}  {}  (measured {})",
+            e.expectation,
+            fmt_ratio(e.ratio)
+        );
+    }
+}
+
+fn width<'a>(names: impl Iterator<Item = &'a str>, header: &str) -> usize {
+    names.map(str::len).chain([header.len()]).max().unwrap_or(0)
+}
+
+fn fmt_ratio(ratio: Option<f64>) -> String {
+    fmt_opt(ratio, 3)
+}
+
+fn fmt_opt(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+/// Seconds since the Unix epoch as RFC 3339 UTC, e.g. `2026-11-22T04:14:36Z`.
+pub fn rfc3339_utc(unix_secs: u64) -> String {
+    let (days, rem) = (unix_secs / 86400, unix_secs % 86400);
+    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(i64::MAX));
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day), after Howard Hinnant's
+/// `civil_from_days`; spares a date crate for one timestamp.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z.rem_euclid(146097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ratio::tests::result;
+
+    fn sample_report() -> Report {
+        let mut results = vec![
+            result("randwrite_fsync", "file", 2000.0, RatioMetric::Iops),
+            result("randwrite_fsync", "nbdkit", 500.0, RatioMetric::Iops),
+        ];
+        results[0].ratio_to_baseline = Some(1.0);
+        results[1].sync_lat_mean_us = Some(1500.25);
+        results[1].ratio_to_baseline = Some(0.25);
+        let phase = |cpu, rss| PhaseStats {
+            secs: 5.0,
+            samples: 25,
+            cpu_percent: Some(cpu),
+            rss_mean_bytes: Some(rss),
+            rss_peak_bytes: Some(rss * 2),
+            exited: false,
+        };
+        Report {
+            fio_version: "fio-3.33".into(),
+            timestamp: rfc3339_utc(0),
+            runtime_secs: 10,
+            size_bytes: 1 << 30,
+            baseline: "file".into(),
+            prefill: true,
+            targets: vec![],
+            prefills: vec![],
+            results,
+            target_ratios: vec![PairRatio {
+                target: "nbdkit".into(),
+                base: "file".into(),
+                test: "randwrite_fsync".into(),
+                ratio: Some(0.25),
+            }],
+            processes: vec![ProcessReport {
+                name: "nbdkit".into(),
+                pid: 4242,
+                idle: Some(phase(0.5, 8 << 20)),
+                tests: Some(phase(42.0, 10 << 20)),
+            }],
+            expectations: vec![ExpectOutcome {
+                expectation: "nbdkit:randwrite_fsync>=0.95".into(),
+                ratio: Some(0.25),
+                pass: false,
+            }],
+        }
+    }
+
+    #[test]
+    fn renders_the_table() {
+        let text = render(&sample_report());
+        let expected = "\
+fio-3.33, 10 s per test, region 1024 MiB, prefill on, baseline file
+test             target        IOPS      MiB/s      lat us    fsync us     x file
+randwrite_fsync  file          2000        7.8       500.0           -      1.000
+                 nbdkit         500        2.0      2000.0      1500.2      0.250
+
+target ratios (IOPS; bandwidth for 4M tests)
+randwrite_fsync  nbdkit/file  0.250
+
+processes (CPU % of one core)
+process       pid  idle CPU %  idle RSS MiB  tests CPU %     peak RSS MiB
+nbdkit       4242         0.5           8.0         42.0             20.0
+
+expectations (reported, not enforced)
+MISS  nbdkit:randwrite_fsync>=0.95  (measured 0.250)
+";
+        assert_eq!(text, expected, "got:\n{text}");
+        assert!(text.lines().all(|l| l.len() <= 100));
+    }
+
+    #[test]
+    fn serializes_missing_ratios_as_null() -> anyhow::Result<()> {
+        let mut report = sample_report();
+        report.results[1].ratio_to_baseline = None;
+        let json: serde_json::Value = serde_json::to_value(&report)?;
+        assert!(json["results"][1]["ratio_to_baseline"].is_null());
+        assert_eq!(json["results"][0]["ratio_metric"], "iops");
+        assert_eq!(json["processes"][0]["tests"]["rss_peak_bytes"], 20 << 20);
+        Ok(())
+    }
+
+    #[test]
+    fn formats_timestamps() {
+        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_utc(951782400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339_utc(1795320876), "2026-11-22T04:14:36Z");
+    }
+}
