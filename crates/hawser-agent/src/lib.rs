@@ -2,4 +2,20 @@
 //! them to engines on other nodes (replica server), runs the engine of every volume attached on
 //! this node and exports those volumes over NBD.
 
+pub mod admin_api;
+pub mod agent;
 pub mod block;
+pub mod constants;
+pub mod controller_link;
+pub mod engines;
+pub mod frame_io;
+pub mod node_storage;
+pub mod replica_client;
+pub mod replica_server;
+pub mod volume_engine;
+pub mod nbd_errno;
+pub mod nbd_handshake;
+pub mod nbd_server;
+pub mod nbd_transmission;
+
+pub use agent::{run, AgentArgs};

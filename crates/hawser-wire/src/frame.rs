@@ -9,7 +9,7 @@
 //! |      0 |    4 | magic        | `FRAME_MAGIC`                                         |
 //! |      4 |    2 | version      | `FRAME_VERSION`                                       |
 //! |      6 |    2 | op           | [`Op`]                                                |
-//! |      8 |    4 | flags        | `FLAG_REPLY`, `FLAG_FUA`                              |
+//! |      8 |    4 | flags        | `FLAG_REPLY`, `FLAG_FUA`, `FLAG_MAY_TRIM`             |
 //! |     12 |    4 | status       | replies: [`Status`]; requests: 0                      |
 //! |     16 |    8 | request_id   | chosen by the sender of a request, echoed in the reply |
 //! |     24 |    8 | epoch        | the volume epoch the sender acts in (fencing)         |
@@ -36,7 +36,9 @@ pub const HEADER_LEN: usize = 56;
 pub const FLAG_REPLY: u32 = 1 << 0;
 /// Write / write-zeroes: the data must be durable before the reply.
 pub const FLAG_FUA: u32 = 1 << 1;
-const KNOWN_FLAGS: u32 = FLAG_REPLY | FLAG_FUA;
+/// Write-zeroes: the replica may deallocate the range instead of writing zeroes.
+pub const FLAG_MAY_TRIM: u32 = 1 << 2;
+const KNOWN_FLAGS: u32 = FLAG_REPLY | FLAG_FUA | FLAG_MAY_TRIM;
 
 /// Operations of the replica protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -200,6 +202,10 @@ impl FrameHeader {
 
     pub fn is_fua(&self) -> bool {
         self.flags & FLAG_FUA != 0
+    }
+
+    pub fn may_trim(&self) -> bool {
+        self.flags & FLAG_MAY_TRIM != 0
     }
 
     /// Serialise into the fixed little-endian layout, computing the header checksum.

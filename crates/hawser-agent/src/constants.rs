@@ -1,0 +1,22 @@
+//! Bounds and timings of the agent, in one place.
+
+use std::time::Duration;
+
+/// Requests one replica connection may have in flight on the server (back-pressure beyond).
+pub const REPLICA_CONN_MAX_INFLIGHT: usize = 256;
+/// Replica connections a server accepts at once.
+pub const REPLICA_SERVER_MAX_CONNS: usize = 1024;
+/// Client requests one volume engine has in flight; further requests wait.
+pub const ENGINE_MAX_INFLIGHT: usize = 1024;
+/// A replica that leaves a request unanswered this long is treated as lost.
+pub const REPLICA_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the replica client checks for overdue requests.
+pub const REPLICA_WATCHDOG_INTERVAL: Duration = Duration::from_millis(500);
+/// Connecting to a replica (TCP connect + Hello) gives up after this long.
+pub const REPLICA_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause between attempts to reach the controller for an outdate.
+pub const OUTDATE_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the agent re-registers (heartbeat) with the controller.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
+/// Timeout of one HTTP call to the controller.
+pub const CONTROLLER_CALL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,0 +1,98 @@
+//! The pools of this node and the lookups across them.
+
+use std::sync::Arc;
+
+use hawser_api::agent::ReplicaStatus;
+use hawser_api::controller::PoolInfo;
+use hawser_storage::{NewReplica, Pool, Replica, StorageError};
+
+pub struct NodeStorage {
+    node: String,
+    pools: Vec<Arc<Pool>>,
+}
+
+impl NodeStorage {
+    pub fn new(node: String, pools: Vec<Pool>) -> NodeStorage {
+        NodeStorage {
+            node,
+            pools: pools.into_iter().map(Arc::new).collect(),
+        }
+    }
+
+    pub fn replica(&self, id: &str) -> Option<Arc<Replica>> {
+        self.pools.iter().find_map(|p| p.get(id))
+    }
+
+    pub fn pool(&self, name: &str) -> Option<&Arc<Pool>> {
+        self.pools.iter().find(|p| p.name() == name)
+    }
+
+    /// Create a replica; refuses an id that exists in any pool of this node.
+    pub fn create(&self, pool: &str, new: &NewReplica) -> Result<Arc<Replica>, StorageError> {
+        if self.replica(&new.id).is_some() {
+            return Err(StorageError::ReplicaExists {
+                pool: pool.into(),
+                id: new.id.clone(),
+            });
+        }
+        let p = self
+            .pool(pool)
+            .ok_or_else(|| StorageError::ReplicaNotFound {
+                id: format!("pool {pool}"),
+            })?;
+        p.create_replica(new)
+    }
+
+    pub fn delete(&self, id: &str) -> Result<(), StorageError> {
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| p.get(id).is_some())
+            .ok_or_else(|| StorageError::ReplicaNotFound { id: id.into() })?;
+        pool.delete_replica(id)
+    }
+
+    pub fn pool_infos(&self) -> Vec<PoolInfo> {
+        self.pools
+            .iter()
+            .filter_map(|p| match p.usage() {
+                Ok(u) => Some(PoolInfo {
+                    node: self.node.clone(),
+                    name: p.name().into(),
+                    path: p.path().display().to_string(),
+                    capacity_bytes: u.capacity_bytes,
+                    free_bytes: u.free_bytes,
+                    provisioned_bytes: u.provisioned_bytes,
+                    overprovision_ratio: p.overprovision_ratio(),
+                    replicas: u.replicas,
+                }),
+                Err(e) => {
+                    tracing::error!(pool = p.name(), error = %e, "cannot read pool usage");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    pub fn replica_statuses(&self) -> Vec<ReplicaStatus> {
+        self.pools
+            .iter()
+            .flat_map(|p| p.list())
+            .map(|r| status(&r))
+            .collect()
+    }
+}
+
+pub fn status(r: &Replica) -> ReplicaStatus {
+    ReplicaStatus {
+        replica_id: r.id().into(),
+        volume: r.volume().into(),
+        pool: r.pool().into(),
+        size_bytes: r.size(),
+        thin: r.thin(),
+        epoch: r.epoch(),
+        allocated_bytes: r.allocated_bytes(),
+        data_path: r.data_path().display().to_string(),
+        failed: r.is_failed(),
+    }
+}

@@ -1,0 +1,327 @@
+//! The engine's connection to a replica on another node. `connect` performs the Hello (which
+//! raises the replica's epoch to the engine's, or fails if a newer engine exists); after that
+//! `send` queues requests, a writer task puts them on the wire, a reader task matches replies
+//! by request id and hands them to the [`ReplySink`]. A request left unanswered longer than
+//! `REPLICA_REQUEST_TIMEOUT`, a malformed reply, or a closed socket ends the connection and
+//! the sink hears `on_lost` exactly once; the engine then fails every request still in flight
+//! on it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use hawser_core::{ClientOp, ReplicaFailure, ReplicaResult, SubId};
+use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status, FLAG_FUA, FLAG_MAY_TRIM};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::constants::{
+    REPLICA_CONNECT_TIMEOUT, REPLICA_REQUEST_TIMEOUT, REPLICA_WATCHDOG_INTERVAL,
+};
+use crate::frame_io::{read_frame, write_frame, FrameIoError};
+
+/// Where replies go.
+pub trait ReplySink: Send + Sync + 'static {
+    fn on_reply(&self, sub: SubId, result: ReplicaResult);
+    /// The connection is gone; called once.
+    fn on_lost(&self);
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connect to replica {replica} at {addr}: {source}")]
+    Io {
+        replica: String,
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("replica {replica} at {addr} did not answer Hello within the timeout")]
+    Timeout { replica: String, addr: String },
+    #[error("replica {replica} at {addr}: {source}")]
+    Protocol {
+        replica: String,
+        addr: String,
+        source: FrameIoError,
+    },
+    #[error("replica {replica} at {addr} refused Hello: {status:?}")]
+    Refused {
+        replica: String,
+        addr: String,
+        status: Status,
+    },
+}
+
+impl ConnectError {
+    pub fn is_stale_epoch(&self) -> bool {
+        matches!(
+            self,
+            ConnectError::Refused {
+                status: Status::StaleEpoch,
+                ..
+            }
+        )
+    }
+}
+
+struct Shared {
+    /// Outstanding requests: sub -> (op, sent at).
+    outstanding: Mutex<HashMap<SubId, (Op, Instant)>>,
+    closed: AtomicBool,
+    sink: Arc<dyn ReplySink>,
+}
+
+impl Shared {
+    fn close(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.outstanding
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+            self.sink.on_lost();
+        }
+    }
+}
+
+pub struct ReplicaClient {
+    tx: mpsc::UnboundedSender<(FrameHeader, Option<Bytes>)>,
+    shared: Arc<Shared>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    epoch: u64,
+}
+
+impl ReplicaClient {
+    /// Connect and say Hello. The caller's sink starts receiving after this returns.
+    pub async fn connect(
+        addr: &str,
+        replica: &str,
+        epoch: u64,
+        sink: Arc<dyn ReplySink>,
+    ) -> Result<(ReplicaClient, HelloInfo), ConnectError> {
+        let fut = Self::hello(addr, replica, epoch);
+        let (stream, info) = tokio::time::timeout(REPLICA_CONNECT_TIMEOUT, fut)
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                replica: replica.into(),
+                addr: addr.into(),
+            })??;
+        let (rd, wr) = stream.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            outstanding: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            sink,
+        });
+        let tasks = vec![
+            tokio::spawn(writer(BufWriter::new(wr), rx, shared.clone())),
+            tokio::spawn(reader(rd, shared.clone())),
+            tokio::spawn(watchdog(shared.clone())),
+        ];
+        Ok((
+            ReplicaClient {
+                tx,
+                shared,
+                tasks,
+                epoch,
+            },
+            info,
+        ))
+    }
+
+    async fn hello(
+        addr: &str,
+        replica: &str,
+        epoch: u64,
+    ) -> Result<(TcpStream, HelloInfo), ConnectError> {
+        let ctx = |source| ConnectError::Io {
+            replica: replica.into(),
+            addr: addr.into(),
+            source,
+        };
+        let mut stream = TcpStream::connect(addr).await.map_err(ctx)?;
+        stream.set_nodelay(true).map_err(ctx)?;
+        let h = FrameHeader::request(Op::Hello, 0, epoch, 0, 0).with_payload(replica.as_bytes());
+        write_frame(&mut stream, &h, Some(replica.as_bytes()))
+            .await
+            .map_err(ctx)?;
+        let proto = |source| ConnectError::Protocol {
+            replica: replica.into(),
+            addr: addr.into(),
+            source,
+        };
+        let (reply, payload) = read_frame(&mut stream).await.map_err(proto)?;
+        if !reply.is_reply() || reply.op != Op::Hello {
+            return Err(proto(FrameIoError::Closed));
+        }
+        if reply.status != Status::Ok {
+            return Err(ConnectError::Refused {
+                replica: replica.into(),
+                addr: addr.into(),
+                status: reply.status,
+            });
+        }
+        let info = payload
+            .as_deref()
+            .and_then(HelloInfo::decode)
+            .ok_or_else(|| proto(FrameIoError::Closed))?;
+        Ok((stream, info))
+    }
+
+    /// Queue a request. If the connection is already gone the request fails at once (the
+    /// sink hears `Lost` for it), so every send is answered exactly once.
+    pub fn send(&self, sub: SubId, op: &ClientOp) {
+        let (header, payload) = encode(sub, self.epoch, op);
+        if self.shared.closed.load(Ordering::Acquire) {
+            self.shared.sink.on_reply(sub, Err(ReplicaFailure::Lost));
+            return;
+        }
+        self.shared
+            .outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sub, (header.op, Instant::now()));
+        if self.tx.send((header, payload)).is_err() {
+            self.shared.close();
+        }
+    }
+
+    /// Close the connection (the sink hears `on_lost` if it has not already).
+    pub fn close(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.shared.close();
+    }
+}
+
+impl Drop for ReplicaClient {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn encode(sub: SubId, epoch: u64, op: &ClientOp) -> (FrameHeader, Option<Bytes>) {
+    match op {
+        ClientOp::Read { offset, len } => (
+            FrameHeader::request(Op::Read, sub, epoch, *offset, *len),
+            None,
+        ),
+        ClientOp::Write { offset, data, fua } => {
+            // Payloads are bounded by the NBD frontend (32 MiB), so the length fits in u32.
+            let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            let mut h =
+                FrameHeader::request(Op::Write, sub, epoch, *offset, len).with_payload(data);
+            if *fua {
+                h.flags |= FLAG_FUA;
+            }
+            (h, Some(data.clone()))
+        }
+        ClientOp::Flush => (FrameHeader::request(Op::Flush, sub, epoch, 0, 0), None),
+        ClientOp::Trim { offset, len } => (
+            FrameHeader::request(Op::Trim, sub, epoch, *offset, *len),
+            None,
+        ),
+        ClientOp::WriteZeroes {
+            offset,
+            len,
+            fua,
+            may_trim,
+        } => {
+            let mut h = FrameHeader::request(Op::WriteZeroes, sub, epoch, *offset, *len);
+            if *fua {
+                h.flags |= FLAG_FUA;
+            }
+            if *may_trim {
+                h.flags |= FLAG_MAY_TRIM;
+            }
+            (h, None)
+        }
+    }
+}
+
+async fn writer(
+    mut w: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    mut rx: mpsc::UnboundedReceiver<(FrameHeader, Option<Bytes>)>,
+    shared: Arc<Shared>,
+) {
+    while let Some((h, p)) = rx.recv().await {
+        let mut ok = write_frame(&mut w, &h, p.as_deref()).await.is_ok();
+        while ok {
+            match rx.try_recv() {
+                Ok((h, p)) => ok = write_frame(&mut w, &h, p.as_deref()).await.is_ok(),
+                Err(_) => break,
+            }
+        }
+        if !ok || w.flush().await.is_err() {
+            break;
+        }
+    }
+    shared.close();
+}
+
+async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
+    loop {
+        let (h, payload) = match read_frame(&mut rd).await {
+            Ok(f) => f,
+            Err(e) => {
+                if !matches!(e, FrameIoError::Closed) {
+                    tracing::warn!(error = %e, "replica connection failed");
+                }
+                break;
+            }
+        };
+        let known = shared
+            .outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&h.request_id);
+        let Some((op, _)) = known else {
+            tracing::warn!(request_id = h.request_id, "reply to no outstanding request");
+            break;
+        };
+        if !h.is_reply() || h.op != op {
+            tracing::warn!(
+                request_id = h.request_id,
+                "reply does not match its request"
+            );
+            break;
+        }
+        let result = match h.status {
+            Status::Ok if op == Op::Read => match payload {
+                Some(p) if p.len() == h.length as usize => Ok(Some(p)),
+                _ => Err(ReplicaFailure::Io),
+            },
+            Status::Ok => Ok(None),
+            Status::StaleEpoch => Err(ReplicaFailure::StaleEpoch),
+            Status::NoSpace => Err(ReplicaFailure::NoSpace),
+            _ => Err(ReplicaFailure::Io),
+        };
+        shared.sink.on_reply(h.request_id, result);
+    }
+    shared.close();
+}
+
+async fn watchdog(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(REPLICA_WATCHDOG_INTERVAL);
+    loop {
+        tick.tick().await;
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let overdue = shared
+            .outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|(_, at)| at.elapsed() > REPLICA_REQUEST_TIMEOUT);
+        if overdue {
+            tracing::warn!("replica request timed out; dropping the connection");
+            shared.close();
+            return;
+        }
+    }
+}

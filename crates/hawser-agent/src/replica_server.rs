@@ -1,0 +1,212 @@
+//! The replica server: serves this node's replicas to engines on any node over the replica
+//! protocol (hawser_wire::frame). A connection starts with Hello, which binds it to one
+//! replica and raises the replica's epoch; every later request is checked against that epoch
+//! by the replica itself. Requests on a connection run concurrently (bounded); replies are
+//! written by one writer task, batched while more are ready.
+//!
+//! Any malformed frame, checksum mismatch or protocol violation closes the connection before
+//! anything reaches a disk.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hawser_storage::{Replica, ReplicaIoError};
+use hawser_wire::constants::MAX_PAYLOAD_BYTES;
+use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tracing::Instrument;
+
+use crate::constants::{REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS};
+use crate::frame_io::{read_frame, write_frame, FrameIoError};
+use crate::node_storage::NodeStorage;
+
+type Reply = (FrameHeader, Option<Bytes>);
+
+/// Accept connections until `shutdown` flips to true.
+pub async fn serve(
+    listener: TcpListener,
+    storage: Arc<NodeStorage>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let conns = Arc::new(Semaphore::new(REPLICA_SERVER_MAX_CONNS));
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "replica server accept failed");
+                continue;
+            }
+        };
+        let Ok(permit) = conns.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "too many replica connections; refusing");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let storage = storage.clone();
+        let span = tracing::info_span!("replica_conn", %peer);
+        tokio::spawn(
+            async move {
+                match serve_conn(stream, storage).await {
+                    Ok(()) | Err(FrameIoError::Closed) => tracing::debug!("closed"),
+                    Err(e) => tracing::warn!(error = %e, "replica connection dropped"),
+                }
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+}
+
+async fn serve_conn(stream: TcpStream, storage: Arc<NodeStorage>) -> Result<(), FrameIoError> {
+    let (mut rd, wr) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<Reply>(REPLICA_CONN_MAX_INFLIGHT);
+    let writer = tokio::spawn(write_replies(BufWriter::new(wr), rx));
+    let result = async {
+        let replica = hello(&mut rd, &storage, &tx).await?;
+        let span = tracing::info_span!("replica", id = replica.id());
+        request_loop(&mut rd, replica, &tx).instrument(span).await
+    }
+    .await;
+    drop(tx);
+    let _ = writer.await;
+    result
+}
+
+/// The first frame must be a Hello naming a replica of this node with an epoch at least the
+/// replica's.
+async fn hello(
+    rd: &mut (impl tokio::io::AsyncRead + Unpin),
+    storage: &NodeStorage,
+    tx: &mpsc::Sender<Reply>,
+) -> Result<Arc<Replica>, FrameIoError> {
+    let (h, payload) = read_frame(rd).await?;
+    if h.op != Op::Hello || h.is_reply() {
+        let _ = tx.send((h.reply(Status::Invalid), None)).await;
+        return Err(FrameIoError::Closed);
+    }
+    let id = payload
+        .as_deref()
+        .and_then(|p| std::str::from_utf8(p).ok())
+        .unwrap_or("");
+    let Some(replica) = storage.replica(id) else {
+        let _ = tx.send((h.reply(Status::NoSuchReplica), None)).await;
+        return Err(FrameIoError::Closed);
+    };
+    let r = replica.clone();
+    let epoch = h.epoch;
+    let raised = tokio::task::spawn_blocking(move || r.raise_epoch(epoch)).await;
+    if !matches!(raised, Ok(Ok(()))) {
+        let _ = tx.send((h.reply(Status::StaleEpoch), None)).await;
+        return Err(FrameIoError::Closed);
+    }
+    let info = HelloInfo {
+        size: replica.size(),
+        epoch: replica.epoch(),
+        generation: replica.generation(),
+    }
+    .encode();
+    let reply = h.reply(Status::Ok).with_payload(&info);
+    let _ = tx.send((reply, Some(Bytes::copy_from_slice(&info)))).await;
+    Ok(replica)
+}
+
+async fn request_loop(
+    rd: &mut (impl tokio::io::AsyncRead + Unpin),
+    replica: Arc<Replica>,
+    tx: &mpsc::Sender<Reply>,
+) -> Result<(), FrameIoError> {
+    let inflight = Arc::new(Semaphore::new(REPLICA_CONN_MAX_INFLIGHT));
+    loop {
+        let permit = inflight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| FrameIoError::Closed)?;
+        let (h, payload) = read_frame(rd).await?;
+        if h.is_reply() || h.op == Op::Hello {
+            return Err(FrameIoError::Closed);
+        }
+        if h.op == Op::Ping {
+            let _ = tx.send((h.reply(Status::Ok), None)).await;
+            continue;
+        }
+        let replica = replica.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let reply = tokio::task::spawn_blocking(move || execute(&replica, &h, payload))
+                .await
+                .unwrap_or_else(|_| (h.reply(Status::IoError), None));
+            let _ = tx.send(reply).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Run one request against the replica (blocking) and build its reply.
+fn execute(replica: &Replica, h: &FrameHeader, payload: Option<Bytes>) -> Reply {
+    let (epoch, offset, len) = (h.epoch, h.offset, h.length);
+    let result = match h.op {
+        Op::Read if len > MAX_PAYLOAD_BYTES => Err(ReplicaIoError::OutOfRange),
+        Op::Read => replica.read(epoch, offset, len).map(Some),
+        Op::Write => {
+            let data = payload.unwrap_or_default();
+            replica
+                .write(epoch, offset, &data, h.is_fua())
+                .map(|()| None)
+        }
+        Op::Flush => replica.flush(epoch).map(|()| None),
+        Op::Trim => replica.trim(epoch, offset, len).map(|()| None),
+        Op::WriteZeroes => replica
+            .write_zeroes(epoch, offset, len, h.is_fua(), h.may_trim())
+            .map(|()| None),
+        Op::Hello | Op::Ping => Ok(None),
+    };
+    match result {
+        Ok(Some(data)) => (h.reply(Status::Ok).with_payload(&data), Some(data)),
+        Ok(None) => (h.reply(Status::Ok), None),
+        Err(e) => {
+            if matches!(e, ReplicaIoError::Io { .. }) {
+                tracing::error!(replica = replica.id(), error = %e, "replica disk error");
+            }
+            (h.reply(status_of(e)), None)
+        }
+    }
+}
+
+/// The one place replica errors become wire statuses.
+pub fn status_of(e: ReplicaIoError) -> Status {
+    match e {
+        ReplicaIoError::StaleEpoch { .. } => Status::StaleEpoch,
+        ReplicaIoError::OutOfRange => Status::OutOfRange,
+        ReplicaIoError::NoSpace => Status::NoSpace,
+        ReplicaIoError::Io { .. } => Status::IoError,
+        ReplicaIoError::Failed => Status::Unavailable,
+    }
+}
+
+/// Write replies as they come; flush only when no more are ready, so a burst goes out in few
+/// syscalls and a lone reply goes out at once.
+async fn write_replies<W: tokio::io::AsyncWrite + Unpin>(
+    mut w: BufWriter<W>,
+    mut rx: mpsc::Receiver<Reply>,
+) {
+    while let Some((h, payload)) = rx.recv().await {
+        if write_frame(&mut w, &h, payload.as_deref()).await.is_err() {
+            return;
+        }
+        while let Ok((h, payload)) = rx.try_recv() {
+            if write_frame(&mut w, &h, payload.as_deref()).await.is_err() {
+                return;
+            }
+        }
+        if w.flush().await.is_err() {
+            return;
+        }
+    }
+}

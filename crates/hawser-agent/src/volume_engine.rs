@@ -1,0 +1,360 @@
+//! Drives a `hawser_core::Engine` with real I/O: the local replica through the blocking thread
+//! pool, remote replicas through `ReplicaClient`s, outdates through the controller. The engine
+//! state sits behind one mutex that is only held while the state machine runs, never across
+//! I/O; the commands it returns are carried out after the lock is released.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use hawser_api::agent::{EngineStatus, StartEngine};
+use hawser_core::{
+    ClientOp, Command, Engine, IoError, ReplicaFailure, ReplicaIdx, ReplicaResult, ReplicaSpec,
+    SubId, Tag,
+};
+use hawser_storage::{Replica, ReplicaIoError};
+use tokio::sync::{oneshot, Semaphore};
+
+use crate::block::BlockDevice;
+use crate::constants::ENGINE_MAX_INFLIGHT;
+use crate::controller_link::{ControllerLink, OutdateOutcome};
+use crate::node_storage::NodeStorage;
+use crate::replica_client::{ReplicaClient, ReplySink};
+
+enum Handle {
+    Local(Arc<Replica>),
+    Remote(Mutex<Option<Arc<ReplicaClient>>>),
+}
+
+struct Inner {
+    engine: Engine,
+    waiters: HashMap<Tag, oneshot::Sender<Result<Option<Bytes>, IoError>>>,
+    next_tag: Tag,
+}
+
+pub struct VolumeEngine {
+    volume: String,
+    epoch: u64,
+    replica_ids: Vec<String>,
+    handles: Vec<Handle>,
+    inner: Mutex<Inner>,
+    inflight: Semaphore,
+    controller: ControllerLink,
+    fenced: AtomicBool,
+    me: Weak<VolumeEngine>,
+}
+
+impl VolumeEngine {
+    /// Build the engine, raise the local replica's epoch and connect to the remote ones. A
+    /// remote replica that cannot be reached is reported lost (and outdated through the
+    /// controller) once the engine runs; a newer epoch anywhere fails the start.
+    pub async fn start(
+        req: &StartEngine,
+        node: &str,
+        storage: &NodeStorage,
+    ) -> anyhow::Result<Arc<VolumeEngine>> {
+        let mut handles = Vec::new();
+        let mut specs = Vec::new();
+        for r in &req.replicas {
+            if r.node == node {
+                let replica = storage
+                    .replica(&r.replica_id)
+                    .ok_or_else(|| anyhow::anyhow!("local replica {} not found", r.replica_id))?;
+                let (rep, epoch) = (replica.clone(), req.epoch);
+                tokio::task::spawn_blocking(move || rep.raise_epoch(epoch)).await??;
+                handles.push(Handle::Local(replica));
+                specs.push(ReplicaSpec { local: true });
+            } else {
+                handles.push(Handle::Remote(Mutex::new(None)));
+                specs.push(ReplicaSpec { local: false });
+            }
+        }
+        let ve = Arc::new_cyclic(|me| VolumeEngine {
+            volume: req.volume.clone(),
+            epoch: req.epoch,
+            replica_ids: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
+            handles,
+            inner: Mutex::new(Inner {
+                engine: Engine::new(req.size_bytes, &specs),
+                waiters: HashMap::new(),
+                next_tag: 1,
+            }),
+            inflight: Semaphore::new(ENGINE_MAX_INFLIGHT),
+            controller: ControllerLink::new(&req.controller_url),
+            fenced: AtomicBool::new(false),
+            me: me.clone(),
+        });
+        let mut unreachable = Vec::new();
+        for (i, r) in req.replicas.iter().enumerate() {
+            if r.node == node {
+                continue;
+            }
+            let idx = ReplicaIdx(u8::try_from(i)?);
+            let sink = Arc::new(Sink {
+                engine: Arc::downgrade(&ve),
+                replica: idx,
+            });
+            match ReplicaClient::connect(&r.replica_addr, &r.replica_id, req.epoch, sink).await {
+                Ok((client, _info)) => ve.set_client(idx, Some(Arc::new(client))),
+                Err(e) if e.is_stale_epoch() => anyhow::bail!("fenced: {e}"),
+                Err(e) => {
+                    tracing::warn!(volume = %req.volume, error = %e, "replica unreachable at attach");
+                    unreachable.push(idx);
+                }
+            }
+        }
+        for idx in unreachable {
+            ve.run(|e, out| e.on_replica_lost(idx, out));
+        }
+        Ok(ve)
+    }
+
+    fn set_client(&self, idx: ReplicaIdx, client: Option<Arc<ReplicaClient>>) {
+        if let Handle::Remote(slot) = &self.handles[usize::from(idx.0)] {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = client;
+        }
+    }
+
+    fn client(&self, idx: ReplicaIdx) -> Option<Arc<ReplicaClient>> {
+        match &self.handles[usize::from(idx.0)] {
+            Handle::Remote(slot) => slot.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            Handle::Local(_) => None,
+        }
+    }
+
+    pub fn status(&self) -> EngineStatus {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        EngineStatus {
+            volume: self.volume.clone(),
+            epoch: self.epoch,
+            size_bytes: inner.engine.size(),
+            in_sync: inner
+                .engine
+                .in_sync()
+                .into_iter()
+                .map(|r| self.replica_ids[usize::from(r.0)].clone())
+                .collect(),
+        }
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Run the state machine under the lock, complete waiters, then carry out the rest.
+    fn run(&self, f: impl FnOnce(&mut Engine, &mut Vec<Command>)) {
+        let mut out = Vec::new();
+        let mut rest = Vec::new();
+        {
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut inner.engine, &mut out);
+            for c in out.drain(..) {
+                match c {
+                    Command::Complete { tag, result } => {
+                        if let Some(w) = inner.waiters.remove(&tag) {
+                            let _ = w.send(result);
+                        }
+                    }
+                    other => rest.push(other),
+                }
+            }
+        }
+        for c in rest {
+            self.dispatch(c);
+        }
+    }
+
+    fn dispatch(&self, c: Command) {
+        match c {
+            Command::Send { replica, sub, op } => self.send(replica, sub, op),
+            Command::Outdate { replica } => self.outdate(replica),
+            Command::Fenced => {
+                self.fenced.store(true, Ordering::Release);
+                tracing::error!(volume = %self.volume, epoch = self.epoch, "engine fenced by a newer epoch; failing all I/O");
+            }
+            Command::Complete { .. } => unreachable!("completions are handled under the lock"),
+        }
+    }
+
+    fn send(&self, replica: ReplicaIdx, sub: SubId, op: ClientOp) {
+        match &self.handles[usize::from(replica.0)] {
+            Handle::Local(r) => {
+                let (r, epoch, me) = (r.clone(), self.epoch, self.me.clone());
+                tokio::task::spawn_blocking(move || {
+                    let result = run_local(&r, epoch, &op);
+                    if let Some(me) = me.upgrade() {
+                        me.run(|e, out| e.on_reply(sub, result, out));
+                    }
+                });
+            }
+            Handle::Remote(_) => match self.client(replica) {
+                Some(c) => c.send(sub, &op),
+                None => self.run(|e, out| e.on_reply(sub, Err(ReplicaFailure::Lost), out)),
+            },
+        }
+    }
+
+    /// Ask the controller to take `replica` out of the in-sync set; retry until it answers.
+    fn outdate(&self, replica: ReplicaIdx) {
+        let Some(me) = self.me.upgrade() else { return };
+        let id = self.replica_ids[usize::from(replica.0)].clone();
+        // The replica is leaving: drop its connection so nothing more is sent to it.
+        if let Some(c) = self.client(replica) {
+            c.close();
+        }
+        tokio::spawn(async move {
+            let reason = format!("engine of epoch {} lost the replica", me.epoch);
+            match me
+                .controller
+                .outdate(&me.volume, &id, me.epoch, &reason)
+                .await
+            {
+                OutdateOutcome::Done => {
+                    tracing::warn!(volume = %me.volume, replica = %id, "replica outdated");
+                    me.run(|e, out| e.on_outdate_done(replica, out));
+                }
+                OutdateOutcome::Fenced => me.run(|e, out| e.on_fenced(out)),
+                OutdateOutcome::GaveUp => {
+                    tracing::warn!(volume = %me.volume, "engine stopped before outdate")
+                }
+            }
+        });
+    }
+
+    async fn submit(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
+        let _permit = self
+            .inflight
+            .acquire()
+            .await
+            .map_err(|_| IoError::ShutDown)?;
+        let (tx, rx) = oneshot::channel();
+        let tag = {
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let tag = inner.next_tag;
+            inner.next_tag += 1;
+            inner.waiters.insert(tag, tx);
+            tag
+        };
+        self.run(|e, out| e.submit(tag, op, out));
+        rx.await.unwrap_or(Err(IoError::ShutDown))
+    }
+
+    /// Flush, then fail anything still in flight and drop the replica connections.
+    pub async fn stop(&self) {
+        if let Err(e) = self.submit(ClientOp::Flush).await {
+            tracing::warn!(volume = %self.volume, error = %e, "final flush failed");
+        }
+        self.controller.stop();
+        self.run(|e, out| e.shutdown(out));
+        for i in 0..self.handles.len() {
+            // i < MAX_REPLICAS, so it fits in u8.
+            let idx = ReplicaIdx(i as u8);
+            if let Some(c) = self.client(idx) {
+                self.set_client(idx, None);
+                c.close();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BlockDevice for VolumeEngine {
+    fn size(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .engine
+            .size()
+    }
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, IoError> {
+        Ok(self
+            .submit(ClientOp::Read { offset, len })
+            .await?
+            .unwrap_or_default())
+    }
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
+        self.submit(ClientOp::Write { offset, data, fua })
+            .await
+            .map(|_| ())
+    }
+    async fn flush(&self) -> Result<(), IoError> {
+        self.submit(ClientOp::Flush).await.map(|_| ())
+    }
+    async fn trim(&self, offset: u64, len: u32) -> Result<(), IoError> {
+        self.submit(ClientOp::Trim { offset, len })
+            .await
+            .map(|_| ())
+    }
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        may_trim: bool,
+    ) -> Result<(), IoError> {
+        self.submit(ClientOp::WriteZeroes {
+            offset,
+            len,
+            fua,
+            may_trim,
+        })
+        .await
+        .map(|_| ())
+    }
+}
+
+struct Sink {
+    engine: Weak<VolumeEngine>,
+    replica: ReplicaIdx,
+}
+
+impl ReplySink for Sink {
+    fn on_reply(&self, sub: SubId, result: ReplicaResult) {
+        if let Some(e) = self.engine.upgrade() {
+            e.run(|en, out| en.on_reply(sub, result, out));
+        }
+    }
+    fn on_lost(&self) {
+        if let Some(e) = self.engine.upgrade() {
+            tracing::warn!(volume = %e.volume, replica = %e.replica_ids[usize::from(self.replica.0)], "replica connection lost");
+            let r = self.replica;
+            e.run(|en, out| en.on_replica_lost(r, out));
+        }
+    }
+}
+
+/// Execute one request on the local replica (blocking).
+fn run_local(r: &Replica, epoch: u64, op: &ClientOp) -> ReplicaResult {
+    let result = match op {
+        ClientOp::Read { offset, len } => r.read(epoch, *offset, *len).map(Some),
+        ClientOp::Write { offset, data, fua } => r.write(epoch, *offset, data, *fua).map(|()| None),
+        ClientOp::Flush => r.flush(epoch).map(|()| None),
+        ClientOp::Trim { offset, len } => r.trim(epoch, *offset, *len).map(|()| None),
+        ClientOp::WriteZeroes {
+            offset,
+            len,
+            fua,
+            may_trim,
+        } => r
+            .write_zeroes(epoch, *offset, *len, *fua, *may_trim)
+            .map(|()| None),
+    };
+    result.map_err(|e| {
+        if matches!(e, ReplicaIoError::Io { .. }) {
+            tracing::error!(replica = r.id(), error = %e, "local replica disk error");
+        }
+        failure_of(e)
+    })
+}
+
+fn failure_of(e: ReplicaIoError) -> ReplicaFailure {
+    match e {
+        ReplicaIoError::StaleEpoch { .. } => ReplicaFailure::StaleEpoch,
+        ReplicaIoError::NoSpace => ReplicaFailure::NoSpace,
+        ReplicaIoError::OutOfRange | ReplicaIoError::Io { .. } | ReplicaIoError::Failed => {
+            ReplicaFailure::Io
+        }
+    }
+}
