@@ -1,0 +1,115 @@
+//! `/v1/nodes`: agents register and heartbeat with `PUT /v1/nodes/{node}`; anyone lists them.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use hawser_api::controller::{Node, RegisterNode};
+use hawser_api::validate_name;
+
+use crate::errors::ControllerError;
+use crate::model::{now_ms, NodeRecord};
+use crate::server::{ApiJson, ApiPath};
+use crate::state::AppState;
+
+pub async fn register(
+    State(st): State<Arc<AppState>>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<RegisterNode>,
+) -> Result<Json<Node>, ControllerError> {
+    validate(&name, &req)?;
+    let record = NodeRecord {
+        name: name.clone(),
+        admin_addr: req.admin_addr,
+        replica_addr: req.replica_addr,
+        nbd_addr: req.nbd_addr,
+        nbd_socket: req.nbd_socket,
+        last_seen_ms: now_ms(),
+        pools: req.pools,
+    };
+    let previous = st.records.node(&name).await?;
+    st.records.put_node(&record).await?;
+    st.reservations.heartbeat(&name);
+    match previous {
+        None => tracing::info!(node = %name, admin = %record.admin_addr, "node registered"),
+        Some(p) if !st.is_online(&p) => tracing::info!(node = %name, "node back online"),
+        Some(p) if p.admin_addr != record.admin_addr || p.replica_addr != record.replica_addr => {
+            tracing::info!(node = %name, admin = %record.admin_addr, "node addresses changed")
+        }
+        Some(_) => tracing::trace!(node = %name, "heartbeat"),
+    }
+    Ok(Json(record.to_api(now_ms(), st.node_timeout_ms)))
+}
+
+fn validate(name: &str, req: &RegisterNode) -> Result<(), ControllerError> {
+    validate_name("node", name)?;
+    for (what, addr) in [
+        ("admin_addr", &req.admin_addr),
+        ("replica_addr", &req.replica_addr),
+    ] {
+        check_addr(what, addr)?;
+    }
+    if let Some(addr) = &req.nbd_addr {
+        check_addr("nbd_addr", addr)?;
+    }
+    for (i, p) in req.pools.iter().enumerate() {
+        validate_name("pool", &p.name)?;
+        if p.node != name {
+            return Err(ControllerError::invalid(format!(
+                "pool {:?} says it is on node {:?}, but registers as node {name:?}",
+                p.name, p.node
+            )));
+        }
+        if !(p.overprovision_ratio.is_finite() && p.overprovision_ratio > 0.0) {
+            return Err(ControllerError::invalid(format!(
+                "pool {:?}: overprovision_ratio must be a positive number",
+                p.name
+            )));
+        }
+        if req.pools[..i].iter().any(|q| q.name == p.name) {
+            return Err(ControllerError::invalid(format!(
+                "pool {:?} listed twice",
+                p.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `host:port`, where host may be a name or an IP address (IPv6 in brackets).
+fn check_addr(what: &str, addr: &str) -> Result<(), ControllerError> {
+    let ok = match addr.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0),
+        None => false,
+    };
+    if ok && !addr.contains(['/', ' ']) {
+        Ok(())
+    } else {
+        Err(ControllerError::invalid(format!(
+            "{what} {addr:?} is not host:port"
+        )))
+    }
+}
+
+pub async fn list(State(st): State<Arc<AppState>>) -> Result<Json<Vec<Node>>, ControllerError> {
+    let now = now_ms();
+    let nodes = st.records.nodes().await?;
+    Ok(Json(
+        nodes
+            .iter()
+            .map(|n| n.to_api(now, st.node_timeout_ms))
+            .collect(),
+    ))
+}
+
+pub async fn show(
+    State(st): State<Arc<AppState>>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Node>, ControllerError> {
+    let node = st
+        .records
+        .node(&name)
+        .await?
+        .ok_or(ControllerError::NodeNotFound { node: name })?;
+    Ok(Json(node.to_api(now_ms(), st.node_timeout_ms)))
+}

@@ -1,0 +1,93 @@
+//! `/v1/volumes`: create, list, show, delete, attach, detach, and the engines' outdate
+//! reports. Handlers only translate HTTP; the logic is in the `volume_*` modules.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use hawser_api::controller::{Attach, CreateVolume, Outdate, Volume};
+
+use crate::errors::ControllerError;
+use crate::model::VolumeRecord;
+use crate::server::{ApiJson, ApiPath};
+use crate::state::AppState;
+use crate::{volume_attach, volume_create, volume_delete, volume_outdate};
+
+type Shared = State<Arc<AppState>>;
+
+/// The API view of a record, with NBD addresses if it is attached.
+async fn view(st: &AppState, rec: &VolumeRecord) -> Result<Volume, ControllerError> {
+    let node = match &rec.attached_node {
+        Some(n) => st.records.node(n).await?,
+        None => None,
+    };
+    Ok(rec.to_api(node.as_ref()))
+}
+
+pub async fn create(
+    State(st): Shared,
+    ApiJson(req): ApiJson<CreateVolume>,
+) -> Result<(StatusCode, Json<Volume>), ControllerError> {
+    let rec = volume_create::create_volume(&st, req).await?;
+    Ok((StatusCode::CREATED, Json(rec.to_api(None))))
+}
+
+pub async fn list(State(st): Shared) -> Result<Json<Vec<Volume>>, ControllerError> {
+    let nodes = st.records.nodes().await?;
+    let volumes = st.records.volumes().await?;
+    Ok(Json(
+        volumes
+            .iter()
+            .map(|v| {
+                let node = v
+                    .attached_node
+                    .as_ref()
+                    .and_then(|a| nodes.iter().find(|n| n.name == *a));
+                v.to_api(node)
+            })
+            .collect(),
+    ))
+}
+
+pub async fn show(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = st.records.existing_volume(&name).await?;
+    Ok(Json(view(&st, &rec).await?))
+}
+
+pub async fn delete(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<StatusCode, ControllerError> {
+    volume_delete::delete_volume(&st, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn attach(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<Attach>,
+) -> Result<Json<Volume>, ControllerError> {
+    let (rec, node) = volume_attach::attach_volume(&st, &name, req).await?;
+    Ok(Json(rec.to_api(Some(&node))))
+}
+
+pub async fn detach(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = volume_attach::detach_volume(&st, &name).await?;
+    Ok(Json(rec.to_api(None)))
+}
+
+pub async fn outdate(
+    State(st): Shared,
+    ApiPath((name, id)): ApiPath<(String, String)>,
+    ApiJson(req): ApiJson<Outdate>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = volume_outdate::outdate_replica(&st, &name, &id, req).await?;
+    Ok(Json(view(&st, &rec).await?))
+}

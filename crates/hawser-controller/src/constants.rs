@@ -1,0 +1,28 @@
+//! Every limit and timeout of the controller, in one place.
+
+use std::time::Duration;
+
+/// Largest request body the API accepts; larger ones get 413.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Replicas per volume. Five copies is already more than any failure model needs.
+pub const MAX_REPLICAS: u32 = 5;
+
+/// How often a read-modify-write of a record retries after losing a compare-and-swap before
+/// giving up with a conflict. Writers of one volume are few (its own operation, its engine).
+pub const MAX_CAS_RETRIES: u32 = 16;
+
+/// Default seconds without a heartbeat after which a node is offline.
+pub const DEFAULT_NODE_TIMEOUT_SECS: u64 = 15;
+
+/// Connecting to an agent's admin API.
+pub const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A whole agent admin request. Starting an engine connects to every replica and stopping
+/// one flushes it, so this is generous.
+pub const AGENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A reservation made by placement is dropped after this many heartbeats from its node
+/// (counted once the replica exists): the first may have been measured before the replica
+/// was created, the second cannot have been.
+pub const RESERVATION_HEARTBEATS: u32 = 2;

@@ -1,0 +1,132 @@
+//! The controller's error type and the one place that maps it to an HTTP status and a JSON
+//! `ApiError` body.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hawser_api::controller::VolumeState;
+use hawser_api::{ApiError, ErrorCode};
+use hawser_store::StoreError;
+
+use crate::agent_client::AgentError;
+use crate::placement::PlacementError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("{message}")]
+    InvalidArgument { message: String },
+    /// The request body could not be read or parsed; `status` is 400, or 413 when too large.
+    #[error("{message}")]
+    BadBody { status: u16, message: String },
+    #[error("no route for {method} {path}")]
+    NoRoute { method: String, path: String },
+    #[error("volume {volume:?} not found")]
+    VolumeNotFound { volume: String },
+    #[error("node {node:?} not found")]
+    NodeNotFound { node: String },
+    #[error("volume {volume:?} has no replica {replica:?}")]
+    ReplicaNotFound { volume: String, replica: String },
+    #[error("volume {volume:?} already exists")]
+    VolumeExists { volume: String },
+    #[error("volume {volume:?} is attached to node {node:?}{hint}")]
+    Attached {
+        volume: String,
+        node: String,
+        hint: &'static str,
+    },
+    #[error("volume {volume:?} is {state:?}; try again when it is detached")]
+    Busy { volume: String, state: VolumeState },
+    #[error("node {node:?} is offline (no heartbeat for {age_secs}s)")]
+    NodeOffline { node: String, age_secs: u64 },
+    #[error("epoch {epoch} of volume {volume:?} is stale: the current epoch is {current}")]
+    StaleEpoch {
+        volume: String,
+        epoch: u64,
+        current: u64,
+    },
+    #[error(
+        "replica {replica:?} is the last in-sync replica of volume {volume:?}; \
+         it is never outdated"
+    )]
+    LastInSyncReplica { volume: String, replica: String },
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    #[error("node {node:?}: {op}: {source}")]
+    Agent {
+        node: String,
+        op: String,
+        #[source]
+        source: AgentError,
+    },
+    #[error("gave up on {key:?} after {retries} compare-and-swap conflicts")]
+    Contention { key: String, retries: u32 },
+    #[error("cluster store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl ControllerError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ControllerError::InvalidArgument {
+            message: message.into(),
+        }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        use ControllerError as E;
+        match self {
+            E::InvalidArgument { .. } | E::BadBody { .. } => ErrorCode::InvalidArgument,
+            E::NoRoute { .. }
+            | E::VolumeNotFound { .. }
+            | E::NodeNotFound { .. }
+            | E::ReplicaNotFound { .. } => ErrorCode::NotFound,
+            E::VolumeExists { .. } => ErrorCode::AlreadyExists,
+            E::Attached { .. }
+            | E::Busy { .. }
+            | E::LastInSyncReplica { .. }
+            | E::Contention { .. } => ErrorCode::Conflict,
+            E::StaleEpoch { .. } => ErrorCode::StaleEpoch,
+            E::Placement(_) => ErrorCode::InsufficientCapacity,
+            E::NodeOffline { .. } => ErrorCode::Unavailable,
+            E::Agent { source, .. } => match source.api_code() {
+                // The agent's own capacity check is authoritative; say so rather than
+                // "unavailable".
+                Some(ErrorCode::InsufficientCapacity) => ErrorCode::InsufficientCapacity,
+                _ => ErrorCode::Unavailable,
+            },
+            E::Store(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The HTTP status: the code's, except for the few transport-level cases (413, 405) that
+    /// have no `ErrorCode` of their own.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ControllerError::BadBody { status, .. } => *status,
+            _ => self.code().http_status(),
+        }
+    }
+
+    pub fn to_api(&self) -> ApiError {
+        ApiError::new(self.code(), self.to_string())
+    }
+}
+
+impl From<ApiError> for ControllerError {
+    /// `hawser_api` validators return `ApiError`s; they are all invalid arguments.
+    fn from(e: ApiError) -> Self {
+        ControllerError::InvalidArgument { message: e.message }
+    }
+}
+
+impl IntoResponse for ControllerError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        match self.code() {
+            ErrorCode::Internal => tracing::error!(error = %self, "request failed"),
+            ErrorCode::Unavailable => tracing::warn!(error = %self, "request failed"),
+            _ => tracing::debug!(error = %self, "request refused"),
+        }
+        (status, Json(self.to_api())).into_response()
+    }
+}

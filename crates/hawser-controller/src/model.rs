@@ -1,0 +1,127 @@
+//! The records the controller keeps in the cluster store, their keys, and their conversion
+//! to API types.
+//!
+//! Records accept unknown fields (unlike API requests) so an older controller can read what a
+//! newer one wrote after a rollback.
+
+use hawser_api::controller::{
+    Node, NodeState, PoolInfo, Replica, ReplicaState, Volume, VolumeState,
+};
+use serde::{Deserialize, Serialize};
+
+const NODES_PREFIX: &str = "nodes/";
+const VOLUMES_PREFIX: &str = "volumes/";
+
+pub fn node_key(name: &str) -> String {
+    format!("{NODES_PREFIX}{name}")
+}
+
+pub fn volume_key(name: &str) -> String {
+    format!("{VOLUMES_PREFIX}{name}")
+}
+
+pub fn nodes_prefix() -> &'static str {
+    NODES_PREFIX
+}
+
+pub fn volumes_prefix() -> &'static str {
+    VOLUMES_PREFIX
+}
+
+/// A node as last reported by its agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub name: String,
+    pub admin_addr: String,
+    pub replica_addr: String,
+    pub nbd_addr: Option<String>,
+    pub nbd_socket: Option<String>,
+    /// Unix milliseconds of the last registration or heartbeat.
+    pub last_seen_ms: u64,
+    pub pools: Vec<PoolInfo>,
+}
+
+impl NodeRecord {
+    pub fn age_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.last_seen_ms)
+    }
+
+    pub fn is_online(&self, now_ms: u64, timeout_ms: u64) -> bool {
+        self.age_ms(now_ms) <= timeout_ms
+    }
+
+    pub fn to_api(&self, now_ms: u64, timeout_ms: u64) -> Node {
+        Node {
+            name: self.name.clone(),
+            admin_addr: self.admin_addr.clone(),
+            replica_addr: self.replica_addr.clone(),
+            nbd_addr: self.nbd_addr.clone(),
+            nbd_socket: self.nbd_socket.clone(),
+            last_seen_ms: self.last_seen_ms,
+            state: if self.is_online(now_ms, timeout_ms) {
+                NodeState::Online
+            } else {
+                NodeState::Offline
+            },
+        }
+    }
+}
+
+/// A volume: its replicas, attachment and epoch. Every change is a compare-and-swap on this
+/// one record, which is what makes outdating a replica and fencing an engine atomic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub name: String,
+    pub size_bytes: u64,
+    pub replica_count: u32,
+    pub thin: bool,
+    pub state: VolumeState,
+    pub epoch: u64,
+    pub attached_node: Option<String>,
+    pub replicas: Vec<Replica>,
+}
+
+impl VolumeRecord {
+    pub fn in_sync(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas
+            .iter()
+            .filter(|r| r.state == ReplicaState::InSync)
+    }
+
+    /// The API view. `attached` is the record of the node it is attached to, if known, for
+    /// the NBD addresses.
+    pub fn to_api(&self, attached: Option<&NodeRecord>) -> Volume {
+        let node = match (&self.attached_node, attached) {
+            (Some(name), Some(n)) if self.state == VolumeState::Attached && *name == n.name => {
+                Some(n)
+            }
+            _ => None,
+        };
+        let nbd_uri = node
+            .and_then(|n| n.nbd_addr.as_ref())
+            .map(|addr| format!("nbd://{addr}/{}", self.name));
+        let nbd_unix_uri = node
+            .and_then(|n| n.nbd_socket.as_ref())
+            .map(|sock| format!("nbd+unix:///{}?socket={sock}", self.name));
+        Volume {
+            name: self.name.clone(),
+            size_bytes: self.size_bytes,
+            replica_count: self.replica_count,
+            thin: self.thin,
+            state: self.state,
+            epoch: self.epoch,
+            attached_node: self.attached_node.clone(),
+            replicas: self.replicas.clone(),
+            nbd_uri,
+            nbd_unix_uri,
+        }
+    }
+}
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> u64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,180 @@
+//! Creating a volume: validate, place, record it as Creating, create the replicas on their
+//! agents, mark it Detached. Any failure undoes everything, so a failed create leaves neither
+//! a record nor a replica behind (best effort for replicas on agents that stop answering).
+
+use hawser_api::agent::CreateReplica;
+use hawser_api::controller::{CreateVolume, Replica, ReplicaState, VolumeState};
+use hawser_api::size::check_volume_size;
+use hawser_api::validate_name;
+
+use crate::constants::MAX_REPLICAS;
+use crate::errors::ControllerError;
+use crate::model::{NodeRecord, VolumeRecord};
+use crate::state::AppState;
+
+pub async fn create_volume(
+    st: &AppState,
+    req: CreateVolume,
+) -> Result<VolumeRecord, ControllerError> {
+    validate(&req)?;
+    let _guard = st.volume_locks.lock(&req.name).await;
+    if st.records.volume(&req.name).await?.is_some() {
+        return Err(ControllerError::VolumeExists { volume: req.name });
+    }
+    let nodes = st.records.nodes().await?;
+    let ids: Vec<String> = (0..req.replicas)
+        .map(|n| replica_id(&req.name, n))
+        .collect();
+    let placed =
+        st.reservations
+            .place_and_reserve(st.candidates(&nodes), req.size_bytes, req.thin, &ids)?;
+    let replicas: Vec<Replica> = ids
+        .iter()
+        .zip(placed)
+        .map(|(id, p)| Replica {
+            id: id.clone(),
+            node: p.node,
+            pool: p.pool,
+            state: ReplicaState::InSync,
+        })
+        .collect();
+    let record = VolumeRecord {
+        name: req.name.clone(),
+        size_bytes: req.size_bytes,
+        replica_count: req.replicas,
+        thin: req.thin,
+        state: VolumeState::Creating,
+        epoch: 0,
+        attached_node: None,
+        replicas,
+    };
+    // Recorded before any agent call, so a controller crash mid-create leaves a Creating
+    // volume listing every replica it may have made, which `volume delete` cleans up.
+    if let Err(e) = st.records.create_volume(&record).await {
+        release_all(st, &record);
+        return Err(e);
+    }
+    let mut attempted = Vec::new();
+    let result = create_replicas(st, &record, &nodes, &mut attempted).await;
+    let result = match result {
+        Ok(()) => mark_detached(st, &record.name).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(created) => {
+            tracing::info!(volume = %created.name, size = created.size_bytes, "volume created");
+            Ok(created)
+        }
+        Err(e) => {
+            tracing::warn!(volume = %record.name, error = %e, "create failed; rolling back");
+            rollback(st, &record, &nodes, &attempted).await;
+            Err(e)
+        }
+    }
+}
+
+fn validate(req: &CreateVolume) -> Result<(), ControllerError> {
+    validate_name("volume", &req.name)?;
+    check_volume_size(req.size_bytes).map_err(|e| ControllerError::invalid(e.to_string()))?;
+    if req.replicas == 0 || req.replicas > MAX_REPLICAS {
+        return Err(ControllerError::invalid(format!(
+            "replicas must be between 1 and {MAX_REPLICAS}, got {}",
+            req.replicas
+        )));
+    }
+    Ok(())
+}
+
+/// `{volume}-r{n}-{6 hex}`: readable, and unique even when a volume name is reused while an
+/// old replica of the same name may still linger on an unreachable agent.
+fn replica_id(volume: &str, n: u32) -> String {
+    let tag: u32 = rand::random::<u32>() & 0xff_ffff;
+    format!("{volume}-r{n}-{tag:06x}")
+}
+
+async fn create_replicas(
+    st: &AppState,
+    record: &VolumeRecord,
+    nodes: &[NodeRecord],
+    attempted: &mut Vec<String>,
+) -> Result<(), ControllerError> {
+    for r in &record.replicas {
+        let node = find_node(nodes, &r.node)?;
+        let req = CreateReplica {
+            replica_id: r.id.clone(),
+            volume: record.name.clone(),
+            size_bytes: record.size_bytes,
+            pool: r.pool.clone(),
+            thin: record.thin,
+        };
+        // Counted before the call: a timed-out create may still have happened.
+        attempted.push(r.id.clone());
+        st.agents
+            .create_replica(&node.admin_addr, &req)
+            .await
+            .map_err(|source| ControllerError::Agent {
+                node: r.node.clone(),
+                op: format!("create replica {}", r.id),
+                source,
+            })?;
+        st.reservations.created(&r.id);
+        tracing::debug!(volume = %record.name, replica = %r.id, node = %r.node, "replica created");
+    }
+    Ok(())
+}
+
+async fn mark_detached(st: &AppState, name: &str) -> Result<VolumeRecord, ControllerError> {
+    let (rec, ()) = st
+        .records
+        .update_volume(name, |v| {
+            if v.state != VolumeState::Creating {
+                return Err(ControllerError::Busy {
+                    volume: v.name.clone(),
+                    state: v.state,
+                });
+            }
+            v.state = VolumeState::Detached;
+            Ok(())
+        })
+        .await?;
+    Ok(rec)
+}
+
+async fn rollback(
+    st: &AppState,
+    record: &VolumeRecord,
+    nodes: &[NodeRecord],
+    attempted: &[String],
+) {
+    for r in record.replicas.iter().filter(|r| attempted.contains(&r.id)) {
+        let Ok(node) = find_node(nodes, &r.node) else {
+            continue;
+        };
+        if let Err(e) = st.agents.delete_replica(&node.admin_addr, &r.id).await {
+            tracing::warn!(
+                volume = %record.name, replica = %r.id, node = %r.node, error = %e,
+                "could not delete replica of failed create; it is orphaned on the node"
+            );
+        }
+    }
+    release_all(st, record);
+    if let Err(e) = st.records.delete_volume(&record.name).await {
+        tracing::error!(volume = %record.name, error = %e, "could not delete failed create");
+    }
+}
+
+fn release_all(st: &AppState, record: &VolumeRecord) {
+    for r in &record.replicas {
+        st.reservations.release(&r.id);
+    }
+}
+
+pub fn find_node<'a>(
+    nodes: &'a [NodeRecord],
+    name: &str,
+) -> Result<&'a NodeRecord, ControllerError> {
+    nodes
+        .iter()
+        .find(|n| n.name == name)
+        .ok_or_else(|| ControllerError::NodeNotFound { node: name.into() })
+}

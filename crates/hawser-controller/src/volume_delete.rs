@@ -1,0 +1,46 @@
+//! Deleting a volume: mark it Deleting, delete its replicas on their agents, then delete the
+//! record. An agent that does not answer leaves the volume Deleting so a retry finishes it.
+
+use hawser_api::controller::VolumeState;
+
+use crate::errors::ControllerError;
+use crate::state::AppState;
+
+pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerError> {
+    let _guard = st.volume_locks.lock(name).await;
+    let (rec, ()) = st
+        .records
+        .update_volume(name, |v| match v.state {
+            VolumeState::Attached => Err(ControllerError::Attached {
+                volume: v.name.clone(),
+                node: v.attached_node.clone().unwrap_or_default(),
+                hint: "; detach it first",
+            }),
+            // Creating is only seen here if a create crashed (creates hold the volume lock):
+            // deleting is how that is cleaned up.
+            VolumeState::Detached | VolumeState::Creating | VolumeState::Deleting => {
+                v.state = VolumeState::Deleting;
+                Ok(())
+            }
+        })
+        .await?;
+    let nodes = st.records.nodes().await?;
+    for r in &rec.replicas {
+        let Some(node) = nodes.iter().find(|n| n.name == r.node) else {
+            // A node that never registered (or was wiped) has nothing to delete.
+            tracing::warn!(volume = %name, replica = %r.id, node = %r.node, "node unknown");
+            continue;
+        };
+        st.agents
+            .delete_replica(&node.admin_addr, &r.id)
+            .await
+            .map_err(|source| ControllerError::Agent {
+                node: r.node.clone(),
+                op: format!("delete replica {} (volume stays deleting; retry)", r.id),
+                source,
+            })?;
+    }
+    st.records.delete_volume(name).await?;
+    tracing::info!(volume = %name, "volume deleted");
+    Ok(())
+}

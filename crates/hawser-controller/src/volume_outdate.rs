@@ -1,0 +1,248 @@
+//! Outdating a replica: an engine that lost a replica removes it from the in-sync set before
+//! acknowledging writes without it. This is the safety-critical path.
+//!
+//! The change is one compare-and-swap on the volume record, conditioned on the engine's
+//! epoch being the volume's current one, so:
+//! - a fenced engine (an older epoch; the volume was attached again) cannot outdate anything
+//!   and must fail its writes instead (`stale_epoch`);
+//! - the last in-sync replica is never outdated, so two engines-worth of concurrent reports
+//!   about the two replicas of a 2-replica volume cannot both win: the second sees one
+//!   in-sync replica left and is refused.
+//!
+//! It does not take the per-volume lock (see `locks.rs`), and it is allowed while the volume
+//! is detached in the same epoch: refusing a truthful report about missed writes would let
+//! the next attach read from a replica that lacks them.
+
+use hawser_api::controller::{Outdate, ReplicaState, VolumeState};
+
+use crate::errors::ControllerError;
+use crate::model::VolumeRecord;
+use crate::state::AppState;
+
+/// Applies an outdate report to the record. Already outdated (or failed) is a success, so an
+/// engine can retry a report whose answer it lost.
+pub fn apply_outdate(
+    v: &mut VolumeRecord,
+    replica: &str,
+    epoch: u64,
+) -> Result<(), ControllerError> {
+    if matches!(v.state, VolumeState::Creating | VolumeState::Deleting) {
+        return Err(ControllerError::Busy {
+            volume: v.name.clone(),
+            state: v.state,
+        });
+    }
+    if epoch != v.epoch {
+        return Err(ControllerError::StaleEpoch {
+            volume: v.name.clone(),
+            epoch,
+            current: v.epoch,
+        });
+    }
+    let in_sync = v.in_sync().count();
+    let Some(r) = v.replicas.iter_mut().find(|r| r.id == replica) else {
+        return Err(ControllerError::ReplicaNotFound {
+            volume: v.name.clone(),
+            replica: replica.into(),
+        });
+    };
+    if r.state != ReplicaState::InSync {
+        return Ok(());
+    }
+    if in_sync <= 1 {
+        return Err(ControllerError::LastInSyncReplica {
+            volume: v.name.clone(),
+            replica: replica.into(),
+        });
+    }
+    r.state = ReplicaState::Outdated;
+    Ok(())
+}
+
+pub async fn outdate_replica(
+    st: &AppState,
+    name: &str,
+    replica: &str,
+    req: Outdate,
+) -> Result<VolumeRecord, ControllerError> {
+    let (rec, ()) = st
+        .records
+        .update_volume(name, |v| apply_outdate(v, replica, req.epoch))
+        .await?;
+    tracing::warn!(
+        volume = %name, replica, epoch = req.epoch, reason = %req.reason,
+        "replica outdated"
+    );
+    Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use hawser_api::controller::Replica;
+
+    fn volume(states: &[ReplicaState]) -> VolumeRecord {
+        VolumeRecord {
+            name: "v".into(),
+            size_bytes: 4096,
+            replica_count: u32::try_from(states.len()).unwrap(),
+            thin: true,
+            state: VolumeState::Attached,
+            epoch: 3,
+            attached_node: Some("n1".into()),
+            replicas: states
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Replica {
+                    id: format!("r{i}"),
+                    node: format!("n{i}"),
+                    pool: "p".into(),
+                    state: *s,
+                })
+                .collect(),
+        }
+    }
+
+    use ReplicaState::{Failed, InSync, Outdated};
+
+    #[test]
+    fn outdates_an_in_sync_replica() {
+        let mut v = volume(&[InSync, InSync, InSync]);
+        apply_outdate(&mut v, "r1", 3).unwrap();
+        assert_eq!(v.replicas[1].state, Outdated);
+        assert_eq!(v.in_sync().count(), 2);
+    }
+
+    #[test]
+    fn stale_epoch_is_refused_and_changes_nothing() {
+        for epoch in [2, 4, 0] {
+            let mut v = volume(&[InSync, InSync]);
+            let before = v.clone();
+            let e = apply_outdate(&mut v, "r1", epoch).unwrap_err();
+            assert!(
+                matches!(e, ControllerError::StaleEpoch { current: 3, .. }),
+                "{e}"
+            );
+            assert_eq!(v, before);
+        }
+    }
+
+    #[test]
+    fn last_in_sync_replica_is_never_outdated() {
+        let mut v = volume(&[Outdated, InSync, Failed]);
+        let before = v.clone();
+        let e = apply_outdate(&mut v, "r1", 3).unwrap_err();
+        assert!(
+            matches!(e, ControllerError::LastInSyncReplica { .. }),
+            "{e}"
+        );
+        assert_eq!(v, before);
+    }
+
+    #[test]
+    fn already_outdated_is_idempotent() {
+        let mut v = volume(&[Outdated, InSync]);
+        let before = v.clone();
+        apply_outdate(&mut v, "r0", 3).unwrap();
+        assert_eq!(v, before);
+    }
+
+    #[test]
+    fn unknown_replica_and_wrong_states() {
+        let mut v = volume(&[InSync, InSync]);
+        let e = apply_outdate(&mut v, "nope", 3).unwrap_err();
+        assert!(matches!(e, ControllerError::ReplicaNotFound { .. }), "{e}");
+        v.state = VolumeState::Deleting;
+        let e = apply_outdate(&mut v, "r0", 3).unwrap_err();
+        assert!(matches!(e, ControllerError::Busy { .. }), "{e}");
+        // Detached in the same epoch: the report is still the truth, so it applies.
+        v.state = VolumeState::Detached;
+        apply_outdate(&mut v, "r0", 3).unwrap();
+    }
+
+    /// Forces the race: the first two reads of the volume wait for each other, so both
+    /// writers read the same version before either writes.
+    struct RacingStore {
+        inner: hawser_store::EmbeddedStore,
+        barrier: tokio::sync::Barrier,
+        reads: std::sync::atomic::AtomicU32,
+    }
+
+    #[async_trait::async_trait]
+    impl hawser_store::Store for RacingStore {
+        async fn get(&self, key: &str) -> hawser_store::Result<Option<hawser_store::Versioned>> {
+            let v = self.inner.get(key).await;
+            if self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2 {
+                self.barrier.wait().await;
+            }
+            v
+        }
+        async fn list(
+            &self,
+            prefix: &str,
+        ) -> hawser_store::Result<Vec<(String, hawser_store::Versioned)>> {
+            self.inner.list(prefix).await
+        }
+        async fn put(
+            &self,
+            key: &str,
+            value: Vec<u8>,
+            expect: hawser_store::Expect,
+        ) -> hawser_store::Result<u64> {
+            self.inner.put(key, value, expect).await
+        }
+        async fn delete(
+            &self,
+            key: &str,
+            expect: hawser_store::Expect,
+        ) -> hawser_store::Result<()> {
+            self.inner.delete(key, expect).await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_outdates_of_both_replicas_exactly_one_wins() {
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let inner = hawser_store::EmbeddedStore::open(dir.path().join("s.json")).unwrap();
+        let store = RacingStore {
+            inner,
+            barrier: tokio::sync::Barrier::new(2),
+            reads: Default::default(),
+        };
+        let v = volume(&[InSync, InSync]);
+        hawser_store::put_json(&store, "volumes/v", &v, hawser_store::Expect::Absent)
+            .await
+            .unwrap();
+        let st = Arc::new(AppState {
+            records: crate::records::Records::new(Arc::new(store)),
+            agents: crate::agent_client::AgentClient::new().unwrap(),
+            volume_locks: Default::default(),
+            reservations: Default::default(),
+            node_timeout_ms: 1000,
+            controller_url: "http://127.0.0.1:1".into(),
+        });
+        let report = |id: &'static str| {
+            let st = st.clone();
+            tokio::spawn(async move {
+                let req = Outdate {
+                    epoch: 3,
+                    reason: "test".into(),
+                };
+                outdate_replica(&st, "v", id, req).await
+            })
+        };
+        let (a, b) = (report("r0"), report("r1"));
+        let results = [a.await.unwrap(), b.await.unwrap()];
+        let wins = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(wins, 1, "{results:?}");
+        let lost = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+        assert!(
+            matches!(lost, ControllerError::LastInSyncReplica { .. }),
+            "{lost}"
+        );
+        let v = st.records.existing_volume("v").await.unwrap();
+        assert_eq!(v.in_sync().count(), 1);
+    }
+}

@@ -1,0 +1,318 @@
+//! Volume lifecycle through the REST API against fake agents: create, attach, detach,
+//! delete, placement, and rollback when an agent fails.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{code, eventually, pool, Cluster, Op, GIB};
+use serde_json::json;
+
+#[tokio::test]
+async fn create_attach_detach_delete() {
+    let c = Cluster::start(3).await;
+    let (status, v) = c.create("demo", 10 * GIB, 2).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["state"], "detached");
+    assert_eq!(v["epoch"], 0);
+    assert_eq!(v["thin"], true);
+    let replicas = v["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2);
+    assert_ne!(
+        replicas[0]["node"], replicas[1]["node"],
+        "replicas on distinct nodes"
+    );
+    for r in replicas {
+        assert_eq!(r["state"], "in_sync");
+        let id = r["id"].as_str().unwrap();
+        assert!(id.starts_with("demo-r"), "{id}");
+        let node = r["node"].as_str().unwrap();
+        assert_eq!(
+            c.agent(node).replicas(),
+            [id.to_string()],
+            "replica exists on its node"
+        );
+    }
+    assert_eq!(c.volume_names().await, ["demo"]);
+
+    // Attach: a new epoch, an engine with both replicas, NBD addresses.
+    let (status, v) = c
+        .post("/v1/volumes/demo/attach", json!({"node": "n3"}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "attached");
+    assert_eq!(v["attached_node"], "n3");
+    assert_eq!(v["epoch"], 1);
+    assert_eq!(v["nbd_uri"], "nbd://127.0.0.1:10809/demo");
+    assert_eq!(
+        v["nbd_unix_uri"],
+        "nbd+unix:///demo?socket=/run/hawser/n3.sock"
+    );
+    let engine = c.agent("n3").engine("demo").unwrap();
+    assert_eq!(engine.epoch, 1);
+    assert_eq!(engine.size_bytes, 10 * GIB);
+    assert_eq!(engine.replicas.len(), 2);
+    assert_eq!(engine.controller_url, c.url);
+    assert_eq!(
+        c.volume("demo").await["nbd_uri"],
+        "nbd://127.0.0.1:10809/demo"
+    );
+
+    // Attaching again to the same node is a no-op; to another node is a conflict.
+    let (status, v) = c
+        .post("/v1/volumes/demo/attach", json!({"node": "n3"}))
+        .await;
+    assert_eq!((status, v["epoch"].as_u64()), (200, Some(1)), "{v}");
+    let (status, e) = c
+        .post("/v1/volumes/demo/attach", json!({"node": "n1"}))
+        .await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    // Deleting an attached volume is refused.
+    let (status, e) = c.delete("/v1/volumes/demo").await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("detach it first"),
+        "{e}"
+    );
+
+    let (status, v) = c.post("/v1/volumes/demo/detach", json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "detached");
+    assert_eq!(v["nbd_uri"], serde_json::Value::Null);
+    assert!(c.agent("n3").engine("demo").is_none(), "engine stopped");
+    // Detach is idempotent; a re-attach gets a higher epoch.
+    assert_eq!(c.post("/v1/volumes/demo/detach", json!({})).await.0, 200);
+    let (_, v) = c
+        .post("/v1/volumes/demo/attach", json!({"node": "n1"}))
+        .await;
+    assert_eq!(v["epoch"], 2);
+    assert_eq!(c.post("/v1/volumes/demo/detach", json!({})).await.0, 200);
+
+    let (status, _) = c.delete("/v1/volumes/demo").await;
+    assert_eq!(status, 204);
+    assert!(c.all_replicas().is_empty());
+    assert!(c.volume_names().await.is_empty());
+    let (status, e) = c.get("/v1/volumes/demo").await;
+    assert_eq!((status, code(&e)), (404, "not_found"));
+    let (status, e) = c.delete("/v1/volumes/demo").await;
+    assert_eq!((status, code(&e)), (404, "not_found"));
+}
+
+#[tokio::test]
+async fn duplicate_name_is_already_exists() {
+    let c = Cluster::start(2).await;
+    assert_eq!(c.create("a", GIB, 1).await.0, 201);
+    let (status, e) = c.create("a", GIB, 1).await;
+    assert_eq!((status, code(&e)), (409, "already_exists"), "{e}");
+    assert_eq!(c.all_replicas().len(), 1, "the duplicate created nothing");
+}
+
+#[tokio::test]
+async fn replica_failure_rolls_everything_back() {
+    let c = Cluster::start(3).await;
+    // Whichever node gets the second replica fails it; the first must be deleted again.
+    c.agent("n2").fail(Op::CreateReplica, true);
+    let (status, e) = c.create("doomed", GIB, 3).await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("injected failure"),
+        "{e}"
+    );
+    assert!(c.volume_names().await.is_empty(), "no record left");
+    assert!(
+        c.all_replicas().is_empty(),
+        "no replica left: {:?}",
+        c.all_replicas()
+    );
+    // The reservations were released: all three nodes are usable again.
+    c.agent("n2").fail(Op::CreateReplica, false);
+    let (status, v) = c.create("doomed", GIB, 3).await;
+    assert_eq!(status, 201, "{v}");
+}
+
+#[tokio::test]
+async fn attach_failure_returns_to_detached_keeping_the_epoch() {
+    let c = Cluster::start(2).await;
+    c.create("v", GIB, 2).await;
+    c.agent("n1").fail(Op::StartEngine, true);
+    let (status, e) = c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("injected failure"),
+        "{e}"
+    );
+    let v = c.volume("v").await;
+    assert_eq!(v["state"], "detached");
+    assert_eq!(v["attached_node"], serde_json::Value::Null);
+    assert_eq!(v["epoch"], 1, "epochs never go down");
+    let (status, v) = c.post("/v1/volumes/v/attach", json!({"node": "n2"})).await;
+    assert_eq!((status, v["epoch"].as_u64()), (200, Some(2)), "{v}");
+}
+
+#[tokio::test]
+async fn attach_to_unknown_or_offline_node() {
+    let c = Cluster::start_with(2, 1).await;
+    c.create("v", GIB, 1).await;
+    let (status, e) = c
+        .post("/v1/volumes/v/attach", json!({"node": "nope"}))
+        .await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    let (status, e) = c
+        .post("/v1/volumes/nope/attach", json!({"node": "n1"}))
+        .await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    // Without heartbeats the nodes go offline after the 1 s timeout.
+    eventually(10, || async {
+        let (_, nodes) = c.get("/v1/nodes").await;
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["state"] == "offline")
+    })
+    .await;
+    let (status, e) = c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("offline"), "{e}");
+    // Placement skips offline nodes and says so.
+    let (status, e) = c.create("w", GIB, 1).await;
+    assert_eq!((status, code(&e)), (507, "insufficient_capacity"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("n1 (offline)"),
+        "{e}"
+    );
+    // A heartbeat brings a node back.
+    c.register(c.agent("n2"), vec![pool("n2", 100 * GIB, 100 * GIB)])
+        .await;
+    assert_eq!(c.create("w", GIB, 1).await.0, 201);
+}
+
+#[tokio::test]
+async fn delete_with_failing_agent_stays_deleting_until_retry() {
+    let c = Cluster::start(2).await;
+    c.create("v", GIB, 2).await;
+    c.agent("n2").fail(Op::DeleteReplica, true);
+    let (status, e) = c.delete("/v1/volumes/v").await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert_eq!(c.volume("v").await["state"], "deleting");
+    // A deleting volume cannot be attached.
+    let (status, e) = c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    c.agent("n2").fail(Op::DeleteReplica, false);
+    assert_eq!(c.delete("/v1/volumes/v").await.0, 204);
+    assert!(c.all_replicas().is_empty());
+    assert!(c.volume_names().await.is_empty());
+}
+
+#[tokio::test]
+async fn detach_with_failing_agent_stays_attached() {
+    let c = Cluster::start(1).await;
+    c.create("v", GIB, 1).await;
+    c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    c.agent("n1").fail(Op::StopEngine, true);
+    let (status, e) = c.post("/v1/volumes/v/detach", json!({})).await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert_eq!(c.volume("v").await["state"], "attached");
+    c.agent("n1").fail(Op::StopEngine, false);
+    assert_eq!(c.post("/v1/volumes/v/detach", json!({})).await.0, 200);
+}
+
+#[tokio::test]
+async fn capacity_errors_and_no_overbooking() {
+    let c = Cluster::start(3).await;
+    let (status, e) = c.create("big", 10 * GIB, 4).await;
+    assert_eq!((status, code(&e)), (507, "insufficient_capacity"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().starts_with("need 4 nodes"),
+        "{e}"
+    );
+    // Thick: 100 GiB free per node; two 60 GiB volumes of 3 replicas cannot both fit even
+    // though no heartbeat has reported the first one yet.
+    let body =
+        |name: &str| json!({"name": name, "size_bytes": 60 * GIB, "replicas": 3, "thin": false});
+    assert_eq!(c.post("/v1/volumes", body("t1")).await.0, 201);
+    let (status, e) = c.post("/v1/volumes", body("t2")).await;
+    assert_eq!((status, code(&e)), (507, "insufficient_capacity"), "{e}");
+    // Concurrent creates: exactly as many as fit succeed.
+    let c2 = &c;
+    let results = tokio::join!(
+        c2.post(
+            "/v1/volumes",
+            json!({"name": "c1", "size_bytes": 30 * GIB, "replicas": 3, "thin": false})
+        ),
+        c2.post(
+            "/v1/volumes",
+            json!({"name": "c2", "size_bytes": 30 * GIB, "replicas": 3, "thin": false})
+        ),
+    );
+    let ok = [results.0 .0, results.1 .0]
+        .iter()
+        .filter(|s| **s == 201)
+        .count();
+    assert_eq!(ok, 1, "{results:?}");
+}
+
+#[tokio::test]
+async fn list_nodes_and_pools() {
+    let c = Cluster::start(2).await;
+    let (status, nodes) = c.get("/v1/nodes").await;
+    assert_eq!(status, 200);
+    let nodes = nodes.as_array().unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[0]["name"], "n1");
+    assert_eq!(nodes[0]["state"], "online");
+    assert!(nodes[0]["last_seen_ms"].as_u64().unwrap() > 0);
+    let (status, pools) = c.get("/v1/pools").await;
+    assert_eq!(status, 200);
+    let pools = pools.as_array().unwrap();
+    assert_eq!(pools.len(), 2);
+    assert_eq!(pools[1]["node"], "n2");
+    assert_eq!(pools[1]["capacity_bytes"], 100 * GIB);
+    let (status, n) = c.get("/v1/nodes/n2").await;
+    assert_eq!((status, n["name"].as_str()), (200, Some("n2")));
+    assert_eq!(c.get("/v1/nodes/n9").await.0, 404);
+}
+
+#[tokio::test]
+async fn state_survives_a_controller_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = hawser_controller::ControllerArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_path_buf(),
+        node_timeout_secs: 15,
+        advertise_url: Some("http://controller.example:9400/".into()),
+    };
+    for round in 0..2 {
+        let ctl = hawser_controller::Controller::bind(args.clone())
+            .await
+            .unwrap();
+        let url = format!("http://{}", ctl.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(ctl.serve(async move {
+            let _ = rx.await;
+        }));
+        let http = reqwest::Client::new();
+        if round == 0 {
+            let body = json!({"admin_addr": "127.0.0.1:1", "replica_addr": "127.0.0.1:2",
+                "nbd_addr": null, "nbd_socket": null, "pools": []});
+            let r = http
+                .put(format!("{url}/v1/nodes/n1"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        } else {
+            let nodes: serde_json::Value = http
+                .get(format!("{url}/v1/nodes"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(nodes[0]["name"], "n1", "{nodes}");
+        }
+        tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+}

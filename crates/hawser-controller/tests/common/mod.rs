@@ -1,0 +1,394 @@
+//! Test harness: a controller on 127.0.0.1:0 with a fresh data directory, and fake agents
+//! (small axum servers) that record the admin calls they get and can be told to fail.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, post};
+use axum::{Json, Router};
+use hawser_api::agent::{CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
+use hawser_api::controller::PoolInfo;
+use hawser_api::{ApiError, ErrorCode};
+use hawser_controller::{Controller, ControllerArgs};
+use serde_json::{json, Value};
+
+pub const GIB: u64 = 1 << 30;
+
+/// Which agent call a fake agent fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Op {
+    CreateReplica,
+    DeleteReplica,
+    StartEngine,
+    StopEngine,
+}
+
+#[derive(Default)]
+pub struct FakeState {
+    /// "METHOD path" of every call, in order.
+    pub calls: Vec<String>,
+    pub replicas: BTreeMap<String, CreateReplica>,
+    pub engines: BTreeMap<String, StartEngine>,
+    pub failing: BTreeSet<Op>,
+}
+
+type Fake = Arc<Mutex<FakeState>>;
+
+pub struct FakeAgent {
+    pub node: String,
+    pub addr: SocketAddr,
+    pub state: Fake,
+}
+
+impl FakeAgent {
+    pub async fn start(node: &str) -> FakeAgent {
+        let state: Fake = Arc::default();
+        let app = Router::new()
+            .route("/v1/replicas", post(create_replica))
+            .route("/v1/replicas/{id}", delete(delete_replica))
+            .route("/v1/engines", post(start_engine))
+            .route("/v1/engines/{volume}", delete(stop_engine))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        FakeAgent {
+            node: node.into(),
+            addr,
+            state,
+        }
+    }
+
+    pub fn fail(&self, op: Op, on: bool) {
+        let mut s = self.state.lock().unwrap();
+        if on {
+            s.failing.insert(op);
+        } else {
+            s.failing.remove(&op);
+        }
+    }
+
+    pub fn replicas(&self) -> Vec<String> {
+        self.state
+            .lock()
+            .unwrap()
+            .replicas
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    pub fn engine(&self, volume: &str) -> Option<StartEngine> {
+        self.state.lock().unwrap().engines.get(volume).cloned()
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().unwrap().calls.clone()
+    }
+}
+
+fn refuse(what: &str) -> Response {
+    let e = ApiError::new(ErrorCode::Internal, format!("injected failure: {what}"));
+    (StatusCode::INTERNAL_SERVER_ERROR, Json(e)).into_response()
+}
+
+/// Records the call; returns true if this op is set to fail.
+fn record(state: &Fake, call: String, op: Op) -> bool {
+    let mut s = state.lock().unwrap();
+    s.calls.push(call);
+    s.failing.contains(&op)
+}
+
+async fn create_replica(State(st): State<Fake>, Json(req): Json<CreateReplica>) -> Response {
+    if record(
+        &st,
+        format!("POST /v1/replicas {}", req.replica_id),
+        Op::CreateReplica,
+    ) {
+        return refuse("create replica");
+    }
+    let status = ReplicaStatus {
+        replica_id: req.replica_id.clone(),
+        volume: req.volume.clone(),
+        pool: req.pool.clone(),
+        size_bytes: req.size_bytes,
+        thin: req.thin,
+        epoch: 0,
+        allocated_bytes: 0,
+        data_path: format!("/fake/{}", req.replica_id),
+        failed: false,
+    };
+    st.lock()
+        .unwrap()
+        .replicas
+        .insert(req.replica_id.clone(), req);
+    Json(status).into_response()
+}
+
+async fn delete_replica(State(st): State<Fake>, Path(id): Path<String>) -> Response {
+    if record(&st, format!("DELETE /v1/replicas/{id}"), Op::DeleteReplica) {
+        return refuse("delete replica");
+    }
+    match st.lock().unwrap().replicas.remove(&id) {
+        Some(_) => StatusCode::NO_CONTENT.into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(ApiError::not_found("replica", &id)),
+        )
+            .into_response(),
+    }
+}
+
+async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> Response {
+    if record(
+        &st,
+        format!("POST /v1/engines {}", req.volume),
+        Op::StartEngine,
+    ) {
+        return refuse("start engine");
+    }
+    let status = EngineStatus {
+        volume: req.volume.clone(),
+        epoch: req.epoch,
+        size_bytes: req.size_bytes,
+        in_sync: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
+    };
+    st.lock().unwrap().engines.insert(req.volume.clone(), req);
+    Json(status).into_response()
+}
+
+async fn stop_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Response {
+    if record(&st, format!("DELETE /v1/engines/{volume}"), Op::StopEngine) {
+        return refuse("stop engine");
+    }
+    match st.lock().unwrap().engines.remove(&volume) {
+        Some(_) => StatusCode::NO_CONTENT.into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(ApiError::not_found("engine", &volume)),
+        )
+            .into_response(),
+    }
+}
+
+pub struct Cluster {
+    pub url: String,
+    pub http: reqwest::Client,
+    pub agents: Vec<FakeAgent>,
+    pub dir: tempfile::TempDir,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub fn pool(node: &str, capacity: u64, free: u64) -> PoolInfo {
+    PoolInfo {
+        node: node.into(),
+        name: "default".into(),
+        path: format!("/var/lib/hawser/{node}"),
+        capacity_bytes: capacity,
+        free_bytes: free,
+        provisioned_bytes: 0,
+        overprovision_ratio: 2.0,
+        replicas: 0,
+    }
+}
+
+impl Cluster {
+    /// A controller and `nodes` fake agents n1..nN, each registered with one 100 GiB pool.
+    pub async fn start(nodes: usize) -> Cluster {
+        Cluster::start_with(nodes, 15).await
+    }
+
+    pub async fn start_with(nodes: usize, node_timeout_secs: u64) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ControllerArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().join("controller"),
+            node_timeout_secs,
+            advertise_url: None,
+        };
+        let controller = Controller::bind(args).await.unwrap();
+        let url = format!("http://{}", controller.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(controller.serve(async move {
+            let _ = rx.await;
+        }));
+        let mut c = Cluster {
+            url,
+            http: reqwest::Client::new(),
+            agents: Vec::new(),
+            dir,
+            shutdown: Some(tx),
+        };
+        for i in 1..=nodes {
+            let name = format!("n{i}");
+            let agent = FakeAgent::start(&name).await;
+            c.register(&agent, vec![pool(&name, 100 * GIB, 100 * GIB)])
+                .await;
+            c.agents.push(agent);
+        }
+        c
+    }
+
+    pub async fn register(&self, agent: &FakeAgent, pools: Vec<PoolInfo>) {
+        let (status, body) = self
+            .put(
+                &format!("/v1/nodes/{}", agent.node),
+                json!({
+                    "admin_addr": agent.addr.to_string(),
+                    "replica_addr": format!("127.0.0.1:{}", 20000 + agent.addr.port() % 1000),
+                    "nbd_addr": "127.0.0.1:10809",
+                    "nbd_socket": format!("/run/hawser/{}.sock", agent.node),
+                    "pools": pools,
+                }),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    pub fn agent(&self, node: &str) -> &FakeAgent {
+        self.agents.iter().find(|a| a.node == node).unwrap()
+    }
+
+    /// Every replica id on every fake agent.
+    pub fn all_replicas(&self) -> Vec<String> {
+        self.agents.iter().flat_map(|a| a.replicas()).collect()
+    }
+
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        read(resp).await
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send(reqwest::Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::DELETE, path, None).await
+    }
+
+    /// A request with a raw body and content type.
+    pub async fn raw(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        ct: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let resp = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .header("content-type", ct)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        read(resp).await
+    }
+
+    pub async fn create(&self, name: &str, size: u64, replicas: u32) -> (u16, Value) {
+        self.post(
+            "/v1/volumes",
+            json!({"name": name, "size_bytes": size, "replicas": replicas}),
+        )
+        .await
+    }
+
+    pub async fn volume(&self, name: &str) -> Value {
+        let (status, v) = self.get(&format!("/v1/volumes/{name}")).await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    pub async fn volume_names(&self) -> Vec<String> {
+        let (status, v) = self.get("/v1/volumes").await;
+        assert_eq!(status, 200, "{v}");
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+/// Reads a response. Every error must be a JSON `ApiError` whose code matches the status.
+async fn read(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or("").to_string())
+        .unwrap_or_default();
+    let bytes = resp.bytes().await.unwrap();
+    if status == 204 {
+        assert!(bytes.is_empty());
+        return (status, Value::Null);
+    }
+    assert!(
+        ct.starts_with("application/json"),
+        "status {status} content-type {ct:?}: {bytes:?}"
+    );
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    if status >= 400 {
+        let e: ApiError = serde_json::from_value(body.clone())
+            .unwrap_or_else(|err| panic!("error body is not an ApiError ({err}): {body}"));
+        if !matches!(status, 405 | 413) {
+            assert_eq!(e.code.http_status(), status, "{body}");
+        }
+    }
+    (status, body)
+}
+
+/// The error code of an error body.
+pub fn code(body: &Value) -> &str {
+    body["code"].as_str().unwrap_or("<no code>")
+}
+
+/// Polls `check` until it returns true or `secs` pass.
+pub async fn eventually<F, Fut>(secs: u64, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {secs}s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
