@@ -103,6 +103,7 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
                 "--verify=crc32c",
                 "--verify_fatal=1",
                 "--randrepeat=0",
+                "--verify_state_save=0",
             ])
             .output()
             .await
