@@ -1,0 +1,48 @@
+# Hawser: the two set-up commands are `make demo` and `make test`.
+# Both install what is missing (Debian packages, the pinned Rust toolchain) and build in
+# release mode, so they work on a fresh machine.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+HAWSER := target/release/hawser
+# Debian packages the tests and the demo use: real NBD clients, fio, filesystems, etcd.
+APT_PACKAGES := fio libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client
+# Commands whose absence means a package above is missing.
+NEEDED_CMDS := fio nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 fusermount3 ip iptables
+
+.PHONY: all deps build test test-unit test-e2e demo bench fmt lint clean
+
+all: build
+
+deps:
+	@missing=""; for c in $(NEEDED_CMDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing packages (missing:$$missing)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install rustup (https://rustup.rs)"; exit 1; }
+
+build: deps
+	$(CARGO) build --release --workspace --bins
+
+# Unit, simulation and integration tests, then the end-to-end tests against real clients.
+test: build
+	$(CARGO) test --release --workspace --exclude hawser-e2e
+	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1
+
+demo: build
+	@scripts/demo.sh
+
+bench: build
+	@scripts/bench.sh
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# `make bench`: the 8 standard fio tests against, in one run,
+#   baseline   a preallocated file with O_DIRECT
+#   nbdkit     nbdkit serving a file (the NBD path without replication)
+#   hawser-1r  a 1-replica Hawser volume
+#   hawser-2r  a 2-replica Hawser volume (replicas on two agents)
+# all on the same filesystem, NBD over unix sockets. Prints IOPS, MiB/s, latency and ratios,
+# agent RSS/CPU idle and under load, and writes bench-results.json. Performance is reported,
+# never asserted. Environment: BENCH_RUNTIME (s, default 10), BENCH_SIZE (default 1GiB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HAWSER="$PWD/target/release/hawser"
+B="$PWD/.bench"
+RUNTIME="${BENCH_RUNTIME:-10}"
+SIZE="${BENCH_SIZE:-1GiB}"
+export HAWSER_CONTROLLER="http://127.0.0.1:9410"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$B"
+}
+trap cleanup EXIT INT TERM
+rm -rf "$B" && mkdir -p "$B/logs"
+
+"$HAWSER" controller --listen 127.0.0.1:9410 --data-dir "$B/controller" >"$B/logs/controller.log" 2>&1 &
+pids+=($!)
+for i in 1 2; do
+  "$HAWSER" agent --node "b$i" --data-dir "$B/b$i" --controller "$HAWSER_CONTROLLER" \
+    --admin-listen "127.0.0.1:952$i" --replica-listen "127.0.0.1:962$i" --nbd-listen none \
+    >"$B/logs/b$i.log" 2>&1 &
+  pids+=($!)
+  eval "agent$i=$!"
+done
+for _ in $(seq 1 100); do
+  n=$("$HAWSER" node list -o json 2>/dev/null | grep -o '"state": *"online"' | wc -l || true)
+  [ "$n" -ge 2 ] && break
+  sleep 0.1
+done
+"$HAWSER" volume create bench1 --size "$SIZE" --replicas 1 >/dev/null
+"$HAWSER" volume create bench2 --size "$SIZE" --replicas 2 >/dev/null
+"$HAWSER" volume attach bench1 --node b1 >/dev/null
+"$HAWSER" volume attach bench2 --node b1 >/dev/null
+
+truncate -s "$SIZE" "$B/nbdkit.img"
+nbdkit --exit-with-parent -U "$B/nbdkit.sock" -P "$B/nbdkit.pid" file "$B/nbdkit.img" cache=none
+for _ in $(seq 1 100); do [ -S "$B/nbdkit.sock" ] && break; sleep 0.1; done
+pids+=("$(cat "$B/nbdkit.pid")")
+
+sock="$B/b1/nbd.sock"
+"$HAWSER" bench --runtime "$RUNTIME" --size "$SIZE" --json "$PWD/bench-results.json" \
+  --target "baseline=file:$B/baseline.img" \
+  --target "nbdkit=nbd:nbd+unix:///?socket=$B/nbdkit.sock" \
+  --target "hawser-1r=nbd:nbd+unix:///bench1?socket=$sock" \
+  --target "hawser-2r=nbd:nbd+unix:///bench2?socket=$sock" \
+  --monitor-pid "agent-b1=$agent1" --monitor-pid "agent-b2=$agent2" \
+  --targets-ratio hawser-1r:nbdkit \
+  --expect hawser-2r:randwrite_fsync\>=0.65 --expect hawser-2r:randread_fsync\>=0.6 \
+  --expect hawser-2r:randwrite\>=0.2 --expect hawser-2r:randwrite_jobs4\>=0.2 \
+  --expect hawser-2r:randread\>=0.4 --expect hawser-2r:randread_jobs4\>=0.4 \
+  --expect hawser-2r:write\>=0.4 --expect hawser-2r:read\>=0.8 \
+  --expect hawser-1r/nbdkit:randwrite_fsync\>=0.95 --expect hawser-1r/nbdkit:randwrite\>=0.95 \
+  --expect hawser-1r/nbdkit:randwrite_jobs4\>=0.95 --expect hawser-1r/nbdkit:write\>=0.95 \
+  --expect hawser-1r/nbdkit:randread_fsync\>=0.95 --expect hawser-1r/nbdkit:randread\>=0.95 \
+  --expect hawser-1r/nbdkit:randread_jobs4\>=0.95 --expect hawser-1r/nbdkit:read\>=0.95
+echo "results: $PWD/bench-results.json"
