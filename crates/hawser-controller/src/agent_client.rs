@@ -10,12 +10,13 @@ use crate::constants::{AGENT_CONNECT_TIMEOUT, AGENT_REQUEST_TIMEOUT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    /// No answer: connection refused, timeout, reset. The request may or may not have run.
-    #[error("agent at {addr} unreachable: {source}")]
+    /// No answer: connection refused, timeout, reset. Unless `connect` (the connection was
+    /// never made), the request may or may not have run.
+    #[error("agent at {addr} unreachable: {reason}")]
     Unreachable {
         addr: String,
-        #[source]
-        source: reqwest::Error,
+        connect: bool,
+        reason: String,
     },
     #[error("agent at {addr} answered {status}: {message}")]
     Refused {
@@ -43,6 +44,11 @@ impl AgentError {
 
     pub fn is_unreachable(&self) -> bool {
         matches!(self, AgentError::Unreachable { .. })
+    }
+
+    /// Whether the request certainly did not reach the agent.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, AgentError::Unreachable { connect: true, .. })
     }
 }
 
@@ -125,9 +131,10 @@ impl AgentClient {
         if let Some(body) = body {
             req = req.json(body);
         }
-        let resp = req.send().await.map_err(|source| AgentError::Unreachable {
+        let resp = req.send().await.map_err(|e| AgentError::Unreachable {
             addr: addr.into(),
-            source,
+            connect: e.is_connect(),
+            reason: chain(&e),
         })?;
         let status = resp.status();
         if status.is_success() {
@@ -145,6 +152,19 @@ impl AgentClient {
             message,
         })
     }
+}
+
+/// An error with its causes: reqwest's own message hides the useful part ("connection
+/// refused") in the source chain.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// A non-JSON error body, trimmed so a stray HTML page does not flood the error message.

@@ -107,16 +107,20 @@ async fn create_replicas(
             pool: r.pool.clone(),
             thin: record.thin,
         };
-        // Counted before the call: a timed-out create may still have happened.
-        attempted.push(r.id.clone());
-        st.agents
-            .create_replica(&node.admin_addr, &req)
-            .await
-            .map_err(|source| ControllerError::Agent {
+        if let Err(source) = st.agents.create_replica(&node.admin_addr, &req).await {
+            // A create that timed out or got an error answer may still have happened on the
+            // agent, so roll it back too; one whose connection failed certainly did not.
+            if !source.never_sent() {
+                attempted.push(r.id.clone());
+            }
+            let op = format!("create replica {}", r.id);
+            return Err(ControllerError::Agent {
                 node: r.node.clone(),
-                op: format!("create replica {}", r.id),
+                op,
                 source,
-            })?;
+            });
+        }
+        attempted.push(r.id.clone());
         st.reservations.created(&r.id);
         tracing::debug!(volume = %record.name, replica = %r.id, node = %r.node, "replica created");
     }

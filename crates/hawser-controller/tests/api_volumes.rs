@@ -316,3 +316,69 @@ async fn state_survives_a_controller_restart() {
         server.await.unwrap().unwrap();
     }
 }
+
+/// A node whose agent does not listen: its admin address is a port nobody holds.
+async fn dead_node(c: &Cluster, name: &str, capacity: u64) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let body = json!({"admin_addr": format!("127.0.0.1:{port}"), "replica_addr": "127.0.0.1:9",
+        "nbd_addr": null, "nbd_socket": null, "pools": [pool(name, capacity, capacity)]});
+    let (status, e) = c.put(&format!("/v1/nodes/{name}"), body).await;
+    assert_eq!(status, 200, "{e}");
+}
+
+#[tokio::test]
+async fn unreachable_agent_during_create_rolls_back() {
+    let c = Cluster::start(1).await;
+    // n0 has less room than n1, so n1's replica is created first and must be rolled back
+    // when n0's agent turns out not to be there.
+    dead_node(&c, "n0", 10 * GIB).await;
+    let (status, e) = c.create("v", GIB, 2).await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("unreachable") && msg.contains("refused"),
+        "{e}"
+    );
+    assert!(c.volume_names().await.is_empty());
+    assert!(c.all_replicas().is_empty(), "{:?}", c.all_replicas());
+    let calls = c.agent("n1").calls();
+    assert!(calls[0].starts_with("POST /v1/replicas v-r"), "{calls:?}");
+    assert!(calls[1].starts_with("DELETE /v1/replicas/v-r"), "{calls:?}");
+}
+
+#[tokio::test]
+async fn detach_from_an_offline_unreachable_node_proceeds() {
+    let c = Cluster::start_with(1, 1).await;
+    c.create("v", GIB, 1).await;
+    assert_eq!(
+        c.post("/v1/volumes/v/attach", json!({"node": "n1"}))
+            .await
+            .0,
+        200
+    );
+    // n1's agent moves to an address nobody answers at, then stops heartbeating.
+    dead_node(&c, "n1", 100 * GIB).await;
+    let (status, e) = c.post("/v1/volumes/v/detach", json!({})).await;
+    assert_eq!(
+        (status, code(&e)),
+        (503, "unavailable"),
+        "online but unreachable: {e}"
+    );
+    eventually(10, || async {
+        let (_, n) = c.get("/v1/nodes/n1").await;
+        n["state"] == "offline"
+    })
+    .await;
+    // Offline: the next attach's epoch fences the engine, so the detach goes ahead.
+    let (status, v) = c.post("/v1/volumes/v/detach", json!({})).await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (200, Some("detached")),
+        "{v}"
+    );
+    assert_eq!(v["epoch"], 1);
+}

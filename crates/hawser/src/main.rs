@@ -1,2 +1,104 @@
-//! The `hawser` binary.
-fn main() {}
+//! The `hawser` binary: the daemons (`controller`, `agent`), the client commands (`volume`,
+//! `node`, `pool`) and `bench`, in one executable.
+//!
+//! Exit codes: 0 success, 1 the operation failed (the controller refused it or could not be
+//! reached), 2 bad command line (clap's usage errors, including invalid sizes and names, which
+//! are checked before any request is sent).
+
+mod cli;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::client::Client;
+use crate::cli::{node, pool, volume};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hawser",
+    version,
+    about = "Replicated block storage for Kubernetes"
+)]
+struct Cli {
+    /// Controller URL for the client commands.
+    #[arg(long, env = "HAWSER_CONTROLLER", default_value = hawser_api::DEFAULT_CONTROLLER_URL)]
+    controller: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the controller (cluster state, placement, REST API).
+    Controller(hawser_controller::ControllerArgs),
+    /// Run the node agent (pools, replicas, engines, NBD).
+    Agent(hawser_agent::AgentArgs),
+    /// Run the standard fio comparison of block targets.
+    Bench(hawser_bench::BenchArgs),
+    /// Manage volumes.
+    #[command(subcommand)]
+    Volume(volume::VolumeCmd),
+    /// Inspect nodes.
+    #[command(subcommand)]
+    Node(node::NodeCmd),
+    /// Inspect storage pools.
+    #[command(subcommand)]
+    Pool(pool::PoolCmd),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let daemon = matches!(cli.command, Command::Controller(_) | Command::Agent(_));
+    init_logging(if daemon { "info" } else { "warn" });
+    match cli.command {
+        Command::Controller(args) => daemon_exit(run_async(hawser_controller::run(args))),
+        Command::Agent(args) => daemon_exit(run_async(hawser_agent::run(args))),
+        Command::Bench(args) => daemon_exit(hawser_bench::run(args)),
+        Command::Volume(cmd) => client_exit(&cli.controller, |c| volume::run(c, cmd)),
+        Command::Node(cmd) => client_exit(&cli.controller, |c| node::run(c, cmd)),
+        Command::Pool(cmd) => client_exit(&cli.controller, |c| pool::run(c, cmd)),
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG` overrides the default level.
+fn init_logging(default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new().context("start the async runtime")?;
+    rt.block_on(fut)
+}
+
+fn daemon_exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn client_exit(
+    url: &str,
+    f: impl FnOnce(&Client) -> Result<(), cli::client::CliError>,
+) -> ExitCode {
+    match Client::new(url).and_then(|c| f(&c)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

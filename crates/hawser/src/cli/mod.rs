@@ -1,0 +1,9 @@
+//! The client commands of `hawser` (`volume`, `node`, `pool`): blocking HTTP calls to the
+//! controller and human or JSON output.
+
+pub mod args;
+pub mod client;
+pub mod node;
+pub mod output;
+pub mod pool;
+pub mod volume;

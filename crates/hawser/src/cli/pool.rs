@@ -1,0 +1,55 @@
+//! `hawser pool list`: every node's storage pools and their space.
+
+use hawser_api::controller::PoolInfo;
+use hawser_api::format_size;
+
+use crate::cli::client::{CliError, Client};
+use crate::cli::output::{print_json, Format, OutputArg, Table};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum PoolCmd {
+    /// List pools with capacity, free and provisioned space.
+    List {
+        #[command(flatten)]
+        out: OutputArg,
+    },
+}
+
+pub fn run(client: &Client, cmd: PoolCmd) -> Result<(), CliError> {
+    match cmd {
+        PoolCmd::List { out } => {
+            let pools: Vec<PoolInfo> = client.get("/v1/pools")?;
+            match out.format {
+                Format::Json => print_json(&pools),
+                Format::Table => table(&pools).print(),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn table(pools: &[PoolInfo]) -> Table {
+    let mut t = Table::new(&[
+        "NODE",
+        "POOL",
+        "CAPACITY",
+        "FREE",
+        "PROVISIONED",
+        "OVERPROV",
+        "REPLICAS",
+        "PATH",
+    ]);
+    for p in pools {
+        t.row(vec![
+            p.node.clone(),
+            p.name.clone(),
+            format_size(p.capacity_bytes),
+            format_size(p.free_bytes),
+            format_size(p.provisioned_bytes),
+            format!("{}x", p.overprovision_ratio),
+            p.replicas.to_string(),
+            p.path.clone(),
+        ]);
+    }
+    t
+}

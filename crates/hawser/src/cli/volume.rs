@@ -1,0 +1,200 @@
+//! `hawser volume ...`: create, list, show, attach, detach and delete volumes.
+
+use hawser_api::controller::{Attach, CreateVolume, ReplicaState, Volume};
+use hawser_api::format_size;
+use serde_json::json;
+
+use crate::cli::args::{parse_node_name, parse_volume_name, parse_volume_size};
+use crate::cli::client::{CliError, Client};
+use crate::cli::output::{or_dash, print_json, Format, OutputArg, Table};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum VolumeCmd {
+    /// Create a volume with replicas on distinct nodes.
+    Create {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        /// Size, e.g. 10GiB, 512MiB (a multiple of 4 KiB).
+        #[arg(long, value_parser = parse_volume_size, allow_hyphen_values = true)]
+        size: u64,
+        /// Number of replicas (1-5), each on a different node.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=5))]
+        replicas: u32,
+        /// Allocate the replicas' space up front instead of thin (sparse) files.
+        #[arg(long)]
+        thick: bool,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// List volumes.
+    List {
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Show a volume and its replicas.
+    Show {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Attach a volume to a node: start its engine there and export it over NBD.
+    Attach {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        /// Node to attach to.
+        #[arg(long, value_parser = parse_node_name)]
+        node: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Detach a volume: flush and stop its engine.
+    Detach {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Delete a detached volume and its replicas.
+    Delete {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+}
+
+pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
+    match cmd {
+        VolumeCmd::Create {
+            name,
+            size,
+            replicas,
+            thick,
+            out,
+        } => {
+            let req = CreateVolume {
+                name,
+                size_bytes: size,
+                replicas,
+                thin: !thick,
+            };
+            let v: Volume = client.post("/v1/volumes", &req)?;
+            print_volume(&v, out.format, "created");
+        }
+        VolumeCmd::List { out } => {
+            let vols: Vec<Volume> = client.get("/v1/volumes")?;
+            match out.format {
+                Format::Json => print_json(&vols),
+                Format::Table => list_table(&vols).print(),
+            }
+        }
+        VolumeCmd::Show { name, out } => {
+            let v: Volume = client.get(&format!("/v1/volumes/{name}"))?;
+            match out.format {
+                Format::Json => print_json(&v),
+                Format::Table => print!("{}", details(&v)),
+            }
+        }
+        VolumeCmd::Attach { name, node, out } => {
+            let v: Volume = client.post(&format!("/v1/volumes/{name}/attach"), &Attach { node })?;
+            print_volume(&v, out.format, "attached");
+        }
+        VolumeCmd::Detach { name, out } => {
+            let v: Volume = client.post(&format!("/v1/volumes/{name}/detach"), &json!({}))?;
+            print_volume(&v, out.format, "detached");
+        }
+        VolumeCmd::Delete { name, out } => {
+            client.delete(&format!("/v1/volumes/{name}"))?;
+            match out.format {
+                Format::Json => print_json(&json!({ "name": name, "deleted": true })),
+                Format::Table => println!("volume {name} deleted"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// After a change: the volume as JSON, or its details under a one-line summary.
+fn print_volume(v: &Volume, format: Format, what: &str) {
+    match format {
+        Format::Json => print_json(v),
+        Format::Table => {
+            println!("volume {} {what}", v.name);
+            print!("{}", details(v));
+        }
+    }
+}
+
+fn kind(v: &Volume) -> &'static str {
+    if v.thin {
+        "thin"
+    } else {
+        "thick"
+    }
+}
+
+fn in_sync(v: &Volume) -> usize {
+    v.replicas
+        .iter()
+        .filter(|r| r.state == ReplicaState::InSync)
+        .count()
+}
+
+fn list_table(vols: &[Volume]) -> Table {
+    let mut t = Table::new(&["NAME", "SIZE", "TYPE", "IN-SYNC", "STATE", "NODE", "EPOCH"]);
+    for v in vols {
+        t.row(vec![
+            v.name.clone(),
+            format_size(v.size_bytes),
+            kind(v).into(),
+            format!("{}/{}", in_sync(v), v.replicas.len()),
+            snake(&v.state),
+            or_dash(v.attached_node.as_deref()),
+            v.epoch.to_string(),
+        ]);
+    }
+    t
+}
+
+fn details(v: &Volume) -> String {
+    let mut s = String::new();
+    let mut line = |k: &str, val: String| s.push_str(&format!("{k:<10}{val}\n"));
+    line("Name:", v.name.clone());
+    line(
+        "Size:",
+        format!("{} ({})", format_size(v.size_bytes), kind(v)),
+    );
+    line("State:", snake(&v.state));
+    line("Node:", or_dash(v.attached_node.as_deref()));
+    line("Epoch:", v.epoch.to_string());
+    if let Some(uri) = &v.nbd_uri {
+        line("NBD:", uri.clone());
+    }
+    if let Some(uri) = &v.nbd_unix_uri {
+        line("NBD unix:", uri.clone());
+    }
+    line(
+        "Replicas:",
+        format!("{} in sync of {}", in_sync(v), v.replicas.len()),
+    );
+    let mut t = Table::new(&["  ID", "NODE", "POOL", "STATE"]);
+    for r in &v.replicas {
+        t.row(vec![
+            format!("  {}", r.id),
+            r.node.clone(),
+            r.pool.clone(),
+            snake(&r.state),
+        ]);
+    }
+    s.push_str(&t.render());
+    s
+}
+
+/// An API enum as its JSON name ("in_sync", "attached").
+pub fn snake<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => "?".into(),
+    }
+}

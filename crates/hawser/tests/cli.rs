@@ -1,0 +1,337 @@
+//! The `hawser` binary's client commands against a controller started by the test (in
+//! process, on 127.0.0.1:0) and a minimal fake agent that accepts every admin call.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::routing::{delete, post};
+use axum::{Json, Router};
+use hawser_api::agent::{CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
+use hawser_controller::{Controller, ControllerArgs};
+use serde_json::{json, Value};
+
+const GIB: u64 = 1 << 30;
+
+/// A controller and a fake agent on a runtime of their own; dropped at the end of the test.
+struct Env {
+    url: String,
+    agent: SocketAddr,
+    _rt: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn start() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let args = ControllerArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            node_timeout_secs: 60,
+            advertise_url: None,
+        };
+        let ctl = rt.block_on(Controller::bind(args)).unwrap();
+        let url = format!("http://{}", ctl.local_addr().unwrap());
+        rt.spawn(ctl.serve(std::future::pending()));
+        let agent = rt.block_on(fake_agent());
+        Env {
+            url,
+            agent,
+            _rt: rt,
+            _dir: dir,
+        }
+    }
+
+    /// Registers nodes n1..=n{count}, all served by the fake agent.
+    fn register(&self, count: usize) {
+        let http = reqwest::blocking::Client::new();
+        for i in 1..=count {
+            let node = format!("n{i}");
+            let body = json!({
+                "admin_addr": self.agent.to_string(),
+                "replica_addr": "127.0.0.1:9600",
+                "nbd_addr": "127.0.0.1:10809",
+                "nbd_socket": null,
+                "pools": [{"node": node, "name": "default", "path": "/srv/pool",
+                    "capacity_bytes": 100 * GIB, "free_bytes": 80 * GIB,
+                    "provisioned_bytes": 0, "overprovision_ratio": 1.5, "replicas": 0}],
+            });
+            let r = http
+                .put(format!("{}/v1/nodes/{node}", self.url))
+                .json(&body)
+                .send()
+                .unwrap();
+            assert_eq!(r.status(), 200, "{}", r.text().unwrap());
+        }
+    }
+
+    fn hawser(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_hawser"))
+            .args(args)
+            .env("HAWSER_CONTROLLER", &self.url)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.hawser(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {stderr}", out.status);
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        serde_json::from_str(&self.ok(args)).unwrap()
+    }
+}
+
+async fn fake_agent() -> SocketAddr {
+    async fn create(Json(r): Json<CreateReplica>) -> (StatusCode, Json<ReplicaStatus>) {
+        let status = ReplicaStatus {
+            replica_id: r.replica_id,
+            volume: r.volume,
+            pool: r.pool,
+            size_bytes: r.size_bytes,
+            thin: r.thin,
+            epoch: 0,
+            allocated_bytes: 0,
+            data_path: "/srv/pool/x".into(),
+            failed: false,
+        };
+        (StatusCode::CREATED, Json(status))
+    }
+    async fn start(Json(s): Json<StartEngine>) -> Json<EngineStatus> {
+        Json(EngineStatus {
+            volume: s.volume,
+            epoch: s.epoch,
+            size_bytes: s.size_bytes,
+            in_sync: s.replicas.into_iter().map(|r| r.replica_id).collect(),
+        })
+    }
+    let app = Router::new()
+        .route("/v1/replicas", post(create))
+        .route(
+            "/v1/replicas/{id}",
+            delete(|| async { StatusCode::NO_CONTENT }),
+        )
+        .route("/v1/engines", post(start))
+        .route(
+            "/v1/engines/{volume}",
+            delete(|| async { StatusCode::NO_CONTENT }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[test]
+fn bad_sizes_names_and_replicas_are_refused_before_any_request() {
+    let env = Env::start();
+    env.register(3);
+    let cases: &[(&[&str], &str)] = &[
+        (&["--size", "0"], "size must be greater than 0"),
+        (&["--size", "-1"], "negative"),
+        (&["--size", "abc"], "not a number"),
+        (&["--size", "1000"], "not a multiple of 4096"),
+        (&["--size", "1GiB", "--replicas", "0"], "1..=5"),
+        (&["--size", "1GiB", "--replicas", "6"], "1..=5"),
+    ];
+    for (extra, msg) in cases {
+        let mut args = vec!["volume", "create", "demo"];
+        args.extend_from_slice(extra);
+        let out = env.hawser(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(msg), "{args:?}: {stderr}");
+    }
+    for name in ["Demo", "a_b", "x".repeat(64).as_str()] {
+        let out = env.hawser(&["volume", "create", name, "--size", "1GiB"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains("invalid volume name"), "{stderr}");
+    }
+    assert_eq!(env.json(&["volume", "list", "-o", "json"]), json!([]));
+    assert_eq!(
+        env.ok(&["volume", "list"]),
+        "NAME  SIZE  TYPE  IN-SYNC  STATE  NODE  EPOCH\n"
+    );
+}
+
+#[test]
+fn node_and_pool_lists() {
+    let env = Env::start();
+    assert_eq!(env.json(&["node", "list", "-o", "json"]), json!([]));
+    env.register(2);
+    let nodes = env.json(&["node", "list", "-o", "json"]);
+    assert_eq!(nodes.as_array().unwrap().len(), 2);
+    assert_eq!(nodes[0]["name"], "n1");
+    assert_eq!(nodes[0]["state"], "online");
+    let table = env.ok(&["node", "list"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("NAME  STATE   ADMIN"), "{table}");
+    assert!(lines[1].starts_with("n1    online  127.0.0.1:"), "{table}");
+    let pools = env.json(&["pool", "list", "-o", "json"]);
+    assert_eq!(pools[1]["node"], "n2");
+    assert_eq!(pools[1]["free_bytes"], 80 * GIB);
+    let table = env.ok(&["pool", "list"]);
+    assert!(
+        table.contains("n2    default  100 GiB   80 GiB  0 B"),
+        "{table}"
+    );
+}
+
+#[test]
+fn volume_lifecycle() {
+    let env = Env::start();
+    env.register(3);
+    let out = env.ok(&[
+        "volume",
+        "create",
+        "demo",
+        "--size",
+        "10GiB",
+        "--replicas",
+        "2",
+    ]);
+    assert!(out.starts_with("volume demo created\n"), "{out}");
+    assert!(out.contains("10 GiB (thin)"), "{out}");
+    let v = env.json(&[
+        "volume", "create", "big", "--size", "1GiB", "--thick", "-o", "json",
+    ]);
+    assert_eq!(
+        (v["thin"].as_bool(), v["replicas"].as_array().unwrap().len()),
+        (Some(false), 2)
+    );
+    let list = env.ok(&["volume", "list"]);
+    assert!(
+        list.contains("demo  10 GiB  thin   2/2      detached  -     0"),
+        "{list}"
+    );
+
+    let v = env.json(&["volume", "attach", "demo", "--node", "n2", "-o", "json"]);
+    assert_eq!(
+        (v["state"].as_str(), v["epoch"].as_u64()),
+        (Some("attached"), Some(1))
+    );
+    let show = env.ok(&["volume", "show", "demo"]);
+    assert!(
+        show.contains("NBD:      nbd://127.0.0.1:10809/demo"),
+        "{show}"
+    );
+    assert!(show.contains("Node:     n2"), "{show}");
+
+    // Controller refusals: exit 1 with the controller's message.
+    let out = env.hawser(&["volume", "delete", "demo"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("error: volume \"demo\" is attached to node \"n2\""),
+        "{stderr}"
+    );
+    let out = env.hawser(&["volume", "create", "demo", "--size", "1GiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: volume \"demo\" already exists\n"
+    );
+    let out = env.hawser(&[
+        "volume",
+        "create",
+        "five",
+        "--size",
+        "1GiB",
+        "--replicas",
+        "5",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("need 5 nodes"));
+
+    assert!(env
+        .ok(&["volume", "detach", "demo"])
+        .starts_with("volume demo detached\n"));
+    assert_eq!(
+        env.ok(&["volume", "delete", "demo"]),
+        "volume demo deleted\n"
+    );
+    let out = env.json(&["volume", "delete", "big", "-o", "json"]);
+    assert_eq!(out, json!({"name": "big", "deleted": true}));
+    assert_eq!(env.json(&["volume", "list", "-o", "json"]), json!([]));
+    let out = env.hawser(&["volume", "show", "demo"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: volume \"demo\" not found\n"
+    );
+}
+
+#[test]
+fn unreachable_controller_is_exit_1() {
+    // Bind and drop to get a port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+        .args(["--controller", &url, "volume", "list"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: cannot reach the controller at {url}")),
+        "{stderr}"
+    );
+}
+
+/// `hawser controller` itself: starts, answers, and stops on SIGTERM with its state saved.
+#[test]
+fn controller_subcommand_serves_and_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hawser"))
+        .args(["controller", "--listen", &listen, "--data-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://{listen}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+            .args(["--controller", &url, "node", "list", "-o", "json"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "controller did not answer: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SIGTERM: a graceful stop exits 0.
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
