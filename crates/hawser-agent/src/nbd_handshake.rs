@@ -1,0 +1,238 @@
+//! Fixed newstyle NBD option haggling: from the server greeting to the export a client chose.
+//!
+//! Hawser speaks only fixed newstyle and only simple replies. Understood options are
+//! `EXPORT_NAME`, `ABORT`, `LIST`, `INFO` and `GO`; everything else (STARTTLS, structured
+//! replies, metadata contexts, extended headers) is answered with `NBD_REP_ERR_UNSUP` and the
+//! client may carry on. Malformed framing (bad magic, oversized option, bad client flags)
+//! ends the connection, as does `EXPORT_NAME` for an unknown export, which cannot carry an
+//! error reply.
+//!
+//! The empty export name is not a default export: Hawser exports are always named volumes,
+//! and a client that forgot the name must get an error rather than some other volume.
+
+use std::sync::Arc;
+
+use hawser_wire::constants::{BLOCK_BYTES, MAX_PAYLOAD_BYTES, SECTOR_BYTES};
+use hawser_wire::nbd::{self, BlockSizes, InfoRequest, NbdError, OptionHeader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tracing::debug;
+
+use crate::block::{BlockDevice, ExportRegistry};
+
+/// Options a client may send before it must pick an export. A plain connect needs fewer than
+/// ten, but `nbdinfo --list` sends one INFO per export, so this leaves room for a node with
+/// hundreds of volumes while still bounding the work one connection can ask for.
+pub const MAX_OPTIONS_PER_HANDSHAKE: u32 = 1024;
+
+/// Transmission flags of every export. `CAN_MULTI_CONN` is honest because a flush goes to
+/// every replica through the one engine that all connections to a volume share.
+pub const TRANSMISSION_FLAGS: u16 = nbd::TFLAG_HAS_FLAGS
+    | nbd::TFLAG_SEND_FLUSH
+    | nbd::TFLAG_SEND_FUA
+    | nbd::TFLAG_SEND_TRIM
+    | nbd::TFLAG_SEND_WRITE_ZEROES
+    | nbd::TFLAG_CAN_MULTI_CONN;
+
+const _: () = assert!(SECTOR_BYTES <= u32::MAX as u64);
+const _: () = assert!(BLOCK_BYTES <= u32::MAX as u64);
+
+/// Block size constraints advertised with every export: requests must be sector aligned,
+/// 4 KiB is what the replicas store natively, and one request carries at most 32 MiB.
+#[allow(clippy::cast_possible_truncation)] // Both fit in u32: asserted at compile time above.
+pub const BLOCK_SIZES: BlockSizes = BlockSizes {
+    minimum: SECTOR_BYTES as u32,
+    preferred: BLOCK_BYTES as u32,
+    maximum: MAX_PAYLOAD_BYTES,
+};
+
+const HANDSHAKE_FLAGS: u16 = nbd::FLAG_FIXED_NEWSTYLE | nbd::FLAG_NO_ZEROES;
+
+/// Why option haggling ended without an export. Every variant closes the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("socket error during the handshake: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed handshake message: {0}")]
+    Protocol(#[from] NbdError),
+    #[error("client sent more than {MAX_OPTIONS_PER_HANDSHAKE} options")]
+    TooManyOptions,
+    #[error("NBD_OPT_EXPORT_NAME for unknown export {name:?}")]
+    UnknownExport { name: String },
+}
+
+/// The export a client entered transmission with.
+pub struct Negotiated {
+    pub name: String,
+    pub device: Arc<dyn BlockDevice>,
+}
+
+/// What one option led to.
+enum Step {
+    Continue,
+    Transmission(Negotiated),
+    Aborted,
+}
+
+/// Run the handshake on `stream`. `Ok(None)` means the client aborted politely.
+pub async fn negotiate<S>(
+    stream: &mut S,
+    registry: &dyn ExportRegistry,
+) -> Result<Option<Negotiated>, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream
+        .write_all(&nbd::encode_greeting(HANDSHAKE_FLAGS))
+        .await?;
+    stream.flush().await?;
+    let mut flags = [0u8; nbd::CLIENT_FLAGS_LEN];
+    stream.read_exact(&mut flags).await?;
+    let client_flags = nbd::decode_client_flags(&flags)?;
+    let no_zeroes = client_flags & nbd::CLIENT_NO_ZEROES != 0;
+
+    for _ in 0..MAX_OPTIONS_PER_HANDSHAKE {
+        let mut header = [0u8; nbd::OPTION_HEADER_LEN];
+        stream.read_exact(&mut header).await?;
+        let header = OptionHeader::decode(&header)?;
+        // `decode` bounded the length by MAX_OPTION_PAYLOAD_BYTES, so this allocation is too.
+        let mut payload = vec![0u8; usize::try_from(header.len).unwrap_or(0)];
+        stream.read_exact(&mut payload).await?;
+        let step = handle_option(stream, registry, header.option, &payload, no_zeroes).await?;
+        stream.flush().await?;
+        match step {
+            Step::Continue => {}
+            Step::Transmission(n) => return Ok(Some(n)),
+            Step::Aborted => return Ok(None),
+        }
+    }
+    Err(HandshakeError::TooManyOptions)
+}
+
+async fn handle_option<S>(
+    stream: &mut S,
+    registry: &dyn ExportRegistry,
+    option: u32,
+    payload: &[u8],
+    no_zeroes: bool,
+) -> Result<Step, HandshakeError>
+where
+    S: AsyncWrite + Unpin,
+{
+    match option {
+        nbd::OPT_EXPORT_NAME => {
+            let name = nbd::parse_name(payload)?;
+            let Some(device) = lookup(registry, name) else {
+                return Err(HandshakeError::UnknownExport {
+                    name: name.to_owned(),
+                });
+            };
+            let reply = nbd::encode_export_name_reply(device.size(), TRANSMISSION_FLAGS, no_zeroes);
+            stream.write_all(&reply).await?;
+            Ok(Step::Transmission(Negotiated {
+                name: name.to_owned(),
+                device,
+            }))
+        }
+        nbd::OPT_ABORT => {
+            // The spec lets the client close without reading this ACK; a failed write is fine.
+            let _ = send_reply(stream, option, nbd::REP_ACK, &[]).await;
+            Ok(Step::Aborted)
+        }
+        nbd::OPT_LIST => {
+            if !payload.is_empty() {
+                send_reply(stream, option, nbd::REP_ERR_INVALID, b"LIST takes no data").await?;
+            } else {
+                send_list(stream, registry).await?;
+            }
+            Ok(Step::Continue)
+        }
+        nbd::OPT_INFO | nbd::OPT_GO => handle_info(stream, registry, option, payload).await,
+        other => {
+            debug!(option = other, "unsupported NBD option");
+            send_reply(stream, other, nbd::REP_ERR_UNSUP, b"option not supported").await?;
+            Ok(Step::Continue)
+        }
+    }
+}
+
+/// `NBD_OPT_INFO` and `NBD_OPT_GO`: describe the export; GO then enters transmission.
+async fn handle_info<S>(
+    stream: &mut S,
+    registry: &dyn ExportRegistry,
+    option: u32,
+    payload: &[u8],
+) -> Result<Step, HandshakeError>
+where
+    S: AsyncWrite + Unpin,
+{
+    let request = match InfoRequest::decode(payload) {
+        Ok(r) => r,
+        Err(e) => {
+            debug!(option, error = %e, "malformed INFO/GO payload");
+            let msg = e.to_string();
+            send_reply(stream, option, nbd::REP_ERR_INVALID, msg.as_bytes()).await?;
+            return Ok(Step::Continue);
+        }
+    };
+    let Some(device) = lookup(registry, request.name) else {
+        let msg = format!("no export named {:?}", request.name);
+        send_reply(stream, option, nbd::REP_ERR_UNKNOWN, msg.as_bytes()).await?;
+        return Ok(Step::Continue);
+    };
+    let export = nbd::encode_info_export(device.size(), TRANSMISSION_FLAGS);
+    send_reply(stream, option, nbd::REP_INFO, &export).await?;
+    // Sent even when not requested (the spec allows it for GO): a client that ignores it
+    // still only sends sector-aligned requests of at most 32 MiB or gets EINVAL back.
+    let sizes = nbd::encode_info_block_size(BLOCK_SIZES);
+    send_reply(stream, option, nbd::REP_INFO, &sizes).await?;
+    if request.info_types.contains(&nbd::INFO_NAME) {
+        if let Some(name) = nbd::encode_info_name(request.name) {
+            send_reply(stream, option, nbd::REP_INFO, &name).await?;
+        }
+    }
+    send_reply(stream, option, nbd::REP_ACK, &[]).await?;
+    if option == nbd::OPT_GO {
+        let name = request.name.to_owned();
+        return Ok(Step::Transmission(Negotiated { name, device }));
+    }
+    Ok(Step::Continue)
+}
+
+/// `NBD_OPT_LIST`: one `NBD_REP_SERVER` per export, then ACK.
+async fn send_list<S>(stream: &mut S, registry: &dyn ExportRegistry) -> std::io::Result<()>
+where
+    S: AsyncWrite + Unpin,
+{
+    for name in registry.names() {
+        match nbd::encode_rep_server(&name) {
+            Some(entry) => send_reply(stream, nbd::OPT_LIST, nbd::REP_SERVER, &entry).await?,
+            None => debug!(len = name.len(), "export name too long for NBD; not listed"),
+        }
+    }
+    send_reply(stream, nbd::OPT_LIST, nbd::REP_ACK, &[]).await
+}
+
+fn lookup(registry: &dyn ExportRegistry, name: &str) -> Option<Arc<dyn BlockDevice>> {
+    if name.is_empty() {
+        return None;
+    }
+    registry.lookup(name)
+}
+
+/// One option reply: header and payload in a single write.
+async fn send_reply<S>(
+    stream: &mut S,
+    option: u32,
+    kind: u32,
+    payload: &[u8],
+) -> std::io::Result<()>
+where
+    S: AsyncWrite + Unpin,
+{
+    // Payloads are built here from bounded names and fixed-size records, far below u32::MAX.
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    let mut msg = Vec::with_capacity(nbd::OPTION_REPLY_HEADER_LEN + payload.len());
+    msg.extend_from_slice(&nbd::encode_option_reply(option, kind, len));
+    msg.extend_from_slice(payload);
+    stream.write_all(&msg).await
+}

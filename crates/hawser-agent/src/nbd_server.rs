@@ -1,0 +1,178 @@
+//! The NBD frontend's listeners: accept loops for TCP and unix sockets and the life of one
+//! connection (handshake, then transmission), each in a tracing span with peer and export.
+//!
+//! Shutdown is a `watch` channel: once it reads `true` (or its sender is dropped) the
+//! listeners stop accepting, connections still haggling are closed, and connections in
+//! transmission stop reading requests, answer the ones in flight, and close. `serve_tcp` and
+//! `serve_unix` return when every connection has finished.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tracing::{debug, error, field, info, info_span, warn, Instrument, Span};
+
+use crate::block::ExportRegistry;
+use crate::nbd_handshake::{negotiate, HandshakeError};
+use crate::nbd_transmission::{self, TransmissionError};
+
+/// Connections one listener serves at once. At the bound it stops accepting, and new clients
+/// wait in the kernel's backlog.
+pub const MAX_CONNECTIONS_PER_LISTENER: usize = 1024;
+/// Time a client has from connecting to choosing an export. Bounds the connections an idle
+/// or hostile peer can pin in the handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Pause after a failed accept (EMFILE, ENFILE, ...) so the loop does not spin while the
+/// process is out of descriptors.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Why one connection ended abnormally. Logged at debug where the connection task ends: a
+/// misbehaving client must not be able to flood the logs.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("handshake failed: {0}")]
+    Handshake(#[from] HandshakeError),
+    #[error("no export chosen within {HANDSHAKE_TIMEOUT:?}")]
+    HandshakeTimeout,
+    #[error("transmission failed: {0}")]
+    Transmission(#[from] TransmissionError),
+}
+
+/// Serve NBD on a bound TCP listener until `shutdown`.
+pub async fn serve_tcp(
+    listener: TcpListener,
+    registry: Arc<dyn ExportRegistry>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let listener = &listener;
+    let accept = move || async move {
+        let (stream, peer) = listener.accept().await?;
+        // Replies are small and latency-bound; Nagle would hold them back.
+        stream.set_nodelay(true)?;
+        Ok((stream, peer.to_string()))
+    };
+    accept_loop(accept, registry, shutdown).await;
+}
+
+/// Serve NBD on a bound unix-domain listener until `shutdown`.
+pub async fn serve_unix(
+    listener: UnixListener,
+    registry: Arc<dyn ExportRegistry>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let listener = &listener;
+    let accept = move || async move {
+        let (stream, _) = listener.accept().await?;
+        // Unix clients are almost always unnamed; the credentials say who they are.
+        let peer = match stream.peer_cred() {
+            Ok(cred) => format!("unix:pid={}", cred.pid().unwrap_or(0)),
+            Err(_) => "unix".to_owned(),
+        };
+        Ok((stream, peer))
+    };
+    accept_loop(accept, registry, shutdown).await;
+}
+
+/// Resolves once shutdown is requested. A dropped sender counts as a request: nobody could
+/// ever ask again, and the owner going away is the usual way a process stops.
+pub(crate) async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|&stop| stop).await;
+}
+
+async fn accept_loop<S, F, Fut>(
+    mut accept: F,
+    registry: Arc<dyn ExportRegistry>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = io::Result<(S, String)>>,
+{
+    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_LISTENER));
+    let mut connections = JoinSet::new();
+    loop {
+        while let Some(done) = connections.try_join_next() {
+            report_task_end(done);
+        }
+        let permit = tokio::select! {
+            biased;
+            () = shutdown_requested(&mut shutdown) => break,
+            p = Arc::clone(&limit).acquire_owned() => p,
+        };
+        // The semaphore is never closed.
+        let Ok(permit) = permit else { break };
+        let accepted = tokio::select! {
+            biased;
+            () = shutdown_requested(&mut shutdown) => break,
+            r = accept() => r,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(error = %e, "NBD accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                continue;
+            }
+        };
+        let span = info_span!("nbd", peer = %peer, export = field::Empty);
+        let (registry, shutdown) = (Arc::clone(&registry), shutdown.clone());
+        connections.spawn(
+            async move {
+                debug!("NBD client connected");
+                match serve_connection(stream, registry, shutdown).await {
+                    Ok(()) => debug!("NBD client disconnected"),
+                    Err(e) => debug!(error = %e, "NBD connection closed"),
+                }
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+    info!(
+        open = connections.len(),
+        "NBD listener stopped accepting; draining connections"
+    );
+    while let Some(done) = connections.join_next().await {
+        report_task_end(done);
+    }
+}
+
+fn report_task_end(done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done {
+        if e.is_panic() {
+            error!(error = %e, "NBD connection task panicked");
+        }
+    }
+}
+
+/// Serve one NBD client on an already connected stream: handshake, then transmission.
+/// Exposed so that other transports (a socketpair, a test duplex) can reuse it.
+pub async fn serve_connection<S>(
+    mut stream: S,
+    registry: Arc<dyn ExportRegistry>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut stream, &*registry));
+    let negotiated = tokio::select! {
+        biased;
+        () = shutdown_requested(&mut shutdown) => return Ok(()),
+        r = handshake => r.map_err(|_| ConnectionError::HandshakeTimeout)??,
+    };
+    let Some(negotiated) = negotiated else {
+        debug!("client aborted the handshake");
+        return Ok(());
+    };
+    Span::current().record("export", negotiated.name.as_str());
+    debug!(size = negotiated.device.size(), "NBD transmission started");
+    let (reader, writer) = tokio::io::split(stream);
+    nbd_transmission::serve(reader, writer, negotiated.device, shutdown).await?;
+    Ok(())
+}
