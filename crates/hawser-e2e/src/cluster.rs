@@ -1,0 +1,282 @@
+//! A Hawser cluster of real processes on loopback: one controller and N agents, each with its
+//! own data directory and ports. Dropping it stops every process it started (SIGTERM, then
+//! SIGKILL after a deadline) and removes its directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use hawser_api::agent::AgentStatus;
+use hawser_api::controller::{Node, Volume};
+
+use crate::run::{wait_until, TempDir};
+
+pub struct AgentProc {
+    pub name: String,
+    pub child: Child,
+    pub admin: String,
+    pub replica: String,
+    pub nbd: String,
+    pub socket: PathBuf,
+    pub data_dir: PathBuf,
+}
+
+pub struct Cluster {
+    pub dir: TempDir,
+    pub url: String,
+    controller: Child,
+    pub agents: Vec<AgentProc>,
+}
+
+#[derive(Default)]
+pub struct ClusterOptions {
+    /// Extra `--pool` specs per agent index (replacing the default pool).
+    pub pools: Vec<Vec<String>>,
+}
+
+pub fn hawser_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("HAWSER_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let p = root.join("target/release/hawser");
+    assert!(
+        p.exists(),
+        "no hawser binary at {}: run `make build` or set HAWSER_BIN",
+        p.display()
+    );
+    p
+}
+
+/// A free loopback port (bound and released; fine for tests that run one at a time).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+impl Cluster {
+    pub fn start(name: &str, agents: usize) -> Cluster {
+        Self::start_with(name, agents, ClusterOptions::default())
+    }
+
+    pub fn start_with(name: &str, agents: usize, opts: ClusterOptions) -> Cluster {
+        let dir = TempDir::new(name);
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let controller = Command::new(hawser_bin())
+            .args([
+                "controller",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(dir.path().join("controller"))
+            .stdout(Stdio::null())
+            .stderr(log_file(dir.path(), "controller"))
+            .spawn()
+            .expect("start controller");
+        let mut c = Cluster {
+            dir,
+            url,
+            controller,
+            agents: Vec::new(),
+        };
+        for i in 0..agents {
+            let pools = opts.pools.get(i).cloned().unwrap_or_default();
+            c.spawn_agent(&format!("n{}", i + 1), &pools);
+        }
+        c.wait_nodes_online(agents);
+        c
+    }
+
+    fn spawn_agent(&mut self, name: &str, pools: &[String]) {
+        let data_dir = self.dir.path().join(name);
+        let (admin, replica, nbd) = (
+            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", free_port()),
+        );
+        let socket = data_dir.join("nbd.sock");
+        let mut cmd = Command::new(hawser_bin());
+        cmd.args(["agent", "--node", name, "--controller", &self.url])
+            .args([
+                "--admin-listen",
+                &admin,
+                "--replica-listen",
+                &replica,
+                "--nbd-listen",
+                &nbd,
+            ])
+            .arg("--data-dir")
+            .arg(&data_dir);
+        for p in pools {
+            cmd.args(["--pool", p]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log_file(self.dir.path(), name))
+            .spawn()
+            .expect("start agent");
+        self.agents.push(AgentProc {
+            name: name.into(),
+            child,
+            admin,
+            replica,
+            nbd,
+            socket,
+            data_dir,
+        });
+    }
+
+    pub fn wait_nodes_online(&self, n: usize) {
+        wait_until(
+            &format!("{n} nodes online"),
+            Duration::from_secs(30),
+            || {
+                self.nodes()
+                    .iter()
+                    .filter(|n| n.state == hawser_api::controller::NodeState::Online)
+                    .count()
+                    >= n
+            },
+        );
+    }
+
+    /// Run the CLI against this cluster.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(hawser_bin())
+            .env("HAWSER_CONTROLLER", &self.url)
+            .args(args)
+            .output()
+            .expect("run hawser")
+    }
+
+    /// Run the CLI and require success; returns stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "hawser {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn nodes(&self) -> Vec<Node> {
+        let out = self.cli(&["node", "list", "-o", "json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    }
+
+    pub fn volume(&self, name: &str) -> Volume {
+        let out = self.cli_ok(&["volume", "show", name, "-o", "json"]);
+        serde_json::from_str(&out).expect("volume JSON")
+    }
+
+    pub fn volumes(&self) -> Vec<Volume> {
+        let out = self.cli_ok(&["volume", "list", "-o", "json"]);
+        serde_json::from_str(&out).expect("volume list JSON")
+    }
+
+    /// Create and attach a volume on agent `node`; returns the NBD unix-socket URI.
+    pub fn attached_volume(&self, name: &str, size: &str, replicas: u32, node: &str) -> String {
+        self.cli_ok(&[
+            "volume",
+            "create",
+            name,
+            "--size",
+            size,
+            "--replicas",
+            &replicas.to_string(),
+        ]);
+        self.cli_ok(&["volume", "attach", name, "--node", node]);
+        let v = self.volume(name);
+        v.nbd_unix_uri.expect("attached volume has a unix URI")
+    }
+
+    pub fn agent(&self, name: &str) -> &AgentProc {
+        self.agents
+            .iter()
+            .find(|a| a.name == name)
+            .expect("agent by name")
+    }
+
+    pub fn agent_status(&self, name: &str) -> AgentStatus {
+        let a = self.agent(name);
+        reqwest::blocking::get(format!("http://{}/v1/status", a.admin))
+            .and_then(|r| r.json())
+            .expect("agent status")
+    }
+
+    /// The data file of replica `id`, wherever it lives.
+    pub fn replica_path(&self, id: &str) -> PathBuf {
+        for a in &self.agents {
+            for r in self.agent_status(&a.name).replicas {
+                if r.replica_id == id {
+                    return PathBuf::from(r.data_path);
+                }
+            }
+        }
+        panic!("replica {id} not found on any agent");
+    }
+
+    /// Whether the agent process is still running.
+    pub fn agent_alive(&mut self, name: &str) -> bool {
+        let a = self
+            .agents
+            .iter_mut()
+            .find(|a| a.name == name)
+            .expect("agent");
+        matches!(a.child.try_wait(), Ok(None))
+    }
+
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+fn log_file(dir: &Path, name: &str) -> Stdio {
+    std::fs::File::create(dir.join(format!("{name}.log")))
+        .map(Stdio::from)
+        .unwrap_or(Stdio::null())
+}
+
+fn stop(child: &mut Child) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    // Only our own child, by its PID.
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) with a PID we spawned and have not reaped; no memory involved.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for a in &mut self.agents {
+            stop(&mut a.child);
+        }
+        stop(&mut self.controller);
+        if std::thread::panicking() {
+            for name in std::iter::once("controller".to_owned())
+                .chain(self.agents.iter().map(|a| a.name.clone()))
+            {
+                let log = self.log(&name);
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                eprintln!("--- last lines of {name}.log ---");
+                for l in tail.iter().rev() {
+                    eprintln!("{l}");
+                }
+            }
+        }
+    }
+}
