@@ -12,6 +12,9 @@ cd "$(dirname "$0")/.."
 HAWSER="$PWD/target/release/hawser"
 B="$PWD/.bench"
 RUNTIME="${BENCH_RUNTIME:-10}"
+# Extra flags for the volumes, e.g. BENCH_VOLUME_FLAGS=--thick; BENCH_TESTS=a,b for a subset.
+VOLUME_FLAGS="${BENCH_VOLUME_FLAGS:-}"
+TESTS="${BENCH_TESTS:-randwrite_fsync,randwrite_jobs4,randwrite,write,randread_fsync,randread_jobs4,randread,read}"
 SIZE="${BENCH_SIZE:-1GiB}"
 export HAWSER_CONTROLLER="http://127.0.0.1:9410"
 pids=()
@@ -37,18 +40,18 @@ for _ in $(seq 1 100); do
   [ "$n" -ge 2 ] && break
   sleep 0.1
 done
-"$HAWSER" volume create bench1 --size "$SIZE" --replicas 1 >/dev/null
-"$HAWSER" volume create bench2 --size "$SIZE" --replicas 2 >/dev/null
+"$HAWSER" volume create bench1 --size "$SIZE" --replicas 1 $VOLUME_FLAGS >/dev/null
+"$HAWSER" volume create bench2 --size "$SIZE" --replicas 2 $VOLUME_FLAGS >/dev/null
 "$HAWSER" volume attach bench1 --node b1 >/dev/null
 "$HAWSER" volume attach bench2 --node b1 >/dev/null
 
 truncate -s "$SIZE" "$B/nbdkit.img"
-nbdkit --exit-with-parent -U "$B/nbdkit.sock" -P "$B/nbdkit.pid" file "$B/nbdkit.img" cache=none
+nbdkit -f -U "$B/nbdkit.sock" file "$B/nbdkit.img" cache=none >"$B/logs/nbdkit.log" 2>&1 &
+pids+=($!)
 for _ in $(seq 1 100); do [ -S "$B/nbdkit.sock" ] && break; sleep 0.1; done
-pids+=("$(cat "$B/nbdkit.pid")")
 
 sock="$B/b1/nbd.sock"
-"$HAWSER" bench --runtime "$RUNTIME" --size "$SIZE" --json "$PWD/bench-results.json" \
+"$HAWSER" bench --runtime "$RUNTIME" --size "$SIZE" --tests "$TESTS" --json "$PWD/bench-results.json" \
   --target "baseline=file:$B/baseline.img" \
   --target "nbdkit=nbd:nbd+unix:///?socket=$B/nbdkit.sock" \
   --target "hawser-1r=nbd:nbd+unix:///bench1?socket=$sock" \

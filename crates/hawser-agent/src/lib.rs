@@ -9,13 +9,14 @@ pub mod constants;
 pub mod controller_link;
 pub mod engines;
 pub mod frame_io;
-pub mod node_storage;
-pub mod replica_client;
-pub mod replica_server;
-pub mod volume_engine;
+pub mod io_pool;
 pub mod nbd_errno;
 pub mod nbd_handshake;
 pub mod nbd_server;
 pub mod nbd_transmission;
+pub mod node_storage;
+pub mod replica_client;
+pub mod replica_server;
+pub mod volume_engine;
 
 pub use agent::{run, AgentArgs};

@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use crate::constants::{REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS};
 use crate::frame_io::{read_frame, write_frame, FrameIoError};
+use crate::io_pool;
 use crate::node_storage::NodeStorage;
 
 type Reply = (FrameHeader, Option<Bytes>);
@@ -138,11 +139,10 @@ async fn request_loop(
         }
         let replica = replica.clone();
         let tx = tx.clone();
-        tokio::spawn(async move {
-            let reply = tokio::task::spawn_blocking(move || execute(&replica, &h, payload))
-                .await
-                .unwrap_or_else(|_| (h.reply(Status::IoError), None));
-            let _ = tx.send(reply).await;
+        io_pool::spawn(move || {
+            let reply = execute(&replica, &h, payload);
+            // Capacity equals the in-flight bound, so this never waits long.
+            let _ = tx.blocking_send(reply);
             drop(permit);
         });
     }

@@ -18,8 +18,9 @@ use hawser_storage::{Replica, ReplicaIoError};
 use tokio::sync::{oneshot, Semaphore};
 
 use crate::block::BlockDevice;
-use crate::constants::ENGINE_MAX_INFLIGHT;
+use crate::constants::{ENGINE_MAX_INFLIGHT, ENGINE_STOP_FLUSH_TIMEOUT};
 use crate::controller_link::{ControllerLink, OutdateOutcome};
+use crate::io_pool;
 use crate::node_storage::NodeStorage;
 use crate::replica_client::{ReplicaClient, ReplySink};
 
@@ -182,7 +183,7 @@ impl VolumeEngine {
         match &self.handles[usize::from(replica.0)] {
             Handle::Local(r) => {
                 let (r, epoch, me) = (r.clone(), self.epoch, self.me.clone());
-                tokio::task::spawn_blocking(move || {
+                io_pool::spawn(move || {
                     let result = run_local(&r, epoch, &op);
                     if let Some(me) = me.upgrade() {
                         me.run(|e, out| e.on_reply(sub, result, out));
@@ -243,8 +244,16 @@ impl VolumeEngine {
 
     /// Flush, then fail anything still in flight and drop the replica connections.
     pub async fn stop(&self) {
-        if let Err(e) = self.submit(ClientOp::Flush).await {
-            tracing::warn!(volume = %self.volume, error = %e, "final flush failed");
+        // Bounded: if a replica and the controller are both gone, the flush cannot be
+        // acknowledged (it waits for an outdate); shutting down then fails it instead, which
+        // acknowledges nothing that is not safe.
+        match tokio::time::timeout(ENGINE_STOP_FLUSH_TIMEOUT, self.submit(ClientOp::Flush)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(volume = %self.volume, error = %e, "final flush failed"),
+            Err(_) => tracing::error!(
+                volume = %self.volume,
+                "final flush did not complete in {ENGINE_STOP_FLUSH_TIMEOUT:?}; failing in-flight I/O"
+            ),
         }
         self.controller.stop();
         self.run(|e, out| e.shutdown(out));

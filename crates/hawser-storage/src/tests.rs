@@ -217,3 +217,41 @@ fn unfinished_create_is_cleaned_and_corrupt_meta_is_an_error() {
     .expect("corrupt metadata must not load");
     assert!(err.to_string().contains("good.meta"), "{err}");
 }
+
+#[test]
+fn thin_replicas_allocate_whole_chunks_and_trim_frees_them() {
+    use crate::replica::THIN_ALLOC_CHUNK_BYTES as CHUNK;
+    let dir = TempDir::new("chunks");
+    let p = pool(&dir, 1.0, None);
+    let r = p
+        .create_replica(&new("r1", 8 * CHUNK, true))
+        .expect("create");
+    r.write(0, CHUNK + 4096, &[3; 4096], false)
+        .expect("write into chunk 1");
+    let one = r.allocated_bytes();
+    assert!(
+        one >= CHUNK && one < 2 * CHUNK,
+        "expected one chunk allocated, got {one}"
+    );
+    r.write(0, CHUNK + 8192, &[4; 4096], false)
+        .expect("second write, same chunk");
+    assert_eq!(
+        r.allocated_bytes(),
+        one,
+        "a write into an allocated chunk allocated more"
+    );
+    r.trim(0, CHUNK, CHUNK as u32).expect("trim chunk 1");
+    assert!(r.allocated_bytes() < 4096, "trim did not free the chunk");
+    r.write(0, CHUNK, &[5; 4096], false)
+        .expect("write after trim");
+    assert!(
+        r.allocated_bytes() >= CHUNK,
+        "chunk not re-allocated after trim"
+    );
+    assert_eq!(&r.read(0, CHUNK, 4096).expect("read")[..], &[5; 4096][..]);
+    assert!(r
+        .read(0, CHUNK + 4096, 4096)
+        .expect("read")
+        .iter()
+        .all(|&b| b == 0));
+}
