@@ -27,7 +27,7 @@ build: deps
 	$(CARGO) build --release --workspace --bins
 
 # Unit, simulation and integration tests, then the end-to-end tests against real clients.
-test: build
+test: build lint
 	$(CARGO) test --release --workspace --exclude hawser-e2e
 	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1
 

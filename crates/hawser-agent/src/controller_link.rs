@@ -73,12 +73,12 @@ impl ControllerLink {
                             return OutdateOutcome::Fenced;
                         }
                     }
-                    if attempt == 1 || attempt % 30 == 0 {
+                    if attempt == 1 || attempt.is_multiple_of(30) {
                         tracing::error!(%volume, %replica, %status, error = ?err, "controller refused outdate; I/O waits; retrying");
                     }
                 }
                 Err(e) => {
-                    if attempt == 1 || attempt % 30 == 0 {
+                    if attempt == 1 || attempt.is_multiple_of(30) {
                         tracing::error!(%volume, %replica, error = %e, "controller unreachable for outdate; I/O waits; retrying");
                     }
                 }

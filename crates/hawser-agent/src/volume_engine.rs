@@ -259,7 +259,7 @@ impl VolumeEngine {
         self.run(|e, out| e.shutdown(out));
         for i in 0..self.handles.len() {
             // i < MAX_REPLICAS, so it fits in u8.
-            let idx = ReplicaIdx(i as u8);
+            let idx = ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS"));
             if let Some(c) = self.client(idx) {
                 self.set_client(idx, None);
                 c.close();

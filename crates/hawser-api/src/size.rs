@@ -72,7 +72,7 @@ pub fn check_volume_size(bytes: u64) -> Result<(), SizeError> {
     if bytes == 0 {
         return Err(SizeError::Zero);
     }
-    if bytes % ALIGN != 0 {
+    if !bytes.is_multiple_of(ALIGN) {
         return Err(SizeError::Unaligned { bytes });
     }
     if bytes > 1 << 62 {

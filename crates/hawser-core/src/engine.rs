@@ -134,7 +134,7 @@ impl Engine {
 
     fn indices(&self) -> impl Iterator<Item = ReplicaIdx> + '_ {
         // slots.len() <= MAX_REPLICAS, so the index fits in u8.
-        (0..self.slots.len()).map(|i| ReplicaIdx(i as u8))
+        (0..self.slots.len()).map(|i| ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS")))
     }
 
     /// Accept a client request. Its completion comes as a `Command::Complete` now or later.

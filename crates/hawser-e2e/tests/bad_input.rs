@@ -197,7 +197,8 @@ mod hawser_wire_helpers {
         b[24..32].copy_from_slice(&epoch.to_le_bytes());
         b[32..40].copy_from_slice(&offset.to_le_bytes());
         b[40..44].copy_from_slice(&length.to_le_bytes());
-        b[44..48].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        let plen = u32::try_from(payload.len()).expect("test payloads are small");
+        b[44..48].copy_from_slice(&plen.to_le_bytes());
         let pcrc = crc32c(payload) ^ u32::from(bad_crc);
         b[48..52].copy_from_slice(&pcrc.to_le_bytes());
         let hcrc = crc32c(&b[0..52]);

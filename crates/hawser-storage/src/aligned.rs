@@ -89,7 +89,7 @@ impl Drop for AlignedBuf {
 
 /// Whether `data` can be handed to an O_DIRECT write as is.
 pub fn is_aligned(data: &[u8]) -> bool {
-    (data.as_ptr() as usize) % 512 == 0 && data.len() % 512 == 0
+    (data.as_ptr() as usize).is_multiple_of(512) && data.len().is_multiple_of(512)
 }
 
 #[cfg(test)]

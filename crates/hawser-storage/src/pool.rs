@@ -117,7 +117,7 @@ impl Pool {
 
     /// Create a replica if it fits; see the module doc for the rule.
     pub fn create_replica(&self, new: &NewReplica) -> Result<Arc<Replica>, StorageError> {
-        if new.size == 0 || new.size % BLOCK_BYTES != 0 {
+        if new.size == 0 || !new.size.is_multiple_of(BLOCK_BYTES) {
             return Err(StorageError::InvalidSize { size: new.size });
         }
         for id in [&new.id, &new.volume] {
@@ -134,6 +134,8 @@ impl Pool {
         }
         let usage = self.usage_locked(&map)?;
         let (kind, available) = if new.thin {
+            // Float-to-int casts saturate in Rust, which is the wanted bound here.
+            #[allow(clippy::cast_possible_truncation)]
             let limit = (usage.capacity_bytes as f64 * self.config.overprovision_ratio) as u64;
             ("thin", limit.saturating_sub(usage.provisioned_bytes))
         } else {

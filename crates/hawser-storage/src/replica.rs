@@ -231,7 +231,7 @@ impl Replica {
         if self.is_failed() {
             return Err(ReplicaIoError::Failed);
         }
-        let aligned = offset % SECTOR_BYTES == 0 && len % SECTOR_BYTES == 0;
+        let aligned = offset.is_multiple_of(SECTOR_BYTES) && len.is_multiple_of(SECTOR_BYTES);
         let end = offset.checked_add(len);
         if !aligned || end.is_none_or(|end| end > self.size) {
             return Err(ReplicaIoError::OutOfRange);
@@ -359,7 +359,8 @@ impl Replica {
         let zeroes = AlignedBuf::zeroed(ZERO_CHUNK_BYTES);
         let mut at = 0u64;
         while at < len {
-            let n = (len - at).min(ZERO_CHUNK_BYTES as u64) as usize;
+            let n = usize::try_from((len - at).min(ZERO_CHUNK_BYTES as u64))
+                .unwrap_or(ZERO_CHUNK_BYTES);
             file_ops::write_at(&self.file, &zeroes.as_slice()[..n], offset + at, false)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
             at += n as u64;

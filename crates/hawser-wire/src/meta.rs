@@ -71,9 +71,11 @@ impl ReplicaMeta {
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
         b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
         b[32..40].copy_from_slice(&self.generation.to_le_bytes());
-        // Both lengths are <= MAX_ID_BYTES (checked above), so they fit in u16.
-        b[40..42].copy_from_slice(&(vol.len() as u16).to_le_bytes());
-        b[42..44].copy_from_slice(&(rep.len() as u16).to_le_bytes());
+        let bad = |field| move |_| MetaError::BadField { field };
+        let vl = u16::try_from(vol.len()).map_err(bad("volume"))?;
+        let rl = u16::try_from(rep.len()).map_err(bad("replica"))?;
+        b[40..42].copy_from_slice(&vl.to_le_bytes());
+        b[42..44].copy_from_slice(&rl.to_le_bytes());
         b[IDS_AT..IDS_AT + vol.len()].copy_from_slice(vol);
         b[IDS_AT + vol.len()..IDS_AT + vol.len() + rep.len()].copy_from_slice(rep);
         let crc = crc32c::crc32c(&b[..META_LEN - 4]);
