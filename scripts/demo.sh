@@ -12,8 +12,12 @@ cleanup() {
   trap - INT TERM EXIT
   echo
   echo "stopping the demo cluster..."
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # Agents first (n1, which runs the engine, flushes to the others while they are still up),
+  # then the controller: the reverse of the start order.
+  for pid in "${pids[@]:1}" "${pids[0]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   echo "stopped. Data is kept in $DEMO (rm -rf it to start afresh)."
 }
 trap cleanup INT TERM EXIT
@@ -26,11 +30,12 @@ for port in 9400 9501 9502 9503 9601 9602 9603 10809 10810 10811; do
 done
 
 mkdir -p "$DEMO/logs"
-"$HAWSER" controller --listen 127.0.0.1:9400 --data-dir "$DEMO/controller" \
+# setsid: Ctrl-C reaches only this script, which then stops the daemons in order.
+setsid "$HAWSER" controller --listen 127.0.0.1:9400 --data-dir "$DEMO/controller" \
   >"$DEMO/logs/controller.log" 2>&1 &
 pids+=($!)
 for i in 1 2 3; do
-  "$HAWSER" agent --node "n$i" --data-dir "$DEMO/n$i" \
+  setsid "$HAWSER" agent --node "n$i" --data-dir "$DEMO/n$i" \
     --admin-listen "127.0.0.1:950$i" --replica-listen "127.0.0.1:960$i" \
     --nbd-listen "127.0.0.1:$((10808 + i))" >"$DEMO/logs/n$i.log" 2>&1 &
   pids+=($!)

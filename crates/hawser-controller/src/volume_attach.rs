@@ -26,6 +26,10 @@ pub async fn attach_volume(
     if current.state == VolumeState::Attached
         && current.attached_node.as_deref() == Some(node.name.as_str())
     {
+        // Attaching again where it is attached makes sure the engine runs: the agent may have
+        // restarted (node reboot) and lost it. The agent keeps a live engine of this epoch
+        // as it is; the only other engine of this epoch ran in that agent's previous life.
+        ensure_engine(st, &current, &node, &nodes).await?;
         return Ok((current, node));
     }
     check_detached(&current, " (detach it first)")?;
@@ -64,6 +68,30 @@ pub async fn attach_volume(
     }
     tracing::info!(volume = %name, node = %node.name, epoch = rec.epoch, "volume attached");
     Ok((rec, node))
+}
+
+async fn ensure_engine(
+    st: &AppState,
+    rec: &VolumeRecord,
+    node: &NodeRecord,
+    nodes: &[NodeRecord],
+) -> Result<(), ControllerError> {
+    let start = StartEngine {
+        volume: rec.name.clone(),
+        size_bytes: rec.size_bytes,
+        epoch: rec.epoch,
+        replicas: engine_replicas(rec, nodes)?,
+        controller_url: st.controller_url.clone(),
+    };
+    st.agents
+        .start_engine(&node.admin_addr, &start)
+        .await
+        .map_err(|source| ControllerError::Agent {
+            node: node.name.clone(),
+            op: "start engine".into(),
+            source,
+        })
+        .map(|_| ())
 }
 
 /// The in-sync replicas with their nodes' replica addresses. Replicas on offline nodes are

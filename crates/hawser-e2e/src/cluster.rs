@@ -13,6 +13,7 @@ use crate::run::{wait_until, TempDir};
 
 pub struct AgentProc {
     pub name: String,
+    pools: Vec<String>,
     pub child: Child,
     pub admin: String,
     pub replica: String,
@@ -90,12 +91,54 @@ impl Cluster {
     }
 
     fn spawn_agent(&mut self, name: &str, pools: &[String]) {
-        let data_dir = self.dir.path().join(name);
-        let (admin, replica, nbd) = (
+        let addrs = (
             format!("127.0.0.1:{}", free_port()),
             format!("127.0.0.1:{}", free_port()),
             format!("127.0.0.1:{}", free_port()),
         );
+        let agent = self.launch_agent(name, pools, addrs);
+        self.agents.push(agent);
+    }
+
+    /// Stop agent `name` (SIGTERM, as a node shutdown) and start it again on the same data
+    /// directory and ports; waits until it has registered again.
+    pub fn restart_agent(&mut self, name: &str) {
+        let i = self
+            .agents
+            .iter()
+            .position(|a| a.name == name)
+            .expect("agent by name");
+        stop(&mut self.agents[i].child);
+        let a = &self.agents[i];
+        let (pools, addrs) = (
+            a.pools.clone(),
+            (a.admin.clone(), a.replica.clone(), a.nbd.clone()),
+        );
+        let before = self
+            .nodes()
+            .into_iter()
+            .find(|n| n.name == name)
+            .map(|n| n.last_seen_ms);
+        self.agents[i] = self.launch_agent(name, &pools, addrs);
+        wait_until(
+            &format!("{name} to register again"),
+            Duration::from_secs(30),
+            || {
+                self.nodes()
+                    .iter()
+                    .any(|n| n.name == name && Some(n.last_seen_ms) > before)
+            },
+        );
+    }
+
+    fn launch_agent(
+        &self,
+        name: &str,
+        pools: &[String],
+        addrs: (String, String, String),
+    ) -> AgentProc {
+        let (admin, replica, nbd) = addrs;
+        let data_dir = self.dir.path().join(name);
         let socket = data_dir.join("nbd.sock");
         let mut cmd = Command::new(hawser_bin());
         cmd.args(["agent", "--node", name, "--controller", &self.url])
@@ -117,15 +160,16 @@ impl Cluster {
             .stderr(log_file(self.dir.path(), name))
             .spawn()
             .expect("start agent");
-        self.agents.push(AgentProc {
+        AgentProc {
             name: name.into(),
+            pools: pools.to_vec(),
             child,
             admin,
             replica,
             nbd,
             socket,
             data_dir,
-        });
+        }
     }
 
     pub fn wait_nodes_online(&self, n: usize) {
@@ -236,7 +280,10 @@ impl Cluster {
 }
 
 fn log_file(dir: &Path, name: &str) -> Stdio {
-    std::fs::File::create(dir.join(format!("{name}.log")))
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
         .map(Stdio::from)
         .unwrap_or(Stdio::null())
 }
