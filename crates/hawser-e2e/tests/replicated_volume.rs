@@ -247,3 +247,52 @@ fn engine_node_restart_then_reattach_serves_the_same_data() {
     c.cli_ok(&["volume", "detach", "r"]);
     replica_files_identical(&c, "r");
 }
+
+/// Diskless attach: the volume is served from a node that holds none of its replicas; every
+/// read and write goes over the replica protocol, and both replicas end identical.
+#[test]
+fn diskless_attach_serves_from_remote_replicas() {
+    if !need(&["qemu-io", "fio"]) {
+        return;
+    }
+    let c = Cluster::start("diskless", 3);
+    c.cli_ok(&[
+        "volume",
+        "create",
+        "dl",
+        "--size",
+        "256MiB",
+        "--replicas",
+        "2",
+    ]);
+    let v = c.volume("dl");
+    let diskless = ["n1", "n2", "n3"]
+        .into_iter()
+        .find(|n| v.replicas.iter().all(|r| r.node != *n))
+        .expect("a node without a replica");
+    c.cli_ok(&["volume", "attach", "dl", "--node", diskless]);
+    let uri = c.volume("dl").nbd_unix_uri.expect("unix uri");
+    let out = run_ok(
+        "fio",
+        &[
+            "--name=diskless",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bsrange=4k-64k",
+            "--size=128M",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+        ],
+    );
+    assert!(out.contains("err= 0"), "fio on a diskless attach:\n{out}");
+    let status = c.agent_status(diskless);
+    assert!(
+        status.replicas.is_empty(),
+        "the diskless node has a replica: {status:?}"
+    );
+    c.cli_ok(&["volume", "detach", "dl"]);
+    replica_files_identical(&c, "dl");
+}
