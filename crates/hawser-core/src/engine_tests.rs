@@ -49,6 +49,16 @@ fn completions(out: &[Command]) -> Vec<(Tag, Result<Option<Bytes>, IoError>)> {
         .collect()
 }
 
+/// A 2-replica engine with write tag 1 sent to both replicas; returns the engine and sends.
+fn one_write_on_two_replicas() -> (Engine, Vec<(ReplicaIdx, SubId)>) {
+    let mut e = engine(2);
+    let mut out = vec![];
+    e.submit(1, write(0, 1, 4096), &mut out);
+    let s = sends(&out);
+    assert_eq!(s.len(), 2, "the write did not go to both replicas");
+    (e, s)
+}
+
 #[test]
 fn write_acked_only_when_every_replica_has_it() {
     let mut e = engine(2);
@@ -68,11 +78,8 @@ fn write_acked_only_when_every_replica_has_it() {
 
 #[test]
 fn failed_replica_is_outdated_before_the_ack() {
-    let mut e = engine(2);
+    let (mut e, s) = one_write_on_two_replicas();
     let mut out = vec![];
-    e.submit(1, write(0, 1, 4096), &mut out);
-    let s = sends(&out);
-    out.clear();
     e.on_reply(s[0].1, Ok(None), &mut out);
     e.on_reply(s[1].1, Err(ReplicaFailure::Io), &mut out);
     assert_eq!(out, vec![Command::Outdate { replica: R1 }]);
@@ -96,11 +103,8 @@ fn failed_replica_is_outdated_before_the_ack() {
 
 #[test]
 fn all_replicas_failing_fails_the_write_and_outdates_nobody() {
-    let mut e = engine(2);
+    let (mut e, s) = one_write_on_two_replicas();
     let mut out = vec![];
-    e.submit(1, write(0, 1, 4096), &mut out);
-    let s = sends(&out);
-    out.clear();
     e.on_reply(s[0].1, Err(ReplicaFailure::NoSpace), &mut out);
     e.on_reply(s[1].1, Err(ReplicaFailure::NoSpace), &mut out);
     assert_eq!(
@@ -167,11 +171,8 @@ fn reads_prefer_local_and_retry_elsewhere() {
 
 #[test]
 fn stale_epoch_fences_the_engine() {
-    let mut e = engine(2);
+    let (mut e, s) = one_write_on_two_replicas();
     let mut out = vec![];
-    e.submit(1, write(0, 1, 4096), &mut out);
-    let s = sends(&out);
-    out.clear();
     e.on_reply(s[0].1, Err(ReplicaFailure::StaleEpoch), &mut out);
     assert_eq!(out[0], Command::Fenced);
     assert_eq!(completions(&out), vec![(1, Err(IoError::ShutDown))]);
@@ -205,11 +206,8 @@ fn invalid_requests_are_refused() {
 
 #[test]
 fn lost_connection_fails_its_requests_over() {
-    let mut e = engine(2);
+    let (mut e, s) = one_write_on_two_replicas();
     let mut out = vec![];
-    e.submit(1, write(0, 1, 4096), &mut out);
-    let s = sends(&out);
-    out.clear();
     e.on_reply(s[0].1, Ok(None), &mut out);
     e.on_replica_lost(R1, &mut out);
     assert_eq!(out, vec![Command::Outdate { replica: R1 }]);
