@@ -24,3 +24,6 @@ pub const CONTROLLER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ENGINE_STOP_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Threads doing blocking disk I/O for engines and the replica server.
 pub const IO_THREADS: usize = 16;
+/// Largest read or write an idle engine or replica connection runs inline instead of on the
+/// I/O pool (saves two thread wake-ups at queue depth 1).
+pub const INLINE_IO_MAX_BYTES: u32 = 64 * 1024;

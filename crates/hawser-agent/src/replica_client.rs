@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use hawser_core::{ClientOp, ReplicaFailure, ReplicaResult, SubId};
-use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status, FLAG_FUA, FLAG_MAY_TRIM};
+use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, FLAG_QUIET};
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -171,8 +171,11 @@ impl ReplicaClient {
 
     /// Queue a request. If the connection is already gone the request fails at once (the
     /// sink hears `Lost` for it), so every send is answered exactly once.
-    pub fn send(&self, sub: SubId, op: &ClientOp) {
-        let (header, payload) = encode(sub, self.epoch, op);
+    pub fn send(&self, sub: SubId, op: &ClientOp, quiet: bool) {
+        let (mut header, payload) = encode(sub, self.epoch, op);
+        if quiet {
+            header.flags |= FLAG_QUIET;
+        }
         if self.shared.closed.load(Ordering::Acquire) {
             self.shared.sink.on_reply(sub, Err(ReplicaFailure::Lost));
             return;

@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 use tracing::Instrument;
 
-use crate::constants::{REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS};
+use crate::constants::{INLINE_IO_MAX_BYTES, REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS};
 use crate::frame_io::{read_frame, write_frame, FrameIoError};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
@@ -135,6 +135,18 @@ async fn request_loop(
         }
         if h.op == Op::Ping {
             let _ = tx.send((h.reply(Status::Ok), None)).await;
+            continue;
+        }
+        // Nothing else in flight and a small request: run it here, saving the two thread
+        // wake-ups of the pool (the queue-depth-1 latency case).
+        // Only on the engine's hint: a connection that looks idle may just be between frames
+        // of a deep queue, and running those inline would serialise them.
+        let small = matches!(h.op, Op::Read | Op::Write) && h.length <= INLINE_IO_MAX_BYTES;
+        let idle = inflight.available_permits() == REPLICA_CONN_MAX_INFLIGHT - 1;
+        if small && h.is_quiet() && idle {
+            let reply = execute(&replica, &h, payload);
+            let _ = tx.send(reply).await;
+            drop(permit);
             continue;
         }
         let replica = replica.clone();

@@ -9,7 +9,7 @@
 //! |      0 |    4 | magic        | `FRAME_MAGIC`                                         |
 //! |      4 |    2 | version      | `FRAME_VERSION`                                       |
 //! |      6 |    2 | op           | [`Op`]                                                |
-//! |      8 |    4 | flags        | `FLAG_REPLY`, `FLAG_FUA`, `FLAG_MAY_TRIM`             |
+//! |      8 |    4 | flags        | `FLAG_REPLY`, `FLAG_FUA`, `FLAG_MAY_TRIM`, `FLAG_QUIET`|
 //! |     12 |    4 | status       | replies: [`Status`]; requests: 0                      |
 //! |     16 |    8 | request_id   | chosen by the sender of a request, echoed in the reply |
 //! |     24 |    8 | epoch        | the volume epoch the sender acts in (fencing)         |
@@ -38,7 +38,10 @@ pub const FLAG_REPLY: u32 = 1 << 0;
 pub const FLAG_FUA: u32 = 1 << 1;
 /// Write-zeroes: the replica may deallocate the range instead of writing zeroes.
 pub const FLAG_MAY_TRIM: u32 = 1 << 2;
-const KNOWN_FLAGS: u32 = FLAG_REPLY | FLAG_FUA | FLAG_MAY_TRIM;
+/// A hint: the engine has no other request in flight (queue depth 1), so the replica may run
+/// this request inline instead of handing it to its I/O threads. Never affects the result.
+pub const FLAG_QUIET: u32 = 1 << 3;
+const KNOWN_FLAGS: u32 = FLAG_REPLY | FLAG_FUA | FLAG_MAY_TRIM | FLAG_QUIET;
 
 /// Operations of the replica protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -206,6 +209,10 @@ impl FrameHeader {
 
     pub fn may_trim(&self) -> bool {
         self.flags & FLAG_MAY_TRIM != 0
+    }
+
+    pub fn is_quiet(&self) -> bool {
+        self.flags & FLAG_QUIET != 0
     }
 
     /// Serialise into the fixed little-endian layout, computing the header checksum.
