@@ -37,6 +37,8 @@ struct Inner {
 
 pub struct VolumeEngine {
     volume: String,
+    /// Fixed for the engine's life; read on every request, so kept outside the lock.
+    size: u64,
     epoch: u64,
     replica_ids: Vec<String>,
     handles: Vec<Handle>,
@@ -76,6 +78,7 @@ impl VolumeEngine {
         }
         let ve = Arc::new_cyclic(|me| VolumeEngine {
             volume: req.volume.clone(),
+            size: req.size_bytes,
             epoch: req.epoch,
             replica_ids: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
             handles,
@@ -298,11 +301,7 @@ impl VolumeEngine {
 #[async_trait]
 impl BlockDevice for VolumeEngine {
     fn size(&self) -> u64 {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .engine
-            .size()
+        self.size
     }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, IoError> {
         Ok(self

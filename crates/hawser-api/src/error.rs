@@ -56,3 +56,51 @@ impl ApiError {
         ApiError::new(ErrorCode::InvalidArgument, message)
     }
 }
+
+/// An error with all its causes, `outer: inner: ...`. HTTP clients' own messages hide the
+/// useful part ("connection refused") in the source chain.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// At most `max` characters of `s` (on a character boundary), with "..." when cut, so a
+/// stray HTML page in an error body does not flood the message.
+pub fn truncate_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_includes_causes_and_truncate_respects_char_boundaries() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("request failed")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Outer(std::io::Error::other("connection refused"));
+        assert_eq!(e.to_string(), "request failed");
+        assert_eq!(error_chain(&e), "request failed: connection refused");
+        assert_eq!(truncate_chars("héllo", 2), "hé...");
+        assert_eq!(truncate_chars("ok", 5), "ok");
+    }
+}

@@ -1,6 +1,7 @@
 //! HTTP client for the agents' admin API (`hawser_api::agent`).
 
 use hawser_api::agent::{CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
+use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::{ApiError, ErrorCode};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -134,7 +135,7 @@ impl AgentClient {
         let resp = req.send().await.map_err(|e| AgentError::Unreachable {
             addr: addr.into(),
             connect: e.is_connect(),
-            reason: chain(&e),
+            reason: error_chain(&e),
         })?;
         let status = resp.status();
         if status.is_success() {
@@ -154,19 +155,6 @@ impl AgentClient {
     }
 }
 
-/// An error with its causes: reqwest's own message hides the useful part ("connection
-/// refused") in the source chain.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 /// A non-JSON error body, trimmed so a stray HTML page does not flood the error message.
 fn short(text: &str, status: StatusCode) -> String {
     const MAX: usize = 200;
@@ -174,8 +162,5 @@ fn short(text: &str, status: StatusCode) -> String {
     if t.is_empty() {
         return status.canonical_reason().unwrap_or("error").to_string();
     }
-    match t.char_indices().nth(MAX) {
-        Some((i, _)) => format!("{}...", &t[..i]),
-        None => t.to_string(),
-    }
+    truncate_chars(t, MAX)
 }

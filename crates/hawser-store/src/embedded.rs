@@ -133,6 +133,20 @@ impl EmbeddedStore {
     }
 }
 
+/// The compare-and-swap precondition of every mutation, in one place: `expect` must match
+/// the key's current version (or absence). Returns that version.
+fn check_expect(inner: &Inner, key: &str, expect: Expect) -> Result<Option<u64>> {
+    let found = inner.entries.get(key).map(|v| v.version);
+    if !expect.matches(found) {
+        return Err(StoreError::Conflict {
+            key: key.into(),
+            expected: expect,
+            found,
+        });
+    }
+    Ok(found)
+}
+
 #[async_trait]
 impl Store for EmbeddedStore {
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
@@ -151,27 +165,13 @@ impl Store for EmbeddedStore {
 
     async fn put(&self, key: &str, value: Vec<u8>, expect: Expect) -> Result<u64> {
         let mut inner = self.inner.lock().await;
-        let found = inner.entries.get(key).map(|v| v.version);
-        if !expect.matches(found) {
-            return Err(StoreError::Conflict {
-                key: key.into(),
-                expected: expect,
-                found,
-            });
-        }
+        check_expect(&inner, key, expect)?;
         self.mutate(&mut inner, key, Some(value)).await
     }
 
     async fn delete(&self, key: &str, expect: Expect) -> Result<()> {
         let mut inner = self.inner.lock().await;
-        let found = inner.entries.get(key).map(|v| v.version);
-        if !expect.matches(found) {
-            return Err(StoreError::Conflict {
-                key: key.into(),
-                expected: expect,
-                found,
-            });
-        }
+        let found = check_expect(&inner, key, expect)?;
         if found.is_some() {
             self.mutate(&mut inner, key, None).await?;
         }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::ApiError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -39,7 +40,7 @@ impl Client {
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .build()
-            .map_err(|e| CliError::Client(chain(&e)))?;
+            .map_err(|e| CliError::Client(error_chain(&e)))?;
         Ok(Client {
             base: base.trim_end_matches('/').to_string(),
             http,
@@ -80,12 +81,12 @@ impl Client {
         }
         let resp = req.send().map_err(|e| CliError::Unreachable {
             url: self.base.clone(),
-            reason: chain(&e),
+            reason: error_chain(&e),
         })?;
         let status = resp.status().as_u16();
         let text = resp.text().map_err(|e| CliError::Unreachable {
             url: self.base.clone(),
-            reason: chain(&e),
+            reason: error_chain(&e),
         })?;
         if (200..300).contains(&status) {
             return Ok(text);
@@ -95,7 +96,7 @@ impl Client {
             Err(_) => Err(CliError::BadResponse {
                 url,
                 status,
-                body: truncate(&text),
+                body: truncate_chars(&text, 300),
             }),
         }
     }
@@ -104,28 +105,7 @@ impl Client {
         serde_json::from_str(body).map_err(|e| CliError::BadResponse {
             url: format!("{}{path}", self.base),
             status: 200,
-            body: format!("{e}: {}", truncate(body)),
+            body: format!("{e}: {}", truncate_chars(body, 300)),
         })
-    }
-}
-
-/// An error with its causes: reqwest's own message hides the useful part ("connection
-/// refused") in the source chain.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-fn truncate(s: &str) -> String {
-    const MAX: usize = 300;
-    match s.char_indices().nth(MAX) {
-        Some((i, _)) => format!("{}...", &s[..i]),
-        None => s.to_string(),
     }
 }
