@@ -1,110 +1,286 @@
 //! The volume engine: fans client requests out to replicas and decides when each may be
 //! acknowledged. See docs/protocol.md for the argument this code implements; in short:
 //!
-//! - Modifying requests and flushes go to every in-sync replica. One completes when *every*
-//!   replica has answered, and is acknowledged as a success when at least one succeeded and
-//!   every replica that did not succeed has been removed from the in-sync set by the control
-//!   plane (`Command::Outdate`, answered by `on_outdate_done`). Until then it waits: an
-//!   acknowledged write is on every replica the store calls in-sync.
+//! - Modifying requests and flushes go to every replica that receives writes (in-sync, and
+//!   syncing ones so they do not fall further behind). One completes when every such replica
+//!   has answered. It is acknowledged when at least one succeeded and every replica that the
+//!   store may still call in-sync and that did not succeed has been resolved: removed from the
+//!   in-sync set by the control plane (`Command::Outdate`, answered by `on_outdate_done`), or
+//!   brought back in sync by a resync that copied the write. Until then it waits ("parked",
+//!   holding no range lock): an acknowledged write is on every replica the store calls in-sync.
+//! - A replica may leave the in-sync set only if enough remain (`Quorum`); otherwise it is
+//!   `Down` and writes it misses wait for it to return (or fail, per `NoQuorum`). Nothing is
+//!   acknowledged that a quorum does not have, and replicas never diverge.
+//! - Every replica not receiving writes has a dirty bitmap of the chunks it lacks. When it
+//!   reconnects it becomes `Syncing`: it receives new writes, and the engine copies its dirty
+//!   chunks from an in-sync replica (`resync.rs`), then makes it in-sync again through the
+//!   control plane.
 //! - When every replica fails a request, it fails with their error and no replica is outdated
 //!   (no replica has anything the others lack).
-//! - Reads go to the local replica when it is in sync, else to another in-sync one; a failed
-//!   read is retried on the next in-sync replica.
+//! - Reads go to the local in-sync replica when there is one, else to another in-sync one; a
+//!   failed read is retried on the next in-sync replica.
 //! - A replica answering "stale epoch" means a newer engine exists: this engine fences itself
 //!   and fails everything with `IoError::ShutDown`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
-use crate::constants::MAX_REPLICAS;
+use crate::bitmap::ChunkMap;
+use crate::constants::{
+    DEFAULT_CHUNK_BYTES, DEFAULT_RESYNC_PARALLEL, DEFAULT_RESYNC_UNIT_BYTES, INTERNAL_TAG_BASE,
+    MAX_REPLICAS,
+};
 use crate::io_error::IoError;
-use crate::range_lock::RangeLock;
+use crate::range_lock::{span, RangeLock};
+use crate::resync::Copy;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId, Tag};
+use crate::unflushed::Unflushed;
 
 /// A replica's membership as this engine sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Membership {
+    /// Has every acknowledged write; receives writes; serves reads; a resync source.
     InSync,
+    /// Lost, but leaving the in-sync set would break the quorum: it stays in-sync in the store
+    /// and writes it misses wait (or fail) until it returns and is resynced.
+    Down,
     /// `Command::Outdate` sent, not yet confirmed. Gets no new requests; writes it missed wait.
     Outdating,
-    /// Confirmed out of the in-sync set by the control plane.
+    /// Confirmed out of the in-sync set by the control plane; its dirty bitmap grows.
     Outdated,
+    /// Reconnected: receives writes while its dirty chunks are copied to it.
+    Syncing,
+    /// Resynced; `Command::MarkInSync` sent, not yet confirmed. Receives writes.
+    Marking,
+    /// Disk error: out of the in-sync set for good (as far as this engine goes).
+    Failed,
+}
+
+/// What the engine does when a replica must leave but the quorum forbids it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NoQuorum {
+    /// Writes the replica missed wait until it returns (or the quorum allows outdating it).
+    #[default]
+    Suspend,
+    /// Writes the replica missed fail with an I/O error (their range is resynced later).
+    Fail,
+}
+
+/// How many in-sync replicas must remain for one to be removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Quorum {
+    /// A majority of the volume's replicas, or exactly half with the cluster store as the
+    /// tie-breaker (the outdate is a compare-and-swap the store arbitrates). Two replicas
+    /// survive the loss of one; three survive the loss of one, not two.
+    #[default]
+    Majority,
+    /// Any one in-sync replica (the store still arbitrates every removal).
+    Any,
 }
 
 #[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    pub chunk_bytes: u64,
+    pub quorum: Quorum,
+    pub no_quorum: NoQuorum,
+    pub resync_unit_bytes: u64,
+    pub resync_parallel: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            quorum: Quorum::default(),
+            no_quorum: NoQuorum::default(),
+            resync_unit_bytes: DEFAULT_RESYNC_UNIT_BYTES,
+            resync_parallel: DEFAULT_RESYNC_PARALLEL,
+        }
+    }
+}
+
+/// A replica's state when the engine starts, from the cluster store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Initial {
+    InSync,
+    /// Out of sync; `dirty` is what it lacks, `None` when unknown (everything is copied).
+    Outdated {
+        dirty: Option<ChunkMap>,
+    },
+    Failed,
+}
+
+#[derive(Clone, Debug)]
 pub struct ReplicaSpec {
     /// On this node: reads prefer it.
     pub local: bool,
+    pub initial: Initial,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    spec: ReplicaSpec,
-    membership: Membership,
+impl ReplicaSpec {
+    pub fn in_sync(local: bool) -> ReplicaSpec {
+        ReplicaSpec {
+            local,
+            initial: Initial::InSync,
+        }
+    }
+}
+
+/// What `Engine::replica_view` reports about one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaView {
+    pub membership: Membership,
+    pub connected: bool,
+    /// Bytes of dirty chunks still to copy.
+    pub dirty_bytes: u64,
+    /// Bytes copied by resync so far in this engine's life.
+    pub copied_bytes: u64,
+}
+
+pub(crate) struct Slot {
+    pub local: bool,
+    pub membership: Membership,
+    /// While `Syncing`: whether the store still lists it in-sync (it was `Down`, never
+    /// outdated), so writes it misses cannot be acknowledged until it is resynced.
+    pub store_in_sync: bool,
+    /// The driver has a live session with it.
+    pub connected: bool,
+    /// A disk error was seen: it leaves as failed and is never resynced.
+    pub failed: bool,
+    /// Lost while `Marking`: decided when the store answers.
+    pub lost_while_marking: bool,
+    /// Chunks it may lack (always empty while `InSync`).
+    pub dirty: ChunkMap,
+    /// Chunks that were not yet durable when it was lost (copied if its node rebooted).
+    pub unflushed_at_loss: Vec<(u64, u64)>,
+    /// Resync copies in flight to it, and the final resync flush.
+    pub copies: u32,
+    pub sync_flushing: bool,
+    /// Where the next resync copy starts (chunk index).
+    pub cursor: u64,
+    pub copied_bytes: u64,
 }
 
 /// Bit set of replicas (MAX_REPLICAS <= 32).
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-struct Set(u32);
+pub(crate) struct Set(pub u32);
 
 impl Set {
-    fn add(&mut self, r: ReplicaIdx) {
+    pub fn add(&mut self, r: ReplicaIdx) {
         self.0 |= 1 << r.0;
     }
-    fn has(self, r: ReplicaIdx) -> bool {
+    pub fn remove(&mut self, r: ReplicaIdx) {
+        self.0 &= !(1 << r.0);
+    }
+    pub fn has(self, r: ReplicaIdx) -> bool {
         self.0 & (1 << r.0) != 0
     }
-    fn is_empty(self) -> bool {
+    pub fn is_empty(self) -> bool {
         self.0 == 0
     }
 }
 
-struct Pending {
-    op: ClientOp,
+pub(crate) struct Pending {
+    pub op: ClientOp,
     /// Sub-requests not yet answered.
-    outstanding: u32,
-    succeeded: Set,
-    failed: Set,
+    pub outstanding: u32,
+    pub succeeded: Set,
+    /// Replicas that failed it, and those of them with a disk error.
+    pub failed: Set,
+    pub io_failed: Set,
     /// Worst failure seen, for the error when every replica failed.
-    failure: Option<ReplicaFailure>,
+    pub failure: Option<ReplicaFailure>,
     /// Reads: replicas already tried.
-    tried: Set,
+    pub tried: Set,
     /// Read data from the successful replica.
-    data: Option<bytes::Bytes>,
+    pub data: Option<bytes::Bytes>,
+    /// Parked: replicas that missed it and still have to be resolved (outdated or resynced).
+    pub missed: Option<Set>,
+}
+
+/// What waits in the range lock: a client request or a resync copy.
+pub(crate) enum Work {
+    Client(ClientOp),
+    /// A resync copy; its state is in `Engine::copies` under the same tag.
+    Copy,
 }
 
 pub struct Engine {
-    size: u64,
-    slots: Vec<Slot>,
-    pending: HashMap<Tag, Pending>,
-    subs: HashMap<SubId, (Tag, ReplicaIdx)>,
-    next_sub: SubId,
-    locks: RangeLock,
-    /// Modifying requests and flushes whose sub-requests are all answered, waiting for an
-    /// outdate to be confirmed before they can be acknowledged. Ordered for determinism.
-    parked: BTreeMap<Tag, ()>,
-    fenced: bool,
+    pub(crate) size: u64,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) pending: HashMap<Tag, Pending>,
+    pub(crate) subs: HashMap<SubId, (Tag, ReplicaIdx)>,
+    pub(crate) next_sub: SubId,
+    pub(crate) locks: RangeLock<Work>,
+    /// Parked requests, ordered for determinism.
+    pub(crate) parked: BTreeSet<Tag>,
+    pub(crate) copies: HashMap<Tag, Copy>,
+    pub(crate) next_internal: Tag,
+    pub(crate) unflushed: Unflushed,
+    pub(crate) fenced: bool,
 }
 
 impl Engine {
-    pub fn new(size: u64, replicas: &[ReplicaSpec]) -> Engine {
+    /// An engine whose replicas are all in sync, with the default configuration.
+    pub fn new(size: u64, local: &[bool]) -> Engine {
+        let specs: Vec<ReplicaSpec> = local.iter().map(|&l| ReplicaSpec::in_sync(l)).collect();
+        Engine::with_config(size, &specs, EngineConfig::default())
+    }
+
+    /// Replicas that start `InSync` are taken as connected (the driver reports the ones it
+    /// could not reach with `on_replica_lost`); the others wait for `on_replica_connected`.
+    pub fn with_config(size: u64, replicas: &[ReplicaSpec], cfg: EngineConfig) -> Engine {
         assert!(
             !replicas.is_empty() && replicas.len() <= MAX_REPLICAS,
             "1..=8 replicas"
         );
+        assert!(
+            cfg.chunk_bytes.is_power_of_two() && cfg.chunk_bytes >= 4096,
+            "chunk size"
+        );
+        assert!(cfg.resync_unit_bytes >= cfg.chunk_bytes && cfg.resync_parallel > 0);
+        let slots = replicas
+            .iter()
+            .map(|spec| {
+                let (membership, dirty) = match &spec.initial {
+                    Initial::InSync => (Membership::InSync, ChunkMap::new(size, cfg.chunk_bytes)),
+                    Initial::Outdated { dirty: Some(d) } => {
+                        assert_eq!(d.chunk_bytes(), cfg.chunk_bytes, "bitmap geometry");
+                        (Membership::Outdated, d.clone())
+                    }
+                    Initial::Outdated { dirty: None } => {
+                        (Membership::Outdated, ChunkMap::full(size, cfg.chunk_bytes))
+                    }
+                    Initial::Failed => (Membership::Failed, ChunkMap::new(size, cfg.chunk_bytes)),
+                };
+                Slot {
+                    local: spec.local,
+                    membership,
+                    store_in_sync: membership == Membership::InSync,
+                    connected: membership == Membership::InSync,
+                    failed: membership == Membership::Failed,
+                    lost_while_marking: false,
+                    dirty,
+                    unflushed_at_loss: Vec::new(),
+                    copies: 0,
+                    sync_flushing: false,
+                    cursor: 0,
+                    copied_bytes: 0,
+                }
+            })
+            .collect();
         Engine {
             size,
-            slots: replicas
-                .iter()
-                .map(|&spec| Slot {
-                    spec,
-                    membership: Membership::InSync,
-                })
-                .collect(),
+            cfg,
+            slots,
             pending: HashMap::new(),
             subs: HashMap::new(),
             next_sub: 1,
             locks: RangeLock::default(),
-            parked: BTreeMap::new(),
+            parked: BTreeSet::new(),
+            copies: HashMap::new(),
+            next_internal: INTERNAL_TAG_BASE,
+            unflushed: Unflushed::default(),
             fenced: false,
         }
     }
@@ -113,8 +289,31 @@ impl Engine {
         self.size
     }
 
+    pub fn config(&self) -> EngineConfig {
+        self.cfg
+    }
+
+    pub fn replicas(&self) -> usize {
+        self.slots.len()
+    }
+
     pub fn membership(&self, r: ReplicaIdx) -> Membership {
-        self.slots[usize::from(r.0)].membership
+        self.slot(r).membership
+    }
+
+    pub fn replica_view(&self, r: ReplicaIdx) -> ReplicaView {
+        let s = self.slot(r);
+        ReplicaView {
+            membership: s.membership,
+            connected: s.connected,
+            dirty_bytes: s.dirty.bytes(),
+            copied_bytes: s.copied_bytes,
+        }
+    }
+
+    /// The dirty chunks of `r` (what a resync would copy).
+    pub fn dirty(&self, r: ReplicaIdx) -> &ChunkMap {
+        &self.slot(r).dirty
     }
 
     pub fn in_sync(&self) -> Vec<ReplicaIdx> {
@@ -127,18 +326,73 @@ impl Engine {
         self.fenced
     }
 
-    /// Client requests in flight (including queued and parked ones).
+    /// Requests in flight: client requests (including queued and parked ones) and resync
+    /// copies.
     pub fn in_flight(&self) -> usize {
-        self.pending.len() + self.locks.waiting()
+        self.pending.len() + self.locks.waiting() + self.copies.len()
     }
 
-    fn indices(&self) -> impl Iterator<Item = ReplicaIdx> + '_ {
+    /// Something was written since the last flush started: the driver should flush in the
+    /// background now and then, so a replica whose node crashes has little to recopy.
+    pub fn wants_flush(&self) -> bool {
+        self.unflushed.pending() && !self.fenced
+    }
+
+    /// Whether the driver should (re)connect to `r`: it is out of sync or down and not failed.
+    pub fn wants_connection(&self, r: ReplicaIdx) -> bool {
+        let s = self.slot(r);
+        !self.fenced
+            && !s.connected
+            && !s.failed
+            && matches!(
+                s.membership,
+                Membership::Down | Membership::Outdated | Membership::Outdating
+            )
+    }
+
+    pub(crate) fn slot(&self, r: ReplicaIdx) -> &Slot {
+        &self.slots[usize::from(r.0)]
+    }
+
+    pub(crate) fn slot_mut(&mut self, r: ReplicaIdx) -> &mut Slot {
+        &mut self.slots[usize::from(r.0)]
+    }
+
+    pub(crate) fn indices(&self) -> impl Iterator<Item = ReplicaIdx> + '_ {
         // slots.len() <= MAX_REPLICAS, so the index fits in u8.
         (0..self.slots.len()).map(|i| ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS")))
     }
 
+    /// Replicas that receive modifying requests and flushes.
+    fn receivers(&self) -> Vec<ReplicaIdx> {
+        self.indices()
+            .filter(|&r| {
+                let s = self.slot(r);
+                s.connected
+                    && matches!(
+                        s.membership,
+                        Membership::InSync | Membership::Syncing | Membership::Marking
+                    )
+            })
+            .collect()
+    }
+
+    /// Whether the store may list `r` as in-sync, so that a write it lacks cannot be
+    /// acknowledged before `r` is resolved.
+    pub(crate) fn blocks_ack(&self, r: ReplicaIdx) -> bool {
+        let s = self.slot(r);
+        match s.membership {
+            Membership::InSync | Membership::Down | Membership::Outdating | Membership::Marking => {
+                true
+            }
+            Membership::Syncing => s.store_in_sync,
+            Membership::Outdated | Membership::Failed => false,
+        }
+    }
+
     /// Accept a client request. Its completion comes as a `Command::Complete` now or later.
     pub fn submit(&mut self, tag: Tag, op: ClientOp, out: &mut Vec<Command>) {
+        assert!(tag < INTERNAL_TAG_BASE, "client tags stay below 2^63");
         assert!(
             !self.pending.contains_key(&tag),
             "tag {tag} already in flight"
@@ -157,7 +411,8 @@ impl Engine {
             });
             return;
         }
-        if let Some(op) = self.locks.acquire(tag, op) {
+        let range = span(&op);
+        if let Some(Work::Client(op)) = self.locks.acquire(tag, range, Work::Client(op)) {
             self.start(tag, op, out);
         }
     }
@@ -172,18 +427,28 @@ impl Engine {
         aligned && offset.checked_add(len).is_some_and(|end| end <= self.size)
     }
 
+    /// Start work that got its range: a client request or a resync copy.
+    pub(crate) fn start_work(&mut self, tag: Tag, work: Work, out: &mut Vec<Command>) {
+        match work {
+            Work::Client(op) => self.start(tag, op, out),
+            Work::Copy => self.copy_locked(tag, out),
+        }
+    }
+
     fn start(&mut self, tag: Tag, op: ClientOp, out: &mut Vec<Command>) {
         let mut p = Pending {
             op,
             outstanding: 0,
             succeeded: Set::default(),
             failed: Set::default(),
+            io_failed: Set::default(),
             failure: None,
             tried: Set::default(),
             data: None,
+            missed: None,
         };
-        if matches!(p.op, ClientOp::Read { .. }) {
-            match self.pick_reader(p.tried) {
+        match &p.op {
+            ClientOp::Read { .. } => match self.pick_reader(p.tried) {
                 Some(r) => self.send(tag, &mut p, r, out),
                 None => {
                     out.push(Command::Complete {
@@ -192,21 +457,38 @@ impl Engine {
                     });
                     return;
                 }
+            },
+            ClientOp::Flush => {
+                self.unflushed.flush_started(tag);
+                for r in self.receivers() {
+                    self.send(tag, &mut p, r, out);
+                }
             }
-        } else {
-            for r in self.in_sync() {
-                self.send(tag, &mut p, r, out);
+            modifying => {
+                let (offset, len) = modifying.write_range().unwrap_or((0, 0));
+                let receivers = self.receivers();
+                let chunk = self.cfg.chunk_bytes;
+                let (first, end) = self.slots[0].dirty.chunk_span(offset, len);
+                self.unflushed.wrote(first, end);
+                // Replicas that will not get this write lack it from now on.
+                for r in self.indices().collect::<Vec<_>>() {
+                    if !receivers.contains(&r) && self.slot(r).membership != Membership::Failed {
+                        self.slot_mut(r).dirty.set_chunks(first, end);
+                    }
+                }
+                debug_assert_eq!(chunk, self.slots[0].dirty.chunk_bytes());
+                for r in receivers {
+                    self.send(tag, &mut p, r, out);
+                }
             }
         }
         self.pending.insert(tag, p);
-        // A request sent to no replica at all (none in sync) finishes at once.
+        // A request sent to no replica at all finishes at once.
         self.try_finish(tag, out);
     }
 
     fn send(&mut self, tag: Tag, p: &mut Pending, r: ReplicaIdx, out: &mut Vec<Command>) {
-        let sub = self.next_sub;
-        self.next_sub += 1;
-        self.subs.insert(sub, (tag, r));
+        let sub = self.new_sub(tag, r);
         p.outstanding += 1;
         if matches!(p.op, ClientOp::Read { .. }) {
             p.tried.add(r);
@@ -215,17 +497,25 @@ impl Engine {
             replica: r,
             sub,
             op: p.op.clone(),
+            background: false,
         });
     }
 
+    pub(crate) fn new_sub(&mut self, tag: Tag, r: ReplicaIdx) -> SubId {
+        let sub = self.next_sub;
+        self.next_sub += 1;
+        self.subs.insert(sub, (tag, r));
+        sub
+    }
+
     /// Local in-sync replica first, then the lowest-numbered in-sync one not yet tried.
-    fn pick_reader(&self, tried: Set) -> Option<ReplicaIdx> {
+    pub(crate) fn pick_reader(&self, tried: Set) -> Option<ReplicaIdx> {
         let candidates = || {
             self.indices()
                 .filter(move |&r| self.membership(r) == Membership::InSync && !tried.has(r))
         };
         candidates()
-            .find(|&r| self.slots[usize::from(r.0)].spec.local)
+            .find(|&r| self.slot(r).local)
             .or_else(|| candidates().next())
     }
 
@@ -236,6 +526,10 @@ impl Engine {
         };
         if result == Err(ReplicaFailure::StaleEpoch) {
             self.fence(out);
+            return;
+        }
+        if tag >= INTERNAL_TAG_BASE {
+            self.on_copy_reply(tag, r, result, out);
             return;
         }
         let Some(mut p) = self.pending.remove(&tag) else {
@@ -252,77 +546,44 @@ impl Engine {
                 if p.data.is_none() {
                     p.data = data;
                 }
+                self.pending.insert(tag, p);
             }
             Err(f) => {
-                p.failed.add(r);
                 p.failure = Some(worse(p.failure, f));
-                if matches!(p.op, ClientOp::Read { .. }) {
-                    self.read_failed(tag, &mut p, r, out);
+                p.failed.add(r);
+                if f == ReplicaFailure::Io {
+                    p.io_failed.add(r);
+                }
+                let is_read = matches!(p.op, ClientOp::Read { .. });
+                self.pending.insert(tag, p);
+                if is_read {
+                    // Another replica can serve it: this one leaves (a disk error marks it
+                    // failed) and the read is retried.
+                    self.leave(r, f == ReplicaFailure::Io, out);
+                    self.retry_read(tag, out);
                 }
             }
         }
-        self.pending.insert(tag, p);
         self.try_finish(tag, out);
     }
 
-    /// A failed read: outdate that replica if another can serve, and retry elsewhere.
-    fn read_failed(&mut self, tag: Tag, p: &mut Pending, r: ReplicaIdx, out: &mut Vec<Command>) {
-        self.begin_outdate(r, out);
-        if let Some(next) = self.pick_reader(p.tried) {
-            self.send(tag, p, next, out);
-        }
-    }
-
-    /// The connection to replica `r` is gone: every request in flight on it fails, and it
-    /// leaves the in-sync set if another replica remains.
-    pub fn on_replica_lost(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
-        let mut lost: Vec<SubId> = self
-            .subs
-            .iter()
-            .filter(|(_, &(_, sr))| sr == r)
-            .map(|(&s, _)| s)
-            .collect();
-        lost.sort_unstable();
-        for sub in lost {
-            self.on_reply(sub, Err(ReplicaFailure::Lost), out);
-        }
-        if !self.fenced {
-            self.begin_outdate(r, out);
-        }
-    }
-
-    /// Start removing `r` from the in-sync set, unless it is the last in-sync replica (the
-    /// last copy is never given up; requests fail instead).
-    fn begin_outdate(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
-        let idx = usize::from(r.0);
-        if self.slots[idx].membership != Membership::InSync || self.in_sync().len() <= 1 {
+    /// A failed read: try the next in-sync replica not yet tried, if any.
+    fn retry_read(&mut self, tag: Tag, out: &mut Vec<Command>) {
+        let Some(mut p) = self.pending.remove(&tag) else {
             return;
+        };
+        if let Some(next) = self.pick_reader(p.tried) {
+            self.send(tag, &mut p, next, out);
         }
-        self.slots[idx].membership = Membership::Outdating;
-        out.push(Command::Outdate { replica: r });
+        self.pending.insert(tag, p);
     }
 
-    /// The control plane confirmed `r` is out of the in-sync set.
-    pub fn on_outdate_done(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
-        let idx = usize::from(r.0);
-        assert_eq!(
-            self.slots[idx].membership,
-            Membership::Outdating,
-            "unexpected outdate"
-        );
-        self.slots[idx].membership = Membership::Outdated;
-        let parked: Vec<Tag> = self.parked.keys().copied().collect();
-        for tag in parked {
-            self.try_finish(tag, out);
-        }
-    }
-
-    /// The control plane refused an outdate because a newer epoch exists.
+    /// The control plane refused an outdate or mark because a newer epoch exists.
     pub fn on_fenced(&mut self, out: &mut Vec<Command>) {
         self.fence(out);
     }
 
-    fn fence(&mut self, out: &mut Vec<Command>) {
+    pub(crate) fn fence(&mut self, out: &mut Vec<Command>) {
         if self.fenced {
             return;
         }
@@ -339,7 +600,11 @@ impl Engine {
 
     fn fail_all(&mut self, e: IoError, out: &mut Vec<Command>) {
         let mut tags: Vec<Tag> = self.pending.keys().copied().collect();
-        tags.extend(self.locks.drain_waiting().into_iter().map(|(t, _)| t));
+        for (t, work) in self.locks.drain_waiting() {
+            if matches!(work, Work::Client(_)) {
+                tags.push(t);
+            }
+        }
         tags.sort_unstable();
         for tag in tags {
             out.push(Command::Complete {
@@ -350,10 +615,15 @@ impl Engine {
         self.pending.clear();
         self.subs.clear();
         self.parked.clear();
+        self.copies.clear();
+        for s in &mut self.slots {
+            s.copies = 0;
+            s.sync_flushing = false;
+        }
     }
 
     /// Complete `tag` if every sub-request is answered and the rule in the module doc allows.
-    fn try_finish(&mut self, tag: Tag, out: &mut Vec<Command>) {
+    pub(crate) fn try_finish(&mut self, tag: Tag, out: &mut Vec<Command>) {
         let Some(p) = self.pending.get(&tag) else {
             return;
         };
@@ -361,42 +631,109 @@ impl Engine {
             return;
         }
         let (succeeded, failure) = (p.succeeded, p.failure);
-        let result = if matches!(p.op, ClientOp::Read { .. }) {
+        let is_read = matches!(p.op, ClientOp::Read { .. });
+        let is_flush = matches!(p.op, ClientOp::Flush);
+        let result = if is_read {
             if succeeded.is_empty() {
                 Err(failure_to_io(failure))
             } else {
                 Ok(Some(p.data.clone().unwrap_or_default()))
             }
         } else if succeeded.is_empty() {
+            // Failed everywhere: no replica has anything the others lack, so none leaves
+            // (a full disk everywhere is the client's ENOSPC, not a reason to degrade).
             Err(failure_to_io(failure))
         } else {
-            // Every replica that did not take this request must leave the in-sync set first.
-            let missed: Vec<ReplicaIdx> = self.indices().filter(|&r| !succeeded.has(r)).collect();
-            for &r in &missed {
-                self.begin_outdate(r, out);
+            if p.missed.is_none() {
+                // First time complete: replicas that failed it lack it; they leave.
+                let (failed, io_failed, range) = (p.failed, p.io_failed, p.op.write_range());
+                for r in self.indices().collect::<Vec<_>>() {
+                    if failed.has(r) {
+                        if let Some((offset, len)) = range {
+                            self.slot_mut(r).dirty.set_bytes(offset, len);
+                        }
+                        self.leave(r, io_failed.has(r), out);
+                    }
+                }
             }
-            if missed
-                .iter()
-                .any(|&r| self.membership(r) == Membership::InSync)
-            {
-                // A replica that lacks this write must stay in sync (it is the last one): the
-                // write cannot be acknowledged. Its range is undefined, as for any failed write.
-                Err(failure_to_io(failure))
-            } else if missed
-                .iter()
-                .any(|&r| self.membership(r) == Membership::Outdating)
-            {
-                self.parked.insert(tag, ());
+            let Some(p) = self.pending.get(&tag) else {
                 return;
-            } else {
+            };
+            // Every replica the store may call in-sync that lacks this request must be
+            // resolved first (outdated, or resynced), unless policy says fail.
+            let missed = match p.missed {
+                Some(m) => m,
+                None => {
+                    let mut m = Set::default();
+                    for r in self.indices() {
+                        if !succeeded.has(r) && self.blocks_ack(r) {
+                            m.add(r);
+                        }
+                    }
+                    m
+                }
+            };
+            if missed.is_empty() {
                 Ok(None)
+            } else if self.cfg.no_quorum == NoQuorum::Fail
+                && self
+                    .indices()
+                    .any(|r| missed.has(r) && self.membership(r) == Membership::Down)
+            {
+                Err(IoError::Io)
+            } else {
+                if let Some(p) = self.pending.get_mut(&tag) {
+                    if p.missed.is_none() {
+                        p.missed = Some(missed);
+                        self.parked.insert(tag);
+                        // Done on every replica it went to: it holds no lock while it waits,
+                        // so resync can copy its range and later writes can proceed.
+                        self.release(tag, out);
+                    }
+                }
+                return;
             }
         };
-        self.parked.remove(&tag);
+        if is_flush {
+            match result {
+                Ok(_) => self.unflushed.flush_succeeded(tag),
+                Err(_) => self.unflushed.flush_failed(tag),
+            }
+        }
+        let was_parked = self.parked.remove(&tag);
         self.pending.remove(&tag);
         out.push(Command::Complete { tag, result });
-        for (t, op) in self.locks.release(tag) {
-            self.start(t, op, out);
+        if !was_parked {
+            self.release(tag, out);
+        }
+    }
+
+    /// Release `tag`'s range and start what was waiting for it.
+    pub(crate) fn release(&mut self, tag: Tag, out: &mut Vec<Command>) {
+        for (t, work) in self.locks.release(tag) {
+            self.start_work(t, work, out);
+        }
+    }
+
+    /// `r` no longer holds up parked requests (outdated, failed, or resynced): finish those
+    /// that were waiting only for it.
+    pub(crate) fn resolve(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        let parked: Vec<Tag> = self.parked.iter().copied().collect();
+        for tag in parked {
+            if let Some(p) = self.pending.get_mut(&tag) {
+                if let Some(m) = &mut p.missed {
+                    m.remove(r);
+                }
+            }
+            self.try_finish(tag, out);
+        }
+    }
+
+    /// Re-check parked requests after a replica went `Down` under the fail policy.
+    pub(crate) fn recheck_parked(&mut self, out: &mut Vec<Command>) {
+        let parked: Vec<Tag> = self.parked.iter().copied().collect();
+        for tag in parked {
+            self.try_finish(tag, out);
         }
     }
 }

@@ -4,13 +4,20 @@
 //! knows no clock or runtime, so the agent drives it with tokio and a simulator can drive it
 //! from one seed.
 
+pub mod bitmap;
 pub mod constants;
 pub mod engine;
 pub mod io_error;
+mod membership;
 pub mod range_lock;
+mod resync;
 pub mod types;
+mod unflushed;
 
-pub use engine::{Engine, Membership, ReplicaSpec};
+pub use bitmap::ChunkMap;
+pub use engine::{
+    Engine, EngineConfig, Initial, Membership, NoQuorum, Quorum, ReplicaSpec, ReplicaView,
+};
 pub use io_error::IoError;
 pub use types::{
     ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaOp, ReplicaResult, SubId, Tag,

@@ -10,67 +10,82 @@ use std::collections::VecDeque;
 
 use crate::types::{ClientOp, Tag};
 
-#[derive(Default)]
-pub struct RangeLock {
+/// A byte range `[start, end)`; `None` for requests that hold nothing (reads, flushes).
+type Span = Option<(u64, u64)>;
+
+/// Held ranges and the requests waiting for them. `T` is what a waiting request carries (the
+/// engine queues client requests and its own resync copies in one line, so neither overtakes
+/// the other).
+pub struct RangeLock<T> {
     /// (start, end, tag) of modifying requests in flight.
     held: Vec<(u64, u64, Tag)>,
     /// Requests waiting for an overlapping one to finish, oldest first.
-    waiting: VecDeque<(Tag, ClientOp)>,
+    waiting: VecDeque<(Tag, Span, T)>,
+}
+
+impl<T> Default for RangeLock<T> {
+    fn default() -> Self {
+        RangeLock {
+            held: Vec::new(),
+            waiting: VecDeque::new(),
+        }
+    }
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
-fn span(op: &ClientOp) -> Option<(u64, u64)> {
+/// The byte range `[start, end)` a client request must hold; `None` for reads and flushes.
+pub fn span(op: &ClientOp) -> Option<(u64, u64)> {
     op.write_range()
         .map(|(off, len)| (off, off.saturating_add(len)))
 }
 
-impl RangeLock {
-    /// Try to take the range of `op`. Returns the op back if it may start now, or `None` if it
-    /// was queued behind an overlapping request.
-    pub fn acquire(&mut self, tag: Tag, op: ClientOp) -> Option<ClientOp> {
-        let Some(range) = span(&op) else {
-            return Some(op);
+impl<T> RangeLock<T> {
+    /// Try to take `range` for `tag`. Returns the item back if it may start now, or `None` if
+    /// it was queued behind an overlapping holder or waiter. `None` ranges never wait.
+    pub fn acquire(&mut self, tag: Tag, range: Option<(u64, u64)>, item: T) -> Option<T> {
+        let Some(range) = range else {
+            return Some(item);
         };
         let blocked = self.held.iter().any(|h| overlaps((h.0, h.1), range))
             || self
                 .waiting
                 .iter()
-                .any(|(_, w)| span(w).is_some_and(|r| overlaps(r, range)));
+                .any(|(_, w, _)| w.is_some_and(|r| overlaps(r, range)));
         if blocked {
-            self.waiting.push_back((tag, op));
+            self.waiting.push_back((tag, Some(range), item));
             None
         } else {
             self.held.push((range.0, range.1, tag));
-            Some(op)
+            Some(item)
         }
     }
 
     /// Release the range held by `tag` and return the waiting requests that may start now
     /// (their ranges are taken on their behalf), in arrival order.
-    pub fn release(&mut self, tag: Tag) -> Vec<(Tag, ClientOp)> {
+    pub fn release(&mut self, tag: Tag) -> Vec<(Tag, T)> {
         let Some(pos) = self.held.iter().position(|h| h.2 == tag) else {
             return Vec::new();
         };
         self.held.swap_remove(pos);
         let mut ready = Vec::new();
-        let mut still: VecDeque<(Tag, ClientOp)> = VecDeque::new();
-        while let Some((t, op)) = self.waiting.pop_front() {
-            let Some(range) = span(&op) else {
-                ready.push((t, op));
+        let mut still: VecDeque<(Tag, Span, T)> = VecDeque::new();
+        while let Some((t, range, item)) = self.waiting.pop_front() {
+            let Some(r) = range else {
+                ready.push((t, item));
                 continue;
             };
-            let blocked = self.held.iter().any(|h| overlaps((h.0, h.1), range))
+            let blocked = self.held.iter().any(|h| overlaps((h.0, h.1), r))
                 || still
                     .iter()
-                    .any(|(_, w)| span(w).is_some_and(|r| overlaps(r, range)));
+                    .any(|(_, w, _)| w.is_some_and(|w| overlaps(w, r)));
             if blocked {
-                still.push_back((t, op));
+                still.push_back((t, range, item));
             } else {
-                self.held.push((range.0, range.1, t));
-                ready.push((t, op));
+                self.held.push((r.0, r.1, t));
+                ready.push((t, item));
             }
         }
         self.waiting = still;
@@ -78,9 +93,9 @@ impl RangeLock {
     }
 
     /// Drop everything (engine shutdown); returns the waiting requests.
-    pub fn drain_waiting(&mut self) -> Vec<(Tag, ClientOp)> {
+    pub fn drain_waiting(&mut self) -> Vec<(Tag, T)> {
         self.held.clear();
-        self.waiting.drain(..).collect()
+        self.waiting.drain(..).map(|(t, _, i)| (t, i)).collect()
     }
 
     pub fn held(&self) -> usize {
@@ -107,21 +122,25 @@ mod tests {
 
     #[test]
     fn disjoint_writes_do_not_wait() {
-        let mut l = RangeLock::default();
-        assert!(l.acquire(1, w(0, 4096)).is_some());
-        assert!(l.acquire(2, w(4096, 4096)).is_some());
+        let mut l: RangeLock<ClientOp> = RangeLock::default();
+        assert!(l.acquire(1, span(&w(0, 4096)), w(0, 4096)).is_some());
+        assert!(l.acquire(2, span(&w(4096, 4096)), w(4096, 4096)).is_some());
         assert_eq!(l.held(), 2);
     }
 
     #[test]
     fn overlapping_writes_start_in_order() {
-        let mut l = RangeLock::default();
-        assert!(l.acquire(1, w(0, 8192)).is_some());
-        assert!(l.acquire(2, w(4096, 4096)).is_none());
+        let mut l: RangeLock<ClientOp> = RangeLock::default();
+        assert!(l.acquire(1, span(&w(0, 8192)), w(0, 8192)).is_some());
+        assert!(l.acquire(2, span(&w(4096, 4096)), w(4096, 4096)).is_none());
         // 3 overlaps only the waiting 2: it must not overtake it.
-        assert!(l.acquire(3, w(8192 - 512, 1024)).is_none());
+        assert!(l
+            .acquire(3, span(&w(8192 - 512, 1024)), w(8192 - 512, 1024))
+            .is_none());
         // 4 overlaps nothing.
-        assert!(l.acquire(4, w(1 << 20, 512)).is_some());
+        assert!(l
+            .acquire(4, span(&w(1 << 20, 512)), w(1 << 20, 512))
+            .is_some());
         let ready: Vec<Tag> = l.release(1).into_iter().map(|(t, _)| t).collect();
         assert_eq!(ready, vec![2]);
         let ready: Vec<Tag> = l.release(2).into_iter().map(|(t, _)| t).collect();
@@ -131,18 +150,14 @@ mod tests {
 
     #[test]
     fn reads_and_flushes_never_wait() {
-        let mut l = RangeLock::default();
-        assert!(l.acquire(1, w(0, 4096)).is_some());
-        assert!(l
-            .acquire(
-                2,
-                ClientOp::Read {
-                    offset: 0,
-                    len: 4096
-                }
-            )
-            .is_some());
-        assert!(l.acquire(3, ClientOp::Flush).is_some());
+        let mut l: RangeLock<ClientOp> = RangeLock::default();
+        assert!(l.acquire(1, span(&w(0, 4096)), w(0, 4096)).is_some());
+        let read = ClientOp::Read {
+            offset: 0,
+            len: 4096,
+        };
+        assert!(l.acquire(2, span(&read), read.clone()).is_some());
+        assert!(l.acquire(3, None, ClientOp::Flush).is_some());
         assert_eq!(l.held(), 1);
     }
 }

@@ -78,10 +78,12 @@ pub enum Command {
     /// Send `op` to `replica`. The driver answers every `Send` exactly once: with
     /// `Engine::on_reply(sub, ..)`, or with `Engine::on_replica_lost(replica)` when the
     /// connection is gone (which answers all of that replica's outstanding sends).
+    /// `background`: resync traffic, which the driver may delay to honour a rate limit.
     Send {
         replica: ReplicaIdx,
         sub: SubId,
         op: ReplicaOp,
+        background: bool,
     },
     /// Complete client request `tag`.
     Complete {
@@ -89,9 +91,19 @@ pub enum Command {
         result: Result<Option<Bytes>, IoError>,
     },
     /// Remove `replica` from the volume's in-sync set in the cluster store (compare-and-swap
-    /// on the current epoch); answer with `on_outdate_done` or `on_fenced`. Writes the replica
-    /// missed stay unacknowledged until then.
-    Outdate { replica: ReplicaIdx },
+    /// on the current epoch), as `failed` (disk error: never resynced automatically) or as
+    /// outdated; answer with `on_outdate_done` or `on_fenced`. Writes the replica missed stay
+    /// unacknowledged until then.
+    Outdate { replica: ReplicaIdx, failed: bool },
+    /// Close the session with `replica` (it left the set that receives writes); answer with
+    /// `on_replica_lost` once its outstanding requests are answered or failed. The driver
+    /// reconnects (with backoff) while `Engine::wants_connection` says so and reports success
+    /// with `on_replica_connected`.
+    Disconnect { replica: ReplicaIdx },
+    /// `replica` has been resynced (every dirty chunk copied and flushed): make it in-sync in
+    /// the cluster store (compare-and-swap on the current epoch); answer with
+    /// `on_mark_in_sync_done(replica, accepted)` or `on_fenced`.
+    MarkInSync { replica: ReplicaIdx },
     /// The engine learnt that a newer epoch exists; the driver should stop it.
     Fenced,
 }

@@ -1,0 +1,192 @@
+//! Replica membership changes: losing a replica, the quorum rule, outdating, reconnecting,
+//! and re-admission after resync. Each change that the cluster store must agree to goes out
+//! as a command (`Outdate`, `MarkInSync`) and comes back as `on_outdate_done` /
+//! `on_mark_in_sync_done`; the engine never assumes the answer.
+
+use crate::engine::{Engine, Membership, Quorum};
+use crate::types::{Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId};
+
+impl Engine {
+    /// The session with replica `r` is gone: every request in flight on it fails, and it
+    /// leaves the set that receives writes (outdated, or `Down` if the quorum forbids).
+    pub fn on_replica_lost(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        let mut lost: Vec<SubId> = self
+            .subs
+            .iter()
+            .filter(|(_, &(_, sr))| sr == r)
+            .map(|(&s, _)| s)
+            .collect();
+        lost.sort_unstable();
+        self.slot_mut(r).connected = false;
+        for sub in lost {
+            let failed: ReplicaResult = Err(ReplicaFailure::Lost);
+            self.on_reply(sub, failed, out);
+        }
+        if !self.fenced {
+            self.leave(r, false, out);
+        }
+    }
+
+    /// Whether `r` may leave the in-sync set: enough other in-sync replicas remain.
+    pub(crate) fn can_leave(&self, r: ReplicaIdx) -> bool {
+        let n = self.slots.len();
+        let k = self
+            .indices()
+            .filter(|&o| o != r && self.membership(o) == Membership::InSync && !self.slot(o).failed)
+            .count();
+        match self.cfg.quorum {
+            Quorum::Majority => k >= 1 && 2 * k >= n,
+            Quorum::Any => k >= 1,
+        }
+    }
+
+    /// `r` stops receiving writes: it failed a request others succeeded on, lost its
+    /// session, or failed a read. `failed`: a disk error (it leaves for good).
+    pub(crate) fn leave(&mut self, r: ReplicaIdx, failed: bool, out: &mut Vec<Command>) {
+        if self.fenced {
+            return;
+        }
+        let snapshot = self.unflushed.snapshot();
+        let can_leave = self.can_leave(r);
+        let s = self.slot_mut(r);
+        s.failed |= failed;
+        let connected = s.connected;
+        match s.membership {
+            Membership::InSync => {
+                s.unflushed_at_loss = snapshot;
+                if can_leave {
+                    s.membership = Membership::Outdating;
+                    out.push(Command::Outdate {
+                        replica: r,
+                        failed: s.failed,
+                    });
+                } else {
+                    s.membership = Membership::Down;
+                }
+            }
+            Membership::Syncing if s.store_in_sync => {
+                s.unflushed_at_loss = snapshot;
+                if can_leave {
+                    s.membership = Membership::Outdating;
+                    out.push(Command::Outdate {
+                        replica: r,
+                        failed: s.failed,
+                    });
+                } else {
+                    s.membership = Membership::Down;
+                }
+            }
+            Membership::Syncing => {
+                s.unflushed_at_loss = snapshot;
+                if s.failed {
+                    s.membership = Membership::Outdating;
+                    out.push(Command::Outdate {
+                        replica: r,
+                        failed: true,
+                    });
+                } else {
+                    s.membership = Membership::Outdated;
+                }
+            }
+            Membership::Marking => s.lost_while_marking = true,
+            Membership::Down
+            | Membership::Outdating
+            | Membership::Outdated
+            | Membership::Failed => {}
+        }
+        if connected {
+            out.push(Command::Disconnect { replica: r });
+        }
+        // Under the fail policy, requests parked on a replica that just went down fail now.
+        self.recheck_parked(out);
+    }
+
+    /// The control plane confirmed `r` is out of the in-sync set (outdated, or failed).
+    pub fn on_outdate_done(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        let s = self.slot_mut(r);
+        assert_eq!(s.membership, Membership::Outdating, "unexpected outdate");
+        s.store_in_sync = false;
+        s.membership = if s.failed {
+            Membership::Failed
+        } else {
+            Membership::Outdated
+        };
+        let resume = s.connected && !s.failed;
+        self.resolve(r, out);
+        if resume {
+            self.begin_sync(r, false, out);
+        }
+    }
+
+    /// The driver opened a new session with `r` (its Hello was answered). `rebooted`: its
+    /// node restarted since this engine last talked to it (or that is unknown), so writes it
+    /// had not yet made durable may be gone.
+    pub fn on_replica_connected(&mut self, r: ReplicaIdx, rebooted: bool, out: &mut Vec<Command>) {
+        if self.fenced {
+            return;
+        }
+        let s = self.slot_mut(r);
+        if s.failed || s.connected {
+            return;
+        }
+        s.connected = true;
+        let lost = std::mem::take(&mut s.unflushed_at_loss);
+        if rebooted {
+            for (first, end) in lost {
+                s.dirty.set_chunks(first, end);
+            }
+        }
+        match s.membership {
+            Membership::Down => self.begin_sync(r, true, out),
+            Membership::Outdated => self.begin_sync(r, false, out),
+            // Resync starts once the outdate is confirmed.
+            Membership::Outdating => {}
+            Membership::InSync | Membership::Syncing | Membership::Marking | Membership::Failed => {
+            }
+        }
+    }
+
+    /// The control plane answered `MarkInSync` for `r`: `accepted`, or refused (the store
+    /// no longer allows it, e.g. the replica was marked failed); a refused replica is left
+    /// alone for the rest of this engine's life.
+    pub fn on_mark_in_sync_done(&mut self, r: ReplicaIdx, accepted: bool, out: &mut Vec<Command>) {
+        let s = self.slot_mut(r);
+        assert_eq!(s.membership, Membership::Marking, "unexpected mark");
+        if !accepted {
+            s.membership = Membership::Outdated;
+            s.failed = true;
+            if s.connected {
+                out.push(Command::Disconnect { replica: r });
+            }
+            return;
+        }
+        s.membership = Membership::InSync;
+        s.store_in_sync = true;
+        if std::mem::take(&mut s.lost_while_marking) {
+            // It missed something after the mark was sent: out again, by the usual rule.
+            let failed = s.failed;
+            self.leave(r, failed, out);
+            return;
+        }
+        self.became_in_sync(r, out);
+    }
+
+    /// `r` is in sync again (resynced): requests parked on it finish, and replicas that were
+    /// `Down` for want of a quorum may now be outdated.
+    pub(crate) fn became_in_sync(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        debug_assert!(self.slot(r).dirty.is_empty());
+        self.resolve(r, out);
+        for d in self.indices().collect::<Vec<_>>() {
+            if self.membership(d) == Membership::Down && self.can_leave(d) {
+                let s = self.slot_mut(d);
+                s.membership = Membership::Outdating;
+                out.push(Command::Outdate {
+                    replica: d,
+                    failed: s.failed,
+                });
+            }
+        }
+        // A new source may unblock resyncs that had none.
+        self.pump_resync(out);
+    }
+}

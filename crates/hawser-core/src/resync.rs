@@ -1,0 +1,272 @@
+//! Resync: copying a returning replica's dirty chunks from an in-sync one.
+//!
+//! A syncing replica receives every new write, so its dirty set only shrinks. Each copy takes
+//! the range lock of the chunks it copies (like a client write), reads them from an in-sync
+//! replica (the local one first) and writes them to the syncing one, then clears their bits.
+//! Holding the lock orders the copy against client writes to the same chunks: a write either
+//! finished before the copy read (so the copy carries it) or starts after the copy wrote (so
+//! it lands on top, on every replica). When no bit is left the replica is flushed and then
+//! made in-sync: directly if the store never stopped calling it in-sync (it was `Down`), else
+//! through the control plane (`Command::MarkInSync`).
+
+use crate::engine::{Engine, Membership, Work};
+use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, Tag};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Waiting for the range lock.
+    Locking,
+    Reading(ReplicaIdx),
+    Writing,
+    /// The final flush of a fully copied replica (no range).
+    Flushing,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Copy {
+    pub target: ReplicaIdx,
+    /// Chunk range `[first, end)`.
+    pub first: u64,
+    pub end: u64,
+    pub stage: Stage,
+}
+
+impl Engine {
+    /// `r` is connected again and starts receiving writes while its dirty chunks are copied.
+    pub(crate) fn begin_sync(
+        &mut self,
+        r: ReplicaIdx,
+        store_in_sync: bool,
+        out: &mut Vec<Command>,
+    ) {
+        let s = self.slot_mut(r);
+        s.membership = Membership::Syncing;
+        s.store_in_sync = store_in_sync;
+        s.cursor = 0;
+        self.pump_resync(out);
+    }
+
+    /// Start copies up to the configured parallelism for every syncing replica, and finish
+    /// those with nothing left to copy.
+    pub(crate) fn pump_resync(&mut self, out: &mut Vec<Command>) {
+        if self.fenced {
+            return;
+        }
+        if self.pick_reader(Default::default()).is_none() {
+            return; // no source: wait for an in-sync replica
+        }
+        let unit = (self.cfg.resync_unit_bytes / self.cfg.chunk_bytes).max(1);
+        for r in self.indices().collect::<Vec<_>>() {
+            loop {
+                let s = self.slot(r);
+                if s.membership != Membership::Syncing
+                    || !s.connected
+                    || s.sync_flushing
+                    || s.copies >= self.cfg.resync_parallel
+                {
+                    break;
+                }
+                let Some((first, end)) = s.dirty.next_run(s.cursor, unit) else {
+                    break;
+                };
+                let busy = self
+                    .copies
+                    .values()
+                    .any(|c| c.target == r && c.first < end && first < c.end);
+                if busy {
+                    break; // wrapped around onto copies still in flight
+                }
+                let s = self.slot_mut(r);
+                s.cursor = end;
+                s.copies += 1;
+                let tag = self.next_internal;
+                self.next_internal += 1;
+                self.copies.insert(
+                    tag,
+                    Copy {
+                        target: r,
+                        first,
+                        end,
+                        stage: Stage::Locking,
+                    },
+                );
+                let range = Some(self.byte_range(first, end));
+                if let Some(Work::Copy) = self.locks.acquire(tag, range, Work::Copy) {
+                    self.copy_locked(tag, out);
+                }
+            }
+            self.maybe_finish_sync(r, out);
+        }
+    }
+
+    fn byte_range(&self, first: u64, end: u64) -> (u64, u64) {
+        let chunk = self.cfg.chunk_bytes;
+        (first * chunk, (end * chunk).min(self.size))
+    }
+
+    /// The copy holds its range: read it from an in-sync replica.
+    pub(crate) fn copy_locked(&mut self, tag: Tag, out: &mut Vec<Command>) {
+        let Some(c) = self.copies.get(&tag).copied() else {
+            // Cancelled while waiting (shutdown): just give the range back.
+            self.release(tag, out);
+            return;
+        };
+        let t = self.slot(c.target);
+        let source = self.pick_reader(Default::default());
+        let (Some(source), true) = (source, t.membership == Membership::Syncing && t.connected)
+        else {
+            self.end_copy(tag, out);
+            return;
+        };
+        let (offset, end) = self.byte_range(c.first, c.end);
+        let len = u32::try_from(end - offset).expect("resync unit fits in u32");
+        self.copies.insert(
+            tag,
+            Copy {
+                stage: Stage::Reading(source),
+                ..c
+            },
+        );
+        let sub = self.new_sub(tag, source);
+        out.push(Command::Send {
+            replica: source,
+            sub,
+            op: ClientOp::Read { offset, len },
+            background: true,
+        });
+    }
+
+    /// An answer to one of the engine's own requests (a copy's read or write, or the final
+    /// flush of a resync).
+    pub(crate) fn on_copy_reply(
+        &mut self,
+        tag: Tag,
+        from: ReplicaIdx,
+        result: ReplicaResult,
+        out: &mut Vec<Command>,
+    ) {
+        let Some(c) = self.copies.get(&tag).copied() else {
+            return;
+        };
+        let (offset, end) = self.byte_range(c.first, c.end);
+        match (c.stage, result) {
+            (Stage::Reading(_), Ok(Some(data))) if data.len() as u64 == end - offset => {
+                let t = self.slot(c.target);
+                if t.membership != Membership::Syncing || !t.connected {
+                    self.end_copy(tag, out);
+                    return;
+                }
+                self.copies.insert(
+                    tag,
+                    Copy {
+                        stage: Stage::Writing,
+                        ..c
+                    },
+                );
+                let sub = self.new_sub(tag, c.target);
+                out.push(Command::Send {
+                    replica: c.target,
+                    sub,
+                    op: ClientOp::Write {
+                        offset,
+                        data,
+                        fua: false,
+                    },
+                    background: true,
+                });
+            }
+            (Stage::Reading(_), other) => {
+                // The source failed (or answered garbage): it leaves; the chunks stay dirty
+                // and are copied from another source later.
+                let disk = !matches!(other, Err(ReplicaFailure::Lost | ReplicaFailure::NoSpace));
+                self.leave(from, disk, out);
+                self.end_copy(tag, out);
+            }
+            (Stage::Writing, Ok(_)) => {
+                let s = self.slot_mut(c.target);
+                if s.membership == Membership::Syncing {
+                    s.dirty.clear_chunks(c.first, c.end);
+                    s.copied_bytes += end - offset;
+                }
+                self.end_copy(tag, out);
+            }
+            (Stage::Writing, Err(f)) => {
+                self.leave(c.target, f == ReplicaFailure::Io, out);
+                self.end_copy(tag, out);
+            }
+            (Stage::Flushing, Ok(_)) => {
+                self.copies.remove(&tag);
+                self.slot_mut(c.target).sync_flushing = false;
+                self.sync_flushed(c.target, out);
+            }
+            (Stage::Flushing, Err(f)) => {
+                self.copies.remove(&tag);
+                self.slot_mut(c.target).sync_flushing = false;
+                self.leave(c.target, f == ReplicaFailure::Io, out);
+            }
+            (Stage::Locking, _) => unreachable!("no request is sent before the lock is held"),
+        }
+    }
+
+    /// A copy is over (done, or abandoned with its chunks still dirty): give back its range
+    /// and keep going.
+    fn end_copy(&mut self, tag: Tag, out: &mut Vec<Command>) {
+        if let Some(c) = self.copies.remove(&tag) {
+            let s = self.slot_mut(c.target);
+            s.copies = s.copies.saturating_sub(1);
+        }
+        self.release(tag, out);
+        self.pump_resync(out);
+    }
+
+    /// Nothing left to copy to `r`: flush it, so what was copied is durable before the store
+    /// calls it in-sync.
+    fn maybe_finish_sync(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        let s = self.slot(r);
+        if s.membership != Membership::Syncing
+            || !s.connected
+            || s.sync_flushing
+            || s.copies > 0
+            || !s.dirty.is_empty()
+        {
+            return;
+        }
+        self.slot_mut(r).sync_flushing = true;
+        let tag = self.next_internal;
+        self.next_internal += 1;
+        self.copies.insert(
+            tag,
+            Copy {
+                target: r,
+                first: 0,
+                end: 0,
+                stage: Stage::Flushing,
+            },
+        );
+        let sub = self.new_sub(tag, r);
+        out.push(Command::Send {
+            replica: r,
+            sub,
+            op: ClientOp::Flush,
+            background: false,
+        });
+    }
+
+    fn sync_flushed(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        let s = self.slot(r);
+        if s.membership != Membership::Syncing || !s.connected {
+            return;
+        }
+        if !s.dirty.is_empty() {
+            self.pump_resync(out);
+            return;
+        }
+        if s.store_in_sync {
+            self.slot_mut(r).membership = Membership::InSync;
+            self.became_in_sync(r, out);
+        } else {
+            self.slot_mut(r).membership = Membership::Marking;
+            out.push(Command::MarkInSync { replica: r });
+        }
+    }
+}
