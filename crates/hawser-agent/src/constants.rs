@@ -27,3 +27,15 @@ pub const IO_THREADS: usize = 16;
 /// Largest read or write an idle engine or replica connection runs inline instead of on the
 /// I/O pool (saves two thread wake-ups at queue depth 1).
 pub const INLINE_IO_MAX_BYTES: u32 = 64 * 1024;
+/// How often an engine's maintenance task runs: reconnecting lost replicas, background
+/// flushes.
+pub const ENGINE_TICK: Duration = Duration::from_millis(500);
+/// A background flush when something was written and nothing flushed for this long, so a
+/// replica whose node crashes has at most this much recent writing to recopy.
+pub const BACKGROUND_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// Reconnect attempts to a lost replica back off from the first value to the second.
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(500);
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Default resync rate limit per engine, bytes per second (`HAWSER_RESYNC_RATE` overrides;
+/// 0 means unlimited).
+pub const DEFAULT_RESYNC_RATE: u64 = 200 * 1024 * 1024;

@@ -1,12 +1,12 @@
-//! The agent's calls to the controller: registration/heartbeat and the engine's outdate
-//! requests. Outdates are retried until the controller answers, because an engine must not
+//! The agent's calls to the controller: registration/heartbeat and the engine's membership
+//! requests (outdate, mark in-sync). Outdates are retried until the controller answers, because an engine must not
 //! acknowledge a write a lost replica missed before the store says that replica is out; while
 //! the controller is unreachable those writes wait (I/O suspends rather than diverges).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use hawser_api::controller::{Outdate, RegisterNode};
+use hawser_api::controller::{MarkInSync, Outdate, RegisterNode};
 use hawser_api::{ApiError, ErrorCode};
 
 use crate::constants::{CONTROLLER_CALL_TIMEOUT, OUTDATE_RETRY_INTERVAL};
@@ -15,6 +15,9 @@ pub enum OutdateOutcome {
     Done,
     /// The controller says a newer epoch exists.
     Fenced,
+    /// The controller refused for another reason (only for requests where waiting is not
+    /// the safe answer; see `mark_in_sync`).
+    Refused,
     /// The engine stopped while retrying.
     GaveUp,
 }
@@ -42,12 +45,16 @@ impl ControllerLink {
         self.stopped.store(true, Ordering::Release);
     }
 
+    /// Take `replica` out of the in-sync set (as failed on a disk error). Retried until the
+    /// controller answers yes or "stale epoch": a refusal for any other reason is retried
+    /// too, because waiting is safe and guessing is not.
     pub async fn outdate(
         &self,
         volume: &str,
         replica: &str,
         epoch: u64,
         reason: &str,
+        failed: bool,
     ) -> OutdateOutcome {
         let url = format!(
             "{}/v1/volumes/{volume}/replicas/{replica}/outdate",
@@ -56,14 +63,40 @@ impl ControllerLink {
         let body = Outdate {
             epoch,
             reason: reason.into(),
+            failed,
         };
+        self.post_until_answered("outdate", &url, &body, volume, replica, false)
+            .await
+    }
+
+    /// Make a resynced replica in-sync again. Retried while the controller is unreachable;
+    /// a refusal (e.g. the replica was marked failed meanwhile) is final.
+    pub async fn mark_in_sync(&self, volume: &str, replica: &str, epoch: u64) -> OutdateOutcome {
+        let url = format!(
+            "{}/v1/volumes/{volume}/replicas/{replica}/in-sync",
+            self.base
+        );
+        let body = MarkInSync { epoch };
+        self.post_until_answered("mark in-sync", &url, &body, volume, replica, true)
+            .await
+    }
+
+    async fn post_until_answered<B: serde::Serialize>(
+        &self,
+        what: &str,
+        url: &str,
+        body: &B,
+        volume: &str,
+        replica: &str,
+        refusal_is_final: bool,
+    ) -> OutdateOutcome {
         let mut attempt = 0u32;
         loop {
             if self.stopped.load(Ordering::Acquire) {
                 return OutdateOutcome::GaveUp;
             }
             attempt += 1;
-            match self.http.post(&url).json(&body).send().await {
+            match self.http.post(url).json(body).send().await {
                 Ok(resp) if resp.status().is_success() => return OutdateOutcome::Done,
                 Ok(resp) => {
                     let status = resp.status();
@@ -73,13 +106,17 @@ impl ControllerLink {
                             return OutdateOutcome::Fenced;
                         }
                     }
+                    if refusal_is_final && status.is_client_error() {
+                        tracing::error!(%volume, %replica, %status, error = ?err, "controller refused {what}");
+                        return OutdateOutcome::Refused;
+                    }
                     if attempt == 1 || attempt.is_multiple_of(30) {
-                        tracing::error!(%volume, %replica, %status, error = ?err, "controller refused outdate; I/O waits; retrying");
+                        tracing::error!(%volume, %replica, %status, error = ?err, "controller refused {what}; retrying");
                     }
                 }
                 Err(e) => {
                     if attempt == 1 || attempt.is_multiple_of(30) {
-                        tracing::error!(%volume, %replica, error = %e, "controller unreachable for outdate; I/O waits; retrying");
+                        tracing::error!(%volume, %replica, error = %e, "controller unreachable for {what}; retrying");
                     }
                 }
             }

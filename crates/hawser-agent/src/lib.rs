@@ -15,6 +15,7 @@ pub mod nbd_handshake;
 pub mod nbd_server;
 pub mod nbd_transmission;
 pub mod node_storage;
+pub mod rate_limit;
 pub mod replica_client;
 pub mod replica_server;
 pub mod volume_engine;

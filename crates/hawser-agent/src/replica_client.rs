@@ -301,6 +301,9 @@ async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
             Status::Ok => Ok(None),
             Status::StaleEpoch => Err(ReplicaFailure::StaleEpoch),
             Status::NoSpace => Err(ReplicaFailure::NoSpace),
+            // A newer session of this replica replaced this connection: it is gone, the
+            // replica is fine.
+            Status::Unavailable => Err(ReplicaFailure::Lost),
             _ => Err(ReplicaFailure::Io),
         };
         shared.sink.on_reply(h.request_id, result);

@@ -6,8 +6,17 @@
 //!
 //! Any malformed frame, checksum mismatch or protocol violation closes the connection before
 //! anything reaches a disk.
+//!
+//! Sessions: the engine of one epoch may reconnect to a replica (after a partition, or after
+//! it dropped a replica that failed a write). Requests of its old connection may still be on
+//! their way to the disk, and one landing after the resync that follows the reconnect would
+//! overwrite copied data with stale bytes. So every Hello opens a new session of that replica:
+//! it waits until the requests of earlier sessions that are executing have finished, and from
+//! then on those sessions' requests are refused (`Unavailable`) instead of executed.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use hawser_storage::{Replica, ReplicaIoError};
@@ -15,7 +24,7 @@ use hawser_wire::constants::MAX_PAYLOAD_BYTES;
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedRwLockReadGuard, RwLock, Semaphore};
 use tracing::Instrument;
 
 use crate::constants::{INLINE_IO_MAX_BYTES, REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS};
@@ -25,6 +34,58 @@ use crate::node_storage::NodeStorage;
 
 type Reply = (FrameHeader, Option<Bytes>);
 
+/// The current session of each replica, and the gate that orders a new session after the
+/// requests of older ones (readers: requests executing; writer: a Hello).
+#[derive(Default)]
+struct Sessions {
+    gates: Mutex<HashMap<String, Arc<Gate>>>,
+}
+
+#[derive(Default)]
+struct Gate {
+    current: AtomicU64,
+    lock: Arc<RwLock<()>>,
+}
+
+impl Sessions {
+    fn gate(&self, replica: &str) -> Arc<Gate> {
+        self.gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(replica.to_owned())
+            .or_default()
+            .clone()
+    }
+}
+
+/// A connection's session of one replica.
+struct Session {
+    gate: Arc<Gate>,
+    id: u64,
+}
+
+impl Session {
+    /// Hold the gate for one request, or `None` if a newer session replaced this one.
+    async fn enter(&self) -> Option<OwnedRwLockReadGuard<()>> {
+        let guard = self.gate.lock.clone().read_owned().await;
+        (self.gate.current.load(Ordering::Acquire) == self.id).then_some(guard)
+    }
+}
+
+/// This node's boot, from the kernel's random boot id (0 if unreadable: every reconnect then
+/// looks like a reboot to engines, which is safe, only slower).
+pub fn boot_id() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            s.trim().hash(&mut h);
+            h.finish()
+        })
+        .unwrap_or(0)
+}
+
 /// Accept connections until `shutdown` flips to true.
 pub async fn serve(
     listener: TcpListener,
@@ -32,6 +93,8 @@ pub async fn serve(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let conns = Arc::new(Semaphore::new(REPLICA_SERVER_MAX_CONNS));
+    let sessions = Arc::new(Sessions::default());
+    let boot = boot_id();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -50,10 +113,11 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let storage = storage.clone();
+        let sessions = sessions.clone();
         let span = tracing::info_span!("replica_conn", %peer);
         tokio::spawn(
             async move {
-                match serve_conn(stream, storage).await {
+                match serve_conn(stream, storage, &sessions, boot).await {
                     Ok(()) | Err(FrameIoError::Closed) => tracing::debug!("closed"),
                     Err(e) => tracing::warn!(error = %e, "replica connection dropped"),
                 }
@@ -64,14 +128,21 @@ pub async fn serve(
     }
 }
 
-async fn serve_conn(stream: TcpStream, storage: Arc<NodeStorage>) -> Result<(), FrameIoError> {
+async fn serve_conn(
+    stream: TcpStream,
+    storage: Arc<NodeStorage>,
+    sessions: &Sessions,
+    boot: u64,
+) -> Result<(), FrameIoError> {
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Reply>(REPLICA_CONN_MAX_INFLIGHT);
     let writer = tokio::spawn(write_replies(BufWriter::new(wr), rx));
     let result = async {
-        let replica = hello(&mut rd, &storage, &tx).await?;
-        let span = tracing::info_span!("replica", id = replica.id());
-        request_loop(&mut rd, replica, &tx).instrument(span).await
+        let (replica, session) = hello(&mut rd, &storage, sessions, boot, &tx).await?;
+        let span = tracing::info_span!("replica", id = replica.id(), session = session.id);
+        request_loop(&mut rd, replica, session, &tx)
+            .instrument(span)
+            .await
     }
     .await;
     drop(tx);
@@ -80,12 +151,14 @@ async fn serve_conn(stream: TcpStream, storage: Arc<NodeStorage>) -> Result<(), 
 }
 
 /// The first frame must be a Hello naming a replica of this node with an epoch at least the
-/// replica's.
+/// replica's. It opens a new session of that replica (see the module doc).
 async fn hello(
     rd: &mut (impl tokio::io::AsyncRead + Unpin),
     storage: &NodeStorage,
+    sessions: &Sessions,
+    boot: u64,
     tx: &mpsc::Sender<Reply>,
-) -> Result<Arc<Replica>, FrameIoError> {
+) -> Result<(Arc<Replica>, Session), FrameIoError> {
     let (h, payload) = read_frame(rd).await?;
     if h.op != Op::Hello || h.is_reply() {
         let _ = tx.send((h.reply(Status::Invalid), None)).await;
@@ -99,27 +172,36 @@ async fn hello(
         let _ = tx.send((h.reply(Status::NoSuchReplica), None)).await;
         return Err(FrameIoError::Closed);
     };
-    let r = replica.clone();
-    let epoch = h.epoch;
-    let raised = tokio::task::spawn_blocking(move || r.raise_epoch(epoch)).await;
-    if !matches!(raised, Ok(Ok(()))) {
-        let _ = tx.send((h.reply(Status::StaleEpoch), None)).await;
-        return Err(FrameIoError::Closed);
-    }
+    let gate = sessions.gate(id);
+    let id = {
+        // Waits for the executing requests of older sessions; newer requests of those
+        // sessions then see they were replaced.
+        let _exclusive = gate.lock.write().await;
+        let r = replica.clone();
+        let epoch = h.epoch;
+        let raised = tokio::task::spawn_blocking(move || r.raise_epoch(epoch)).await;
+        if !matches!(raised, Ok(Ok(()))) {
+            let _ = tx.send((h.reply(Status::StaleEpoch), None)).await;
+            return Err(FrameIoError::Closed);
+        }
+        gate.current.fetch_add(1, Ordering::AcqRel) + 1
+    };
     let info = HelloInfo {
         size: replica.size(),
         epoch: replica.epoch(),
         generation: replica.generation(),
+        boot_id: boot,
     }
     .encode();
     let reply = h.reply(Status::Ok).with_payload(&info);
     let _ = tx.send((reply, Some(Bytes::copy_from_slice(&info)))).await;
-    Ok(replica)
+    Ok((replica, Session { gate, id }))
 }
 
 async fn request_loop(
     rd: &mut (impl tokio::io::AsyncRead + Unpin),
     replica: Arc<Replica>,
+    session: Session,
     tx: &mpsc::Sender<Reply>,
 ) -> Result<(), FrameIoError> {
     let inflight = Arc::new(Semaphore::new(REPLICA_CONN_MAX_INFLIGHT));
@@ -137,6 +219,11 @@ async fn request_loop(
             let _ = tx.send((h.reply(Status::Ok), None)).await;
             continue;
         }
+        let Some(entered) = session.enter().await else {
+            // Replaced by a newer session: refuse, and end this connection.
+            let _ = tx.send((h.reply(Status::Unavailable), None)).await;
+            return Err(FrameIoError::Closed);
+        };
         // Nothing else in flight and a small request: run it here, saving the two thread
         // wake-ups of the pool (the queue-depth-1 latency case).
         // Only on the engine's hint: a connection that looks idle may just be between frames
@@ -145,6 +232,7 @@ async fn request_loop(
         let idle = inflight.available_permits() == REPLICA_CONN_MAX_INFLIGHT - 1;
         if small && h.is_quiet() && idle {
             let reply = execute(&replica, &h, payload);
+            drop(entered);
             let _ = tx.send(reply).await;
             drop(permit);
             continue;
@@ -153,6 +241,7 @@ async fn request_loop(
         let tx = tx.clone();
         io_pool::spawn(move || {
             let reply = execute(&replica, &h, payload);
+            drop(entered);
             // Capacity equals the in-flight bound, so this never waits long.
             let _ = tx.blocking_send(reply);
             drop(permit);
@@ -197,8 +286,7 @@ pub fn status_of(e: ReplicaIoError) -> Status {
         ReplicaIoError::StaleEpoch { .. } => Status::StaleEpoch,
         ReplicaIoError::OutOfRange => Status::OutOfRange,
         ReplicaIoError::NoSpace => Status::NoSpace,
-        ReplicaIoError::Io { .. } => Status::IoError,
-        ReplicaIoError::Failed => Status::Unavailable,
+        ReplicaIoError::Io { .. } | ReplicaIoError::Failed => Status::IoError,
     }
 }
 

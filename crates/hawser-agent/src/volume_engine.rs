@@ -1,32 +1,55 @@
 //! Drives a `hawser_core::Engine` with real I/O: the local replica through the blocking thread
-//! pool, remote replicas through `ReplicaClient`s, outdates through the controller. The engine
-//! state sits behind one mutex that is only held while the state machine runs, never across
-//! I/O; the commands it returns are carried out after the lock is released.
+//! pool, remote replicas through `ReplicaClient`s, membership changes through the controller.
+//! The engine state sits behind one mutex that is only held while the state machine runs,
+//! never across I/O; the commands it returns are carried out after the lock is released.
+//!
+//! A maintenance task per engine reconnects replicas the engine wants back (with backoff),
+//! telling it whether the replica's node rebooted meanwhile, and issues background flushes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use hawser_api::agent::{EngineStatus, StartEngine};
+use hawser_api::agent::{EngineReplicaStatus, EngineStatus, StartEngine};
+use hawser_api::controller::ReplicaState;
 use hawser_core::{
-    ClientOp, Command, Engine, IoError, ReplicaFailure, ReplicaIdx, ReplicaResult, ReplicaSpec,
-    SubId, Tag,
+    ClientOp, Command, Engine, EngineConfig, Initial, IoError, Membership, ReplicaFailure,
+    ReplicaIdx, ReplicaResult, ReplicaSpec, SubId, Tag,
 };
 use hawser_storage::{Replica, ReplicaIoError};
 use tokio::sync::{oneshot, Semaphore};
 
 use crate::block::BlockDevice;
-use crate::constants::{ENGINE_MAX_INFLIGHT, ENGINE_STOP_FLUSH_TIMEOUT, INLINE_IO_MAX_BYTES};
+use crate::constants::{
+    BACKGROUND_FLUSH_INTERVAL, DEFAULT_RESYNC_RATE, ENGINE_MAX_INFLIGHT, ENGINE_STOP_FLUSH_TIMEOUT,
+    ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
+};
 use crate::controller_link::{ControllerLink, OutdateOutcome};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
-use crate::replica_client::{ReplicaClient, ReplySink};
+use crate::rate_limit::RateLimiter;
+use crate::replica_client::{ConnectError, ReplicaClient, ReplySink};
 
 enum Handle {
     Local(Arc<Replica>),
-    Remote(Mutex<Option<Arc<ReplicaClient>>>),
+    Remote {
+        addr: String,
+        client: Mutex<Option<Arc<ReplicaClient>>>,
+        /// Generation of the current connection: a late `on_lost` of an older one is ignored.
+        gen: AtomicU64,
+        /// Boot id the replica's node reported at the last Hello.
+        boot: Mutex<Option<u64>>,
+    },
+}
+
+/// Reconnect bookkeeping of one replica.
+struct Reconnect {
+    busy: bool,
+    next_try: Instant,
+    backoff: Duration,
 }
 
 struct Inner {
@@ -48,13 +71,19 @@ pub struct VolumeEngine {
     fenced: AtomicBool,
     /// Local replica requests in flight (inline or on the I/O pool).
     local_inflight: AtomicUsize,
+    reconnect: Mutex<Vec<Reconnect>>,
+    last_flush: Mutex<Instant>,
+    resync_rate: Option<Arc<RateLimiter>>,
+    stopped: AtomicBool,
     me: Weak<VolumeEngine>,
 }
 
 impl VolumeEngine {
-    /// Build the engine, raise the local replica's epoch and connect to the remote ones. A
-    /// remote replica that cannot be reached is reported lost (and outdated through the
-    /// controller) once the engine runs; a newer epoch anywhere fails the start.
+    /// Build the engine, raise the local replica's epoch and connect to the remote in-sync
+    /// ones. A remote replica that cannot be reached is reported lost (and outdated through
+    /// the controller, or kept `Down` if the quorum requires) once the engine runs; outdated
+    /// ones are reconnected and resynced by the maintenance task; a newer epoch anywhere
+    /// fails the start.
     pub async fn start(
         req: &StartEngine,
         node: &str,
@@ -63,19 +92,32 @@ impl VolumeEngine {
         let mut handles = Vec::new();
         let mut specs = Vec::new();
         for r in &req.replicas {
-            if r.node == node {
+            let local = r.node == node;
+            let initial = match r.state {
+                ReplicaState::InSync => Initial::InSync,
+                ReplicaState::Outdated => Initial::Outdated { dirty: None },
+                ReplicaState::Failed => Initial::Failed,
+            };
+            if local {
                 let replica = storage
                     .replica(&r.replica_id)
                     .ok_or_else(|| anyhow::anyhow!("local replica {} not found", r.replica_id))?;
-                let (rep, epoch) = (replica.clone(), req.epoch);
-                tokio::task::spawn_blocking(move || rep.raise_epoch(epoch)).await??;
+                if r.state != ReplicaState::Failed {
+                    let (rep, epoch) = (replica.clone(), req.epoch);
+                    tokio::task::spawn_blocking(move || rep.raise_epoch(epoch)).await??;
+                }
                 handles.push(Handle::Local(replica));
-                specs.push(ReplicaSpec { local: true });
             } else {
-                handles.push(Handle::Remote(Mutex::new(None)));
-                specs.push(ReplicaSpec { local: false });
+                handles.push(Handle::Remote {
+                    addr: r.replica_addr.clone(),
+                    client: Mutex::new(None),
+                    gen: AtomicU64::new(0),
+                    boot: Mutex::new(None),
+                });
             }
+            specs.push(ReplicaSpec { local, initial });
         }
+        let n = req.replicas.len();
         let ve = Arc::new_cyclic(|me| VolumeEngine {
             volume: req.volume.clone(),
             size: req.size_bytes,
@@ -83,7 +125,7 @@ impl VolumeEngine {
             replica_ids: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
             handles,
             inner: Mutex::new(Inner {
-                engine: Engine::new(req.size_bytes, &specs),
+                engine: Engine::with_config(req.size_bytes, &specs, EngineConfig::default()),
                 waiters: HashMap::new(),
                 next_tag: 1,
             }),
@@ -91,20 +133,28 @@ impl VolumeEngine {
             controller: ControllerLink::new(&req.controller_url),
             fenced: AtomicBool::new(false),
             local_inflight: AtomicUsize::new(0),
+            reconnect: Mutex::new(
+                (0..n)
+                    .map(|_| Reconnect {
+                        busy: false,
+                        next_try: Instant::now(),
+                        backoff: RECONNECT_BACKOFF_MIN,
+                    })
+                    .collect(),
+            ),
+            last_flush: Mutex::new(Instant::now()),
+            resync_rate: resync_rate_limiter(),
+            stopped: AtomicBool::new(false),
             me: me.clone(),
         });
         let mut unreachable = Vec::new();
         for (i, r) in req.replicas.iter().enumerate() {
-            if r.node == node {
+            if r.node == node || r.state != ReplicaState::InSync {
                 continue;
             }
             let idx = ReplicaIdx(u8::try_from(i)?);
-            let sink = Arc::new(Sink {
-                engine: Arc::downgrade(&ve),
-                replica: idx,
-            });
-            match ReplicaClient::connect(&r.replica_addr, &r.replica_id, req.epoch, sink).await {
-                Ok((client, _info)) => ve.set_client(idx, Some(Arc::new(client))),
+            match ve.connect_remote(idx).await {
+                Ok(()) => {}
                 Err(e) if e.is_stale_epoch() => anyhow::bail!("fenced: {e}"),
                 Err(e) => {
                     tracing::warn!(volume = %req.volume, error = %e, "replica unreachable at attach");
@@ -115,19 +165,125 @@ impl VolumeEngine {
         for idx in unreachable {
             ve.run(|e, out| e.on_replica_lost(idx, out));
         }
+        tokio::spawn(maintenance(Arc::downgrade(&ve)));
         Ok(ve)
     }
 
+    /// Open a new session with remote replica `idx` (Hello) and install it.
+    async fn connect_remote(&self, idx: ReplicaIdx) -> Result<(), ConnectError> {
+        let Handle::Remote { addr, gen, boot, .. } = &self.handles[usize::from(idx.0)] else {
+            return Ok(());
+        };
+        let g = gen.fetch_add(1, Ordering::AcqRel) + 1;
+        let sink = Arc::new(Sink {
+            engine: self.me.clone(),
+            replica: idx,
+            gen: g,
+        });
+        let id = &self.replica_ids[usize::from(idx.0)];
+        let (client, info) = ReplicaClient::connect(addr, id, self.epoch, sink).await?;
+        *boot.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.boot_id);
+        self.set_client(idx, Some(Arc::new(client)));
+        Ok(())
+    }
+
+    /// Reconnect a replica the engine wants back, and tell the engine.
+    async fn reconnect(self: Arc<Self>, idx: ReplicaIdx) {
+        let ok = match &self.handles[usize::from(idx.0)] {
+            Handle::Local(r) => {
+                if r.is_failed() {
+                    false
+                } else {
+                    self.run(|e, out| e.on_replica_connected(idx, false, out));
+                    true
+                }
+            }
+            Handle::Remote { boot, .. } => {
+                let before = *boot.lock().unwrap_or_else(|p| p.into_inner());
+                match self.connect_remote(idx).await {
+                    Ok(()) => {
+                        let after = *boot.lock().unwrap_or_else(|p| p.into_inner());
+                        let rebooted = before.is_none() || before != after;
+                        tracing::info!(volume = %self.volume, replica = %self.replica_ids[usize::from(idx.0)], rebooted, "replica reconnected");
+                        self.run(|e, out| e.on_replica_connected(idx, rebooted, out));
+                        true
+                    }
+                    Err(e) if e.is_stale_epoch() => {
+                        self.run(|e, out| e.on_fenced(out));
+                        false
+                    }
+                    Err(e) => {
+                        tracing::debug!(volume = %self.volume, error = %e, "reconnect failed");
+                        false
+                    }
+                }
+            }
+        };
+        let mut rc = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = &mut rc[usize::from(idx.0)];
+        slot.busy = false;
+        if ok {
+            slot.backoff = RECONNECT_BACKOFF_MIN;
+        } else {
+            slot.next_try = Instant::now() + slot.backoff;
+            slot.backoff = (slot.backoff * 2).min(RECONNECT_BACKOFF_MAX);
+        }
+    }
+
+    /// One maintenance round: reconnects and a background flush.
+    fn tick(&self) {
+        let Some(me) = self.me.upgrade() else { return };
+        let (wanted, wants_flush) = {
+            let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let e = &inner.engine;
+            let wanted: Vec<ReplicaIdx> = (0..self.handles.len())
+                .map(|i| ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS")))
+                .filter(|&r| e.wants_connection(r))
+                .collect();
+            (wanted, e.wants_flush())
+        };
+        let now = Instant::now();
+        for idx in wanted {
+            let mut rc = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = &mut rc[usize::from(idx.0)];
+            if slot.busy || now < slot.next_try {
+                continue;
+            }
+            slot.busy = true;
+            drop(rc);
+            tokio::spawn(me.clone().reconnect(idx));
+        }
+        let mut last = self.last_flush.lock().unwrap_or_else(|p| p.into_inner());
+        if wants_flush && now.duration_since(*last) >= BACKGROUND_FLUSH_INTERVAL {
+            *last = now;
+            let me = me.clone();
+            tokio::spawn(async move {
+                if let Err(e) = me.submit(ClientOp::Flush).await {
+                    tracing::debug!(volume = %me.volume, error = %e, "background flush failed");
+                }
+            });
+        }
+    }
+
     fn set_client(&self, idx: ReplicaIdx, client: Option<Arc<ReplicaClient>>) {
-        if let Handle::Remote(slot) = &self.handles[usize::from(idx.0)] {
+        if let Handle::Remote { client: slot, .. } = &self.handles[usize::from(idx.0)] {
             *slot.lock().unwrap_or_else(|p| p.into_inner()) = client;
         }
     }
 
     fn client(&self, idx: ReplicaIdx) -> Option<Arc<ReplicaClient>> {
         match &self.handles[usize::from(idx.0)] {
-            Handle::Remote(slot) => slot.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            Handle::Remote { client, .. } => {
+                client.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            }
             Handle::Local(_) => None,
+        }
+    }
+
+    fn current_gen(&self, idx: ReplicaIdx) -> u64 {
+        match &self.handles[usize::from(idx.0)] {
+            Handle::Remote { gen, .. } => gen.load(Ordering::Acquire),
+            Handle::Local(_) => 0,
         }
     }
 
@@ -142,6 +298,19 @@ impl VolumeEngine {
                 .in_sync()
                 .into_iter()
                 .map(|r| self.replica_ids[usize::from(r.0)].clone())
+                .collect(),
+            replicas: (0..self.handles.len())
+                .map(|i| {
+                    let idx = ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS"));
+                    let v = inner.engine.replica_view(idx);
+                    EngineReplicaStatus {
+                        replica_id: self.replica_ids[i].clone(),
+                        state: membership_name(v.membership).into(),
+                        connected: v.connected,
+                        dirty_bytes: v.dirty_bytes,
+                        copied_bytes: v.copied_bytes,
+                    }
+                })
                 .collect(),
         }
     }
@@ -185,8 +354,24 @@ impl VolumeEngine {
 
     fn dispatch(&self, c: Command, quiet: bool) {
         match c {
-            Command::Send { replica, sub, op } => self.send(replica, sub, op, quiet),
-            Command::Outdate { replica } => self.outdate(replica),
+            Command::Send {
+                replica,
+                sub,
+                op,
+                background,
+            } => match (&self.resync_rate, background, self.me.upgrade()) {
+                (Some(limit), true, Some(me)) => {
+                    let (limit, bytes) = (limit.clone(), op_bytes(&op));
+                    tokio::spawn(async move {
+                        limit.acquire(bytes).await;
+                        me.send(replica, sub, op, false);
+                    });
+                }
+                _ => self.send(replica, sub, op, quiet && !background),
+            },
+            Command::Outdate { replica, failed } => self.outdate(replica, failed),
+            Command::MarkInSync { replica } => self.mark_in_sync(replica),
+            Command::Disconnect { replica } => self.disconnect(replica),
             Command::Fenced => {
                 self.fenced.store(true, Ordering::Release);
                 tracing::error!(volume = %self.volume, epoch = self.epoch, "engine fenced by a newer epoch; failing all I/O");
@@ -220,7 +405,7 @@ impl VolumeEngine {
                     }
                 });
             }
-            Handle::Remote(_) => match self.client(replica) {
+            Handle::Remote { .. } => match self.client(replica) {
                 Some(c) => c.send(sub, &op, quiet),
                 None => self.run(|e, out| e.on_reply(sub, Err(ReplicaFailure::Lost), out)),
             },
@@ -228,30 +413,69 @@ impl VolumeEngine {
     }
 
     /// Ask the controller to take `replica` out of the in-sync set; retry until it answers.
-    fn outdate(&self, replica: ReplicaIdx) {
+    fn outdate(&self, replica: ReplicaIdx, failed: bool) {
         let Some(me) = self.me.upgrade() else { return };
         let id = self.replica_ids[usize::from(replica.0)].clone();
-        // The replica is leaving: drop its connection so nothing more is sent to it.
-        if let Some(c) = self.client(replica) {
-            c.close();
-        }
         tokio::spawn(async move {
             let reason = format!("engine of epoch {} lost the replica", me.epoch);
             match me
                 .controller
-                .outdate(&me.volume, &id, me.epoch, &reason)
+                .outdate(&me.volume, &id, me.epoch, &reason, failed)
                 .await
             {
                 OutdateOutcome::Done => {
-                    tracing::warn!(volume = %me.volume, replica = %id, "replica outdated");
+                    tracing::warn!(volume = %me.volume, replica = %id, failed, "replica outdated");
                     me.run(|e, out| e.on_outdate_done(replica, out));
                 }
                 OutdateOutcome::Fenced => me.run(|e, out| e.on_fenced(out)),
-                OutdateOutcome::GaveUp => {
+                OutdateOutcome::Refused | OutdateOutcome::GaveUp => {
                     tracing::warn!(volume = %me.volume, "engine stopped before outdate")
                 }
             }
         });
+    }
+
+    /// Ask the controller to make a resynced `replica` in-sync again.
+    fn mark_in_sync(&self, replica: ReplicaIdx) {
+        let Some(me) = self.me.upgrade() else { return };
+        let id = self.replica_ids[usize::from(replica.0)].clone();
+        tokio::spawn(async move {
+            match me.controller.mark_in_sync(&me.volume, &id, me.epoch).await {
+                OutdateOutcome::Done => {
+                    tracing::info!(volume = %me.volume, replica = %id, "replica resynced and in-sync");
+                    me.run(|e, out| e.on_mark_in_sync_done(replica, true, out));
+                }
+                OutdateOutcome::Refused => {
+                    me.run(|e, out| e.on_mark_in_sync_done(replica, false, out))
+                }
+                OutdateOutcome::Fenced => me.run(|e, out| e.on_fenced(out)),
+                OutdateOutcome::GaveUp => {}
+            }
+        });
+    }
+
+    /// End the session with `replica`; the engine hears `on_replica_lost` once nothing of
+    /// that session can still reach the disk through this driver.
+    fn disconnect(&self, replica: ReplicaIdx) {
+        match &self.handles[usize::from(replica.0)] {
+            Handle::Remote { .. } => {
+                if let Some(c) = self.client(replica) {
+                    self.set_client(replica, None);
+                    c.close(); // its sink reports the loss
+                }
+            }
+            Handle::Local(_) => {
+                let Some(me) = self.me.upgrade() else { return };
+                tokio::spawn(async move {
+                    // Local requests already running finish first, so none lands after a
+                    // later resync of the same chunks.
+                    while me.local_inflight.load(Ordering::Acquire) > 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    me.run(|e, out| e.on_replica_lost(replica, out));
+                });
+            }
+        }
     }
 
     async fn submit(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
@@ -285,6 +509,7 @@ impl VolumeEngine {
                 "final flush did not complete in {ENGINE_STOP_FLUSH_TIMEOUT:?}; failing in-flight I/O"
             ),
         }
+        self.stopped.store(true, Ordering::Release);
         self.controller.stop();
         self.run(|e, out| e.shutdown(out));
         for i in 0..self.handles.len() {
@@ -343,6 +568,7 @@ impl BlockDevice for VolumeEngine {
 struct Sink {
     engine: Weak<VolumeEngine>,
     replica: ReplicaIdx,
+    gen: u64,
 }
 
 impl ReplySink for Sink {
@@ -353,10 +579,55 @@ impl ReplySink for Sink {
     }
     fn on_lost(&self) {
         if let Some(e) = self.engine.upgrade() {
+            if e.current_gen(self.replica) != self.gen {
+                return; // an older session of this replica; already handled
+            }
             tracing::warn!(volume = %e.volume, replica = %e.replica_ids[usize::from(self.replica.0)], "replica connection lost");
             let r = self.replica;
             e.run(|en, out| en.on_replica_lost(r, out));
         }
+    }
+}
+
+/// The maintenance loop of one engine; ends when the engine is dropped or stopped.
+async fn maintenance(engine: Weak<VolumeEngine>) {
+    let mut tick = tokio::time::interval(ENGINE_TICK);
+    loop {
+        tick.tick().await;
+        let Some(e) = engine.upgrade() else { return };
+        if e.stopped.load(Ordering::Acquire) || e.is_fenced() {
+            return;
+        }
+        e.tick();
+    }
+}
+
+fn resync_rate_limiter() -> Option<Arc<RateLimiter>> {
+    let rate = std::env::var("HAWSER_RESYNC_RATE")
+        .ok()
+        .and_then(|v| hawser_api::size::parse_size(&v).ok())
+        .unwrap_or(DEFAULT_RESYNC_RATE);
+    (rate > 0).then(|| Arc::new(RateLimiter::new(rate)))
+}
+
+/// Bytes a resync send counts against the rate limit: the copy's write (its read is free,
+/// so the limit is the copy rate).
+fn op_bytes(op: &ClientOp) -> u64 {
+    match op {
+        ClientOp::Write { data, .. } => data.len() as u64,
+        _ => 0,
+    }
+}
+
+pub fn membership_name(m: Membership) -> &'static str {
+    match m {
+        Membership::InSync => "in_sync",
+        Membership::Down => "down",
+        Membership::Outdating => "outdating",
+        Membership::Outdated => "outdated",
+        Membership::Syncing => "syncing",
+        Membership::Marking => "marking",
+        Membership::Failed => "failed",
     }
 }
 

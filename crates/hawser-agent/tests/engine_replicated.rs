@@ -12,6 +12,7 @@ use hawser_agent::node_storage::NodeStorage;
 use hawser_agent::volume_engine::VolumeEngine;
 use hawser_agent::{nbd_server, replica_server};
 use hawser_api::agent::{EngineReplica, StartEngine};
+use hawser_api::controller::ReplicaState;
 use hawser_storage::{NewReplica, Pool};
 use tokio::net::TcpListener;
 
@@ -71,11 +72,13 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
                 replica_id: "vol-a".into(),
                 node: "a".into(),
                 replica_addr: String::new(),
+                state: ReplicaState::InSync,
             },
             EngineReplica {
                 replica_id: "vol-b".into(),
                 node: "b".into(),
                 replica_addr: raddr,
+                state: ReplicaState::InSync,
             },
         ],
         controller_url: "http://127.0.0.1:1".into(),

@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::controller::PoolInfo;
+use crate::controller::{PoolInfo, ReplicaState};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +45,13 @@ pub struct EngineReplica {
     pub node: String,
     /// Replica server address of `node`; unused when the replica is local.
     pub replica_addr: String,
+    /// Its state in the store: the engine resyncs outdated ones and never uses failed ones.
+    #[serde(default = "in_sync")]
+    pub state: ReplicaState,
+}
+
+fn in_sync() -> ReplicaState {
+    ReplicaState::InSync
 }
 
 /// Start the engine of a volume on this agent and export it over NBD.
@@ -54,7 +61,8 @@ pub struct StartEngine {
     pub volume: String,
     pub size_bytes: u64,
     pub epoch: u64,
-    /// The in-sync replicas. Writes go to all of them.
+    /// Every replica of the volume with its store state. Writes go to the in-sync ones;
+    /// outdated ones are resynced when reachable.
     pub replicas: Vec<EngineReplica>,
     /// Where the engine reports a lost replica (`POST .../outdate`).
     pub controller_url: String,
@@ -68,6 +76,22 @@ pub struct EngineStatus {
     pub size_bytes: u64,
     /// Replica ids currently in the engine's in-sync set.
     pub in_sync: Vec<String>,
+    #[serde(default)]
+    pub replicas: Vec<EngineReplicaStatus>,
+}
+
+/// How the engine sees one replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineReplicaStatus {
+    pub replica_id: String,
+    /// in_sync, down, outdating, outdated, syncing, marking or failed.
+    pub state: String,
+    pub connected: bool,
+    /// Bytes of dirty chunks still to copy to it.
+    pub dirty_bytes: u64,
+    /// Bytes resync copied to it during this engine's life.
+    pub copied_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

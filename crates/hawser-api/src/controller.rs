@@ -12,6 +12,7 @@
 //! | POST   | /v1/volumes/{name}/attach              | `Attach` → `Volume`             |
 //! | POST   | /v1/volumes/{name}/detach              | → `Volume`                      |
 //! | POST   | /v1/volumes/{name}/replicas/{id}/outdate | `Outdate` → `Volume`          |
+//! | POST   | /v1/volumes/{name}/replicas/{id}/in-sync | `MarkInSync` → `Volume`       |
 
 use serde::{Deserialize, Serialize};
 
@@ -127,6 +128,10 @@ pub struct Replica {
     pub node: String,
     pub pool: String,
     pub state: ReplicaState,
+    /// The attached engine's live view of this replica (resync progress), when the volume is
+    /// attached and its agent answered. Never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<crate::agent::EngineReplicaStatus>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,4 +165,17 @@ pub struct Attach {
 pub struct Outdate {
     pub epoch: u64,
     pub reason: String,
+    /// A disk error: the replica becomes `failed` (never resynced automatically) instead of
+    /// `outdated`.
+    #[serde(default)]
+    pub failed: bool,
+}
+
+/// Sent by an engine that resynced an outdated replica (every chunk it missed copied and
+/// flushed): make it in-sync again. Succeeds only while `epoch` is the volume's current epoch
+/// and the replica is `outdated` (a failed replica stays failed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarkInSync {
+    pub epoch: u64,
 }

@@ -1,6 +1,6 @@
 //! HTTP client for the agents' admin API (`hawser_api::agent`).
 
-use hawser_api::agent::{CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
+use hawser_api::agent::{AgentStatus, CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
 use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::{ApiError, ErrorCode};
 use reqwest::{Method, StatusCode};
@@ -89,6 +89,11 @@ impl AgentClient {
         req: &StartEngine,
     ) -> Result<EngineStatus, AgentError> {
         self.call(Method::POST, addr, "/v1/engines", Some(req))
+            .await
+    }
+
+    pub async fn status(&self, addr: &str) -> Result<AgentStatus, AgentError> {
+        self.call::<(), _>(Method::GET, addr, "/v1/status", None)
             .await
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use hawser_api::controller::{Attach, CreateVolume, Outdate, Volume};
+use hawser_api::controller::{Attach, CreateVolume, MarkInSync, Outdate, Volume};
 
 use crate::errors::ControllerError;
 use crate::model::VolumeRecord;
@@ -55,7 +55,36 @@ pub async fn show(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = st.records.existing_volume(&name).await?;
-    Ok(Json(view(&st, &rec).await?))
+    let mut v = view(&st, &rec).await?;
+    add_engine_view(&st, &rec, &mut v).await;
+    Ok(Json(v))
+}
+
+/// Fill in the attached engine's live view of each replica (resync progress). Best effort:
+/// an agent that does not answer quickly leaves it out.
+async fn add_engine_view(st: &AppState, rec: &VolumeRecord, v: &mut Volume) {
+    let Some(node) = &rec.attached_node else {
+        return;
+    };
+    let Ok(Some(n)) = st.records.node(node).await else {
+        return;
+    };
+    let status = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        st.agents.status(&n.admin_addr),
+    )
+    .await;
+    let Ok(Ok(status)) = status else { return };
+    let Some(engine) = status.engines.into_iter().find(|e| e.volume == rec.name) else {
+        return;
+    };
+    for r in &mut v.replicas {
+        r.engine = engine
+            .replicas
+            .iter()
+            .find(|e| e.replica_id == r.id)
+            .cloned();
+    }
 }
 
 pub async fn delete(
@@ -89,5 +118,14 @@ pub async fn outdate(
     ApiJson(req): ApiJson<Outdate>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = volume_outdate::outdate_replica(&st, &name, &id, req).await?;
+    Ok(Json(view(&st, &rec).await?))
+}
+
+pub async fn mark_in_sync(
+    State(st): Shared,
+    ApiPath((name, id)): ApiPath<(String, String)>,
+    ApiJson(req): ApiJson<MarkInSync>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = volume_outdate::mark_in_sync(&st, &name, &id, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }

@@ -49,6 +49,11 @@ pub enum ControllerError {
          it is never outdated"
     )]
     LastInSyncReplica { volume: String, replica: String },
+    #[error(
+        "replica {replica:?} of volume {volume:?} is failed; it is not made in-sync again \
+         automatically"
+    )]
+    ReplicaFailed { volume: String, replica: String },
     #[error(transparent)]
     Placement(#[from] PlacementError),
     #[error("node {node:?}: {op}: {source}")]
@@ -83,6 +88,7 @@ impl ControllerError {
             E::Attached { .. }
             | E::Busy { .. }
             | E::LastInSyncReplica { .. }
+            | E::ReplicaFailed { .. }
             | E::Contention { .. } => ErrorCode::Conflict,
             E::StaleEpoch { .. } => ErrorCode::StaleEpoch,
             E::Placement(_) => ErrorCode::InsufficientCapacity,

@@ -38,6 +38,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/volumes/{name}/replicas/{id}/outdate",
             post(api_volumes::outdate),
         )
+        .route(
+            "/v1/volumes/{name}/replicas/{id}/in-sync",
+            post(api_volumes::mark_in_sync),
+        )
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

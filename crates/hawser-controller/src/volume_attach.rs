@@ -101,13 +101,15 @@ fn engine_replicas(
     rec: &VolumeRecord,
     nodes: &[NodeRecord],
 ) -> Result<Vec<EngineReplica>, ControllerError> {
-    rec.in_sync()
+    rec.replicas
+        .iter()
         .map(|r| {
             let node = find_node(nodes, &r.node)?;
             Ok(EngineReplica {
                 replica_id: r.id.clone(),
                 node: r.node.clone(),
                 replica_addr: node.replica_addr.clone(),
+                state: r.state,
             })
         })
         .collect()

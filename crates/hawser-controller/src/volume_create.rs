@@ -36,6 +36,7 @@ pub async fn create_volume(
             node: p.node,
             pool: p.pool,
             state: ReplicaState::InSync,
+            engine: None,
         })
         .collect();
     let record = VolumeRecord {

@@ -13,19 +13,81 @@
 //! is detached in the same epoch: refusing a truthful report about missed writes would let
 //! the next attach read from a replica that lacks them.
 
-use hawser_api::controller::{Outdate, ReplicaState, VolumeState};
+use hawser_api::controller::{MarkInSync, Outdate, ReplicaState, VolumeState};
 
 use crate::errors::ControllerError;
 use crate::model::VolumeRecord;
 use crate::state::AppState;
 
 /// Applies an outdate report to the record. Already outdated (or failed) is a success, so an
-/// engine can retry a report whose answer it lost.
+/// engine can retry a report whose answer it lost; `failed` turns an outdated replica failed.
 pub fn apply_outdate(
     v: &mut VolumeRecord,
     replica: &str,
     epoch: u64,
+    failed: bool,
 ) -> Result<(), ControllerError> {
+    check_epoch(v, epoch)?;
+    let in_sync = v.in_sync().count();
+    let Some(r) = v.replicas.iter_mut().find(|r| r.id == replica) else {
+        return Err(ControllerError::ReplicaNotFound {
+            volume: v.name.clone(),
+            replica: replica.into(),
+        });
+    };
+    let to = if failed {
+        ReplicaState::Failed
+    } else {
+        ReplicaState::Outdated
+    };
+    match r.state {
+        ReplicaState::InSync => {}
+        ReplicaState::Outdated if failed => {
+            r.state = to;
+            return Ok(());
+        }
+        ReplicaState::Outdated | ReplicaState::Failed => return Ok(()),
+    }
+    if in_sync <= 1 {
+        return Err(ControllerError::LastInSyncReplica {
+            volume: v.name.clone(),
+            replica: replica.into(),
+        });
+    }
+    r.state = to;
+    Ok(())
+}
+
+/// Applies a resync-complete report: an outdated replica becomes in-sync again. Only the
+/// engine of the current epoch may do this, and only it knows the replica got every chunk it
+/// missed; a failed replica stays failed (a disk that erred is not trusted again without an
+/// operator). Already in-sync is a success, so a lost answer can be retried.
+pub fn apply_mark_in_sync(
+    v: &mut VolumeRecord,
+    replica: &str,
+    epoch: u64,
+) -> Result<(), ControllerError> {
+    check_epoch(v, epoch)?;
+    let Some(r) = v.replicas.iter_mut().find(|r| r.id == replica) else {
+        return Err(ControllerError::ReplicaNotFound {
+            volume: v.name.clone(),
+            replica: replica.into(),
+        });
+    };
+    match r.state {
+        ReplicaState::InSync => Ok(()),
+        ReplicaState::Outdated => {
+            r.state = ReplicaState::InSync;
+            Ok(())
+        }
+        ReplicaState::Failed => Err(ControllerError::ReplicaFailed {
+            volume: v.name.clone(),
+            replica: replica.into(),
+        }),
+    }
+}
+
+fn check_epoch(v: &VolumeRecord, epoch: u64) -> Result<(), ControllerError> {
     if matches!(v.state, VolumeState::Creating | VolumeState::Deleting) {
         return Err(ControllerError::Busy {
             volume: v.name.clone(),
@@ -39,23 +101,6 @@ pub fn apply_outdate(
             current: v.epoch,
         });
     }
-    let in_sync = v.in_sync().count();
-    let Some(r) = v.replicas.iter_mut().find(|r| r.id == replica) else {
-        return Err(ControllerError::ReplicaNotFound {
-            volume: v.name.clone(),
-            replica: replica.into(),
-        });
-    };
-    if r.state != ReplicaState::InSync {
-        return Ok(());
-    }
-    if in_sync <= 1 {
-        return Err(ControllerError::LastInSyncReplica {
-            volume: v.name.clone(),
-            replica: replica.into(),
-        });
-    }
-    r.state = ReplicaState::Outdated;
     Ok(())
 }
 
@@ -67,12 +112,26 @@ pub async fn outdate_replica(
 ) -> Result<VolumeRecord, ControllerError> {
     let (rec, ()) = st
         .records
-        .update_volume(name, |v| apply_outdate(v, replica, req.epoch))
+        .update_volume(name, |v| apply_outdate(v, replica, req.epoch, req.failed))
         .await?;
     tracing::warn!(
-        volume = %name, replica, epoch = req.epoch, reason = %req.reason,
+        volume = %name, replica, epoch = req.epoch, reason = %req.reason, failed = req.failed,
         "replica outdated"
     );
+    Ok(rec)
+}
+
+pub async fn mark_in_sync(
+    st: &AppState,
+    name: &str,
+    replica: &str,
+    req: MarkInSync,
+) -> Result<VolumeRecord, ControllerError> {
+    let (rec, ()) = st
+        .records
+        .update_volume(name, |v| apply_mark_in_sync(v, replica, req.epoch))
+        .await?;
+    tracing::info!(volume = %name, replica, epoch = req.epoch, "replica resynced: in-sync");
     Ok(rec)
 }
 
@@ -99,6 +158,7 @@ mod tests {
                     node: format!("n{i}"),
                     pool: "p".into(),
                     state: *s,
+                    engine: None,
                 })
                 .collect(),
         }
@@ -109,7 +169,7 @@ mod tests {
     #[test]
     fn outdates_an_in_sync_replica() {
         let mut v = volume(&[InSync, InSync, InSync]);
-        apply_outdate(&mut v, "r1", 3).unwrap();
+        apply_outdate(&mut v, "r1", 3, false).unwrap();
         assert_eq!(v.replicas[1].state, Outdated);
         assert_eq!(v.in_sync().count(), 2);
     }
@@ -119,7 +179,7 @@ mod tests {
         for epoch in [2, 4, 0] {
             let mut v = volume(&[InSync, InSync]);
             let before = v.clone();
-            let e = apply_outdate(&mut v, "r1", epoch).unwrap_err();
+            let e = apply_outdate(&mut v, "r1", epoch, false).unwrap_err();
             assert!(
                 matches!(e, ControllerError::StaleEpoch { current: 3, .. }),
                 "{e}"
@@ -132,7 +192,7 @@ mod tests {
     fn last_in_sync_replica_is_never_outdated() {
         let mut v = volume(&[Outdated, InSync, Failed]);
         let before = v.clone();
-        let e = apply_outdate(&mut v, "r1", 3).unwrap_err();
+        let e = apply_outdate(&mut v, "r1", 3, false).unwrap_err();
         assert!(
             matches!(e, ControllerError::LastInSyncReplica { .. }),
             "{e}"
@@ -144,21 +204,49 @@ mod tests {
     fn already_outdated_is_idempotent() {
         let mut v = volume(&[Outdated, InSync]);
         let before = v.clone();
-        apply_outdate(&mut v, "r0", 3).unwrap();
+        apply_outdate(&mut v, "r0", 3, false).unwrap();
         assert_eq!(v, before);
     }
 
     #[test]
     fn unknown_replica_and_wrong_states() {
         let mut v = volume(&[InSync, InSync]);
-        let e = apply_outdate(&mut v, "nope", 3).unwrap_err();
+        let e = apply_outdate(&mut v, "nope", 3, false).unwrap_err();
         assert!(matches!(e, ControllerError::ReplicaNotFound { .. }), "{e}");
         v.state = VolumeState::Deleting;
-        let e = apply_outdate(&mut v, "r0", 3).unwrap_err();
+        let e = apply_outdate(&mut v, "r0", 3, false).unwrap_err();
         assert!(matches!(e, ControllerError::Busy { .. }), "{e}");
         // Detached in the same epoch: the report is still the truth, so it applies.
         v.state = VolumeState::Detached;
-        apply_outdate(&mut v, "r0", 3).unwrap();
+        apply_outdate(&mut v, "r0", 3, false).unwrap();
+    }
+
+    #[test]
+    fn disk_errors_fail_replicas_and_failed_ones_never_come_back() {
+        let mut v = volume(&[InSync, InSync, Outdated]);
+        apply_outdate(&mut v, "r1", 3, true).unwrap();
+        assert_eq!(v.replicas[1].state, Failed);
+        // An outdated replica reported failed becomes failed.
+        apply_outdate(&mut v, "r2", 3, true).unwrap();
+        assert_eq!(v.replicas[2].state, Failed);
+        let e = apply_mark_in_sync(&mut v, "r1", 3).unwrap_err();
+        assert!(matches!(e, ControllerError::ReplicaFailed { .. }), "{e}");
+        assert_eq!(v.replicas[1].state, Failed);
+    }
+
+    #[test]
+    fn resynced_replica_is_marked_in_sync_only_in_the_current_epoch() {
+        let mut v = volume(&[InSync, Outdated]);
+        let before = v.clone();
+        let e = apply_mark_in_sync(&mut v, "r1", 2).unwrap_err();
+        assert!(matches!(e, ControllerError::StaleEpoch { .. }), "{e}");
+        assert_eq!(v, before);
+        apply_mark_in_sync(&mut v, "r1", 3).unwrap();
+        assert_eq!(v.replicas[1].state, InSync);
+        // Retrying a lost answer is fine.
+        apply_mark_in_sync(&mut v, "r1", 3).unwrap();
+        let e = apply_mark_in_sync(&mut v, "nope", 3).unwrap_err();
+        assert!(matches!(e, ControllerError::ReplicaNotFound { .. }), "{e}");
     }
 
     /// Forces the race: the first two reads of the volume wait for each other, so both
@@ -229,6 +317,7 @@ mod tests {
                 let req = Outdate {
                     epoch: 3,
                     reason: "test".into(),
+                    failed: false,
                 };
                 outdate_replica(&st, "v", id, req).await
             })

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{code, Cluster, GIB};
+use hawser_api::controller::ReplicaState;
 use serde_json::{json, Value};
 
 /// A 2- or 3-replica volume attached to n1 at epoch 1; returns its replica ids.
@@ -61,16 +62,38 @@ async fn outdate_succeeds_and_is_idempotent() {
             vec!["in_sync".into(), "outdated".into(), "in_sync".into()]
         )
     );
-    // The next attach only gives the engine the in-sync replicas.
+    // The next attach gives the engine every replica with its state: it writes to the
+    // in-sync ones and resyncs the outdated one.
     c.post("/v1/volumes/v/detach", json!({})).await;
     c.post("/v1/volumes/v/attach", json!({"node": "n2"})).await;
     let engine = c.agent("n2").engine("v").unwrap();
-    let in_engine: Vec<&str> = engine
+    let in_engine: Vec<(&str, ReplicaState)> = engine
         .replicas
         .iter()
-        .map(|r| r.replica_id.as_str())
+        .map(|r| (r.replica_id.as_str(), r.state))
         .collect();
-    assert_eq!(in_engine, [ids[0].as_str(), ids[2].as_str()]);
+    assert_eq!(
+        in_engine,
+        [
+            (ids[0].as_str(), ReplicaState::InSync),
+            (ids[1].as_str(), ReplicaState::Outdated),
+            (ids[2].as_str(), ReplicaState::InSync)
+        ]
+    );
+    // The new engine (epoch 2) resynced it: in-sync again. The old epoch may not.
+    let (status, _) = post_in_sync(&c, "v", &ids[1], 1).await;
+    assert_eq!(status, 409);
+    let (status, v) = post_in_sync(&c, "v", &ids[1], 2).await;
+    assert_eq!(status, 200);
+    assert_eq!(states(&v), vec!["in_sync", "in_sync", "in_sync"]);
+}
+
+async fn post_in_sync(c: &Cluster, vol: &str, id: &str, epoch: u64) -> (u16, Value) {
+    c.post(
+        &format!("/v1/volumes/{vol}/replicas/{id}/in-sync"),
+        json!({ "epoch": epoch }),
+    )
+    .await
 }
 
 #[tokio::test]

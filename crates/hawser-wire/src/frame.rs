@@ -321,16 +321,20 @@ pub struct HelloInfo {
     pub size: u64,
     pub epoch: u64,
     pub generation: u64,
+    /// Identifies the replica node's current boot. An engine that sees it change knows the
+    /// node restarted, so writes it had not yet flushed may be gone and must be recopied.
+    pub boot_id: u64,
 }
 
 impl HelloInfo {
-    pub const LEN: usize = 24;
+    pub const LEN: usize = 32;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
         b[0..8].copy_from_slice(&self.size.to_le_bytes());
         b[8..16].copy_from_slice(&self.epoch.to_le_bytes());
         b[16..24].copy_from_slice(&self.generation.to_le_bytes());
+        b[24..32].copy_from_slice(&self.boot_id.to_le_bytes());
         b
     }
 
@@ -340,6 +344,7 @@ impl HelloInfo {
             size: le_u64(b, 0),
             epoch: le_u64(b, 8),
             generation: le_u64(b, 16),
+            boot_id: le_u64(b, 24),
         })
     }
 }
@@ -433,6 +438,7 @@ mod tests {
             size: 1 << 30,
             epoch: 3,
             generation: 9,
+            boot_id: 0xfeed,
         };
         assert_eq!(HelloInfo::decode(&i.encode()), Some(i));
         assert_eq!(HelloInfo::decode(&[0; 5]), None);

@@ -111,6 +111,7 @@ async fn fake_agent() -> SocketAddr {
             epoch: s.epoch,
             size_bytes: s.size_bytes,
             in_sync: s.replicas.into_iter().map(|r| r.replica_id).collect(),
+            replicas: vec![],
         })
     }
     let app = Router::new()

@@ -157,6 +157,7 @@ async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> R
         epoch: req.epoch,
         size_bytes: req.size_bytes,
         in_sync: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
+        replicas: vec![],
     };
     st.lock().unwrap().engines.insert(req.volume.clone(), req);
     Json(status).into_response()
