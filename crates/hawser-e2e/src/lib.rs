@@ -5,9 +5,11 @@
 //! The binary comes from `HAWSER_BIN` (set by `make test`), else `target/release/hawser`.
 
 pub mod cluster;
+pub mod compare;
 pub mod mounts;
 pub mod run;
 
 pub use cluster::{Cluster, ClusterOptions};
+pub use compare::assert_same_contents;
 pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
 pub use run::{have, run_ok, sh, wait_until, TempDir};
