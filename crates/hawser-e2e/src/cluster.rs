@@ -114,21 +114,9 @@ impl Cluster {
             a.pools.clone(),
             (a.admin.clone(), a.replica.clone(), a.nbd.clone()),
         );
-        let before = self
-            .nodes()
-            .into_iter()
-            .find(|n| n.name == name)
-            .map(|n| n.last_seen_ms);
+        let before = last_seen(&self.nodes(), name);
         self.agents[i] = self.launch_agent(name, &pools, addrs);
-        wait_until(
-            &format!("{name} to register again"),
-            Duration::from_secs(30),
-            || {
-                self.nodes()
-                    .iter()
-                    .any(|n| n.name == name && Some(n.last_seen_ms) > before)
-            },
-        );
+        wait_registered(name, before, || self.nodes());
     }
 
     fn launch_agent(
@@ -173,17 +161,7 @@ impl Cluster {
     }
 
     pub fn wait_nodes_online(&self, n: usize) {
-        wait_until(
-            &format!("{n} nodes online"),
-            Duration::from_secs(30),
-            || {
-                self.nodes()
-                    .iter()
-                    .filter(|n| n.state == hawser_api::controller::NodeState::Online)
-                    .count()
-                    >= n
-            },
-        );
+        wait_online(n, || self.nodes());
     }
 
     /// Run the CLI against this cluster.
@@ -197,14 +175,7 @@ impl Cluster {
 
     /// Run the CLI and require success; returns stdout.
     pub fn cli_ok(&self, args: &[&str]) -> String {
-        let out = self.cli(args);
-        assert!(
-            out.status.success(),
-            "hawser {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        cli_stdout(args, self.cli(args))
     }
 
     pub fn nodes(&self) -> Vec<Node> {
@@ -279,7 +250,55 @@ impl Cluster {
     }
 }
 
-fn log_file(dir: &Path, name: &str) -> Stdio {
+/// The stdout of a CLI run that must have succeeded; panics with both streams otherwise.
+pub(crate) fn cli_stdout(args: &[&str], out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "hawser {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Wait until at least `n` of the nodes `nodes` lists are online.
+pub(crate) fn wait_online(n: usize, nodes: impl Fn() -> Vec<Node>) {
+    wait_until(
+        &format!("{n} nodes online"),
+        Duration::from_secs(30),
+        || {
+            nodes()
+                .iter()
+                .filter(|n| n.state == hawser_api::controller::NodeState::Online)
+                .count()
+                >= n
+        },
+    );
+}
+
+/// When node `name` last registered, as the controller says.
+pub(crate) fn last_seen(nodes: &[Node], name: &str) -> Option<u64> {
+    nodes
+        .iter()
+        .find(|n| n.name == name)
+        .map(|n| n.last_seen_ms)
+}
+
+/// Wait until node `name` registers after `before` (its earlier `last_seen`).
+pub(crate) fn wait_registered(name: &str, before: Option<u64>, nodes: impl Fn() -> Vec<Node>) {
+    wait_until(
+        &format!("{name} to register again"),
+        Duration::from_secs(30),
+        || {
+            nodes()
+                .iter()
+                .any(|n| n.name == name && Some(n.last_seen_ms) > before)
+        },
+    );
+}
+
+/// Append-mode log file `<dir>/<name>.log` for a process's stderr (null if it cannot be made).
+pub(crate) fn log_file(dir: &Path, name: &str) -> Stdio {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -288,7 +307,8 @@ fn log_file(dir: &Path, name: &str) -> Stdio {
         .unwrap_or(Stdio::null())
 }
 
-fn stop(child: &mut Child) {
+/// Stop a child we spawned: SIGTERM, then SIGKILL after 10 s; reaps it.
+pub(crate) fn stop(child: &mut Child) {
     if matches!(child.try_wait(), Ok(Some(_))) {
         return;
     }
@@ -314,16 +334,21 @@ impl Drop for Cluster {
         }
         stop(&mut self.controller);
         if std::thread::panicking() {
-            for name in std::iter::once("controller".to_owned())
-                .chain(self.agents.iter().map(|a| a.name.clone()))
-            {
-                let log = self.log(&name);
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                eprintln!("--- last lines of {name}.log ---");
-                for l in tail.iter().rev() {
-                    eprintln!("{l}");
-                }
-            }
+            let names = std::iter::once("controller".to_owned())
+                .chain(self.agents.iter().map(|a| a.name.clone()));
+            print_log_tails(self.dir.path(), names);
+        }
+    }
+}
+
+/// Print the last 30 lines of each `<dir>/<name>.log` to stderr (for a failing test).
+pub(crate) fn print_log_tails(dir: &Path, names: impl IntoIterator<Item = String>) {
+    for name in names {
+        let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        eprintln!("--- last lines of {name}.log ---");
+        for l in tail.iter().rev() {
+            eprintln!("{l}");
         }
     }
 }

@@ -1,13 +1,25 @@
-//! Fixtures for end-to-end tests: a cluster of real `hawser` processes on loopback, commands
-//! with deadlines, and guards that undo mounts, loop devices and FUSE mounts even when a test
-//! fails. Processes are stopped by the PIDs this fixture started, nothing else.
+//! Fixtures for end-to-end tests: a cluster of real `hawser` processes on loopback, a
+//! multi-host cluster in network namespaces for fault tests, a verifying writer (NBD client
+//! with a write log and checker), commands with deadlines, and guards that undo mounts, loop
+//! devices and FUSE mounts even when a test fails. Processes are stopped by the PIDs this
+//! fixture started, nothing else.
 //!
 //! The binary comes from `HAWSER_BIN` (set by `make test`), else `target/release/hawser`.
 
 pub mod cluster;
+pub mod compare;
 pub mod mounts;
+pub mod nbd_client;
+pub mod netns;
 pub mod run;
+pub mod write_log;
+pub mod writer;
 
 pub use cluster::{Cluster, ClusterOptions};
+pub use compare::assert_same_contents;
 pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
+pub use nbd_client::{NbdConn, NbdTarget};
+pub use netns::{NetCluster, NetHost};
 pub use run::{have, run_ok, sh, wait_until, TempDir};
+pub use write_log::{WriteLog, BLOCK_BYTES};
+pub use writer::{verify_file, verify_nbd, VerifyReport, Writer, WriterOptions, WriterStats};

@@ -51,15 +51,19 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// Where test directories go: `HAWSER_TEST_DIR`, else the system temp dir.
+pub(crate) fn test_base_dir() -> PathBuf {
+    std::env::var_os("HAWSER_TEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
 /// A directory removed on drop.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> TempDir {
-        let base = std::env::var_os("HAWSER_TEST_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let p = base.join(format!("hawser-e2e-{name}-{}", std::process::id()));
+        let p = test_base_dir().join(format!("hawser-e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("create test dir");
         TempDir(p)

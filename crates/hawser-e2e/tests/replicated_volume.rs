@@ -1,9 +1,8 @@
 //! "Replicated volumes over NBD", acceptance a-c: real clients against a 3-node cluster.
 
-use std::io::Read;
-use std::path::Path;
-
-use hawser_e2e::{have, run_ok, Cluster, FuseExport, LoopDevice, Mount, TempDir};
+use hawser_e2e::{
+    assert_same_contents, have, run_ok, Cluster, FuseExport, LoopDevice, Mount, TempDir,
+};
 use rand::{Rng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 
@@ -13,35 +12,6 @@ fn need(bins: &[&str]) -> bool {
         eprintln!("SKIP: missing {missing:?} (make test installs them)");
     }
     missing.is_empty()
-}
-
-/// Compare two files over `len` bytes, chunk by chunk; panics at the first difference.
-fn assert_same_contents(a: &Path, b: &Path, len: u64) {
-    let (mut fa, mut fb) = (
-        std::fs::File::open(a).expect("open a"),
-        std::fs::File::open(b).expect("open b"),
-    );
-    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
-    let mut at = 0u64;
-    while at < len {
-        let n = (len - at).min(1 << 20) as usize;
-        fa.read_exact(&mut ba[..n]).expect("read a");
-        fb.read_exact(&mut bb[..n]).expect("read b");
-        if ba[..n] != bb[..n] {
-            let i = ba[..n]
-                .iter()
-                .zip(&bb[..n])
-                .position(|(x, y)| x != y)
-                .unwrap_or(0);
-            panic!(
-                "replicas differ at byte {}: {} vs {}",
-                at + i as u64,
-                a.display(),
-                b.display()
-            );
-        }
-        at += n as u64;
-    }
 }
 
 fn replica_files_identical(c: &Cluster, volume: &str) {

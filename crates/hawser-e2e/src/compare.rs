@@ -1,0 +1,33 @@
+//! Byte-for-byte comparison of replica data files.
+
+use std::io::Read;
+use std::path::Path;
+
+/// Compare two files over `len` bytes, chunk by chunk; panics at the first difference.
+pub fn assert_same_contents(a: &Path, b: &Path, len: u64) {
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).expect("open a"),
+        std::fs::File::open(b).expect("open b"),
+    );
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    let mut at = 0u64;
+    while at < len {
+        let n = usize::try_from((len - at).min(1 << 20)).expect("chunk fits usize");
+        fa.read_exact(&mut ba[..n]).expect("read a");
+        fb.read_exact(&mut bb[..n]).expect("read b");
+        if ba[..n] != bb[..n] {
+            let i = ba[..n]
+                .iter()
+                .zip(&bb[..n])
+                .position(|(x, y)| x != y)
+                .unwrap_or(0);
+            panic!(
+                "replicas differ at byte {}: {} vs {}",
+                at + i as u64,
+                a.display(),
+                b.display()
+            );
+        }
+        at += n as u64;
+    }
+}

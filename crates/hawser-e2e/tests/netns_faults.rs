@@ -1,0 +1,228 @@
+//! "Failures without losing an acknowledged write": real processes on hosts made of network
+//! namespaces, a verifying writer running throughout, a fault on a replica's host (kill -9 of
+//! its agent, or an iptables partition). Each test checks that the writer sees no error, that
+//! I/O resumes (the longest gap without an acknowledgement, measured by the writer, is printed
+//! and bounded), that the lost replica becomes `outdated`, and at the end that every
+//! acknowledged write reads back, through NBD and from every in-sync replica file, and that the
+//! in-sync replicas are identical.
+//!
+//! Needs root, `ip netns` and iptables; otherwise each test prints SKIP and passes, unless
+//! `HAWSER_REQUIRE_NETNS` is set (then it fails). Run with `--nocapture` to see the timings:
+//! `cargo test --release -p hawser-e2e --test netns_faults -- --test-threads=1 --nocapture`.
+
+use std::time::{Duration, Instant};
+
+use hawser_api::controller::{Replica, ReplicaState};
+use hawser_e2e::{
+    assert_same_contents, verify_file, verify_nbd, wait_until, NbdTarget, NetCluster, Writer,
+    WriterOptions,
+};
+
+/// Today's bound on the longest pause of acknowledgements across a fault: the replica watchdog
+/// (5 s) plus the outdate CAS. Lower it as failure detection gets faster.
+const MAX_GAP: Duration = Duration::from_secs(10);
+/// Acknowledged writes before the fault, and after the replica is known outdated.
+const ACKS_BEFORE: u64 = 5000;
+const ACKS_AFTER: u64 = 5000;
+const ACK_TIMEOUT: Duration = Duration::from_secs(60);
+const OUTDATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn skip() -> bool {
+    let Some(why) = NetCluster::unavailable() else {
+        return false;
+    };
+    assert!(
+        std::env::var_os("HAWSER_REQUIRE_NETNS").is_none(),
+        "HAWSER_REQUIRE_NETNS is set but network-namespace tests cannot run: {why}"
+    );
+    eprintln!("SKIP: {why}");
+    true
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Kill9,
+    Partition,
+}
+
+/// A volume attached on the host of one of its replicas, and the replica the fault will hit.
+struct Setup {
+    volume: String,
+    target: NbdTarget,
+    engine_host: String,
+    victim: Replica,
+}
+
+fn attach_on_a_replica_host(c: &NetCluster, volume: &str, replicas: u32) -> Setup {
+    let n = replicas.to_string();
+    c.cli_ok(&[
+        "volume",
+        "create",
+        volume,
+        "--size",
+        "256MiB",
+        "--replicas",
+        &n,
+    ]);
+    let v = c.volume(volume);
+    let engine_host = v.replicas[0].node.clone();
+    let victim = v.replicas.last().expect("replicas").clone();
+    assert_ne!(
+        victim.node, engine_host,
+        "replicas on distinct hosts: {v:?}"
+    );
+    c.cli_ok(&["volume", "attach", volume, "--node", &engine_host]);
+    let uri = c
+        .volume(volume)
+        .nbd_unix_uri
+        .expect("attached volume has a unix URI");
+    Setup {
+        volume: volume.into(),
+        target: NbdTarget::from_unix_uri(&uri),
+        engine_host,
+        victim,
+    }
+}
+
+/// Run the writer across `fault` on the victim's host; returns the log and prints timings.
+fn write_across_fault(
+    c: &mut NetCluster,
+    s: &Setup,
+    fault: Fault,
+    seed: u64,
+) -> hawser_e2e::WriteLog {
+    let opts = WriterOptions {
+        seed,
+        ..WriterOptions::default()
+    };
+    eprintln!(
+        "writer seed {seed}, engine on {}, fault {fault:?} on {}",
+        s.engine_host, s.victim.node
+    );
+    let writer = Writer::start(s.target.clone(), opts);
+    writer.wait_acks(ACKS_BEFORE, ACK_TIMEOUT);
+    let at_fault = writer.stats();
+    let t0 = Instant::now();
+    match fault {
+        Fault::Kill9 => c.kill9(&s.victim.node),
+        Fault::Partition => c.partition(&s.victim.node),
+    }
+    wait_until("the lost replica to be outdated", OUTDATE_TIMEOUT, || {
+        c.replica_state(&s.volume, &s.victim.id) == ReplicaState::Outdated
+    });
+    let outdated_after = t0.elapsed();
+    writer.wait_acks(ACKS_AFTER, ACK_TIMEOUT);
+    let (log, stats) = writer.stop();
+    eprintln!(
+        "{fault:?}: outdated after {outdated_after:.2?}; longest gap without an ack {:.2?} \
+         (ended {:.2?} after the writer started, fault at {:.2?}); {} writes and {} flushes \
+         acknowledged in {:.2?}",
+        stats.longest_gap,
+        stats.longest_gap_ended_at,
+        at_fault.elapsed,
+        stats.acked_writes,
+        stats.acked_flushes,
+        stats.elapsed
+    );
+    assert_eq!(stats.errors, 0, "the writer saw errors: {stats:?}");
+    assert_eq!(
+        stats.unknown_writes, 0,
+        "writes with unknown outcome: {stats:?}"
+    );
+    assert_eq!(
+        stats.disconnects, 0,
+        "the NBD connection dropped: {stats:?}"
+    );
+    assert!(
+        stats.longest_gap < MAX_GAP,
+        "I/O paused {:.2?} (bound {MAX_GAP:?}): {stats:?}",
+        stats.longest_gap
+    );
+    log
+}
+
+/// After the writer: every acknowledged write reads back through NBD; then, detached, from
+/// every in-sync replica file, and the in-sync replicas are identical. Returns them.
+fn verify_everywhere(c: &NetCluster, s: &Setup, log: &hawser_e2e::WriteLog) -> Vec<Replica> {
+    let report = verify_nbd(&s.target, log).expect("read the volume back");
+    report.assert_ok();
+    eprintln!("{} written blocks read back through NBD", report.checked);
+    c.cli_ok(&["volume", "detach", &s.volume]);
+    let v = c.volume(&s.volume);
+    let in_sync: Vec<Replica> = v
+        .replicas
+        .iter()
+        .filter(|r| r.state == ReplicaState::InSync)
+        .cloned()
+        .collect();
+    assert!(
+        in_sync.iter().any(|r| r.node == s.engine_host),
+        "the engine's local replica is not in sync: {v:?}"
+    );
+    assert!(
+        in_sync.iter().all(|r| r.id != s.victim.id),
+        "the lost replica is still in sync: {v:?}"
+    );
+    let files: Vec<_> = in_sync.iter().map(|r| c.replica_file(r)).collect();
+    for f in &files {
+        verify_file(f, log)
+            .expect("read a replica file")
+            .assert_ok();
+    }
+    for pair in files.windows(2) {
+        assert_same_contents(&pair[0], &pair[1], v.size_bytes);
+    }
+    in_sync
+}
+
+/// a. kill -9 of the agent holding the other replica: the engine loses the connection at
+/// once, outdates that replica and carries on.
+#[test]
+fn kill9_of_a_replica_agent_loses_no_acknowledged_write() {
+    if skip() {
+        return;
+    }
+    let mut c = NetCluster::start("kill9", 3);
+    let s = attach_on_a_replica_host(&c, "k9", 2);
+    let log = write_across_fault(&mut c, &s, Fault::Kill9, 0x6b39);
+    assert!(!c.agent_alive(&s.victim.node));
+    verify_everywhere(&c, &s, &log);
+    // The killed agent comes back on the same data directory and addresses (re-admitting its
+    // replica is not implemented yet, so its state is not checked here).
+    c.restart_agent(&s.victim.node);
+    assert!(c.agent_alive(&s.victim.node));
+    assert!(c.replica_file(&s.victim).exists());
+}
+
+/// b. A partition of the other replica's host (iptables DROP inside its namespace): its
+/// requests go unanswered until the replica watchdog (5 s) closes the connection; then as a.
+#[test]
+fn partition_of_a_replica_host_loses_no_acknowledged_write() {
+    if skip() {
+        return;
+    }
+    let mut c = NetCluster::start("partition", 3);
+    let s = attach_on_a_replica_host(&c, "part", 2);
+    let log = write_across_fault(&mut c, &s, Fault::Partition, 0x9a27);
+    verify_everywhere(&c, &s, &log);
+    c.heal(&s.victim.node);
+    assert_eq!(
+        c.replica_state(&s.volume, &s.victim.id),
+        ReplicaState::Outdated,
+        "healing must not bring an outdated replica back by itself"
+    );
+}
+
+/// c. Three replicas, kill -9 of one: the two left stay in sync, hold every acknowledged write
+/// and are byte-identical.
+#[test]
+fn kill9_with_three_replicas_leaves_two_identical_in_sync_replicas() {
+    if skip() {
+        return;
+    }
+    let mut c = NetCluster::start("kill9x3", 3);
+    let s = attach_on_a_replica_host(&c, "k9x3", 3);
+    let log = write_across_fault(&mut c, &s, Fault::Kill9, 0x3333);
+    let in_sync = verify_everywhere(&c, &s, &log);
+    assert_eq!(in_sync.len(), 2, "two replicas left in sync: {in_sync:?}");
+}
