@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use hawser_api::controller::RegisterNode;
-use hawser_storage::{Pool, PoolConfig};
+use hawser_storage::{Pool, PoolConfig, PoolKind};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
@@ -63,6 +63,7 @@ pub fn parse_pool(spec: &str) -> anyhow::Result<PoolConfig> {
         path: path.into(),
         overprovision_ratio: 1.0,
         capacity_limit: None,
+        kind: PoolKind::Any,
     };
     for opt in parts {
         match opt.split_once('=') {
