@@ -101,6 +101,7 @@ mod tests {
                     state: *s,
                 })
                 .collect(),
+            placement: Default::default(),
         }
     }
 

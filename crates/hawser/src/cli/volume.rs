@@ -78,6 +78,9 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 size_bytes: size,
                 replicas,
                 thin: !thick,
+                pool: None,
+                zone_spread: None,
+                prefer_node: None,
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
