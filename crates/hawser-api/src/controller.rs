@@ -63,12 +63,6 @@ pub struct Node {
     pub labels: Labels,
 }
 
-impl Node {
-    pub fn zone(&self) -> Option<&str> {
-        self.labels.get(ZONE_LABEL).map(String::as_str)
-    }
-}
-
 /// Checks node labels: at most [`MAX_NODE_LABELS`]; keys 1-63 characters of
 /// `[A-Za-z0-9._/-]` and values 1-63 of `[A-Za-z0-9._-]`, both starting and ending with a
 /// letter or digit. These are Kubernetes' rules for label values and short keys, so
@@ -202,7 +196,8 @@ pub struct CreateVolume {
     #[serde(default)]
     pub zone_spread: Option<ZoneSpread>,
     /// Put one replica on this node if it can take one (data locality: the node the volume
-    /// will be attached to reads locally). A preference, not a requirement.
+    /// will be attached to reads locally). A preference: if the node is offline or full the
+    /// replicas go elsewhere. It must be a registered node, so a typo is an error.
     #[serde(default)]
     pub prefer_node: Option<String>,
 }
@@ -222,9 +217,10 @@ pub enum ZoneSpread {
 }
 
 /// Where a volume's replicas may go, as decided at create time and kept with the volume so
-/// a replacement replica follows the same rules.
+/// a replacement replica follows the same rules. Part of the controller's volume records,
+/// which accept unknown fields (so an older controller reads a newer one's records); it is
+/// never a request body, so it does not refuse them either.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct VolumePlacement {
     #[serde(default)]
     pub pool: Option<String>,
