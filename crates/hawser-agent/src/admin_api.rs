@@ -48,9 +48,9 @@ fn storage_error(e: StorageError) -> Failure {
         StorageError::NoRoom { .. } => ErrorCode::InsufficientCapacity,
         StorageError::ReplicaExists { .. } => ErrorCode::AlreadyExists,
         StorageError::ReplicaNotFound { .. } => ErrorCode::NotFound,
-        StorageError::InvalidSize { .. } | StorageError::InvalidId { .. } => {
-            ErrorCode::InvalidArgument
-        }
+        StorageError::InvalidSize { .. }
+        | StorageError::InvalidId { .. }
+        | StorageError::WrongKind { .. } => ErrorCode::InvalidArgument,
         StorageError::Io { .. } | StorageError::Meta { .. } => ErrorCode::Internal,
     };
     Failure(ApiError::new(code, e.to_string()))

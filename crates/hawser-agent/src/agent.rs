@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use hawser_api::controller::RegisterNode;
-use hawser_storage::{Pool, PoolConfig};
+use hawser_api::controller::{validate_label, validate_labels, Labels, RegisterNode};
+use hawser_storage::{Pool, PoolConfig, PoolKind};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
@@ -26,10 +26,15 @@ pub struct AgentArgs {
     /// Directory for the agent's state; the default pool lives in `<data-dir>/pool-default`.
     #[arg(long)]
     pub data_dir: PathBuf,
-    /// A storage pool: NAME=PATH[,overprovision=RATIO][,capacity=SIZE]. Repeatable.
-    /// Without any, one pool `default` in the data dir.
+    /// A storage pool: NAME=PATH[,overprovision=RATIO][,capacity=SIZE][,kind=thin|thick|any].
+    /// Repeatable. Without any, one pool `default` in the data dir. `kind` limits the pool to
+    /// thin or thick replicas (default any).
     #[arg(long = "pool", value_name = "SPEC")]
     pub pools: Vec<String>,
+    /// A node label, KEY=VALUE, sent to the controller with every heartbeat. Repeatable.
+    /// `zone=...` is the failure domain: replicas of a volume go to distinct zones.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
     /// Controller URL.
     #[arg(long, env = "HAWSER_CONTROLLER", default_value = hawser_api::DEFAULT_CONTROLLER_URL)]
     pub controller: String,
@@ -47,7 +52,28 @@ pub struct AgentArgs {
     pub nbd_socket: Option<PathBuf>,
 }
 
-/// Parse `NAME=PATH[,overprovision=R][,capacity=SIZE]`.
+/// Parse `KEY=VALUE` (a node label).
+pub fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("label {s:?} is not KEY=VALUE"))?;
+    validate_label(k, v).map_err(|e| e.message)?;
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// The labels of `--label` options; a key given twice is an error, not a silent override.
+pub fn labels(pairs: &[(String, String)]) -> anyhow::Result<Labels> {
+    let mut labels = Labels::new();
+    for (k, v) in pairs {
+        if let Some(old) = labels.insert(k.clone(), v.clone()) {
+            anyhow::bail!("label {k:?} given twice ({old:?} and {v:?})");
+        }
+    }
+    validate_labels(&labels).map_err(|e| anyhow::anyhow!(e.message))?;
+    Ok(labels)
+}
+
+/// Parse `NAME=PATH[,overprovision=R][,capacity=SIZE][,kind=thin|thick|any]`.
 pub fn parse_pool(spec: &str) -> anyhow::Result<PoolConfig> {
     let (name, rest) = spec
         .split_once('=')
@@ -63,6 +89,7 @@ pub fn parse_pool(spec: &str) -> anyhow::Result<PoolConfig> {
         path: path.into(),
         overprovision_ratio: 1.0,
         capacity_limit: None,
+        kind: PoolKind::Any,
     };
     for opt in parts {
         match opt.split_once('=') {
@@ -71,6 +98,14 @@ pub fn parse_pool(spec: &str) -> anyhow::Result<PoolConfig> {
                 anyhow::ensure!(cfg.overprovision_ratio > 0.0, "overprovision must be > 0");
             }
             Some(("capacity", v)) => cfg.capacity_limit = Some(hawser_api::parse_size(v)?),
+            Some(("kind", v)) => {
+                cfg.kind = match v {
+                    "any" => PoolKind::Any,
+                    "thin" => PoolKind::Thin,
+                    "thick" => PoolKind::Thick,
+                    _ => anyhow::bail!("pool kind must be thin, thick or any, not {v:?}"),
+                }
+            }
             _ => anyhow::bail!("unknown pool option {opt:?}"),
         }
     }
@@ -78,6 +113,7 @@ pub fn parse_pool(spec: &str) -> anyhow::Result<PoolConfig> {
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let labels = labels(&args.labels)?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let mut configs: Vec<PoolConfig> = args
@@ -157,6 +193,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         nbd_addr: (args.nbd_listen != "none").then(|| args.nbd_listen.clone()),
         nbd_socket: Some(sock.display().to_string()),
         pools: vec![],
+        labels,
     };
     tasks.spawn(heartbeat(
         args.node.clone(),
@@ -165,7 +202,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         storage.clone(),
         stop_rx.clone(),
     ));
-    tracing::info!(node = %args.node, replica = %args.replica_listen, nbd = %args.nbd_listen, socket = %sock.display(), "agent running");
+    tracing::info!(node = %args.node, replica = %args.replica_listen, nbd = %args.nbd_listen, socket = %sock.display(), labels = ?args.labels, "agent running");
 
     shutdown_signal().await;
     tracing::info!("stopping: flushing engines");
@@ -222,5 +259,53 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn pool_specs() {
+        let p = parse_pool("fast=/srv/fast,overprovision=2.5,capacity=10GiB,kind=thin").unwrap();
+        assert_eq!(p.name, "fast");
+        assert_eq!(p.path, PathBuf::from("/srv/fast"));
+        assert_eq!(p.overprovision_ratio, 2.5);
+        assert_eq!(p.capacity_limit, Some(10 << 30));
+        assert_eq!(p.kind, PoolKind::Thin);
+        assert_eq!(parse_pool("p=/x").unwrap().kind, PoolKind::Any);
+        for bad in [
+            "p=/x,kind=fat",
+            "p=/x,overprovision=0",
+            "p=",
+            "P=/x",
+            "p=/x,colour=red",
+        ] {
+            assert!(parse_pool(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn label_args() {
+        assert_eq!(parse_label("zone=a"), Ok(("zone".into(), "a".into())));
+        assert!(parse_label("zone").unwrap_err().contains("KEY=VALUE"));
+        assert!(parse_label("zone=").is_err());
+        assert!(parse_label("=a").is_err());
+        let pairs = [
+            ("zone".to_string(), "a".to_string()),
+            ("rack".into(), "r1".into()),
+        ];
+        let l = labels(&pairs).unwrap();
+        assert_eq!(l.get("zone").map(String::as_str), Some("a"));
+        let twice = [
+            ("zone".to_string(), "a".to_string()),
+            ("zone".into(), "b".into()),
+        ];
+        assert!(labels(&twice)
+            .unwrap_err()
+            .to_string()
+            .contains("given twice"));
     }
 }

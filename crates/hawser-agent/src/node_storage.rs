@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use hawser_api::agent::ReplicaStatus;
-use hawser_api::controller::PoolInfo;
+use hawser_api::controller::{PoolInfo, PoolKind};
 use hawser_storage::{NewReplica, Pool, Replica, StorageError};
 
 pub struct NodeStorage {
@@ -65,6 +65,11 @@ impl NodeStorage {
                     provisioned_bytes: u.provisioned_bytes,
                     overprovision_ratio: p.overprovision_ratio(),
                     replicas: u.replicas,
+                    kind: match p.kind() {
+                        hawser_storage::PoolKind::Any => PoolKind::Any,
+                        hawser_storage::PoolKind::Thin => PoolKind::Thin,
+                        hawser_storage::PoolKind::Thick => PoolKind::Thick,
+                    },
                 }),
                 Err(e) => {
                     tracing::error!(pool = p.name(), error = %e, "cannot read pool usage");

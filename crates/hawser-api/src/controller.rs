@@ -4,6 +4,7 @@
 //! |--------|----------------------------------------|---------------------------------|
 //! | PUT    | /v1/nodes/{node}                       | `RegisterNode` → `Node`         |
 //! | GET    | /v1/nodes                              | → `Vec<Node>`                   |
+//! | GET    | /v1/nodes/{node}                       | → `Node`                        |
 //! | GET    | /v1/pools                              | → `Vec<PoolInfo>`               |
 //! | POST   | /v1/volumes                            | `CreateVolume` → `Volume`       |
 //! | GET    | /v1/volumes                            | → `Vec<Volume>`                 |
@@ -14,7 +15,21 @@
 //! | POST   | /v1/volumes/{name}/replicas/{id}/outdate | `Outdate` → `Volume`          |
 //! | POST   | /v1/volumes/{name}/replicas/{id}/in-sync | `MarkInSync` → `Volume`       |
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+use crate::ApiError;
+
+/// The node label placement reads as the failure domain: replicas of one volume go to
+/// distinct zones (see [`ZoneSpread`]).
+pub const ZONE_LABEL: &str = "zone";
+
+/// Labels per node; a few (zone, rack, disk type) is the use, so this only bounds records.
+pub const MAX_NODE_LABELS: usize = 16;
+
+/// Node labels, `key=value`, e.g. `zone=a`.
+pub type Labels = BTreeMap<String, String>;
 
 /// What an agent tells the controller about itself (registration and heartbeat).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -29,6 +44,9 @@ pub struct RegisterNode {
     /// NBD unix socket path, if any.
     pub nbd_socket: Option<String>,
     pub pools: Vec<PoolInfo>,
+    /// The agent's `--label`s, e.g. `zone=a`; see [`validate_labels`].
+    #[serde(default)]
+    pub labels: Labels,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,6 +60,50 @@ pub struct Node {
     /// Unix milliseconds of the last registration or heartbeat.
     pub last_seen_ms: u64,
     pub state: NodeState,
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+/// Checks node labels: at most [`MAX_NODE_LABELS`]; keys 1-63 characters of
+/// `[A-Za-z0-9._/-]` and values 1-63 of `[A-Za-z0-9._-]`, both starting and ending with a
+/// letter or digit. These are Kubernetes' rules for label values and short keys, so
+/// `topology.kubernetes.io/zone=eu-1a` can be copied from a Kubernetes node as it is.
+pub fn validate_labels(labels: &Labels) -> Result<(), ApiError> {
+    if labels.len() > MAX_NODE_LABELS {
+        return Err(ApiError::invalid(format!(
+            "{} labels; a node may have at most {MAX_NODE_LABELS}",
+            labels.len()
+        )));
+    }
+    for (k, v) in labels {
+        validate_label(k, v)?;
+    }
+    Ok(())
+}
+
+/// Checks one `key=value` label; see [`validate_labels`].
+pub fn validate_label(key: &str, value: &str) -> Result<(), ApiError> {
+    fn ok(s: &str, extra: &[u8]) -> bool {
+        let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        (1..=63).contains(&s.len())
+            && s.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c) || extra.contains(&c))
+            && edge(s.chars().next())
+            && edge(s.chars().last())
+    }
+    if !ok(key, b"/") {
+        return Err(ApiError::invalid(format!(
+            "invalid label key {key:?}: use 1-63 characters A-Z, a-z, 0-9, '.', '_', '-', '/', \
+             starting and ending with a letter or digit"
+        )));
+    }
+    if !ok(value, b"") {
+        return Err(ApiError::invalid(format!(
+            "invalid value {value:?} of label {key:?}: use 1-63 characters A-Z, a-z, 0-9, \
+             '.', '_', '-', starting and ending with a letter or digit"
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,11 +130,46 @@ pub struct PoolInfo {
     /// Thin replicas may be placed while provisioned <= capacity * this ratio.
     pub overprovision_ratio: f64,
     pub replicas: u32,
+    /// Which replicas the pool takes: thin, thick or both.
+    #[serde(default)]
+    pub kind: PoolKind,
+}
+
+/// Which replicas a pool takes. An overprovisioned pool may be kept thin-only so a thick
+/// replica cannot take the real space its thin replicas were promised; a pool may be kept
+/// thick-only for predictable latency (no allocation on first write).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    /// Thin and thick replicas.
+    #[default]
+    Any,
+    Thin,
+    Thick,
+}
+
+impl PoolKind {
+    pub fn allows(self, thin: bool) -> bool {
+        match self {
+            PoolKind::Any => true,
+            PoolKind::Thin => thin,
+            PoolKind::Thick => !thin,
+        }
+    }
 }
 
 impl PoolInfo {
+    /// The most that may be provisioned in the pool: capacity times the overprovision ratio.
+    pub fn overprovision_limit(&self) -> u64 {
+        // Float-to-int `as` saturates, which is the wanted bound for a huge ratio.
+        #[allow(clippy::cast_possible_truncation)]
+        let limit = (self.capacity_bytes as f64 * self.overprovision_ratio) as u64;
+        limit
+    }
+
     /// Whether a new replica of `size` fits: thick replicas need real free space, thin ones
-    /// must stay within the overprovision limit.
+    /// must stay within the overprovision limit. The pool's kind is checked separately
+    /// ([`PoolKind::allows`]).
     pub fn fits(&self, size: u64, thin: bool) -> bool {
         if thin {
             let limit = self.capacity_bytes as f64 * self.overprovision_ratio;
@@ -92,6 +189,46 @@ pub struct CreateVolume {
     /// Thin (sparse) replicas unless false.
     #[serde(default = "default_true")]
     pub thin: bool,
+    /// Place replicas only in pools of this name.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// How replicas spread over zones. Unset: `strict` if any registered node has a `zone`
+    /// label, else `none`; the resolved value is stored with the volume.
+    #[serde(default)]
+    pub zone_spread: Option<ZoneSpread>,
+    /// Put one replica on this node if it can take one (data locality: the node the volume
+    /// will be attached to reads locally). A preference: if the node is offline or full the
+    /// replicas go elsewhere. It must be a registered node, so a typo is an error.
+    #[serde(default)]
+    pub prefer_node: Option<String>,
+}
+
+/// How a volume's replicas spread over the nodes' `zone` labels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ZoneSpread {
+    /// Every replica in a different zone; nodes without a zone label are not used. Creating
+    /// fails, naming the zones, when there are fewer zones with room than replicas.
+    Strict,
+    /// As many zones as possible, then several replicas per zone (still one per node).
+    Preferred,
+    /// Zones are ignored (one replica per node still holds).
+    #[default]
+    None,
+}
+
+/// Where a volume's replicas may go, as decided at create time and kept with the volume so
+/// a replacement replica follows the same rules. Part of the controller's volume records,
+/// which accept unknown fields (so an older controller reads a newer one's records); it is
+/// never a request body, so it does not refuse them either.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumePlacement {
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub zone_spread: ZoneSpread,
+    #[serde(default)]
+    pub prefer_node: Option<String>,
 }
 
 fn default_true() -> bool {
@@ -150,6 +287,8 @@ pub struct Volume {
     pub nbd_uri: Option<String>,
     /// `nbd+unix:///demo?socket=...` while attached on a node with a unix socket.
     pub nbd_unix_uri: Option<String>,
+    #[serde(default)]
+    pub placement: VolumePlacement,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,4 +317,73 @@ pub struct Outdate {
 #[serde(deny_unknown_fields)]
 pub struct MarkInSync {
     pub epoch: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn labels() {
+        for (k, v) in [
+            ("zone", "a"),
+            ("topology.kubernetes.io/zone", "eu-west-1a"),
+            ("rack", "R_12"),
+        ] {
+            assert!(validate_label(k, v).is_ok(), "{k}={v}");
+        }
+        for (k, v) in [
+            ("", "a"),
+            ("zone", ""),
+            ("-zone", "a"),
+            ("zone", "a/b"),
+            ("zo ne", "a"),
+            ("zone", "a="),
+            ("zone", &"a".repeat(64)),
+        ] {
+            assert!(validate_label(k, v).is_err(), "{k}={v}");
+        }
+        let many: Labels = (0..=MAX_NODE_LABELS)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect();
+        assert!(validate_labels(&many).is_err());
+    }
+
+    #[test]
+    fn pool_kinds() {
+        assert!(PoolKind::Any.allows(true) && PoolKind::Any.allows(false));
+        assert!(PoolKind::Thin.allows(true) && !PoolKind::Thin.allows(false));
+        assert!(!PoolKind::Thick.allows(true) && PoolKind::Thick.allows(false));
+    }
+
+    /// Requests and answers of the previous version, without labels, pool kinds and
+    /// placement, still parse (agents and CLIs are upgraded one at a time).
+    #[test]
+    fn older_json_parses_with_defaults() {
+        let pool: PoolInfo = serde_json::from_str(
+            r#"{"node": "n1", "name": "p", "path": "/p", "capacity_bytes": 1,
+                "free_bytes": 1, "provisioned_bytes": 0, "overprovision_ratio": 1.0,
+                "replicas": 0}"#,
+        )
+        .unwrap();
+        assert_eq!(pool.kind, PoolKind::Any);
+        let reg: RegisterNode = serde_json::from_str(
+            r#"{"admin_addr": "h:1", "replica_addr": "h:2", "nbd_addr": null,
+                "nbd_socket": null, "pools": []}"#,
+        )
+        .unwrap();
+        assert!(reg.labels.is_empty());
+        let create: CreateVolume =
+            serde_json::from_str(r#"{"name": "v", "size_bytes": 4096, "replicas": 1}"#).unwrap();
+        assert_eq!(
+            (create.pool, create.zone_spread, create.prefer_node),
+            (None, None, None)
+        );
+        let spread: CreateVolume = serde_json::from_str(
+            r#"{"name": "v", "size_bytes": 4096, "replicas": 1, "zone_spread": "preferred"}"#,
+        )
+        .unwrap();
+        assert_eq!(spread.zone_spread, Some(ZoneSpread::Preferred));
+    }
 }

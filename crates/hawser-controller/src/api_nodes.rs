@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
-use hawser_api::controller::{Node, RegisterNode};
+use hawser_api::controller::{validate_labels, Node, RegisterNode};
 use hawser_api::validate_name;
 
 use crate::errors::ControllerError;
@@ -26,15 +26,21 @@ pub async fn register(
         nbd_socket: req.nbd_socket,
         last_seen_ms: now_ms(),
         pools: req.pools,
+        labels: req.labels,
     };
     let previous = st.records.node(&name).await?;
     st.records.put_node(&record).await?;
     st.reservations.heartbeat(&name);
     match previous {
-        None => tracing::info!(node = %name, admin = %record.admin_addr, "node registered"),
+        None => {
+            tracing::info!(node = %name, admin = %record.admin_addr, labels = ?record.labels, "node registered")
+        }
         Some(p) if !st.is_online(&p) => tracing::info!(node = %name, "node back online"),
         Some(p) if p.admin_addr != record.admin_addr || p.replica_addr != record.replica_addr => {
             tracing::info!(node = %name, admin = %record.admin_addr, "node addresses changed")
+        }
+        Some(p) if p.labels != record.labels => {
+            tracing::info!(node = %name, labels = ?record.labels, "node labels changed")
         }
         Some(_) => tracing::trace!(node = %name, "heartbeat"),
     }
@@ -52,6 +58,7 @@ fn validate(name: &str, req: &RegisterNode) -> Result<(), ControllerError> {
     if let Some(addr) = &req.nbd_addr {
         check_addr("nbd_addr", addr)?;
     }
+    validate_labels(&req.labels)?;
     for (i, p) in req.pools.iter().enumerate() {
         validate_name("pool", &p.name)?;
         if p.node != name {

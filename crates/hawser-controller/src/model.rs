@@ -5,7 +5,8 @@
 //! newer one wrote after a rollback.
 
 use hawser_api::controller::{
-    Node, NodeState, PoolInfo, Replica, ReplicaState, Volume, VolumeState,
+    Labels, Node, NodeState, PoolInfo, Replica, ReplicaState, Volume, VolumePlacement, VolumeState,
+    ZONE_LABEL,
 };
 use serde::{Deserialize, Serialize};
 
@@ -39,9 +40,16 @@ pub struct NodeRecord {
     /// Unix milliseconds of the last registration or heartbeat.
     pub last_seen_ms: u64,
     pub pools: Vec<PoolInfo>,
+    /// As last reported; absent in records written before labels existed.
+    #[serde(default)]
+    pub labels: Labels,
 }
 
 impl NodeRecord {
+    pub fn zone(&self) -> Option<&str> {
+        self.labels.get(ZONE_LABEL).map(String::as_str)
+    }
+
     pub fn age_ms(&self, now_ms: u64) -> u64 {
         now_ms.saturating_sub(self.last_seen_ms)
     }
@@ -63,6 +71,7 @@ impl NodeRecord {
             } else {
                 NodeState::Offline
             },
+            labels: self.labels.clone(),
         }
     }
 }
@@ -79,6 +88,10 @@ pub struct VolumeRecord {
     pub epoch: u64,
     pub attached_node: Option<String>,
     pub replicas: Vec<Replica>,
+    /// Absent in records written before placement rules existed, which were placed without
+    /// zones or a pool selector, as the default says.
+    #[serde(default)]
+    pub placement: VolumePlacement,
 }
 
 impl VolumeRecord {
@@ -114,6 +127,7 @@ impl VolumeRecord {
             replicas: self.replicas.clone(),
             nbd_uri,
             nbd_unix_uri,
+            placement: self.placement.clone(),
         }
     }
 }
@@ -124,4 +138,32 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use hawser_api::controller::ZoneSpread;
+
+    /// Records written before labels and placement rules existed still load, with the
+    /// defaults that describe how they were placed.
+    #[test]
+    fn older_records_load() {
+        let node: NodeRecord = serde_json::from_str(
+            r#"{"name": "n1", "admin_addr": "h:1", "replica_addr": "h:2", "nbd_addr": null,
+                "nbd_socket": null, "last_seen_ms": 5, "pools": []}"#,
+        )
+        .unwrap();
+        assert!(node.labels.is_empty());
+        assert_eq!(node.zone(), None);
+        let volume: VolumeRecord = serde_json::from_str(
+            r#"{"name": "v", "size_bytes": 4096, "replica_count": 1, "thin": true,
+                "state": "detached", "epoch": 0, "attached_node": null, "replicas": []}"#,
+        )
+        .unwrap();
+        assert_eq!(volume.placement.zone_spread, ZoneSpread::None);
+        assert_eq!(volume.placement.pool, None);
+        assert_eq!(volume.to_api(None).placement, volume.placement);
+    }
 }

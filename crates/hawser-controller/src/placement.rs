@@ -1,11 +1,24 @@
 //! Placement: which pools on which nodes get a new volume's replicas. Pure functions over
 //! the nodes' reported pools, so every rule is unit-tested without a cluster.
 //!
-//! Rules: one replica per node (a node failure must never take two copies), only online
-//! nodes, only pools where [`PoolInfo::fits`]; among those, the node whose best pool has the
-//! most headroom first, which spreads volumes over the cluster.
+//! Rules, in order (LINSTOR's autoplace and Longhorn's scheduler work the same way):
+//! 1. One replica per node, only online nodes: a node failure must never take two copies.
+//! 2. Only pools that match the volume's pool selector, take its kind of replica (thin or
+//!    thick) and have room: real free space for thick replicas, the overprovision limit for
+//!    thin ones, both after the reservations of creates still in flight.
+//! 3. Zones (the nodes' `zone` label): under `strict` spread every replica is in a different
+//!    zone and unlabelled nodes are not used; under `preferred` a zone gets a second replica
+//!    only when every zone with room has one; `none` ignores zones.
+//! 4. The preferred node (data locality) first, when it can take a replica.
+//! 5. Then the node whose best pool has the most room, which spreads volumes over the
+//!    cluster; equal room goes by node name, so the result is deterministic.
+//!
+//! When no placement exists the error lists every node that was not usable and why, and
+//! under strict spread the zones that were, so the user knows what to change.
 
-use hawser_api::controller::PoolInfo;
+use std::collections::BTreeMap;
+
+use hawser_api::controller::{PoolInfo, VolumePlacement, ZoneSpread};
 use hawser_api::format_size;
 
 /// A node as placement sees it.
@@ -13,7 +26,19 @@ use hawser_api::format_size;
 pub struct Candidate {
     pub node: String,
     pub online: bool,
+    /// The node's `zone` label.
+    pub zone: Option<String>,
     pub pools: Vec<PoolInfo>,
+}
+
+/// What to place.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub size_bytes: u64,
+    pub thin: bool,
+    pub count: usize,
+    /// The volume's rules; `zone_spread` already resolved (see [`default_zone_spread`]).
+    pub rules: VolumePlacement,
 }
 
 /// One chosen replica location.
@@ -23,120 +48,303 @@ pub struct Placement {
     pub pool: String,
 }
 
+/// A successful placement and what a user may want to know about it (logged by the caller):
+/// a preferred node that could not be used, zones holding more than one replica under
+/// preferred spread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub replicas: Vec<Placement>,
+    pub notes: Vec<String>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
     #[error(
-        "need {need} nodes with room for a {} {} replica, found {}: {}",
-        format_size(*size_bytes),
-        if *thin { "thin" } else { "thick" },
+        "need {need} node{} with room for a {what}, found {}: {}",
+        if *need == 1 { "" } else { "s" },
         usable.len(),
-        describe(usable, unusable)
+        describe(usable, rejected)
     )]
-    InsufficientCapacity {
+    NotEnoughNodes {
         need: usize,
-        size_bytes: u64,
-        thin: bool,
-        /// Nodes that could take a replica, with their best pool's headroom.
+        /// "10 GiB thick replica", with the pool selector if any.
+        what: String,
+        /// Nodes that could take a replica, with their best pool's room.
         usable: Vec<String>,
         /// Nodes that could not, with the reason.
-        unusable: Vec<String>,
+        rejected: Vec<String>,
+    },
+    #[error(
+        "need {need} replicas in {need} different zones (zone spread strict), but the nodes \
+         with room for a {what} are in {} zone{}: {}{}; add room in another zone, create \
+         fewer replicas, or create with zone spread preferred",
+        zones.len(),
+        if zones.len() == 1 { "" } else { "s" },
+        zones.join(", "),
+        not_usable(rejected)
+    )]
+    NotEnoughZones {
+        need: usize,
+        what: String,
+        /// Each zone with room, with its usable nodes: "a (n1, n2)".
+        zones: Vec<String>,
+        rejected: Vec<String>,
     },
 }
 
-fn describe(usable: &[String], unusable: &[String]) -> String {
-    let mut s = if usable.is_empty() {
+fn describe(usable: &[String], rejected: &[String]) -> String {
+    let s = if usable.is_empty() {
         "none".to_string()
     } else {
         usable.join(", ")
     };
-    if !unusable.is_empty() {
-        s.push_str("; not usable: ");
-        s.push_str(&unusable.join(", "));
+    s + &not_usable(rejected)
+}
+
+fn not_usable(rejected: &[String]) -> String {
+    if rejected.is_empty() {
+        String::new()
+    } else {
+        format!("; not usable: {}", rejected.join(", "))
     }
-    s
+}
+
+/// The spread a volume gets when its create request names none: `strict` as soon as any
+/// registered node (online or not) has a zone label, since an operator who labels zones
+/// wants them to count and a replica pair in one zone is silently exposed to that zone's
+/// loss; `none` in a cluster without zones, where `strict` could place nothing.
+pub fn default_zone_spread(candidates: &[Candidate]) -> ZoneSpread {
+    if candidates.iter().any(|c| c.zone.is_some()) {
+        ZoneSpread::Strict
+    } else {
+        ZoneSpread::None
+    }
 }
 
 /// Room left in `pool` for new replicas: the overprovision headroom for thin replicas, the
 /// free bytes for thick ones.
 pub fn headroom(pool: &PoolInfo, thin: bool) -> u64 {
     if thin {
-        let limit = pool.capacity_bytes as f64 * pool.overprovision_ratio;
-        let left = (limit - pool.provisioned_bytes as f64).max(0.0);
-        // Float-to-int `as` saturates; `left` is non-negative, so this is a clamp.
-        #[allow(clippy::cast_possible_truncation)]
-        let left = left as u64;
-        left
+        pool.overprovision_limit()
+            .saturating_sub(pool.provisioned_bytes)
     } else {
         pool.free_bytes
     }
 }
 
 fn room_text(pool: &PoolInfo, thin: bool) -> String {
-    let what = if thin { "headroom" } else { "free" };
-    format!(
-        "pool {}: {} {what}",
-        pool.name,
-        format_size(headroom(pool, thin))
-    )
+    if thin {
+        format!(
+            "pool {}: {} left of its {} thin limit",
+            pool.name,
+            format_size(headroom(pool, true)),
+            format_size(pool.overprovision_limit())
+        )
+    } else {
+        format!("pool {}: {} free", pool.name, format_size(pool.free_bytes))
+    }
 }
 
-/// Chooses `count` pools on `count` distinct online nodes for replicas of `size_bytes`.
-/// Deterministic: ties are broken by node and pool name.
-pub fn place(
-    candidates: &[Candidate],
-    size_bytes: u64,
-    thin: bool,
-    count: usize,
-) -> Result<Vec<Placement>, PlacementError> {
-    let mut usable: Vec<(u64, &str, &PoolInfo)> = Vec::new();
-    let mut unusable = Vec::new();
+/// A node that can take a replica, in its best pool.
+struct Usable<'a> {
+    node: &'a str,
+    zone: Option<&'a str>,
+    pool: &'a PoolInfo,
+    room: u64,
+}
+
+/// The node's best pool for the request, or why it has none.
+fn assess<'a>(c: &'a Candidate, req: &Request) -> Result<Usable<'a>, String> {
+    if !c.online {
+        return Err("offline".into());
+    }
+    if req.rules.zone_spread == ZoneSpread::Strict && c.zone.is_none() {
+        return Err("no zone label".into());
+    }
+    if c.pools.is_empty() {
+        return Err("no pools".into());
+    }
+    let selected: Vec<&PoolInfo> = match &req.rules.pool {
+        Some(name) => c.pools.iter().filter(|p| p.name == *name).collect(),
+        None => c.pools.iter().collect(),
+    };
+    if selected.is_empty() {
+        let names: Vec<&str> = c.pools.iter().map(|p| p.name.as_str()).collect();
+        let wanted = req.rules.pool.as_deref().unwrap_or_default();
+        return Err(format!("no pool {wanted} (has {})", names.join(", ")));
+    }
+    let mut why = Vec::new();
+    let mut best: Option<(u64, &PoolInfo)> = None;
+    for p in selected {
+        let room = headroom(p, req.thin);
+        if !p.kind.allows(req.thin) {
+            why.push(format!(
+                "pool {}: {} replicas only",
+                p.name,
+                opposite(req.thin)
+            ));
+        } else if room < req.size_bytes {
+            why.push(room_text(p, req.thin));
+        } else if best.is_none_or(|(r, b)| room > r || (room == r && p.name < b.name)) {
+            best = Some((room, p));
+        }
+    }
+    match best {
+        Some((room, pool)) => Ok(Usable {
+            node: &c.node,
+            zone: c.zone.as_deref(),
+            pool,
+            room,
+        }),
+        None => Err(why.join(", ")),
+    }
+}
+
+fn kind_name(thin: bool) -> &'static str {
+    if thin {
+        "thin"
+    } else {
+        "thick"
+    }
+}
+
+fn opposite(thin: bool) -> &'static str {
+    kind_name(!thin)
+}
+
+/// Chooses `req.count` pools on as many distinct nodes; see the module doc for the rules.
+pub fn place(candidates: &[Candidate], req: &Request) -> Result<Placed, PlacementError> {
     let mut sorted: Vec<&Candidate> = candidates.iter().collect();
     sorted.sort_by(|a, b| a.node.cmp(&b.node));
+    let mut usable = Vec::new();
+    let mut rejected = Vec::new();
     for c in sorted {
-        if !c.online {
-            unusable.push(format!("{} (offline)", c.node));
-            continue;
+        match assess(c, req) {
+            Ok(u) => usable.push(u),
+            Err(why) => rejected.push((c.node.as_str(), why)),
         }
-        let best = c
-            .pools
-            .iter()
-            .filter(|p| p.fits(size_bytes, thin))
-            .max_by(|a, b| {
-                headroom(a, thin)
-                    .cmp(&headroom(b, thin))
-                    .then(b.name.cmp(&a.name))
-            });
-        match best {
-            Some(p) => usable.push((headroom(p, thin), &c.node, p)),
-            None if c.pools.is_empty() => unusable.push(format!("{} (no pools)", c.node)),
-            None => {
-                let pools: Vec<String> = c.pools.iter().map(|p| room_text(p, thin)).collect();
-                unusable.push(format!("{} ({})", c.node, pools.join(", ")));
-            }
-        }
-    }
-    if usable.len() < count {
-        return Err(PlacementError::InsufficientCapacity {
-            need: count,
-            size_bytes,
-            thin,
-            usable: usable
-                .iter()
-                .map(|(_, n, p)| format!("{n} ({})", room_text(p, thin)))
-                .collect(),
-            unusable,
-        });
     }
     // Most room first; the sort is stable so equal room keeps node-name order.
-    usable.sort_by_key(|u| std::cmp::Reverse(u.0));
-    Ok(usable
-        .into_iter()
-        .take(count)
-        .map(|(_, node, p)| Placement {
-            node: node.to_string(),
-            pool: p.name.clone(),
+    usable.sort_by_key(|u| std::cmp::Reverse(u.room));
+    let mut notes = Vec::new();
+    if let Some(want) = req.rules.prefer_node.as_deref() {
+        match usable.iter().position(|u| u.node == want) {
+            Some(i) => {
+                let u = usable.remove(i);
+                usable.insert(0, u);
+            }
+            None => notes.push(match rejected.iter().find(|(n, _)| *n == want) {
+                Some((_, why)) => format!("preferred node {want} not used: {why}"),
+                None => format!("preferred node {want} not used: not registered"),
+            }),
+        }
+    }
+    let chosen = choose(&usable, req.count, req.rules.zone_spread);
+    if chosen.len() < req.count {
+        return Err(failure(req, &usable, &rejected));
+    }
+    if req.rules.zone_spread == ZoneSpread::Preferred {
+        notes.extend(shared_zones(&usable, &chosen));
+    }
+    let replicas = chosen
+        .iter()
+        .map(|&i| Placement {
+            node: usable[i].node.to_string(),
+            pool: usable[i].pool.name.clone(),
         })
-        .collect())
+        .collect();
+    Ok(Placed { replicas, notes })
+}
+
+/// Indexes into `usable` (already in order of preference) of up to `count` nodes obeying
+/// `spread`. Greedy is enough: under strict spread any zone not yet used stays available,
+/// so it fails only when there are fewer zones than replicas; under preferred spread
+/// filling the emptiest zone first maximises the number of zones used.
+fn choose(usable: &[Usable], count: usize, spread: ZoneSpread) -> Vec<usize> {
+    let mut chosen: Vec<usize> = Vec::new();
+    let mut per_zone: BTreeMap<Option<&str>, usize> = BTreeMap::new();
+    while chosen.len() < count {
+        let left = (0..usable.len()).filter(|i| !chosen.contains(i));
+        let zone_use = |i: &usize| per_zone.get(&usable[*i].zone).copied().unwrap_or(0);
+        let next = match spread {
+            ZoneSpread::None => left.min(),
+            ZoneSpread::Strict => left.filter(|i| zone_use(i) == 0).min(),
+            // min_by_key returns the first of equal keys, i.e. the most preferred node.
+            ZoneSpread::Preferred => left.min_by_key(zone_use),
+        };
+        let Some(i) = next else { break };
+        *per_zone.entry(usable[i].zone).or_default() += 1;
+        chosen.push(i);
+    }
+    chosen
+}
+
+fn failure(req: &Request, usable: &[Usable], rejected: &[(&str, String)]) -> PlacementError {
+    let mut what = format!(
+        "{} {} replica",
+        format_size(req.size_bytes),
+        kind_name(req.thin)
+    );
+    if let Some(pool) = &req.rules.pool {
+        what.push_str(&format!(" in pool {pool}"));
+    }
+    let rejected: Vec<String> = rejected
+        .iter()
+        .map(|(n, why)| format!("{n} ({why})"))
+        .collect();
+    if usable.len() < req.count {
+        return PlacementError::NotEnoughNodes {
+            need: req.count,
+            what,
+            usable: usable
+                .iter()
+                .map(|u| match u.zone {
+                    Some(z) if req.rules.zone_spread != ZoneSpread::None => {
+                        format!("{} (zone {z}, {})", u.node, room_text(u.pool, req.thin))
+                    }
+                    _ => format!("{} ({})", u.node, room_text(u.pool, req.thin)),
+                })
+                .collect(),
+            rejected,
+        };
+    }
+    // Enough nodes, too few zones: only strict spread can fail this way.
+    debug_assert_eq!(req.rules.zone_spread, ZoneSpread::Strict);
+    let mut zones: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for u in usable {
+        zones.entry(u.zone.unwrap_or("-")).or_default().push(u.node);
+    }
+    PlacementError::NotEnoughZones {
+        need: req.count,
+        what,
+        zones: zones
+            .iter()
+            .map(|(z, nodes)| format!("{z} ({})", nodes.join(", ")))
+            .collect(),
+        rejected,
+    }
+}
+
+/// Notes for zones that got more than one replica: under preferred spread, a user may want
+/// to know that a zone's loss now takes two copies.
+fn shared_zones(usable: &[Usable], chosen: &[usize]) -> Vec<String> {
+    let mut per_zone: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for &i in chosen {
+        if let Some(z) = usable[i].zone {
+            per_zone.entry(z).or_default().push(usable[i].node);
+        }
+    }
+    per_zone
+        .into_iter()
+        .filter(|(_, nodes)| nodes.len() > 1)
+        .map(|(z, nodes)| {
+            format!(
+                "zone {z} holds {} replicas ({})",
+                nodes.len(),
+                nodes.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// A replica placed by this controller that its node's reports may not include yet.
@@ -168,165 +376,5 @@ pub fn apply_reserved(candidates: &mut [Candidate], reserved: &[Reserved]) {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    const GIB: u64 = 1 << 30;
-
-    fn pool(node: &str, name: &str, capacity: u64, free: u64, provisioned: u64) -> PoolInfo {
-        PoolInfo {
-            node: node.into(),
-            name: name.into(),
-            path: format!("/pools/{name}"),
-            capacity_bytes: capacity,
-            free_bytes: free,
-            provisioned_bytes: provisioned,
-            overprovision_ratio: 2.0,
-            replicas: 0,
-        }
-    }
-
-    fn node(name: &str, free_gib: u64) -> Candidate {
-        Candidate {
-            node: name.into(),
-            online: true,
-            pools: vec![pool(name, "default", 100 * GIB, free_gib * GIB, 0)],
-        }
-    }
-
-    fn nodes_of(p: &[Placement]) -> Vec<&str> {
-        p.iter().map(|p| p.node.as_str()).collect()
-    }
-
-    #[test]
-    fn replicas_go_to_distinct_nodes_with_most_room() {
-        let c = vec![
-            node("n1", 10),
-            node("n2", 50),
-            node("n3", 30),
-            node("n4", 40),
-        ];
-        let p = place(&c, GIB, false, 3).unwrap();
-        assert_eq!(nodes_of(&p), ["n2", "n4", "n3"]);
-        // Never two replicas on one node, even if one node has several pools.
-        let mut big = node("n1", 90);
-        big.pools.push(pool("n1", "second", 100 * GIB, 90 * GIB, 0));
-        let err = place(&[big, node("n2", 10)], GIB, false, 3).unwrap_err();
-        assert!(err.to_string().contains("need 3 nodes"), "{err}");
-    }
-
-    #[test]
-    fn best_pool_of_a_node_is_chosen() {
-        let mut c = node("n1", 10);
-        c.pools.push(pool("n1", "big", 100 * GIB, 80 * GIB, 0));
-        let p = place(&[c], GIB, false, 1).unwrap();
-        assert_eq!(
-            p,
-            [Placement {
-                node: "n1".into(),
-                pool: "big".into()
-            }]
-        );
-    }
-
-    #[test]
-    fn full_pools_are_skipped() {
-        let c = vec![node("n1", 5), node("n2", 20), node("n3", 20)];
-        let p = place(&c, 10 * GIB, false, 2).unwrap();
-        assert_eq!(nodes_of(&p), ["n2", "n3"]);
-        assert!(place(&c, 10 * GIB, false, 3).is_err());
-    }
-
-    #[test]
-    fn offline_nodes_are_skipped() {
-        let mut c = vec![node("n1", 90), node("n2", 20), node("n3", 20)];
-        c[0].online = false;
-        let p = place(&c, GIB, false, 2).unwrap();
-        assert_eq!(nodes_of(&p), ["n2", "n3"]);
-        let err = place(&c, GIB, false, 3).unwrap_err();
-        assert!(err.to_string().contains("n1 (offline)"), "{err}");
-    }
-
-    #[test]
-    fn thin_counts_overprovisioning_not_free_space() {
-        // 100 GiB pool, ratio 2: 200 GiB may be provisioned, whatever is free right now.
-        let mut c = node("n1", 1);
-        c.pools[0].provisioned_bytes = 150 * GIB;
-        assert!(place(&[c.clone()], 50 * GIB, true, 1).is_ok());
-        assert!(place(&[c.clone()], 51 * GIB, true, 1).is_err());
-        // A thick replica needs real free space.
-        assert!(place(&[c], 2 * GIB, false, 1).is_err());
-        // Thin prefers the most headroom, not the most free bytes.
-        let mut a = node("a", 90);
-        a.pools[0].provisioned_bytes = 190 * GIB;
-        let b = node("b", 10);
-        assert_eq!(nodes_of(&place(&[a, b], GIB, true, 1).unwrap()), ["b"]);
-    }
-
-    #[test]
-    fn reservations_balance_and_prevent_overbooking() {
-        let mut c = vec![node("n1", 20), node("n2", 20), node("n3", 20)];
-        // Two thick 15 GiB volumes on 20 GiB nodes: the second must not reuse the space.
-        let first = place(&c, 15 * GIB, false, 2).unwrap();
-        let reserved: Vec<Reserved> = first
-            .iter()
-            .map(|p| Reserved {
-                node: p.node.clone(),
-                pool: p.pool.clone(),
-                size_bytes: 15 * GIB,
-                thin: false,
-            })
-            .collect();
-        apply_reserved(&mut c, &reserved);
-        let err = place(&c, 15 * GIB, false, 2).unwrap_err();
-        assert!(err.to_string().contains("found 1"), "{err}");
-        // Small volumes now prefer the node that got nothing.
-        assert_eq!(nodes_of(&place(&c, GIB, false, 1).unwrap()), ["n3"]);
-    }
-
-    #[test]
-    fn thin_reservations_count_against_headroom() {
-        let mut c = vec![node("n1", 100)];
-        apply_reserved(
-            &mut c,
-            &[Reserved {
-                node: "n1".into(),
-                pool: "default".into(),
-                size_bytes: 150 * GIB,
-                thin: true,
-            }],
-        );
-        assert_eq!(
-            c[0].pools[0].free_bytes,
-            100 * GIB,
-            "thin does not consume free space"
-        );
-        assert!(place(&c, 50 * GIB, true, 1).is_ok());
-        assert!(place(&c, 51 * GIB, true, 1).is_err());
-    }
-
-    #[test]
-    fn error_says_why() {
-        let mut c = vec![node("n1", 5), node("n2", 20), node("n3", 20)];
-        c[2].online = false;
-        c.push(Candidate {
-            node: "n4".into(),
-            online: true,
-            pools: vec![],
-        });
-        let err = place(&c, 10 * GIB, false, 3).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "need 3 nodes with room for a 10 GiB thick replica, found 1: \
-             n2 (pool default: 20 GiB free); not usable: n1 (pool default: 5 GiB free), \
-             n3 (offline), n4 (no pools)"
-        );
-    }
-
-    #[test]
-    fn equal_room_is_deterministic() {
-        let c = vec![node("n3", 10), node("n1", 10), node("n2", 10)];
-        assert_eq!(nodes_of(&place(&c, GIB, false, 2).unwrap()), ["n1", "n2"]);
-    }
-}
+#[path = "placement_tests.rs"]
+mod tests;

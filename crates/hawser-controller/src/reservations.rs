@@ -8,7 +8,9 @@
 use std::sync::Mutex;
 
 use crate::constants::RESERVATION_HEARTBEATS;
-use crate::placement::{apply_reserved, place, Candidate, Placement, PlacementError, Reserved};
+use crate::placement::{
+    apply_reserved, place, Candidate, Placed, PlacementError, Request, Reserved,
+};
 
 struct Entry {
     replica_id: String,
@@ -31,27 +33,28 @@ impl Reservations {
         f(&mut g)
     }
 
-    /// Places `ids.len()` replicas and reserves their space, atomically with respect to
-    /// other placements.
+    /// Places the replicas `ids` (one per replica of `req`) and reserves their space,
+    /// atomically with respect to other placements.
     pub fn place_and_reserve(
         &self,
         mut candidates: Vec<Candidate>,
-        size_bytes: u64,
-        thin: bool,
+        req: &Request,
         ids: &[String],
-    ) -> Result<Vec<Placement>, PlacementError> {
+    ) -> Result<Placed, PlacementError> {
+        assert_eq!(ids.len(), req.count, "one id per replica to place");
         self.with(|entries| {
             let reserved: Vec<Reserved> = entries.iter().map(|e| e.reserved.clone()).collect();
             apply_reserved(&mut candidates, &reserved);
-            let chosen = place(&candidates, size_bytes, thin, ids.len())?;
-            for (id, p) in ids.iter().zip(&chosen) {
+            let chosen = place(&candidates, req)?;
+            assert_eq!(chosen.replicas.len(), ids.len());
+            for (id, p) in ids.iter().zip(&chosen.replicas) {
                 entries.push(Entry {
                     replica_id: id.clone(),
                     reserved: Reserved {
                         node: p.node.clone(),
                         pool: p.pool.clone(),
-                        size_bytes,
-                        thin,
+                        size_bytes: req.size_bytes,
+                        thin: req.thin,
                     },
                     created: false,
                     heartbeats: 0,
@@ -97,7 +100,16 @@ impl Reservations {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use hawser_api::controller::PoolInfo;
+    use hawser_api::controller::{PoolInfo, PoolKind, VolumePlacement};
+
+    fn thick(size_bytes: u64) -> Request {
+        Request {
+            size_bytes,
+            thin: false,
+            count: 1,
+            rules: VolumePlacement::default(),
+        }
+    }
 
     fn candidate(node: &str) -> Candidate {
         let pool = PoolInfo {
@@ -109,10 +121,12 @@ mod tests {
             provisioned_bytes: 0,
             overprovision_ratio: 1.0,
             replicas: 0,
+            kind: PoolKind::Any,
         };
         Candidate {
             node: node.into(),
             online: true,
+            zone: None,
             pools: vec![pool],
         }
     }
@@ -121,14 +135,14 @@ mod tests {
     fn reservations_expire_after_two_heartbeats_once_created() {
         let r = Reservations::default();
         let ids = ["v-r0".to_string()];
-        r.place_and_reserve(vec![candidate("n1")], 8 << 30, false, &ids)
+        r.place_and_reserve(vec![candidate("n1")], &thick(8 << 30), &ids)
             .unwrap();
         // Not created yet: heartbeats do not count.
         r.heartbeat("n1");
         r.heartbeat("n1");
         assert_eq!(r.len(), 1);
         assert!(r
-            .place_and_reserve(vec![candidate("n1")], 8 << 30, false, &["x".into()])
+            .place_and_reserve(vec![candidate("n1")], &thick(8 << 30), &["x".into()])
             .is_err());
         r.created("v-r0");
         r.heartbeat("n2");
@@ -141,10 +155,10 @@ mod tests {
     #[test]
     fn release_frees_space_at_once() {
         let r = Reservations::default();
-        r.place_and_reserve(vec![candidate("n1")], 8 << 30, false, &["a".into()])
+        r.place_and_reserve(vec![candidate("n1")], &thick(8 << 30), &["a".into()])
             .unwrap();
         r.release("a");
-        r.place_and_reserve(vec![candidate("n1")], 8 << 30, false, &["b".into()])
+        r.place_and_reserve(vec![candidate("n1")], &thick(8 << 30), &["b".into()])
             .unwrap();
         assert_eq!(r.len(), 1);
     }

@@ -28,6 +28,7 @@ impl AppState {
             .map(|n| Candidate {
                 node: n.name.clone(),
                 online: self.is_online(n),
+                zone: n.zone().map(String::from),
                 pools: n.pools.clone(),
             })
             .collect()

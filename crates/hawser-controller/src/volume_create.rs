@@ -3,13 +3,14 @@
 //! a record nor a replica behind (best effort for replicas on agents that stop answering).
 
 use hawser_api::agent::CreateReplica;
-use hawser_api::controller::{CreateVolume, Replica, ReplicaState, VolumeState};
+use hawser_api::controller::{CreateVolume, Replica, ReplicaState, VolumePlacement, VolumeState};
 use hawser_api::size::check_volume_size;
 use hawser_api::validate_name;
 
 use crate::constants::MAX_REPLICAS;
 use crate::errors::ControllerError;
 use crate::model::{NodeRecord, VolumeRecord};
+use crate::placement::{default_zone_spread, Request};
 use crate::state::AppState;
 
 pub async fn create_volume(
@@ -22,23 +23,14 @@ pub async fn create_volume(
         return Err(ControllerError::VolumeExists { volume: req.name });
     }
     let nodes = st.records.nodes().await?;
-    let ids: Vec<String> = (0..req.replicas)
-        .map(|n| replica_id(&req.name, n))
-        .collect();
-    let placed =
-        st.reservations
-            .place_and_reserve(st.candidates(&nodes), req.size_bytes, req.thin, &ids)?;
-    let replicas: Vec<Replica> = ids
-        .iter()
-        .zip(placed)
-        .map(|(id, p)| Replica {
-            id: id.clone(),
-            node: p.node,
-            pool: p.pool,
-            state: ReplicaState::InSync,
-            engine: None,
-        })
-        .collect();
+    if let Some(node) = &req.prefer_node {
+        if !nodes.iter().any(|n| n.name == *node) {
+            return Err(ControllerError::invalid(format!(
+                "prefer_node {node:?} is not a registered node"
+            )));
+        }
+    }
+    let (replicas, placement) = place(st, &req, &nodes)?;
     let record = VolumeRecord {
         name: req.name.clone(),
         size_bytes: req.size_bytes,
@@ -48,6 +40,7 @@ pub async fn create_volume(
         epoch: 0,
         attached_node: None,
         replicas,
+        placement,
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which `volume delete` cleans up.
@@ -76,6 +69,12 @@ pub async fn create_volume(
 
 fn validate(req: &CreateVolume) -> Result<(), ControllerError> {
     validate_name("volume", &req.name)?;
+    if let Some(pool) = &req.pool {
+        validate_name("pool", pool)?;
+    }
+    if let Some(node) = &req.prefer_node {
+        validate_name("node", node)?;
+    }
     check_volume_size(req.size_bytes).map_err(|e| ControllerError::invalid(e.to_string()))?;
     if req.replicas == 0 || req.replicas > MAX_REPLICAS {
         return Err(ControllerError::invalid(format!(
@@ -84,6 +83,51 @@ fn validate(req: &CreateVolume) -> Result<(), ControllerError> {
         )));
     }
     Ok(())
+}
+
+/// Chooses and reserves the replicas' pools. Returns the replicas and the volume's rules,
+/// with the zone spread resolved so later placements of this volume follow the same rules
+/// whatever labels appear meanwhile.
+fn place(
+    st: &AppState,
+    req: &CreateVolume,
+    nodes: &[NodeRecord],
+) -> Result<(Vec<Replica>, VolumePlacement), ControllerError> {
+    let candidates = st.candidates(nodes);
+    let rules = VolumePlacement {
+        pool: req.pool.clone(),
+        zone_spread: req
+            .zone_spread
+            .unwrap_or_else(|| default_zone_spread(&candidates)),
+        prefer_node: req.prefer_node.clone(),
+    };
+    let ids: Vec<String> = (0..req.replicas)
+        .map(|n| replica_id(&req.name, n))
+        .collect();
+    let request = Request {
+        size_bytes: req.size_bytes,
+        thin: req.thin,
+        count: ids.len(),
+        rules: rules.clone(),
+    };
+    let placed = st
+        .reservations
+        .place_and_reserve(candidates, &request, &ids)?;
+    for note in &placed.notes {
+        tracing::info!(volume = %req.name, "placement: {note}");
+    }
+    let replicas = ids
+        .into_iter()
+        .zip(placed.replicas)
+        .map(|(id, p)| Replica {
+            id,
+            node: p.node,
+            pool: p.pool,
+            state: ReplicaState::InSync,
+            engine: None,
+        })
+        .collect();
+    Ok((replicas, rules))
 }
 
 /// `{volume}-r{n}-{6 hex}`: readable, and unique even when a volume name is reused while an

@@ -161,6 +161,7 @@ mod tests {
                     engine: None,
                 })
                 .collect(),
+            placement: Default::default(),
         }
     }
 

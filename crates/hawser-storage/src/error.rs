@@ -18,6 +18,8 @@ pub enum StorageError {
         need: u64,
         available: u64,
     },
+    #[error("pool {pool:?} does not take {kind} replicas")]
+    WrongKind { pool: String, kind: &'static str },
     #[error("replica {id:?} already exists in pool {pool:?}")]
     ReplicaExists { pool: String, id: String },
     #[error("replica {id:?} not found")]

@@ -9,7 +9,7 @@ pub mod replica;
 
 pub use aligned::AlignedBuf;
 pub use error::{ReplicaIoError, StorageError};
-pub use pool::{Pool, PoolConfig, PoolUsage};
+pub use pool::{Pool, PoolConfig, PoolKind, PoolUsage};
 pub use replica::{NewReplica, Replica};
 
 #[cfg(test)]

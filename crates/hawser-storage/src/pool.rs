@@ -1,7 +1,8 @@
 //! A storage pool: a directory on a local filesystem holding replicas, with capacity
-//! accounting. Thick replicas must fit in the filesystem's free space; thin ones must keep the
-//! sum of replica sizes within `capacity * overprovision_ratio`. The check and the create run
-//! under one lock so two creates cannot both take the last room.
+//! accounting. Thick replicas must fit in the free space; thin ones must keep the sum of
+//! replica sizes within `capacity * overprovision_ratio`. A pool may take only thin or only
+//! thick replicas. The check and the create run under one lock so two creates cannot both
+//! take the last room.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,27 @@ pub struct PoolConfig {
     pub overprovision_ratio: f64,
     /// Treat the pool as this big even if the filesystem is larger.
     pub capacity_limit: Option<u64>,
+    /// Which replicas the pool takes.
+    pub kind: PoolKind,
+}
+
+/// Which replicas a pool takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolKind {
+    #[default]
+    Any,
+    Thin,
+    Thick,
+}
+
+impl PoolKind {
+    pub fn allows(self, thin: bool) -> bool {
+        match self {
+            PoolKind::Any => true,
+            PoolKind::Thin => thin,
+            PoolKind::Thick => !thin,
+        }
+    }
 }
 
 /// A snapshot of a pool's space.
@@ -87,6 +109,10 @@ impl Pool {
         self.config.overprovision_ratio
     }
 
+    pub fn kind(&self) -> PoolKind {
+        self.config.kind
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Replica>>> {
         self.replicas.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -107,9 +133,18 @@ impl Pool {
             .capacity_limit
             .map_or(fs_size, |l| l.min(fs_size));
         let provisioned: u64 = map.values().map(|r| r.size()).sum();
+        // Under a capacity limit the pool's own replicas count against the limit; the
+        // filesystem's free space alone would let thick replicas fill it past the limit.
+        let free = match self.config.capacity_limit {
+            Some(_) => {
+                let used: u64 = map.values().map(|r| r.allocated_bytes()).sum();
+                fs_free.min(capacity.saturating_sub(used))
+            }
+            None => fs_free.min(capacity),
+        };
         Ok(PoolUsage {
             capacity_bytes: capacity,
-            free_bytes: fs_free.min(capacity),
+            free_bytes: free,
             provisioned_bytes: provisioned,
             replicas: u32::try_from(map.len()).unwrap_or(u32::MAX),
         })
@@ -125,6 +160,13 @@ impl Pool {
                 return Err(StorageError::InvalidId { id: id.clone() });
             }
         }
+        let kind = if new.thin { "thin" } else { "thick" };
+        if !self.config.kind.allows(new.thin) {
+            return Err(StorageError::WrongKind {
+                pool: self.name().into(),
+                kind,
+            });
+        }
         let mut map = self.lock();
         if map.contains_key(&new.id) {
             return Err(StorageError::ReplicaExists {
@@ -133,13 +175,13 @@ impl Pool {
             });
         }
         let usage = self.usage_locked(&map)?;
-        let (kind, available) = if new.thin {
+        let available = if new.thin {
             // Float-to-int casts saturate in Rust, which is the wanted bound here.
             #[allow(clippy::cast_possible_truncation)]
             let limit = (usage.capacity_bytes as f64 * self.config.overprovision_ratio) as u64;
-            ("thin", limit.saturating_sub(usage.provisioned_bytes))
+            limit.saturating_sub(usage.provisioned_bytes)
         } else {
-            ("thick", usage.free_bytes)
+            usage.free_bytes
         };
         if new.size > available {
             return Err(StorageError::NoRoom {

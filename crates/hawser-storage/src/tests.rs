@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use crate::error::{ReplicaIoError, StorageError};
-use crate::pool::{Pool, PoolConfig};
+use crate::pool::{Pool, PoolConfig, PoolKind};
 use crate::replica::NewReplica;
 
 struct TempDir(PathBuf);
@@ -33,6 +33,7 @@ fn pool(dir: &TempDir, ratio: f64, limit: Option<u64>) -> Pool {
         path: dir.0.clone(),
         overprovision_ratio: ratio,
         capacity_limit: limit,
+        kind: PoolKind::Any,
     })
     .expect("open pool")
 }
@@ -193,6 +194,59 @@ fn capacity_is_accounted() {
 }
 
 #[test]
+fn capacity_limit_counts_the_pools_own_replicas() {
+    // The filesystem has far more free space than the limit; thick replicas must still stop
+    // at the limit.
+    let dir = TempDir::new("limit");
+    let p = pool(&dir, 1.0, Some(64 << 20));
+    p.create_replica(&new("a", 40 << 20, false))
+        .expect("first fits");
+    let usage = p.usage().expect("usage");
+    assert!(usage.free_bytes <= 24 << 20, "{usage:?}");
+    let err = p
+        .create_replica(&new("b", 40 << 20, false))
+        .expect_err("past the limit");
+    assert!(
+        matches!(err, StorageError::NoRoom { kind: "thick", .. }),
+        "{err}"
+    );
+    p.delete_replica("a").expect("delete");
+    assert_eq!(p.usage().expect("usage").free_bytes, 64 << 20);
+}
+
+#[test]
+fn pool_kind_is_enforced() {
+    let dir = TempDir::new("kind");
+    let open = |kind| {
+        Pool::open(PoolConfig {
+            name: "p".into(),
+            path: dir.0.clone(),
+            overprovision_ratio: 2.0,
+            capacity_limit: None,
+            kind,
+        })
+        .expect("open pool")
+    };
+    let thin_only = open(PoolKind::Thin);
+    let err = thin_only
+        .create_replica(&new("a", 1 << 20, false))
+        .expect_err("thick in a thin pool");
+    assert_eq!(err.to_string(), "pool \"p\" does not take thick replicas");
+    thin_only
+        .create_replica(&new("b", 1 << 20, true))
+        .expect("thin in a thin pool");
+    drop(thin_only);
+    let thick_only = open(PoolKind::Thick);
+    assert!(matches!(
+        thick_only.create_replica(&new("c", 1 << 20, true)),
+        Err(StorageError::WrongKind { kind: "thin", .. })
+    ));
+    thick_only
+        .create_replica(&new("d", 1 << 20, false))
+        .expect("thick in a thick pool");
+}
+
+#[test]
 fn unfinished_create_is_cleaned_and_corrupt_meta_is_an_error() {
     let dir = TempDir::new("crash");
     {
@@ -215,6 +269,7 @@ fn unfinished_create_is_cleaned_and_corrupt_meta_is_an_error() {
         path: dir.0.clone(),
         overprovision_ratio: 1.0,
         capacity_limit: None,
+        kind: PoolKind::Any,
     })
     .err()
     .expect("corrupt metadata must not load");

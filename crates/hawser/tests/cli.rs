@@ -47,9 +47,20 @@ impl Env {
 
     /// Registers nodes n1..=n{count}, all served by the fake agent.
     fn register(&self, count: usize) {
+        let none: Vec<&str> = vec![""; count];
+        self.register_zones(&none);
+    }
+
+    /// Registers one node per entry of `zones`, n1 in the first; "" means no zone label.
+    fn register_zones(&self, zones: &[&str]) {
         let http = reqwest::blocking::Client::new();
-        for i in 1..=count {
-            let node = format!("n{i}");
+        for (i, zone) in zones.iter().enumerate() {
+            let node = format!("n{}", i + 1);
+            let labels = if zone.is_empty() {
+                json!({})
+            } else {
+                json!({ "zone": zone })
+            };
             let body = json!({
                 "admin_addr": self.agent.to_string(),
                 "replica_addr": "127.0.0.1:9600",
@@ -58,6 +69,7 @@ impl Env {
                 "pools": [{"node": node, "name": "default", "path": "/srv/pool",
                     "capacity_bytes": 100 * GIB, "free_bytes": 80 * GIB,
                     "provisioned_bytes": 0, "overprovision_ratio": 1.5, "replicas": 0}],
+                "labels": labels,
             });
             let r = http
                 .put(format!("{}/v1/nodes/{node}", self.url))
@@ -269,6 +281,93 @@ fn volume_lifecycle() {
         String::from_utf8_lossy(&out.stderr),
         "error: volume \"demo\" not found\n"
     );
+}
+
+#[test]
+fn zones_labels_and_placement_flags() {
+    let env = Env::start();
+    env.register_zones(&["a", "a", "b"]);
+    let table = env.ok(&["node", "list"]);
+    assert!(
+        table.lines().next().unwrap().ends_with("LAST-SEEN  LABELS"),
+        "{table}"
+    );
+    assert!(
+        table.lines().nth(1).unwrap().ends_with(" zone=a"),
+        "{table}"
+    );
+    let show = env.ok(&["node", "show", "n3"]);
+    assert!(show.contains("Labels:    zone=b\n"), "{show}");
+    assert!(
+        show.contains("  default  any   100 GiB   80 GiB  0 B          150 GiB (1.5x)  0"),
+        "{show}"
+    );
+    assert_eq!(
+        env.json(&["node", "show", "n3", "-o", "json"])["labels"]["zone"],
+        "b"
+    );
+    let out = env.hawser(&["node", "show", "n9"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: node \"n9\" not found\n"
+    );
+    let pools = env.ok(&["pool", "list"]);
+    assert!(
+        pools.contains("0 B          150 GiB (1.5x)  any   0"),
+        "{pools}"
+    );
+
+    // Zones are labelled, so spread is strict unless asked otherwise.
+    let out = env.hawser(&["volume", "create", "v", "--size", "1GiB", "--replicas", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("in 2 zones: a (n1, n2), b (n3)"),
+        "{stderr}"
+    );
+    let v = env.json(&[
+        "volume",
+        "create",
+        "v",
+        "--size",
+        "1GiB",
+        "--replicas",
+        "3",
+        "--zone-spread",
+        "preferred",
+        "--prefer-node",
+        "n2",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(v["replicas"][0]["node"], "n2", "{v}");
+    assert_eq!(
+        v["placement"],
+        json!({"pool": null, "zone_spread": "preferred", "prefer_node": "n2"})
+    );
+    let show = env.ok(&["volume", "show", "v"]);
+    assert!(
+        show.contains("Policy:   zone spread preferred, prefer node n2\n"),
+        "{show}"
+    );
+    let out = env.hawser(&["volume", "create", "w", "--size", "1GiB", "--pool", "ssd"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("n3 (no pool ssd (has default))"),
+        "{stderr}"
+    );
+    for bad in [
+        &["--zone-spread", "sometimes"][..],
+        &["--pool", "SSD"],
+        &["--prefer-node", "n 1"],
+    ] {
+        let mut args = vec!["volume", "create", "w", "--size", "1GiB"];
+        args.extend_from_slice(bad);
+        let out = env.hawser(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
 }
 
 #[test]

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use axum::{Json, Router};
 use hawser_api::agent::{CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
-use hawser_api::controller::PoolInfo;
+use hawser_api::controller::{PoolInfo, PoolKind};
 use hawser_api::{ApiError, ErrorCode};
 use hawser_controller::{Controller, ControllerArgs};
 use serde_json::{json, Value};
@@ -203,6 +203,7 @@ pub fn pool(node: &str, capacity: u64, free: u64) -> PoolInfo {
         provisioned_bytes: 0,
         overprovision_ratio: 2.0,
         replicas: 0,
+        kind: PoolKind::Any,
     }
 }
 

@@ -21,6 +21,12 @@ pub fn parse_node_name(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// A pool name, same rules.
+pub fn parse_pool_name(s: &str) -> Result<String, String> {
+    validate_name("pool", s).map_err(|e| e.message)?;
+    Ok(s.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,5 +44,7 @@ mod tests {
         assert!(parse_volume_name("demo-1").is_ok());
         assert!(parse_volume_name("Demo").is_err());
         assert!(parse_node_name("a/b").is_err());
+        assert!(parse_pool_name("ssd").is_ok());
+        assert!(parse_pool_name("SSD").is_err());
     }
 }

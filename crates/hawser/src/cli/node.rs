@@ -1,15 +1,25 @@
-//! `hawser node list`: the nodes registered with the controller.
+//! `hawser node list|show`: the nodes registered with the controller, their labels and pools.
 
-use hawser_api::controller::Node;
+use hawser_api::controller::{Labels, Node, PoolInfo};
+use hawser_api::format_size;
 
+use crate::cli::args::parse_node_name;
 use crate::cli::client::{CliError, Client};
 use crate::cli::output::{ago, or_dash, print_json, Format, OutputArg, Table};
+use crate::cli::pool::thin_limit;
 use crate::cli::volume::snake;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum NodeCmd {
-    /// List nodes, their addresses and whether they are online.
+    /// List nodes, their addresses, labels and whether they are online.
     List {
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Show a node, its labels and its pools.
+    Show {
+        #[arg(value_parser = parse_node_name)]
+        name: String,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -24,13 +34,33 @@ pub fn run(client: &Client, cmd: NodeCmd) -> Result<(), CliError> {
                 Format::Table => table(&nodes).print(),
             }
         }
+        NodeCmd::Show { name, out } => {
+            let node: Node = client.get(&format!("/v1/nodes/{name}"))?;
+            match out.format {
+                Format::Json => print_json(&node),
+                Format::Table => {
+                    let pools: Vec<PoolInfo> = client.get("/v1/pools")?;
+                    let pools: Vec<PoolInfo> =
+                        pools.into_iter().filter(|p| p.node == node.name).collect();
+                    print!("{}", details(&node, &pools));
+                }
+            }
+        }
     }
     Ok(())
 }
 
 fn table(nodes: &[Node]) -> Table {
     let now = now_ms();
-    let mut t = Table::new(&["NAME", "STATE", "ADMIN", "REPLICA", "NBD", "LAST-SEEN"]);
+    let mut t = Table::new(&[
+        "NAME",
+        "STATE",
+        "ADMIN",
+        "REPLICA",
+        "NBD",
+        "LAST-SEEN",
+        "LABELS",
+    ]);
     for n in nodes {
         t.row(vec![
             n.name.clone(),
@@ -39,9 +69,58 @@ fn table(nodes: &[Node]) -> Table {
             n.replica_addr.clone(),
             or_dash(n.nbd_addr.as_deref()),
             format!("{} ago", ago(n.last_seen_ms, now)),
+            labels(&n.labels),
         ]);
     }
     t
+}
+
+/// "rack=r1,zone=a", or "-".
+fn labels(l: &Labels) -> String {
+    if l.is_empty() {
+        return "-".into();
+    }
+    let pairs: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join(",")
+}
+
+fn details(n: &Node, pools: &[PoolInfo]) -> String {
+    let mut s = String::new();
+    let mut line = |k: &str, val: String| s.push_str(&format!("{k:<11}{val}\n"));
+    line("Name:", n.name.clone());
+    line("State:", snake(&n.state));
+    line("Labels:", labels(&n.labels));
+    line("Admin:", n.admin_addr.clone());
+    line("Replica:", n.replica_addr.clone());
+    line("NBD:", or_dash(n.nbd_addr.as_deref()));
+    line("NBD unix:", or_dash(n.nbd_socket.as_deref()));
+    line(
+        "Last seen:",
+        format!("{} ago", ago(n.last_seen_ms, now_ms())),
+    );
+    line("Pools:", pools.len().to_string());
+    let mut t = Table::new(&[
+        "  POOL",
+        "KIND",
+        "CAPACITY",
+        "FREE",
+        "PROVISIONED",
+        "THIN-LIMIT",
+        "REPLICAS",
+    ]);
+    for p in pools {
+        t.row(vec![
+            format!("  {}", p.name),
+            snake(&p.kind),
+            format_size(p.capacity_bytes),
+            format_size(p.free_bytes),
+            format_size(p.provisioned_bytes),
+            thin_limit(p),
+            p.replicas.to_string(),
+        ]);
+    }
+    s.push_str(&t.render());
+    s
 }
 
 fn now_ms() -> u64 {

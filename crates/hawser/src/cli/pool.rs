@@ -5,10 +5,12 @@ use hawser_api::format_size;
 
 use crate::cli::client::{CliError, Client};
 use crate::cli::output::{print_json, Format, OutputArg, Table};
+use crate::cli::volume::snake;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum PoolCmd {
-    /// List pools with capacity, free and provisioned space.
+    /// List pools with capacity, free and provisioned space, the thin limit (capacity times
+    /// the overprovision ratio) and which replicas they take (kind: any, thin or thick).
     List {
         #[command(flatten)]
         out: OutputArg,
@@ -35,7 +37,8 @@ fn table(pools: &[PoolInfo]) -> Table {
         "CAPACITY",
         "FREE",
         "PROVISIONED",
-        "OVERPROV",
+        "THIN-LIMIT",
+        "KIND",
         "REPLICAS",
         "PATH",
     ]);
@@ -46,10 +49,20 @@ fn table(pools: &[PoolInfo]) -> Table {
             format_size(p.capacity_bytes),
             format_size(p.free_bytes),
             format_size(p.provisioned_bytes),
-            format!("{}x", p.overprovision_ratio),
+            thin_limit(p),
+            snake(&p.kind),
             p.replicas.to_string(),
             p.path.clone(),
         ]);
     }
     t
+}
+
+/// "150 GiB (1.5x)": how much may be provisioned, and the ratio it comes from.
+pub fn thin_limit(p: &PoolInfo) -> String {
+    format!(
+        "{} ({}x)",
+        format_size(p.overprovision_limit()),
+        p.overprovision_ratio
+    )
 }

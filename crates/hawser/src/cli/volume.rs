@@ -1,10 +1,10 @@
 //! `hawser volume ...`: create, list, show, attach, detach and delete volumes.
 
-use hawser_api::controller::{Attach, CreateVolume, ReplicaState, Volume};
+use hawser_api::controller::{Attach, CreateVolume, ReplicaState, Volume, ZoneSpread};
 use hawser_api::format_size;
 use serde_json::json;
 
-use crate::cli::args::{parse_node_name, parse_volume_name, parse_volume_size};
+use crate::cli::args::{parse_node_name, parse_pool_name, parse_volume_name, parse_volume_size};
 use crate::cli::client::{CliError, Client};
 use crate::cli::output::{or_dash, print_json, Format, OutputArg, Table};
 
@@ -23,6 +23,18 @@ pub enum VolumeCmd {
         /// Allocate the replicas' space up front instead of thin (sparse) files.
         #[arg(long)]
         thick: bool,
+        /// Place replicas only in pools of this name.
+        #[arg(long, value_parser = parse_pool_name)]
+        pool: Option<String>,
+        /// How replicas spread over the nodes' `zone` labels: strict (each in another zone),
+        /// preferred (as many zones as possible) or none. Default: strict if any node has a
+        /// zone label, else none.
+        #[arg(long, value_enum)]
+        zone_spread: Option<SpreadArg>,
+        /// Put a replica on this node if it has room (the node the volume will be attached
+        /// to, so reads are local).
+        #[arg(long, value_parser = parse_node_name)]
+        prefer_node: Option<String>,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -64,6 +76,24 @@ pub enum VolumeCmd {
     },
 }
 
+/// `--zone-spread`; mirrors [`ZoneSpread`].
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum SpreadArg {
+    Strict,
+    Preferred,
+    None,
+}
+
+impl From<SpreadArg> for ZoneSpread {
+    fn from(s: SpreadArg) -> ZoneSpread {
+        match s {
+            SpreadArg::Strict => ZoneSpread::Strict,
+            SpreadArg::Preferred => ZoneSpread::Preferred,
+            SpreadArg::None => ZoneSpread::None,
+        }
+    }
+}
+
 pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
     match cmd {
         VolumeCmd::Create {
@@ -71,6 +101,9 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             size,
             replicas,
             thick,
+            pool,
+            zone_spread,
+            prefer_node,
             out,
         } => {
             let req = CreateVolume {
@@ -78,6 +111,9 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 size_bytes: size,
                 replicas,
                 thin: !thick,
+                pool,
+                zone_spread: zone_spread.map(ZoneSpread::from),
+                prefer_node,
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
@@ -174,6 +210,7 @@ fn details(v: &Volume) -> String {
     if let Some(uri) = &v.nbd_unix_uri {
         line("NBD unix:", uri.clone());
     }
+    line("Policy:", placement(v));
     line(
         "Replicas:",
         format!("{} in sync of {}", in_sync(v), v.replicas.len()),
@@ -188,6 +225,19 @@ fn details(v: &Volume) -> String {
         ]);
     }
     s.push_str(&t.render());
+    s
+}
+
+/// "zone spread strict, pool ssd, prefer node n1"
+fn placement(v: &Volume) -> String {
+    let p = &v.placement;
+    let mut s = format!("zone spread {}", snake(&p.zone_spread));
+    if let Some(pool) = &p.pool {
+        s.push_str(&format!(", pool {pool}"));
+    }
+    if let Some(node) = &p.prefer_node {
+        s.push_str(&format!(", prefer node {node}"));
+    }
     s
 }
 
