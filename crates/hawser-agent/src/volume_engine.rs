@@ -75,6 +75,9 @@ pub struct VolumeEngine {
     last_flush: Mutex<Instant>,
     resync_rate: Option<Arc<RateLimiter>>,
     stopped: AtomicBool,
+    /// Tasks are spawned here: commands may be carried out on I/O pool threads, outside the
+    /// runtime.
+    rt: tokio::runtime::Handle,
     me: Weak<VolumeEngine>,
 }
 
@@ -145,6 +148,7 @@ impl VolumeEngine {
             last_flush: Mutex::new(Instant::now()),
             resync_rate: resync_rate_limiter(),
             stopped: AtomicBool::new(false),
+            rt: tokio::runtime::Handle::current(),
             me: me.clone(),
         });
         let mut unreachable = Vec::new();
@@ -165,13 +169,16 @@ impl VolumeEngine {
         for idx in unreachable {
             ve.run(|e, out| e.on_replica_lost(idx, out));
         }
-        tokio::spawn(maintenance(Arc::downgrade(&ve)));
+        ve.rt.spawn(maintenance(Arc::downgrade(&ve)));
         Ok(ve)
     }
 
     /// Open a new session with remote replica `idx` (Hello) and install it.
     async fn connect_remote(&self, idx: ReplicaIdx) -> Result<(), ConnectError> {
-        let Handle::Remote { addr, gen, boot, .. } = &self.handles[usize::from(idx.0)] else {
+        let Handle::Remote {
+            addr, gen, boot, ..
+        } = &self.handles[usize::from(idx.0)]
+        else {
             return Ok(());
         };
         let g = gen.fetch_add(1, Ordering::AcqRel) + 1;
@@ -251,13 +258,13 @@ impl VolumeEngine {
             }
             slot.busy = true;
             drop(rc);
-            tokio::spawn(me.clone().reconnect(idx));
+            self.rt.spawn(me.clone().reconnect(idx));
         }
         let mut last = self.last_flush.lock().unwrap_or_else(|p| p.into_inner());
         if wants_flush && now.duration_since(*last) >= BACKGROUND_FLUSH_INTERVAL {
             *last = now;
             let me = me.clone();
-            tokio::spawn(async move {
+            self.rt.spawn(async move {
                 if let Err(e) = me.submit(ClientOp::Flush).await {
                     tracing::debug!(volume = %me.volume, error = %e, "background flush failed");
                 }
@@ -362,7 +369,7 @@ impl VolumeEngine {
             } => match (&self.resync_rate, background, self.me.upgrade()) {
                 (Some(limit), true, Some(me)) => {
                     let (limit, bytes) = (limit.clone(), op_bytes(&op));
-                    tokio::spawn(async move {
+                    self.rt.spawn(async move {
                         limit.acquire(bytes).await;
                         me.send(replica, sub, op, false);
                     });
@@ -416,7 +423,7 @@ impl VolumeEngine {
     fn outdate(&self, replica: ReplicaIdx, failed: bool) {
         let Some(me) = self.me.upgrade() else { return };
         let id = self.replica_ids[usize::from(replica.0)].clone();
-        tokio::spawn(async move {
+        self.rt.spawn(async move {
             let reason = format!("engine of epoch {} lost the replica", me.epoch);
             match me
                 .controller
@@ -439,7 +446,7 @@ impl VolumeEngine {
     fn mark_in_sync(&self, replica: ReplicaIdx) {
         let Some(me) = self.me.upgrade() else { return };
         let id = self.replica_ids[usize::from(replica.0)].clone();
-        tokio::spawn(async move {
+        self.rt.spawn(async move {
             match me.controller.mark_in_sync(&me.volume, &id, me.epoch).await {
                 OutdateOutcome::Done => {
                     tracing::info!(volume = %me.volume, replica = %id, "replica resynced and in-sync");
@@ -466,7 +473,7 @@ impl VolumeEngine {
             }
             Handle::Local(_) => {
                 let Some(me) = self.me.upgrade() else { return };
-                tokio::spawn(async move {
+                self.rt.spawn(async move {
                     // Local requests already running finish first, so none lands after a
                     // later resync of the same chunks.
                     while me.local_inflight.load(Ordering::Acquire) > 0 {

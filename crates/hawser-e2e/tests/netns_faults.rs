@@ -26,6 +26,10 @@ const ACKS_BEFORE: u64 = 5000;
 const ACKS_AFTER: u64 = 5000;
 const ACK_TIMEOUT: Duration = Duration::from_secs(60);
 const OUTDATE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A returning replica is reconnected (backoff at most 10 s) and resynced within this.
+const RESYNC_TIMEOUT: Duration = Duration::from_secs(90);
+/// Dirty-tracking granularity of the engine.
+const CHUNK: u64 = 64 * 1024;
 
 fn skip() -> bool {
     let Some(why) = NetCluster::unavailable() else {
@@ -141,9 +145,56 @@ fn write_across_fault(
     log
 }
 
+/// The engine's view of the victim: (dirty bytes, bytes copied by resync).
+fn victim_progress(c: &NetCluster, s: &Setup) -> (u64, u64) {
+    let v = c.volume(&s.volume);
+    let r = v
+        .replicas
+        .iter()
+        .find(|r| r.id == s.victim.id)
+        .expect("victim replica");
+    let e = r
+        .engine
+        .as_ref()
+        .unwrap_or_else(|| panic!("no engine view of the victim: {v:?}"));
+    (e.dirty_bytes, e.copied_bytes)
+}
+
+/// The victim is back: wait until the engine has resynced it and the store calls it in-sync;
+/// check it copied only what it missed. `dirty_before` is its dirty set while it was away;
+/// `area` the bytes the writer touches (an upper bound on what it can have missed).
+fn wait_resynced(c: &NetCluster, s: &Setup, dirty_before: u64, area: u64, written_down: u64) {
+    let t0 = Instant::now();
+    wait_until(
+        "the returning replica to be resynced",
+        RESYNC_TIMEOUT,
+        || c.replica_state(&s.volume, &s.victim.id) == ReplicaState::InSync,
+    );
+    let (dirty, copied) = victim_progress(c, s);
+    eprintln!(
+        "resync: in-sync after {:.2?}; written while away {written_down} bytes in at most {area} bytes of chunks; dirty when it returned {dirty_before}; copied {copied}; dirty now {dirty}",
+        t0.elapsed()
+    );
+    assert_eq!(dirty, 0, "in-sync with dirty chunks left");
+    // Only what it missed is copied: at most the chunks written while it was away (1.1x for
+    // the writes in flight when it left), never the whole volume.
+    let bound = dirty_before.min(area + area / 10);
+    assert!(
+        copied <= bound + CHUNK,
+        "copied {copied} bytes, more than the {bound} it missed"
+    );
+    assert!(copied > 0, "nothing copied although writes were missed");
+}
+
 /// After the writer: every acknowledged write reads back through NBD; then, detached, from
 /// every in-sync replica file, and the in-sync replicas are identical. Returns them.
-fn verify_everywhere(c: &NetCluster, s: &Setup, log: &hawser_e2e::WriteLog) -> Vec<Replica> {
+/// `victim_in_sync`: whether the faulted replica is expected back in the in-sync set.
+fn verify_everywhere(
+    c: &NetCluster,
+    s: &Setup,
+    log: &hawser_e2e::WriteLog,
+    victim_in_sync: bool,
+) -> Vec<Replica> {
     let report = verify_nbd(&s.target, log).expect("read the volume back");
     report.assert_ok();
     eprintln!("{} written blocks read back through NBD", report.checked);
@@ -159,9 +210,10 @@ fn verify_everywhere(c: &NetCluster, s: &Setup, log: &hawser_e2e::WriteLog) -> V
         in_sync.iter().any(|r| r.node == s.engine_host),
         "the engine's local replica is not in sync: {v:?}"
     );
-    assert!(
-        in_sync.iter().all(|r| r.id != s.victim.id),
-        "the lost replica is still in sync: {v:?}"
+    assert_eq!(
+        in_sync.iter().any(|r| r.id == s.victim.id),
+        victim_in_sync,
+        "the faulted replica's state: {v:?}"
     );
     let files: Vec<_> = in_sync.iter().map(|r| c.replica_file(r)).collect();
     for f in &files {
@@ -176,9 +228,10 @@ fn verify_everywhere(c: &NetCluster, s: &Setup, log: &hawser_e2e::WriteLog) -> V
 }
 
 /// a. kill -9 of the agent holding the other replica: the engine loses the connection at
-/// once, outdates that replica and carries on.
+/// once, outdates that replica and carries on; restarted, the replica copies only the chunks
+/// written while it was down and is in-sync again.
 #[test]
-fn kill9_of_a_replica_agent_loses_no_acknowledged_write() {
+fn kill9_of_a_replica_agent_loses_no_acknowledged_write_and_resyncs_incrementally() {
     if skip() {
         return;
     }
@@ -186,31 +239,30 @@ fn kill9_of_a_replica_agent_loses_no_acknowledged_write() {
     let s = attach_on_a_replica_host(&c, "k9", 2);
     let log = write_across_fault(&mut c, &s, Fault::Kill9, 0x6b39);
     assert!(!c.agent_alive(&s.victim.node));
-    verify_everywhere(&c, &s, &log);
-    // The killed agent comes back on the same data directory and addresses (re-admitting its
-    // replica is not implemented yet, so its state is not checked here).
+    let (dirty_before, _) = victim_progress(&c, &s);
     c.restart_agent(&s.victim.node);
     assert!(c.agent_alive(&s.victim.node));
-    assert!(c.replica_file(&s.victim).exists());
+    let area = WriterOptions::default().blocks * 4096;
+    wait_resynced(&c, &s, dirty_before, area, ACKS_AFTER * 4096);
+    verify_everywhere(&c, &s, &log, true);
 }
 
 /// b. A partition of the other replica's host (iptables DROP inside its namespace): its
 /// requests go unanswered until the replica watchdog (5 s) closes the connection; then as a.
+/// After healing, the engine reconnects by itself and resyncs it.
 #[test]
-fn partition_of_a_replica_host_loses_no_acknowledged_write() {
+fn partition_of_a_replica_host_loses_no_acknowledged_write_and_heals() {
     if skip() {
         return;
     }
     let mut c = NetCluster::start("partition", 3);
     let s = attach_on_a_replica_host(&c, "part", 2);
     let log = write_across_fault(&mut c, &s, Fault::Partition, 0x9a27);
-    verify_everywhere(&c, &s, &log);
+    let (dirty_before, _) = victim_progress(&c, &s);
     c.heal(&s.victim.node);
-    assert_eq!(
-        c.replica_state(&s.volume, &s.victim.id),
-        ReplicaState::Outdated,
-        "healing must not bring an outdated replica back by itself"
-    );
+    let area = WriterOptions::default().blocks * 4096;
+    wait_resynced(&c, &s, dirty_before, area, ACKS_AFTER * 4096);
+    verify_everywhere(&c, &s, &log, true);
 }
 
 /// c. Three replicas, kill -9 of one: the two left stay in sync, hold every acknowledged write
@@ -223,6 +275,6 @@ fn kill9_with_three_replicas_leaves_two_identical_in_sync_replicas() {
     let mut c = NetCluster::start("kill9x3", 3);
     let s = attach_on_a_replica_host(&c, "k9x3", 3);
     let log = write_across_fault(&mut c, &s, Fault::Kill9, 0x3333);
-    let in_sync = verify_everywhere(&c, &s, &log);
+    let in_sync = verify_everywhere(&c, &s, &log, false);
     assert_eq!(in_sync.len(), 2, "two replicas left in sync: {in_sync:?}");
 }
