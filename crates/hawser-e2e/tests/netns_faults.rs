@@ -278,3 +278,99 @@ fn kill9_with_three_replicas_leaves_two_identical_in_sync_replicas() {
     let in_sync = verify_everywhere(&c, &s, &log, false);
     assert_eq!(in_sync.len(), 2, "two replicas left in sync: {in_sync:?}");
 }
+
+/// e. Three replicas, two replica hosts lost (kill -9). The first loss leaves two of three, a
+/// quorum: that replica is outdated. The second would leave one: it stays in-sync in the
+/// store, `down` in the engine, and writes suspend (no error, no acknowledgement). When the
+/// outdated host returns it is resynced and made in-sync through the control plane; two of
+/// three are a quorum again, so the down replica is outdated and the suspended writes
+/// complete. When that host returns it is resynced too. No manual action anywhere.
+#[test]
+fn two_of_three_replicas_lost_suspends_writes_until_one_returns() {
+    if skip() {
+        return;
+    }
+    let mut c = NetCluster::start("quorum", 3);
+    let s = attach_on_a_replica_host(&c, "q3", 3);
+    let v = c.volume(&s.volume);
+    let lost: Vec<Replica> = v
+        .replicas
+        .iter()
+        .filter(|r| r.node != s.engine_host)
+        .cloned()
+        .collect();
+    assert_eq!(lost.len(), 2);
+    let writer = Writer::start(
+        s.target.clone(),
+        WriterOptions {
+            seed: 0x4e,
+            ..WriterOptions::default()
+        },
+    );
+    writer.wait_acks(ACKS_BEFORE, ACK_TIMEOUT);
+    c.kill9(&lost[0].node);
+    wait_until(
+        "the first lost replica to be outdated",
+        OUTDATE_TIMEOUT,
+        || c.replica_state(&s.volume, &lost[0].id) == ReplicaState::Outdated,
+    );
+    writer.wait_acks(ACKS_AFTER, ACK_TIMEOUT);
+    c.kill9(&lost[1].node);
+    wait_until(
+        "the second lost replica to be down",
+        OUTDATE_TIMEOUT,
+        || {
+            let v = c.volume(&s.volume);
+            v.replicas
+                .iter()
+                .any(|r| r.id == lost[1].id && r.engine.as_ref().is_some_and(|e| e.state == "down"))
+        },
+    );
+    assert_eq!(
+        c.replica_state(&s.volume, &lost[1].id),
+        ReplicaState::InSync,
+        "one replica of three must not be left alone in sync"
+    );
+    let suspended = writer.stats();
+    // An observation window, not a synchronisation: for 3 s no write may be acknowledged.
+    std::thread::sleep(Duration::from_secs(3));
+    let still = writer.stats();
+    assert_eq!(
+        still.acked_writes, suspended.acked_writes,
+        "writes were acknowledged by one replica of three"
+    );
+    assert_eq!(still.errors, 0, "suspend, not fail: {still:?}");
+    // The outdated one returns: resynced, in-sync by CAS; then the down one is outdated and
+    // the suspended writes complete.
+    c.restart_agent(&lost[0].node);
+    writer.wait_acks(ACKS_AFTER, RESYNC_TIMEOUT);
+    assert_eq!(
+        c.replica_state(&s.volume, &lost[0].id),
+        ReplicaState::InSync
+    );
+    wait_until("the down replica to be outdated", OUTDATE_TIMEOUT, || {
+        c.replica_state(&s.volume, &lost[1].id) == ReplicaState::Outdated
+    });
+    // The other returns and is resynced the same way.
+    c.restart_agent(&lost[1].node);
+    wait_until("the second replica to be resynced", RESYNC_TIMEOUT, || {
+        c.replica_state(&s.volume, &lost[1].id) == ReplicaState::InSync
+    });
+    let (log, stats) = writer.stop();
+    eprintln!(
+        "quorum: longest gap {:.2?} (the suspension); {} writes acknowledged, {} errors",
+        stats.longest_gap, stats.acked_writes, stats.errors
+    );
+    assert_eq!(stats.errors, 0, "{stats:?}");
+    assert_eq!(stats.unknown_writes, 0, "{stats:?}");
+    let s3 = Setup {
+        victim: lost[1].clone(),
+        ..s
+    };
+    let in_sync = verify_everywhere(&c, &s3, &log, true);
+    assert_eq!(
+        in_sync.len(),
+        3,
+        "all three in sync at the end: {in_sync:?}"
+    );
+}
