@@ -10,8 +10,13 @@ pub const REPLICA_SERVER_MAX_CONNS: usize = 1024;
 pub const ENGINE_MAX_INFLIGHT: usize = 1024;
 /// A replica that leaves a request unanswered this long is treated as lost.
 pub const REPLICA_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the replica client checks for overdue requests.
-pub const REPLICA_WATCHDOG_INTERVAL: Duration = Duration::from_millis(500);
+/// How often the replica client checks for overdue requests and a silent replica.
+pub const REPLICA_WATCHDOG_INTERVAL: Duration = Duration::from_millis(250);
+/// While requests are outstanding the client pings the replica this often...
+pub const REPLICA_PING_INTERVAL: Duration = Duration::from_millis(500);
+/// ...and drops the connection when nothing at all came back for this long (a partition),
+/// so I/O continues on the other replicas within about two seconds.
+pub const REPLICA_SILENCE_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Connecting to a replica (TCP connect + Hello) gives up after this long.
 pub const REPLICA_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between attempts to reach the controller for an outdate.

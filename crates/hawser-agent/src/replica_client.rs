@@ -19,7 +19,8 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::constants::{
-    REPLICA_CONNECT_TIMEOUT, REPLICA_REQUEST_TIMEOUT, REPLICA_WATCHDOG_INTERVAL,
+    REPLICA_CONNECT_TIMEOUT, REPLICA_PING_INTERVAL, REPLICA_REQUEST_TIMEOUT,
+    REPLICA_SILENCE_TIMEOUT, REPLICA_WATCHDOG_INTERVAL,
 };
 use crate::frame_io::{read_frame, write_frame, FrameIoError};
 
@@ -66,9 +67,14 @@ impl ConnectError {
     }
 }
 
+/// Request ids of the client's own liveness pings (engine sub ids stay far below).
+const PING_ID_BASE: u64 = 1 << 62;
+
 struct Shared {
-    /// Outstanding requests: sub -> (op, sent at).
+    /// Outstanding requests: sub -> (op, sent at). Pings included.
     outstanding: Mutex<HashMap<SubId, (Op, Instant)>>,
+    /// When the last frame arrived from the replica.
+    last_rx: Mutex<Instant>,
     closed: AtomicBool,
     sink: Arc<dyn ReplySink>,
 }
@@ -111,13 +117,14 @@ impl ReplicaClient {
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             outstanding: Mutex::new(HashMap::new()),
+            last_rx: Mutex::new(Instant::now()),
             closed: AtomicBool::new(false),
             sink,
         });
         let tasks = vec![
             tokio::spawn(writer(BufWriter::new(wr), rx, shared.clone())),
             tokio::spawn(reader(rd, shared.clone())),
-            tokio::spawn(watchdog(shared.clone())),
+            tokio::spawn(watchdog(shared.clone(), tx.clone(), epoch)),
         ];
         Ok((
             ReplicaClient {
@@ -277,6 +284,7 @@ async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
                 break;
             }
         };
+        *shared.last_rx.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         let known = shared
             .outstanding
             .lock()
@@ -292,6 +300,9 @@ async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
                 "reply does not match its request"
             );
             break;
+        }
+        if op == Op::Ping {
+            continue; // liveness only
         }
         let result = match h.status {
             Status::Ok if op == Op::Read => match payload {
@@ -311,23 +322,62 @@ async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
     shared.close();
 }
 
-async fn watchdog(shared: Arc<Shared>) {
+/// Ends the connection when the replica goes silent: while requests are outstanding it pings
+/// the replica (answered without touching the disk), so a partition is detected after
+/// `REPLICA_SILENCE_TIMEOUT` even when a request may legitimately take longer; a request
+/// unanswered for `REPLICA_REQUEST_TIMEOUT` (a hung disk) also ends it.
+async fn watchdog(
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<(FrameHeader, Option<Bytes>)>,
+    epoch: u64,
+) {
     let mut tick = tokio::time::interval(REPLICA_WATCHDOG_INTERVAL);
+    let mut pings = 0u64;
+    let mut last_ping = Instant::now();
     loop {
         tick.tick().await;
         if shared.closed.load(Ordering::Acquire) {
             return;
         }
-        let overdue = shared
-            .outstanding
+        let (busy, overdue) = {
+            let out = shared
+                .outstanding
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let busy = out.values().any(|(op, _)| *op != Op::Ping);
+            let overdue = out
+                .values()
+                .any(|(_, at)| at.elapsed() > REPLICA_REQUEST_TIMEOUT);
+            (busy, overdue)
+        };
+        let silent = shared
+            .last_rx
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .any(|(_, at)| at.elapsed() > REPLICA_REQUEST_TIMEOUT);
-        if overdue {
-            tracing::warn!("replica request timed out; dropping the connection");
+            .elapsed();
+        if overdue || (busy && silent > REPLICA_SILENCE_TIMEOUT) {
+            tracing::warn!(
+                overdue,
+                silent_ms = silent.as_millis(),
+                "replica not answering; dropping the connection"
+            );
             shared.close();
             return;
+        }
+        if busy && last_ping.elapsed() >= REPLICA_PING_INTERVAL {
+            last_ping = Instant::now();
+            pings += 1;
+            let id = PING_ID_BASE + pings;
+            shared
+                .outstanding
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, (Op::Ping, Instant::now()));
+            let h = FrameHeader::request(Op::Ping, id, epoch, 0, 0);
+            if tx.send((h, None)).is_err() {
+                shared.close();
+                return;
+            }
         }
     }
 }
