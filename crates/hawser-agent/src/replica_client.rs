@@ -340,10 +340,7 @@ async fn watchdog(
             return;
         }
         let (busy, overdue) = {
-            let out = shared
-                .outstanding
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let out = shared.outstanding.lock().unwrap_or_else(|p| p.into_inner());
             let busy = out.values().any(|(op, _)| *op != Op::Ping);
             let overdue = out
                 .values()

@@ -51,20 +51,11 @@ impl Engine {
         let s = self.slot_mut(r);
         s.failed |= failed;
         let connected = s.connected;
+        // A syncing replica the store never stopped calling in-sync leaves like an in-sync one.
+        let in_sync_in_store = s.membership == Membership::InSync
+            || (s.membership == Membership::Syncing && s.store_in_sync);
         match s.membership {
-            Membership::InSync => {
-                s.unflushed_at_loss = snapshot;
-                if can_leave {
-                    s.membership = Membership::Outdating;
-                    out.push(Command::Outdate {
-                        replica: r,
-                        failed: s.failed,
-                    });
-                } else {
-                    s.membership = Membership::Down;
-                }
-            }
-            Membership::Syncing if s.store_in_sync => {
+            _ if in_sync_in_store => {
                 s.unflushed_at_loss = snapshot;
                 if can_leave {
                     s.membership = Membership::Outdating;
@@ -89,7 +80,8 @@ impl Engine {
                 }
             }
             Membership::Marking => s.lost_while_marking = true,
-            Membership::Down
+            Membership::InSync
+            | Membership::Down
             | Membership::Outdating
             | Membership::Outdated
             | Membership::Failed => {}

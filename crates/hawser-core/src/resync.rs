@@ -79,17 +79,7 @@ impl Engine {
                 let s = self.slot_mut(r);
                 s.cursor = end;
                 s.copies += 1;
-                let tag = self.next_internal;
-                self.next_internal += 1;
-                self.copies.insert(
-                    tag,
-                    Copy {
-                        target: r,
-                        first,
-                        end,
-                        stage: Stage::Locking,
-                    },
-                );
+                let tag = self.new_copy(r, first, end, Stage::Locking);
                 let range = Some(self.byte_range(first, end));
                 if let Some(Work::Copy) = self.locks.acquire(tag, range, Work::Copy) {
                     self.copy_locked(tag, out);
@@ -97,6 +87,22 @@ impl Engine {
             }
             self.maybe_finish_sync(r, out);
         }
+    }
+
+    /// Register one of the engine's own operations under a fresh internal tag.
+    fn new_copy(&mut self, target: ReplicaIdx, first: u64, end: u64, stage: Stage) -> Tag {
+        let tag = self.next_internal;
+        self.next_internal += 1;
+        self.copies.insert(
+            tag,
+            Copy {
+                target,
+                first,
+                end,
+                stage,
+            },
+        );
+        tag
     }
 
     fn byte_range(&self, first: u64, end: u64) -> (u64, u64) {
@@ -232,17 +238,7 @@ impl Engine {
             return;
         }
         self.slot_mut(r).sync_flushing = true;
-        let tag = self.next_internal;
-        self.next_internal += 1;
-        self.copies.insert(
-            tag,
-            Copy {
-                target: r,
-                first: 0,
-                end: 0,
-                stage: Stage::Flushing,
-            },
-        );
+        let tag = self.new_copy(r, 0, 0, Stage::Flushing);
         let sub = self.new_sub(tag, r);
         out.push(Command::Send {
             replica: r,
