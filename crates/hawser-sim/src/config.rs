@@ -1,0 +1,177 @@
+//! Bounds of the simulator and the per-seed parameters drawn from the seed.
+//!
+//! Times are simulated microseconds. They are scaled down from the real system's (a 5 s request
+//! timeout becomes 20 ms) so a run covers many failures in few events; only their ratios matter
+//! to the engine, which has no clock.
+
+use hawser_core::{ChunkMap, EngineConfig, NoQuorum, Quorum};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use crate::client::WorkloadParams;
+use crate::net::NetParams;
+use crate::pattern::SECTOR;
+
+/// Most replicas a simulated volume has.
+pub const MAX_SIM_REPLICAS: usize = 5;
+/// Most client requests in flight.
+pub const MAX_QD: usize = 16;
+/// A session whose message was lost is closed after this long (the agent's 5 s).
+pub const SESSION_TIMEOUT_US: u64 = 20_000;
+/// A connection attempt (Hello) that got no answer is abandoned after this long.
+pub const CONNECT_TIMEOUT_US: u64 = 10_000;
+/// Reconnect backoff, doubling from the minimum.
+pub const RECONNECT_BACKOFF_MIN_US: u64 = 1_000;
+pub const RECONNECT_BACKOFF_MAX_US: u64 = 16_000;
+/// The driver's maintenance round (reconnects, background flush).
+pub const DRIVER_TICK_US: u64 = 2_000;
+/// Least time between two background flushes.
+pub const BACKGROUND_FLUSH_US: u64 = 10_000;
+/// The agent retries a control-plane call this often while it gets no useful answer.
+pub const CONTROL_RETRY_US: u64 = 5_000;
+/// After healing, the volume must be quiet (every replica in sync, nothing in flight) within
+/// this long, or the run fails for liveness.
+pub const HEAL_DEADLINE_US: u64 = 20_000_000;
+/// Hard bound on events per run (a livelock guard).
+pub const MAX_EVENTS: u64 = 5_000_000;
+/// Largest read the final read-back issues.
+pub const FINAL_READ_BYTES: u64 = 64 * 1024;
+
+/// Which faults a run injects, as relative weights (0: never).
+#[derive(Clone, Copy, Debug)]
+pub struct FaultMix {
+    pub process_crash: u32,
+    pub node_crash: u32,
+    pub partition: u32,
+    pub control_outage: u32,
+    pub io_error: u32,
+    pub disk_full: u32,
+}
+
+impl FaultMix {
+    pub const ALL: FaultMix = FaultMix {
+        process_crash: 3,
+        node_crash: 3,
+        partition: 3,
+        control_outage: 2,
+        io_error: 1,
+        disk_full: 1,
+    };
+    pub const NONE: FaultMix = FaultMix {
+        process_crash: 0,
+        node_crash: 0,
+        partition: 0,
+        control_outage: 0,
+        io_error: 0,
+        disk_full: 0,
+    };
+}
+
+/// A replica that starts out of date (the store has it `outdated`).
+#[derive(Clone, Debug)]
+pub struct InitialOutdated {
+    pub replica: usize,
+    /// What it lacks, if known (else it is copied in full).
+    pub dirty: Option<ChunkMap>,
+}
+
+/// Everything drawn from the seed before the run starts.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub replicas: usize,
+    /// Replica 0 is on the engine's node (reads prefer it; it never crashes or partitions
+    /// apart from the engine, since that would be an engine crash).
+    pub local: bool,
+    pub size: u64,
+    pub engine: EngineConfig,
+    pub net: NetParams,
+    pub work: WorkloadParams,
+    /// Most time between two client arrivals.
+    pub client_gap_us: u64,
+    pub random_phase_us: u64,
+    /// Mean time between faults.
+    pub fault_gap_us: u64,
+    pub faults: FaultMix,
+    pub disk_latency_us: (u64, u64),
+    pub flush_latency_us: (u64, u64),
+    pub control_delay_us: u64,
+    /// Probability that the answer to a control-plane call is lost (the agent retries).
+    pub control_answer_loss: f64,
+    pub initial_outdated: Option<InitialOutdated>,
+}
+
+impl Params {
+    pub fn draw(rng: &mut StdRng, faults: FaultMix) -> Params {
+        let replicas = rng.random_range(1..=MAX_SIM_REPLICAS);
+        let chunk = [4096u64, 16 * 1024, 64 * 1024][rng.random_range(0..3)];
+        let chunks = rng.random_range(8..=40u64);
+        // Sometimes the last chunk is partial.
+        let tail = if rng.random_bool(0.3) {
+            rng.random_range(1..chunk / SECTOR) * SECTOR
+        } else {
+            0
+        };
+        let size = (chunks * chunk).saturating_sub(tail).max(chunk);
+        let engine = EngineConfig {
+            chunk_bytes: chunk,
+            quorum: if rng.random_bool(0.5) {
+                Quorum::Majority
+            } else {
+                Quorum::Any
+            },
+            no_quorum: if rng.random_bool(0.7) {
+                NoQuorum::Suspend
+            } else {
+                NoQuorum::Fail
+            },
+            resync_unit_bytes: chunk * [1u64, 2, 4, 16][rng.random_range(0..4)],
+            resync_parallel: rng.random_range(1..=4),
+        };
+        let net = NetParams {
+            delay_min: rng.random_range(5..=50),
+            delay_max: rng.random_range(100..=1_000),
+            tail_p: [0.0, 0.01, 0.05][rng.random_range(0..3)],
+            tail_max: rng.random_range(2_000..=15_000),
+            loss_p: [0.0, 0.0005, 0.002, 0.01][rng.random_range(0..4)],
+            dup_p: [0.0, 0.01, 0.05][rng.random_range(0..3)],
+        };
+        let write_pct = rng.random_range(30..=70);
+        let work = WorkloadParams {
+            qd: rng.random_range(1..=MAX_QD),
+            write_pct,
+            zero_pct: rng.random_range(0..=8),
+            flush_pct: rng.random_range(0..=8),
+            fua_pct: rng.random_range(0..=10),
+            hot_bytes: (size / 8).max(8 * SECTOR) / SECTOR * SECTOR,
+            max_bytes: (chunk * 3).min(size).min(256 * 1024),
+        };
+        let initial_outdated = (replicas > 1 && rng.random_bool(0.1)).then(|| {
+            let replica = rng.random_range(1..replicas);
+            let dirty = rng.random_bool(0.5).then(|| {
+                let mut m = ChunkMap::new(size, chunk);
+                let first = rng.random_range(0..m.chunks());
+                let end = rng.random_range(first + 1..=m.chunks());
+                m.set_chunks(first, end);
+                m
+            });
+            InitialOutdated { replica, dirty }
+        });
+        Params {
+            replicas,
+            local: rng.random_bool(0.5),
+            size,
+            engine,
+            net,
+            work,
+            client_gap_us: rng.random_range(50..=1_500),
+            random_phase_us: rng.random_range(100_000..=600_000),
+            fault_gap_us: rng.random_range(5_000..=60_000),
+            faults,
+            disk_latency_us: (rng.random_range(5..=50), rng.random_range(100..=800)),
+            flush_latency_us: (rng.random_range(50..=200), rng.random_range(500..=3_000)),
+            control_delay_us: rng.random_range(100..=5_000),
+            control_answer_loss: [0.0, 0.05, 0.2][rng.random_range(0..3)],
+            initial_outdated,
+        }
+    }
+}

@@ -1,0 +1,1320 @@
+//! The event loop: one engine, its driver, N replicas, the network, the control plane and the
+//! client, advanced one event at a time in simulated time. Every random choice comes from one
+//! `StdRng` seeded by the run's seed, and nothing depends on iteration order of hash maps, so a
+//! seed replays exactly.
+//!
+//! The driver is the simulated counterpart of `hawser-agent::volume_engine`: it turns the
+//! engine's commands into messages and control-plane calls, answers every `Send` exactly once
+//! (a reply, or `on_replica_lost` for the whole session), reconnects replicas while
+//! `Engine::wants_connection` says so (telling the engine whether the replica's node rebooted,
+//! from its boot id), and issues background flushes while `Engine::wants_flush`.
+//!
+//! A run has two phases. In the random phase the client runs its workload and faults arrive at
+//! random times (`Fault`). Then everything heals: crashed replicas restart, partitions and the
+//! control plane come back, no new fault or request starts; the run continues until the volume
+//! is quiet, reads the whole volume back through the engine, and runs the final checks.
+//!
+//! Fault rules that keep the checks honest:
+//! - A node crash (power loss) may drop writes a replica acknowledged but had not flushed; on
+//!   the only in-sync copy that would legitimately lose acknowledged data (the client did not
+//!   flush; only other copies protect it). So a node is crashed only while another replica is
+//!   in sync in the engine's view with no crash of its own since it last reconnected and no
+//!   disk fault.
+//! - A disk error (`DiskFault::Io`) fails every request of that replica from then on, so it
+//!   never holds a write the others lack; it is injected only while another good in-sync copy
+//!   exists. The replica stays failed and is left out of "ends in sync".
+//! - The local replica (when there is one) lives in the engine's process: it has no network
+//!   faults and never crashes, since its crash is an engine crash.
+//!
+//! Not modelled yet: engine crashes and restarts (there is no activity log). The extension
+//! point is `World::crash_engine`: it would drop `engine` and the driver, bump the store's
+//! epoch, and build a new `Engine` from the store's replica states (`Initial`), reconnecting
+//! with Hellos that carry the new epoch (replicas already refuse older epochs); the checks
+//! would then need the activity-log guarantee (every region that may differ is resynced before
+//! I/O is served).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use hawser_core::{
+    ClientOp, Command, Engine, Initial, IoError, Membership, Quorum, ReplicaFailure, ReplicaIdx,
+    ReplicaResult, ReplicaSpec, SubId, Tag,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::check;
+use crate::client::{Client, Kind};
+use crate::config::*;
+use crate::control::{Call, Control, Outcome, StoreState};
+use crate::net::{Fate, Net};
+use crate::replica::{Arrival, DiskFault, Replica};
+use crate::{KnownBugs, Mutation, RunOptions};
+
+#[derive(Clone, Debug)]
+enum Event {
+    /// The client may submit a request.
+    ClientArrival,
+    /// The driver's maintenance round.
+    DriverTick,
+    /// A request arrives at replica `r`.
+    Request {
+        r: usize,
+        inc: u64,
+        session: u64,
+        sub: SubId,
+        op: ClientOp,
+    },
+    /// Replica `r` finished executing request `id`.
+    DiskDone {
+        r: usize,
+        inc: u64,
+        id: u64,
+    },
+    /// A reply arrives at the engine's driver.
+    Reply {
+        r: usize,
+        session: u64,
+        sub: SubId,
+        result: ReplicaResult,
+    },
+    /// The driver had no session for a send: it fails at once.
+    NoSession {
+        sub: SubId,
+    },
+    Hello {
+        r: usize,
+        inc: u64,
+        session: u64,
+    },
+    HelloOk {
+        r: usize,
+        inc: u64,
+        session: u64,
+        boot: u64,
+    },
+    ConnectTimeout {
+        r: usize,
+        session: u64,
+    },
+    SessionTimeout {
+        r: usize,
+        session: u64,
+    },
+    /// The driver finished closing a session the engine asked to close.
+    ReportLost {
+        r: usize,
+        session: u64,
+    },
+    /// A control-plane call reaches the controller (or finds it down).
+    Call(Call),
+    /// Its answer reaches the engine's driver.
+    Answer(Call, Outcome),
+    Fault,
+    Restart {
+        r: usize,
+        node: bool,
+    },
+    HealPartition {
+        r: usize,
+    },
+    ControlUp,
+    DiskFree {
+        r: usize,
+    },
+    EndRandomPhase,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Conn {
+    Idle,
+    Connecting(u64),
+    Open(u64),
+    /// The engine asked to disconnect; `ReportLost` is due.
+    Closing(u64),
+}
+
+struct Driver {
+    conn: Conn,
+    /// Incarnation of the replica process the session talks to.
+    inc: u64,
+    last_boot: u64,
+    next_try: u64,
+    backoff: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Random,
+    Heal,
+    ReadBack,
+    Done,
+}
+
+/// Counters printed with a run's summary.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub events: u64,
+    pub faults: u64,
+    pub sim_us: u64,
+    pub writes_ok: u64,
+    pub writes_failed: u64,
+    pub reads_checked: u64,
+    /// Per replica: bytes resync copied to it, bytes of chunks the engine marked dirty, and
+    /// bytes of the distinct chunks acknowledged writes touched while it was not receiving
+    /// writes, summed over its outages (what a resync should copy, reboots aside).
+    pub copied: Vec<u64>,
+    pub dirtied: Vec<u64>,
+    pub missed: Vec<u64>,
+    /// Runs that ended with flushes parked forever (known bug 3, tolerated).
+    pub known_bug_3: u64,
+    /// `Disconnect` commands for a session already closing.
+    pub repeated_disconnects: u64,
+}
+
+pub struct World {
+    rng: StdRng,
+    now: u64,
+    seq: u64,
+    queue: BTreeMap<(u64, u64), Event>,
+    p: Params,
+    engine: Engine,
+    out: Vec<Command>,
+    drivers: Vec<Driver>,
+    replicas: Vec<Replica>,
+    net: Net,
+    control: Control,
+    client: Client,
+    phase: Phase,
+    next_session: u64,
+    next_boot: u64,
+    last_bg_flush: u64,
+    heal_started: u64,
+    /// Node crashed while in sync (or about to be) in the store, not repaired since: may lack
+    /// unflushed acknowledged writes, so exempt from the checks.
+    volatile_lost: Vec<bool>,
+    /// Since its node crash, the engine has seen replica r out of sync.
+    lost_seen_out: Vec<bool>,
+    /// Chunks written (and acknowledged) while each replica was not receiving writes, since
+    /// it was last in sync.
+    owed: Vec<std::collections::BTreeSet<u64>>,
+    /// Memberships last seen.
+    seen_membership: Vec<Option<Membership>>,
+    /// The session of each replica that is known to be broken (its timeout is pending).
+    doomed: Vec<Option<u64>>,
+    /// Known engine bugs to steer around.
+    avoid: KnownBugs,
+    /// Given a disk error: failed for good, left out of "ends in sync".
+    disk_failed: Vec<bool>,
+    /// The engine's dirty bytes per replica after the last step, and their increases.
+    dirty_seen: Vec<u64>,
+    stats: Stats,
+    trace: Option<Vec<String>>,
+    failure: Option<String>,
+    read_back_next: u64,
+}
+
+macro_rules! trace {
+    ($w:expr, $($arg:tt)*) => {
+        if $w.trace.is_some() {
+            let line = format!("{:>9}us {}", $w.now, format!($($arg)*));
+            if let Some(t) = &mut $w.trace {
+                t.push(line);
+            }
+        }
+    };
+}
+
+fn ri(r: usize) -> ReplicaIdx {
+    ReplicaIdx(u8::try_from(r).expect("few replicas"))
+}
+
+impl World {
+    pub fn new(seed: u64, opts: RunOptions, trace: bool) -> World {
+        let (faults, mutation) = (opts.faults, opts.mutation);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let p = Params::draw(&mut rng, faults);
+        let n = p.replicas;
+        let mut specs: Vec<ReplicaSpec> = (0..n)
+            .map(|r| ReplicaSpec::in_sync(p.local && r == 0))
+            .collect();
+        let mut store = vec![StoreState::InSync; n];
+        let mut replicas: Vec<Replica> =
+            (0..n).map(|r| Replica::new(p.size, r as u64 + 1)).collect();
+        if let Some(o) = &p.initial_outdated {
+            specs[o.replica].initial = Initial::Outdated {
+                dirty: o.dirty.clone(),
+            };
+            store[o.replica] = StoreState::Outdated;
+            // It holds junk wherever it is out of date.
+            let chunk = p.engine.chunk_bytes;
+            let runs = match &o.dirty {
+                Some(d) => d.runs(),
+                None => vec![(0, p.size.div_ceil(chunk))],
+            };
+            for (i, (first, end)) in runs.into_iter().enumerate() {
+                let (a, b) = (first * chunk, (end * chunk).min(p.size));
+                replicas[o.replica]
+                    .disk
+                    .scribble(a, b - a, crate::pattern::JUNK_BASE + i as u64);
+            }
+        }
+        let engine = Engine::with_config(p.size, &specs, p.engine);
+        let local: Vec<bool> = (0..n).map(|r| p.local && r == 0).collect();
+        let mut client = Client::new(p.size, p.work);
+        client.model.ignores_zeroes = mutation == Mutation::ModelIgnoresZeroes;
+        let broken = match mutation {
+            Mutation::StoreForgetsOutdates => crate::control::Broken::ForgetsOutdates,
+            _ => crate::control::Broken::No,
+        };
+        let dirty_seen: Vec<u64> = (0..n)
+            .map(|r| engine.replica_view(ri(r)).dirty_bytes)
+            .collect();
+        let mut w = World {
+            rng,
+            now: 0,
+            seq: 0,
+            queue: BTreeMap::new(),
+            engine,
+            out: Vec::new(),
+            drivers: Vec::new(),
+            replicas,
+            net: Net::new(p.net, local),
+            control: Control::new(store, broken),
+            client,
+            phase: Phase::Random,
+            next_session: 1,
+            next_boot: 1000,
+            last_bg_flush: 0,
+            heal_started: 0,
+            volatile_lost: vec![false; n],
+            doomed: vec![None; n],
+            seen_membership: vec![None; n],
+            lost_seen_out: vec![false; n],
+            owed: vec![Default::default(); n],
+            avoid: opts.avoid,
+            disk_failed: vec![false; n],
+            stats: Stats {
+                copied: vec![0; n],
+                dirtied: dirty_seen.clone(),
+                missed: vec![0; n],
+                ..Stats::default()
+            },
+            dirty_seen,
+            trace: trace.then(Vec::new),
+            failure: None,
+            read_back_next: 0,
+            p,
+        };
+        if mutation == Mutation::FlushForgets {
+            for rep in &mut w.replicas {
+                rep.forget_flushes = true;
+            }
+        }
+        // The engine takes in-sync replicas as connected: open their sessions.
+        for r in 0..n {
+            let boot = w.replicas[r].boot;
+            let mut d = Driver {
+                conn: Conn::Idle,
+                inc: w.replicas[r].incarnation,
+                last_boot: boot,
+                next_try: 0,
+                backoff: RECONNECT_BACKOFF_MIN_US,
+            };
+            if w.engine.replica_view(ri(r)).connected {
+                let s = w.new_session();
+                assert!(w.replicas[r].hello(s, w.control.epoch));
+                assert_eq!(w.replicas[r].ready_hellos(), vec![s]);
+                d.conn = Conn::Open(s);
+            }
+            w.drivers.push(d);
+        }
+        trace!(w, "params {:?}", w.p);
+        w.schedule(0, Event::ClientArrival);
+        w.schedule(0, Event::DriverTick);
+        let gap = w.fault_gap();
+        w.schedule(gap, Event::Fault);
+        w.schedule(w.p.random_phase_us, Event::EndRandomPhase);
+        w
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.p
+    }
+
+    pub fn trace_lines(&self) -> &[String] {
+        self.trace.as_deref().unwrap_or(&[])
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn new_session(&mut self) -> u64 {
+        self.next_session += 1;
+        self.next_session
+    }
+
+    fn schedule(&mut self, delay: u64, ev: Event) {
+        self.seq += 1;
+        self.queue.insert((self.now + delay, self.seq), ev);
+    }
+
+    fn fail(&mut self, msg: String) {
+        trace!(self, "FAIL {msg}");
+        if self.failure.is_none() {
+            self.failure = Some(msg);
+        }
+    }
+
+    // The value is clamped to [0, 1e9] first, so the cast cannot truncate.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    fn fault_gap(&mut self) -> u64 {
+        // Exponential, mean `fault_gap_us`.
+        let u: f64 = self.rng.random_range(1e-9..1.0);
+        let mean = self.p.fault_gap_us as f64;
+        (-u.ln() * mean).clamp(0.0, 1e9) as u64
+    }
+
+    /// Run to the end. `Err` is a violation (or a hang), as one sentence.
+    pub fn run(&mut self) -> Result<(), String> {
+        while self.phase != Phase::Done {
+            let Some(((t, _), ev)) = self.queue.pop_first() else {
+                self.fail("the event queue ran dry".into());
+                break;
+            };
+            self.now = t;
+            self.stats.events += 1;
+            if self.stats.events > MAX_EVENTS {
+                self.fail(format!("more than {MAX_EVENTS} events: livelock?"));
+            }
+            self.event(ev);
+            if self.failure.is_some() {
+                break;
+            }
+        }
+        self.stats.sim_us = self.now;
+        let c = &self.client.stats;
+        self.stats.writes_ok = c.writes_ok;
+        self.stats.writes_failed = c.writes_failed;
+        self.stats.reads_checked = c.reads_checked;
+        for r in 0..self.p.replicas {
+            self.stats.copied[r] = self.engine.replica_view(ri(r)).copied_bytes;
+        }
+        match self.failure.take() {
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+
+    fn event(&mut self, ev: Event) {
+        let noise = matches!(ev, Event::DriverTick | Event::ClientArrival | Event::Fault);
+        if self.trace.is_some() && !noise {
+            let s = describe(&ev);
+            trace!(self, "{s}");
+        }
+        match ev {
+            Event::ClientArrival => self.client_arrival(),
+            Event::DriverTick => self.driver_tick(),
+            Event::Request {
+                r,
+                inc,
+                session,
+                sub,
+                op,
+            } => self.request_arrives(r, inc, session, sub, op),
+            Event::DiskDone { r, inc, id } => self.disk_done(r, inc, id),
+            Event::Reply {
+                r,
+                session,
+                sub,
+                result,
+            } => self.reply_arrives(r, session, sub, result),
+            Event::NoSession { sub } => {
+                self.step(|e, out| e.on_reply(sub, Err(ReplicaFailure::Lost), out))
+            }
+            Event::Hello { r, inc, session } => self.hello_arrives(r, inc, session),
+            Event::HelloOk {
+                r,
+                inc,
+                session,
+                boot,
+            } => self.hello_ok(r, inc, session, boot),
+            Event::ConnectTimeout { r, session } => {
+                if self.drivers[r].conn == Conn::Connecting(session) {
+                    self.connect_failed(r);
+                }
+            }
+            Event::SessionTimeout { r, session } => {
+                if self.drivers[r].conn == Conn::Open(session) {
+                    self.drivers[r].conn = Conn::Idle;
+                    self.step(|e, out| e.on_replica_lost(ri(r), out));
+                }
+            }
+            Event::ReportLost { r, session } => {
+                if self.drivers[r].conn == Conn::Closing(session) {
+                    self.drivers[r].conn = Conn::Idle;
+                    self.step(|e, out| e.on_replica_lost(ri(r), out));
+                }
+            }
+            Event::Call(call) => self.call_arrives(call),
+            Event::Answer(call, outcome) => self.answer(call, outcome),
+            Event::Fault => self.fault(),
+            Event::Restart { r, node } => {
+                let boot = node.then(|| {
+                    self.next_boot += 1;
+                    self.next_boot
+                });
+                self.replicas[r].restart(boot);
+            }
+            Event::HealPartition { r } => self.net.partitioned[r] = false,
+            Event::ControlUp => self.control.down = false,
+            Event::DiskFree { r } => {
+                if self.replicas[r].fault == DiskFault::Full {
+                    self.replicas[r].fault = DiskFault::None;
+                }
+            }
+            Event::EndRandomPhase => self.begin_heal(),
+        }
+    }
+
+    // ---- the engine and its commands ----
+
+    fn step(&mut self, f: impl FnOnce(&mut Engine, &mut Vec<Command>)) {
+        let mut out = std::mem::take(&mut self.out);
+        f(&mut self.engine, &mut out);
+        for c in out.drain(..) {
+            self.command(c);
+        }
+        self.out = out;
+        self.observe();
+    }
+
+    /// After every engine step: account dirty bytes, trace membership changes.
+    fn observe(&mut self) {
+        for r in 0..self.p.replicas {
+            let m = self.engine.membership(ri(r));
+            if self.seen_membership[r] != Some(m) {
+                let was = self.seen_membership[r];
+                self.seen_membership[r] = Some(m);
+                trace!(self, "  r{r} is now {m:?}");
+                if m == Membership::InSync && was.is_some() {
+                    self.became_in_sync(r);
+                    let owed = std::mem::take(&mut self.owed[r]);
+                    self.stats.missed[r] += owed.len() as u64 * self.p.engine.chunk_bytes;
+                }
+            }
+            if self.volatile_lost[r] {
+                if m != Membership::InSync {
+                    self.lost_seen_out[r] = true;
+                }
+                let outdated = self.control.store[r] != StoreState::InSync
+                    && !matches!(m, Membership::InSync | Membership::Marking);
+                if outdated || (m == Membership::InSync && self.lost_seen_out[r]) {
+                    self.volatile_lost[r] = false;
+                }
+            }
+            let d = self.engine.replica_view(ri(r)).dirty_bytes;
+            if self.trace.is_some() && d != self.dirty_seen[r] {
+                let runs = self.engine.dirty(ri(r)).runs();
+                trace!(self, "  r{r} dirty chunks {runs:?}");
+            }
+            if d > self.dirty_seen[r] {
+                self.stats.dirtied[r] += d - self.dirty_seen[r];
+            }
+            self.dirty_seen[r] = d;
+        }
+    }
+
+    /// The engine made `r` in sync (after a resync, or a confirmed mark): it must hold every
+    /// acknowledged write.
+    fn became_in_sync(&mut self, r: usize) {
+        if self.volatile_lost[r] && !self.lost_seen_out[r] {
+            return; // its crash is not known to the engine yet
+        }
+        if let Err(e) = check::holds_all(&self.client.model, &self.replicas[r]) {
+            self.fail(format!(
+                "the engine made replica {r} in sync while it lacks an acknowledged write: {e}"
+            ));
+        }
+    }
+
+    fn command(&mut self, c: Command) {
+        if self.trace.is_some() {
+            let s = describe_command(&c);
+            trace!(self, "  engine: {s}");
+        }
+        match c {
+            Command::Send {
+                replica,
+                sub,
+                op,
+                background: _,
+            } => self.send(usize::from(replica.0), sub, op),
+            Command::Complete { tag, result } => self.completed(tag, result),
+            Command::Outdate { replica, failed } => self.call(Call::Outdate {
+                r: usize::from(replica.0),
+                failed,
+            }),
+            Command::MarkInSync { replica } => self.call(Call::Mark {
+                r: usize::from(replica.0),
+            }),
+            Command::Disconnect { replica } => {
+                let r = usize::from(replica.0);
+                match self.drivers[r].conn {
+                    Conn::Open(s) => {
+                        self.drivers[r].conn = Conn::Closing(s);
+                        let d = self.rng.random_range(0..=100);
+                        self.schedule(d, Event::ReportLost { r, session: s });
+                    }
+                    // The engine repeats Disconnect on every leave while the session is
+                    // still closing; like the agent's remote driver, ignore the repeats.
+                    Conn::Closing(_) => self.stats.repeated_disconnects += 1,
+                    other => self.fail(format!(
+                        "engine asked to disconnect replica {r}, whose session is {other:?}"
+                    )),
+                }
+            }
+            Command::Fenced => {
+                self.fail("the engine fenced itself, but no other engine exists".into())
+            }
+        }
+    }
+
+    fn send(&mut self, r: usize, sub: SubId, op: ClientOp) {
+        let s = match self.drivers[r].conn {
+            Conn::Open(s) => s,
+            Conn::Closing(_) => {
+                self.schedule(0, Event::NoSession { sub });
+                return;
+            }
+            other => {
+                self.fail(format!(
+                    "engine sent sub {sub} to replica {r}, whose session is {other:?}"
+                ));
+                return;
+            }
+        };
+        let inc = self.drivers[r].inc;
+        let may_lose = self.may_take_away(r);
+        match self
+            .net
+            .fate(&mut self.rng, r, true, may_lose, SESSION_TIMEOUT_US)
+        {
+            Fate::Deliver(d) => self.schedule(
+                d,
+                Event::Request {
+                    r,
+                    inc,
+                    session: s,
+                    sub,
+                    op,
+                },
+            ),
+            Fate::Lost => self.session_breaks(r, s, SESSION_TIMEOUT_US),
+            Fate::Late(d) => {
+                self.session_breaks(r, s, SESSION_TIMEOUT_US);
+                self.schedule(
+                    d,
+                    Event::Request {
+                        r,
+                        inc,
+                        session: s,
+                        sub,
+                        op,
+                    },
+                );
+            }
+        }
+    }
+
+    fn completed(&mut self, tag: Tag, result: Result<Option<Bytes>, IoError>) {
+        let c = match self.client.complete(tag, &result) {
+            Ok(c) => c,
+            Err(e) => return self.fail(e),
+        };
+        let modifying = matches!(c.kind, Kind::Write | Kind::Zero);
+        if modifying && c.ok {
+            let chunk = self.p.engine.chunk_bytes;
+            let (first, end) = (c.offset / chunk, (c.offset + c.len).div_ceil(chunk));
+            for r in 0..self.p.replicas {
+                let m = self.engine.membership(ri(r));
+                if !matches!(
+                    m,
+                    Membership::InSync | Membership::Syncing | Membership::Marking
+                ) {
+                    for k in first..end {
+                        self.owed[r].insert(k);
+                    }
+                }
+            }
+            if let Err(e) = check::acked(
+                &self.client.model,
+                &self.control,
+                &self.replicas,
+                &self.volatile_lost,
+                c.offset,
+                c.len,
+            ) {
+                self.fail(e);
+            }
+        }
+        if c.kind == Kind::Flush && c.ok {
+            if let Err(e) = check::flushed(
+                &self.client.model,
+                &self.control,
+                &self.replicas,
+                &self.volatile_lost,
+                c.inv,
+            ) {
+                self.fail(e);
+            }
+        }
+    }
+
+    // ---- client and driver ----
+
+    fn client_arrival(&mut self) {
+        if self.phase != Phase::Random {
+            return;
+        }
+        if self.client.depth() < self.p.work.qd {
+            let (kind, offset, len, fua) = self.client.random_op(&mut self.rng);
+            if !(kind == Kind::Flush && self.flush_would_race()) {
+                self.submit(kind, offset, len, fua, false);
+            }
+        }
+        let gap = self.rng.random_range(0..=self.p.client_gap_us);
+        self.schedule(gap, Event::ClientArrival);
+    }
+
+    fn submit(&mut self, kind: Kind, offset: u64, len: u64, fua: bool, background: bool) {
+        let (tag, op) = self.client.begin(kind, offset, len, fua, background);
+        trace!(self, "  client submits {tag}: {}", describe_op(&op));
+        self.step(|e, out| e.submit(tag, op, out));
+    }
+
+    fn driver_tick(&mut self) {
+        for r in 0..self.p.replicas {
+            let d = &self.drivers[r];
+            if d.conn == Conn::Idle && self.now >= d.next_try && self.engine.wants_connection(ri(r))
+            {
+                self.connect(r);
+            }
+        }
+        if self.engine.wants_flush()
+            && self.now >= self.last_bg_flush + BACKGROUND_FLUSH_US
+            && self.phase != Phase::Done
+            && !self.flush_would_race()
+        {
+            self.last_bg_flush = self.now;
+            self.submit(Kind::Flush, 0, 0, false, true);
+        }
+        match self.phase {
+            Phase::Heal | Phase::ReadBack if self.quiet() => self.quiet_reached(),
+            Phase::Heal | Phase::ReadBack if self.now > self.heal_started + HEAL_DEADLINE_US => {
+                let state = self.describe_state();
+                self.fail(format!(
+                    "not quiet {} s after healing: {state}",
+                    HEAL_DEADLINE_US / 1_000_000
+                ));
+            }
+            _ => {}
+        }
+        if self.phase != Phase::Done {
+            self.schedule(DRIVER_TICK_US, Event::DriverTick);
+        }
+    }
+
+    /// Known bug 4 is avoided by not flushing while a modifying request is in flight.
+    fn flush_would_race(&self) -> bool {
+        self.avoid.flush_races_writes && self.client.modifying_in_flight()
+    }
+
+    /// Known bug 3 is tolerated: flushes that can never complete (every replica is in sync or
+    /// failed, so nothing will resolve them). Returns how many.
+    fn stuck_flushes(&self) -> usize {
+        let n = self.client.outstanding();
+        let all_settled = (0..self.p.replicas).all(|r| {
+            matches!(
+                self.engine.membership(ri(r)),
+                Membership::InSync | Membership::Failed
+            )
+        });
+        if self.avoid.flush_parks
+            && n > 0
+            && self.client.only_flushes_outstanding()
+            && all_settled
+            && self.engine.in_flight() == n
+        {
+            n
+        } else {
+            0
+        }
+    }
+
+    fn connect(&mut self, r: usize) {
+        let s = self.new_session();
+        self.drivers[r].conn = Conn::Connecting(s);
+        self.schedule(CONNECT_TIMEOUT_US, Event::ConnectTimeout { r, session: s });
+        if !self.replicas[r].up {
+            return; // refused; the timeout ends the attempt
+        }
+        let inc = self.replicas[r].incarnation;
+        let fate = self
+            .net
+            .fate(&mut self.rng, r, true, true, SESSION_TIMEOUT_US);
+        if let Fate::Deliver(d) | Fate::Late(d) = fate {
+            self.schedule(d, Event::Hello { r, inc, session: s });
+        }
+    }
+
+    fn connect_failed(&mut self, r: usize) {
+        let d = &mut self.drivers[r];
+        d.conn = Conn::Idle;
+        d.next_try = self.now + d.backoff;
+        d.backoff = (d.backoff * 2).min(RECONNECT_BACKOFF_MAX_US);
+    }
+
+    fn hello_arrives(&mut self, r: usize, inc: u64, session: u64) {
+        let rep = &mut self.replicas[r];
+        if self.net.partitioned[r] || !rep.up || rep.incarnation != inc {
+            return;
+        }
+        if !rep.hello(session, self.control.epoch) {
+            return;
+        }
+        self.answer_hellos(r);
+    }
+
+    fn answer_hellos(&mut self, r: usize) {
+        let (boot, inc) = (self.replicas[r].boot, self.replicas[r].incarnation);
+        for session in self.replicas[r].ready_hellos() {
+            let fate = self
+                .net
+                .fate(&mut self.rng, r, false, true, SESSION_TIMEOUT_US);
+            if let Fate::Deliver(d) = fate {
+                self.schedule(
+                    d,
+                    Event::HelloOk {
+                        r,
+                        inc,
+                        session,
+                        boot,
+                    },
+                );
+            }
+        }
+    }
+
+    fn hello_ok(&mut self, r: usize, inc: u64, session: u64, boot: u64) {
+        if self.net.partitioned[r] || self.drivers[r].conn != Conn::Connecting(session) {
+            return;
+        }
+        let d = &mut self.drivers[r];
+        d.conn = Conn::Open(session);
+        d.inc = inc;
+        d.backoff = RECONNECT_BACKOFF_MIN_US;
+        let rebooted = d.last_boot != boot;
+        d.last_boot = boot;
+        self.step(|e, out| e.on_replica_connected(ri(r), rebooted, out));
+        if !self.engine.replica_view(ri(r)).connected {
+            self.drivers[r].conn = Conn::Idle;
+        }
+    }
+
+    // ---- replicas ----
+
+    fn request_arrives(&mut self, r: usize, inc: u64, session: u64, sub: SubId, op: ClientOp) {
+        if self.net.partitioned[r] {
+            self.session_breaks(r, session, SESSION_TIMEOUT_US);
+            return;
+        }
+        let rep = &mut self.replicas[r];
+        let latency = match &op {
+            ClientOp::Flush => self.p.flush_latency_us,
+            _ => self.p.disk_latency_us,
+        };
+        let arrival = if rep.incarnation == inc && rep.up {
+            rep.arrive(session, sub, op)
+        } else {
+            Arrival::Discarded // the process that had this session is gone
+        };
+        match arrival {
+            Arrival::Started(id) => {
+                let d = self.rng.random_range(latency.0..=latency.1);
+                self.schedule(d, Event::DiskDone { r, inc, id });
+            }
+            Arrival::Discarded => {
+                // Reset by the new process, or refused by a newer session: either way the
+                // connection closes and the driver hears of it.
+                let d = self.net.delay(&mut self.rng, r);
+                self.session_breaks(r, session, d);
+            }
+        }
+    }
+
+    fn disk_done(&mut self, r: usize, inc: u64, id: u64) {
+        if self.replicas[r].incarnation != inc {
+            return;
+        }
+        let Some(done) = self.replicas[r].finish(id, &mut self.rng) else {
+            return;
+        };
+        self.answer_hellos(r);
+        let may_lose = self.may_take_away(r);
+        match self
+            .net
+            .fate(&mut self.rng, r, false, may_lose, SESSION_TIMEOUT_US)
+        {
+            Fate::Deliver(d) => {
+                let ev = Event::Reply {
+                    r,
+                    session: done.session,
+                    sub: done.sub,
+                    result: done.result,
+                };
+                if self.net.duplicate(&mut self.rng, r) {
+                    let d2 = d + self.net.delay(&mut self.rng, r);
+                    self.schedule(d2, ev.clone());
+                }
+                self.schedule(d, ev);
+            }
+            Fate::Lost | Fate::Late(_) => self.session_breaks(r, done.session, SESSION_TIMEOUT_US),
+        }
+    }
+
+    fn reply_arrives(&mut self, r: usize, session: u64, sub: SubId, result: ReplicaResult) {
+        if self.net.partitioned[r] {
+            self.session_breaks(r, session, SESSION_TIMEOUT_US);
+            return;
+        }
+        if self.drivers[r].conn == Conn::Open(session) {
+            self.step(|e, out| e.on_reply(sub, result, out));
+        }
+    }
+
+    // ---- control plane ----
+
+    fn call(&mut self, call: Call) {
+        self.control.in_flight += 1;
+        let d = self.rng.random_range(1..=self.p.control_delay_us);
+        self.schedule(d, Event::Call(call));
+    }
+
+    fn call_arrives(&mut self, call: Call) {
+        if self.control.down {
+            self.schedule(CONTROL_RETRY_US, Event::Call(call));
+            return;
+        }
+        let before = self.control.store.clone();
+        let outcome = self.control.apply(call);
+        trace!(self, "  store: {:?} -> {:?}", before, self.control.store);
+        if let Call::Mark { r } = call {
+            if before[r] != StoreState::InSync
+                && self.control.store[r] == StoreState::InSync
+                && !self.volatile_lost[r]
+            {
+                if let Err(e) = check::marked(&self.client.model, &self.replicas[r], r) {
+                    self.fail(e);
+                }
+            }
+        }
+        let lost = self.phase == Phase::Random && self.rng.random_bool(self.p.control_answer_loss);
+        if outcome == Outcome::Retry || lost {
+            self.schedule(CONTROL_RETRY_US, Event::Call(call));
+            return;
+        }
+        let d = self.rng.random_range(1..=self.p.control_delay_us);
+        self.schedule(d, Event::Answer(call, outcome));
+    }
+
+    fn answer(&mut self, call: Call, outcome: Outcome) {
+        self.control.in_flight -= 1;
+        match (call, outcome) {
+            (Call::Outdate { r, .. }, Outcome::Done) => {
+                self.step(|e, out| e.on_outdate_done(ri(r), out));
+            }
+            (Call::Mark { r }, Outcome::Done | Outcome::Refused) => {
+                let ok = outcome == Outcome::Done;
+                self.step(|e, out| e.on_mark_in_sync_done(ri(r), ok, out));
+            }
+            (call, outcome) => self.fail(format!("unexpected answer {outcome:?} to {call:?}")),
+        }
+    }
+
+    /// Session `session` of replica `r` is broken: the driver notices after `after`.
+    fn session_breaks(&mut self, r: usize, session: u64, after: u64) {
+        if self.drivers[r].conn == Conn::Open(session) {
+            self.doomed[r] = Some(session);
+        }
+        self.schedule(after, Event::SessionTimeout { r, session });
+    }
+
+    // ---- faults ----
+
+    /// Whether a fault may take replica `r` out of the in-sync set. Always, unless the
+    /// workarounds for known engine bugs are on: then only while another replica is in sync,
+    /// connected, reachable and not about to be lost, because the engine cannot recover when
+    /// every in-sync replica is lost at once (see `tests/seeds.rs`, known bug 1).
+    fn may_take_away(&self, r: usize) -> bool {
+        if !self.avoid.no_source {
+            return true;
+        }
+        (0..self.p.replicas).any(|o| {
+            let open = match self.drivers[o].conn {
+                Conn::Open(s) => self.doomed[o] != Some(s),
+                _ => false,
+            };
+            o != r
+                && open
+                && self.engine.membership(ri(o)) == Membership::InSync
+                && self.replicas[o].up
+                && !self.net.partitioned[o]
+                && self.replicas[o].fault == DiskFault::None
+        })
+    }
+
+    /// A replica that holds every acknowledged write for sure: in sync in the engine's view,
+    /// no node crash since it last reconnected, no disk fault.
+    fn good_copy(&self, r: usize) -> bool {
+        self.engine.membership(ri(r)) == Membership::InSync
+            && !self.volatile_lost[r]
+            && self.replicas[r].fault == DiskFault::None
+            && !self.disk_failed[r]
+    }
+
+    fn another_good_copy(&self, r: usize) -> bool {
+        (0..self.p.replicas).any(|o| o != r && self.good_copy(o))
+    }
+
+    /// A disk error fails a replica for good: allow one more only if the quorum can still
+    /// outdate it (a majority of healthy replicas remains), else I/O would rightly suspend
+    /// forever.
+    fn may_fail_one_more(&self) -> bool {
+        let n = self.p.replicas;
+        let healthy = n - self.disk_failed.iter().filter(|&&f| f).count() - 1;
+        match self.p.engine.quorum {
+            Quorum::Majority => 2 * healthy >= n && healthy >= 1,
+            Quorum::Any => healthy >= 1,
+        }
+    }
+
+    fn fault(&mut self) {
+        if self.phase != Phase::Random {
+            return;
+        }
+        let m = self.p.faults;
+        let n = self.p.replicas;
+        let remote = |w: &World, r: usize| !(w.p.local && r == 0);
+        // (weight, kind, replica)
+        let mut options: Vec<(u32, u8, usize)> = Vec::new();
+        for r in 0..n {
+            if !self.may_take_away(r) {
+                continue;
+            }
+            let up = self.replicas[r].up;
+            if remote(self, r) && up {
+                options.push((m.process_crash, 0, r));
+                // Known bug 2: resync copies are not durable until the resync's last flush,
+                // yet their chunks are clean; a power loss before that loses them.
+                let copies_safe = !self.avoid.resync_durability
+                    || self.engine.membership(ri(r)) == Membership::InSync;
+                if self.another_good_copy(r) && copies_safe {
+                    options.push((m.node_crash, 1, r));
+                }
+            }
+            if remote(self, r) && !self.net.partitioned[r] {
+                options.push((m.partition, 2, r));
+            }
+            if !self.disk_failed[r] && self.replicas[r].fault == DiskFault::None {
+                if self.another_good_copy(r) && self.may_fail_one_more() {
+                    options.push((m.io_error, 4, r));
+                }
+                options.push((m.disk_full, 5, r));
+            }
+        }
+        if !self.control.down {
+            options.push((m.control_outage, 3, 0));
+        }
+        let total: u32 = options.iter().map(|o| o.0).sum();
+        if total > 0 {
+            let mut pick = self.rng.random_range(0..total);
+            let (_, kind, r) = *options
+                .iter()
+                .find(|o| {
+                    if pick < o.0 {
+                        true
+                    } else {
+                        pick -= o.0;
+                        false
+                    }
+                })
+                .expect("pick below the total");
+            self.inject(kind, r);
+        }
+        let gap = self.fault_gap();
+        self.schedule(gap.max(1), Event::Fault);
+    }
+
+    fn inject(&mut self, kind: u8, r: usize) {
+        self.stats.faults += 1;
+        match kind {
+            0 | 1 => {
+                let node = kind == 1;
+                let keep = [0.0, 0.0, 0.5, 1.0][self.rng.random_range(0..4)];
+                trace!(
+                    self,
+                    "FAULT {} crash of replica {r} (keep {keep})",
+                    if node { "node" } else { "process" }
+                );
+                self.replicas[r].crash(node, keep, &mut self.rng);
+                // A replica that is or is about to be in-sync in the store may now lack
+                // acknowledged writes it had not flushed: exempt from the checks until the
+                // engine repairs it (in sync again) or the store outdates it.
+                let m = self.engine.membership(ri(r));
+                if node
+                    && (self.control.store[r] == StoreState::InSync
+                        || matches!(m, Membership::InSync | Membership::Marking))
+                {
+                    self.volatile_lost[r] = true;
+                    self.lost_seen_out[r] = false;
+                }
+                // A dead process closes its connections (the engine notices soon); a dead node
+                // does not (the engine notices by timeout).
+                let notice = if node {
+                    SESSION_TIMEOUT_US
+                } else {
+                    self.rng.random_range(0..=1_000)
+                };
+                if let Conn::Open(s) = self.drivers[r].conn {
+                    self.session_breaks(r, s, notice);
+                }
+                let down = self.rng.random_range(1_000..=100_000);
+                self.schedule(down, Event::Restart { r, node });
+            }
+            2 => {
+                trace!(self, "FAULT partition of replica {r}");
+                self.net.partitioned[r] = true;
+                let d = self.rng.random_range(1_000..=200_000);
+                self.schedule(d, Event::HealPartition { r });
+            }
+            3 => {
+                trace!(self, "FAULT control plane outage");
+                self.control.down = true;
+                let d = self.rng.random_range(1_000..=300_000);
+                self.schedule(d, Event::ControlUp);
+            }
+            4 => {
+                trace!(self, "FAULT disk errors on replica {r}");
+                self.replicas[r].fault = DiskFault::Io(1.0);
+                self.disk_failed[r] = true;
+            }
+            _ => {
+                trace!(self, "FAULT disk full on replica {r}");
+                self.replicas[r].fault = DiskFault::Full;
+                let d = self.rng.random_range(1_000..=200_000);
+                self.schedule(d, Event::DiskFree { r });
+            }
+        }
+    }
+
+    // ---- healing, read-back and the end ----
+
+    fn begin_heal(&mut self) {
+        trace!(self, "HEAL");
+        self.phase = Phase::Heal;
+        self.heal_started = self.now;
+        for r in 0..self.p.replicas {
+            self.net.partitioned[r] = false;
+            self.net.reliable[r] = true;
+            if self.replicas[r].fault == DiskFault::Full {
+                self.replicas[r].fault = DiskFault::None;
+            }
+        }
+        self.control.down = false;
+        // Crashed replicas restart by their pending `Restart` events.
+    }
+
+    /// Nothing in flight anywhere and nothing left to do.
+    fn quiet(&self) -> bool {
+        let drivers_quiet = (0..self.p.replicas).all(|r| match self.drivers[r].conn {
+            Conn::Open(_) => true,
+            Conn::Idle => !self.engine.wants_connection(ri(r)),
+            Conn::Connecting(_) | Conn::Closing(_) => false,
+        });
+        let queue_quiet = self.queue.values().all(|ev| match ev {
+            Event::DriverTick | Event::Fault | Event::ClientArrival => true,
+            Event::SessionTimeout { r, session } => self.drivers[*r].conn != Conn::Open(*session),
+            Event::ConnectTimeout { r, session } => {
+                self.drivers[*r].conn != Conn::Connecting(*session)
+            }
+            _ => false,
+        });
+        let stuck = self.stuck_flushes();
+        drivers_quiet
+            && queue_quiet
+            && self.client.outstanding() == stuck
+            && self.engine.in_flight() == stuck
+            && self.control.in_flight == 0
+            && !self.engine.wants_flush()
+    }
+
+    fn quiet_reached(&mut self) {
+        match self.phase {
+            Phase::Heal => {
+                trace!(self, "QUIET: reading the volume back");
+                self.phase = Phase::ReadBack;
+                self.read_back_next = 0;
+                self.read_back();
+            }
+            Phase::ReadBack if self.read_back_next < self.p.size => self.read_back(),
+            Phase::ReadBack => {
+                self.phase = Phase::Done;
+                self.final_checks();
+            }
+            Phase::Random | Phase::Done => {}
+        }
+    }
+
+    /// Read the next pieces of the volume through the engine (checked by the client model).
+    fn read_back(&mut self) {
+        for _ in 0..4 {
+            if self.read_back_next >= self.p.size {
+                break;
+            }
+            let len = FINAL_READ_BYTES.min(self.p.size - self.read_back_next);
+            let off = self.read_back_next;
+            self.read_back_next += len;
+            self.submit(Kind::Read, off, len, false, false);
+        }
+    }
+
+    fn final_checks(&mut self) {
+        let stuck = self.stuck_flushes();
+        if stuck > 0 {
+            trace!(self, "known bug 3: {stuck} flush(es) parked forever");
+            self.stats.known_bug_3 += 1;
+        }
+        let v = check::FinalView {
+            stuck,
+            engine: &self.engine,
+            control: &self.control,
+            replicas: &self.replicas,
+            disk_failed: &self.disk_failed,
+            outstanding: self.client.outstanding(),
+            dirtied: &self.stats.dirtied,
+        };
+        if let Err(e) = check::final_state(&self.client.model, &v) {
+            self.fail(e);
+        }
+        if self.client.stats.reads_failed > 0 && self.failure.is_none() {
+            // Read-back reads must not fail once everything healed; earlier reads may.
+            trace!(
+                self,
+                "{} reads failed during the run",
+                self.client.stats.reads_failed
+            );
+        }
+    }
+
+    fn describe_state(&self) -> String {
+        let reps: Vec<String> = (0..self.p.replicas)
+            .map(|r| {
+                let v = self.engine.replica_view(ri(r));
+                format!(
+                    "r{r}: {:?} connected={} dirty={} store={:?} conn={:?} up={} fault={:?}",
+                    v.membership,
+                    v.connected,
+                    v.dirty_bytes,
+                    self.control.store[r],
+                    self.drivers[r].conn,
+                    self.replicas[r].up,
+                    self.replicas[r].fault,
+                )
+            })
+            .collect();
+        format!(
+            "engine in flight {}, client outstanding {} {:?}, control calls {}; {}",
+            self.engine.in_flight(),
+            self.client.outstanding(),
+            self.client.outstanding_tags(),
+            self.control.in_flight,
+            reps.join("; ")
+        )
+    }
+
+    /// Extension point for engine crashes (not modelled yet; see the module doc).
+    #[allow(dead_code)]
+    fn crash_engine(&mut self) {
+        unimplemented!("engine crashes need the activity log (issue 3, item 4)")
+    }
+}
+
+fn describe_op(op: &ClientOp) -> String {
+    match op {
+        ClientOp::Read { offset, len } => format!("read {offset}+{len}"),
+        ClientOp::Write { offset, data, fua } => {
+            let v = u64::from_le_bytes(data[0..8].try_into().expect("8 bytes"));
+            format!(
+                "write v{v} {offset}+{}{}",
+                data.len(),
+                if *fua { " fua" } else { "" }
+            )
+        }
+        ClientOp::Flush => "flush".into(),
+        ClientOp::Trim { offset, len } => format!("trim {offset}+{len}"),
+        ClientOp::WriteZeroes {
+            offset, len, fua, ..
+        } => {
+            format!("zeroes {offset}+{len}{}", if *fua { " fua" } else { "" })
+        }
+    }
+}
+
+fn describe(ev: &Event) -> String {
+    match ev {
+        Event::Request {
+            r,
+            session,
+            sub,
+            op,
+            ..
+        } => format!("r{r} <- s{session} sub {sub}: {}", describe_op(op)),
+        Event::Reply {
+            r,
+            session,
+            sub,
+            result,
+        } => {
+            let res = match result {
+                Ok(Some(d)) => format!("ok {} bytes", d.len()),
+                Ok(None) => "ok".into(),
+                Err(e) => format!("{e:?}"),
+            };
+            format!("engine <- r{r} s{session} sub {sub}: {res}")
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+fn describe_command(c: &Command) -> String {
+    match c {
+        Command::Send {
+            replica,
+            sub,
+            op,
+            background,
+        } => format!(
+            "send r{} sub {sub}{}: {}",
+            replica.0,
+            if *background { " (resync)" } else { "" },
+            describe_op(op)
+        ),
+        Command::Complete { tag, result } => match result {
+            Ok(_) => format!("complete {tag} ok"),
+            Err(e) => format!("complete {tag} {e:?}"),
+        },
+        other => format!("{other:?}"),
+    }
+}
