@@ -184,6 +184,8 @@ pub(crate) struct Pending {
     /// Sub-requests not yet answered.
     pub outstanding: u32,
     pub succeeded: Set,
+    /// Replicas it was sent to.
+    pub sent: Set,
     /// Replicas that failed it, and those of them with a disk error.
     pub failed: Set,
     pub io_failed: Set,
@@ -440,6 +442,7 @@ impl Engine {
             op,
             outstanding: 0,
             succeeded: Set::default(),
+            sent: Set::default(),
             failed: Set::default(),
             io_failed: Set::default(),
             failure: None,
@@ -469,7 +472,6 @@ impl Engine {
                 let receivers = self.receivers();
                 let chunk = self.cfg.chunk_bytes;
                 let (first, end) = self.slots[0].dirty.chunk_span(offset, len);
-                self.unflushed.wrote(first, end);
                 // Replicas that will not get this write lack it from now on.
                 for r in self.indices().collect::<Vec<_>>() {
                     if !receivers.contains(&r) && self.slot(r).membership != Membership::Failed {
@@ -490,6 +492,7 @@ impl Engine {
     fn send(&mut self, tag: Tag, p: &mut Pending, r: ReplicaIdx, out: &mut Vec<Command>) {
         let sub = self.new_sub(tag, r);
         p.outstanding += 1;
+        p.sent.add(r);
         if matches!(p.op, ClientOp::Read { .. }) {
             p.tried.add(r);
         }
@@ -543,6 +546,12 @@ impl Engine {
         match result {
             Ok(data) => {
                 p.succeeded.add(r);
+                // Durable on `r` only after a flush *sent after this reply*: from now on a
+                // flush that starts covers it (one started earlier may not).
+                if let Some((offset, len)) = p.op.write_range() {
+                    let (first, end) = self.slots[0].dirty.chunk_span(offset, len);
+                    self.unflushed.wrote(first, end);
+                }
                 if p.data.is_none() {
                     p.data = data;
                 }
@@ -664,9 +673,14 @@ impl Engine {
             let missed = match p.missed {
                 Some(m) => m,
                 None => {
+                    // A replica it was not sent to that is in sync by now was resynced after
+                    // it started; for a write that cannot be (the write's range lock keeps the
+                    // copy out), for a flush it is fine (a resync ends with a flush).
+                    let sent = p.sent;
                     let mut m = Set::default();
                     for r in self.indices() {
-                        if !succeeded.has(r) && self.blocks_ack(r) {
+                        let resynced = !sent.has(r) && self.membership(r) == Membership::InSync;
+                        if !succeeded.has(r) && self.blocks_ack(r) && !resynced {
                             m.add(r);
                         }
                     }

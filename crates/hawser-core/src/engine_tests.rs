@@ -397,10 +397,13 @@ fn a_rebooted_replica_also_recopies_what_was_not_yet_flushed() {
     ] {
         let mut g = Rig::new(2, NoQuorum::Suspend);
         g.submit(1, write(7 * CHUNK, 1, 4096));
-        if flushed {
-            g.submit(2, ClientOp::Flush);
-        }
         g.run();
+        if flushed {
+            // After the write completed: a flush sent while it was in flight would not
+            // cover it.
+            g.submit(2, ClientOp::Flush);
+            g.run();
+        }
         g.lose(R1);
         g.confirm();
         g.submit(3, write(9 * CHUNK, 2, 4096));

@@ -193,6 +193,9 @@ impl Engine {
                 if s.membership == Membership::Syncing {
                     s.dirty.clear_chunks(c.first, c.end);
                     s.copied_bytes += end - offset;
+                    // Not durable until the resync's final flush: if the node loses power
+                    // before, these chunks are recopied (see `unflushed`).
+                    self.unflushed.wrote(c.first, c.end);
                 }
                 self.end_copy(tag, out);
             }

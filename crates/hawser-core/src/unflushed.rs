@@ -7,7 +7,9 @@
 //! acknowledged (O_DIRECT writes are in the device), so nothing extra is copied.
 //!
 //! The set is kept as chunk ranges, snapshotted at each flush's start and dropped when the flush
-//! succeeds; the driver issues background flushes so it stays small.
+//! succeeds; the driver issues background flushes so it stays small. A write's chunks join it
+//! when a replica *answers* the write (a flush that started while the write was in flight may
+//! not cover it), and a resync copy's when it lands.
 
 use crate::constants::UNFLUSHED_COMPACT_AT;
 use crate::types::Tag;
