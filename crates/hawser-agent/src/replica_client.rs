@@ -69,6 +69,11 @@ impl ConnectError {
 
 /// Request ids of the client's own liveness pings (engine sub ids stay far below).
 const PING_ID_BASE: u64 = 1 << 62;
+/// Request ids of `call`s (journal and checksum requests of the driver itself).
+const CALL_ID_BASE: u64 = 1 << 61;
+
+/// The answer to a `call`: the reply's status and payload.
+pub type CallReply = (Status, Option<Bytes>);
 
 struct Shared {
     /// Outstanding requests: sub -> (op, sent at). Pings included.
@@ -77,6 +82,9 @@ struct Shared {
     last_rx: Mutex<Instant>,
     closed: AtomicBool,
     sink: Arc<dyn ReplySink>,
+    /// Waiters of `call`s; dropped (the caller sees the connection lost) on close.
+    calls: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<CallReply>>>,
+    next_call: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -86,6 +94,7 @@ impl Shared {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clear();
+            self.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
             self.sink.on_lost();
         }
     }
@@ -120,6 +129,8 @@ impl ReplicaClient {
             last_rx: Mutex::new(Instant::now()),
             closed: AtomicBool::new(false),
             sink,
+            calls: Mutex::new(HashMap::new()),
+            next_call: std::sync::atomic::AtomicU64::new(CALL_ID_BASE),
         });
         let tasks = vec![
             tokio::spawn(writer(BufWriter::new(wr), rx, shared.clone())),
@@ -195,6 +206,40 @@ impl ReplicaClient {
         if self.tx.send((header, payload)).is_err() {
             self.shared.close();
         }
+    }
+
+    /// One request outside the engine (journal, checksum), answered to the caller rather than
+    /// the sink. `None`: the connection is gone (the sink hears `on_lost`, as for any loss).
+    pub async fn call(
+        &self,
+        op: Op,
+        offset: u64,
+        length: u32,
+        payload: Option<Bytes>,
+    ) -> Option<CallReply> {
+        let id = self.shared.next_call.fetch_add(1, Ordering::AcqRel);
+        let mut h = FrameHeader::request(op, id, self.epoch, offset, length);
+        if let Some(p) = &payload {
+            h = h.with_payload(p);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.shared.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.shared
+            .calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, tx);
+        self.shared
+            .outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, (op, Instant::now()));
+        if self.tx.send((h, payload)).is_err() {
+            self.shared.close();
+        }
+        rx.await.ok()
     }
 
     /// Close the connection (the sink hears `on_lost` if it has not already).
@@ -303,6 +348,17 @@ async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
         }
         if op == Op::Ping {
             continue; // liveness only
+        }
+        if h.request_id >= CALL_ID_BASE {
+            let waiter = shared
+                .calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&h.request_id);
+            if let Some(w) = waiter {
+                let _ = w.send((h.status, payload));
+            }
+            continue;
         }
         let result = match h.status {
             Status::Ok if op == Op::Read => match payload {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use hawser_storage::{Replica, ReplicaIoError};
+use hawser_storage::{Replica, ReplicaIoError, StoredJournal};
 use hawser_wire::constants::MAX_PAYLOAD_BYTES;
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
 use tokio::io::{AsyncWriteExt, BufWriter};
@@ -266,6 +266,16 @@ fn execute(replica: &Replica, h: &FrameHeader, payload: Option<Bytes>) -> Reply 
         Op::WriteZeroes => replica
             .write_zeroes(epoch, offset, len, h.is_fua(), h.may_trim())
             .map(|()| None),
+        Op::PutJournal => replica
+            .put_journal(epoch, payload.as_deref().unwrap_or_default())
+            .map(|()| None),
+        // Missing or unreadable both answer with no journal: the engine then assumes the
+        // worst about this replica.
+        Op::GetJournal => replica.get_journal(epoch).map(|stored| match stored {
+            StoredJournal::Found(j) => j.encode().ok().map(Bytes::from),
+            StoredJournal::Missing | StoredJournal::Unreadable => None,
+        }),
+        Op::Checksum => replica.checksum(epoch, offset, len).map(Some),
         Op::Hello | Op::Ping => Ok(None),
     };
     match result {

@@ -318,6 +318,22 @@ impl Engine {
         &self.slot(r).dirty
     }
 
+    /// Chunks `r` may lack for reasons this engine did not see (crash recovery: what the
+    /// activity logs say a previous engine may have left different). They are copied when `r`
+    /// is resynced, on top of what this engine marks itself. For an in-sync replica they only
+    /// matter once it leaves (the driver calls this just before reporting it lost).
+    pub fn add_dirty(&mut self, r: ReplicaIdx, chunks: &ChunkMap) {
+        assert_eq!(
+            chunks.chunk_bytes(),
+            self.cfg.chunk_bytes,
+            "bitmap geometry"
+        );
+        let s = self.slot_mut(r);
+        s.dirty.union(chunks);
+        // A resync under way goes round again to pick up chunks behind its cursor.
+        s.cursor = 0;
+    }
+
     pub fn in_sync(&self) -> Vec<ReplicaIdx> {
         self.indices()
             .filter(|&r| self.membership(r) == Membership::InSync)

@@ -4,11 +4,13 @@
 pub mod aligned;
 pub mod error;
 pub mod file_ops;
+pub mod journal_file;
 pub mod pool;
 pub mod replica;
 
 pub use aligned::AlignedBuf;
 pub use error::{ReplicaIoError, StorageError};
+pub use journal_file::Stored as StoredJournal;
 pub use pool::{Pool, PoolConfig, PoolKind, PoolUsage};
 pub use replica::{NewReplica, Replica};
 

@@ -84,6 +84,9 @@ impl Pool {
                     std::fs::remove_file(&path)
                         .map_err(|e| StorageError::io("remove orphan data file", &path, e))?;
                 }
+                Some("journal") if !path.with_extension("meta").exists() => {
+                    let _ = std::fs::remove_file(&path);
+                }
                 Some("tmp") => {
                     let _ = std::fs::remove_file(&path);
                 }

@@ -13,11 +13,15 @@ use std::sync::{Mutex, RwLock};
 
 use bytes::Bytes;
 use hawser_wire::constants::SECTOR_BYTES;
+use hawser_wire::frame::{CHECKSUM_BLOCK_BYTES, CHECKSUM_DIGEST_BYTES, MAX_CHECKSUM_BYTES};
+use hawser_wire::journal::{Journal, ACTIVITY_EXTENT_BYTES};
 use hawser_wire::meta::{ReplicaDiskState, ReplicaMeta};
+use sha2::{Digest, Sha256};
 
 use crate::aligned::{is_aligned, AlignedBuf};
 use crate::error::{ReplicaIoError, StorageError};
 use crate::file_ops;
+use crate::journal_file::{JournalFile, Stored};
 
 /// Largest zero buffer written when the filesystem cannot zero a range by itself.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
@@ -43,6 +47,8 @@ pub struct Replica {
     /// Readers: data operations. Writer: epoch changes. See the module doc.
     epoch_gate: RwLock<()>,
     meta: Mutex<ReplicaMeta>,
+    /// The volume journal as the engines writing to this replica left it.
+    journal: JournalFile,
     failed: AtomicBool,
     /// Thin replicas: one bit per chunk known to be allocated (see THIN_ALLOC_CHUNK_BYTES).
     /// Starts empty; a spurious fallocate of an allocated chunk is harmless.
@@ -96,8 +102,30 @@ impl Replica {
             state: ReplicaDiskState::Ok,
             thin: new.thin,
         };
+        // A new replica starts with an empty journal: nothing can differ yet. (No journal at
+        // all means a replica from before journals, which recovery treats as unknown.)
+        let journal = JournalFile::new(meta_path.with_extension("journal"));
+        let empty = Journal {
+            epoch: 0,
+            seq: 0,
+            size: new.size,
+            extent_bytes: ACTIVITY_EXTENT_BYTES,
+            chunk_bytes: CHECKSUM_BLOCK_BYTES,
+            active: Vec::new(),
+            out: Vec::new(),
+        };
+        let stored = empty
+            .encode()
+            .map_err(std::io::Error::other)
+            .and_then(|b| journal.put(&b));
+        if let Err(e) = stored {
+            let _ = std::fs::remove_file(&data_path);
+            let _ = std::fs::remove_file(journal.path());
+            return Err(StorageError::io("write replica journal", journal.path(), e));
+        }
         if let Err(e) = write_meta(&meta_path, &meta) {
             let _ = std::fs::remove_file(&data_path);
+            let _ = std::fs::remove_file(journal.path());
             return Err(e);
         }
         Ok(Self::from_parts(pool, data_path, meta_path, file, meta))
@@ -135,6 +163,7 @@ impl Replica {
         file: File,
         meta: ReplicaMeta,
     ) -> Replica {
+        let meta_path_journal = meta_path.with_extension("journal");
         Replica {
             id: meta.replica.clone(),
             volume: meta.volume.clone(),
@@ -156,6 +185,7 @@ impl Replica {
                 Vec::new()
             },
             meta: Mutex::new(meta),
+            journal: JournalFile::new(meta_path_journal),
         }
     }
 
@@ -310,6 +340,44 @@ impl Replica {
         }
     }
 
+    /// Replace the volume journal (an encoded `Journal` of an engine of `epoch`), durably.
+    pub fn put_journal(&self, epoch: u64, encoded: &[u8]) -> Result<(), ReplicaIoError> {
+        self.gated(epoch, 0, 0, || {
+            let fits =
+                Journal::decode(encoded).is_ok_and(|j| j.epoch == epoch && j.size == self.size);
+            if !fits {
+                return Err(ReplicaIoError::OutOfRange);
+            }
+            self.journal
+                .put(encoded)
+                .map_err(|e| ReplicaIoError::from_io(&e))
+        })
+    }
+
+    /// The newest journal stored here.
+    pub fn get_journal(&self, epoch: u64) -> Result<Stored, ReplicaIoError> {
+        self.gated(epoch, 0, 0, || {
+            self.journal.get().map_err(|e| ReplicaIoError::from_io(&e))
+        })
+    }
+
+    /// Digests of `[offset, offset+len)`, one per `CHECKSUM_BLOCK_BYTES` (see `Op::Checksum`).
+    pub fn checksum(&self, epoch: u64, offset: u64, len: u32) -> Result<Bytes, ReplicaIoError> {
+        if len > MAX_CHECKSUM_BYTES {
+            return Err(ReplicaIoError::OutOfRange);
+        }
+        self.gated(epoch, offset, u64::from(len), || {
+            let mut buf = AlignedBuf::zeroed(len as usize);
+            file_ops::read_at(&self.file, buf.as_mut_slice(), offset)
+                .map_err(|e| ReplicaIoError::from_io(&e))?;
+            let mut out = Vec::with_capacity(len as usize / 4096);
+            for block in buf.as_slice().chunks(CHECKSUM_BLOCK_BYTES as usize) {
+                out.extend_from_slice(&Sha256::digest(block)[..CHECKSUM_DIGEST_BYTES]);
+            }
+            Ok(Bytes::from(out))
+        })
+    }
+
     /// Make every completed write durable.
     pub fn flush(&self, epoch: u64) -> Result<(), ReplicaIoError> {
         self.gated(epoch, 0, 0, || {
@@ -369,7 +437,7 @@ impl Replica {
     }
 
     pub(crate) fn remove_files(&self) -> Result<(), StorageError> {
-        for p in [&self.meta_path, &self.data_path] {
+        for p in [&self.meta_path, &self.data_path, self.journal.path()] {
             match std::fs::remove_file(p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

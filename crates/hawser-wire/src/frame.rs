@@ -24,6 +24,7 @@
 //! verified by the receiver before the payload reaches a disk ([`FrameHeader::check_payload`]).
 
 use crate::constants::MAX_PAYLOAD_BYTES;
+use crate::journal::MAX_JOURNAL_BYTES;
 
 /// "HWSR" read as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"HWSR");
@@ -64,6 +65,28 @@ pub enum Op {
     WriteZeroes = 6,
     /// Keep-alive; no effect.
     Ping = 7,
+    /// Replace the replica's volume journal (see [`crate::journal`]) with the payload, durably,
+    /// before the reply. `length` is the payload's length.
+    PutJournal = 8,
+    /// Read the replica's journal: the reply carries it (empty payload: none stored).
+    GetJournal = 9,
+    /// Digests of `length` bytes at `offset`, one of [`CHECKSUM_DIGEST_BYTES`] per
+    /// [`CHECKSUM_BLOCK_BYTES`] (the last block may be short). At most
+    /// [`MAX_CHECKSUM_BYTES`] per request. Crash recovery compares replicas with it.
+    Checksum = 10,
+}
+
+/// Granularity of [`Op::Checksum`] digests.
+pub const CHECKSUM_BLOCK_BYTES: u64 = 64 * 1024;
+/// Bytes of one digest (a truncated SHA-256).
+pub const CHECKSUM_DIGEST_BYTES: usize = 16;
+/// Most bytes one checksum request may cover.
+pub const MAX_CHECKSUM_BYTES: u32 = 4 * 1024 * 1024;
+
+/// Length of the reply payload of a checksum request over `length` bytes.
+pub fn checksum_reply_len(length: u32) -> u32 {
+    let blocks = u64::from(length).div_ceil(CHECKSUM_BLOCK_BYTES);
+    u32::try_from(blocks * CHECKSUM_DIGEST_BYTES as u64).unwrap_or(u32::MAX)
 }
 
 impl Op {
@@ -77,6 +100,9 @@ impl Op {
             5 => Op::Trim,
             6 => Op::WriteZeroes,
             7 => Op::Ping,
+            8 => Op::PutJournal,
+            9 => Op::GetJournal,
+            10 => Op::Checksum,
             _ => return None,
         })
     }
@@ -289,6 +315,14 @@ impl FrameHeader {
             (Op::Write, false) => payload_len == length,
             // A successful read reply carries exactly the bytes asked for.
             (Op::Read, true) => payload_len == 0 || payload_len == length,
+            (Op::PutJournal, false) => {
+                payload_len == length && payload_len as usize <= MAX_JOURNAL_BYTES
+            }
+            (Op::GetJournal, true) => payload_len as usize <= MAX_JOURNAL_BYTES,
+            (Op::Checksum, true) => {
+                payload_len == 0
+                    || (length <= MAX_CHECKSUM_BYTES && payload_len == checksum_reply_len(length))
+            }
             _ => payload_len == 0,
         };
         if ok {

@@ -1,0 +1,166 @@
+//! A replica's copy of its volume's journal (`<id>.journal`, format in
+//! `hawser_wire::journal`). Two fixed slots, written alternately: a new journal goes to the
+//! slot that does not hold the newest valid one, then `fdatasync`. A crash mid-write tears at
+//! most that slot, whose checksum then fails, and the other slot still holds the previous
+//! journal. Each slot is a u32 length followed by the encoded journal.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use hawser_wire::journal::{Journal, MAX_JOURNAL_BYTES};
+
+/// Bytes of one slot: the length prefix and the largest journal, rounded to a block.
+const SLOT_BYTES: u64 = (MAX_JOURNAL_BYTES as u64 + 4).div_ceil(4096) * 4096;
+
+/// What a read of the journal file found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// No journal file: a replica created before journals existed.
+    Missing,
+    /// The file exists but neither slot holds a valid journal.
+    Unreadable,
+    Found(Journal),
+}
+
+pub struct JournalFile {
+    path: PathBuf,
+    /// The open file and the slot holding the newest valid journal (if any), learned at the
+    /// first access.
+    state: Mutex<Option<(File, Option<usize>)>>,
+}
+
+impl JournalFile {
+    pub fn new(path: PathBuf) -> JournalFile {
+        JournalFile {
+            path,
+            state: Mutex::new(None),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Store `encoded` (a valid encoded journal) durably.
+    pub fn put(&self, encoded: &[u8]) -> std::io::Result<()> {
+        if encoded.len() > MAX_JOURNAL_BYTES {
+            return Err(std::io::Error::other("journal larger than its slot"));
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.is_none() {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&self.path)?;
+            let newest = newest_slot(&file).map(|(slot, _)| slot);
+            *state = Some((file, newest));
+        }
+        let Some((file, newest)) = state.as_mut() else {
+            unreachable!("opened above")
+        };
+        let slot = match *newest {
+            Some(s) => 1 - s,
+            None => 0,
+        };
+        let mut buf = Vec::with_capacity(encoded.len() + 4);
+        buf.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+        buf.extend_from_slice(encoded);
+        file.write_all_at(&buf, slot as u64 * SLOT_BYTES)?;
+        file.sync_data()?;
+        *newest = Some(slot);
+        Ok(())
+    }
+
+    /// The newest valid journal.
+    pub fn get(&self) -> std::io::Result<Stored> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let file = match state.as_ref() {
+            Some((f, _)) => f.try_clone()?,
+            None => match File::open(&self.path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Stored::Missing),
+                Err(e) => return Err(e),
+            },
+        };
+        drop(state);
+        Ok(match newest_slot(&file) {
+            Some((_, j)) => Stored::Found(j),
+            None => Stored::Unreadable,
+        })
+    }
+}
+
+/// The slot holding the newest valid journal, and that journal.
+fn newest_slot(file: &File) -> Option<(usize, Journal)> {
+    (0..2)
+        .filter_map(|slot| read_slot(file, slot).map(|j| (slot, j)))
+        .max_by_key(|(_, j)| (j.epoch, j.seq))
+}
+
+fn read_slot(file: &File, slot: usize) -> Option<Journal> {
+    let at = slot as u64 * SLOT_BYTES;
+    let mut len = [0u8; 4];
+    file.read_exact_at(&mut len, at).ok()?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len == 0 || len > MAX_JOURNAL_BYTES {
+        return None;
+    }
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, at + 4).ok()?;
+    Journal::decode(&buf).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_wire::journal::ACTIVITY_EXTENT_BYTES;
+
+    fn journal(epoch: u64, seq: u64) -> Journal {
+        Journal {
+            epoch,
+            seq,
+            size: 64 << 20,
+            extent_bytes: ACTIVITY_EXTENT_BYTES,
+            chunk_bytes: 64 << 10,
+            active: vec![(seq % 16, seq % 16 + 1)],
+            out: vec![],
+        }
+    }
+
+    #[test]
+    fn newest_wins_and_a_torn_slot_falls_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.journal");
+        let jf = JournalFile::new(path.clone());
+        assert_eq!(jf.get().unwrap(), Stored::Missing);
+        for seq in 1..=5 {
+            jf.put(&journal(3, seq).encode().unwrap()).unwrap();
+            assert_eq!(jf.get().unwrap(), Stored::Found(journal(3, seq)));
+        }
+        // A reopened file alternates correctly too.
+        let jf = JournalFile::new(path.clone());
+        jf.put(&journal(4, 1).encode().unwrap()).unwrap();
+        assert_eq!(jf.get().unwrap(), Stored::Found(journal(4, 1)));
+        // Tear the newest slot (seq 4/1 went to the slot not holding 3/5): the older returns.
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let newest = newest_slot(&f).unwrap().0;
+        f.write_all_at(b"garbage!", newest as u64 * SLOT_BYTES + 20)
+            .unwrap();
+        assert_eq!(
+            JournalFile::new(path.clone()).get().unwrap(),
+            Stored::Found(journal(3, 5))
+        );
+        // Both torn: unreadable, not missing.
+        f.write_all_at(b"garbage!", (1 - newest) as u64 * SLOT_BYTES + 20)
+            .unwrap();
+        assert_eq!(JournalFile::new(path).get().unwrap(), Stored::Unreadable);
+    }
+}
