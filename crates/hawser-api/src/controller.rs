@@ -289,6 +289,20 @@ pub struct Volume {
     pub nbd_unix_uri: Option<String>,
     #[serde(default)]
     pub placement: VolumePlacement,
+    /// The attached engine's live view (best effort: absent when its agent does not answer).
+    #[serde(default)]
+    pub engine: Option<VolumeEngineView>,
+}
+
+/// What the attached engine reports about itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeEngineView {
+    pub epoch: u64,
+    /// Crash recovery when it started.
+    pub recovery: Option<crate::agent::RecoveryReport>,
+    /// Extents (4 MiB) in its activity log now.
+    pub active_extents: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -128,6 +128,7 @@ impl VolumeRecord {
             nbd_uri,
             nbd_unix_uri,
             placement: self.placement.clone(),
+            engine: None,
         }
     }
 }

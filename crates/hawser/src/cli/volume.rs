@@ -211,6 +211,24 @@ fn details(v: &Volume) -> String {
         line("NBD unix:", uri.clone());
     }
     line("Policy:", placement(v));
+    if let Some(e) = &v.engine {
+        line(
+            "Activity:",
+            format!("{} extents of 4 MiB in the activity log", e.active_extents),
+        );
+        if let Some(r) = &e.recovery {
+            line(
+                "Recovery:",
+                format!(
+                    "at attach: {} in-sync replicas compared over {}, {} copied, {} ms",
+                    r.replicas,
+                    format_size(r.compared_bytes),
+                    format_size(r.copied_bytes),
+                    r.millis
+                ),
+            );
+        }
+    }
     line(
         "Replicas:",
         format!("{} in sync of {}", in_sync(v), v.replicas.len()),
