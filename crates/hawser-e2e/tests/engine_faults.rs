@@ -30,6 +30,7 @@ const OFFLINE_TIMEOUT: Duration = Duration::from_secs(60);
 const STATE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Bytes the writer touches (its blocks), and the engine's dirty-tracking granularity.
 const AREA: u64 = 4096 * 4096;
+const AREA_USIZE: usize = 4096 * 4096;
 const CHUNK: u64 = 64 * 1024;
 
 fn skip() -> bool {
@@ -174,7 +175,7 @@ fn kill9_of_the_engine_agent_then_attach_elsewhere_recovers_every_acknowledged_w
 /// The writer's area as one buffer, read through NBD.
 fn read_area(t: &NbdTarget) -> Vec<u8> {
     let mut conn = NbdConn::connect(t).expect("connect");
-    let mut buf = vec![0u8; AREA as usize];
+    let mut buf = vec![0u8; AREA_USIZE];
     for (i, piece) in buf.chunks_mut(1 << 20).enumerate() {
         conn.read_at(i as u64 * (1 << 20), piece).expect("read");
     }
@@ -241,7 +242,7 @@ fn partitioned_engine_is_fenced_by_a_new_attach_and_changes_nothing() {
         .collect();
     let data = std::fs::read(&files[0]).expect("read replica");
     assert!(
-        data[..AREA as usize] == snapshot[..],
+        data[..AREA_USIZE] == snapshot[..],
         "a replica differs from what the new engine served"
     );
 }
