@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use hawser_api::agent::{EngineReplicaStatus, EngineStatus, RecoveryReport, StartEngine};
-use hawser_api::controller::ReplicaState;
+use hawser_api::controller::{QuorumLoss, ReplicaState};
 use hawser_core::{
-    ClientOp, Command, Engine, EngineConfig, Initial, IoError, Membership, ReplicaFailure,
-    ReplicaIdx, ReplicaResult, ReplicaSpec, SubId, Tag,
+    ClientOp, Command, Engine, EngineConfig, Initial, IoError, Membership, NoQuorum,
+    ReplicaFailure, ReplicaIdx, ReplicaResult, ReplicaSpec, SubId, Tag,
 };
 use hawser_storage::{Replica, ReplicaIoError};
 use hawser_wire::journal::ACTIVITY_EXTENT_BYTES;
@@ -140,7 +140,13 @@ impl VolumeEngine {
             specs.push(ReplicaSpec { local, initial });
         }
         let n = req.replicas.len();
-        let cfg = EngineConfig::default();
+        let cfg = EngineConfig {
+            no_quorum: match req.on_quorum_loss {
+                QuorumLoss::Suspend => NoQuorum::Suspend,
+                QuorumLoss::Fail => NoQuorum::Fail,
+            },
+            ..EngineConfig::default()
+        };
         let ve = Arc::new_cyclic(|me| VolumeEngine {
             volume: req.volume.clone(),
             size: req.size_bytes,

@@ -66,6 +66,8 @@ pub struct StartEngine {
     pub replicas: Vec<EngineReplica>,
     /// Where the engine reports a lost replica (`POST .../outdate`).
     pub controller_url: String,
+    #[serde(default)]
+    pub on_quorum_loss: crate::controller::QuorumLoss,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
