@@ -76,6 +76,28 @@ impl KnownBugs {
         flush_parks: false,
         flush_races_writes: false,
     };
+
+    /// `HAWSER_AVOID`, for replays and sweeps: the bugs to steer around, as comma-separated
+    /// field names, `all` or `none`. Unset: `default`. An unknown name panics (a typo would
+    /// otherwise silently test something else).
+    pub fn from_env(default: KnownBugs) -> KnownBugs {
+        let Ok(v) = std::env::var("HAWSER_AVOID") else {
+            return default;
+        };
+        let mut k = KnownBugs::AVOID_NONE;
+        for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "all" => k = KnownBugs::AVOID_ALL,
+                "none" => {}
+                "no_source" => k.no_source = true,
+                "resync_durability" => k.resync_durability = true,
+                "flush_parks" => k.flush_parks = true,
+                "flush_races_writes" => k.flush_races_writes = true,
+                other => panic!("HAWSER_AVOID: unknown known bug {other:?}"),
+            }
+        }
+        k
+    }
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -1,7 +1,7 @@
 //! The seeded runs: a range of seeds with every fault, replay of one seed, pinned seeds of bugs
 //! found, and proof that the checkers catch deliberate bugs.
 
-use hawser_sim::{run_seed, run_traced, seed_base, Failure, RunOptions};
+use hawser_sim::{run_seed, run_traced, seed_base, Failure, KnownBugs, RunOptions};
 
 /// Seeds per test function (several functions so the test harness runs them in parallel).
 const SEEDS_PER_SHARD: u64 = 250;
@@ -14,6 +14,15 @@ fn per_shard() -> u64 {
         .unwrap_or(SEEDS_PER_SHARD)
 }
 
+/// The default options, with `HAWSER_AVOID` (if set) choosing which known bugs to avoid.
+fn options() -> RunOptions {
+    let d = RunOptions::default();
+    RunOptions {
+        avoid: KnownBugs::from_env(d.avoid),
+        ..d
+    }
+}
+
 fn shard(i: u64) {
     let n = per_shard();
     let base = seed_base() + i * n;
@@ -21,7 +30,7 @@ fn shard(i: u64) {
     let (mut copied, mut dirtied, mut missed, mut events) = (0u64, 0u64, 0u64, 0u64);
     let (mut faults, mut writes, mut reads, mut stuck) = (0u64, 0u64, 0u64, 0u64);
     for seed in base..base + n {
-        match run_seed(seed, RunOptions::default()) {
+        match run_seed(seed, options()) {
             Ok(s) => {
                 copied += s.copied.iter().sum::<u64>();
                 dirtied += s.dirtied.iter().sum::<u64>();
@@ -83,7 +92,7 @@ fn replay() {
     else {
         return;
     };
-    let (result, trace) = run_traced(seed, RunOptions::default());
+    let (result, trace) = run_traced(seed, options());
     for l in &trace {
         println!("{l}");
     }
