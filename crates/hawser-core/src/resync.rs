@@ -243,6 +243,7 @@ impl Engine {
         self.slot_mut(r).sync_flushing = true;
         let tag = self.new_copy(r, 0, 0, Stage::Flushing);
         let sub = self.new_sub(tag, r);
+        self.flush_sent(r, sub);
         out.push(Command::Send {
             replica: r,
             sub,

@@ -51,30 +51,14 @@ pub struct KnownBugs {
     /// Bug 1: the engine cannot recover once no replica is in sync in its view. Avoided by
     /// taking a replica away (fault or lost message) only while another in-sync one stays.
     pub no_source: bool,
-    /// Bug 2: resync copies are not durable until the resync's final flush. Avoided by
-    /// crashing only the nodes of replicas that are in sync.
-    pub resync_durability: bool,
-    /// Bug 3: a flush started while a replica was out waits forever if that replica is back
-    /// in sync before the flush completes. Tolerated: the stuck flush is counted, and the run
-    /// goes on to its final checks.
-    pub flush_parks: bool,
-    /// Bug 4: a flush is taken to cover writes still in flight when it started. Avoided by
-    /// flushing (client and background) only when no modifying request is in flight.
-    pub flush_races_writes: bool,
 }
 
 impl KnownBugs {
     pub const AVOID_ALL: KnownBugs = KnownBugs {
         no_source: true,
-        resync_durability: true,
-        flush_parks: true,
-        flush_races_writes: true,
     };
     pub const AVOID_NONE: KnownBugs = KnownBugs {
         no_source: false,
-        resync_durability: false,
-        flush_parks: false,
-        flush_races_writes: false,
     };
 
     /// `HAWSER_AVOID`, for replays and sweeps: the bugs to steer around, as comma-separated
@@ -90,9 +74,6 @@ impl KnownBugs {
                 "all" => k = KnownBugs::AVOID_ALL,
                 "none" => {}
                 "no_source" => k.no_source = true,
-                "resync_durability" => k.resync_durability = true,
-                "flush_parks" => k.flush_parks = true,
-                "flush_races_writes" => k.flush_races_writes = true,
                 other => panic!("HAWSER_AVOID: unknown known bug {other:?}"),
             }
         }

@@ -166,8 +166,6 @@ pub struct Stats {
     pub copied: Vec<u64>,
     pub dirtied: Vec<u64>,
     pub missed: Vec<u64>,
-    /// Runs that ended with flushes parked forever (known bug 3, tolerated).
-    pub known_bug_3: u64,
     /// `Disconnect` commands for a session already closing.
     pub repeated_disconnects: u64,
 }
@@ -193,7 +191,8 @@ pub struct World {
     /// Node crashed while in sync (or about to be) in the store, not repaired since: may lack
     /// unflushed acknowledged writes, so exempt from the checks.
     volatile_lost: Vec<bool>,
-    /// Since its node crash, the engine has seen replica r out of sync.
+    /// Since its node crash, the engine has had no session with replica r that began before
+    /// the crash (it noticed the loss), so its next session reports the new boot id.
     lost_seen_out: Vec<bool>,
     /// Chunks written (and acknowledged) while each replica was not receiving writes, since
     /// it was last in sync.
@@ -505,12 +504,13 @@ impl World {
                 }
             }
             if self.volatile_lost[r] {
-                if m != Membership::InSync {
+                // Not "not in sync": a syncing or marking replica may have crashed unnoticed.
+                if !self.engine.replica_view(ri(r)).connected {
                     self.lost_seen_out[r] = true;
                 }
                 let outdated = self.control.store[r] != StoreState::InSync
                     && !matches!(m, Membership::InSync | Membership::Marking);
-                if outdated || (m == Membership::InSync && self.lost_seen_out[r]) {
+                if self.lost_seen_out[r] && (outdated || m == Membership::InSync) {
                     self.volatile_lost[r] = false;
                 }
             }
@@ -680,9 +680,7 @@ impl World {
         }
         if self.client.depth() < self.p.work.qd {
             let (kind, offset, len, fua) = self.client.random_op(&mut self.rng);
-            if !(kind == Kind::Flush && self.flush_would_race()) {
-                self.submit(kind, offset, len, fua, false);
-            }
+            self.submit(kind, offset, len, fua, false);
         }
         let gap = self.rng.random_range(0..=self.p.client_gap_us);
         self.schedule(gap, Event::ClientArrival);
@@ -705,7 +703,6 @@ impl World {
         if self.engine.wants_flush()
             && self.now >= self.last_bg_flush + BACKGROUND_FLUSH_US
             && self.phase != Phase::Done
-            && !self.flush_would_race()
         {
             self.last_bg_flush = self.now;
             self.submit(Kind::Flush, 0, 0, false, true);
@@ -723,33 +720,6 @@ impl World {
         }
         if self.phase != Phase::Done {
             self.schedule(DRIVER_TICK_US, Event::DriverTick);
-        }
-    }
-
-    /// Known bug 4 is avoided by not flushing while a modifying request is in flight.
-    fn flush_would_race(&self) -> bool {
-        self.avoid.flush_races_writes && self.client.modifying_in_flight()
-    }
-
-    /// Known bug 3 is tolerated: flushes that can never complete (every replica is in sync or
-    /// failed, so nothing will resolve them). Returns how many.
-    fn stuck_flushes(&self) -> usize {
-        let n = self.client.outstanding();
-        let all_settled = (0..self.p.replicas).all(|r| {
-            matches!(
-                self.engine.membership(ri(r)),
-                Membership::InSync | Membership::Failed
-            )
-        });
-        if self.avoid.flush_parks
-            && n > 0
-            && self.client.only_flushes_outstanding()
-            && all_settled
-            && self.engine.in_flight() == n
-        {
-            n
-        } else {
-            0
         }
     }
 
@@ -1016,11 +986,7 @@ impl World {
             let up = self.replicas[r].up;
             if remote(self, r) && up {
                 options.push((m.process_crash, 0, r));
-                // Known bug 2: resync copies are not durable until the resync's last flush,
-                // yet their chunks are clean; a power loss before that loses them.
-                let copies_safe = !self.avoid.resync_durability
-                    || self.engine.membership(ri(r)) == Membership::InSync;
-                if self.another_good_copy(r) && copies_safe {
+                if self.another_good_copy(r) {
                     options.push((m.node_crash, 1, r));
                 }
             }
@@ -1075,7 +1041,10 @@ impl World {
                 let m = self.engine.membership(ri(r));
                 if node
                     && (self.control.store[r] == StoreState::InSync
-                        || matches!(m, Membership::InSync | Membership::Marking))
+                        || matches!(
+                            m,
+                            Membership::InSync | Membership::Syncing | Membership::Marking
+                        ))
                 {
                     self.volatile_lost[r] = true;
                     self.lost_seen_out[r] = false;
@@ -1151,11 +1120,10 @@ impl World {
             }
             _ => false,
         });
-        let stuck = self.stuck_flushes();
         drivers_quiet
             && queue_quiet
-            && self.client.outstanding() == stuck
-            && self.engine.in_flight() == stuck
+            && self.client.outstanding() == 0
+            && self.engine.in_flight() == 0
             && self.control.in_flight == 0
             && !self.engine.wants_flush()
     }
@@ -1191,13 +1159,7 @@ impl World {
     }
 
     fn final_checks(&mut self) {
-        let stuck = self.stuck_flushes();
-        if stuck > 0 {
-            trace!(self, "known bug 3: {stuck} flush(es) parked forever");
-            self.stats.known_bug_3 += 1;
-        }
         let v = check::FinalView {
-            stuck,
             engine: &self.engine,
             control: &self.control,
             replicas: &self.replicas,
