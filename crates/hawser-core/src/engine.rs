@@ -149,6 +149,10 @@ pub(crate) struct Slot {
     pub session: u64,
     /// `Command::Disconnect` was sent for the current session (sent once per session).
     pub disconnecting: bool,
+    /// It came back with its node rebooted and chunks it had not made durable, and has not
+    /// been resynced since: it may lack acknowledged writes, so it is never promoted to
+    /// resync source (`promote`).
+    pub reboot_lost: bool,
     /// A disk error was seen: it leaves as failed and is never resynced.
     pub failed: bool,
     /// Lost while `Marking`: decided when the store answers.
@@ -214,6 +218,8 @@ pub(crate) struct Pending {
     pub data: Option<bytes::Bytes>,
     /// Parked: replicas that missed it and still have to be resolved (outdated or resynced).
     pub missed: Option<Set>,
+    /// A replica that did not get it was promoted to resync source (`promote`): it fails.
+    pub doomed: bool,
 }
 
 /// What waits in the range lock: a client request or a resync copy.
@@ -237,6 +243,9 @@ pub struct Engine {
     pub(crate) next_internal: Tag,
     pub(crate) unflushed: Unflushed,
     pub(crate) fenced: bool,
+    /// Replicas promoted to resync source so far (`promote`): a copy read before the latest
+    /// promotion carries the old reference's data and clears no dirty bit.
+    pub(crate) promotions: u64,
 }
 
 impl Engine {
@@ -279,6 +288,7 @@ impl Engine {
                     connected: membership == Membership::InSync,
                     session: 0,
                     disconnecting: false,
+                    reboot_lost: false,
                     failed: membership == Membership::Failed,
                     lost_while_marking: false,
                     dirty,
@@ -304,6 +314,7 @@ impl Engine {
             next_internal: INTERNAL_TAG_BASE,
             unflushed: Unflushed::default(),
             fenced: false,
+            promotions: 0,
         }
     }
 
@@ -472,6 +483,7 @@ impl Engine {
             tried: Set::default(),
             data: None,
             missed: None,
+            doomed: false,
         };
         match &p.op {
             ClientOp::Read { .. } => match self.pick_reader(p.tried) {
@@ -537,11 +549,13 @@ impl Engine {
         sub
     }
 
-    /// Local in-sync replica first, then the lowest-numbered in-sync one not yet tried.
+    /// Local in-sync replica first, then the lowest-numbered in-sync one not yet tried. Not
+    /// one whose session is gone (while its loss is being processed it is still `InSync`).
     pub(crate) fn pick_reader(&self, tried: Set) -> Option<ReplicaIdx> {
         let candidates = || {
-            self.indices()
-                .filter(move |&r| self.membership(r) == Membership::InSync && !tried.has(r))
+            self.indices().filter(move |&r| {
+                self.membership(r) == Membership::InSync && self.slot(r).connected && !tried.has(r)
+            })
         };
         candidates()
             .find(|&r| self.slot(r).local)
@@ -706,7 +720,9 @@ impl Engine {
         let (succeeded, failure) = (p.succeeded, p.failure);
         let is_read = matches!(p.op, ClientOp::Read { .. });
         let is_flush = matches!(p.op, ClientOp::Flush);
-        let result = if is_read {
+        let result = if p.doomed {
+            Err(IoError::Io)
+        } else if is_read {
             if succeeded.is_empty() {
                 Err(failure_to_io(failure))
             } else {
@@ -717,8 +733,9 @@ impl Engine {
             // (a full disk everywhere is the client's ENOSPC, not a reason to degrade).
             Err(failure_to_io(failure))
         } else {
-            // Replicas that failed it have left (`act_on_failures`). Every replica the store may call in-sync that lacks this request must be
-            // resolved first (outdated, or resynced), unless policy says fail.
+            // Replicas that failed it have left (`act_on_failures`). Every replica the store
+            // may call in-sync that lacks this request must be resolved first (outdated, or
+            // resynced), unless policy says fail.
             let missed = match p.missed {
                 Some(m) => m,
                 None => {

@@ -553,7 +553,11 @@ fn unflushed_chunks_survive_a_rejoin_until_a_flush_reaches_the_replica() {
     g.confirm();
     // Its node had rebooted meanwhile: chunk 7 may be gone from it.
     g.reconnect(R1, true);
-    assert_eq!(g.e.dirty(R1).runs(), vec![(7, 8)], "unflushed chunk forgotten");
+    assert_eq!(
+        g.e.dirty(R1).runs(),
+        vec![(7, 8)],
+        "unflushed chunk forgotten"
+    );
     g.run();
     g.confirm();
     assert_eq!(g.e.membership(R1), Membership::InSync);
@@ -604,7 +608,11 @@ fn a_failure_from_an_older_session_does_not_evict_the_resyncing_replica() {
     g.down[0] = true; // hold R0's answers
     g.submit(1, write(3 * CHUNK, 4, 4096));
     g.lose(R1);
-    assert_eq!(g.e.dirty(R1).runs(), vec![(3, 4)], "dirty only at completion");
+    assert_eq!(
+        g.e.dirty(R1).runs(),
+        vec![(3, 4)],
+        "dirty only at completion"
+    );
     g.confirm();
     g.reconnect(R1, false);
     assert_eq!(g.e.membership(R1), Membership::Syncing);
@@ -667,5 +675,74 @@ fn a_replica_is_disconnected_once_per_session() {
     e.on_replica_lost(R0, &mut out);
     out.clear();
     e.on_replica_lost(R0, &mut out);
-    assert!(out.is_empty(), "a repeated loss report did something: {out:?}");
+    assert!(
+        out.is_empty(),
+        "a repeated loss report did something: {out:?}"
+    );
+}
+
+/// Sim bug 1: once no replica is in sync, a returning replica that the store still calls
+/// in-sync (it was `Down`) becomes the resync source: the parked write it lacks fails with
+/// EIO, its range is recopied to the others from it, and everything converges.
+#[test]
+fn with_no_replica_in_sync_a_returning_down_replica_becomes_the_source() {
+    let mut g = Rig::new(3, NoQuorum::Suspend);
+    g.lose(R1);
+    g.confirm();
+    g.submit(1, write(2 * CHUNK, 1, 4096));
+    g.run();
+    g.lose(R2);
+    assert_eq!(g.e.membership(R2), Membership::Down);
+    g.submit(2, write(4 * CHUNK, 2, 4096));
+    g.run();
+    g.lose(R0);
+    assert_eq!(g.e.in_sync(), vec![], "the last in-sync replica went down");
+    assert_eq!(g.take_done(), vec![(1, Ok(None))], "w2 waits for R2");
+    g.reconnect(R2, false);
+    g.run();
+    assert_eq!(
+        g.e.membership(R2),
+        Membership::InSync,
+        "no resync source: stuck"
+    );
+    assert_eq!(g.take_done(), vec![(2, Err(IoError::Io))]);
+    assert!(g.e.dirty(R0).is_set(4), "R0 must take R2's chunk 4");
+    g.reconnect(R0, false);
+    g.reconnect(R1, false);
+    g.run();
+    g.confirm();
+    assert_eq!(g.e.in_sync(), vec![R0, R1, R2]);
+    assert!(g.disks[0] == g.disks[2] && g.disks[1] == g.disks[2]);
+    assert_eq!(g.disks[0][(2 * CHUNK) as usize], 1);
+}
+
+/// Sim bug 1: a replica whose node rebooted and lost writes it had not flushed may lack
+/// acknowledged writes, so it is never promoted; a replica that lost nothing is.
+#[test]
+fn a_replica_that_lost_unflushed_writes_is_not_promoted() {
+    let mut g = Rig::new(3, NoQuorum::Suspend);
+    g.lose(R1);
+    g.confirm();
+    g.submit(1, write(2 * CHUNK, 1, 4096)); // acknowledged, never flushed
+    g.run();
+    g.lose(R2);
+    g.submit(2, write(4 * CHUNK, 2, 4096));
+    g.run();
+    g.lose(R0);
+    g.reconnect(R2, true);
+    g.run();
+    assert_eq!(
+        g.e.membership(R2),
+        Membership::Syncing,
+        "promoted a replica that lost w1"
+    );
+    assert!(g.take_done().contains(&(1, Ok(None))));
+    // R0 lost nothing: it becomes the source, and w2 (which it has) completes once R2 is
+    // resynced from it.
+    g.reconnect(R0, false);
+    g.run();
+    assert_eq!(g.e.membership(R0), Membership::InSync);
+    assert_eq!(g.e.membership(R2), Membership::InSync);
+    assert_eq!(g.take_done(), vec![(2, Ok(None))]);
+    assert!(g.disks[0] == g.disks[2]);
 }

@@ -103,6 +103,8 @@ impl Engine {
         }
         // Under the fail policy, requests parked on a replica that just went down fail now.
         self.recheck_parked(out);
+        // If that was the last in-sync replica, another may have to become the source.
+        self.pump_resync(out);
     }
 
     /// The control plane confirmed `r` is out of the in-sync set (outdated, or failed).
@@ -137,6 +139,8 @@ impl Engine {
         s.session += 1;
         // Flushes to its old session were all answered when it was lost.
         debug_assert!(s.unflushed_flushing.is_empty());
+        // Until a resync has copied them back, whatever the sessions after this one.
+        s.reboot_lost |= rebooted && !s.unflushed_at_loss.is_empty();
         if rebooted {
             // Its node lost power: what it had not made durable is gone; copy it. Otherwise
             // those chunks stay pending until a flush sent to it from now on succeeds.
@@ -169,10 +173,12 @@ impl Engine {
             }
             // The store does not call it in-sync: it holds up nothing.
             self.resolve(r, out);
+            self.pump_resync(out);
             return;
         }
         s.membership = Membership::InSync;
         s.store_in_sync = true;
+        s.reboot_lost = false;
         if std::mem::take(&mut s.lost_while_marking) {
             // It missed something after the mark was sent: out again, by the usual rule.
             let failed = s.failed;
@@ -185,6 +191,7 @@ impl Engine {
     /// `r` is in sync again (resynced): requests parked on it finish, and replicas that were
     /// `Down` for want of a quorum may now be outdated.
     pub(crate) fn became_in_sync(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        self.slot_mut(r).reboot_lost = false;
         self.resolve(r, out);
         for d in self.indices().collect::<Vec<_>>() {
             if self.membership(d) == Membership::Down && self.can_leave(d) {

@@ -9,7 +9,9 @@
 //! made in-sync: directly if the store never stopped calling it in-sync (it was `Down`), else
 //! through the control plane (`Command::MarkInSync`).
 
+use crate::bitmap::ChunkMap;
 use crate::engine::{Engine, Membership, Work};
+use crate::io_error::IoError;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, Tag};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +31,8 @@ pub(crate) struct Copy {
     pub first: u64,
     pub end: u64,
     pub stage: Stage,
+    /// `Engine::promotions` when its data was read.
+    pub promotions: u64,
 }
 
 impl Engine {
@@ -53,7 +57,9 @@ impl Engine {
             return;
         }
         if self.pick_reader(Default::default()).is_none() {
-            return; // no source: wait for an in-sync replica
+            // No source: wait for an in-sync replica, or make one.
+            self.promote(out);
+            return;
         }
         let unit = (self.cfg.resync_unit_bytes / self.cfg.chunk_bytes).max(1);
         for r in self.indices().collect::<Vec<_>>() {
@@ -89,6 +95,82 @@ impl Engine {
         }
     }
 
+    /// No replica is in sync (the last one was lost while the others were out), so nothing
+    /// can be resynced, and writes parked on the lost ones would wait forever. A syncing
+    /// replica that the store still calls in-sync (it was `Down`, never outdated) has every
+    /// acknowledged write (it held up the acknowledgement of every write it lacks), unless
+    /// its node rebooted and lost unflushed ones. Such a replica becomes the reference: the
+    /// requests it lacks fail with EIO (never acknowledged, so that is allowed), their chunks
+    /// become dirty on every other replica instead, and it is flushed and made in-sync; the
+    /// others are then resynced from it. Not while a replica is `Marking` (it becomes the
+    /// source when the store answers).
+    fn promote(&mut self, out: &mut Vec<Command>) {
+        let settling = |m| matches!(m, Membership::InSync | Membership::Marking);
+        if self.indices().any(|r| settling(self.membership(r))) {
+            return;
+        }
+        let candidate = self
+            .indices()
+            .filter(|&r| {
+                let s = self.slot(r);
+                s.membership == Membership::Syncing
+                    && s.store_in_sync
+                    && s.connected
+                    && !s.reboot_lost
+                    && !s.failed
+            })
+            .min_by_key(|&r| (self.slot(r).dirty.bytes(), r));
+        let Some(r) = candidate else {
+            return;
+        };
+        self.promotions += 1;
+        let (size, chunk) = (self.size, self.cfg.chunk_bytes);
+        let lacks = std::mem::replace(&mut self.slot_mut(r).dirty, ChunkMap::new(size, chunk));
+        if !lacks.is_empty() {
+            for o in self.indices().collect::<Vec<_>>() {
+                let s = self.slot_mut(o);
+                if o != r && s.membership != Membership::Failed {
+                    s.dirty.union(&lacks);
+                    s.cursor = 0;
+                }
+            }
+        }
+        self.fail_missed_by(r, out);
+        self.maybe_finish_sync(r, out);
+    }
+
+    /// `r` becomes the reference: requests it did not get fail (parked ones now, the others
+    /// when they complete). Their chunks are dirty on `r` from when they missed it.
+    fn fail_missed_by(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        let session = self.slot(r).session;
+        let mut failed: Vec<Tag> = Vec::new();
+        for (&tag, p) in &mut self.pending {
+            if matches!(p.op, ClientOp::Read { .. }) || p.succeeded.has(r) {
+                continue;
+            }
+            let on_current = p.sent.has(r) && p.sessions[usize::from(r.0)] == session;
+            if p.missed.is_some() {
+                failed.push(tag);
+            } else if !on_current || p.failed.has(r) {
+                p.doomed = true;
+            }
+        }
+        failed.sort_unstable();
+        for tag in failed {
+            let Some(p) = self.pending.remove(&tag) else {
+                continue;
+            };
+            self.parked.remove(&tag);
+            if matches!(p.op, ClientOp::Flush) {
+                self.unflushed.flush_failed(tag);
+            }
+            out.push(Command::Complete {
+                tag,
+                result: Err(IoError::Io),
+            });
+        }
+    }
+
     /// Register one of the engine's own operations under a fresh internal tag.
     fn new_copy(&mut self, target: ReplicaIdx, first: u64, end: u64, stage: Stage) -> Tag {
         let tag = self.next_internal;
@@ -100,6 +182,7 @@ impl Engine {
                 first,
                 end,
                 stage,
+                promotions: self.promotions,
             },
         );
         tag
@@ -130,6 +213,7 @@ impl Engine {
             tag,
             Copy {
                 stage: Stage::Reading(source),
+                promotions: self.promotions,
                 ..c
             },
         );
@@ -189,8 +273,9 @@ impl Engine {
                 self.end_copy(tag, out);
             }
             (Stage::Writing, Ok(_)) => {
+                let current = c.promotions == self.promotions;
                 let s = self.slot_mut(c.target);
-                if s.membership == Membership::Syncing {
+                if s.membership == Membership::Syncing && current {
                     s.dirty.clear_chunks(c.first, c.end);
                     s.copied_bytes += end - offset;
                     // Not durable until the resync's final flush: if the node loses power

@@ -43,49 +43,10 @@ pub enum Mutation {
     FlushForgets,
 }
 
-/// Known engine bugs the simulator can steer around, so that seeds get past them and find the
-/// next one. Each is described, with a pinned seed, in `tests/seeds.rs`; when one is fixed, its
-/// field goes (and its pinned test loses its `#[ignore]`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KnownBugs {
-    /// Bug 1: the engine cannot recover once no replica is in sync in its view. Avoided by
-    /// taking a replica away (fault or lost message) only while another in-sync one stays.
-    pub no_source: bool,
-}
-
-impl KnownBugs {
-    pub const AVOID_ALL: KnownBugs = KnownBugs {
-        no_source: true,
-    };
-    pub const AVOID_NONE: KnownBugs = KnownBugs {
-        no_source: false,
-    };
-
-    /// `HAWSER_AVOID`, for replays and sweeps: the bugs to steer around, as comma-separated
-    /// field names, `all` or `none`. Unset: `default`. An unknown name panics (a typo would
-    /// otherwise silently test something else).
-    pub fn from_env(default: KnownBugs) -> KnownBugs {
-        let Ok(v) = std::env::var("HAWSER_AVOID") else {
-            return default;
-        };
-        let mut k = KnownBugs::AVOID_NONE;
-        for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            match name {
-                "all" => k = KnownBugs::AVOID_ALL,
-                "none" => {}
-                "no_source" => k.no_source = true,
-                other => panic!("HAWSER_AVOID: unknown known bug {other:?}"),
-            }
-        }
-        k
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 pub struct RunOptions {
     pub faults: FaultMix,
     pub mutation: Mutation,
-    pub avoid: KnownBugs,
 }
 
 impl Default for RunOptions {
@@ -93,7 +54,6 @@ impl Default for RunOptions {
         RunOptions {
             faults: FaultMix::ALL,
             mutation: Mutation::None,
-            avoid: KnownBugs::AVOID_ALL,
         }
     }
 }

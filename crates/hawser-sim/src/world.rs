@@ -23,6 +23,10 @@
 //! - A disk error (`DiskFault::Io`) fails every request of that replica from then on, so it
 //!   never holds a write the others lack; it is injected only while another good in-sync copy
 //!   exists. The replica stays failed and is left out of "ends in sync".
+//! - The good copy a node crash or disk error relies on must also survive: it is not already
+//!   on its way out when the fault is injected, and no fault takes away the last healthy
+//!   replica the store calls in-sync while an unhealthy one could outdate it
+//!   (`World::may_take_away`).
 //! - The local replica (when there is one) lives in the engine's process: it has no network
 //!   faults and never crashes, since its crash is an engine crash.
 //!
@@ -49,7 +53,7 @@ use crate::config::*;
 use crate::control::{Call, Control, Outcome, StoreState};
 use crate::net::{Fate, Net};
 use crate::replica::{Arrival, DiskFault, Replica};
-use crate::{KnownBugs, Mutation, RunOptions};
+use crate::{Mutation, RunOptions};
 
 #[derive(Clone, Debug)]
 enum Event {
@@ -201,8 +205,6 @@ pub struct World {
     seen_membership: Vec<Option<Membership>>,
     /// The session of each replica that is known to be broken (its timeout is pending).
     doomed: Vec<Option<u64>>,
-    /// Known engine bugs to steer around.
-    avoid: KnownBugs,
     /// Given a disk error: failed for good, left out of "ends in sync".
     disk_failed: Vec<bool>,
     /// The engine's dirty bytes per replica after the last step, and their increases.
@@ -291,7 +293,6 @@ impl World {
             seen_membership: vec![None; n],
             lost_seen_out: vec![false; n],
             owed: vec![Default::default(); n],
-            avoid: opts.avoid,
             disk_failed: vec![false; n],
             stats: Stats {
                 copied: vec![0; n],
@@ -923,26 +924,39 @@ impl World {
 
     // ---- faults ----
 
-    /// Whether a fault may take replica `r` out of the in-sync set. Always, unless the
-    /// workarounds for known engine bugs are on: then only while another replica is in sync,
-    /// connected, reachable and not about to be lost, because the engine cannot recover when
-    /// every in-sync replica is lost at once (see `tests/seeds.rs`, known bug 1).
+    /// Whether a fault may take replica `r` out of the in-sync set. Not when `r` is the last
+    /// healthy replica the store calls in-sync (no disk fault, no unrepaired node crash, not
+    /// being outdated, not already on its way out) while an unhealthy one is in sync in the engine's view: the engine
+    /// could outdate `r` on the strength of the unhealthy one (it does not know yet), leaving
+    /// acknowledged writes only on a broken disk or on a replica the store no longer calls
+    /// in-sync. The engine then rightly suspends I/O until someone intervenes, which the final
+    /// checks (healed without manual action) cannot tell from a hang. Losing every in-sync
+    /// replica at once is allowed: the engine recovers from that (`Engine::promote`).
     fn may_take_away(&self, r: usize) -> bool {
-        if !self.avoid.no_source {
-            return true;
-        }
-        (0..self.p.replicas).any(|o| {
-            let open = match self.drivers[o].conn {
-                Conn::Open(s) => self.doomed[o] != Some(s),
-                _ => false,
-            };
-            o != r
-                && open
-                && self.engine.membership(ri(o)) == Membership::InSync
+        let in_store = |o: usize| self.control.store[o] == StoreState::InSync;
+        let doomed = |o: usize| match self.drivers[o].conn {
+            Conn::Open(s) => self.doomed[o] == Some(s),
+            _ => false,
+        };
+        let healthy = |o: usize| {
+            in_store(o)
+                && self.engine.membership(ri(o)) != Membership::Outdating
+                && !self.disk_failed[o]
+                && !self.volatile_lost[o]
                 && self.replicas[o].up
-                && !self.net.partitioned[o]
                 && self.replicas[o].fault == DiskFault::None
-        })
+                && !self.net.partitioned[o]
+                && !doomed(o)
+        };
+        let n = self.p.replicas;
+        let last_healthy = healthy(r) && !(0..n).any(|o| o != r && healthy(o));
+        let unhealthy_quorum = |o: usize| {
+            o != r
+                && in_store(o)
+                && !healthy(o)
+                && self.engine.membership(ri(o)) == Membership::InSync
+        };
+        !(last_healthy && (0..n).any(unhealthy_quorum))
     }
 
     /// A replica that holds every acknowledged write for sure: in sync in the engine's view,
@@ -954,8 +968,16 @@ impl World {
             && !self.disk_failed[r]
     }
 
+    /// Another good copy that is not already on its way out (its session is open and not
+    /// known broken, its process up, its network whole).
     fn another_good_copy(&self, r: usize) -> bool {
-        (0..self.p.replicas).any(|o| o != r && self.good_copy(o))
+        (0..self.p.replicas).any(|o| {
+            let open = match self.drivers[o].conn {
+                Conn::Open(s) => self.doomed[o] != Some(s),
+                _ => false,
+            };
+            o != r && self.good_copy(o) && open && self.replicas[o].up && !self.net.partitioned[o]
+        })
     }
 
     /// A disk error fails a replica for good: allow one more only if the quorum can still

@@ -1,7 +1,7 @@
-//! The seeded runs: a range of seeds with every fault, replay of one seed, pinned seeds of bugs
-//! found, and proof that the checkers catch deliberate bugs.
+//! The seeded runs: a range of seeds with every fault, replay of one seed, and pinned seeds of
+//! bugs found.
 
-use hawser_sim::{run_seed, run_traced, seed_base, Failure, KnownBugs, RunOptions};
+use hawser_sim::{run_seed, run_traced, seed_base, Failure, RunOptions};
 
 /// Seeds per test function (several functions so the test harness runs them in parallel).
 const SEEDS_PER_SHARD: u64 = 250;
@@ -14,15 +14,6 @@ fn per_shard() -> u64 {
         .unwrap_or(SEEDS_PER_SHARD)
 }
 
-/// The default options, with `HAWSER_AVOID` (if set) choosing which known bugs to avoid.
-fn options() -> RunOptions {
-    let d = RunOptions::default();
-    RunOptions {
-        avoid: KnownBugs::from_env(d.avoid),
-        ..d
-    }
-}
-
 fn shard(i: u64) {
     let n = per_shard();
     let base = seed_base() + i * n;
@@ -30,7 +21,7 @@ fn shard(i: u64) {
     let (mut copied, mut dirtied, mut missed, mut events) = (0u64, 0u64, 0u64, 0u64);
     let (mut faults, mut writes, mut reads) = (0u64, 0u64, 0u64);
     for seed in base..base + n {
-        match run_seed(seed, options()) {
+        match run_seed(seed, RunOptions::default()) {
             Ok(s) => {
                 copied += s.copied.iter().sum::<u64>();
                 dirtied += s.dirtied.iter().sum::<u64>();
@@ -81,6 +72,48 @@ fn seeds_3() {
     shard(3);
 }
 
+/// Seeds that found engine bugs once the simulator stopped steering around them. Each fails
+/// with its fix reverted (checked when it was pinned); keep them passing.
+const PINNED: &[(u64, &str)] = &[
+    (
+        2,
+        "bug 1: no replica in sync; a returning `Down` one must become the resync source",
+    ),
+    (
+        346,
+        "bug 8: unflushed chunks forgotten at a rejoin without reboot, then lost to a power loss",
+    ),
+    (
+        3085,
+        "bugs 5, 6: a failed write's range marked dirty at completion (or never, if all failed)",
+    ),
+    (
+        935,
+        "bug 3: a flush parked forever on a replica resynced through a new session",
+    ),
+    (
+        568,
+        "a resync copy read before a promotion cleared dirty bits the promotion set",
+    ),
+    (
+        14,
+        "a copy's read sent to an in-sync replica whose loss was being processed",
+    ),
+];
+
+#[test]
+fn pinned_seeds() {
+    let failures: Vec<String> = PINNED
+        .iter()
+        .filter_map(|&(seed, bug)| {
+            run_seed(seed, RunOptions::default())
+                .err()
+                .map(|f| format!("{bug}:\n{f}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// `HAWSER_SEED=<seed> cargo test --release -p hawser-sim replay -- --nocapture`: run one seed
 /// and print its whole trace.
 #[test]
@@ -91,7 +124,7 @@ fn replay() {
     else {
         return;
     };
-    let (result, trace) = run_traced(seed, options());
+    let (result, trace) = run_traced(seed, RunOptions::default());
     for l in &trace {
         println!("{l}");
     }
