@@ -746,3 +746,17 @@ fn a_replica_that_lost_unflushed_writes_is_not_promoted() {
     assert_eq!(g.take_done(), vec![(2, Ok(None))]);
     assert!(g.disks[0] == g.disks[2]);
 }
+
+/// Under the suspend policy, a write that no replica can receive (none is connected) fails at
+/// once rather than waiting: nobody has it, so nothing is owed to a returning replica except
+/// its range, which is dirty on all of them.
+#[test]
+fn a_write_sent_to_no_replica_fails_at_once() {
+    let mut g = Rig::new(2, NoQuorum::Suspend);
+    g.lose(R1);
+    g.lose(R0);
+    assert_eq!(g.e.membership(R0), Membership::Down);
+    g.submit(1, write(0, 1, 4096));
+    assert_eq!(g.take_done(), vec![(1, Err(IoError::Io))]);
+    assert!(g.e.dirty(R0).is_set(0) && g.e.dirty(R1).is_set(0));
+}
