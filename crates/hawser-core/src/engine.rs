@@ -14,7 +14,8 @@
 //! - Every replica not receiving writes has a dirty bitmap of the chunks it lacks. When it
 //!   reconnects it becomes `Syncing`: it receives new writes, and the engine copies its dirty
 //!   chunks from an in-sync replica (`resync.rs`), then makes it in-sync again through the
-//!   control plane.
+//!   control plane. If none is in sync, a returning replica that the store never stopped
+//!   calling in-sync becomes the source instead (`Engine::promote` in `resync.rs`).
 //! - When every replica fails a request, it fails with their error and no replica is outdated
 //!   (no replica has anything the others lack).
 //! - Reads go to the local in-sync replica when there is one, else to another in-sync one; a

@@ -1,13 +1,15 @@
 //! Resync: copying a returning replica's dirty chunks from an in-sync one.
 //!
-//! A syncing replica receives every new write, so its dirty set only shrinks. Each copy takes
+//! A syncing replica receives every new write, so its dirty set only shrinks (unless one fails
+//! on it, or another replica is promoted). Each copy takes
 //! the range lock of the chunks it copies (like a client write), reads them from an in-sync
 //! replica (the local one first) and writes them to the syncing one, then clears their bits.
 //! Holding the lock orders the copy against client writes to the same chunks: a write either
 //! finished before the copy read (so the copy carries it) or starts after the copy wrote (so
 //! it lands on top, on every replica). When no bit is left the replica is flushed and then
 //! made in-sync: directly if the store never stopped calling it in-sync (it was `Down`), else
-//! through the control plane (`Command::MarkInSync`).
+//! through the control plane (`Command::MarkInSync`). With no in-sync replica to copy from,
+//! one that the store still calls in-sync is promoted to reference instead (`promote`).
 
 use crate::bitmap::ChunkMap;
 use crate::engine::{Engine, Membership, Work};
