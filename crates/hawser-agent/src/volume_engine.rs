@@ -81,6 +81,8 @@ pub struct VolumeEngine {
     fenced: AtomicBool,
     /// Local replica requests in flight (inline or on the I/O pool).
     local_inflight: AtomicUsize,
+    /// Generation of the local replica's session: raised when the engine disconnects it.
+    local_gen: AtomicU64,
     reconnect: Mutex<Vec<Reconnect>>,
     last_flush: Mutex<Instant>,
     resync_rate: Option<Arc<RateLimiter>>,
@@ -163,6 +165,7 @@ impl VolumeEngine {
             controller: ControllerLink::new(&req.controller_url),
             fenced: AtomicBool::new(false),
             local_inflight: AtomicUsize::new(0),
+            local_gen: AtomicU64::new(0),
             reconnect: Mutex::new(
                 (0..n)
                     .map(|_| Reconnect {
@@ -412,7 +415,7 @@ impl VolumeEngine {
     fn current_gen(&self, idx: ReplicaIdx) -> u64 {
         match &self.handles[usize::from(idx.0)] {
             Handle::Remote { gen, .. } => gen.load(Ordering::Acquire),
-            Handle::Local(_) => 0,
+            Handle::Local(_) => self.local_gen.load(Ordering::Acquire),
         }
     }
 
@@ -498,9 +501,10 @@ impl VolumeEngine {
             } => match (&self.resync_rate, background, self.me.upgrade()) {
                 (Some(limit), true, Some(me)) => {
                     let (limit, bytes) = (limit.clone(), op_bytes(&op));
+                    let gen = self.current_gen(replica);
                     self.rt.spawn(async move {
                         limit.acquire(bytes).await;
-                        me.send(replica, sub, op, false);
+                        me.send_if_current(replica, gen, sub, op);
                     });
                 }
                 _ => self.send(replica, sub, op, quiet && !background),
@@ -513,6 +517,26 @@ impl VolumeEngine {
                 tracing::error!(volume = %self.volume, epoch = self.epoch, "engine fenced by a newer epoch; failing all I/O");
             }
             Command::Complete { .. } => unreachable!("completions are handled under the lock"),
+        }
+    }
+
+    /// Send a resync request that waited for the rate limiter, unless the replica's session
+    /// changed meanwhile (`gen`: the session it was meant for). The engine already counted
+    /// such a request lost with its session; sent now, a copy's stale data would land on the
+    /// new session, possibly after newer writes to the same chunks.
+    fn send_if_current(&self, replica: ReplicaIdx, gen: u64, sub: SubId, op: ClientOp) {
+        let local = matches!(self.handles[usize::from(replica.0)], Handle::Local(_));
+        if local {
+            // Counted across the check, so a local disconnect waits for it (see `disconnect`).
+            self.local_inflight.fetch_add(1, Ordering::AcqRel);
+        }
+        if self.current_gen(replica) == gen {
+            self.send(replica, sub, op, false);
+        } else {
+            tracing::debug!(volume = %self.volume, sub, "resync send for a closed session dropped");
+        }
+        if local {
+            self.local_inflight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -601,6 +625,8 @@ impl VolumeEngine {
                 }
             }
             Handle::Local(_) => {
+                // Resync sends still waiting for the rate limiter are dropped from now on.
+                self.local_gen.fetch_add(1, Ordering::AcqRel);
                 let Some(me) = self.me.upgrade() else { return };
                 self.rt.spawn(async move {
                     // Local requests already running finish first, so none lands after a
@@ -840,5 +866,76 @@ fn failure_of(e: ReplicaIoError) -> ReplicaFailure {
         ReplicaIoError::OutOfRange | ReplicaIoError::Io { .. } | ReplicaIoError::Failed => {
             ReplicaFailure::Io
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_api::agent::EngineReplica;
+    use hawser_storage::{NewReplica, Pool};
+
+    const SIZE: u64 = 1 << 20;
+
+    fn write(byte: u8) -> ClientOp {
+        ClientOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![byte; 4096]),
+            fua: false,
+        }
+    }
+
+    async fn local_idle(ve: &VolumeEngine) {
+        while ve.local_inflight.load(Ordering::Acquire) > 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Sim bug 7: a rate-limited resync send that waited while its replica's session was
+    /// closed must not land (the engine counted it lost; newer writes may follow).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queued_resync_send_for_a_closed_session_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("hawser-ve-gen-{}", std::process::id()));
+        let cfg = crate::agent::parse_pool(&format!("default={}", dir.display())).expect("pool");
+        let storage = NodeStorage::new("a".into(), vec![Pool::open(cfg).expect("open pool")]);
+        let new = NewReplica {
+            id: "vol-a".into(),
+            volume: "vol".into(),
+            size: SIZE,
+            thin: true,
+        };
+        let replica = storage.create("default", &new).expect("create replica");
+        let req = StartEngine {
+            volume: "vol".into(),
+            size_bytes: SIZE,
+            epoch: 1,
+            replicas: vec![EngineReplica {
+                replica_id: "vol-a".into(),
+                node: "a".into(),
+                replica_addr: String::new(),
+                state: ReplicaState::InSync,
+            }],
+            controller_url: "http://127.0.0.1:9".into(),
+            on_quorum_loss: Default::default(),
+        };
+        let ve = VolumeEngine::start(&req, "a", &storage)
+            .await
+            .expect("start engine");
+        let r = ReplicaIdx(0);
+        let gen = ve.current_gen(r);
+        ve.send_if_current(r, gen, 1 << 40, write(1));
+        local_idle(&ve).await;
+        assert_eq!(replica.read(1, 0, 4096).expect("read")[0], 1);
+        // The engine closes the session; a send queued for it arrives after.
+        ve.disconnect(r);
+        ve.send_if_current(r, gen, (1 << 40) + 1, write(2));
+        local_idle(&ve).await;
+        assert_eq!(
+            replica.read(1, 0, 4096).expect("read")[0],
+            1,
+            "a resync write for a closed session landed"
+        );
+        ve.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
