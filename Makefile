@@ -36,6 +36,7 @@ demo: build
 
 bench: build
 	@scripts/bench.sh
+	@scripts/bench-resync.sh
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# `make bench`, resync part (issue "Failures without losing an acknowledged write", g):
+#   1. resync throughput: a 2-replica volume loses one replica (kill -9 of its agent), 2 GiB
+#      are written sequentially, the agent comes back; the time until the replica is in sync
+#      again gives the resync rate, printed as a ratio of the baseline's sequential write
+#      bandwidth (a file with O_DIRECT, 4M QD16, same filesystem, same run). Unlimited rate
+#      (HAWSER_RESYNC_RATE=0), so this is what the resync path can do.
+#   2. foreground during resync: the same again at the default rate limit, with 4k QD32 random
+#      writes running while the replica resyncs; their IOPS as a ratio of the same writes on
+#      the healthy volume.
+# Reported, never asserted. Environment: BENCH_RUNTIME (s, default 10), BENCH_RESYNC_GIB
+# (GiB written while the replica is down, default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HAWSER="$PWD/target/release/hawser"
+B="$PWD/.bench-resync"
+RUNTIME="${BENCH_RUNTIME:-10}"
+GIB="${BENCH_RESYNC_GIB:-2}"
+DIRTY="${GIB}GiB"
+export HAWSER_CONTROLLER="http://127.0.0.1:9411"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$B"
+}
+trap cleanup EXIT INT TERM
+rm -rf "$B" && mkdir -p "$B/logs"
+
+# fio's terse output: field 48 is write KiB/s, 49 write IOPS.
+fio_field() { fio --minimal "${@:2}" | tail -1 | cut -d';' -f"$1"; }
+now_ms() { date +%s%3N; }
+
+start_agent() { # name (a letter and 1 or 2), rate
+  HAWSER_RESYNC_RATE="$2" "$HAWSER" agent --node "$1" --data-dir "$B/$1" \
+    --controller "$HAWSER_CONTROLLER" --admin-listen "127.0.0.1:953${1:1}" \
+    --replica-listen "127.0.0.1:963${1:1}" --nbd-listen none >>"$B/logs/$1.log" 2>&1 &
+  pids+=($!)
+  last_pid=$!
+}
+
+wait_for() { # description, command...
+  local what="$1"; shift
+  for _ in $(seq 1 1200); do "$@" && return 0; sleep 0.1; done
+  echo "timed out waiting for $what" >&2; exit 1
+}
+online() { "$HAWSER" node show "$1" -o json 2>/dev/null | grep -q '"state": *"online"'; }
+# The engine's view of that replica says it is being resynced.
+engine_syncing() { "$HAWSER" volume show "$1" -o json | grep -A12 "\"node\": *\"$2\"" | grep -q '"state": *"syncing"'; }
+# The store's state of the replica on r2 (two lines after its node in the JSON).
+replica_state_is() { "$HAWSER" volume show "$1" -o json | grep -A2 "\"node\": *\"$2\"" | grep -q "\"state\": *\"$3\""; }
+
+echo "baseline: sequential write to a file with O_DIRECT (4M QD16, ${RUNTIME}s)"
+base_kib=$(fio_field 48 --name=seq --filename="$B/baseline.img" --size="$DIRTY" --rw=write \
+  --bs=4M --iodepth=16 --ioengine=libaio --direct=1 --runtime="$RUNTIME" --time_based)
+rm -f "$B/baseline.img"
+echo "  $((base_kib / 1024)) MiB/s"
+
+"$HAWSER" controller --listen 127.0.0.1:9411 --data-dir "$B/controller" >"$B/logs/controller.log" 2>&1 &
+pids+=($!)
+
+phase() { # rate, label; writes "healthy-iops during-iops resync-ms" to $B/result
+  local rate="$1" label="$2" p="${2:0:1}" v="rs-$2"
+  start_agent "${p}1" "$rate"
+  start_agent "${p}2" "$rate"; local r2pid=$last_pid
+  wait_for "the agents" online "${p}1"
+  wait_for "the agents" online "${p}2"
+  "$HAWSER" volume create "$v" --size "$((GIB + 1))GiB" --replicas 2 >/dev/null
+  "$HAWSER" volume attach "$v" --node "${p}1" >/dev/null
+  local uri="nbd+unix:///$v?socket=$B/${p}1/nbd.sock"
+  local rw=(--name=rw --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32
+    --size=1GiB --direct=1 --randrepeat=0 --runtime="$RUNTIME" --time_based)
+  local healthy=0
+  [ "$label" = foreground ] && healthy=$(fio_field 49 "${rw[@]}")
+  kill -9 "$r2pid"
+  wait "$r2pid" 2>/dev/null || true
+  wait_for "the lost replica to be outdated" replica_state_is "$v" "${p}2" outdated
+  fio --minimal --name=dirty --ioengine=nbd --uri="$uri" --rw=write --bs=4M --iodepth=16 \
+    --size="$DIRTY" >/dev/null
+  start_agent "${p}2" "$rate"
+  # The clock starts when the engine has the replica back and copies (not at the agent's
+  # restart: reconnecting after a long absence waits for the backoff, up to 10 s).
+  wait_for "the resync to start" engine_syncing "$v" "${p}2"
+  local t0; t0=$(now_ms)
+  local during=0
+  [ "$label" = foreground ] && during=$(fio_field 49 "${rw[@]}")
+  wait_for "the replica to be in sync again" replica_state_is "$v" "${p}2" in_sync
+  local ms=$(( $(now_ms) - t0 ))
+  echo "$healthy $during $ms" >"$B/result"
+  "$HAWSER" volume detach "$v" >/dev/null
+  "$HAWSER" volume delete "$v" >/dev/null
+  for p in "${pids[@]:1}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  pids=("${pids[0]}")
+  rm -rf "$B/${p}1" "$B/${p}2"
+}
+
+dirty_mib=$((GIB * 1024))
+
+echo "resync of $DIRTY written while a replica was down, unlimited rate"
+phase 0 throughput
+read -r _ _ ms <"$B/result"
+mibs=$(( dirty_mib * 1000 / (ms > 0 ? ms : 1) ))
+echo "  in sync again after ${ms} ms: ${mibs} MiB/s; ratio to baseline sequential write: $(awk "BEGIN{printf \"%.2f\", $mibs / ($base_kib / 1024)}") (target >= 0.5)"
+
+echo "foreground 4k QD32 random writes during a resync at the default rate limit"
+phase "" foreground
+read -r healthy during ms <"$B/result"
+echo "  healthy volume ${healthy} IOPS; during resync ${during} IOPS; ratio $(awk "BEGIN{printf \"%.2f\", $during / ($healthy > 0 ? $healthy : 1)}") (target >= 0.5); resync took ${ms} ms"
