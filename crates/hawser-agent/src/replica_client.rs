@@ -27,8 +27,9 @@ use crate::frame_io::{read_frame, write_frame, FrameIoError};
 /// Where replies go.
 pub trait ReplySink: Send + Sync + 'static {
     fn on_reply(&self, sub: SubId, result: ReplicaResult);
-    /// The connection is gone; called once.
-    fn on_lost(&self);
+    /// The connection is gone; called once. `corrupt`: it ended because the replica sent a
+    /// frame that failed its checksum or did not decode.
+    fn on_lost(&self, corrupt: bool);
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +82,8 @@ struct Shared {
     /// When the last frame arrived from the replica.
     last_rx: Mutex<Instant>,
     closed: AtomicBool,
+    /// Set before closing when the replica sent a corrupt frame.
+    corrupt: AtomicBool,
     sink: Arc<dyn ReplySink>,
     /// Waiters of `call`s; dropped (the caller sees the connection lost) on close.
     calls: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<CallReply>>>,
@@ -95,7 +98,7 @@ impl Shared {
                 .unwrap_or_else(|p| p.into_inner())
                 .clear();
             self.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
-            self.sink.on_lost();
+            self.sink.on_lost(self.corrupt.load(Ordering::Acquire));
         }
     }
 }
@@ -128,6 +131,7 @@ impl ReplicaClient {
             outstanding: Mutex::new(HashMap::new()),
             last_rx: Mutex::new(Instant::now()),
             closed: AtomicBool::new(false),
+            corrupt: AtomicBool::new(false),
             sink,
             calls: Mutex::new(HashMap::new()),
             next_call: std::sync::atomic::AtomicU64::new(CALL_ID_BASE),
@@ -323,7 +327,10 @@ async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
         let (h, payload) = match read_frame(&mut rd).await {
             Ok(f) => f,
             Err(e) => {
-                if !matches!(e, FrameIoError::Closed) {
+                if let FrameIoError::Frame(f) = &e {
+                    tracing::error!(error = %f, "corrupt frame from the replica; failing it");
+                    shared.corrupt.store(true, Ordering::Release);
+                } else if !matches!(e, FrameIoError::Closed) {
                     tracing::warn!(error = %e, "replica connection failed");
                 }
                 break;

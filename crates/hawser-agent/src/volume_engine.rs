@@ -771,14 +771,18 @@ impl ReplySink for Sink {
             e.run(|en, out| en.on_reply(sub, result, out));
         }
     }
-    fn on_lost(&self) {
+    fn on_lost(&self, corrupt: bool) {
         if let Some(e) = self.engine.upgrade() {
             if e.current_gen(self.replica) != self.gen {
                 return; // an older session of this replica; already handled
             }
             tracing::warn!(volume = %e.volume, replica = %e.replica_ids[usize::from(self.replica.0)], "replica connection lost");
             let r = self.replica;
-            e.run(|en, out| en.on_replica_lost(r, out));
+            if corrupt {
+                e.run(|en, out| en.on_replica_corrupt(r, out));
+            } else {
+                e.run(|en, out| en.on_replica_lost(r, out));
+            }
         }
     }
 }

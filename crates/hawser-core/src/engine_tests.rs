@@ -114,6 +114,24 @@ fn failed_replica_is_outdated_before_the_ack() {
 }
 
 #[test]
+fn a_corrupt_frame_fails_the_replica() {
+    let (mut e, s) = one_write_on_two_replicas();
+    let mut out = vec![];
+    e.on_reply(s[0].1, Ok(None), &mut out);
+    e.on_replica_corrupt(R1, &mut out);
+    assert!(out.contains(&outdate(R1, true)), "{out:?}");
+    assert!(
+        completions(&out).is_empty(),
+        "acked before the replica is out of the store's in-sync set"
+    );
+    out.clear();
+    e.on_outdate_done(R1, &mut out);
+    assert_eq!(completions(&out), vec![(1, Ok(None))]);
+    assert_eq!(e.membership(R1), Membership::Failed);
+    assert!(!e.wants_connection(R1), "never reconnected automatically");
+}
+
+#[test]
 fn all_replicas_failing_fails_the_write_and_outdates_nobody() {
     let (mut e, s) = one_write_on_two_replicas();
     let mut out = vec![];

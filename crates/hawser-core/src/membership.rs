@@ -33,6 +33,17 @@ impl Engine {
         }
     }
 
+    /// The session with `r` delivered a corrupt frame (bad checksum or malformed): as lost,
+    /// and `r` is marked failed. Corruption on the way from a replica is not retried silently:
+    /// the replica leaves for good and an operator sees it failed in `hawser volume show`.
+    pub fn on_replica_corrupt(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        if !self.slot(r).connected {
+            return;
+        }
+        self.slot_mut(r).failed = true;
+        self.on_replica_lost(r, out);
+    }
+
     /// Whether `r` may leave the in-sync set: enough other in-sync replicas remain.
     pub(crate) fn can_leave(&self, r: ReplicaIdx) -> bool {
         let n = self.slots.len();
