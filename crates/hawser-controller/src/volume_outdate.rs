@@ -335,6 +335,7 @@ mod tests {
             reservations: Default::default(),
             node_timeout_ms: 1000,
             controller_url: "http://127.0.0.1:1".into(),
+            leadership: crate::leader::Leadership::sole(),
         });
         let report = |id: &'static str| {
             let st = st.clone();

@@ -30,6 +30,7 @@ impl Env {
         let args = ControllerArgs {
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().to_path_buf(),
+            store: None,
             node_timeout_secs: 60,
             advertise_url: None,
         };
