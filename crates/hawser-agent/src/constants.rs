@@ -44,3 +44,7 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Default resync rate limit per engine, bytes per second (`HAWSER_RESYNC_RATE` overrides;
 /// 0 means unlimited).
 pub const DEFAULT_RESYNC_RATE: u64 = 200 * 1024 * 1024;
+/// An extent leaves the activity log once unused for this many engine ticks (and flushed):
+/// long enough that a working set stays in the log (each entry costs a journal commit on the
+/// write path), short enough that recovery after a crash compares little.
+pub const ACTIVITY_IDLE_TICKS: u64 = 10;

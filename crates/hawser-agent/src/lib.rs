@@ -2,6 +2,7 @@
 //! them to engines on other nodes (replica server), runs the engine of every volume attached on
 //! this node and exports those volumes over NBD.
 
+pub mod activity;
 pub mod admin_api;
 pub mod agent;
 pub mod block;
@@ -16,6 +17,8 @@ pub mod nbd_server;
 pub mod nbd_transmission;
 pub mod node_storage;
 pub mod rate_limit;
+pub mod recovery;
+pub mod replica_access;
 pub mod replica_client;
 pub mod replica_server;
 pub mod volume_engine;

@@ -13,19 +13,28 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use hawser_api::agent::{EngineReplicaStatus, EngineStatus, StartEngine};
-use hawser_api::controller::ReplicaState;
+use hawser_api::agent::{EngineReplicaStatus, EngineStatus, RecoveryReport, StartEngine};
+use hawser_api::controller::{QuorumLoss, ReplicaState};
 use hawser_core::{
-    ClientOp, Command, Engine, EngineConfig, Initial, IoError, Membership, ReplicaFailure,
-    ReplicaIdx, ReplicaResult, ReplicaSpec, SubId, Tag,
+    ClientOp, Command, Engine, EngineConfig, Initial, IoError, Membership, NoQuorum,
+    ReplicaFailure, ReplicaIdx, ReplicaResult, ReplicaSpec, SubId, Tag,
 };
 use hawser_storage::{Replica, ReplicaIoError};
+use hawser_wire::journal::ACTIVITY_EXTENT_BYTES;
 use tokio::sync::{oneshot, Semaphore};
 
+use crate::activity::ActivityLog;
+use crate::recovery::{self, Plan};
+use crate::replica_access::Access;
+use journal::JournalState;
+
 use crate::block::BlockDevice;
+mod journal;
+
 use crate::constants::{
-    BACKGROUND_FLUSH_INTERVAL, DEFAULT_RESYNC_RATE, ENGINE_MAX_INFLIGHT, ENGINE_STOP_FLUSH_TIMEOUT,
-    ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
+    ACTIVITY_IDLE_TICKS, BACKGROUND_FLUSH_INTERVAL, DEFAULT_RESYNC_RATE, ENGINE_MAX_INFLIGHT,
+    ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX,
+    RECONNECT_BACKOFF_MIN,
 };
 use crate::controller_link::{ControllerLink, OutdateOutcome};
 use crate::io_pool;
@@ -63,6 +72,7 @@ pub struct VolumeEngine {
     /// Fixed for the engine's life; read on every request, so kept outside the lock.
     size: u64,
     epoch: u64,
+    chunk_bytes: u64,
     replica_ids: Vec<String>,
     handles: Vec<Handle>,
     inner: Mutex<Inner>,
@@ -71,10 +81,21 @@ pub struct VolumeEngine {
     fenced: AtomicBool,
     /// Local replica requests in flight (inline or on the I/O pool).
     local_inflight: AtomicUsize,
+    /// Generation of the local replica's session: raised when the engine disconnects it.
+    local_gen: AtomicU64,
     reconnect: Mutex<Vec<Reconnect>>,
     last_flush: Mutex<Instant>,
     resync_rate: Option<Arc<RateLimiter>>,
     stopped: AtomicBool,
+    /// The activity log (see `activity.rs` and `journal.rs`).
+    activity: Mutex<ActivityLog>,
+    journal: tokio::sync::Mutex<JournalState>,
+    /// Bumped after every journal commit (requests waiting for the log watch it).
+    commits: tokio::sync::watch::Sender<u64>,
+    committing: AtomicBool,
+    /// Per replica, the membership and dirty bytes the last commit saw.
+    out_sig: Mutex<Vec<(Membership, u64)>>,
+    recovery: Mutex<Option<RecoveryReport>>,
     /// Tasks are spawned here: commands may be carried out on I/O pool threads, outside the
     /// runtime.
     rt: tokio::runtime::Handle,
@@ -121,14 +142,22 @@ impl VolumeEngine {
             specs.push(ReplicaSpec { local, initial });
         }
         let n = req.replicas.len();
+        let cfg = EngineConfig {
+            no_quorum: match req.on_quorum_loss {
+                QuorumLoss::Suspend => NoQuorum::Suspend,
+                QuorumLoss::Fail => NoQuorum::Fail,
+            },
+            ..EngineConfig::default()
+        };
         let ve = Arc::new_cyclic(|me| VolumeEngine {
             volume: req.volume.clone(),
             size: req.size_bytes,
             epoch: req.epoch,
+            chunk_bytes: cfg.chunk_bytes,
             replica_ids: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
             handles,
             inner: Mutex::new(Inner {
-                engine: Engine::with_config(req.size_bytes, &specs, EngineConfig::default()),
+                engine: Engine::with_config(req.size_bytes, &specs, cfg),
                 waiters: HashMap::new(),
                 next_tag: 1,
             }),
@@ -136,6 +165,7 @@ impl VolumeEngine {
             controller: ControllerLink::new(&req.controller_url),
             fenced: AtomicBool::new(false),
             local_inflight: AtomicUsize::new(0),
+            local_gen: AtomicU64::new(0),
             reconnect: Mutex::new(
                 (0..n)
                     .map(|_| Reconnect {
@@ -148,6 +178,12 @@ impl VolumeEngine {
             last_flush: Mutex::new(Instant::now()),
             resync_rate: resync_rate_limiter(),
             stopped: AtomicBool::new(false),
+            activity: Mutex::new(ActivityLog::new(req.size_bytes, ACTIVITY_EXTENT_BYTES)),
+            journal: tokio::sync::Mutex::new(JournalState::default()),
+            commits: tokio::sync::watch::Sender::new(0),
+            committing: AtomicBool::new(false),
+            out_sig: Mutex::new(Vec::new()),
+            recovery: Mutex::new(None),
             rt: tokio::runtime::Handle::current(),
             me: me.clone(),
         });
@@ -166,11 +202,93 @@ impl VolumeEngine {
                 }
             }
         }
-        for idx in unreachable {
-            ve.run(|e, out| e.on_replica_lost(idx, out));
-        }
+        ve.recover(req, &specs, cfg, &unreachable).await?;
         ve.rt.spawn(maintenance(Arc::downgrade(&ve)));
         Ok(ve)
+    }
+
+    /// Crash recovery (see `recovery.rs`) before any I/O: reconcile the reachable in-sync
+    /// replicas over the previous engine's activity logs, work out what the others lack, then
+    /// commit this engine's first journal.
+    async fn recover(
+        &self,
+        req: &StartEngine,
+        specs: &[ReplicaSpec],
+        cfg: EngineConfig,
+        unreachable: &[ReplicaIdx],
+    ) -> anyhow::Result<()> {
+        let mut reach: Vec<Access> = Vec::new();
+        for (i, r) in req.replicas.iter().enumerate() {
+            if r.state != ReplicaState::InSync || unreachable.contains(&Self::idx(i)) {
+                continue;
+            }
+            let Some(a) = self.access(i) else { continue };
+            // The local replica is the source when it can be: its reads are the cheapest.
+            if matches!(a, Access::Local(_)) {
+                reach.insert(0, a);
+            } else {
+                reach.push(a);
+            }
+        }
+        if reach.is_empty() {
+            anyhow::bail!(
+                "no in-sync replica of volume {} is reachable; attach again when one is back",
+                req.volume
+            );
+        }
+        let mut journals = Vec::new();
+        for a in &reach {
+            match a.get_journal(self.epoch).await {
+                Ok(j) => journals.push(j),
+                Err(e) if e.is_stale_epoch() => anyhow::bail!("fenced: {e}"),
+                Err(e) => anyhow::bail!("crash recovery: {e}"),
+            }
+        }
+        let ids: Vec<&str> = reach.iter().map(Access::id).collect();
+        let plan = Plan::new(self.epoch, self.size, cfg.chunk_bytes, journals, &ids);
+        let started = Instant::now();
+        let done = recovery::reconcile(self.epoch, &reach, &plan)
+            .await
+            .map_err(|e| anyhow::anyhow!("crash recovery: {e}"))?;
+        let report = RecoveryReport {
+            replicas: u32::try_from(reach.len()).unwrap_or(u32::MAX),
+            compared_bytes: done.compared_bytes,
+            copied_bytes: done.copied_bytes,
+            millis: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        };
+        tracing::info!(volume = %self.volume, ?report, "crash recovery done");
+        *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+        let specs: Vec<ReplicaSpec> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| match spec.initial {
+                Initial::Outdated { .. } => ReplicaSpec {
+                    local: spec.local,
+                    initial: Initial::Outdated {
+                        dirty: plan.outdated_dirty(&self.replica_ids[i]),
+                    },
+                },
+                _ => spec.clone(),
+            })
+            .collect();
+        {
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            inner.engine = Engine::with_config(self.size, &specs, cfg);
+            for &idx in unreachable {
+                let suspect = plan.suspect_for(&self.replica_ids[usize::from(idx.0)]);
+                inner.engine.add_dirty(idx, &suspect);
+            }
+        }
+        {
+            let mut js = self.journal.lock().await;
+            js.seq = plan.next_seq - 1;
+            js.first_seq = plan.next_seq;
+        }
+        for &idx in unreachable {
+            self.run(|e, out| e.on_replica_lost(idx, out));
+        }
+        self.commit(0).await;
+        Ok(())
     }
 
     /// Open a new session with remote replica `idx` (Hello) and install it.
@@ -197,14 +315,7 @@ impl VolumeEngine {
     /// Reconnect a replica the engine wants back, and tell the engine.
     async fn reconnect(self: Arc<Self>, idx: ReplicaIdx) {
         let ok = match &self.handles[usize::from(idx.0)] {
-            Handle::Local(r) => {
-                if r.is_failed() {
-                    false
-                } else {
-                    self.run(|e, out| e.on_replica_connected(idx, false, out));
-                    true
-                }
-            }
+            Handle::Local(r) => !r.is_failed() && self.join(usize::from(idx.0), false).await,
             Handle::Remote { boot, .. } => {
                 let before = *boot.lock().unwrap_or_else(|p| p.into_inner());
                 match self.connect_remote(idx).await {
@@ -212,8 +323,14 @@ impl VolumeEngine {
                         let after = *boot.lock().unwrap_or_else(|p| p.into_inner());
                         let rebooted = before.is_none() || before != after;
                         tracing::info!(volume = %self.volume, replica = %self.replica_ids[usize::from(idx.0)], rebooted, "replica reconnected");
-                        self.run(|e, out| e.on_replica_connected(idx, rebooted, out));
-                        true
+                        let joined = self.join(usize::from(idx.0), rebooted).await;
+                        if !joined {
+                            if let Some(c) = self.client(idx) {
+                                self.set_client(idx, None);
+                                c.close();
+                            }
+                        }
+                        joined
                     }
                     Err(e) if e.is_stale_epoch() => {
                         self.run(|e, out| e.on_fenced(out));
@@ -249,6 +366,14 @@ impl VolumeEngine {
                 .collect();
             (wanted, e.wants_flush())
         };
+        let evict = {
+            let mut al = self.activity.lock().unwrap_or_else(|p| p.into_inner());
+            al.advance();
+            al.wants_commit(ACTIVITY_IDLE_TICKS)
+        };
+        if evict || self.out_changed() {
+            self.kick_commit(ACTIVITY_IDLE_TICKS);
+        }
         let now = Instant::now();
         for idx in wanted {
             let mut rc = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
@@ -290,7 +415,7 @@ impl VolumeEngine {
     fn current_gen(&self, idx: ReplicaIdx) -> u64 {
         match &self.handles[usize::from(idx.0)] {
             Handle::Remote { gen, .. } => gen.load(Ordering::Acquire),
-            Handle::Local(_) => 0,
+            Handle::Local(_) => self.local_gen.load(Ordering::Acquire),
         }
     }
 
@@ -319,6 +444,13 @@ impl VolumeEngine {
                     }
                 })
                 .collect(),
+            recovery: *self.recovery.lock().unwrap_or_else(|p| p.into_inner()),
+            active_extents: self
+                .activity
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .active()
+                .len() as u64,
         }
     }
 
@@ -369,9 +501,10 @@ impl VolumeEngine {
             } => match (&self.resync_rate, background, self.me.upgrade()) {
                 (Some(limit), true, Some(me)) => {
                     let (limit, bytes) = (limit.clone(), op_bytes(&op));
+                    let gen = self.current_gen(replica);
                     self.rt.spawn(async move {
                         limit.acquire(bytes).await;
-                        me.send(replica, sub, op, false);
+                        me.send_if_current(replica, gen, sub, op);
                     });
                 }
                 _ => self.send(replica, sub, op, quiet && !background),
@@ -384,6 +517,26 @@ impl VolumeEngine {
                 tracing::error!(volume = %self.volume, epoch = self.epoch, "engine fenced by a newer epoch; failing all I/O");
             }
             Command::Complete { .. } => unreachable!("completions are handled under the lock"),
+        }
+    }
+
+    /// Send a resync request that waited for the rate limiter, unless the replica's session
+    /// changed meanwhile (`gen`: the session it was meant for). The engine already counted
+    /// such a request lost with its session; sent now, a copy's stale data would land on the
+    /// new session, possibly after newer writes to the same chunks.
+    fn send_if_current(&self, replica: ReplicaIdx, gen: u64, sub: SubId, op: ClientOp) {
+        let local = matches!(self.handles[usize::from(replica.0)], Handle::Local(_));
+        if local {
+            // Counted across the check, so a local disconnect waits for it (see `disconnect`).
+            self.local_inflight.fetch_add(1, Ordering::AcqRel);
+        }
+        if self.current_gen(replica) == gen {
+            self.send(replica, sub, op, false);
+        } else {
+            tracing::debug!(volume = %self.volume, sub, "resync send for a closed session dropped");
+        }
+        if local {
+            self.local_inflight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -472,6 +625,8 @@ impl VolumeEngine {
                 }
             }
             Handle::Local(_) => {
+                // Resync sends still waiting for the rate limiter are dropped from now on.
+                self.local_gen.fetch_add(1, Ordering::AcqRel);
                 let Some(me) = self.me.upgrade() else { return };
                 self.rt.spawn(async move {
                     // Local requests already running finish first, so none lands after a
@@ -485,7 +640,37 @@ impl VolumeEngine {
         }
     }
 
+    /// A client request, under the activity log's rules: a modifying one waits until its
+    /// extents are in the committed log; a successful flush lets extents leave it.
     async fn submit(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
+        if let Some((offset, len)) = op.write_range() {
+            self.admit(offset, len).await?;
+            let result = self.submit_engine(op).await;
+            self.activity
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .end(offset, len);
+            return result;
+        }
+        if matches!(op, ClientOp::Flush) {
+            let mark = self
+                .activity
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .flush_mark();
+            let result = self.submit_engine(op).await;
+            if result.is_ok() {
+                self.activity
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .flush_done(mark);
+            }
+            return result;
+        }
+        self.submit_engine(op).await
+    }
+
+    async fn submit_engine(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
         let _permit = self
             .inflight
             .acquire()
@@ -509,7 +694,8 @@ impl VolumeEngine {
         // acknowledged (it waits for an outdate); shutting down then fails it instead, which
         // acknowledges nothing that is not safe.
         match tokio::time::timeout(ENGINE_STOP_FLUSH_TIMEOUT, self.submit(ClientOp::Flush)).await {
-            Ok(Ok(_)) => {}
+            // Everything is flushed: an empty log lets the next attach skip recovery.
+            Ok(Ok(_)) => self.commit(0).await,
             Ok(Err(e)) => tracing::warn!(volume = %self.volume, error = %e, "final flush failed"),
             Err(_) => tracing::error!(
                 volume = %self.volume,
@@ -517,6 +703,7 @@ impl VolumeEngine {
             ),
         }
         self.stopped.store(true, Ordering::Release);
+        self.commits.send_modify(|c| *c += 1); // wakes requests waiting for the log
         self.controller.stop();
         self.run(|e, out| e.shutdown(out));
         for i in 0..self.handles.len() {
@@ -679,5 +866,76 @@ fn failure_of(e: ReplicaIoError) -> ReplicaFailure {
         ReplicaIoError::OutOfRange | ReplicaIoError::Io { .. } | ReplicaIoError::Failed => {
             ReplicaFailure::Io
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_api::agent::EngineReplica;
+    use hawser_storage::{NewReplica, Pool};
+
+    const SIZE: u64 = 1 << 20;
+
+    fn write(byte: u8) -> ClientOp {
+        ClientOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![byte; 4096]),
+            fua: false,
+        }
+    }
+
+    async fn local_idle(ve: &VolumeEngine) {
+        while ve.local_inflight.load(Ordering::Acquire) > 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Sim bug 7: a rate-limited resync send that waited while its replica's session was
+    /// closed must not land (the engine counted it lost; newer writes may follow).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queued_resync_send_for_a_closed_session_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("hawser-ve-gen-{}", std::process::id()));
+        let cfg = crate::agent::parse_pool(&format!("default={}", dir.display())).expect("pool");
+        let storage = NodeStorage::new("a".into(), vec![Pool::open(cfg).expect("open pool")]);
+        let new = NewReplica {
+            id: "vol-a".into(),
+            volume: "vol".into(),
+            size: SIZE,
+            thin: true,
+        };
+        let replica = storage.create("default", &new).expect("create replica");
+        let req = StartEngine {
+            volume: "vol".into(),
+            size_bytes: SIZE,
+            epoch: 1,
+            replicas: vec![EngineReplica {
+                replica_id: "vol-a".into(),
+                node: "a".into(),
+                replica_addr: String::new(),
+                state: ReplicaState::InSync,
+            }],
+            controller_url: "http://127.0.0.1:9".into(),
+            on_quorum_loss: Default::default(),
+        };
+        let ve = VolumeEngine::start(&req, "a", &storage)
+            .await
+            .expect("start engine");
+        let r = ReplicaIdx(0);
+        let gen = ve.current_gen(r);
+        ve.send_if_current(r, gen, 1 << 40, write(1));
+        local_idle(&ve).await;
+        assert_eq!(replica.read(1, 0, 4096).expect("read")[0], 1);
+        // The engine closes the session; a send queued for it arrives after.
+        ve.disconnect(r);
+        ve.send_if_current(r, gen, (1 << 40) + 1, write(2));
+        local_idle(&ve).await;
+        assert_eq!(
+            replica.read(1, 0, 4096).expect("read")[0],
+            1,
+            "a resync write for a closed session landed"
+        );
+        ve.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -66,6 +66,8 @@ pub struct StartEngine {
     pub replicas: Vec<EngineReplica>,
     /// Where the engine reports a lost replica (`POST .../outdate`).
     pub controller_url: String,
+    #[serde(default)]
+    pub on_quorum_loss: crate::controller::QuorumLoss,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +80,23 @@ pub struct EngineStatus {
     pub in_sync: Vec<String>,
     #[serde(default)]
     pub replicas: Vec<EngineReplicaStatus>,
+    /// What crash recovery did when this engine started.
+    #[serde(default)]
+    pub recovery: Option<RecoveryReport>,
+    /// Extents (4 MiB) in the activity log now: what recovery would compare after a crash.
+    #[serde(default)]
+    pub active_extents: u64,
+}
+
+/// Crash recovery at engine start: the in-sync replicas compared over the previous engine's
+/// activity logs, and the bytes copied to make them equal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryReport {
+    pub replicas: u32,
+    pub compared_bytes: u64,
+    pub copied_bytes: u64,
+    pub millis: u64,
 }
 
 /// How the engine sees one replica.

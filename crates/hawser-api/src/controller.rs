@@ -201,6 +201,23 @@ pub struct CreateVolume {
     /// replicas go elsewhere. It must be a registered node, so a typo is an error.
     #[serde(default)]
     pub prefer_node: Option<String>,
+    /// What writes do when too few replicas are left to form a quorum.
+    #[serde(default)]
+    pub on_quorum_loss: QuorumLoss,
+}
+
+/// What a volume's writes do while too few of its replicas are in sync to form a quorum
+/// (fewer than a majority, or exactly half without the store's tie-break).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuorumLoss {
+    /// Writes a lost replica missed wait (no error, no acknowledgement) until a replica
+    /// returns; I/O resumes by itself.
+    #[default]
+    Suspend,
+    /// Writes a lost replica missed fail with EIO at once; the replicas never diverge either
+    /// way (their ranges are resynced when the replica returns).
+    Fail,
 }
 
 /// How a volume's replicas spread over the nodes' `zone` labels.
@@ -289,6 +306,22 @@ pub struct Volume {
     pub nbd_unix_uri: Option<String>,
     #[serde(default)]
     pub placement: VolumePlacement,
+    #[serde(default)]
+    pub on_quorum_loss: QuorumLoss,
+    /// The attached engine's live view (best effort: absent when its agent does not answer).
+    #[serde(default)]
+    pub engine: Option<VolumeEngineView>,
+}
+
+/// What the attached engine reports about itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeEngineView {
+    pub epoch: u64,
+    /// Crash recovery when it started.
+    pub recovery: Option<crate::agent::RecoveryReport>,
+    /// Extents (4 MiB) in its activity log now.
+    pub active_extents: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -78,6 +78,11 @@ async fn add_engine_view(st: &AppState, rec: &VolumeRecord, v: &mut Volume) {
     let Some(engine) = status.engines.into_iter().find(|e| e.volume == rec.name) else {
         return;
     };
+    v.engine = Some(hawser_api::controller::VolumeEngineView {
+        epoch: engine.epoch,
+        recovery: engine.recovery,
+        active_extents: engine.active_extents,
+    });
     for r in &mut v.replicas {
         r.engine = engine
             .replicas

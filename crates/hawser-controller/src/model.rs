@@ -5,8 +5,8 @@
 //! newer one wrote after a rollback.
 
 use hawser_api::controller::{
-    Labels, Node, NodeState, PoolInfo, Replica, ReplicaState, Volume, VolumePlacement, VolumeState,
-    ZONE_LABEL,
+    Labels, Node, NodeState, PoolInfo, QuorumLoss, Replica, ReplicaState, Volume, VolumePlacement,
+    VolumeState, ZONE_LABEL,
 };
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +92,9 @@ pub struct VolumeRecord {
     /// zones or a pool selector, as the default says.
     #[serde(default)]
     pub placement: VolumePlacement,
+    /// Absent in older records: the default (suspend).
+    #[serde(default)]
+    pub on_quorum_loss: QuorumLoss,
 }
 
 impl VolumeRecord {
@@ -128,6 +131,8 @@ impl VolumeRecord {
             nbd_uri,
             nbd_unix_uri,
             placement: self.placement.clone(),
+            on_quorum_loss: self.on_quorum_loss,
+            engine: None,
         }
     }
 }

@@ -56,6 +56,7 @@ pub async fn attach_volume(
         epoch: rec.epoch,
         replicas: engine_replicas(&rec, &nodes)?,
         controller_url: st.engine_controller_urls().await,
+        on_quorum_loss: rec.on_quorum_loss,
     };
     if let Err(source) = st.agents.start_engine(&node.admin_addr, &start).await {
         let err = ControllerError::Agent {
@@ -82,6 +83,7 @@ async fn ensure_engine(
         epoch: rec.epoch,
         replicas: engine_replicas(rec, nodes)?,
         controller_url: st.engine_controller_urls().await,
+        on_quorum_loss: rec.on_quorum_loss,
     };
     st.agents
         .start_engine(&node.admin_addr, &start)

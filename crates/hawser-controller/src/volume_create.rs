@@ -41,6 +41,7 @@ pub async fn create_volume(
         attached_node: None,
         replicas,
         placement,
+        on_quorum_loss: req.on_quorum_loss,
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which `volume delete` cleans up.

@@ -162,6 +162,7 @@ mod tests {
                 })
                 .collect(),
             placement: Default::default(),
+            on_quorum_loss: Default::default(),
         }
     }
 

@@ -383,3 +383,28 @@ async fn detach_from_an_offline_unreachable_node_proceeds() {
     );
     assert_eq!(v["epoch"], 1);
 }
+
+#[tokio::test]
+async fn quorum_loss_policy_is_stored_and_given_to_the_engine() {
+    let c = Cluster::start(3).await;
+    let (status, v) = c.create("dflt", GIB, 3).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["on_quorum_loss"], "suspend", "the default");
+    let body =
+        json!({"name": "failing", "size_bytes": GIB, "replicas": 3, "on_quorum_loss": "fail"});
+    let (status, v) = c.post("/v1/volumes", body).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["on_quorum_loss"], "fail");
+    let body = json!({"name": "bad", "size_bytes": GIB, "replicas": 3, "on_quorum_loss": "maybe"});
+    let (status, v) = c.post("/v1/volumes", body).await;
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = c
+        .post("/v1/volumes/failing/attach", json!({"node": "n1"}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let engine = c.agent("n1").engine("failing").unwrap();
+    assert_eq!(
+        engine.on_quorum_loss,
+        hawser_api::controller::QuorumLoss::Fail
+    );
+}

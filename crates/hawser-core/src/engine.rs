@@ -14,7 +14,8 @@
 //! - Every replica not receiving writes has a dirty bitmap of the chunks it lacks. When it
 //!   reconnects it becomes `Syncing`: it receives new writes, and the engine copies its dirty
 //!   chunks from an in-sync replica (`resync.rs`), then makes it in-sync again through the
-//!   control plane.
+//!   control plane. If none is in sync, a returning replica that the store never stopped
+//!   calling in-sync becomes the source instead (`Engine::promote` in `resync.rs`).
 //! - When every replica fails a request, it fails with their error and no replica is outdated
 //!   (no replica has anything the others lack).
 //! - Reads go to the local in-sync replica when there is one, else to another in-sync one; a
@@ -27,13 +28,13 @@ use std::collections::{BTreeSet, HashMap};
 use crate::bitmap::ChunkMap;
 use crate::constants::{
     DEFAULT_CHUNK_BYTES, DEFAULT_RESYNC_PARALLEL, DEFAULT_RESYNC_UNIT_BYTES, INTERNAL_TAG_BASE,
-    MAX_REPLICAS,
+    MAX_REPLICAS, UNFLUSHED_COMPACT_AT,
 };
 use crate::io_error::IoError;
 use crate::range_lock::{span, RangeLock};
 use crate::resync::Copy;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId, Tag};
-use crate::unflushed::Unflushed;
+use crate::unflushed::{compact, Unflushed};
 
 /// A replica's membership as this engine sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,14 +145,31 @@ pub(crate) struct Slot {
     pub store_in_sync: bool,
     /// The driver has a live session with it.
     pub connected: bool,
+    /// Sessions opened with it so far (counts `on_replica_connected`): a request remembers
+    /// the one it was sent on, so a failure from an older session is not held against a newer.
+    pub session: u64,
+    /// `Command::Disconnect` was sent for the current session (sent once per session).
+    pub disconnecting: bool,
+    /// It came back with its node rebooted and chunks it had not made durable, and has not
+    /// been resynced since: it may lack acknowledged writes, so it is never promoted to
+    /// resync source (`promote`).
+    pub reboot_lost: bool,
     /// A disk error was seen: it leaves as failed and is never resynced.
     pub failed: bool,
     /// Lost while `Marking`: decided when the store answers.
     pub lost_while_marking: bool,
-    /// Chunks it may lack (always empty while `InSync`).
+    /// Chunks it may lack. While `InSync`, only ranges of requests it failed: if another
+    /// replica succeeded it leaves at once; if every replica failed, the bits stay (harmless:
+    /// they are copied if it ever leaves and returns).
     pub dirty: ChunkMap,
-    /// Chunks that were not yet durable when it was lost (copied if its node rebooted).
+    /// Chunks written to it that it may not have made durable: what was unflushed when it
+    /// left, plus writes it answered after it left. Kept across a rejoin (its node can still
+    /// lose power before it flushes), dropped only when a flush sent to it after it rejoined
+    /// succeeds, and copied if it comes back with its node rebooted.
     pub unflushed_at_loss: Vec<(u64, u64)>,
+    /// Ranges taken from `unflushed_at_loss` by flushes in flight to it, by sub-request: a
+    /// success drops them, a failure puts them back.
+    pub unflushed_flushing: Vec<(SubId, Vec<(u64, u64)>)>,
     /// Resync copies in flight to it, and the final resync flush.
     pub copies: u32,
     pub sync_flushing: bool,
@@ -189,6 +207,10 @@ pub(crate) struct Pending {
     /// Replicas that failed it, and those of them with a disk error.
     pub failed: Set,
     pub io_failed: Set,
+    /// Replicas whose failure of it has been acted on (they left, or were skipped).
+    pub handled: Set,
+    /// The session of each replica it was sent to, when it was sent.
+    pub sessions: [u64; MAX_REPLICAS],
     /// Worst failure seen, for the error when every replica failed.
     pub failure: Option<ReplicaFailure>,
     /// Reads: replicas already tried.
@@ -197,6 +219,8 @@ pub(crate) struct Pending {
     pub data: Option<bytes::Bytes>,
     /// Parked: replicas that missed it and still have to be resolved (outdated or resynced).
     pub missed: Option<Set>,
+    /// A replica that did not get it was promoted to resync source (`promote`): it fails.
+    pub doomed: bool,
 }
 
 /// What waits in the range lock: a client request or a resync copy.
@@ -220,6 +244,9 @@ pub struct Engine {
     pub(crate) next_internal: Tag,
     pub(crate) unflushed: Unflushed,
     pub(crate) fenced: bool,
+    /// Replicas promoted to resync source so far (`promote`): a copy read before the latest
+    /// promotion carries the old reference's data and clears no dirty bit.
+    pub(crate) promotions: u64,
 }
 
 impl Engine {
@@ -260,10 +287,14 @@ impl Engine {
                     membership,
                     store_in_sync: membership == Membership::InSync,
                     connected: membership == Membership::InSync,
+                    session: 0,
+                    disconnecting: false,
+                    reboot_lost: false,
                     failed: membership == Membership::Failed,
                     lost_while_marking: false,
                     dirty,
                     unflushed_at_loss: Vec::new(),
+                    unflushed_flushing: Vec::new(),
                     copies: 0,
                     sync_flushing: false,
                     cursor: 0,
@@ -284,6 +315,7 @@ impl Engine {
             next_internal: INTERNAL_TAG_BASE,
             unflushed: Unflushed::default(),
             fenced: false,
+            promotions: 0,
         }
     }
 
@@ -384,15 +416,16 @@ impl Engine {
     /// Replicas that receive modifying requests and flushes.
     fn receivers(&self) -> Vec<ReplicaIdx> {
         self.indices()
-            .filter(|&r| {
-                let s = self.slot(r);
-                s.connected
-                    && matches!(
-                        s.membership,
-                        Membership::InSync | Membership::Syncing | Membership::Marking
-                    )
-            })
+            .filter(|&r| self.slot(r).connected && self.receives(r))
             .collect()
+    }
+
+    /// Whether `r`'s membership is one that receives writes and flushes (when connected).
+    pub(crate) fn receives(&self, r: ReplicaIdx) -> bool {
+        matches!(
+            self.membership(r),
+            Membership::InSync | Membership::Syncing | Membership::Marking
+        )
     }
 
     /// Whether the store may list `r` as in-sync, so that a write it lacks cannot be
@@ -461,10 +494,13 @@ impl Engine {
             sent: Set::default(),
             failed: Set::default(),
             io_failed: Set::default(),
+            handled: Set::default(),
+            sessions: [0; MAX_REPLICAS],
             failure: None,
             tried: Set::default(),
             data: None,
             missed: None,
+            doomed: false,
         };
         match &p.op {
             ClientOp::Read { .. } => match self.pick_reader(p.tried) {
@@ -509,8 +545,11 @@ impl Engine {
         let sub = self.new_sub(tag, r);
         p.outstanding += 1;
         p.sent.add(r);
-        if matches!(p.op, ClientOp::Read { .. }) {
-            p.tried.add(r);
+        p.sessions[usize::from(r.0)] = self.slot(r).session;
+        match p.op {
+            ClientOp::Read { .. } => p.tried.add(r),
+            ClientOp::Flush => self.flush_sent(r, sub),
+            _ => {}
         }
         out.push(Command::Send {
             replica: r,
@@ -527,11 +566,13 @@ impl Engine {
         sub
     }
 
-    /// Local in-sync replica first, then the lowest-numbered in-sync one not yet tried.
+    /// Local in-sync replica first, then the lowest-numbered in-sync one not yet tried. Not
+    /// one whose session is gone (while its loss is being processed it is still `InSync`).
     pub(crate) fn pick_reader(&self, tried: Set) -> Option<ReplicaIdx> {
         let candidates = || {
-            self.indices()
-                .filter(move |&r| self.membership(r) == Membership::InSync && !tried.has(r))
+            self.indices().filter(move |&r| {
+                self.membership(r) == Membership::InSync && self.slot(r).connected && !tried.has(r)
+            })
         };
         candidates()
             .find(|&r| self.slot(r).local)
@@ -543,6 +584,7 @@ impl Engine {
         let Some((tag, r)) = self.subs.remove(&sub) else {
             return;
         };
+        self.flush_answered(r, sub, result.is_ok());
         if result == Err(ReplicaFailure::StaleEpoch) {
             self.fence(out);
             return;
@@ -567,6 +609,14 @@ impl Engine {
                 if let Some((offset, len)) = p.op.write_range() {
                     let (first, end) = self.slots[0].dirty.chunk_span(offset, len);
                     self.unflushed.wrote(first, end);
+                    // Answered after `r` left: no flush that `unflushed` tracks reaches it.
+                    if !self.receives(r) {
+                        let lost = &mut self.slot_mut(r).unflushed_at_loss;
+                        lost.push((first, end));
+                        if lost.len() >= UNFLUSHED_COMPACT_AT {
+                            compact(lost);
+                        }
+                    }
                 }
                 if p.data.is_none() {
                     p.data = data;
@@ -580,6 +630,12 @@ impl Engine {
                     p.io_failed.add(r);
                 }
                 let is_read = matches!(p.op, ClientOp::Read { .. });
+                // It may lack this write (or hold part of it) from now on: marked now, before
+                // it can be lost, come back and be resynced without this range. Also when
+                // every replica fails it (the lost ones may hold it, the others not).
+                if let Some((offset, len)) = p.op.write_range() {
+                    self.slot_mut(r).dirty.set_bytes(offset, len);
+                }
                 self.pending.insert(tag, p);
                 if is_read {
                     // Another replica can serve it: this one leaves (a disk error marks it
@@ -589,7 +645,30 @@ impl Engine {
                 }
             }
         }
+        self.act_on_failures(tag, out);
         self.try_finish(tag, out);
+    }
+
+    /// Once some replica succeeded a modifying request or flush, every replica that failed it
+    /// lacks something the others have: it leaves (outdated, failed on a disk error, or
+    /// `Down`), at once rather than when the request completes. A replica whose session
+    /// changed since the request was sent already left for that (it was lost) and is being
+    /// resynced, with this request's range dirty: it is left alone.
+    fn act_on_failures(&mut self, tag: Tag, out: &mut Vec<Command>) {
+        let Some(p) = self.pending.get_mut(&tag) else {
+            return;
+        };
+        if matches!(p.op, ClientOp::Read { .. }) || p.succeeded.is_empty() {
+            return;
+        }
+        let todo = Set(p.failed.0 & !p.handled.0);
+        p.handled = Set(p.handled.0 | todo.0);
+        let (io_failed, sessions) = (p.io_failed, p.sessions);
+        for r in self.indices().collect::<Vec<_>>() {
+            if todo.has(r) && self.slot(r).session == sessions[usize::from(r.0)] {
+                self.leave(r, io_failed.has(r), out);
+            }
+        }
     }
 
     /// A failed read: try the next in-sync replica not yet tried, if any.
@@ -658,7 +737,9 @@ impl Engine {
         let (succeeded, failure) = (p.succeeded, p.failure);
         let is_read = matches!(p.op, ClientOp::Read { .. });
         let is_flush = matches!(p.op, ClientOp::Flush);
-        let result = if is_read {
+        let result = if p.doomed {
+            Err(IoError::Io)
+        } else if is_read {
             if succeeded.is_empty() {
                 Err(failure_to_io(failure))
             } else {
@@ -669,33 +750,23 @@ impl Engine {
             // (a full disk everywhere is the client's ENOSPC, not a reason to degrade).
             Err(failure_to_io(failure))
         } else {
-            if p.missed.is_none() {
-                // First time complete: replicas that failed it lack it; they leave.
-                let (failed, io_failed, range) = (p.failed, p.io_failed, p.op.write_range());
-                for r in self.indices().collect::<Vec<_>>() {
-                    if failed.has(r) {
-                        if let Some((offset, len)) = range {
-                            self.slot_mut(r).dirty.set_bytes(offset, len);
-                        }
-                        self.leave(r, io_failed.has(r), out);
-                    }
-                }
-            }
-            let Some(p) = self.pending.get(&tag) else {
-                return;
-            };
-            // Every replica the store may call in-sync that lacks this request must be
-            // resolved first (outdated, or resynced), unless policy says fail.
+            // Replicas that failed it have left (`act_on_failures`). Every replica the store
+            // may call in-sync that lacks this request must be resolved first (outdated, or
+            // resynced), unless policy says fail.
             let missed = match p.missed {
                 Some(m) => m,
                 None => {
-                    // A replica it was not sent to that is in sync by now was resynced after
-                    // it started; for a write that cannot be (the write's range lock keeps the
-                    // copy out), for a flush it is fine (a resync ends with a flush).
-                    let sent = p.sent;
+                    // A replica in sync by now that it was not sent to, or sent to on an
+                    // older session (which then failed), was resynced after it started. For a
+                    // write that cannot be (the write's range lock keeps the copy out, and its
+                    // range is dirty on a replica that failed it); for a flush it is fine: a
+                    // resync ends with a flush of the replica.
+                    let (sent, sessions) = (p.sent, p.sessions);
                     let mut m = Set::default();
                     for r in self.indices() {
-                        let resynced = !sent.has(r) && self.membership(r) == Membership::InSync;
+                        let session = self.slot(r).session;
+                        let resynced = self.membership(r) == Membership::InSync
+                            && (!sent.has(r) || session != sessions[usize::from(r.0)]);
                         if !succeeded.has(r) && self.blocks_ack(r) && !resynced {
                             m.add(r);
                         }

@@ -529,3 +529,234 @@ fn an_outdated_replica_at_start_is_copied_in_full_or_by_its_bitmap() {
         assert_eq!(g.resync_written[1], copied);
     }
 }
+
+// ---- regressions found by hawser-sim ----
+
+/// Sim bug 8: a replica that rejoins without a reboot keeps the chunks it had not made
+/// durable until a flush sent to it after the rejoin succeeds; a power loss before that must
+/// still recopy them, although a flush that did not reach it has completed meanwhile.
+#[test]
+fn unflushed_chunks_survive_a_rejoin_until_a_flush_reaches_the_replica() {
+    let mut g = Rig::new(2, NoQuorum::Suspend);
+    g.submit(1, write(7 * CHUNK, 1, 4096));
+    g.run();
+    g.lose(R1);
+    g.confirm();
+    // A flush that does not reach R1 retires chunk 7 everywhere else.
+    g.submit(2, ClientOp::Flush);
+    g.run();
+    assert_eq!(g.take_done(), vec![(1, Ok(None)), (2, Ok(None))]);
+    // R1 comes back (same boot) but is lost again before its resync flush is answered.
+    g.with(|e, out| e.on_replica_connected(R1, false, out));
+    assert_eq!(g.e.membership(R1), Membership::Syncing);
+    g.lose(R1);
+    g.confirm();
+    // Its node had rebooted meanwhile: chunk 7 may be gone from it.
+    g.reconnect(R1, true);
+    assert_eq!(
+        g.e.dirty(R1).runs(),
+        vec![(7, 8)],
+        "unflushed chunk forgotten"
+    );
+    g.run();
+    g.confirm();
+    assert_eq!(g.e.membership(R1), Membership::InSync);
+    // Its resync flush covered chunk 7: another reboot recopies nothing of it.
+    g.submit(3, ClientOp::Flush);
+    g.run();
+    g.lose(R1);
+    g.confirm();
+    g.reconnect(R1, true);
+    assert!(g.e.dirty(R1).is_empty(), "{:?}", g.e.dirty(R1).runs());
+}
+
+/// Sim bug 8, second half: a write a replica answers after it left is not covered by later
+/// flushes (they no longer go to it), so it stays owed to that replica.
+#[test]
+fn a_write_answered_after_the_replica_left_is_recopied_after_a_reboot() {
+    let mut e = engine(2);
+    let mut out = vec![];
+    e.submit(1, write(0, 1, 4096), &mut out);
+    e.submit(2, write(2 * CHUNK, 2, 4096), &mut out);
+    let s = sends(&out);
+    assert_eq!(s.len(), 4);
+    out.clear();
+    e.on_reply(s[2].1, Ok(None), &mut out); // w2 ok on R0
+    e.on_reply(s[3].1, Err(ReplicaFailure::NoSpace), &mut out); // w2 fails on R1: R1 leaves
+    assert!(out.contains(&outdate(R1, false)), "{out:?}");
+    e.on_reply(s[1].1, Ok(None), &mut out); // w1 ok on R1, after it left
+    e.on_reply(s[0].1, Ok(None), &mut out); // w1 ok on R0
+    e.on_replica_lost(R1, &mut out); // the driver closed the session
+    e.on_outdate_done(R1, &mut out);
+    assert_eq!(completions(&out), vec![(1, Ok(None)), (2, Ok(None))]);
+    out.clear();
+    e.submit(3, ClientOp::Flush, &mut out);
+    let f = sends(&out);
+    assert_eq!(f.len(), 1, "the flush goes to R0 only");
+    e.on_reply(f[0].1, Ok(None), &mut out);
+    assert!(completions(&out).contains(&(3, Ok(None))));
+    e.on_replica_connected(R1, true, &mut out);
+    assert_eq!(e.dirty(R1).runs(), vec![(0, 1), (2, 3)]);
+}
+
+/// Sim bug 5: a write's failure on a replica is acted on when it is reported, and not again
+/// at the write's completion if the replica was lost and came back meanwhile: it is being
+/// resynced (with the write's range dirty) and must not be thrown out again.
+#[test]
+fn a_failure_from_an_older_session_does_not_evict_the_resyncing_replica() {
+    let mut g = Rig::new(2, NoQuorum::Suspend);
+    g.down[0] = true; // hold R0's answers
+    g.submit(1, write(3 * CHUNK, 4, 4096));
+    g.lose(R1);
+    assert_eq!(
+        g.e.dirty(R1).runs(),
+        vec![(3, 4)],
+        "dirty only at completion"
+    );
+    g.confirm();
+    g.reconnect(R1, false);
+    assert_eq!(g.e.membership(R1), Membership::Syncing);
+    g.down[0] = false;
+    g.run();
+    assert_eq!(g.take_done(), vec![(1, Ok(None))]);
+    assert_eq!(
+        g.e.membership(R1),
+        Membership::Marking,
+        "the old failure evicted the resyncing replica"
+    );
+    g.confirm();
+    assert_eq!(g.e.membership(R1), Membership::InSync);
+    assert!(g.disks[0] == g.disks[1]);
+}
+
+/// Sim: a flush that failed on a replica (lost) which came back on a new session and was
+/// resynced to in-sync before the flush completed: the resync ended with a flush of that
+/// replica, so the flush must not wait for it forever.
+#[test]
+fn a_flush_is_not_parked_on_a_replica_resynced_through_a_new_session() {
+    let mut g = Rig::new(3, NoQuorum::Suspend);
+    g.lose(R2);
+    g.confirm();
+    g.down[0] = true; // hold R0's answers
+    g.submit(1, ClientOp::Flush);
+    g.lose(R1);
+    assert_eq!(g.e.membership(R1), Membership::Down);
+    g.reconnect(R1, false);
+    g.run();
+    assert_eq!(g.e.membership(R1), Membership::InSync);
+    g.down[0] = false;
+    g.run();
+    assert_eq!(g.take_done(), vec![(1, Ok(None))], "flush parked forever");
+}
+
+/// A replica that fails several requests leaves once and gets one `Disconnect`; a repeated
+/// loss report changes nothing.
+#[test]
+fn a_replica_is_disconnected_once_per_session() {
+    let mut e = engine(3);
+    let mut out = vec![];
+    e.submit(1, write(0, 1, 4096), &mut out);
+    e.submit(2, write(2 * CHUNK, 2, 4096), &mut out);
+    let s = sends(&out);
+    out.clear();
+    for (r, sub) in s {
+        let result = if r == R0 {
+            Err(ReplicaFailure::NoSpace)
+        } else {
+            Ok(None)
+        };
+        e.on_reply(sub, result, &mut out);
+    }
+    let disconnects = out
+        .iter()
+        .filter(|c| **c == Command::Disconnect { replica: R0 })
+        .count();
+    assert_eq!(disconnects, 1, "{out:?}");
+    e.on_replica_lost(R0, &mut out);
+    out.clear();
+    e.on_replica_lost(R0, &mut out);
+    assert!(
+        out.is_empty(),
+        "a repeated loss report did something: {out:?}"
+    );
+}
+
+/// Sim bug 1: once no replica is in sync, a returning replica that the store still calls
+/// in-sync (it was `Down`) becomes the resync source: the parked write it lacks fails with
+/// EIO, its range is recopied to the others from it, and everything converges.
+#[test]
+fn with_no_replica_in_sync_a_returning_down_replica_becomes_the_source() {
+    let mut g = Rig::new(3, NoQuorum::Suspend);
+    g.lose(R1);
+    g.confirm();
+    g.submit(1, write(2 * CHUNK, 1, 4096));
+    g.run();
+    g.lose(R2);
+    assert_eq!(g.e.membership(R2), Membership::Down);
+    g.submit(2, write(4 * CHUNK, 2, 4096));
+    g.run();
+    g.lose(R0);
+    assert_eq!(g.e.in_sync(), vec![], "the last in-sync replica went down");
+    assert_eq!(g.take_done(), vec![(1, Ok(None))], "w2 waits for R2");
+    g.reconnect(R2, false);
+    g.run();
+    assert_eq!(
+        g.e.membership(R2),
+        Membership::InSync,
+        "no resync source: stuck"
+    );
+    assert_eq!(g.take_done(), vec![(2, Err(IoError::Io))]);
+    assert!(g.e.dirty(R0).is_set(4), "R0 must take R2's chunk 4");
+    g.reconnect(R0, false);
+    g.reconnect(R1, false);
+    g.run();
+    g.confirm();
+    assert_eq!(g.e.in_sync(), vec![R0, R1, R2]);
+    assert!(g.disks[0] == g.disks[2] && g.disks[1] == g.disks[2]);
+    assert_eq!(g.disks[0][(2 * CHUNK) as usize], 1);
+}
+
+/// Sim bug 1: a replica whose node rebooted and lost writes it had not flushed may lack
+/// acknowledged writes, so it is never promoted; a replica that lost nothing is.
+#[test]
+fn a_replica_that_lost_unflushed_writes_is_not_promoted() {
+    let mut g = Rig::new(3, NoQuorum::Suspend);
+    g.lose(R1);
+    g.confirm();
+    g.submit(1, write(2 * CHUNK, 1, 4096)); // acknowledged, never flushed
+    g.run();
+    g.lose(R2);
+    g.submit(2, write(4 * CHUNK, 2, 4096));
+    g.run();
+    g.lose(R0);
+    g.reconnect(R2, true);
+    g.run();
+    assert_eq!(
+        g.e.membership(R2),
+        Membership::Syncing,
+        "promoted a replica that lost w1"
+    );
+    assert!(g.take_done().contains(&(1, Ok(None))));
+    // R0 lost nothing: it becomes the source, and w2 (which it has) completes once R2 is
+    // resynced from it.
+    g.reconnect(R0, false);
+    g.run();
+    assert_eq!(g.e.membership(R0), Membership::InSync);
+    assert_eq!(g.e.membership(R2), Membership::InSync);
+    assert_eq!(g.take_done(), vec![(2, Ok(None))]);
+    assert!(g.disks[0] == g.disks[2]);
+}
+
+/// Under the suspend policy, a write that no replica can receive (none is connected) fails at
+/// once rather than waiting: nobody has it, so nothing is owed to a returning replica except
+/// its range, which is dirty on all of them.
+#[test]
+fn a_write_sent_to_no_replica_fails_at_once() {
+    let mut g = Rig::new(2, NoQuorum::Suspend);
+    g.lose(R1);
+    g.lose(R0);
+    assert_eq!(g.e.membership(R0), Membership::Down);
+    g.submit(1, write(0, 1, 4096));
+    assert_eq!(g.take_done(), vec![(1, Err(IoError::Io))]);
+    assert!(g.e.dirty(R0).is_set(0) && g.e.dirty(R1).is_set(0));
+}

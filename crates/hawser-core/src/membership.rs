@@ -5,11 +5,15 @@
 
 use crate::engine::{Engine, Membership, Quorum};
 use crate::types::{Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId};
+use crate::unflushed::compact;
 
 impl Engine {
     /// The session with replica `r` is gone: every request in flight on it fails, and it
     /// leaves the set that receives writes (outdated, or `Down` if the quorum forbids).
     pub fn on_replica_lost(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        if !self.slot(r).connected {
+            return; // a repeated report: that session is already gone
+        }
         let mut lost: Vec<SubId> = self
             .subs
             .iter()
@@ -17,7 +21,9 @@ impl Engine {
             .map(|(&s, _)| s)
             .collect();
         lost.sort_unstable();
-        self.slot_mut(r).connected = false;
+        let s = self.slot_mut(r);
+        s.connected = false;
+        s.disconnecting = false;
         for sub in lost {
             let failed: ReplicaResult = Err(ReplicaFailure::Lost);
             self.on_reply(sub, failed, out);
@@ -46,17 +52,24 @@ impl Engine {
         if self.fenced {
             return;
         }
-        let snapshot = self.unflushed.snapshot();
+        if self.receives(r) {
+            // What it may not have made durable yet; flushes from now on do not reach it.
+            let snapshot = self.unflushed.snapshot();
+            let s = self.slot_mut(r);
+            s.unflushed_at_loss.extend(snapshot);
+            compact(&mut s.unflushed_at_loss);
+        }
         let can_leave = self.can_leave(r);
         let s = self.slot_mut(r);
         s.failed |= failed;
-        let connected = s.connected;
+        // Once per session: a driver may answer each `Disconnect` with `on_replica_lost`.
+        let disconnect = s.connected && !s.disconnecting;
+        s.disconnecting |= disconnect;
         // A syncing replica the store never stopped calling in-sync leaves like an in-sync one.
         let in_sync_in_store = s.membership == Membership::InSync
             || (s.membership == Membership::Syncing && s.store_in_sync);
         match s.membership {
             _ if in_sync_in_store => {
-                s.unflushed_at_loss = snapshot;
                 if can_leave {
                     s.membership = Membership::Outdating;
                     out.push(Command::Outdate {
@@ -68,7 +81,6 @@ impl Engine {
                 }
             }
             Membership::Syncing => {
-                s.unflushed_at_loss = snapshot;
                 if s.failed {
                     s.membership = Membership::Outdating;
                     out.push(Command::Outdate {
@@ -86,11 +98,13 @@ impl Engine {
             | Membership::Outdated
             | Membership::Failed => {}
         }
-        if connected {
+        if disconnect {
             out.push(Command::Disconnect { replica: r });
         }
         // Under the fail policy, requests parked on a replica that just went down fail now.
         self.recheck_parked(out);
+        // If that was the last in-sync replica, another may have to become the source.
+        self.pump_resync(out);
     }
 
     /// The control plane confirmed `r` is out of the in-sync set (outdated, or failed).
@@ -122,9 +136,15 @@ impl Engine {
             return;
         }
         s.connected = true;
-        let lost = std::mem::take(&mut s.unflushed_at_loss);
+        s.session += 1;
+        // Flushes to its old session were all answered when it was lost.
+        debug_assert!(s.unflushed_flushing.is_empty());
+        // Until a resync has copied them back, whatever the sessions after this one.
+        s.reboot_lost |= rebooted && !s.unflushed_at_loss.is_empty();
         if rebooted {
-            for (first, end) in lost {
+            // Its node lost power: what it had not made durable is gone; copy it. Otherwise
+            // those chunks stay pending until a flush sent to it from now on succeeds.
+            for (first, end) in std::mem::take(&mut s.unflushed_at_loss) {
                 s.dirty.set_chunks(first, end);
             }
         }
@@ -147,13 +167,18 @@ impl Engine {
         if !accepted {
             s.membership = Membership::Outdated;
             s.failed = true;
-            if s.connected {
+            if s.connected && !s.disconnecting {
+                s.disconnecting = true;
                 out.push(Command::Disconnect { replica: r });
             }
+            // The store does not call it in-sync: it holds up nothing.
+            self.resolve(r, out);
+            self.pump_resync(out);
             return;
         }
         s.membership = Membership::InSync;
         s.store_in_sync = true;
+        s.reboot_lost = false;
         if std::mem::take(&mut s.lost_while_marking) {
             // It missed something after the mark was sent: out again, by the usual rule.
             let failed = s.failed;
@@ -166,7 +191,7 @@ impl Engine {
     /// `r` is in sync again (resynced): requests parked on it finish, and replicas that were
     /// `Down` for want of a quorum may now be outdated.
     pub(crate) fn became_in_sync(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
-        debug_assert!(self.slot(r).dirty.is_empty());
+        self.slot_mut(r).reboot_lost = false;
         self.resolve(r, out);
         for d in self.indices().collect::<Vec<_>>() {
             if self.membership(d) == Membership::Down && self.can_leave(d) {

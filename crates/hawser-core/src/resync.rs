@@ -1,15 +1,19 @@
 //! Resync: copying a returning replica's dirty chunks from an in-sync one.
 //!
-//! A syncing replica receives every new write, so its dirty set only shrinks. Each copy takes
+//! A syncing replica receives every new write, so its dirty set only shrinks (unless one fails
+//! on it, or another replica is promoted). Each copy takes
 //! the range lock of the chunks it copies (like a client write), reads them from an in-sync
 //! replica (the local one first) and writes them to the syncing one, then clears their bits.
 //! Holding the lock orders the copy against client writes to the same chunks: a write either
 //! finished before the copy read (so the copy carries it) or starts after the copy wrote (so
 //! it lands on top, on every replica). When no bit is left the replica is flushed and then
 //! made in-sync: directly if the store never stopped calling it in-sync (it was `Down`), else
-//! through the control plane (`Command::MarkInSync`).
+//! through the control plane (`Command::MarkInSync`). With no in-sync replica to copy from,
+//! one that the store still calls in-sync is promoted to reference instead (`promote`).
 
+use crate::bitmap::ChunkMap;
 use crate::engine::{Engine, Membership, Work};
+use crate::io_error::IoError;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, Tag};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +33,8 @@ pub(crate) struct Copy {
     pub first: u64,
     pub end: u64,
     pub stage: Stage,
+    /// `Engine::promotions` when its data was read.
+    pub promotions: u64,
 }
 
 impl Engine {
@@ -53,7 +59,9 @@ impl Engine {
             return;
         }
         if self.pick_reader(Default::default()).is_none() {
-            return; // no source: wait for an in-sync replica
+            // No source: wait for an in-sync replica, or make one.
+            self.promote(out);
+            return;
         }
         let unit = (self.cfg.resync_unit_bytes / self.cfg.chunk_bytes).max(1);
         for r in self.indices().collect::<Vec<_>>() {
@@ -89,6 +97,82 @@ impl Engine {
         }
     }
 
+    /// No replica is in sync (the last one was lost while the others were out), so nothing
+    /// can be resynced, and writes parked on the lost ones would wait forever. A syncing
+    /// replica that the store still calls in-sync (it was `Down`, never outdated) has every
+    /// acknowledged write (it held up the acknowledgement of every write it lacks), unless
+    /// its node rebooted and lost unflushed ones. Such a replica becomes the reference: the
+    /// requests it lacks fail with EIO (never acknowledged, so that is allowed), their chunks
+    /// become dirty on every other replica instead, and it is flushed and made in-sync; the
+    /// others are then resynced from it. Not while a replica is `Marking` (it becomes the
+    /// source when the store answers).
+    fn promote(&mut self, out: &mut Vec<Command>) {
+        let settling = |m| matches!(m, Membership::InSync | Membership::Marking);
+        if self.indices().any(|r| settling(self.membership(r))) {
+            return;
+        }
+        let candidate = self
+            .indices()
+            .filter(|&r| {
+                let s = self.slot(r);
+                s.membership == Membership::Syncing
+                    && s.store_in_sync
+                    && s.connected
+                    && !s.reboot_lost
+                    && !s.failed
+            })
+            .min_by_key(|&r| (self.slot(r).dirty.bytes(), r));
+        let Some(r) = candidate else {
+            return;
+        };
+        self.promotions += 1;
+        let (size, chunk) = (self.size, self.cfg.chunk_bytes);
+        let lacks = std::mem::replace(&mut self.slot_mut(r).dirty, ChunkMap::new(size, chunk));
+        if !lacks.is_empty() {
+            for o in self.indices().collect::<Vec<_>>() {
+                let s = self.slot_mut(o);
+                if o != r && s.membership != Membership::Failed {
+                    s.dirty.union(&lacks);
+                    s.cursor = 0;
+                }
+            }
+        }
+        self.fail_missed_by(r, out);
+        self.maybe_finish_sync(r, out);
+    }
+
+    /// `r` becomes the reference: requests it did not get fail (parked ones now, the others
+    /// when they complete). Their chunks are dirty on `r` from when they missed it.
+    fn fail_missed_by(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        let session = self.slot(r).session;
+        let mut failed: Vec<Tag> = Vec::new();
+        for (&tag, p) in &mut self.pending {
+            if matches!(p.op, ClientOp::Read { .. }) || p.succeeded.has(r) {
+                continue;
+            }
+            let on_current = p.sent.has(r) && p.sessions[usize::from(r.0)] == session;
+            if p.missed.is_some() {
+                failed.push(tag);
+            } else if !on_current || p.failed.has(r) {
+                p.doomed = true;
+            }
+        }
+        failed.sort_unstable();
+        for tag in failed {
+            let Some(p) = self.pending.remove(&tag) else {
+                continue;
+            };
+            self.parked.remove(&tag);
+            if matches!(p.op, ClientOp::Flush) {
+                self.unflushed.flush_failed(tag);
+            }
+            out.push(Command::Complete {
+                tag,
+                result: Err(IoError::Io),
+            });
+        }
+    }
+
     /// Register one of the engine's own operations under a fresh internal tag.
     fn new_copy(&mut self, target: ReplicaIdx, first: u64, end: u64, stage: Stage) -> Tag {
         let tag = self.next_internal;
@@ -100,6 +184,7 @@ impl Engine {
                 first,
                 end,
                 stage,
+                promotions: self.promotions,
             },
         );
         tag
@@ -130,6 +215,7 @@ impl Engine {
             tag,
             Copy {
                 stage: Stage::Reading(source),
+                promotions: self.promotions,
                 ..c
             },
         );
@@ -189,8 +275,9 @@ impl Engine {
                 self.end_copy(tag, out);
             }
             (Stage::Writing, Ok(_)) => {
+                let current = c.promotions == self.promotions;
                 let s = self.slot_mut(c.target);
-                if s.membership == Membership::Syncing {
+                if s.membership == Membership::Syncing && current {
                     s.dirty.clear_chunks(c.first, c.end);
                     s.copied_bytes += end - offset;
                     // Not durable until the resync's final flush: if the node loses power
@@ -243,6 +330,7 @@ impl Engine {
         self.slot_mut(r).sync_flushing = true;
         let tag = self.new_copy(r, 0, 0, Stage::Flushing);
         let sub = self.new_sub(tag, r);
+        self.flush_sent(r, sub);
         out.push(Command::Send {
             replica: r,
             sub,

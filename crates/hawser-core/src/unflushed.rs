@@ -12,7 +12,8 @@
 //! not cover it), and a resync copy's when it lands.
 
 use crate::constants::UNFLUSHED_COMPACT_AT;
-use crate::types::Tag;
+use crate::engine::Engine;
+use crate::types::{ReplicaIdx, SubId, Tag};
 
 #[derive(Default)]
 pub struct Unflushed {
@@ -71,8 +72,35 @@ impl Unflushed {
     }
 }
 
+impl Engine {
+    /// A flush goes to `r` as `sub`: if it succeeds, it covers what `r` had not made durable
+    /// when it last left (`Slot::unflushed_at_loss`; the flush is sent on its current session,
+    /// after every request of the old one finished).
+    pub(crate) fn flush_sent(&mut self, r: ReplicaIdx, sub: SubId) {
+        let s = self.slot_mut(r);
+        if !s.unflushed_at_loss.is_empty() {
+            let ranges = std::mem::take(&mut s.unflushed_at_loss);
+            s.unflushed_flushing.push((sub, ranges));
+        }
+    }
+
+    /// `r` answered sub-request `sub` (maybe a flush): drop what a successful flush covered,
+    /// put back what a failed one did not.
+    pub(crate) fn flush_answered(&mut self, r: ReplicaIdx, sub: SubId, ok: bool) {
+        let s = self.slot_mut(r);
+        let Some(i) = s.unflushed_flushing.iter().position(|(x, _)| *x == sub) else {
+            return;
+        };
+        let (_, ranges) = s.unflushed_flushing.swap_remove(i);
+        if !ok {
+            s.unflushed_at_loss.extend(ranges);
+            compact(&mut s.unflushed_at_loss);
+        }
+    }
+}
+
 /// Sort and merge overlapping or adjacent ranges.
-fn compact(v: &mut Vec<(u64, u64)>) {
+pub(crate) fn compact(v: &mut Vec<(u64, u64)>) {
     v.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
     for &(a, b) in v.iter() {

@@ -119,20 +119,18 @@ pub struct FinalView<'a> {
     /// Replicas given a disk error (excluded from "ends in sync").
     pub disk_failed: &'a [bool],
     pub outstanding: usize,
-    /// Flushes parked forever by known bug 3 (tolerated while it is being avoided).
-    pub stuck: usize,
     /// Dirty bytes the engine accumulated per replica (sum of increases).
     pub dirtied: &'a [u64],
 }
 
 pub fn final_state(model: &Model, v: &FinalView<'_>) -> Result<(), String> {
-    if v.outstanding > v.stuck {
+    if v.outstanding > 0 {
         return Err(format!(
             "{} client request(s) never completed",
             v.outstanding
         ));
     }
-    if v.engine.in_flight() > v.stuck {
+    if v.engine.in_flight() > 0 {
         return Err(format!(
             "the engine still has {} request(s) in flight after healing",
             v.engine.in_flight()

@@ -216,18 +216,6 @@ impl Client {
         self.reqs.len()
     }
 
-    /// A write, trim or write-zeroes is in flight.
-    pub fn modifying_in_flight(&self) -> bool {
-        self.reqs
-            .values()
-            .any(|r| matches!(r.kind, Kind::Write | Kind::Zero))
-    }
-
-    /// Every request in flight is a flush.
-    pub fn only_flushes_outstanding(&self) -> bool {
-        self.reqs.values().all(|r| r.kind == Kind::Flush)
-    }
-
     pub fn outstanding_tags(&self) -> Vec<Tag> {
         self.reqs.keys().copied().collect()
     }

@@ -43,46 +43,10 @@ pub enum Mutation {
     FlushForgets,
 }
 
-/// Known engine bugs the simulator can steer around, so that seeds get past them and find the
-/// next one. Each is described, with a pinned seed, in `tests/seeds.rs`; when one is fixed, its
-/// field goes (and its pinned test loses its `#[ignore]`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KnownBugs {
-    /// Bug 1: the engine cannot recover once no replica is in sync in its view. Avoided by
-    /// taking a replica away (fault or lost message) only while another in-sync one stays.
-    pub no_source: bool,
-    /// Bug 2: resync copies are not durable until the resync's final flush. Avoided by
-    /// crashing only the nodes of replicas that are in sync.
-    pub resync_durability: bool,
-    /// Bug 3: a flush started while a replica was out waits forever if that replica is back
-    /// in sync before the flush completes. Tolerated: the stuck flush is counted, and the run
-    /// goes on to its final checks.
-    pub flush_parks: bool,
-    /// Bug 4: a flush is taken to cover writes still in flight when it started. Avoided by
-    /// flushing (client and background) only when no modifying request is in flight.
-    pub flush_races_writes: bool,
-}
-
-impl KnownBugs {
-    pub const AVOID_ALL: KnownBugs = KnownBugs {
-        no_source: true,
-        resync_durability: true,
-        flush_parks: true,
-        flush_races_writes: true,
-    };
-    pub const AVOID_NONE: KnownBugs = KnownBugs {
-        no_source: false,
-        resync_durability: false,
-        flush_parks: false,
-        flush_races_writes: false,
-    };
-}
-
 #[derive(Clone, Copy, Debug)]
 pub struct RunOptions {
     pub faults: FaultMix,
     pub mutation: Mutation,
-    pub avoid: KnownBugs,
 }
 
 impl Default for RunOptions {
@@ -90,7 +54,6 @@ impl Default for RunOptions {
         RunOptions {
             faults: FaultMix::ALL,
             mutation: Mutation::None,
-            avoid: KnownBugs::AVOID_ALL,
         }
     }
 }

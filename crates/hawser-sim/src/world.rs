@@ -23,6 +23,10 @@
 //! - A disk error (`DiskFault::Io`) fails every request of that replica from then on, so it
 //!   never holds a write the others lack; it is injected only while another good in-sync copy
 //!   exists. The replica stays failed and is left out of "ends in sync".
+//! - The good copy a node crash or disk error relies on must also survive: it is not already
+//!   on its way out when the fault is injected, and no fault takes away the last healthy
+//!   replica the store calls in-sync while an unhealthy one could outdate it
+//!   (`World::may_take_away`).
 //! - The local replica (when there is one) lives in the engine's process: it has no network
 //!   faults and never crashes, since its crash is an engine crash.
 //!
@@ -49,7 +53,7 @@ use crate::config::*;
 use crate::control::{Call, Control, Outcome, StoreState};
 use crate::net::{Fate, Net};
 use crate::replica::{Arrival, DiskFault, Replica};
-use crate::{KnownBugs, Mutation, RunOptions};
+use crate::{Mutation, RunOptions};
 
 #[derive(Clone, Debug)]
 enum Event {
@@ -166,8 +170,6 @@ pub struct Stats {
     pub copied: Vec<u64>,
     pub dirtied: Vec<u64>,
     pub missed: Vec<u64>,
-    /// Runs that ended with flushes parked forever (known bug 3, tolerated).
-    pub known_bug_3: u64,
     /// `Disconnect` commands for a session already closing.
     pub repeated_disconnects: u64,
 }
@@ -193,7 +195,8 @@ pub struct World {
     /// Node crashed while in sync (or about to be) in the store, not repaired since: may lack
     /// unflushed acknowledged writes, so exempt from the checks.
     volatile_lost: Vec<bool>,
-    /// Since its node crash, the engine has seen replica r out of sync.
+    /// Since its node crash, the engine has had no session with replica r that began before
+    /// the crash (it noticed the loss), so its next session reports the new boot id.
     lost_seen_out: Vec<bool>,
     /// Chunks written (and acknowledged) while each replica was not receiving writes, since
     /// it was last in sync.
@@ -202,8 +205,6 @@ pub struct World {
     seen_membership: Vec<Option<Membership>>,
     /// The session of each replica that is known to be broken (its timeout is pending).
     doomed: Vec<Option<u64>>,
-    /// Known engine bugs to steer around.
-    avoid: KnownBugs,
     /// Given a disk error: failed for good, left out of "ends in sync".
     disk_failed: Vec<bool>,
     /// The engine's dirty bytes per replica after the last step, and their increases.
@@ -292,7 +293,6 @@ impl World {
             seen_membership: vec![None; n],
             lost_seen_out: vec![false; n],
             owed: vec![Default::default(); n],
-            avoid: opts.avoid,
             disk_failed: vec![false; n],
             stats: Stats {
                 copied: vec![0; n],
@@ -505,12 +505,13 @@ impl World {
                 }
             }
             if self.volatile_lost[r] {
-                if m != Membership::InSync {
+                // Not "not in sync": a syncing or marking replica may have crashed unnoticed.
+                if !self.engine.replica_view(ri(r)).connected {
                     self.lost_seen_out[r] = true;
                 }
                 let outdated = self.control.store[r] != StoreState::InSync
                     && !matches!(m, Membership::InSync | Membership::Marking);
-                if outdated || (m == Membership::InSync && self.lost_seen_out[r]) {
+                if self.lost_seen_out[r] && (outdated || m == Membership::InSync) {
                     self.volatile_lost[r] = false;
                 }
             }
@@ -680,9 +681,7 @@ impl World {
         }
         if self.client.depth() < self.p.work.qd {
             let (kind, offset, len, fua) = self.client.random_op(&mut self.rng);
-            if !(kind == Kind::Flush && self.flush_would_race()) {
-                self.submit(kind, offset, len, fua, false);
-            }
+            self.submit(kind, offset, len, fua, false);
         }
         let gap = self.rng.random_range(0..=self.p.client_gap_us);
         self.schedule(gap, Event::ClientArrival);
@@ -705,7 +704,6 @@ impl World {
         if self.engine.wants_flush()
             && self.now >= self.last_bg_flush + BACKGROUND_FLUSH_US
             && self.phase != Phase::Done
-            && !self.flush_would_race()
         {
             self.last_bg_flush = self.now;
             self.submit(Kind::Flush, 0, 0, false, true);
@@ -723,33 +721,6 @@ impl World {
         }
         if self.phase != Phase::Done {
             self.schedule(DRIVER_TICK_US, Event::DriverTick);
-        }
-    }
-
-    /// Known bug 4 is avoided by not flushing while a modifying request is in flight.
-    fn flush_would_race(&self) -> bool {
-        self.avoid.flush_races_writes && self.client.modifying_in_flight()
-    }
-
-    /// Known bug 3 is tolerated: flushes that can never complete (every replica is in sync or
-    /// failed, so nothing will resolve them). Returns how many.
-    fn stuck_flushes(&self) -> usize {
-        let n = self.client.outstanding();
-        let all_settled = (0..self.p.replicas).all(|r| {
-            matches!(
-                self.engine.membership(ri(r)),
-                Membership::InSync | Membership::Failed
-            )
-        });
-        if self.avoid.flush_parks
-            && n > 0
-            && self.client.only_flushes_outstanding()
-            && all_settled
-            && self.engine.in_flight() == n
-        {
-            n
-        } else {
-            0
         }
     }
 
@@ -953,26 +924,39 @@ impl World {
 
     // ---- faults ----
 
-    /// Whether a fault may take replica `r` out of the in-sync set. Always, unless the
-    /// workarounds for known engine bugs are on: then only while another replica is in sync,
-    /// connected, reachable and not about to be lost, because the engine cannot recover when
-    /// every in-sync replica is lost at once (see `tests/seeds.rs`, known bug 1).
+    /// Whether a fault may take replica `r` out of the in-sync set. Not when `r` is the last
+    /// healthy replica the store calls in-sync (no disk fault, no unrepaired node crash, not
+    /// being outdated, not already on its way out) while an unhealthy one is in sync in the engine's view: the engine
+    /// could outdate `r` on the strength of the unhealthy one (it does not know yet), leaving
+    /// acknowledged writes only on a broken disk or on a replica the store no longer calls
+    /// in-sync. The engine then rightly suspends I/O until someone intervenes, which the final
+    /// checks (healed without manual action) cannot tell from a hang. Losing every in-sync
+    /// replica at once is allowed: the engine recovers from that (`Engine::promote`).
     fn may_take_away(&self, r: usize) -> bool {
-        if !self.avoid.no_source {
-            return true;
-        }
-        (0..self.p.replicas).any(|o| {
-            let open = match self.drivers[o].conn {
-                Conn::Open(s) => self.doomed[o] != Some(s),
-                _ => false,
-            };
-            o != r
-                && open
-                && self.engine.membership(ri(o)) == Membership::InSync
+        let in_store = |o: usize| self.control.store[o] == StoreState::InSync;
+        let doomed = |o: usize| match self.drivers[o].conn {
+            Conn::Open(s) => self.doomed[o] == Some(s),
+            _ => false,
+        };
+        let healthy = |o: usize| {
+            in_store(o)
+                && self.engine.membership(ri(o)) != Membership::Outdating
+                && !self.disk_failed[o]
+                && !self.volatile_lost[o]
                 && self.replicas[o].up
-                && !self.net.partitioned[o]
                 && self.replicas[o].fault == DiskFault::None
-        })
+                && !self.net.partitioned[o]
+                && !doomed(o)
+        };
+        let n = self.p.replicas;
+        let last_healthy = healthy(r) && !(0..n).any(|o| o != r && healthy(o));
+        let unhealthy_quorum = |o: usize| {
+            o != r
+                && in_store(o)
+                && !healthy(o)
+                && self.engine.membership(ri(o)) == Membership::InSync
+        };
+        !(last_healthy && (0..n).any(unhealthy_quorum))
     }
 
     /// A replica that holds every acknowledged write for sure: in sync in the engine's view,
@@ -984,8 +968,16 @@ impl World {
             && !self.disk_failed[r]
     }
 
+    /// Another good copy that is not already on its way out (its session is open and not
+    /// known broken, its process up, its network whole).
     fn another_good_copy(&self, r: usize) -> bool {
-        (0..self.p.replicas).any(|o| o != r && self.good_copy(o))
+        (0..self.p.replicas).any(|o| {
+            let open = match self.drivers[o].conn {
+                Conn::Open(s) => self.doomed[o] != Some(s),
+                _ => false,
+            };
+            o != r && self.good_copy(o) && open && self.replicas[o].up && !self.net.partitioned[o]
+        })
     }
 
     /// A disk error fails a replica for good: allow one more only if the quorum can still
@@ -1016,11 +1008,7 @@ impl World {
             let up = self.replicas[r].up;
             if remote(self, r) && up {
                 options.push((m.process_crash, 0, r));
-                // Known bug 2: resync copies are not durable until the resync's last flush,
-                // yet their chunks are clean; a power loss before that loses them.
-                let copies_safe = !self.avoid.resync_durability
-                    || self.engine.membership(ri(r)) == Membership::InSync;
-                if self.another_good_copy(r) && copies_safe {
+                if self.another_good_copy(r) {
                     options.push((m.node_crash, 1, r));
                 }
             }
@@ -1075,7 +1063,10 @@ impl World {
                 let m = self.engine.membership(ri(r));
                 if node
                     && (self.control.store[r] == StoreState::InSync
-                        || matches!(m, Membership::InSync | Membership::Marking))
+                        || matches!(
+                            m,
+                            Membership::InSync | Membership::Syncing | Membership::Marking
+                        ))
                 {
                     self.volatile_lost[r] = true;
                     self.lost_seen_out[r] = false;
@@ -1151,11 +1142,10 @@ impl World {
             }
             _ => false,
         });
-        let stuck = self.stuck_flushes();
         drivers_quiet
             && queue_quiet
-            && self.client.outstanding() == stuck
-            && self.engine.in_flight() == stuck
+            && self.client.outstanding() == 0
+            && self.engine.in_flight() == 0
             && self.control.in_flight == 0
             && !self.engine.wants_flush()
     }
@@ -1191,13 +1181,7 @@ impl World {
     }
 
     fn final_checks(&mut self) {
-        let stuck = self.stuck_flushes();
-        if stuck > 0 {
-            trace!(self, "known bug 3: {stuck} flush(es) parked forever");
-            self.stats.known_bug_3 += 1;
-        }
         let v = check::FinalView {
-            stuck,
             engine: &self.engine,
             control: &self.control,
             replicas: &self.replicas,

@@ -45,9 +45,10 @@ impl JournalFile {
 
     /// Store `encoded` (a valid encoded journal) durably.
     pub fn put(&self, encoded: &[u8]) -> std::io::Result<()> {
-        if encoded.len() > MAX_JOURNAL_BYTES {
-            return Err(std::io::Error::other("journal larger than its slot"));
-        }
+        let len = u32::try_from(encoded.len())
+            .ok()
+            .filter(|&l| l as usize <= MAX_JOURNAL_BYTES)
+            .ok_or_else(|| std::io::Error::other("journal larger than its slot"))?;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.is_none() {
             let file = OpenOptions::new()
@@ -67,7 +68,7 @@ impl JournalFile {
             None => 0,
         };
         let mut buf = Vec::with_capacity(encoded.len() + 4);
-        buf.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&len.to_le_bytes());
         buf.extend_from_slice(encoded);
         file.write_all_at(&buf, slot as u64 * SLOT_BYTES)?;
         file.sync_data()?;
@@ -116,6 +117,7 @@ fn read_slot(file: &File, slot: usize) -> Option<Journal> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use hawser_wire::journal::ACTIVITY_EXTENT_BYTES;
 

@@ -23,6 +23,10 @@ use crate::error::{ReplicaIoError, StorageError};
 use crate::file_ops;
 use crate::journal_file::{JournalFile, Stored};
 
+/// `CHECKSUM_BLOCK_BYTES` as a slice length (64 KiB fits any usize).
+#[allow(clippy::cast_possible_truncation)]
+const CHECKSUM_BLOCK_USIZE: usize = CHECKSUM_BLOCK_BYTES as usize;
+
 /// Largest zero buffer written when the filesystem cannot zero a range by itself.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 
@@ -371,7 +375,7 @@ impl Replica {
             file_ops::read_at(&self.file, buf.as_mut_slice(), offset)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
             let mut out = Vec::with_capacity(len as usize / 4096);
-            for block in buf.as_slice().chunks(CHECKSUM_BLOCK_BYTES as usize) {
+            for block in buf.as_slice().chunks(CHECKSUM_BLOCK_USIZE) {
                 out.extend_from_slice(&Sha256::digest(block)[..CHECKSUM_DIGEST_BYTES]);
             }
             Ok(Bytes::from(out))

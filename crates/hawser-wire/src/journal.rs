@@ -85,16 +85,20 @@ impl Journal {
         ] {
             put64(&mut b, v);
         }
-        put_runs(&mut b, &self.active);
-        put32(&mut b, self.out.len() as u32);
+        put_runs(&mut b, &self.active)?;
+        put32(&mut b, count(self.out.len())?);
         for o in &self.out {
             let id = o.replica.as_bytes();
-            b.extend_from_slice(&(id.len() as u16).to_le_bytes());
+            // validate() bounds ids to MAX_ID_BYTES.
+            let id_len = u16::try_from(id.len()).map_err(|_| JournalError::BadField {
+                field: "replica id",
+            })?;
+            b.extend_from_slice(&id_len.to_le_bytes());
             b.extend_from_slice(id);
             match &o.dirty {
                 Some(runs) => {
                     b.push(1);
-                    put_runs(&mut b, runs);
+                    put_runs(&mut b, runs)?;
                 }
                 None => b.push(0),
             }
@@ -225,12 +229,18 @@ fn put32(b: &mut Vec<u8>, v: u32) {
     b.extend_from_slice(&v.to_le_bytes());
 }
 
-fn put_runs(b: &mut Vec<u8>, runs: &Runs) {
-    put32(b, runs.len() as u32);
+/// A count as stored: one that does not fit in u32 could not fit in a journal either.
+fn count(n: usize) -> Result<u32, JournalError> {
+    u32::try_from(n).map_err(|_| JournalError::TooLarge { len: usize::MAX })
+}
+
+fn put_runs(b: &mut Vec<u8>, runs: &Runs) -> Result<(), JournalError> {
+    put32(b, count(runs.len())?);
     for &(first, end) in runs {
         put64(b, first);
         put64(b, end);
     }
+    Ok(())
 }
 
 struct Reader<'a> {
@@ -282,6 +292,7 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn sample() -> Journal {

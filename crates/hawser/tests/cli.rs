@@ -125,6 +125,8 @@ async fn fake_agent() -> SocketAddr {
             size_bytes: s.size_bytes,
             in_sync: s.replicas.into_iter().map(|r| r.replica_id).collect(),
             replicas: vec![],
+            recovery: None,
+            active_extents: 0,
         })
     }
     let app = Router::new()

@@ -158,6 +158,8 @@ async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> R
         size_bytes: req.size_bytes,
         in_sync: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
         replicas: vec![],
+        recovery: None,
+        active_extents: 0,
     };
     st.lock().unwrap().engines.insert(req.volume.clone(), req);
     Json(status).into_response()

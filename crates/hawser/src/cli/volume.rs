@@ -1,6 +1,6 @@
 //! `hawser volume ...`: create, list, show, attach, detach and delete volumes.
 
-use hawser_api::controller::{Attach, CreateVolume, ReplicaState, Volume, ZoneSpread};
+use hawser_api::controller::{Attach, CreateVolume, QuorumLoss, ReplicaState, Volume, ZoneSpread};
 use hawser_api::format_size;
 use serde_json::json;
 
@@ -35,6 +35,10 @@ pub enum VolumeCmd {
         /// to, so reads are local).
         #[arg(long, value_parser = parse_node_name)]
         prefer_node: Option<String>,
+        /// When too few replicas are left for a quorum, writes wait for one to return
+        /// (suspend) or fail with EIO (fail).
+        #[arg(long, value_enum, default_value_t = QuorumLossArg::Suspend)]
+        on_quorum_loss: QuorumLossArg,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -104,6 +108,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             pool,
             zone_spread,
             prefer_node,
+            on_quorum_loss,
             out,
         } => {
             let req = CreateVolume {
@@ -114,6 +119,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 pool,
                 zone_spread: zone_spread.map(ZoneSpread::from),
                 prefer_node,
+                on_quorum_loss: on_quorum_loss.into(),
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
@@ -212,6 +218,28 @@ fn details(v: &Volume) -> String {
     }
     line("Policy:", placement(v));
     line(
+        "Quorum:",
+        format!("majority; on loss {}", snake(&v.on_quorum_loss)),
+    );
+    if let Some(e) = &v.engine {
+        line(
+            "Activity:",
+            format!("{} extents of 4 MiB in the activity log", e.active_extents),
+        );
+        if let Some(r) = &e.recovery {
+            line(
+                "Recovery:",
+                format!(
+                    "at attach: {} in-sync replicas compared over {}, {} copied, {} ms",
+                    r.replicas,
+                    format_size(r.compared_bytes),
+                    format_size(r.copied_bytes),
+                    r.millis
+                ),
+            );
+        }
+    }
+    line(
         "Replicas:",
         format!("{} in sync of {}", in_sync(v), v.replicas.len()),
     );
@@ -246,5 +274,20 @@ pub fn snake<T: serde::Serialize>(v: &T) -> String {
     match serde_json::to_value(v) {
         Ok(serde_json::Value::String(s)) => s,
         _ => "?".into(),
+    }
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum QuorumLossArg {
+    Suspend,
+    Fail,
+}
+
+impl From<QuorumLossArg> for QuorumLoss {
+    fn from(a: QuorumLossArg) -> QuorumLoss {
+        match a {
+            QuorumLossArg::Suspend => QuorumLoss::Suspend,
+            QuorumLossArg::Fail => QuorumLoss::Fail,
+        }
     }
 }

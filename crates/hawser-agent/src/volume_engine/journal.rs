@@ -1,0 +1,267 @@
+//! The driver's side of the journal (format: `hawser_wire::journal`; rules: `activity.rs`):
+//! admitting modifying requests into the activity log, committing the journal to every replica
+//! requests go to, and bringing a returning replica into that set.
+//!
+//! One lock (`journal`, async) orders commits and joins: a replica joins the set of replicas
+//! requests go to only while holding it, after it received the last committed journal, so no
+//! commit can miss a replica that gets requests under it.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use hawser_core::{ChunkMap, IoError, Membership, ReplicaIdx};
+use hawser_wire::journal::{Journal, JournalError, OutReplica, ACTIVITY_EXTENT_BYTES};
+
+use super::{Handle, VolumeEngine};
+use crate::activity::to_runs;
+use crate::constants::ACTIVITY_IDLE_TICKS;
+use crate::recovery::log_chunks;
+use crate::replica_access::Access;
+
+/// The journal as last committed, and what is needed for the next one.
+#[derive(Default)]
+pub(crate) struct JournalState {
+    /// Sequence number of the last commit.
+    pub seq: u64,
+    /// Commits of this engine's life start here; a replica whose journal is older than that
+    /// holds a previous engine's log.
+    pub first_seq: u64,
+    /// Persisted dirty maps of replicas not in sync (`None`: unknown). Only grow until the
+    /// replica is in sync again: a map shrinks in the engine as resync copies, but a copy is
+    /// durable only after the resync's final flush.
+    pub out: HashMap<usize, Option<ChunkMap>>,
+    /// The last committed journal, for replicas that join.
+    pub last: Option<Bytes>,
+}
+
+impl VolumeEngine {
+    pub(super) fn idx(i: usize) -> ReplicaIdx {
+        ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS"))
+    }
+
+    /// Direct access to replica `i` while it is connected.
+    pub(super) fn access(&self, i: usize) -> Option<Access> {
+        match &self.handles[i] {
+            Handle::Local(r) => Some(Access::Local(r.clone())),
+            Handle::Remote { .. } => self.client(Self::idx(i)).map(|client| Access::Remote {
+                id: self.replica_ids[i].clone(),
+                client,
+            }),
+        }
+    }
+
+    /// Wait until every extent of `[offset, offset+len)` is in the committed activity log,
+    /// then count the request as in flight there.
+    pub(super) async fn admit(&self, offset: u64, len: u64) -> Result<(), IoError> {
+        loop {
+            let mut commits = self.commits.subscribe();
+            if self.lock_activity().try_begin(offset, len) {
+                return Ok(());
+            }
+            self.kick_commit(ACTIVITY_IDLE_TICKS);
+            if commits.changed().await.is_err()
+                || self.stopped.load(Ordering::Acquire)
+                || self.is_fenced()
+            {
+                return Err(IoError::ShutDown);
+            }
+        }
+    }
+
+    /// Start a commit unless one is running (which picks up whatever is wanted by then).
+    pub(super) fn kick_commit(&self, min_idle: u64) {
+        if self.committing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        self.rt.spawn(async move {
+            loop {
+                me.commit(min_idle).await;
+                me.committing.store(false, Ordering::Release);
+                let more = me.lock_activity().wants_commit(u64::MAX);
+                if !more || me.committing.swap(true, Ordering::AcqRel) {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Write the next journal to every replica requests go to. A replica that fails it is
+    /// disconnected (it leaves like any failed replica); the log is then committed for the
+    /// others.
+    pub(crate) async fn commit(&self, min_idle: u64) {
+        let mut js = self.journal.lock().await;
+        let log = self.lock_activity().next(min_idle);
+        let sig = self.out_signature();
+        let (targets, journal) = {
+            let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let e = &inner.engine;
+            let mut targets = Vec::new();
+            for i in 0..self.handles.len() {
+                let idx = Self::idx(i);
+                let v = e.replica_view(idx);
+                match v.membership {
+                    Membership::InSync => {
+                        js.out.remove(&i);
+                    }
+                    Membership::Failed => {
+                        js.out.insert(i, None);
+                    }
+                    _ => {
+                        let entry = js
+                            .out
+                            .entry(i)
+                            .or_insert_with(|| Some(ChunkMap::new(self.size, self.chunk_bytes)));
+                        if let Some(m) = entry {
+                            m.union(e.dirty(idx));
+                        }
+                    }
+                }
+                let writes_go_there = matches!(
+                    v.membership,
+                    Membership::InSync | Membership::Syncing | Membership::Marking
+                );
+                if writes_go_there && v.connected {
+                    targets.push(i);
+                }
+            }
+            let mut out: Vec<OutReplica> = js
+                .out
+                .iter()
+                .map(|(&i, m)| OutReplica {
+                    replica: self.replica_ids[i].clone(),
+                    dirty: m.as_ref().map(ChunkMap::runs),
+                })
+                .collect();
+            out.sort_by(|a, b| a.replica.cmp(&b.replica));
+            let journal = Journal {
+                epoch: self.epoch,
+                seq: js.seq + 1,
+                size: self.size,
+                extent_bytes: ACTIVITY_EXTENT_BYTES,
+                chunk_bytes: self.chunk_bytes,
+                active: to_runs(log.iter().copied()),
+                out,
+            };
+            (targets, journal)
+        };
+        let encoded = match encode_bounded(journal) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => {
+                // Unreachable with the fallbacks in encode_bounded; fail safe: do not commit.
+                tracing::error!(volume = %self.volume, error = %e, "journal does not encode");
+                self.commits.send_modify(|c| *c += 1);
+                return;
+            }
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in targets {
+            if let Some(a) = self.access(i) {
+                let (epoch, bytes) = (self.epoch, encoded.clone());
+                tasks.spawn(async move { (i, a.put_journal(epoch, bytes).await) });
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            let Ok((i, result)) = done else { continue };
+            match result {
+                Ok(()) => {}
+                Err(e) if e.is_stale_epoch() => self.run(|en, out| en.on_fenced(out)),
+                Err(e) => {
+                    tracing::warn!(volume = %self.volume, error = %e, "journal commit failed; dropping the replica");
+                    self.disconnect(Self::idx(i));
+                }
+            }
+        }
+        js.seq += 1;
+        js.last = Some(encoded);
+        *self.out_sig.lock().unwrap_or_else(|p| p.into_inner()) = sig;
+        self.lock_activity().committed(log);
+        drop(js);
+        self.commits.send_modify(|c| *c += 1);
+    }
+
+    /// Replica `i` is connected again and is about to receive requests: add to what it lacks
+    /// the log of a previous engine's journal it holds (writes only it may have received),
+    /// give it the current journal, then tell the engine. False if it failed meanwhile.
+    pub(super) async fn join(&self, i: usize, rebooted: bool) -> bool {
+        let js = self.journal.lock().await;
+        let Some(a) = self.access(i) else {
+            return false;
+        };
+        let idx = Self::idx(i);
+        match a.get_journal(self.epoch).await {
+            Ok(Some(j)) if j.epoch == self.epoch && j.seq >= js.first_seq => {}
+            Ok(Some(j)) => {
+                let m = log_chunks(&j, self.size, self.chunk_bytes);
+                if !m.is_empty() {
+                    tracing::info!(volume = %self.volume, replica = %self.replica_ids[i], bytes = m.bytes(), "adding a previous engine's activity log to what the replica lacks");
+                }
+                self.run(|e, _| e.add_dirty(idx, &m));
+            }
+            Ok(None) => {
+                tracing::warn!(volume = %self.volume, replica = %self.replica_ids[i], "replica has no readable journal; copying it in full");
+                let full = ChunkMap::full(self.size, self.chunk_bytes);
+                self.run(|e, _| e.add_dirty(idx, &full));
+            }
+            Err(e) => {
+                tracing::warn!(volume = %self.volume, error = %e, "reading the journal of a returning replica failed");
+                return false;
+            }
+        }
+        if let Some(last) = js.last.clone() {
+            if let Err(e) = a.put_journal(self.epoch, last).await {
+                tracing::warn!(volume = %self.volume, error = %e, "writing the journal to a returning replica failed");
+                return false;
+            }
+        }
+        self.run(|e, out| e.on_replica_connected(idx, rebooted, out));
+        true
+    }
+
+    /// Per replica, membership and dirty bytes now.
+    fn out_signature(&self) -> Vec<(Membership, u64)> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (0..self.handles.len())
+            .map(|i| {
+                let v = inner.engine.replica_view(Self::idx(i));
+                (v.membership, v.dirty_bytes)
+            })
+            .collect()
+    }
+
+    /// Whether the journal's dirty maps are behind the engine: a replica changed state, or
+    /// lacks more than at the last commit.
+    pub(super) fn out_changed(&self) -> bool {
+        let now = self.out_signature();
+        let then = self.out_sig.lock().unwrap_or_else(|p| p.into_inner());
+        then.len() != now.len() || then.iter().zip(&now).any(|(a, b)| a.0 != b.0 || b.1 > a.1)
+    }
+
+    fn lock_activity(&self) -> std::sync::MutexGuard<'_, crate::activity::ActivityLog> {
+        self.activity.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Encode, falling back to coarser content when too large for one frame: dirty maps become
+/// unknown (full copies), then the log covers the whole volume. Both only cost copying.
+fn encode_bounded(mut j: Journal) -> Result<Vec<u8>, JournalError> {
+    match j.encode() {
+        Err(JournalError::TooLarge { .. }) => {}
+        other => return other,
+    }
+    for o in &mut j.out {
+        o.dirty = None;
+    }
+    match j.encode() {
+        Err(JournalError::TooLarge { .. }) => {}
+        other => return other,
+    }
+    let extents = j.size.div_ceil(j.extent_bytes);
+    j.active = if extents == 0 {
+        vec![]
+    } else {
+        vec![(0, extents)]
+    };
+    j.encode()
+}
