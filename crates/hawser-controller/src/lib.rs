@@ -175,33 +175,27 @@ impl Controller {
 
 /// Runs `hawser controller` until SIGINT or SIGTERM.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    // Watch the signals before the API answers anything: a SIGTERM sent as soon as the
+    // controller responds must stop it gracefully (and resign), not kill it.
+    let shutdown = shutdown_signal()?;
     let data_dir = args.data_dir.clone();
     let controller = Controller::bind(args).await?;
     let addr = controller.local_addr()?;
     tracing::info!(%addr, data_dir = %data_dir.display(), "controller listening");
-    controller.serve(shutdown_signal()).await?;
+    controller.serve(shutdown).await?;
     tracing::info!("controller stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops it");
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+/// Registers SIGINT and SIGTERM handlers now; the future completes on either.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).context("watch SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("watch SIGTERM")?;
+    Ok(async move {
         tokio::select! {
-            _ = ctrl_c => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    })
 }
