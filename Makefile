@@ -5,10 +5,11 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 HAWSER := target/release/hawser
-# Debian packages the tests and the demo use: real NBD clients, fio, filesystems, etcd.
-APT_PACKAGES := fio libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client
+# Debian packages the tests and the demo use: real NBD clients, fio, filesystems, etcd (and
+# protoc, which the etcd-client crate needs to build).
+APT_PACKAGES := fio libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler
 # Commands whose absence means a package above is missing.
-NEEDED_CMDS := fio nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 fusermount3 ip iptables
+NEEDED_CMDS := fio nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 fusermount3 ip iptables etcd protoc
 
 .PHONY: all deps build test test-unit test-e2e demo bench fmt lint clean
 

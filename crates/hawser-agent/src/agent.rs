@@ -35,7 +35,8 @@ pub struct AgentArgs {
     /// `zone=...` is the failure domain: replicas of a volume go to distinct zones.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
-    /// Controller URL.
+    /// Controller URL; several, comma-separated, when controllers share etcd (the agent
+    /// and its engines follow the leader).
     #[arg(long, env = "HAWSER_CONTROLLER", default_value = hawser_api::DEFAULT_CONTROLLER_URL)]
     pub controller: String,
     /// Admin API listen address.

@@ -2,9 +2,13 @@
 //! requests (outdate, mark in-sync). Outdates are retried until the controller answers, because an engine must not
 //! acknowledge a write a lost replica missed before the store says that replica is out; while
 //! the controller is unreachable those writes wait (I/O suspends rather than diverges).
+//!
+//! With several controllers (sharing etcd) only the leader answers; the link knows every
+//! controller URL it was given, moves to the next one when a controller cannot be reached,
+//! and goes straight to the leader a follower names in its `not_leader` answer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hawser_api::controller::{MarkInSync, Outdate, RegisterNode};
 use hawser_api::{ApiError, ErrorCode};
@@ -23,21 +27,136 @@ pub enum OutdateOutcome {
 }
 
 pub struct ControllerLink {
-    base: String,
+    targets: Mutex<Targets>,
     http: reqwest::Client,
     stopped: Arc<AtomicBool>,
 }
 
+/// The known controllers and the one calls go to.
+struct Targets {
+    urls: Vec<String>,
+    current: usize,
+}
+
+/// How one call went, for choosing where the next one goes.
+enum Reply {
+    Ok,
+    /// A refusal other than `not_leader`, with the controller's error when it sent one.
+    Refused {
+        status: reqwest::StatusCode,
+        error: Option<ApiError>,
+    },
+    /// A follower answered; nothing was done. `moved`: the link now targets the leader it
+    /// named, so asking again at once makes sense.
+    NotLeader {
+        moved: bool,
+        error: ApiError,
+    },
+    Unreachable(reqwest::Error),
+}
+
+/// Leaders followed at once before waiting a retry interval (two controllers that each
+/// name the other, mid-election, must not make a hot loop).
+const MAX_IMMEDIATE_HOPS: u32 = 3;
+
+/// Controller URLs one link remembers (given ones plus leaders it was sent to).
+const MAX_KNOWN_CONTROLLERS: usize = 16;
+
 impl ControllerLink {
+    /// `base` is one controller URL or several, comma-separated.
     pub fn new(base: &str) -> ControllerLink {
         let http = reqwest::Client::builder()
             .timeout(CONTROLLER_CALL_TIMEOUT)
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
+        let mut urls: Vec<String> = Vec::new();
+        for u in base.split(',') {
+            let u = u.trim().trim_end_matches('/').to_owned();
+            if !u.is_empty() && !urls.contains(&u) {
+                urls.push(u);
+            }
+        }
+        if urls.is_empty() {
+            urls.push(hawser_api::DEFAULT_CONTROLLER_URL.to_owned());
+        }
         ControllerLink {
-            base: base.trim_end_matches('/').to_owned(),
+            targets: Mutex::new(Targets { urls, current: 0 }),
             http,
             stopped: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn targets(&self) -> std::sync::MutexGuard<'_, Targets> {
+        self.targets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The controller calls go to now.
+    fn current(&self) -> String {
+        let t = self.targets();
+        t.urls[t.current].clone()
+    }
+
+    /// `base` could not be reached: try the next controller.
+    fn skip(&self, base: &str) {
+        let mut t = self.targets();
+        if t.urls[t.current] == base {
+            t.current = (t.current + 1) % t.urls.len();
+        }
+    }
+
+    /// A follower named `leader` (or nobody): go there next. Returns whether the target
+    /// changed to a leader that was not being asked already.
+    fn follow(&self, base: &str, leader: Option<&str>) -> bool {
+        let Some(leader) = leader.map(|l| l.trim_end_matches('/')) else {
+            self.skip(base);
+            return false;
+        };
+        if leader == base {
+            return false;
+        }
+        let mut t = self.targets();
+        let i = match t.urls.iter().position(|u| u == leader) {
+            Some(i) => i,
+            None if t.urls.len() < MAX_KNOWN_CONTROLLERS => {
+                t.urls.push(leader.to_owned());
+                t.urls.len() - 1
+            }
+            None => {
+                tracing::warn!(%leader, "too many controller URLs; not following");
+                return false;
+            }
+        };
+        t.current = i;
+        true
+    }
+
+    /// Sends one request to the current controller and moves on according to the answer.
+    async fn call<B: serde::Serialize>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &B,
+    ) -> Reply {
+        let base = self.current();
+        let url = format!("{base}{path}");
+        let resp = match self.http.request(method, &url).json(body).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                self.skip(&base);
+                return Reply::Unreachable(e);
+            }
+        };
+        let status = resp.status();
+        if status.is_success() {
+            return Reply::Ok;
+        }
+        let error = resp.json::<ApiError>().await.ok();
+        match error {
+            Some(e) if e.code == ErrorCode::NotLeader => {
+                let moved = self.follow(&base, e.leader_url.as_deref());
+                Reply::NotLeader { moved, error: e }
+            }
+            error => Reply::Refused { status, error },
         }
     }
 
@@ -56,82 +175,198 @@ impl ControllerLink {
         reason: &str,
         failed: bool,
     ) -> OutdateOutcome {
-        let url = format!(
-            "{}/v1/volumes/{volume}/replicas/{replica}/outdate",
-            self.base
-        );
+        let path = format!("/v1/volumes/{volume}/replicas/{replica}/outdate");
         let body = Outdate {
             epoch,
             reason: reason.into(),
             failed,
         };
-        self.post_until_answered("outdate", &url, &body, volume, replica, false)
+        self.post_until_answered("outdate", &path, &body, volume, replica, false)
             .await
     }
 
     /// Make a resynced replica in-sync again. Retried while the controller is unreachable;
     /// a refusal (e.g. the replica was marked failed meanwhile) is final.
     pub async fn mark_in_sync(&self, volume: &str, replica: &str, epoch: u64) -> OutdateOutcome {
-        let url = format!(
-            "{}/v1/volumes/{volume}/replicas/{replica}/in-sync",
-            self.base
-        );
+        let path = format!("/v1/volumes/{volume}/replicas/{replica}/in-sync");
         let body = MarkInSync { epoch };
-        self.post_until_answered("mark in-sync", &url, &body, volume, replica, true)
+        self.post_until_answered("mark in-sync", &path, &body, volume, replica, true)
             .await
     }
 
     async fn post_until_answered<B: serde::Serialize>(
         &self,
         what: &str,
-        url: &str,
+        path: &str,
         body: &B,
         volume: &str,
         replica: &str,
         refusal_is_final: bool,
     ) -> OutdateOutcome {
         let mut attempt = 0u32;
+        let mut hops = 0u32;
         loop {
             if self.stopped.load(Ordering::Acquire) {
                 return OutdateOutcome::GaveUp;
             }
             attempt += 1;
-            match self.http.post(url).json(body).send().await {
-                Ok(resp) if resp.status().is_success() => return OutdateOutcome::Done,
-                Ok(resp) => {
-                    let status = resp.status();
-                    let err = resp.json::<ApiError>().await.ok();
-                    if let Some(e) = &err {
+            let log = attempt == 1 || attempt.is_multiple_of(30);
+            match self.call(reqwest::Method::POST, path, body).await {
+                Reply::Ok => return OutdateOutcome::Done,
+                Reply::Refused { status, error } => {
+                    if let Some(e) = &error {
                         if e.code == ErrorCode::StaleEpoch {
                             return OutdateOutcome::Fenced;
                         }
                     }
                     if refusal_is_final && status.is_client_error() {
-                        tracing::error!(%volume, %replica, %status, error = ?err, "controller refused {what}");
+                        tracing::error!(%volume, %replica, %status, ?error, "controller refused {what}");
                         return OutdateOutcome::Refused;
                     }
-                    if attempt == 1 || attempt.is_multiple_of(30) {
-                        tracing::error!(%volume, %replica, %status, error = ?err, "controller refused {what}; retrying");
+                    if log {
+                        tracing::error!(%volume, %replica, %status, ?error, "controller refused {what}; retrying");
                     }
                 }
-                Err(e) => {
-                    if attempt == 1 || attempt.is_multiple_of(30) {
+                Reply::NotLeader { moved, error } => {
+                    if moved && hops < MAX_IMMEDIATE_HOPS {
+                        hops += 1;
+                        continue;
+                    }
+                    if log {
+                        tracing::error!(%volume, %replica, message = %error.message, "no controller leads for {what}; retrying");
+                    }
+                }
+                Reply::Unreachable(e) => {
+                    // The next controller may be up: ask it at once, once per round.
+                    let others = u32::try_from(self.targets().urls.len() - 1).unwrap_or(0);
+                    if hops < others {
+                        hops += 1;
+                        continue;
+                    }
+                    if log {
                         tracing::error!(%volume, %replica, error = %e, "controller unreachable for {what}; retrying");
                     }
                 }
             }
+            hops = 0;
             tokio::time::sleep(OUTDATE_RETRY_INTERVAL).await;
         }
     }
 
+    /// Registers (or heartbeats) `node` with the leader, trying each known controller once.
     pub async fn register(&self, node: &str, body: &RegisterNode) -> anyhow::Result<()> {
-        let url = format!("{}/v1/nodes/{node}", self.base);
-        let resp = self.http.put(&url).json(body).send().await?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let text = resp.text().await.unwrap_or_default();
-            anyhow::bail!("controller answered {status}: {text}");
+        let path = format!("/v1/nodes/{node}");
+        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
+        let mut last = String::new();
+        for _ in 0..tries {
+            match self.call(reqwest::Method::PUT, &path, body).await {
+                Reply::Ok => return Ok(()),
+                Reply::Refused { status, error } => {
+                    anyhow::bail!("controller answered {status}: {error:?}")
+                }
+                Reply::NotLeader { error, .. } => last = error.message,
+                Reply::Unreachable(e) => last = e.to_string(),
+            }
         }
-        Ok(())
+        anyhow::bail!("no controller accepted the registration: {last}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::atomic::AtomicUsize;
+
+    use axum::http::StatusCode;
+    use axum::Json;
+
+    use super::*;
+
+    /// A controller on 127.0.0.1:0 that answers every request with `status` and `error`
+    /// (200 and `{}` when `error` is None), counting requests.
+    async fn fake(status: StatusCode, error: Option<ApiError>) -> (String, Arc<AtomicUsize>) {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        let app = axum::Router::new().fallback(move || {
+            h.fetch_add(1, Ordering::SeqCst);
+            let error = error.clone();
+            async move {
+                match error {
+                    Some(e) => (status, Json(serde_json::to_value(e).unwrap())),
+                    None => (status, Json(serde_json::json!({}))),
+                }
+            }
+        });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (url, hits)
+    }
+
+    fn not_leader(leader: &str) -> ApiError {
+        let mut e = ApiError::new(ErrorCode::NotLeader, "not the leader");
+        e.leader_url = Some(leader.into());
+        e
+    }
+
+    fn dead_url() -> String {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        format!("http://127.0.0.1:{port}")
+    }
+
+    /// Outdate and registration skip a dead controller and follow a follower to the leader,
+    /// which gets each request exactly once; later calls go straight to the leader.
+    #[tokio::test]
+    async fn skips_dead_controllers_and_follows_the_leader() {
+        let (leader, leader_hits) = fake(StatusCode::OK, None).await;
+        let (follower, follower_hits) =
+            fake(StatusCode::SERVICE_UNAVAILABLE, Some(not_leader(&leader))).await;
+        let link = ControllerLink::new(&format!("{},{follower}/", dead_url()));
+        let r = link.outdate("v", "r1", 3, "lost", false).await;
+        assert!(matches!(r, OutdateOutcome::Done));
+        assert_eq!(leader_hits.load(Ordering::SeqCst), 1);
+        assert_eq!(follower_hits.load(Ordering::SeqCst), 1);
+        assert!(matches!(
+            link.mark_in_sync("v", "r1", 3).await,
+            OutdateOutcome::Done
+        ));
+        let body = RegisterNode {
+            admin_addr: "a:1".into(),
+            replica_addr: "a:2".into(),
+            nbd_addr: None,
+            nbd_socket: None,
+            pools: vec![],
+            labels: Default::default(),
+        };
+        link.register("n1", &body).await.unwrap();
+        assert_eq!(leader_hits.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            follower_hits.load(Ordering::SeqCst),
+            1,
+            "the leader is remembered"
+        );
+    }
+
+    /// Following does not change the answers: stale epoch is still `Fenced`, and a client
+    /// error is final for mark in-sync.
+    #[tokio::test]
+    async fn answers_after_following_keep_their_meaning() {
+        let stale = ApiError::new(ErrorCode::StaleEpoch, "stale");
+        let (leader, _) = fake(StatusCode::CONFLICT, Some(stale)).await;
+        let (follower, _) = fake(StatusCode::SERVICE_UNAVAILABLE, Some(not_leader(&leader))).await;
+        let link = ControllerLink::new(&follower);
+        let r = link.outdate("v", "r1", 3, "lost", false).await;
+        assert!(matches!(r, OutdateOutcome::Fenced));
+        let refused = ApiError::new(ErrorCode::Conflict, "failed replica");
+        let (leader, _) = fake(StatusCode::CONFLICT, Some(refused)).await;
+        let link = ControllerLink::new(&format!("{},{leader}", dead_url()));
+        assert!(matches!(
+            link.mark_in_sync("v", "r1", 3).await,
+            OutdateOutcome::Refused
+        ));
     }
 }

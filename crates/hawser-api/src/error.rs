@@ -18,6 +18,9 @@ pub enum ErrorCode {
     Unavailable,
     /// The request's epoch is older than the volume's: the caller was fenced.
     StaleEpoch,
+    /// This controller is not the leader; `ApiError::leader_url` says which one is, when
+    /// known. Nothing was done: the request can be sent to the leader as it is.
+    NotLeader,
     Internal,
 }
 
@@ -28,7 +31,7 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::AlreadyExists | ErrorCode::Conflict | ErrorCode::StaleEpoch => 409,
             ErrorCode::InsufficientCapacity => 507,
-            ErrorCode::Unavailable => 503,
+            ErrorCode::Unavailable | ErrorCode::NotLeader => 503,
             ErrorCode::Internal => 500,
         }
     }
@@ -40,6 +43,9 @@ impl ErrorCode {
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
+    /// With `not_leader`: the URL of the controller that leads, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_url: Option<String>,
 }
 
 impl ApiError {
@@ -47,6 +53,7 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+            leader_url: None,
         }
     }
     pub fn not_found(kind: &str, name: &str) -> Self {

@@ -12,6 +12,15 @@ pub const MAX_REPLICAS: u32 = 5;
 /// giving up with a conflict. Writers of one volume are few (its own operation, its engine).
 pub const MAX_CAS_RETRIES: u32 = 16;
 
+/// TTL of a controller's election lease: a leader that stops renewing it (crashed, paused,
+/// cut off from etcd) is replaced this long after its last renewal. etcd's own minimum is
+/// about 2 s; 5 s keeps a slow disk from triggering needless elections.
+pub const LEADER_TTL: Duration = Duration::from_secs(5);
+
+/// How often a controller renews its lease and, as a follower, tries to become leader.
+/// With [`LEADER_TTL`] this bounds takeover at about TTL + one tick.
+pub const ELECTION_TICK: Duration = Duration::from_secs(1);
+
 /// Default seconds without a heartbeat after which a node is offline.
 pub const DEFAULT_NODE_TIMEOUT_SECS: u64 = 15;
 

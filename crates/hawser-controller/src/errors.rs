@@ -65,8 +65,17 @@ pub enum ControllerError {
     },
     #[error("gave up on {key:?} after {retries} compare-and-swap conflicts")]
     Contention { key: String, retries: u32 },
+    #[error("{}", not_leader_message(.leader_url))]
+    NotLeader { leader_url: Option<String> },
     #[error("cluster store: {0}")]
     Store(#[from] StoreError),
+}
+
+fn not_leader_message(leader_url: &Option<String>) -> String {
+    match leader_url {
+        Some(url) => format!("this controller is not the leader; the leader is {url}"),
+        None => "this controller is not the leader and no leader is known yet; retry".into(),
+    }
 }
 
 impl ControllerError {
@@ -99,6 +108,8 @@ impl ControllerError {
                 Some(ErrorCode::InsufficientCapacity) => ErrorCode::InsufficientCapacity,
                 _ => ErrorCode::Unavailable,
             },
+            E::NotLeader { .. } | E::Store(StoreError::Fenced { .. }) => ErrorCode::NotLeader,
+            E::Store(StoreError::Unavailable { .. }) => ErrorCode::Unavailable,
             E::Store(_) => ErrorCode::Internal,
         }
     }
@@ -113,7 +124,11 @@ impl ControllerError {
     }
 
     pub fn to_api(&self) -> ApiError {
-        ApiError::new(self.code(), self.to_string())
+        let mut e = ApiError::new(self.code(), self.to_string());
+        if let ControllerError::NotLeader { leader_url } = self {
+            e.leader_url = leader_url.clone();
+        }
+        e
     }
 }
 

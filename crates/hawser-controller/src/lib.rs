@@ -4,6 +4,9 @@
 //!
 //! `hawser controller` calls [`run`]; tests use [`Controller::bind`] and
 //! [`Controller::serve`] to run one on an ephemeral port.
+//!
+//! The store is a file (one controller) or etcd (several controllers, one elected leader
+//! serves the API; see `leader.rs`).
 
 mod agent_client;
 mod api_nodes;
@@ -11,6 +14,7 @@ mod api_pools;
 mod api_volumes;
 mod constants;
 mod errors;
+mod leader;
 mod locks;
 mod model;
 mod placement;
@@ -29,13 +33,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use hawser_store::{EmbeddedStore, Store};
+use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, Store};
 
-pub use constants::{DEFAULT_NODE_TIMEOUT_SECS, MAX_BODY_BYTES, MAX_REPLICAS};
+pub use constants::{
+    DEFAULT_NODE_TIMEOUT_SECS, ELECTION_TICK, LEADER_TTL, MAX_BODY_BYTES, MAX_REPLICAS,
+};
 pub use errors::ControllerError;
 pub use placement::{place, Candidate, Placement, PlacementError};
 
 use crate::agent_client::AgentClient;
+use crate::leader::{Election, FencedStore, Leadership};
 use crate::records::Records;
 use crate::state::AppState;
 
@@ -51,6 +58,11 @@ pub struct ControllerArgs {
     /// Directory for the controller's state (the cluster store file); created if missing.
     #[arg(long)]
     pub data_dir: PathBuf,
+    /// The cluster store: a file path, or etcd://HOST:PORT[,HOST:PORT...][/PREFIX] to share
+    /// the state among several controllers that elect a leader [default:
+    /// <data-dir>/store.json].
+    #[arg(long, value_name = "PATH|URL")]
+    pub store: Option<String>,
     /// Seconds without a heartbeat after which a node is offline.
     #[arg(long, default_value_t = DEFAULT_NODE_TIMEOUT_SECS)]
     pub node_timeout_secs: u64,
@@ -64,15 +76,39 @@ pub struct ControllerArgs {
 pub struct Controller {
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
+    /// Present with etcd: campaigns while the controller lives.
+    election: Option<Election>,
+}
+
+/// Opens the store `args.store` names (default: the file in the data directory).
+async fn open_store(args: &ControllerArgs) -> anyhow::Result<(Arc<dyn Store>, bool)> {
+    match args.store.as_deref() {
+        Some(url) if url.starts_with("etcd://") => {
+            let cfg = EtcdConfig::parse(url).map_err(|e| anyhow::anyhow!(e))?;
+            let store = EtcdStore::connect(cfg)
+                .await
+                .context("connect to the etcd cluster store")?;
+            Ok((Arc::new(store), true))
+        }
+        other => {
+            let path = match other {
+                Some(p) => PathBuf::from(p),
+                None => args.data_dir.join(STORE_FILE),
+            };
+            let store = EmbeddedStore::open(&path)
+                .with_context(|| format!("open the cluster store {}", path.display()))?;
+            Ok((Arc::new(store), false))
+        }
+    }
 }
 
 impl Controller {
-    /// Opens the store under `args.data_dir` and binds `args.listen`.
+    /// Opens the store and binds `args.listen`. With etcd, starts campaigning for
+    /// leadership; the API answers `not_leader` until this controller leads.
     pub async fn bind(args: ControllerArgs) -> anyhow::Result<Controller> {
         std::fs::create_dir_all(&args.data_dir)
             .with_context(|| format!("create data directory {}", args.data_dir.display()))?;
-        let store_path = args.data_dir.join(STORE_FILE);
-        let store = EmbeddedStore::open(&store_path).context("open the cluster store")?;
+        let (store, shared) = open_store(&args).await?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listen on {}", args.listen))?;
@@ -90,17 +126,27 @@ impl Controller {
                 format!("http://{addr}")
             }
         };
+        let (election, leadership) = if shared {
+            let (e, l) = Election::start(store.clone(), controller_url.clone());
+            (Some(e), l)
+        } else {
+            (None, Leadership::sole())
+        };
+        tracing::info!(store = %store.describe(), "cluster store");
+        let fenced = FencedStore::new(store, leadership.clone());
         let state = AppState {
-            records: Records::new(Arc::new(store) as Arc<dyn Store>),
+            records: Records::new(Arc::new(fenced)),
             agents: AgentClient::new().context("build the agent HTTP client")?,
             volume_locks: Default::default(),
             reservations: Default::default(),
             node_timeout_ms: args.node_timeout_secs.saturating_mul(1000),
             controller_url,
+            leadership,
         };
         Ok(Controller {
             listener,
             state: Arc::new(state),
+            election,
         })
     }
 
@@ -108,48 +154,48 @@ impl Controller {
         self.listener.local_addr().context("read the bound address")
     }
 
-    /// Serves the API until `shutdown` completes, then finishes in-flight requests.
+    /// Serves the API until `shutdown` completes, then finishes in-flight requests and
+    /// resigns leadership. Dropping the future instead (as a crash would) does not resign:
+    /// the others take over when the lease expires.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let app = server::router(self.state);
-        axum::serve(self.listener, app)
+        let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
             .await
-            .context("serve the controller API")
+            .context("serve the controller API");
+        if let Some(e) = self.election {
+            e.resign().await;
+        }
+        result
     }
 }
 
 /// Runs `hawser controller` until SIGINT or SIGTERM.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    // Watch the signals before the API answers anything: a SIGTERM sent as soon as the
+    // controller responds must stop it gracefully (and resign), not kill it.
+    let shutdown = shutdown_signal()?;
     let data_dir = args.data_dir.clone();
     let controller = Controller::bind(args).await?;
     let addr = controller.local_addr()?;
     tracing::info!(%addr, data_dir = %data_dir.display(), "controller listening");
-    controller.serve(shutdown_signal()).await?;
+    controller.serve(shutdown).await?;
     tracing::info!("controller stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops it");
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+/// Registers SIGINT and SIGTERM handlers now; the future completes on either.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).context("watch SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("watch SIGTERM")?;
+    Ok(async move {
         tokio::select! {
-            _ = ctrl_c => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    })
 }

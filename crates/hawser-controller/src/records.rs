@@ -31,6 +31,15 @@ impl Records {
         Ok(list.into_iter().map(|(_, n, _)| n).collect())
     }
 
+    /// The URLs of the live controllers (each registered under its election lease).
+    pub async fn controller_urls(&self) -> Result<Vec<String>, ControllerError> {
+        let list = self.store.list(crate::leader::CONTROLLERS_PREFIX).await?;
+        Ok(list
+            .into_iter()
+            .filter_map(|(_, v)| String::from_utf8(v.value).ok())
+            .collect())
+    }
+
     /// Heartbeats of one node come one at a time from its agent, so the last one wins.
     pub async fn put_node(&self, node: &NodeRecord) -> Result<(), ControllerError> {
         put_json(&*self.store, &node_key(&node.name), node, Expect::Any).await?;

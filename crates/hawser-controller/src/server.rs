@@ -4,19 +4,23 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{Method, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
 use serde::de::DeserializeOwned;
 
 use crate::constants::MAX_BODY_BYTES;
 use crate::errors::ControllerError;
+use crate::leader::Role;
 use crate::state::AppState;
 use crate::{api_nodes, api_pools, api_volumes};
 
 pub fn router(state: Arc<AppState>) -> Router {
+    let leader_only = axum::middleware::from_fn_with_state(state.clone(), require_leader);
     Router::new()
         .route("/v1/nodes", get(api_nodes::list))
         .route(
@@ -44,8 +48,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(leader_only)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Only the leader serves the API, reads included: a follower's view may lag behind the
+/// leader's in-memory decisions (reservations, per-volume locks), and one place to ask keeps
+/// clients simple. Followers say where the leader is.
+async fn require_leader(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    match st.leadership.role() {
+        Role::Follower { leader_url } => ControllerError::NotLeader { leader_url }.into_response(),
+        Role::Sole | Role::Leader { .. } => next.run(req).await,
+    }
 }
 
 async fn no_route(method: Method, uri: Uri) -> ControllerError {

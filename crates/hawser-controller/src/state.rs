@@ -1,6 +1,7 @@
 //! The state shared by all request handlers.
 
 use crate::agent_client::AgentClient;
+use crate::leader::Leadership;
 use crate::locks::KeyedLocks;
 use crate::model::{now_ms, NodeRecord};
 use crate::placement::Candidate;
@@ -15,9 +16,29 @@ pub struct AppState {
     pub node_timeout_ms: u64,
     /// The URL agents reach this controller at (sent to engines for outdate reports).
     pub controller_url: String,
+    /// Whether this controller leads (and may serve the API).
+    pub leadership: Leadership,
 }
 
 impl AppState {
+    /// The controller URLs an engine reports to, comma-separated: this one (the leader)
+    /// first, then every other live controller, so the engine can find the next leader
+    /// after this one is gone.
+    pub async fn engine_controller_urls(&self) -> String {
+        let mut urls = vec![self.controller_url.clone()];
+        match self.records.controller_urls().await {
+            Ok(others) => {
+                for u in others {
+                    if !urls.contains(&u) {
+                        urls.push(u);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list the other controllers"),
+        }
+        urls.join(",")
+    }
+
     pub fn is_online(&self, node: &NodeRecord) -> bool {
         node.is_online(now_ms(), self.node_timeout_ms)
     }

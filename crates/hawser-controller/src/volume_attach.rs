@@ -55,7 +55,7 @@ pub async fn attach_volume(
         size_bytes: rec.size_bytes,
         epoch: rec.epoch,
         replicas: engine_replicas(&rec, &nodes)?,
-        controller_url: st.controller_url.clone(),
+        controller_url: st.engine_controller_urls().await,
         on_quorum_loss: rec.on_quorum_loss,
     };
     if let Err(source) = st.agents.start_engine(&node.admin_addr, &start).await {
@@ -82,7 +82,7 @@ async fn ensure_engine(
         size_bytes: rec.size_bytes,
         epoch: rec.epoch,
         replicas: engine_replicas(rec, nodes)?,
-        controller_url: st.controller_url.clone(),
+        controller_url: st.engine_controller_urls().await,
         on_quorum_loss: rec.on_quorum_loss,
     };
     st.agents

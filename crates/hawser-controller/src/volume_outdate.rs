@@ -274,20 +274,44 @@ mod tests {
         ) -> hawser_store::Result<Vec<(String, hawser_store::Versioned)>> {
             self.inner.list(prefix).await
         }
-        async fn put(
+        async fn put_with(
             &self,
             key: &str,
             value: Vec<u8>,
             expect: hawser_store::Expect,
+            opts: &hawser_store::WriteOptions,
         ) -> hawser_store::Result<u64> {
-            self.inner.put(key, value, expect).await
+            self.inner.put_with(key, value, expect, opts).await
         }
-        async fn delete(
+        async fn delete_with(
             &self,
             key: &str,
             expect: hawser_store::Expect,
+            opts: &hawser_store::WriteOptions,
         ) -> hawser_store::Result<()> {
-            self.inner.delete(key, expect).await
+            self.inner.delete_with(key, expect, opts).await
+        }
+        async fn grant_lease(&self, ttl: std::time::Duration) -> hawser_store::Result<i64> {
+            self.inner.grant_lease(ttl).await
+        }
+        async fn keep_alive(&self, lease: i64) -> hawser_store::Result<()> {
+            self.inner.keep_alive(lease).await
+        }
+        async fn revoke_lease(&self, lease: i64) -> hawser_store::Result<()> {
+            self.inner.revoke_lease(lease).await
+        }
+        async fn watch(
+            &self,
+            prefix: &str,
+            after: u64,
+        ) -> hawser_store::Result<hawser_store::Watch> {
+            self.inner.watch(prefix, after).await
+        }
+        async fn revision(&self) -> hawser_store::Result<u64> {
+            self.inner.revision().await
+        }
+        fn describe(&self) -> String {
+            self.inner.describe()
         }
     }
 
@@ -312,6 +336,7 @@ mod tests {
             reservations: Default::default(),
             node_timeout_ms: 1000,
             controller_url: "http://127.0.0.1:1".into(),
+            leadership: crate::leader::Leadership::sole(),
         });
         let report = |id: &'static str| {
             let st = st.clone();

@@ -278,6 +278,7 @@ async fn state_survives_a_controller_restart() {
     let args = hawser_controller::ControllerArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.path().to_path_buf(),
+        store: None,
         node_timeout_secs: 15,
         advertise_url: Some("http://controller.example:9400/".into()),
     };

@@ -1,6 +1,7 @@
-//! A Hawser cluster of real processes on loopback: one controller and N agents, each with its
-//! own data directory and ports. Dropping it stops every process it started (SIGTERM, then
-//! SIGKILL after a deadline) and removes its directory.
+//! A Hawser cluster of real processes on loopback: one controller (or several sharing a real
+//! etcd, which then elect a leader) and N agents, each with its own data directory and
+//! ports. Dropping it stops every process it started (SIGTERM, then SIGKILL after a
+//! deadline) and removes its directory.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use hawser_api::agent::AgentStatus;
 use hawser_api::controller::{Node, Volume};
+use hawser_store::etcd_process::EtcdProcess;
 
 use crate::run::{wait_until, TempDir};
 
@@ -22,17 +24,30 @@ pub struct AgentProc {
     pub data_dir: PathBuf,
 }
 
+pub struct ControllerProc {
+    /// `controller`, or `controller-N` when there are several (also its log's name).
+    pub name: String,
+    pub url: String,
+    pub child: Child,
+}
+
 pub struct Cluster {
     pub dir: TempDir,
+    /// Every controller's URL, comma-separated (what the CLI and the agents are given).
     pub url: String,
-    controller: Child,
+    pub controllers: Vec<ControllerProc>,
     pub agents: Vec<AgentProc>,
+    /// Dropped after the processes that use it.
+    pub etcd: Option<EtcdProcess>,
 }
 
 #[derive(Default)]
 pub struct ClusterOptions {
     /// Extra `--pool` specs per agent index (replacing the default pool).
     pub pools: Vec<Vec<String>>,
+    /// When > 0: start a real etcd and this many controllers on it (leader election);
+    /// else one controller on the embedded store.
+    pub etcd_controllers: usize,
 }
 
 pub fn hawser_bin() -> PathBuf {
@@ -62,25 +77,31 @@ impl Cluster {
 
     pub fn start_with(name: &str, agents: usize, opts: ClusterOptions) -> Cluster {
         let dir = TempDir::new(name);
-        let port = free_port();
-        let url = format!("http://127.0.0.1:{port}");
-        let controller = Command::new(hawser_bin())
-            .args([
-                "controller",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(dir.path().join("controller"))
-            .stdout(Stdio::null())
-            .stderr(log_file(dir.path(), "controller"))
-            .spawn()
-            .expect("start controller");
+        let etcd = (opts.etcd_controllers > 0)
+            .then(|| EtcdProcess::start(dir.path()).unwrap_or_else(|e| panic!("start etcd: {e}")));
+        let store = etcd.as_ref().map(|e| e.store_url("hawser"));
+        let count = opts.etcd_controllers.max(1);
+        let controllers: Vec<ControllerProc> = (0..count)
+            .map(|i| {
+                let name = if count == 1 {
+                    "controller".to_string()
+                } else {
+                    format!("controller-{}", i + 1)
+                };
+                spawn_controller(dir.path(), &name, store.as_deref())
+            })
+            .collect();
+        let url = controllers
+            .iter()
+            .map(|c| c.url.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         let mut c = Cluster {
             dir,
             url,
-            controller,
+            controllers,
             agents: Vec::new(),
+            etcd,
         };
         for i in 0..agents {
             let pools = opts.pools.get(i).cloned().unwrap_or_default();
@@ -158,6 +179,45 @@ impl Cluster {
             socket,
             data_dir,
         }
+    }
+
+    /// The index of the controller that leads now (the only one that serves the API), if
+    /// exactly one does.
+    pub fn leader(&self) -> Option<usize> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .ok()?;
+        let serving: Vec<usize> = self
+            .controllers
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                http.get(format!("{}/v1/nodes", c.url))
+                    .send()
+                    .is_ok_and(|r| r.status().is_success())
+            })
+            .map(|(i, _)| i)
+            .collect();
+        assert!(serving.len() <= 1, "several controllers serve: {serving:?}");
+        serving.first().copied()
+    }
+
+    /// Waits until one controller leads; returns its index.
+    pub fn wait_leader(&self, timeout: Duration) -> usize {
+        let mut found = None;
+        wait_until("a leading controller", timeout, || {
+            found = self.leader();
+            found.is_some()
+        });
+        found.expect("a leader")
+    }
+
+    /// kill -9 of controller `i` (by the PID this fixture started).
+    pub fn kill_controller(&mut self, i: usize) {
+        let c = &mut self.controllers[i].child;
+        let _ = c.kill();
+        let _ = c.wait();
     }
 
     pub fn wait_nodes_online(&self, n: usize) {
@@ -250,6 +310,30 @@ impl Cluster {
     }
 }
 
+/// Starts `hawser controller` named `name` on a free port, on `store` (etcd URL) or its own
+/// embedded store.
+fn spawn_controller(dir: &Path, name: &str, store: Option<&str>) -> ControllerProc {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut cmd = Command::new(hawser_bin());
+    cmd.args(["controller", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(dir.join(name));
+    if let Some(s) = store {
+        cmd.args(["--store", s]);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(log_file(dir, name))
+        .spawn()
+        .expect("start controller");
+    ControllerProc {
+        name: name.into(),
+        url,
+        child,
+    }
+}
+
 /// The stdout of a CLI run that must have succeeded; panics with both streams otherwise.
 pub(crate) fn cli_stdout(args: &[&str], out: Output) -> String {
     assert!(
@@ -332,9 +416,17 @@ impl Drop for Cluster {
         for a in &mut self.agents {
             stop(&mut a.child);
         }
-        stop(&mut self.controller);
+        for c in &mut self.controllers {
+            stop(&mut c.child);
+        }
+        if let Some(mut e) = self.etcd.take() {
+            e.kill();
+        }
         if std::thread::panicking() {
-            let names = std::iter::once("controller".to_owned())
+            let names = self
+                .controllers
+                .iter()
+                .map(|c| c.name.clone())
                 .chain(self.agents.iter().map(|a| a.name.clone()));
             print_log_tails(self.dir.path(), names);
         }

@@ -250,6 +250,7 @@ fn full_pool_gives_enospc_and_keeps_earlier_data() {
     let pool = |n: &str| format!("small={}/{n},overprovision=4", fs.mount.dir.display());
     let opts = ClusterOptions {
         pools: vec![vec![pool("a")], vec![pool("b")]],
+        ..ClusterOptions::default()
     };
     let mut c = Cluster::start_with("enospc", 2, opts);
     let uri = c.attached_volume("full", "128MiB", 2, "n1");

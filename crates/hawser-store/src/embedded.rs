@@ -14,32 +14,91 @@
 //! A global revision counter is stored in the file, so versions keep growing across restarts
 //! (and a deleted-then-recreated key never reuses a version). An exclusive lock on
 //! `FILE.lock` keeps two controllers from writing the same file.
+//!
+//! Leases and watches are in-process: a lease lives only as long as the process holding the
+//! store, so keys written under a lease are not written to the file (after a restart they
+//! are gone, as if expired). Watchers get events through bounded channels, and a watch may
+//! start up to [`MAX_WATCH_HISTORY`] events in the past.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Mutex;
+use tokio::sync::{mpsc, Mutex, Notify};
+use tokio::time::Instant;
 
-use crate::store::{Expect, Result, Store, StoreError, Versioned};
+use crate::store::{
+    Expect, Fence, LeaseId, Result, Store, StoreError, Versioned, Watch, WatchEvent, WriteOptions,
+};
 
 const MAGIC: &str = "hawser-store";
 const FORMAT: u32 = 1;
 
+/// Events kept in memory so a watch can start at a recent revision.
+pub const MAX_WATCH_HISTORY: usize = 1024;
+/// Events a watcher may fall behind by; a watcher further behind is dropped (its stream
+/// ends) rather than letting memory grow.
+pub const MAX_WATCH_BACKLOG: usize = 4096;
+/// Live leases at once.
+pub const MAX_LEASES: usize = 4096;
+
 /// The embedded, single-file store.
 pub struct EmbeddedStore {
-    path: PathBuf,
-    inner: Mutex<Inner>,
+    shared: Arc<Shared>,
     /// Held for the store's lifetime: the OS releases the lock when the file is closed.
     _lock: File,
 }
 
+struct Shared {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+    /// Wakes the lease expiry task when a lease is granted or renewed.
+    expiry: Arc<Notify>,
+}
+
+struct Entry {
+    value: Versioned,
+    lease: Option<LeaseId>,
+}
+
+struct Lease {
+    ttl: Duration,
+    deadline: Instant,
+    keys: BTreeSet<String>,
+}
+
+struct Watcher {
+    prefix: String,
+    tx: mpsc::Sender<Result<WatchEvent>>,
+}
+
 struct Inner {
     revision: u64,
-    entries: BTreeMap<String, Versioned>,
+    entries: BTreeMap<String, Entry>,
+    leases: HashMap<LeaseId, Lease>,
+    next_lease: LeaseId,
+    expiry_task: bool,
+    history: VecDeque<WatchEvent>,
+    /// A watch may start after any revision >= this one.
+    history_start: u64,
+    watchers: Vec<Watcher>,
+}
+
+/// One change of a mutation.
+enum Op {
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    },
+    Delete {
+        key: String,
+    },
 }
 
 /// One entry on disk. Values that are UTF-8 (JSON, in practice) are stored as text so the
@@ -66,12 +125,9 @@ impl EmbeddedStore {
     pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
         let lock = lock_file(&path)?;
-        let inner = match fs::read(&path) {
+        let (revision, entries) = match fs::read(&path) {
             Ok(bytes) => decode(&path, &bytes)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Inner {
-                revision: 0,
-                entries: BTreeMap::new(),
-            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, BTreeMap::new()),
             Err(source) => {
                 return Err(StoreError::Io {
                     op: "read",
@@ -80,18 +136,33 @@ impl EmbeddedStore {
                 })
             }
         };
-        tracing::debug!(path = %path.display(), revision = inner.revision, "opened store");
+        tracing::debug!(path = %path.display(), revision, "opened store");
+        let inner = Inner {
+            revision,
+            entries,
+            leases: HashMap::new(),
+            next_lease: 1,
+            expiry_task: false,
+            history: VecDeque::new(),
+            history_start: revision,
+            watchers: Vec::new(),
+        };
         Ok(EmbeddedStore {
-            path,
-            inner: Mutex::new(inner),
+            shared: Arc::new(Shared {
+                path,
+                inner: Mutex::new(inner),
+                expiry: Arc::new(Notify::new()),
+            }),
             _lock: lock,
         })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.shared.path
     }
+}
 
+impl Shared {
     /// Writes the state durably; on failure the caller rolls its change back.
     async fn persist(&self, inner: &Inner) -> Result<()> {
         let bytes = encode(inner)?;
@@ -105,78 +176,323 @@ impl EmbeddedStore {
             })?
     }
 
-    /// Sets `key` to `value` (None = delete) at the next revision, durably. Rolls back the
+    /// Applies `ops` at the next revision, durably, and tells the watchers. Rolls back the
     /// in-memory change if the write fails.
-    async fn mutate(&self, inner: &mut Inner, key: &str, value: Option<Vec<u8>>) -> Result<u64> {
+    async fn mutate(&self, inner: &mut Inner, ops: Vec<Op>) -> Result<u64> {
         let old_revision = inner.revision;
         let revision = old_revision + 1;
-        let old = match value {
-            Some(value) => inner.entries.insert(
-                key.into(),
-                Versioned {
-                    value,
-                    version: revision,
-                },
-            ),
-            None => inner.entries.remove(key),
-        };
+        let mut undo: Vec<(String, Option<Entry>)> = Vec::with_capacity(ops.len());
+        let mut events = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                Op::Put { key, value, lease } => {
+                    let value = Versioned {
+                        value,
+                        version: revision,
+                    };
+                    events.push(WatchEvent::Put {
+                        key: key.clone(),
+                        value: value.clone(),
+                    });
+                    let old = inner.entries.insert(key.clone(), Entry { value, lease });
+                    undo.push((key, old));
+                }
+                Op::Delete { key } => {
+                    let old = inner.entries.remove(&key);
+                    if old.is_some() {
+                        events.push(WatchEvent::Delete {
+                            key: key.clone(),
+                            revision,
+                        });
+                    }
+                    undo.push((key, old));
+                }
+            }
+        }
         inner.revision = revision;
         if let Err(e) = self.persist(inner).await {
             inner.revision = old_revision;
-            match old {
-                Some(old) => inner.entries.insert(key.into(), old),
-                None => inner.entries.remove(key),
-            };
+            for (key, old) in undo.into_iter().rev() {
+                match old {
+                    Some(old) => inner.entries.insert(key, old),
+                    None => inner.entries.remove(&key),
+                };
+            }
             return Err(e);
+        }
+        for (key, _) in &undo {
+            inner.relink_lease(key);
+        }
+        for event in events {
+            inner.publish(event);
         }
         Ok(revision)
     }
+
+    /// Deletes the keys of every lease past its deadline, one revision per lease.
+    async fn expire_due(&self, inner: &mut Inner) -> Result<()> {
+        let now = Instant::now();
+        let due: Vec<LeaseId> = inner
+            .leases
+            .iter()
+            .filter(|(_, l)| l.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.end_lease(inner, id).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes lease `id` and deletes its keys (one revision), if it exists.
+    async fn end_lease(&self, inner: &mut Inner, id: LeaseId) -> Result<()> {
+        let Some(lease) = inner.leases.remove(&id) else {
+            return Ok(());
+        };
+        tracing::debug!(lease = id, keys = lease.keys.len(), "lease ended");
+        if lease.keys.is_empty() {
+            return Ok(());
+        }
+        let ops = lease
+            .keys
+            .iter()
+            .map(|k| Op::Delete { key: k.clone() })
+            .collect();
+        if let Err(e) = self.mutate(inner, ops).await {
+            // Keep the lease so a later pass deletes its keys.
+            inner.leases.insert(id, lease);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Runs while the store exists: ends leases at their deadlines, so their keys disappear
+    /// (and watchers hear of it) without waiting for the next call.
+    async fn expiry_loop(me: Weak<Shared>) {
+        loop {
+            let Some(shared) = me.upgrade() else { return };
+            let next = {
+                let mut inner = shared.inner.lock().await;
+                if let Err(e) = shared.expire_due(&mut inner).await {
+                    tracing::warn!(error = %e, "cannot expire leases; retrying");
+                }
+                inner.leases.values().map(|l| l.deadline).min()
+            };
+            let notify = shared.expiry.clone();
+            drop(shared);
+            let wake = notify.notified();
+            let deadline = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                _ = wake => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// The lock, with due leases already expired: every call sees the state as of now.
+    async fn lock(&self) -> Result<tokio::sync::MutexGuard<'_, Inner>> {
+        let mut inner = self.inner.lock().await;
+        self.expire_due(&mut inner).await?;
+        Ok(inner)
+    }
 }
 
-/// The compare-and-swap precondition of every mutation, in one place: `expect` must match
-/// the key's current version (or absence). Returns that version.
-fn check_expect(inner: &Inner, key: &str, expect: Expect) -> Result<Option<u64>> {
-    let found = inner.entries.get(key).map(|v| v.version);
-    if !expect.matches(found) {
-        return Err(StoreError::Conflict {
-            key: key.into(),
-            expected: expect,
-            found,
-        });
+impl Inner {
+    /// Records `key`'s current lease (if any) in that lease's key set, and forgets it in the
+    /// others.
+    fn relink_lease(&mut self, key: &str) {
+        let lease = self.entries.get(key).and_then(|e| e.lease);
+        for (id, l) in self.leases.iter_mut() {
+            if Some(*id) == lease {
+                l.keys.insert(key.to_string());
+            } else {
+                l.keys.remove(key);
+            }
+        }
     }
-    Ok(found)
+
+    fn publish(&mut self, event: WatchEvent) {
+        self.watchers.retain(|w| {
+            if !event.key().starts_with(&w.prefix) {
+                return !w.tx.is_closed();
+            }
+            match w.tx.try_send(Ok(event.clone())) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::warn!(prefix = %w.prefix, "watcher fell behind; dropping it");
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            }
+        });
+        self.history.push_back(event);
+        while self.history.len() > MAX_WATCH_HISTORY {
+            if let Some(old) = self.history.pop_front() {
+                self.history_start = self.history_start.max(old.revision());
+            }
+        }
+    }
+
+    fn check_fence(&self, key: &str, fence: Option<&Fence>) -> Result<()> {
+        let Some(f) = fence else { return Ok(()) };
+        let found = self.entries.get(&f.key).map(|e| e.value.version);
+        if found != Some(f.version) {
+            return Err(StoreError::Fenced {
+                key: key.into(),
+                fence_key: f.key.clone(),
+                expected: f.version,
+                found,
+            });
+        }
+        Ok(())
+    }
+
+    /// The compare-and-swap precondition of every mutation, in one place: `expect` must
+    /// match the key's current version (or absence). Returns that version.
+    fn check_expect(&self, key: &str, expect: Expect) -> Result<Option<u64>> {
+        let found = self.entries.get(key).map(|e| e.value.version);
+        if !expect.matches(found) {
+            return Err(StoreError::Conflict {
+                key: key.into(),
+                expected: expect,
+                found,
+            });
+        }
+        Ok(found)
+    }
 }
 
 #[async_trait]
 impl Store for EmbeddedStore {
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
-        Ok(self.inner.lock().await.entries.get(key).cloned())
+        let inner = self.shared.lock().await?;
+        Ok(inner.entries.get(key).map(|e| e.value.clone()))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>> {
-        let inner = self.inner.lock().await;
+        let inner = self.shared.lock().await?;
         Ok(inner
             .entries
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, e)| (k.clone(), e.value.clone()))
             .collect())
     }
 
-    async fn put(&self, key: &str, value: Vec<u8>, expect: Expect) -> Result<u64> {
-        let mut inner = self.inner.lock().await;
-        check_expect(&inner, key, expect)?;
-        self.mutate(&mut inner, key, Some(value)).await
+    async fn put_with(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expect: Expect,
+        opts: &WriteOptions,
+    ) -> Result<u64> {
+        let mut inner = self.shared.lock().await?;
+        inner.check_fence(key, opts.fence.as_ref())?;
+        inner.check_expect(key, expect)?;
+        if let Some(lease) = opts.lease {
+            if !inner.leases.contains_key(&lease) {
+                return Err(StoreError::LeaseExpired { lease });
+            }
+        }
+        let op = Op::Put {
+            key: key.into(),
+            value,
+            lease: opts.lease,
+        };
+        self.shared.mutate(&mut inner, vec![op]).await
     }
 
-    async fn delete(&self, key: &str, expect: Expect) -> Result<()> {
-        let mut inner = self.inner.lock().await;
-        let found = check_expect(&inner, key, expect)?;
+    async fn delete_with(&self, key: &str, expect: Expect, opts: &WriteOptions) -> Result<()> {
+        let mut inner = self.shared.lock().await?;
+        inner.check_fence(key, opts.fence.as_ref())?;
+        let found = inner.check_expect(key, expect)?;
         if found.is_some() {
-            self.mutate(&mut inner, key, None).await?;
+            let op = Op::Delete { key: key.into() };
+            self.shared.mutate(&mut inner, vec![op]).await?;
         }
         Ok(())
     }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
+        let mut inner = self.shared.lock().await?;
+        if inner.leases.len() >= MAX_LEASES {
+            return Err(StoreError::Unavailable {
+                endpoint: self.describe(),
+                op: "grant lease",
+                key: String::new(),
+                reason: format!("{MAX_LEASES} leases are live already"),
+            });
+        }
+        let ttl = ttl_secs(ttl);
+        let id = inner.next_lease;
+        inner.next_lease += 1;
+        inner.leases.insert(
+            id,
+            Lease {
+                ttl,
+                deadline: Instant::now() + ttl,
+                keys: BTreeSet::new(),
+            },
+        );
+        if !inner.expiry_task {
+            inner.expiry_task = true;
+            tokio::spawn(Shared::expiry_loop(Arc::downgrade(&self.shared)));
+        }
+        self.shared.expiry.notify_one();
+        Ok(id)
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<()> {
+        let mut inner = self.shared.lock().await?;
+        let l = inner
+            .leases
+            .get_mut(&lease)
+            .ok_or(StoreError::LeaseExpired { lease })?;
+        l.deadline = Instant::now() + l.ttl;
+        Ok(())
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        let mut inner = self.shared.lock().await?;
+        self.shared.end_lease(&mut inner, lease).await
+    }
+
+    async fn watch(&self, prefix: &str, after: u64) -> Result<Watch> {
+        let mut inner = self.shared.lock().await?;
+        if after < inner.history_start {
+            return Err(StoreError::Compacted {
+                prefix: prefix.into(),
+                after,
+                oldest: inner.history_start,
+            });
+        }
+        let (tx, rx) = mpsc::channel(MAX_WATCH_BACKLOG);
+        for event in &inner.history {
+            if event.revision() > after && event.key().starts_with(prefix) {
+                // Cannot fail: the history is shorter than the channel.
+                let _ = tx.try_send(Ok(event.clone()));
+            }
+        }
+        inner.watchers.push(Watcher {
+            prefix: prefix.into(),
+            tx,
+        });
+        Ok(Watch::new(rx, None))
+    }
+
+    async fn revision(&self) -> Result<u64> {
+        Ok(self.shared.lock().await?.revision)
+    }
+
+    fn describe(&self) -> String {
+        self.shared.path.display().to_string()
+    }
+}
+
+/// A TTL in whole seconds, at least one, as etcd counts it.
+fn ttl_secs(ttl: Duration) -> Duration {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    Duration::from_secs(secs.max(1))
 }
 
 fn lock_file(path: &Path) -> Result<File> {
@@ -242,7 +558,9 @@ fn encode(inner: &Inner) -> Result<Vec<u8>> {
     let entries = inner
         .entries
         .iter()
-        .map(|(k, v)| {
+        .filter(|(_, e)| e.lease.is_none())
+        .map(|(k, e)| {
+            let v = &e.value;
             let e = match std::str::from_utf8(&v.value) {
                 Ok(s) => DiskEntry {
                     version: v.version,
@@ -276,7 +594,7 @@ fn encode(inner: &Inner) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn decode(path: &Path, bytes: &[u8]) -> Result<Inner> {
+fn decode(path: &Path, bytes: &[u8]) -> Result<(u64, BTreeMap<String, Entry>)> {
     let corrupt = |reason: String| StoreError::Corrupt {
         path: path.to_path_buf(),
         reason,
@@ -336,18 +654,13 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<Inner> {
                 e.version, state.revision
             )));
         }
-        entries.insert(
-            key,
-            Versioned {
-                value,
-                version: e.version,
-            },
-        );
+        let value = Versioned {
+            value,
+            version: e.version,
+        };
+        entries.insert(key, Entry { value, lease: None });
     }
-    Ok(Inner {
-        revision: state.revision,
-        entries,
-    })
+    Ok((state.revision, entries))
 }
 
 fn to_hex(bytes: &[u8]) -> String {

@@ -1,9 +1,16 @@
-//! Hawser's cluster store: a versioned key/value trait with compare-and-swap ([`Store`]),
-//! typed JSON helpers, and the embedded single-file backend ([`EmbeddedStore`]). An etcd v3
-//! backend can implement the same trait later.
+//! Hawser's cluster store: a versioned key/value trait with compare-and-swap, leases, fences
+//! and watches ([`Store`]), typed JSON helpers, and its two backends: the embedded
+//! single-file store ([`EmbeddedStore`], one controller) and etcd v3 ([`EtcdStore`], several
+//! controllers with leader election).
 
 mod embedded;
+mod etcd;
+pub mod etcd_process;
 mod store;
 
 pub use embedded::EmbeddedStore;
-pub use store::{get_json, list_json, put_json, Expect, Result, Store, StoreError, Versioned};
+pub use etcd::{EtcdConfig, EtcdStore};
+pub use store::{
+    get_json, list_json, put_json, Expect, Fence, LeaseId, Result, Store, StoreError, Versioned,
+    Watch, WatchEvent, WriteOptions,
+};

@@ -24,7 +24,8 @@ use crate::cli::{node, pool, volume};
     about = "Replicated block storage for Kubernetes"
 )]
 struct Cli {
-    /// Controller URL for the client commands.
+    /// Controller URL for the client commands; several, comma-separated, when controllers
+    /// share etcd (the leader is found and followed).
     #[arg(long, env = "HAWSER_CONTROLLER", default_value = hawser_api::DEFAULT_CONTROLLER_URL)]
     controller: String,
     #[command(subcommand)]

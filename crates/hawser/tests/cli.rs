@@ -30,6 +30,7 @@ impl Env {
         let args = ControllerArgs {
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().to_path_buf(),
+            store: None,
             node_timeout_secs: 60,
             advertise_url: None,
         };
@@ -436,4 +437,99 @@ fn controller_subcommand_serves_and_stops() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+/// A follower controller: answers everything with `not_leader`, naming `leader`. Counts the
+/// requests it got.
+async fn fake_follower(
+    leader: Option<String>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let app = Router::new().fallback(move || {
+        let leader = leader.clone();
+        h.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut e = hawser_api::ApiError::new(
+                hawser_api::ErrorCode::NotLeader,
+                "this controller is not the leader",
+            );
+            e.leader_url = leader;
+            (StatusCode::SERVICE_UNAVAILABLE, Json(e))
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, hits)
+}
+
+/// `--controller A,B,C`: a controller that cannot be reached is skipped, a follower's
+/// `not_leader` is followed to the leader it names, and with no leader anywhere the error
+/// says so (exit 1).
+#[test]
+fn controller_list_skips_the_unreachable_and_follows_the_leader() {
+    use std::sync::atomic::Ordering;
+    let env = Env::start();
+    env.register(1);
+    let dead = {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        format!("http://127.0.0.1:{port}")
+    };
+    let (follower, hits) = env._rt.block_on(fake_follower(Some(env.url.clone())));
+    let list = format!("{dead},{follower}");
+    let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+        .args(["--controller", &list, "node", "list", "-o", "json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let nodes: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(nodes[0]["name"], "n1", "{nodes}");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "the follower was asked once"
+    );
+    // A create through the follower happens exactly once, on the leader.
+    let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+        .args([
+            "--controller",
+            &follower,
+            "volume",
+            "create",
+            "v1",
+            "--size",
+            "1GiB",
+            "--replicas",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let volumes = env.json(&["volume", "list", "-o", "json"]);
+    assert_eq!(volumes.as_array().unwrap().len(), 1, "{volumes}");
+
+    let (nobody, _) = env._rt.block_on(fake_follower(None));
+    let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+        .args([
+            "--controller",
+            &format!("{dead},{nobody}"),
+            "volume",
+            "list",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not the leader"), "{stderr}");
 }

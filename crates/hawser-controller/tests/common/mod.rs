@@ -220,6 +220,7 @@ impl Cluster {
         let args = ControllerArgs {
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().join("controller"),
+            store: None,
             node_timeout_secs,
             advertise_url: None,
         };

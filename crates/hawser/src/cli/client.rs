@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use hawser_api::error::{error_chain, truncate_chars};
-use hawser_api::ApiError;
+use hawser_api::{ApiError, ErrorCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -29,22 +29,44 @@ pub enum CliError {
     Client(String),
 }
 
+/// Leaders followed for one request: a follower names the leader, which may itself have
+/// just lost the lease and name the next one; past this many hops the CLI gives up.
+const MAX_LEADER_HOPS: usize = 3;
+
 pub struct Client {
-    base: String,
+    /// Every controller the user named, tried in order.
+    bases: Vec<String>,
     http: reqwest::blocking::Client,
 }
 
+/// What one controller did with a request.
+enum Attempt {
+    /// Answered (success or a refusal that is not about leadership), or failed in a way
+    /// that may have left the request executed: not retried elsewhere.
+    Done(Result<String, CliError>),
+    /// Could not connect: the request was not sent, another controller may take it.
+    Unreachable(CliError),
+    /// A follower: nothing was done; the leader is there, when known.
+    NotLeader(ApiError),
+}
+
 impl Client {
+    /// `base` is one controller URL or several, comma-separated (controllers sharing etcd).
     pub fn new(base: &str) -> Result<Client, CliError> {
         let http = reqwest::blocking::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .build()
             .map_err(|e| CliError::Client(error_chain(&e)))?;
-        Ok(Client {
-            base: base.trim_end_matches('/').to_string(),
-            http,
-        })
+        let bases: Vec<String> = base
+            .split(',')
+            .map(|b| b.trim().trim_end_matches('/').to_string())
+            .filter(|b| !b.is_empty())
+            .collect();
+        if bases.is_empty() {
+            return Err(CliError::Client(format!("no controller URL in {base:?}")));
+        }
+        Ok(Client { bases, http })
     }
 
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, CliError> {
@@ -66,44 +88,81 @@ impl Client {
             .map(|_| ())
     }
 
-    /// Sends a request and returns the body of a 2xx answer; anything else is an error,
-    /// decoded from the controller's `ApiError` when it sent one.
+    /// Sends a request to the leader and returns the body of a 2xx answer. Controllers are
+    /// tried in order; one that cannot be connected to is skipped, and a follower's
+    /// `not_leader` answer is followed to the leader it names. Anything else is final.
     fn send<B: Serialize>(
         &self,
         method: reqwest::Method,
         path: &str,
         body: Option<&B>,
     ) -> Result<String, CliError> {
-        let url = format!("{}{path}", self.base);
+        let mut queue: std::collections::VecDeque<String> = self.bases.iter().cloned().collect();
+        let mut hops = 0;
+        let mut last = None;
+        while let Some(base) = queue.pop_front() {
+            match self.send_to(&base, method.clone(), path, body) {
+                Attempt::Done(result) => return result,
+                Attempt::Unreachable(e) => last = Some(e),
+                Attempt::NotLeader(e) => {
+                    if let Some(leader) = e.leader_url.clone() {
+                        let leader = leader.trim_end_matches('/').to_string();
+                        if leader != base && hops < MAX_LEADER_HOPS {
+                            hops += 1;
+                            queue.retain(|u| *u != leader);
+                            queue.push_front(leader);
+                        }
+                    }
+                    last = Some(CliError::Api(e));
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| CliError::Client("no controller to ask".into())))
+    }
+
+    fn send_to<B: Serialize>(
+        &self,
+        base: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Attempt {
+        let url = format!("{base}{path}");
         let mut req = self.http.request(method, &url);
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().map_err(|e| CliError::Unreachable {
-            url: self.base.clone(),
-            reason: error_chain(&e),
-        })?;
+        let unreachable = |e: &reqwest::Error| CliError::Unreachable {
+            url: base.to_string(),
+            reason: error_chain(e),
+        };
+        let resp = match req.send() {
+            Ok(r) => r,
+            Err(e) if e.is_connect() => return Attempt::Unreachable(unreachable(&e)),
+            Err(e) => return Attempt::Done(Err(unreachable(&e))),
+        };
         let status = resp.status().as_u16();
-        let text = resp.text().map_err(|e| CliError::Unreachable {
-            url: self.base.clone(),
-            reason: error_chain(&e),
-        })?;
+        let text = match resp.text() {
+            Ok(t) => t,
+            Err(e) => return Attempt::Done(Err(unreachable(&e))),
+        };
         if (200..300).contains(&status) {
-            return Ok(text);
+            return Attempt::Done(Ok(text));
         }
         match serde_json::from_str::<ApiError>(&text) {
-            Ok(e) => Err(CliError::Api(e)),
-            Err(_) => Err(CliError::BadResponse {
+            Ok(e) if e.code == ErrorCode::NotLeader => Attempt::NotLeader(e),
+            Ok(e) => Attempt::Done(Err(CliError::Api(e))),
+            Err(_) => Attempt::Done(Err(CliError::BadResponse {
                 url,
                 status,
                 body: truncate_chars(&text, 300),
-            }),
+            })),
         }
     }
 
     fn decode<T: DeserializeOwned>(&self, path: &str, body: &str) -> Result<T, CliError> {
         serde_json::from_str(body).map_err(|e| CliError::BadResponse {
-            url: format!("{}{path}", self.base),
+            url: path.to_string(),
             status: 200,
             body: format!("{e}: {}", truncate_chars(body, 300)),
         })

@@ -1,0 +1,168 @@
+//! A real single-member etcd server started by tests (store conformance, controller leader
+//! election, end to end): random free loopback ports, its own data directory, killed with
+//! SIGKILL and restarted on the same data directory to test outages.
+//!
+//! Tests must not silently pass without etcd, so a missing `etcd` binary is an error that
+//! says how to install it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long etcd gets to answer `/health` after a start.
+pub const ETCD_START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running (or killed) etcd process of a test.
+pub struct EtcdProcess {
+    data_dir: PathBuf,
+    log: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl EtcdProcess {
+    /// Starts etcd with its data in `dir/etcd-data` and its log in `dir/etcd.log`, and waits
+    /// until it is healthy.
+    pub fn start(dir: &Path) -> Result<EtcdProcess, String> {
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let mut etcd = EtcdProcess {
+            data_dir: dir.join("etcd-data"),
+            log: dir.join("etcd.log"),
+            client_port,
+            peer_port,
+            child: None,
+        };
+        etcd.restart()?;
+        Ok(etcd)
+    }
+
+    /// `host:port` of the client URL.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// `etcd://host:port/prefix` for `hawser controller --store`.
+    pub fn store_url(&self, prefix: &str) -> String {
+        format!("etcd://{}/{}", self.endpoint(), prefix.trim_matches('/'))
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL: no chance to flush or say goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts etcd again on the same ports and data directory (after [`Self::kill`]) and
+    /// waits until it is healthy.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.kill();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| format!("open {}: {e}", self.log.display()))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| format!("dup {}: {e}", self.log.display()))?;
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new("etcd")
+            .arg("--name=test")
+            .arg(format!("--data-dir={}", self.data_dir.display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=test={peer}"))
+            .arg("--logger=zap")
+            .arg("--log-level=warn")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    "the `etcd` binary is not on PATH: install it (`apt-get install \
+                     etcd-server`, or `make deps`); the etcd tests need a real etcd"
+                        .to_string()
+                } else {
+                    format!("start etcd: {e}")
+                }
+            })?;
+        self.child = Some(child);
+        self.wait_healthy()
+    }
+
+    fn wait_healthy(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + ETCD_START_TIMEOUT;
+        loop {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    return Err(format!(
+                        "etcd exited with {status} during start-up; log: {}",
+                        self.log_tail()
+                    ));
+                }
+            }
+            if health(self.client_port) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "etcd not healthy after {ETCD_START_TIMEOUT:?}; log: {}",
+                    self.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The end of etcd's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let start = text.len().saturating_sub(2000);
+        let start = (start..text.len())
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(text.len());
+        text[start..].to_string()
+    }
+}
+
+impl Drop for EtcdProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind a free port: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("read a free port: {e}"))
+}
+
+/// Whether etcd's `/health` says it is healthy (it has a raft leader).
+fn health(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = format!("GET /health HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}

@@ -1,0 +1,16 @@
+//! The store conformance suite against the embedded single-file backend.
+#![allow(clippy::unwrap_used)]
+
+mod conformance;
+
+use std::sync::Arc;
+
+use hawser_store::{EmbeddedStore, Store};
+
+async fn embedded() -> (tempfile::TempDir, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path().join("store.json")).unwrap();
+    (dir, Arc::new(store))
+}
+
+conformance_tests!(embedded);
