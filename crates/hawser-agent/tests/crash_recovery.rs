@@ -7,44 +7,21 @@
 // Test sizes and patterns: small values, truncation intended.
 #![allow(clippy::cast_possible_truncation)]
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod node_support;
+
 
 use bytes::Bytes;
-use hawser_agent::agent::parse_pool;
 use hawser_agent::block::BlockDevice;
-use hawser_agent::node_storage::NodeStorage;
 use hawser_agent::replica_server;
 use hawser_agent::volume_engine::VolumeEngine;
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::ReplicaState;
-use hawser_storage::{NewReplica, Pool};
+use node_support::{node, TempDir};
 use tokio::net::TcpListener;
 
 const MIB: u64 = 1 << 20;
 const SIZE: u64 = 128 * MIB;
 const EXTENT: u64 = 4 * MIB;
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn node(dir: &std::path::Path, name: &str) -> Arc<NodeStorage> {
-    let cfg = parse_pool(&format!("default={}", dir.join(name).display())).expect("pool spec");
-    let pool = Pool::open(cfg).expect("open pool");
-    let s = Arc::new(NodeStorage::new(name.into(), vec![pool]));
-    let new = NewReplica {
-        id: format!("vol-{name}"),
-        volume: "vol".into(),
-        size: SIZE,
-        thin: true,
-    };
-    s.create("default", &new).expect("create replica");
-    s
-}
 
 fn request(epoch: u64, raddr: &str) -> StartEngine {
     StartEngine {
@@ -76,9 +53,9 @@ fn pattern(seed: u8, len: usize) -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn next_engine_reconciles_exactly_the_activity_log() {
-    let dir = TempDir(std::env::temp_dir().join(format!("hawser-recovery-{}", std::process::id())));
-    let a = node(&dir.0, "a");
-    let b = node(&dir.0, "b");
+    let dir = TempDir::new("recovery");
+    let a = node(&dir.0, "a", SIZE);
+    let b = node(&dir.0, "b", SIZE);
     let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let raddr = rl.local_addr().expect("addr").to_string();

@@ -2,42 +2,20 @@
 //! server for the remote one, an engine with one local and one remote replica, exported over
 //! NBD; real fio writes and verifies through it, then the two replica files must be identical.
 
-use std::path::PathBuf;
+mod node_support;
+
 use std::process::Command;
 use std::sync::Arc;
 
-use hawser_agent::agent::parse_pool;
 use hawser_agent::engines::Engines;
-use hawser_agent::node_storage::NodeStorage;
 use hawser_agent::volume_engine::VolumeEngine;
 use hawser_agent::{nbd_server, replica_server};
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::ReplicaState;
-use hawser_storage::{NewReplica, Pool};
+use node_support::{node, TempDir};
 use tokio::net::TcpListener;
 
 const SIZE: u64 = 256 << 20;
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn node(dir: &std::path::Path, name: &str) -> Arc<NodeStorage> {
-    let cfg = parse_pool(&format!("default={}", dir.join(name).display())).expect("pool spec");
-    let pool = Pool::open(cfg).expect("open pool");
-    let s = Arc::new(NodeStorage::new(name.into(), vec![pool]));
-    let new = NewReplica {
-        id: format!("vol-{name}"),
-        volume: "vol".into(),
-        size: SIZE,
-        thin: true,
-    };
-    s.create("default", &new).expect("create replica");
-    s
-}
 
 fn have(bin: &str) -> bool {
     Command::new("sh")
@@ -53,9 +31,9 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
         eprintln!("SKIP: fio not installed (make test installs it)");
         return;
     }
-    let dir = TempDir(std::env::temp_dir().join(format!("hawser-engine-{}", std::process::id())));
-    let a = node(&dir.0, "a");
-    let b = node(&dir.0, "b");
+    let dir = TempDir::new("engine");
+    let a = node(&dir.0, "a", SIZE);
+    let b = node(&dir.0, "b", SIZE);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rl = TcpListener::bind("127.0.0.1:0")
         .await

@@ -33,18 +33,6 @@ const AREA: u64 = 4096 * 4096;
 const AREA_USIZE: usize = 4096 * 4096;
 const CHUNK: u64 = 64 * 1024;
 
-fn skip() -> bool {
-    let Some(why) = NetCluster::unavailable() else {
-        return false;
-    };
-    assert!(
-        std::env::var_os("HAWSER_REQUIRE_NETNS").is_none(),
-        "HAWSER_REQUIRE_NETNS is set but network-namespace tests cannot run: {why}"
-    );
-    eprintln!("SKIP: {why}");
-    true
-}
-
 fn target(c: &NetCluster, volume: &str) -> NbdTarget {
     let uri = c
         .volume(volume)
@@ -135,7 +123,7 @@ fn verify_replicas(c: &NetCluster, volume: &str, logs: &[&WriteLog]) {
 /// c. The engine's node dies mid-write; the volume is attached on another node.
 #[test]
 fn kill9_of_the_engine_agent_then_attach_elsewhere_recovers_every_acknowledged_write() {
-    if skip() {
+    if NetCluster::skip() {
         return;
     }
     let mut c = NetCluster::start("engine-kill9", 3);
@@ -187,7 +175,7 @@ fn read_area(t: &NbdTarget) -> Vec<u8> {
 /// old engine is refused and changes nothing.
 #[test]
 fn partitioned_engine_is_fenced_by_a_new_attach_and_changes_nothing() {
-    if skip() {
+    if NetCluster::skip() {
         return;
     }
     let mut c = NetCluster::start("engine-part", 3);
@@ -253,7 +241,7 @@ fn partitioned_engine_is_fenced_by_a_new_attach_and_changes_nothing() {
 /// outdated replica copies only what it lacks.
 #[test]
 fn every_agent_killed_then_restarted_needs_no_full_resync() {
-    if skip() {
+    if NetCluster::skip() {
         return;
     }
     let mut c = NetCluster::start("all-kill9", 3);

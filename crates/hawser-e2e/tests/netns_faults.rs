@@ -32,18 +32,6 @@ const RESYNC_TIMEOUT: Duration = Duration::from_secs(90);
 /// Dirty-tracking granularity of the engine.
 const CHUNK: u64 = 64 * 1024;
 
-fn skip() -> bool {
-    let Some(why) = NetCluster::unavailable() else {
-        return false;
-    };
-    assert!(
-        std::env::var_os("HAWSER_REQUIRE_NETNS").is_none(),
-        "HAWSER_REQUIRE_NETNS is set but network-namespace tests cannot run: {why}"
-    );
-    eprintln!("SKIP: {why}");
-    true
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Fault {
     Kill9,
@@ -233,7 +221,7 @@ fn verify_everywhere(
 /// written while it was down and is in-sync again.
 #[test]
 fn kill9_of_a_replica_agent_loses_no_acknowledged_write_and_resyncs_incrementally() {
-    if skip() {
+    if NetCluster::skip() {
         return;
     }
     let mut c = NetCluster::start("kill9", 3);
@@ -253,7 +241,7 @@ fn kill9_of_a_replica_agent_loses_no_acknowledged_write_and_resyncs_incrementall
 /// After healing, the engine reconnects by itself and resyncs it.
 #[test]
 fn partition_of_a_replica_host_loses_no_acknowledged_write_and_heals() {
-    if skip() {
+    if NetCluster::skip() {
         return;
     }
     let mut c = NetCluster::start("partition", 3);
@@ -270,7 +258,7 @@ fn partition_of_a_replica_host_loses_no_acknowledged_write_and_heals() {
 /// and are byte-identical.
 #[test]
 fn kill9_with_three_replicas_leaves_two_identical_in_sync_replicas() {
-    if skip() {
+    if NetCluster::skip() {
         return;
     }
     let mut c = NetCluster::start("kill9x3", 3);
@@ -288,7 +276,7 @@ fn kill9_with_three_replicas_leaves_two_identical_in_sync_replicas() {
 /// complete. When that host returns it is resynced too. No manual action anywhere.
 #[test]
 fn two_of_three_replicas_lost_suspends_writes_until_one_returns() {
-    if skip() {
+    if NetCluster::skip() {
         return;
     }
     let mut c = NetCluster::start("quorum", 3);

@@ -86,6 +86,20 @@ impl NetCluster {
         topology::unavailable()
     }
 
+    /// For a test's first line: true (after printing SKIP) when network-namespace tests cannot
+    /// run here; panics instead when `HAWSER_REQUIRE_NETNS` is set, so CI cannot skip them.
+    pub fn skip() -> bool {
+        let Some(why) = Self::unavailable() else {
+            return false;
+        };
+        assert!(
+            std::env::var_os("HAWSER_REQUIRE_NETNS").is_none(),
+            "HAWSER_REQUIRE_NETNS is set but network-namespace tests cannot run: {why}"
+        );
+        eprintln!("SKIP: {why}");
+        true
+    }
+
     /// Start a controller and `hosts` agents, each in its own namespace; waits until all
     /// agents are online.
     pub fn start(label: &str, hosts: usize) -> NetCluster {
