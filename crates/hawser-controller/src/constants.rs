@@ -35,3 +35,6 @@ pub const AGENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// (counted once the replica exists): the first may have been measured before the replica
 /// was created, the second cannot have been.
 pub const RESERVATION_HEARTBEATS: u32 = 2;
+
+/// Default seconds between checks that attached volumes' engines run.
+pub const DEFAULT_ENGINE_CHECK_SECS: u64 = 5;

@@ -13,6 +13,7 @@ mod api_nodes;
 mod api_pools;
 mod api_volumes;
 mod constants;
+mod engine_watch;
 mod errors;
 mod leader;
 mod locks;
@@ -36,7 +37,8 @@ use anyhow::Context;
 use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, Store};
 
 pub use constants::{
-    DEFAULT_NODE_TIMEOUT_SECS, ELECTION_TICK, LEADER_TTL, MAX_BODY_BYTES, MAX_REPLICAS,
+    DEFAULT_ENGINE_CHECK_SECS, DEFAULT_NODE_TIMEOUT_SECS, ELECTION_TICK, LEADER_TTL,
+    MAX_BODY_BYTES, MAX_REPLICAS,
 };
 pub use errors::ControllerError;
 pub use placement::{place, Candidate, Placement, PlacementError};
@@ -70,6 +72,10 @@ pub struct ControllerArgs {
     /// [default: http://<bound listen address>].
     #[arg(long)]
     pub advertise_url: Option<String>,
+    /// Seconds between checks that every attached volume's engine runs (restarting it after
+    /// its agent restarted); 0 disables them.
+    #[arg(long, default_value_t = DEFAULT_ENGINE_CHECK_SECS)]
+    pub engine_check_secs: u64,
 }
 
 /// A controller bound to its address, not yet serving.
@@ -78,6 +84,7 @@ pub struct Controller {
     state: Arc<AppState>,
     /// Present with etcd: campaigns while the controller lives.
     election: Option<Election>,
+    engine_check: std::time::Duration,
 }
 
 /// Opens the store `args.store` names (default: the file in the data directory).
@@ -147,6 +154,7 @@ impl Controller {
             listener,
             state: Arc::new(state),
             election,
+            engine_check: std::time::Duration::from_secs(args.engine_check_secs),
         })
     }
 
@@ -161,11 +169,13 @@ impl Controller {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        let watch = tokio::spawn(engine_watch::run(self.state.clone(), self.engine_check));
         let app = server::router(self.state);
         let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
             .await
             .context("serve the controller API");
+        watch.abort();
         if let Some(e) = self.election {
             e.resign().await;
         }

@@ -71,7 +71,7 @@ pub async fn attach_volume(
     Ok((rec, node))
 }
 
-async fn ensure_engine(
+pub(crate) async fn ensure_engine(
     st: &AppState,
     rec: &VolumeRecord,
     node: &NodeRecord,

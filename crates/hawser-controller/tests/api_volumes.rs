@@ -281,6 +281,7 @@ async fn state_survives_a_controller_restart() {
         store: None,
         node_timeout_secs: 15,
         advertise_url: Some("http://controller.example:9400/".into()),
+        engine_check_secs: 0,
     };
     for round in 0..2 {
         let ctl = hawser_controller::Controller::bind(args.clone())
@@ -407,4 +408,21 @@ async fn quorum_loss_policy_is_stored_and_given_to_the_engine() {
         engine.on_quorum_loss,
         hawser_api::controller::QuorumLoss::Fail
     );
+}
+
+#[tokio::test]
+async fn an_engine_missing_after_an_agent_restart_is_started_again() {
+    let c = Cluster::start_opts(2, 15, 1).await;
+    let (status, v) = c.create("back", GIB, 2).await;
+    assert_eq!(status, 201, "{v}");
+    let (status, v) = c
+        .post("/v1/volumes/back/attach", json!({"node": "n1"}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let epoch = c.agent("n1").engine("back").unwrap().epoch;
+    // The agent restarts: its engines are gone.
+    c.agent("n1").state.lock().unwrap().engines.clear();
+    eventually(10, || async { c.agent("n1").engine("back").is_some() }).await;
+    let engine = c.agent("n1").engine("back").unwrap();
+    assert_eq!(engine.epoch, epoch, "started again in the same epoch");
 }

@@ -26,6 +26,7 @@ async fn start_controller(store: &str, dir: &std::path::Path) -> Running {
         store: Some(store.to_string()),
         node_timeout_secs: 60,
         advertise_url: None,
+        engine_check_secs: 0,
     };
     let controller = Controller::bind(args).await.unwrap();
     let url = format!("http://{}", controller.local_addr().unwrap());

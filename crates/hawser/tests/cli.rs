@@ -33,6 +33,7 @@ impl Env {
             store: None,
             node_timeout_secs: 60,
             advertise_url: None,
+            engine_check_secs: 0,
         };
         let ctl = rt.block_on(Controller::bind(args)).unwrap();
         let url = format!("http://{}", ctl.local_addr().unwrap());

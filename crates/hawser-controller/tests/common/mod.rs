@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use hawser_api::agent::{CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
 use hawser_api::controller::{PoolInfo, PoolKind};
@@ -53,6 +53,7 @@ impl FakeAgent {
             .route("/v1/replicas/{id}", delete(delete_replica))
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
+            .route("/v1/status", get(agent_status))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -165,6 +166,32 @@ async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> R
     Json(status).into_response()
 }
 
+/// Only what the controller reads: the engines it runs.
+async fn agent_status(State(st): State<Fake>) -> Response {
+    let engines = st
+        .lock()
+        .unwrap()
+        .engines
+        .values()
+        .map(|req| EngineStatus {
+            volume: req.volume.clone(),
+            epoch: req.epoch,
+            size_bytes: req.size_bytes,
+            in_sync: vec![],
+            replicas: vec![],
+            recovery: None,
+            active_extents: 0,
+        })
+        .collect();
+    Json(hawser_api::agent::AgentStatus {
+        node: String::new(),
+        pools: vec![],
+        replicas: vec![],
+        engines,
+    })
+    .into_response()
+}
+
 async fn stop_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Response {
     if record(&st, format!("DELETE /v1/engines/{volume}"), Op::StopEngine) {
         return refuse("stop engine");
@@ -216,6 +243,15 @@ impl Cluster {
     }
 
     pub async fn start_with(nodes: usize, node_timeout_secs: u64) -> Cluster {
+        Cluster::start_opts(nodes, node_timeout_secs, 0).await
+    }
+
+    /// With the engine check every `engine_check_secs` (0: off).
+    pub async fn start_opts(
+        nodes: usize,
+        node_timeout_secs: u64,
+        engine_check_secs: u64,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let args = ControllerArgs {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -223,6 +259,7 @@ impl Cluster {
             store: None,
             node_timeout_secs,
             advertise_url: None,
+            engine_check_secs,
         };
         let controller = Controller::bind(args).await.unwrap();
         let url = format!("http://{}", controller.local_addr().unwrap());

@@ -1,0 +1,80 @@
+//! Engines come back by themselves. An agent that restarted (its node rebooted, or the process
+//! was killed) runs no engines; the volumes attached to it would stay unserved until someone
+//! attached them again. The leader checks every attached volume's node periodically and
+//! starts the engine again where it is missing, in the same epoch, as attaching to the same
+//! node does (the only other engine of that epoch ran in that agent's previous life). The new
+//! engine runs crash recovery before it serves I/O. A start that fails (its replicas are not
+//! reachable yet) is tried again at the next round.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_api::controller::VolumeState;
+
+use crate::leader::Role;
+use crate::state::AppState;
+use crate::volume_attach::ensure_engine;
+use crate::volume_create::find_node;
+
+/// Runs until the task is aborted; `every` zero disables it.
+pub async fn run(st: Arc<AppState>, every: Duration) {
+    if every.is_zero() {
+        return;
+    }
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if matches!(st.leadership.role(), Role::Follower { .. }) {
+            continue;
+        }
+        round(&st).await;
+    }
+}
+
+async fn round(st: &AppState) {
+    let (Ok(volumes), Ok(nodes)) = (st.records.volumes().await, st.records.nodes().await) else {
+        return;
+    };
+    for v in volumes.iter().filter(|v| v.state == VolumeState::Attached) {
+        let Some(node) = v.attached_node.as_deref() else {
+            continue;
+        };
+        let Ok(node) = find_node(&nodes, node) else {
+            continue;
+        };
+        if !st.is_online(node) || engine_runs(st, &node.admin_addr, &v.name).await != Some(false) {
+            continue;
+        }
+        // Under the volume's lock, and on a fresh record: an attach or detach may have run.
+        let _guard = st.volume_locks.lock(&v.name).await;
+        let Ok(current) = st.records.existing_volume(&v.name).await else {
+            continue;
+        };
+        let same = current.state == VolumeState::Attached
+            && current.attached_node == v.attached_node
+            && current.epoch == v.epoch;
+        if !same || engine_runs(st, &node.admin_addr, &v.name).await != Some(false) {
+            continue;
+        }
+        match ensure_engine(st, &current, node, &nodes).await {
+            Ok(()) => tracing::warn!(
+                volume = %v.name, node = %node.name, epoch = v.epoch,
+                "engine was missing (agent restarted); started it again"
+            ),
+            Err(e) => tracing::warn!(
+                volume = %v.name, node = %node.name, error = %e,
+                "engine is missing and could not be started yet; will retry"
+            ),
+        }
+    }
+}
+
+/// Whether the agent at `addr` runs the engine of `volume`; `None` if it does not answer.
+async fn engine_runs(st: &AppState, addr: &str, volume: &str) -> Option<bool> {
+    let status = tokio::time::timeout(Duration::from_secs(2), st.agents.status(addr))
+        .await
+        .ok()?
+        .ok()?;
+    Some(status.engines.iter().any(|e| e.volume == volume))
+}
