@@ -9,7 +9,6 @@
 
 mod node_support;
 
-
 use bytes::Bytes;
 use hawser_agent::block::BlockDevice;
 use hawser_agent::replica_server;
