@@ -1,8 +1,6 @@
-//! Tests of the embedded store: compare-and-swap, durability across reopen, corrupt files and
-//! concurrent writers.
+//! Tests of the embedded store: compare-and-swap, durability across reopen, corrupt files
+//! (concurrent writers, leases and watches: the conformance suite, run on both backends).
 #![allow(clippy::unwrap_used)]
-
-use std::sync::Arc;
 
 use hawser_store::{get_json, put_json, EmbeddedStore, Expect, Store, StoreError};
 
@@ -172,36 +170,7 @@ fn corrupt_files_are_clear_errors() {
     EmbeddedStore::open(&path).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_cas_exactly_one_wins() {
-    let dir = tempfile::tempdir().unwrap();
-    let s: Arc<dyn Store> = Arc::new(open(&dir));
-    for round in 0..5 {
-        let v = s
-            .put("k", format!("base{round}").into_bytes(), Expect::Any)
-            .await
-            .unwrap();
-        let tasks: Vec<_> = (0..8)
-            .map(|i| {
-                let s = s.clone();
-                tokio::spawn(async move {
-                    s.put("k", format!("w{i}").into_bytes(), Expect::Version(v))
-                        .await
-                })
-            })
-            .collect();
-        let mut wins = Vec::new();
-        for (i, t) in tasks.into_iter().enumerate() {
-            match t.await.unwrap() {
-                Ok(_) => wins.push(i),
-                Err(e) => assert!(e.is_conflict(), "{e:?}"),
-            }
-        }
-        assert_eq!(wins.len(), 1, "round {round}: winners {wins:?}");
-        let got = s.get("k").await.unwrap().unwrap();
-        assert_eq!(got.value, format!("w{}", wins[0]).into_bytes());
-    }
-}
+// Concurrent CAS is in the conformance suite (tests/conformance), run on this backend too.
 
 #[tokio::test]
 async fn leftover_tmp_file_is_ignored() {
