@@ -133,8 +133,7 @@ impl Plan {
         {
             return None;
         }
-        let m = self.suspect_for(replica);
-        Some(m)
+        Some(self.suspect_for(replica))
     }
 }
 
@@ -176,7 +175,13 @@ pub async fn reconcile(
         }
         let mut digests: Vec<Bytes> = vec![Bytes::new(); reach.len()];
         while let Some(done) = tasks.join_next().await {
-            let (i, d) = done.expect("checksum task panicked");
+            // A task that did not finish (runtime shutting down) fails the recovery, which
+            // fails the engine's start: nothing is served from unreconciled replicas.
+            let (i, d) = done.map_err(|e| AccessError::Failed {
+                replica: reach[0].id().to_owned(),
+                op: "checksum",
+                detail: format!("checksum task ended: {e}"),
+            })?;
             digests[i] = d?;
         }
         total.compared_bytes += len;
