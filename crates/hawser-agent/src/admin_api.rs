@@ -14,7 +14,6 @@ use hawser_storage::{NewReplica, StorageError};
 
 use crate::engines::Engines;
 use crate::node_storage::{status, NodeStorage};
-use crate::volume_engine::VolumeEngine;
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -116,7 +115,9 @@ async fn start_engine(
             return Ok((StatusCode::OK, Json(existing.status())));
         }
     }
-    let engine = VolumeEngine::start(&req, &s.node, &s.storage)
+    let engine = s
+        .engines
+        .start(&req, &s.node, &s.storage)
         .await
         .map_err(|e| {
             Failure(ApiError::new(
@@ -124,9 +125,6 @@ async fn start_engine(
                 format!("start engine: {e:#}"),
             ))
         })?;
-    if let Some(old) = s.engines.insert(&req.volume, engine.clone()) {
-        old.stop().await;
-    }
     tracing::info!(volume = %req.volume, epoch = req.epoch, "engine started");
     Ok((StatusCode::CREATED, Json(engine.status())))
 }
@@ -135,11 +133,9 @@ async fn stop_engine(
     State(s): State<AdminState>,
     Path(volume): Path<String>,
 ) -> Result<StatusCode, Failure> {
-    let engine = s
-        .engines
-        .remove(&volume)
-        .ok_or_else(|| Failure(ApiError::not_found("engine", &volume)))?;
-    engine.stop().await;
+    if !s.engines.stop(&volume).await {
+        return Err(Failure(ApiError::not_found("engine", &volume)));
+    }
     tracing::info!(%volume, "engine stopped");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -25,6 +25,9 @@ pub const OUTDATE_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
 /// Timeout of one HTTP call to the controller.
 pub const CONTROLLER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long swapping a volume's engine for one in a new epoch waits for the running
+/// engine's requests to finish (a suspended request can wait for ever) before giving up.
+pub const ENGINE_SWAP_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long stopping an engine waits for its final flush before failing what is in flight.
 pub const ENGINE_STOP_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Threads doing blocking disk I/O for engines and the replica server.

@@ -1,38 +1,170 @@
-//! The volume engines running on this node, which are also its NBD exports.
+//! The volume engines running on this node, each behind its NBD export.
+//!
+//! An export outlives the engine behind it: when the controller changes a volume's replicas
+//! (a replacement, an evacuation) it starts a new engine, in a new epoch, on the node where
+//! the volume is attached, and the agent swaps it in under the connected NBD clients. The
+//! swap closes a gate that every request passes (a read lock held while the request runs),
+//! so the old engine is stopped with nothing in flight (its final flush succeeds and its
+//! journal says so: the new engine's recovery compares nothing), the new one starts, and the
+//! requests that arrived meanwhile run on it. Clients see a pause, never an error.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use hawser_api::agent::EngineStatus;
+use async_trait::async_trait;
+use bytes::Bytes;
+use hawser_api::agent::{EngineStatus, StartEngine};
+use hawser_core::IoError;
 
 use crate::block::{BlockDevice, ExportRegistry};
+use crate::constants::ENGINE_SWAP_DRAIN_TIMEOUT;
+use crate::node_storage::NodeStorage;
 use crate::volume_engine::VolumeEngine;
+
+/// One volume's NBD export and the engine currently behind it.
+pub struct Export {
+    size: u64,
+    /// Requests hold it shared while they run; a swap holds it exclusively.
+    gate: tokio::sync::RwLock<()>,
+    engine: Mutex<Option<Arc<VolumeEngine>>>,
+}
+
+impl Export {
+    fn new(engine: Arc<VolumeEngine>) -> Export {
+        Export {
+            size: BlockDevice::size(&*engine),
+            gate: tokio::sync::RwLock::new(()),
+            engine: Mutex::new(Some(engine)),
+        }
+    }
+
+    pub fn engine(&self) -> Option<Arc<VolumeEngine>> {
+        self.engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set(&self, e: Option<Arc<VolumeEngine>>) -> Option<Arc<VolumeEngine>> {
+        std::mem::replace(
+            &mut *self.engine.lock().unwrap_or_else(|p| p.into_inner()),
+            e,
+        )
+    }
+
+    /// The engine a request runs on, or `ShutDown` when there is none (stopped, fenced).
+    fn current(&self) -> Result<Arc<VolumeEngine>, IoError> {
+        self.engine()
+            .filter(|e| !e.is_fenced())
+            .ok_or(IoError::ShutDown)
+    }
+}
+
+#[async_trait]
+impl BlockDevice for Export {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, IoError> {
+        let _open = self.gate.read().await;
+        self.current()?.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
+        let _open = self.gate.read().await;
+        self.current()?.write(offset, data, fua).await
+    }
+    async fn flush(&self) -> Result<(), IoError> {
+        let _open = self.gate.read().await;
+        self.current()?.flush().await
+    }
+    async fn trim(&self, offset: u64, len: u32) -> Result<(), IoError> {
+        let _open = self.gate.read().await;
+        self.current()?.trim(offset, len).await
+    }
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        may_trim: bool,
+    ) -> Result<(), IoError> {
+        let _open = self.gate.read().await;
+        self.current()?
+            .write_zeroes(offset, len, fua, may_trim)
+            .await
+    }
+}
 
 #[derive(Default)]
 pub struct Engines {
-    map: Mutex<HashMap<String, Arc<VolumeEngine>>>,
+    map: Mutex<HashMap<String, Arc<Export>>>,
 }
 
 impl Engines {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<VolumeEngine>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Export>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn get(&self, volume: &str) -> Option<Arc<VolumeEngine>> {
-        self.lock().get(volume).cloned()
+        self.lock().get(volume).and_then(|x| x.engine())
     }
 
-    /// Install an engine; returns the one it replaces (to be stopped by the caller).
-    pub fn insert(&self, volume: &str, e: Arc<VolumeEngine>) -> Option<Arc<VolumeEngine>> {
-        self.lock().insert(volume.to_owned(), e)
+    /// Starts the engine `req` describes. With an engine of another epoch running for the
+    /// volume, swaps it (see the module doc): waits at most [`ENGINE_SWAP_DRAIN_TIMEOUT`] for
+    /// its requests to finish, failing the start (and keeping the old engine) if they do not.
+    /// If the new engine cannot start, the export stays without one (requests fail) until a
+    /// later start succeeds.
+    pub async fn start(
+        &self,
+        req: &StartEngine,
+        node: &str,
+        storage: &NodeStorage,
+    ) -> anyhow::Result<Arc<VolumeEngine>> {
+        let existing = self.lock().get(&req.volume).cloned();
+        let Some(export) = existing else {
+            let engine = VolumeEngine::start(req, node, storage).await?;
+            let export = Arc::new(Export::new(engine.clone()));
+            let replaced = self.lock().insert(req.volume.clone(), export);
+            if let Some(old) = replaced {
+                // A concurrent first start of the same volume; the controller serialises
+                // them, so this is not expected, but the loser must not keep running.
+                if let Some(e) = old.set(None) {
+                    e.stop().await;
+                }
+            }
+            return Ok(engine);
+        };
+        let closed = tokio::time::timeout(ENGINE_SWAP_DRAIN_TIMEOUT, export.gate.write())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "requests of the running engine did not finish within \
+                     {ENGINE_SWAP_DRAIN_TIMEOUT:?}; it keeps running"
+                )
+            })?;
+        if let Some(old) = export.set(None) {
+            old.stop().await;
+        }
+        let engine = VolumeEngine::start(req, node, storage).await?;
+        export.set(Some(engine.clone()));
+        drop(closed);
+        Ok(engine)
     }
 
-    pub fn remove(&self, volume: &str) -> Option<Arc<VolumeEngine>> {
-        self.lock().remove(volume)
+    /// Stops the volume's engine and removes its export (clients' requests fail from now on).
+    pub async fn stop(&self, volume: &str) -> bool {
+        let removed = self.lock().remove(volume);
+        let Some(export) = removed else {
+            return false;
+        };
+        if let Some(e) = export.set(None) {
+            e.stop().await;
+        }
+        true
     }
 
     pub fn all(&self) -> Vec<Arc<VolumeEngine>> {
-        self.lock().values().cloned().collect()
+        self.lock().values().filter_map(|x| x.engine()).collect()
     }
 
     pub fn statuses(&self) -> Vec<EngineStatus> {
@@ -44,9 +176,9 @@ impl Engines {
 
 impl ExportRegistry for Engines {
     fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
-        self.get(name)
-            .filter(|e| !e.is_fenced())
-            .map(|e| e as Arc<dyn BlockDevice>)
+        let export = self.lock().get(name).cloned()?;
+        export.current().ok()?;
+        Some(export as Arc<dyn BlockDevice>)
     }
 
     fn names(&self) -> Vec<String> {

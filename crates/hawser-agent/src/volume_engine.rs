@@ -262,6 +262,8 @@ impl VolumeEngine {
             .iter()
             .enumerate()
             .map(|(i, spec)| match spec.initial {
+                // A blank replica lacks everything, whatever the journals say of it.
+                Initial::Outdated { .. } if req.replicas[i].blank => spec.clone(),
                 Initial::Outdated { .. } => ReplicaSpec {
                     local: spec.local,
                     initial: Initial::Outdated {
@@ -918,6 +920,7 @@ mod tests {
                 node: "a".into(),
                 replica_addr: String::new(),
                 state: ReplicaState::InSync,
+                blank: false,
             }],
             controller_url: "http://127.0.0.1:9".into(),
             on_quorum_loss: Default::default(),

@@ -48,6 +48,9 @@ pub struct EngineReplica {
     /// Its state in the store: the engine resyncs outdated ones and never uses failed ones.
     #[serde(default = "in_sync")]
     pub state: ReplicaState,
+    /// Outdated and empty (see `controller::Replica::blank`): copy everything to it.
+    #[serde(default)]
+    pub blank: bool,
 }
 
 fn in_sync() -> ReplicaState {

@@ -62,6 +62,10 @@ pub struct Node {
     pub state: NodeState,
     #[serde(default)]
     pub labels: Labels,
+    /// `hawser node evacuate`: takes no new replicas and its replicas are being moved off,
+    /// until `hawser node restore`.
+    #[serde(default)]
+    pub evacuating: bool,
 }
 
 /// Checks node labels: at most [`MAX_NODE_LABELS`]; keys 1-63 characters of
@@ -248,6 +252,10 @@ pub struct VolumePlacement {
     pub prefer_node: Option<String>,
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 fn default_true() -> bool {
     true
 }
@@ -282,6 +290,11 @@ pub struct Replica {
     pub node: String,
     pub pool: String,
     pub state: ReplicaState,
+    /// Created empty for a volume that already held data (a replacement, or a move off a
+    /// node): it lacks everything until its first resync completes, whatever any journal
+    /// says. Outdated until then; cleared when it becomes in-sync.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub blank: bool,
     /// The attached engine's live view of this replica (resync progress), when the volume is
     /// attached and its agent answered. Never stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,7 +8,7 @@ use hawser_api::controller::{validate_labels, Node, RegisterNode};
 use hawser_api::validate_name;
 
 use crate::errors::ControllerError;
-use crate::model::{now_ms, NodeRecord};
+use crate::model::{now_ms, NodeRecord, NodeSettings};
 use crate::server::{ApiJson, ApiPath};
 use crate::state::AppState;
 
@@ -101,10 +101,15 @@ fn check_addr(what: &str, addr: &str) -> Result<(), ControllerError> {
 pub async fn list(State(st): State<Arc<AppState>>) -> Result<Json<Vec<Node>>, ControllerError> {
     let now = now_ms();
     let nodes = st.records.nodes().await?;
+    let settings = st.records.node_settings().await?;
     Ok(Json(
         nodes
             .iter()
-            .map(|n| n.to_api(now, st.node_timeout_ms))
+            .map(|n| {
+                let mut api = n.to_api(now, st.node_timeout_ms);
+                api.evacuating = settings.get(&n.name).is_some_and(|s| s.evacuate);
+                api
+            })
             .collect(),
     ))
 }
@@ -117,6 +122,50 @@ pub async fn show(
         .records
         .node(&name)
         .await?
-        .ok_or(ControllerError::NodeNotFound { node: name })?;
-    Ok(Json(node.to_api(now_ms(), st.node_timeout_ms)))
+        .ok_or(ControllerError::NodeNotFound { node: name.clone() })?;
+    let mut api = node.to_api(now_ms(), st.node_timeout_ms);
+    api.evacuating = st
+        .records
+        .node_settings()
+        .await?
+        .get(&name)
+        .is_some_and(|s| s.evacuate);
+    Ok(Json(api))
+}
+
+/// `POST /v1/nodes/{node}/evacuate`: the node takes no new replicas, and self-healing moves
+/// every replica off it, adding each elsewhere before removing it (see `heal_plan.rs`).
+pub async fn evacuate(
+    State(st): State<Arc<AppState>>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Node>, ControllerError> {
+    set_evacuate(&st, name, true).await
+}
+
+/// `POST /v1/nodes/{node}/restore`: the node takes replicas again (replicas already moved
+/// off stay where they are).
+pub async fn restore(
+    State(st): State<Arc<AppState>>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Node>, ControllerError> {
+    set_evacuate(&st, name, false).await
+}
+
+async fn set_evacuate(
+    st: &AppState,
+    name: String,
+    evacuate: bool,
+) -> Result<Json<Node>, ControllerError> {
+    let node = st
+        .records
+        .node(&name)
+        .await?
+        .ok_or(ControllerError::NodeNotFound { node: name.clone() })?;
+    st.records
+        .put_node_settings(&name, &NodeSettings { evacuate })
+        .await?;
+    tracing::warn!(node = %name, evacuate, "node evacuation setting changed");
+    let mut api = node.to_api(now_ms(), st.node_timeout_ms);
+    api.evacuating = evacuate;
+    Ok(Json(api))
 }

@@ -38,3 +38,12 @@ pub const RESERVATION_HEARTBEATS: u32 = 2;
 
 /// Default seconds between checks that attached volumes' engines run.
 pub const DEFAULT_ENGINE_CHECK_SECS: u64 = 5;
+
+/// Default seconds a node may be offline before its replicas are replaced elsewhere.
+pub const DEFAULT_REPLACE_AFTER_SECS: u64 = 300;
+
+/// Default replicas rebuilt at once, cluster-wide (each copies a whole volume's data).
+pub const DEFAULT_MAX_REBUILDS: usize = 2;
+
+/// Default seconds between self-healing rounds.
+pub const DEFAULT_HEAL_CHECK_SECS: u64 = 5;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use hawser_api::controller::VolumeState;
 
 use crate::leader::Role;
+use crate::model::VolumeRecord;
 use crate::state::AppState;
 use crate::volume_attach::ensure_engine;
 use crate::volume_create::find_node;
@@ -43,7 +44,7 @@ async fn round(st: &AppState) {
         let Ok(node) = find_node(&nodes, node) else {
             continue;
         };
-        if !st.is_online(node) || engine_runs(st, &node.admin_addr, &v.name).await != Some(false) {
+        if !st.is_online(node) || engine_current(st, &node.admin_addr, v).await != Some(false) {
             continue;
         }
         // Under the volume's lock, and on a fresh record: an attach or detach may have run.
@@ -54,13 +55,13 @@ async fn round(st: &AppState) {
         let same = current.state == VolumeState::Attached
             && current.attached_node == v.attached_node
             && current.epoch == v.epoch;
-        if !same || engine_runs(st, &node.admin_addr, &v.name).await != Some(false) {
+        if !same || engine_current(st, &node.admin_addr, v).await != Some(false) {
             continue;
         }
         match ensure_engine(st, &current, node, &nodes).await {
             Ok(()) => tracing::warn!(
                 volume = %v.name, node = %node.name, epoch = v.epoch,
-                "engine was missing (agent restarted); started it again"
+                "engine was missing or of an older epoch; started it"
             ),
             Err(e) => tracing::warn!(
                 volume = %v.name, node = %node.name, error = %e,
@@ -70,11 +71,19 @@ async fn round(st: &AppState) {
     }
 }
 
-/// Whether the agent at `addr` runs the engine of `volume`; `None` if it does not answer.
-async fn engine_runs(st: &AppState, addr: &str, volume: &str) -> Option<bool> {
+/// Whether the agent at `addr` runs the engine of `v` in its current epoch; `None` if it
+/// does not answer. An engine of an older epoch counts as missing: a membership change
+/// (`self_heal.rs`) whose engine swap failed left it there, and starting the current one
+/// swaps it out.
+async fn engine_current(st: &AppState, addr: &str, v: &VolumeRecord) -> Option<bool> {
     let status = tokio::time::timeout(Duration::from_secs(2), st.agents.status(addr))
         .await
         .ok()?
         .ok()?;
-    Some(status.engines.iter().any(|e| e.volume == volume))
+    Some(
+        status
+            .engines
+            .iter()
+            .any(|e| e.volume == v.name && e.epoch >= v.epoch),
+    )
 }

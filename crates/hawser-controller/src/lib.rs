@@ -15,12 +15,14 @@ mod api_volumes;
 mod constants;
 mod engine_watch;
 mod errors;
+mod heal_plan;
 mod leader;
 mod locks;
 mod model;
 mod placement;
 mod records;
 mod reservations;
+mod self_heal;
 mod server;
 mod state;
 mod volume_attach;
@@ -37,7 +39,8 @@ use anyhow::Context;
 use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, Store};
 
 pub use constants::{
-    DEFAULT_ENGINE_CHECK_SECS, DEFAULT_NODE_TIMEOUT_SECS, ELECTION_TICK, LEADER_TTL,
+    DEFAULT_ENGINE_CHECK_SECS, DEFAULT_HEAL_CHECK_SECS, DEFAULT_MAX_REBUILDS,
+    DEFAULT_NODE_TIMEOUT_SECS, DEFAULT_REPLACE_AFTER_SECS, ELECTION_TICK, LEADER_TTL,
     MAX_BODY_BYTES, MAX_REPLICAS,
 };
 pub use errors::ControllerError;
@@ -76,6 +79,17 @@ pub struct ControllerArgs {
     /// its agent restarted); 0 disables them.
     #[arg(long, default_value_t = DEFAULT_ENGINE_CHECK_SECS)]
     pub engine_check_secs: u64,
+    /// Seconds a node may stay offline before its replicas are replaced by new ones on
+    /// other nodes (LINSTOR waits 3600, Longhorn 600).
+    #[arg(long, default_value_t = DEFAULT_REPLACE_AFTER_SECS)]
+    pub replace_after_secs: u64,
+    /// Replicas being rebuilt (replaced or moved) at once, cluster-wide.
+    #[arg(long, default_value_t = DEFAULT_MAX_REBUILDS)]
+    pub max_rebuilds: usize,
+    /// Seconds between self-healing rounds (replacements, evacuations, deleting replicas
+    /// that were replaced); 0 disables self-healing.
+    #[arg(long, default_value_t = DEFAULT_HEAL_CHECK_SECS)]
+    pub heal_check_secs: u64,
 }
 
 /// A controller bound to its address, not yet serving.
@@ -85,6 +99,8 @@ pub struct Controller {
     /// Present with etcd: campaigns while the controller lives.
     election: Option<Election>,
     engine_check: std::time::Duration,
+    heal_check: std::time::Duration,
+    heal: heal_plan::HealConfig,
 }
 
 /// Opens the store `args.store` names (default: the file in the data directory).
@@ -155,6 +171,11 @@ impl Controller {
             state: Arc::new(state),
             election,
             engine_check: std::time::Duration::from_secs(args.engine_check_secs),
+            heal_check: std::time::Duration::from_secs(args.heal_check_secs),
+            heal: heal_plan::HealConfig {
+                replace_after_ms: args.replace_after_secs.saturating_mul(1000),
+                max_rebuilds: args.max_rebuilds,
+            },
         })
     }
 
@@ -170,12 +191,18 @@ impl Controller {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let watch = tokio::spawn(engine_watch::run(self.state.clone(), self.engine_check));
+        let heal = tokio::spawn(self_heal::run(
+            self.state.clone(),
+            self.heal_check,
+            self.heal,
+        ));
         let app = server::router(self.state);
         let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
             .await
             .context("serve the controller API");
         watch.abort();
+        heal.abort();
         if let Some(e) = self.election {
             e.resign().await;
         }

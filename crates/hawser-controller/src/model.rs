@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 const NODES_PREFIX: &str = "nodes/";
 const VOLUMES_PREFIX: &str = "volumes/";
+const NODE_SETTINGS_PREFIX: &str = "node-settings/";
 
 pub fn node_key(name: &str) -> String {
     format!("{NODES_PREFIX}{name}")
@@ -19,6 +20,14 @@ pub fn node_key(name: &str) -> String {
 
 pub fn volume_key(name: &str) -> String {
     format!("{VOLUMES_PREFIX}{name}")
+}
+
+pub fn node_settings_key(name: &str) -> String {
+    format!("{NODE_SETTINGS_PREFIX}{name}")
+}
+
+pub fn node_settings_prefix() -> &'static str {
+    NODE_SETTINGS_PREFIX
 }
 
 pub fn nodes_prefix() -> &'static str {
@@ -72,8 +81,19 @@ impl NodeRecord {
                 NodeState::Offline
             },
             labels: self.labels.clone(),
+            evacuating: false,
         }
     }
+}
+
+/// What an operator decided about a node. Kept apart from [`NodeRecord`], which every
+/// heartbeat overwrites.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSettings {
+    /// `hawser node evacuate`: no new replicas here, and every replica here is moved off
+    /// (added elsewhere first, then removed), until `hawser node restore`.
+    #[serde(default)]
+    pub evacuate: bool,
 }
 
 /// A volume: its replicas, attachment and epoch. Every change is a compare-and-swap on this
@@ -95,6 +115,11 @@ pub struct VolumeRecord {
     /// Absent in older records: the default (suspend).
     #[serde(default)]
     pub on_quorum_loss: QuorumLoss,
+    /// Replicas removed from the volume (replaced or moved) whose files may still exist on
+    /// their nodes: deleted when their node answers, then dropped from this list. Never
+    /// written to, read from or counted in the in-sync set.
+    #[serde(default)]
+    pub retired: Vec<Replica>,
 }
 
 impl VolumeRecord {

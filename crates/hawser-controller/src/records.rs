@@ -7,7 +7,10 @@ use hawser_store::{get_json, list_json, put_json, Expect, Store, StoreError};
 
 use crate::constants::MAX_CAS_RETRIES;
 use crate::errors::ControllerError;
-use crate::model::{node_key, nodes_prefix, volume_key, volumes_prefix, NodeRecord, VolumeRecord};
+use crate::model::{
+    node_key, node_settings_key, node_settings_prefix, nodes_prefix, volume_key, volumes_prefix,
+    NodeRecord, NodeSettings, VolumeRecord,
+};
 
 #[derive(Clone)]
 pub struct Records {
@@ -43,6 +46,34 @@ impl Records {
     /// Heartbeats of one node come one at a time from its agent, so the last one wins.
     pub async fn put_node(&self, node: &NodeRecord) -> Result<(), ControllerError> {
         put_json(&*self.store, &node_key(&node.name), node, Expect::Any).await?;
+        Ok(())
+    }
+
+    /// The operator's settings of every node that has any, by node name.
+    pub async fn node_settings(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, NodeSettings>, ControllerError> {
+        let list = list_json::<NodeSettings>(&*self.store, node_settings_prefix()).await?;
+        let prefix = node_settings_prefix();
+        Ok(list
+            .into_iter()
+            .map(|(k, s, _)| (k.strip_prefix(prefix).unwrap_or(&k).to_string(), s))
+            .collect())
+    }
+
+    /// Only the operator writes these, one request at a time: the last one wins.
+    pub async fn put_node_settings(
+        &self,
+        node: &str,
+        settings: &NodeSettings,
+    ) -> Result<(), ControllerError> {
+        put_json(
+            &*self.store,
+            &node_settings_key(node),
+            settings,
+            Expect::Any,
+        )
+        .await?;
         Ok(())
     }
 

@@ -27,6 +27,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/nodes/{node}",
             put(api_nodes::register).get(api_nodes::show),
         )
+        .route("/v1/nodes/{node}/evacuate", post(api_nodes::evacuate))
+        .route("/v1/nodes/{node}/restore", post(api_nodes::restore))
         .route("/v1/pools", get(api_pools::list))
         .route(
             "/v1/volumes",

@@ -112,6 +112,7 @@ fn engine_replicas(
                 node: r.node.clone(),
                 replica_addr: node.replica_addr.clone(),
                 state: r.state,
+                blank: r.blank,
             })
         })
         .collect()

@@ -30,7 +30,14 @@ pub async fn create_volume(
             )));
         }
     }
-    let (replicas, placement) = place(st, &req, &nodes)?;
+    // Evacuating nodes take no new replicas.
+    let settings = st.records.node_settings().await?;
+    let usable: Vec<NodeRecord> = nodes
+        .iter()
+        .filter(|n| !settings.get(&n.name).is_some_and(|s| s.evacuate))
+        .cloned()
+        .collect();
+    let (replicas, placement) = place(st, &req, &usable)?;
     let record = VolumeRecord {
         name: req.name.clone(),
         size_bytes: req.size_bytes,
@@ -42,6 +49,7 @@ pub async fn create_volume(
         replicas,
         placement,
         on_quorum_loss: req.on_quorum_loss,
+        retired: Vec::new(),
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which `volume delete` cleans up.
@@ -125,6 +133,7 @@ fn place(
             node: p.node,
             pool: p.pool,
             state: ReplicaState::InSync,
+            blank: false,
             engine: None,
         })
         .collect();
@@ -133,7 +142,7 @@ fn place(
 
 /// `{volume}-r{n}-{6 hex}`: readable, and unique even when a volume name is reused while an
 /// old replica of the same name may still linger on an unreachable agent.
-fn replica_id(volume: &str, n: u32) -> String {
+pub(crate) fn replica_id(volume: &str, n: u32) -> String {
     let tag: u32 = rand::random::<u32>() & 0xff_ffff;
     format!("{volume}-r{n}-{tag:06x}")
 }

@@ -25,7 +25,8 @@ pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerEr
         })
         .await?;
     let nodes = st.records.nodes().await?;
-    for r in &rec.replicas {
+    // Retired replicas too: their files may still be on their nodes.
+    for r in rec.replicas.iter().chain(&rec.retired) {
         let Some(node) = nodes.iter().find(|n| n.name == r.node) else {
             // A node that never registered (or was wiped) has nothing to delete.
             tracing::warn!(volume = %name, replica = %r.id, node = %r.node, "node unknown");

@@ -29,6 +29,11 @@ pub fn apply_outdate(
 ) -> Result<(), ControllerError> {
     check_epoch(v, epoch)?;
     let in_sync = v.in_sync().count();
+    if v.retired.iter().any(|r| r.id == replica) {
+        // Removed from the volume (replaced or moved off its node) after this engine
+        // started: out of the in-sync set already, more so than outdated.
+        return Ok(());
+    }
     let Some(r) = v.replicas.iter_mut().find(|r| r.id == replica) else {
         return Err(ControllerError::ReplicaNotFound {
             volume: v.name.clone(),
@@ -78,6 +83,8 @@ pub fn apply_mark_in_sync(
         ReplicaState::InSync => Ok(()),
         ReplicaState::Outdated => {
             r.state = ReplicaState::InSync;
+            // A blank replica that completed its first resync holds everything now.
+            r.blank = false;
             Ok(())
         }
         ReplicaState::Failed => Err(ControllerError::ReplicaFailed {
@@ -158,11 +165,13 @@ mod tests {
                     node: format!("n{i}"),
                     pool: "p".into(),
                     state: *s,
+                    blank: false,
                     engine: None,
                 })
                 .collect(),
             placement: Default::default(),
             on_quorum_loss: Default::default(),
+            retired: Vec::new(),
         }
     }
 

@@ -282,6 +282,9 @@ async fn state_survives_a_controller_restart() {
         node_timeout_secs: 15,
         advertise_url: Some("http://controller.example:9400/".into()),
         engine_check_secs: 0,
+        replace_after_secs: 300,
+        max_rebuilds: 2,
+        heal_check_secs: 0,
     };
     for round in 0..2 {
         let ctl = hawser_controller::Controller::bind(args.clone())

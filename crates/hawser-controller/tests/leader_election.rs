@@ -27,6 +27,9 @@ async fn start_controller(store: &str, dir: &std::path::Path) -> Running {
         node_timeout_secs: 60,
         advertise_url: None,
         engine_check_secs: 0,
+        replace_after_secs: 300,
+        max_rebuilds: 2,
+        heal_check_secs: 0,
     };
     let controller = Controller::bind(args).await.unwrap();
     let url = format!("http://{}", controller.local_addr().unwrap());

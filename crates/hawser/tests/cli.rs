@@ -34,6 +34,9 @@ impl Env {
             node_timeout_secs: 60,
             advertise_url: None,
             engine_check_secs: 0,
+            replace_after_secs: 300,
+            max_rebuilds: 2,
+            heal_check_secs: 0,
         };
         let ctl = rt.block_on(Controller::bind(args)).unwrap();
         let url = format!("http://{}", ctl.local_addr().unwrap());

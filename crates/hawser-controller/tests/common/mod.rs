@@ -260,6 +260,9 @@ impl Cluster {
             node_timeout_secs,
             advertise_url: None,
             engine_check_secs,
+            replace_after_secs: 300,
+            max_rebuilds: 2,
+            heal_check_secs: 0,
         };
         let controller = Controller::bind(args).await.unwrap();
         let url = format!("http://{}", controller.local_addr().unwrap());

@@ -1,4 +1,5 @@
-//! `hawser node list|show`: the nodes registered with the controller, their labels and pools.
+//! `hawser node list|show|evacuate|restore`: the nodes registered with the controller, their
+//! labels and pools; moving every replica off a node and letting it take replicas again.
 
 use hawser_api::controller::{Labels, Node, PoolInfo};
 use hawser_api::format_size;
@@ -23,6 +24,17 @@ pub enum NodeCmd {
         #[command(flatten)]
         out: OutputArg,
     },
+    /// Move every replica off a node (each is added elsewhere and synced before it is
+    /// removed, so redundancy never drops); the node takes no new replicas until restored.
+    Evacuate {
+        #[arg(value_parser = parse_node_name)]
+        name: String,
+    },
+    /// Let an evacuated node take replicas again.
+    Restore {
+        #[arg(value_parser = parse_node_name)]
+        name: String,
+    },
 }
 
 pub fn run(client: &Client, cmd: NodeCmd) -> Result<(), CliError> {
@@ -46,6 +58,17 @@ pub fn run(client: &Client, cmd: NodeCmd) -> Result<(), CliError> {
                 }
             }
         }
+        NodeCmd::Evacuate { name } => {
+            let _: Node = client.post(&format!("/v1/nodes/{name}/evacuate"), &())?;
+            println!(
+                "node {name} is evacuating: its replicas move to other nodes (watch `hawser \
+                 volume list`); `hawser node restore {name}` lets it take replicas again"
+            );
+        }
+        NodeCmd::Restore { name } => {
+            let _: Node = client.post(&format!("/v1/nodes/{name}/restore"), &())?;
+            println!("node {name} takes replicas again");
+        }
     }
     Ok(())
 }
@@ -64,7 +87,7 @@ fn table(nodes: &[Node]) -> Table {
     for n in nodes {
         t.row(vec![
             n.name.clone(),
-            snake(&n.state),
+            state(n),
             n.admin_addr.clone(),
             n.replica_addr.clone(),
             or_dash(n.nbd_addr.as_deref()),
@@ -73,6 +96,16 @@ fn table(nodes: &[Node]) -> Table {
         ]);
     }
     t
+}
+
+/// "online", "offline", or either with ",evacuating".
+fn state(n: &Node) -> String {
+    let s = snake(&n.state);
+    if n.evacuating {
+        format!("{s},evacuating")
+    } else {
+        s
+    }
 }
 
 /// "rack=r1,zone=a", or "-".
@@ -88,7 +121,7 @@ fn details(n: &Node, pools: &[PoolInfo]) -> String {
     let mut s = String::new();
     let mut line = |k: &str, val: String| s.push_str(&format!("{k:<11}{val}\n"));
     line("Name:", n.name.clone());
-    line("State:", snake(&n.state));
+    line("State:", state(n));
     line("Labels:", labels(&n.labels));
     line("Admin:", n.admin_addr.clone());
     line("Replica:", n.replica_addr.clone());

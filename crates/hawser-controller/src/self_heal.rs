@@ -1,0 +1,328 @@
+//! Self-healing and evacuation: the leader runs the plan of `heal_plan.rs` every few seconds
+//! and carries out its actions, one volume at a time under that volume's lock.
+//!
+//! A membership change is one compare-and-swap on the volume record. While the volume is
+//! attached the same swap increments the epoch, and the agent where it is attached swaps
+//! its engine for one of the new epoch with the new replica list (`engines.rs` in the
+//! agent: requests pause, none fails). The new engine resyncs a blank replica from scratch
+//! and marks it in-sync through the controller as any resync does. If the engine swap
+//! fails, the old engine keeps serving in the old epoch until the engine check restarts it
+//! in the new one (`engine_watch.rs`); it cannot do harm meanwhile: its outdate and
+//! mark-in-sync reports are refused as stale, and the replica it does not know is blank
+//! (not in-sync) in the record.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_api::agent::CreateReplica;
+use hawser_api::controller::{Replica, ReplicaState, VolumeState, ZoneSpread};
+
+use crate::errors::ControllerError;
+use crate::heal_plan::{plan, Action, HealConfig, NodeView};
+use crate::leader::Role;
+use crate::model::{now_ms, NodeRecord, VolumeRecord};
+use crate::placement::Request;
+use crate::state::AppState;
+use crate::volume_attach::ensure_engine;
+use crate::volume_create::{find_node, replica_id};
+
+/// Runs until the task is aborted; `every` zero disables it.
+pub async fn run(st: Arc<AppState>, every: Duration, cfg: HealConfig) {
+    if every.is_zero() {
+        return;
+    }
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_held: Vec<String> = Vec::new();
+    loop {
+        tick.tick().await;
+        if matches!(st.leadership.role(), Role::Follower { .. }) {
+            continue;
+        }
+        match round(&st, cfg).await {
+            Ok(held) => {
+                if held != last_held {
+                    for h in &held {
+                        tracing::warn!("self-healing held: {h}");
+                    }
+                    last_held = held;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "self-healing round failed"),
+        }
+    }
+}
+
+/// One round: plan, then act. Returns what the plan held back.
+pub async fn round(st: &AppState, cfg: HealConfig) -> Result<Vec<String>, ControllerError> {
+    let volumes = st.records.volumes().await?;
+    let nodes = st.records.nodes().await?;
+    let settings = st.records.node_settings().await?;
+    let now = now_ms();
+    let views: BTreeMap<String, NodeView> = nodes
+        .iter()
+        .map(|n| {
+            let view = NodeView {
+                online: st.is_online(n),
+                age_ms: n.age_ms(now),
+                evacuate: settings.get(&n.name).is_some_and(|s| s.evacuate),
+            };
+            (n.name.clone(), view)
+        })
+        .collect();
+    let p = plan(&volumes, &views, cfg);
+    for action in p.actions {
+        if let Err(e) = act(st, &action, &nodes, &views, cfg).await {
+            tracing::warn!(?action, error = %e, "self-healing action failed; will retry");
+        }
+    }
+    Ok(p.held)
+}
+
+async fn act(
+    st: &AppState,
+    action: &Action,
+    nodes: &[NodeRecord],
+    views: &BTreeMap<String, NodeView>,
+    cfg: HealConfig,
+) -> Result<(), ControllerError> {
+    let (Action::Replace { volume, .. }
+    | Action::AddFor { volume, .. }
+    | Action::Retire { volume, .. }
+    | Action::DeleteRetired { volume, .. }) = action;
+    let _guard = st.volume_locks.lock(volume).await;
+    // The record may have changed since the plan (an attach, a detach, the engine's own
+    // reports): act only if the plan for the current record still says so.
+    let current = st.records.existing_volume(volume).await?;
+    let still = plan(std::slice::from_ref(&current), views, cfg);
+    if !still.actions.contains(action) {
+        return Ok(());
+    }
+    match action {
+        Action::Replace { replica, .. } => {
+            add_blank(st, &current, nodes, views, Some(replica)).await
+        }
+        Action::AddFor { .. } => add_blank(st, &current, nodes, views, None).await,
+        Action::Retire { replica, .. } => retire(st, &current, nodes, replica).await,
+        Action::DeleteRetired { replica, .. } => delete_retired(st, &current, nodes, replica).await,
+    }
+}
+
+/// Places and creates a blank replica, then records it (instead of `replacing`, which is
+/// retired, or in addition).
+async fn add_blank(
+    st: &AppState,
+    v: &VolumeRecord,
+    nodes: &[NodeRecord],
+    views: &BTreeMap<String, NodeView>,
+    replacing: Option<&str>,
+) -> Result<(), ControllerError> {
+    let id = replica_id(
+        &v.name,
+        u32::try_from(v.replicas.len() + v.retired.len()).unwrap_or(0),
+    );
+    let placed = place_one(st, v, nodes, views, &id)?;
+    let node = find_node(nodes, &placed.node)?;
+    let req = CreateReplica {
+        replica_id: id.clone(),
+        volume: v.name.clone(),
+        size_bytes: v.size_bytes,
+        pool: placed.pool.clone(),
+        thin: v.thin,
+    };
+    if let Err(source) = st.agents.create_replica(&node.admin_addr, &req).await {
+        st.reservations.release(&id);
+        if !source.never_sent() {
+            let _ = st.agents.delete_replica(&node.admin_addr, &id).await;
+        }
+        return Err(ControllerError::Agent {
+            node: node.name.clone(),
+            op: format!("create replica {id}"),
+            source,
+        });
+    }
+    st.reservations.created(&id);
+    let blank = Replica {
+        id: id.clone(),
+        node: placed.node.clone(),
+        pool: placed.pool.clone(),
+        state: ReplicaState::Outdated,
+        blank: true,
+        engine: None,
+    };
+    let epoch = v.epoch;
+    let changed = st
+        .records
+        .update_volume(&v.name, |r| {
+            if r.epoch != epoch {
+                return Err(ControllerError::Busy {
+                    volume: r.name.clone(),
+                    state: r.state,
+                });
+            }
+            if let Some(old) = replacing {
+                let i = r.replicas.iter().position(|x| x.id == old).ok_or_else(|| {
+                    ControllerError::ReplicaNotFound {
+                        volume: r.name.clone(),
+                        replica: old.into(),
+                    }
+                })?;
+                let gone = r.replicas.remove(i);
+                r.retired.push(gone);
+            }
+            r.replicas.push(blank.clone());
+            if r.state == VolumeState::Attached {
+                r.epoch += 1;
+            }
+            Ok(())
+        })
+        .await;
+    let rec = match changed {
+        Ok((rec, ())) => rec,
+        Err(e) => {
+            let _ = st.agents.delete_replica(&node.admin_addr, &id).await;
+            st.reservations.release(&id);
+            return Err(e);
+        }
+    };
+    tracing::warn!(
+        volume = %v.name, replica = %id, node = %placed.node, replacing = ?replacing,
+        epoch = rec.epoch, "self-healing: blank replica added; it resyncs from scratch"
+    );
+    swap_engine(st, &rec, nodes).await;
+    Ok(())
+}
+
+/// One pool for a new replica of `v`: not on a node that holds one of its replicas or is
+/// evacuating, and under strict zone spread not in a zone one of them is in.
+fn place_one(
+    st: &AppState,
+    v: &VolumeRecord,
+    nodes: &[NodeRecord],
+    views: &BTreeMap<String, NodeView>,
+    id: &str,
+) -> Result<crate::placement::Placement, ControllerError> {
+    let used: Vec<&str> = v.replicas.iter().map(|r| r.node.as_str()).collect();
+    let zones: Vec<Option<&str>> = used
+        .iter()
+        .filter_map(|n| nodes.iter().find(|x| x.name == *n))
+        .map(|n| n.zone())
+        .collect();
+    let strict = v.placement.zone_spread == ZoneSpread::Strict;
+    let candidates = st
+        .candidates(nodes)
+        .into_iter()
+        .filter(|c| !used.contains(&c.node.as_str()))
+        .filter(|c| !views.get(&c.node).is_some_and(|n| n.evacuate))
+        .filter(|c| !(strict && zones.contains(&c.zone.as_deref())))
+        .collect();
+    let request = Request {
+        size_bytes: v.size_bytes,
+        thin: v.thin,
+        count: 1,
+        rules: v.placement.clone(),
+    };
+    let mut placed = st
+        .reservations
+        .place_and_reserve(candidates, &request, &[id.to_string()])?;
+    placed.replicas.pop().ok_or_else(|| {
+        ControllerError::invalid(format!("placement chose no node for volume {}", v.name))
+    })
+}
+
+/// Removes `replica` from the volume (it moved: the others suffice) and retires it.
+async fn retire(
+    st: &AppState,
+    v: &VolumeRecord,
+    nodes: &[NodeRecord],
+    replica: &str,
+) -> Result<(), ControllerError> {
+    let epoch = v.epoch;
+    let (rec, ()) = st
+        .records
+        .update_volume(&v.name, |r| {
+            if r.epoch != epoch {
+                return Err(ControllerError::Busy {
+                    volume: r.name.clone(),
+                    state: r.state,
+                });
+            }
+            let Some(i) = r.replicas.iter().position(|x| x.id == replica) else {
+                return Ok(());
+            };
+            let others = r
+                .replicas
+                .iter()
+                .filter(|x| x.id != replica && x.state == ReplicaState::InSync)
+                .count();
+            if others == 0 {
+                return Err(ControllerError::LastInSyncReplica {
+                    volume: r.name.clone(),
+                    replica: replica.into(),
+                });
+            }
+            let gone = r.replicas.remove(i);
+            r.retired.push(gone);
+            if r.state == VolumeState::Attached {
+                r.epoch += 1;
+            }
+            Ok(())
+        })
+        .await?;
+    tracing::warn!(volume = %v.name, replica, epoch = rec.epoch, "replica moved off its node: retired");
+    swap_engine(st, &rec, nodes).await;
+    Ok(())
+}
+
+/// Deletes a retired replica on its node, then forgets it.
+async fn delete_retired(
+    st: &AppState,
+    v: &VolumeRecord,
+    nodes: &[NodeRecord],
+    replica: &str,
+) -> Result<(), ControllerError> {
+    let Some(r) = v.retired.iter().find(|r| r.id == replica) else {
+        return Ok(());
+    };
+    if let Ok(node) = find_node(nodes, &r.node) {
+        st.agents
+            .delete_replica(&node.admin_addr, replica)
+            .await
+            .map_err(|source| ControllerError::Agent {
+                node: node.name.clone(),
+                op: format!("delete retired replica {replica}"),
+                source,
+            })?;
+    }
+    st.records
+        .update_volume(&v.name, |rec| {
+            rec.retired.retain(|x| x.id != replica);
+            Ok(())
+        })
+        .await?;
+    tracing::info!(volume = %v.name, replica, node = %r.node, "retired replica deleted");
+    Ok(())
+}
+
+/// After a membership change of an attached volume: start the engine of the new epoch where
+/// it is attached (the agent swaps it in). A failure is retried by the engine check.
+async fn swap_engine(st: &AppState, rec: &VolumeRecord, nodes: &[NodeRecord]) {
+    if rec.state != VolumeState::Attached {
+        return;
+    }
+    let Some(node) = rec
+        .attached_node
+        .as_deref()
+        .and_then(|n| find_node(nodes, n).ok())
+    else {
+        return;
+    };
+    match ensure_engine(st, rec, node, nodes).await {
+        Ok(()) => tracing::info!(volume = %rec.name, epoch = rec.epoch, "engine swapped"),
+        Err(e) => tracing::warn!(
+            volume = %rec.name, epoch = rec.epoch, error = %e,
+            "engine swap failed; the engine check retries it"
+        ),
+    }
+}
