@@ -103,6 +103,11 @@ impl NetCluster {
     /// Start a controller and `hosts` agents, each in its own namespace; waits until all
     /// agents are online.
     pub fn start(label: &str, hosts: usize) -> NetCluster {
+        Self::start_with(label, hosts, &[])
+    }
+
+    /// As [`NetCluster::start`], with extra arguments for `hawser controller`.
+    pub fn start_with(label: &str, hosts: usize, controller_args: &[&str]) -> NetCluster {
         LEFTOVERS.call_once(remove_leftovers);
         let k = CLUSTERS.fetch_add(1, Ordering::Relaxed);
         let mut topology = Topology::create(k);
@@ -127,7 +132,8 @@ impl NetCluster {
         };
         let listen = format!("{ctl_addr}:{CONTROLLER_PORT}");
         let data = c.dir.path().join("controller").display().to_string();
-        let args = ["controller", "--listen", &listen, "--data-dir", &data];
+        let mut args = vec!["controller", "--listen", &listen, "--data-dir", &data];
+        args.extend_from_slice(controller_args);
         c.controller = Some(c.spawn_in(&c.ctl_ns, "controller", &args));
         for i in 1..=hosts {
             let octet = FIRST_HOST_OCTET + u8::try_from(i).expect("at most 200 hosts");
@@ -297,9 +303,14 @@ impl NetCluster {
     /// The data file of `replica`, found under its host's data directory.
     pub fn replica_file(&self, replica: &Replica) -> PathBuf {
         let h = self.host(&replica.node);
-        let want = format!("{}.data", replica.id);
-        find_file(&h.data_dir, &want)
-            .unwrap_or_else(|| panic!("no {want} under {}", h.data_dir.display()))
+        self.find_replica_file(replica)
+            .unwrap_or_else(|| panic!("no {}.data under {}", replica.id, h.data_dir.display()))
+    }
+
+    /// The data file of `replica` if it (still) exists on its host.
+    pub fn find_replica_file(&self, replica: &Replica) -> Option<PathBuf> {
+        let h = self.host(&replica.node);
+        find_file(&h.data_dir, &format!("{}.data", replica.id))
     }
 
     pub fn log(&self, name: &str) -> String {
