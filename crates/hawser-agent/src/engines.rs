@@ -177,7 +177,11 @@ impl Engines {
 impl ExportRegistry for Engines {
     fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
         let export = self.lock().get(name).cloned()?;
-        export.current().ok()?;
+        // Between engines (a swap) the export is still there: its requests wait at the gate.
+        // A fenced engine's export is not offered: the volume is served elsewhere now.
+        if export.engine().is_some_and(|e| e.is_fenced()) {
+            return None;
+        }
         Some(export as Arc<dyn BlockDevice>)
     }
 

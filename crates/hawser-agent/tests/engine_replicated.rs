@@ -8,7 +8,6 @@ use std::process::Command;
 use std::sync::Arc;
 
 use hawser_agent::engines::Engines;
-use hawser_agent::volume_engine::VolumeEngine;
 use hawser_agent::{nbd_server, replica_server};
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::ReplicaState;
@@ -64,17 +63,30 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
         controller_url: "http://127.0.0.1:1".into(),
         on_quorum_loss: Default::default(),
     };
-    let engine = VolumeEngine::start(&req, "a", &a)
-        .await
-        .expect("start engine");
-    assert_eq!(engine.status().in_sync.len(), 2);
     let engines = Arc::new(Engines::default());
-    engines.insert("vol", engine.clone());
+    let engine = engines.start(&req, "a", &a).await.expect("start engine");
+    assert_eq!(engine.status().in_sync.len(), 2);
     let nl = TcpListener::bind("127.0.0.1:0").await.expect("bind nbd");
     let port = nl.local_addr().expect("addr").port();
     tokio::spawn(nbd_server::serve_tcp(nl, engines.clone(), stop_rx.clone()));
 
     for iodepth in [1, 32] {
+        // At queue depth 32 the engine is swapped for one of a newer epoch again and again
+        // while fio runs (as a membership change does): fio must see no error.
+        let swapping = Arc::new(std::sync::atomic::AtomicBool::new(iodepth == 32));
+        let swapper = tokio::spawn({
+            let (engines, a, swapping, mut req) =
+                (engines.clone(), a.clone(), swapping.clone(), req.clone());
+            async move {
+                let mut swaps = 0u32;
+                while swapping.load(std::sync::atomic::Ordering::Acquire) {
+                    req.epoch += 1;
+                    engines.start(&req, "a", &a).await.expect("swap engine");
+                    swaps += 1;
+                }
+                swaps
+            }
+        });
         let out = tokio::process::Command::new("fio")
             .args([
                 "--name=verify",
@@ -99,8 +111,12 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(text.contains("err= 0"), "fio reported errors:\n{text}");
+        swapping.store(false, std::sync::atomic::Ordering::Release);
+        let swaps = swapper.await.expect("swapper");
+        eprintln!("iodepth {iodepth}: {swaps} engine swaps under fio");
+        assert!(iodepth == 1 || swaps > 0, "no swap happened while fio ran");
     }
-    engine.stop().await;
+    assert!(engines.stop("vol").await);
     let _ = stop_tx.send(true);
     let fa = std::fs::read(a.replica("vol-a").expect("a").data_path()).expect("read a");
     let fb = std::fs::read(b.replica("vol-b").expect("b").data_path()).expect("read b");
