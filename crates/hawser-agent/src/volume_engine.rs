@@ -96,6 +96,9 @@ pub struct VolumeEngine {
     /// Per replica, the membership and dirty bytes the last commit saw.
     out_sig: Mutex<Vec<(Membership, u64)>>,
     recovery: Mutex<Option<RecoveryReport>>,
+    /// Per replica, when its current resync began and the bytes copied to it by then (for
+    /// the rate `status` reports); updated by the maintenance task.
+    sync_began: Mutex<Vec<Option<(Instant, u64)>>>,
     /// Tasks are spawned here: commands may be carried out on I/O pool threads, outside the
     /// runtime.
     rt: tokio::runtime::Handle,
@@ -184,6 +187,7 @@ impl VolumeEngine {
             committing: AtomicBool::new(false),
             out_sig: Mutex::new(Vec::new()),
             recovery: Mutex::new(None),
+            sync_began: Mutex::new(vec![None; n]),
             rt: tokio::runtime::Handle::current(),
             me: me.clone(),
         });
@@ -362,6 +366,7 @@ impl VolumeEngine {
         let (wanted, wants_flush) = {
             let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             let e = &inner.engine;
+            self.note_resyncs(e);
             let wanted: Vec<ReplicaIdx> = (0..self.handles.len())
                 .map(|i| ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS")))
                 .filter(|&r| e.wants_connection(r))
@@ -396,6 +401,35 @@ impl VolumeEngine {
                     tracing::debug!(volume = %me.volume, error = %e, "background flush failed");
                 }
             });
+        }
+    }
+
+    /// Remembers when each replica's resync began (and forgets it when it ends).
+    fn note_resyncs(&self, e: &Engine) {
+        let mut began = self.sync_began.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, b) in began.iter_mut().enumerate() {
+            let v = e.replica_view(Self::idx(i));
+            let syncing = matches!(v.membership, Membership::Syncing | Membership::Marking);
+            match (syncing, &b) {
+                (true, None) => *b = Some((Instant::now(), v.copied_bytes)),
+                (false, Some(_)) => *b = None,
+                _ => {}
+            }
+        }
+    }
+
+    /// Bytes per second copied to replica `i` since its resync began.
+    fn resync_rate(&self, i: usize, copied_now: u64) -> u64 {
+        let began = self.sync_began.lock().unwrap_or_else(|p| p.into_inner());
+        match began.get(i).copied().flatten() {
+            Some((at, copied)) => {
+                let secs = at.elapsed().as_secs_f64();
+                if secs < 0.5 {
+                    return 0;
+                }
+                (copied_now.saturating_sub(copied) as f64 / secs) as u64
+            }
+            None => 0,
         }
     }
 
@@ -443,6 +477,7 @@ impl VolumeEngine {
                         connected: v.connected,
                         dirty_bytes: v.dirty_bytes,
                         copied_bytes: v.copied_bytes,
+                        resync_bytes_per_sec: self.resync_rate(i, v.copied_bytes),
                     }
                 })
                 .collect(),

@@ -114,6 +114,9 @@ pub struct EngineReplicaStatus {
     pub dirty_bytes: u64,
     /// Bytes resync copied to it during this engine's life.
     pub copied_bytes: u64,
+    /// Average copy rate since its current resync began (0 when not resyncing).
+    #[serde(default)]
+    pub resync_bytes_per_sec: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

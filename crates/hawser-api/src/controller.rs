@@ -343,6 +343,48 @@ pub struct Attach {
     pub node: String,
 }
 
+/// `GET /v1/status`: what `hawser status` summarises.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterStatus {
+    pub nodes: u32,
+    /// Nodes without a heartbeat for longer than the node timeout.
+    pub nodes_offline: Vec<String>,
+    pub nodes_evacuating: Vec<String>,
+    pub volumes: u32,
+    /// Volumes with fewer in-sync replicas than their replica count.
+    pub degraded: Vec<DegradedVolume>,
+    /// Replicas being copied to by an engine now.
+    pub resyncs: Vec<ResyncProgress>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DegradedVolume {
+    pub name: String,
+    pub state: VolumeState,
+    pub in_sync: u32,
+    pub replica_count: u32,
+    /// Each replica not in sync: "id on node (outdated, blank)".
+    pub lagging: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResyncProgress {
+    pub volume: String,
+    pub replica: String,
+    pub node: String,
+    pub blank: bool,
+    /// The engine's state of the replica (syncing, marking, outdated while it is away, ...).
+    pub state: String,
+    pub copied_bytes: u64,
+    pub remaining_bytes: u64,
+    pub bytes_per_sec: u64,
+    /// `remaining_bytes / bytes_per_sec`, when there is a rate.
+    pub eta_secs: Option<u64>,
+}
+
 /// Sent by an engine that lost a replica: remove it from the in-sync set. Succeeds only while
 /// `epoch` is the volume's current epoch (compare-and-swap), so a fenced engine cannot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

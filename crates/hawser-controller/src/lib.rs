@@ -11,6 +11,7 @@
 mod agent_client;
 mod api_nodes;
 mod api_pools;
+mod api_status;
 mod api_volumes;
 mod constants;
 mod engine_watch;

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use hawser_api::controller::{ReplicaState, Volume};
+use hawser_api::controller::{ClusterStatus, ReplicaState, Volume};
 use hawser_e2e::{
     assert_same_contents, verify_file, verify_nbd, wait_until, NbdTarget, NetCluster, WriteLog,
     Writer, WriterOptions,
@@ -43,6 +43,12 @@ fn in_sync(v: &Volume) -> usize {
         .iter()
         .filter(|r| r.state == ReplicaState::InSync)
         .count()
+}
+
+/// `hawser status -o json`.
+fn status(c: &NetCluster) -> ClusterStatus {
+    let out = c.cli_ok(&["status", "-o", "json"]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("status JSON: {e}: {out}"))
 }
 
 fn attach(c: &NetCluster, volume: &str, node: &str) -> NbdTarget {
@@ -125,6 +131,15 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
     let w = writer(&target, 0x4ea1);
     c.kill9(&victim.node);
     let t0 = Instant::now();
+    // `hawser status` tells: the node is down, the volume degraded (1 of 2 in sync).
+    wait_until("status to show the node down", REPLACE_TIMEOUT, || {
+        status(&c).nodes_offline == vec![victim.node.clone()]
+    });
+    let s = status(&c);
+    assert!(
+        s.degraded.len() == 1 && s.degraded[0].name == "hv" && s.degraded[0].in_sync == 1,
+        "{s:?}"
+    );
     wait_until("a replacement replica", REPLACE_TIMEOUT, || {
         !c.volume("hv").replicas.iter().any(|r| r.id == victim.id)
     });
@@ -157,6 +172,10 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
         c.find_replica_file(&victim).is_none()
     });
     let log = stop_clean(w, "replacement");
+    wait_until("status to be healthy again", REPLACE_TIMEOUT, || {
+        let s = status(&c);
+        s.nodes_offline.is_empty() && s.degraded.is_empty() && s.resyncs.is_empty()
+    });
     let v = c.volume("hv");
     assert_eq!(v.replicas.len(), 2, "{v:?}");
     assert!(v.replicas.iter().all(|r| r.node != victim.node), "{v:?}");
@@ -232,6 +251,7 @@ fn evacuating_a_host_moves_every_replica_without_dropping_redundancy() {
         .find(|n| n.name == leaving)
         .expect("node");
     assert!(node.evacuating, "{node:?}");
+    assert_eq!(status(&c).nodes_evacuating, vec![leaving.to_string()]);
     wait_until(
         "the moved replicas' files to be deleted",
         REPLACE_TIMEOUT,

@@ -1,5 +1,5 @@
 //! The `hawser` binary: the daemons (`controller`, `agent`), the client commands (`volume`,
-//! `node`, `pool`) and `bench`, in one executable.
+//! `node`, `pool`, `status`) and `bench`, in one executable.
 //!
 //! Exit codes: 0 success, 1 the operation failed (the controller refused it or could not be
 //! reached), 2 bad command line (clap's usage errors, including invalid sizes and names, which
@@ -15,7 +15,8 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::client::Client;
-use crate::cli::{node, pool, volume};
+use crate::cli::output::OutputArg;
+use crate::cli::{node, pool, status, volume};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,7 +44,12 @@ enum Command {
     /// Manage volumes.
     #[command(subcommand)]
     Volume(volume::VolumeCmd),
-    /// Inspect nodes.
+    /// Cluster health: nodes down, degraded volumes, resyncs with progress and ETA.
+    Status {
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Inspect, evacuate and restore nodes.
     #[command(subcommand)]
     Node(node::NodeCmd),
     /// Inspect storage pools.
@@ -62,6 +68,7 @@ fn main() -> ExitCode {
         Command::Volume(cmd) => client_exit(&cli.controller, |c| volume::run(c, cmd)),
         Command::Node(cmd) => client_exit(&cli.controller, |c| node::run(c, cmd)),
         Command::Pool(cmd) => client_exit(&cli.controller, |c| pool::run(c, cmd)),
+        Command::Status { out } => client_exit(&cli.controller, |c| status::run(c, out)),
     }
 }
 
