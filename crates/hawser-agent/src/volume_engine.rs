@@ -423,11 +423,11 @@ impl VolumeEngine {
         let began = self.sync_began.lock().unwrap_or_else(|p| p.into_inner());
         match began.get(i).copied().flatten() {
             Some((at, copied)) => {
-                let secs = at.elapsed().as_secs_f64();
-                if secs < 0.5 {
+                let ms = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX);
+                if ms < 500 {
                     return 0;
                 }
-                (copied_now.saturating_sub(copied) as f64 / secs) as u64
+                copied_now.saturating_sub(copied).saturating_mul(1000) / ms
             }
             None => 0,
         }
