@@ -1,7 +1,7 @@
 //! "Control plane: self-healing" on hosts made of network namespaces, with verifying writers
 //! running throughout:
 //! d. a replica's host is killed and stays down: after the configured delay a new replica is
-//!    placed on another host and synced while the writer runs; the volume has its replicas
+//!    placed on another host and synced while the writer and fio verify run; the volume has its replicas
 //!    in sync again; when the old host returns its stale replica file is deleted.
 //! e. evacuating a host that holds a replica of each of 5 attached volumes under load: every
 //!    replica moves off it, the in-sync count never drops below the replica count (sampled
@@ -52,12 +52,53 @@ fn status(c: &NetCluster) -> ClusterStatus {
 }
 
 fn attach(c: &NetCluster, volume: &str, node: &str) -> NbdTarget {
+    NbdTarget::from_unix_uri(&attach_uri(c, volume, node))
+}
+
+fn attach_uri(c: &NetCluster, volume: &str, node: &str) -> String {
     c.cli_ok(&["volume", "attach", volume, "--node", node]);
-    let uri = c
-        .volume(volume)
+    c.volume(volume)
         .nbd_unix_uri
-        .expect("attached volume has a unix URI");
-    NbdTarget::from_unix_uri(&uri)
+        .expect("attached volume has a unix URI")
+}
+
+/// fio's NBD engine writing random 4k-64k blocks with crc32c verification (each block read
+/// back and checked while writing goes on) into `[offset, offset+size)` for `secs`.
+fn fio_verify(uri: &str, offset: &str, size: &str, secs: u32) -> std::process::Child {
+    std::process::Command::new("fio")
+        .args([
+            "--name=heal-verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bsrange=4k-64k",
+            &format!("--offset={offset}"),
+            &format!("--size={size}"),
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_backlog=64",
+            "--randrepeat=0",
+            "--verify_state_save=0",
+            "--time_based",
+            &format!("--runtime={secs}"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run fio")
+}
+
+fn fio_passed(fio: std::process::Child) {
+    let out = fio.wait_with_output().expect("wait for fio");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("err= 0"),
+        "fio verify failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let verified = text.lines().find(|l| l.contains("WRITE:")).unwrap_or("");
+    eprintln!("fio verify passed: {}", verified.trim());
 }
 
 fn writer(target: &NbdTarget, seed: u64) -> Writer {
@@ -127,7 +168,10 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
     ]);
     let v = c.volume("hv");
     let (engine_host, victim) = (v.replicas[0].node.clone(), v.replicas[1].clone());
-    let target = attach(&c, "hv", &engine_host);
+    let uri = attach_uri(&c, "hv", &engine_host);
+    let target = NbdTarget::from_unix_uri(&uri);
+    // fio verify (past the writer's 16 MiB) and the write-log writer run throughout.
+    let fio = fio_verify(&uri, "64M", "32M", 45);
     let w = writer(&target, 0x4ea1);
     c.kill9(&victim.node);
     let t0 = Instant::now();
@@ -172,6 +216,7 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
         c.find_replica_file(&victim).is_none()
     });
     let log = stop_clean(w, "replacement");
+    fio_passed(fio);
     wait_until("status to be healthy again", REPLACE_TIMEOUT, || {
         let s = status(&c);
         s.nodes_offline.is_empty() && s.degraded.is_empty() && s.resyncs.is_empty()
