@@ -343,6 +343,16 @@ pub struct Attach {
     pub node: String,
 }
 
+/// `GET /v1/replicas[/{id}]`: one replica with its volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaInfo {
+    pub volume: String,
+    pub replica: Replica,
+    /// Removed from the volume (replaced or moved); its file is deleted when its node answers.
+    pub retired: bool,
+}
+
 /// `GET /v1/status`: what `hawser status` summarises.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -26,6 +26,8 @@ pub enum ControllerError {
     NodeNotFound { node: String },
     #[error("volume {volume:?} has no replica {replica:?}")]
     ReplicaNotFound { volume: String, replica: String },
+    #[error("no volume has a replica {replica:?} (`hawser replica list` shows them)")]
+    UnknownReplica { replica: String },
     #[error("volume {volume:?} already exists")]
     VolumeExists { volume: String },
     #[error("volume {volume:?} is attached to node {node:?}{hint}")]
@@ -92,7 +94,8 @@ impl ControllerError {
             E::NoRoute { .. }
             | E::VolumeNotFound { .. }
             | E::NodeNotFound { .. }
-            | E::ReplicaNotFound { .. } => ErrorCode::NotFound,
+            | E::ReplicaNotFound { .. }
+            | E::UnknownReplica { .. } => ErrorCode::NotFound,
             E::VolumeExists { .. } => ErrorCode::AlreadyExists,
             E::Attached { .. }
             | E::Busy { .. }

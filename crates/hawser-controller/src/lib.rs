@@ -11,6 +11,7 @@
 mod agent_client;
 mod api_nodes;
 mod api_pools;
+mod api_replicas;
 mod api_status;
 mod api_volumes;
 mod constants;

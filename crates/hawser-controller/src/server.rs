@@ -17,7 +17,7 @@ use crate::constants::MAX_BODY_BYTES;
 use crate::errors::ControllerError;
 use crate::leader::Role;
 use crate::state::AppState;
-use crate::{api_nodes, api_pools, api_status, api_volumes};
+use crate::{api_nodes, api_pools, api_replicas, api_status, api_volumes};
 
 pub fn router(state: Arc<AppState>) -> Router {
     let leader_only = axum::middleware::from_fn_with_state(state.clone(), require_leader);
@@ -31,6 +31,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/nodes/{node}/restore", post(api_nodes::restore))
         .route("/v1/pools", get(api_pools::list))
         .route("/v1/status", get(api_status::show))
+        .route("/v1/replicas", get(api_replicas::list))
+        .route("/v1/replicas/{id}", get(api_replicas::show))
         .route(
             "/v1/volumes",
             post(api_volumes::create).get(api_volumes::list),

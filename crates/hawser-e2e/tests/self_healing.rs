@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use hawser_api::controller::{ClusterStatus, ReplicaState, Volume};
+use hawser_api::controller::{ClusterStatus, ReplicaInfo, ReplicaState, Volume};
 use hawser_e2e::{
     assert_same_contents, verify_file, verify_nbd, wait_until, NbdTarget, NetCluster, WriteLog,
     Writer, WriterOptions,
@@ -49,6 +49,12 @@ fn in_sync(v: &Volume) -> usize {
 fn status(c: &NetCluster) -> ClusterStatus {
     let out = c.cli_ok(&["status", "-o", "json"]);
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("status JSON: {e}: {out}"))
+}
+
+/// `hawser replica list -o json`.
+fn replicas(c: &NetCluster) -> Vec<ReplicaInfo> {
+    let out = c.cli_ok(&["replica", "list", "-o", "json"]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("replica list JSON: {e}: {out}"))
 }
 
 fn attach(c: &NetCluster, volume: &str, node: &str) -> NbdTarget {
@@ -211,6 +217,16 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
     w.wait_acks(ACKS, ACK_TIMEOUT);
     // The old host returns: its stale replica is deleted, nothing else changes.
     assert!(c.find_replica_file(&victim).is_some(), "stale file present");
+    let retired: Vec<String> = replicas(&c)
+        .into_iter()
+        .filter(|r| r.retired)
+        .map(|r| r.replica.id)
+        .collect();
+    assert_eq!(
+        retired,
+        vec![victim.id.clone()],
+        "`replica list` shows it retired"
+    );
     c.restart_agent(&victim.node);
     wait_until("the stale replica to be deleted", REPLACE_TIMEOUT, || {
         c.find_replica_file(&victim).is_none()
@@ -221,6 +237,10 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
         let s = status(&c);
         s.nodes_offline.is_empty() && s.degraded.is_empty() && s.resyncs.is_empty()
     });
+    assert!(
+        replicas(&c).iter().all(|r| !r.retired),
+        "no retired replica left once deleted"
+    );
     let v = c.volume("hv");
     assert_eq!(v.replicas.len(), 2, "{v:?}");
     assert!(v.replicas.iter().all(|r| r.node != victim.node), "{v:?}");

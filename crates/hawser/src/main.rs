@@ -1,5 +1,5 @@
 //! The `hawser` binary: the daemons (`controller`, `agent`), the client commands (`volume`,
-//! `node`, `pool`, `status`) and `bench`, in one executable.
+//! `node`, `pool`, `replica`, `status`) and `bench`, in one executable.
 //!
 //! Exit codes: 0 success, 1 the operation failed (the controller refused it or could not be
 //! reached), 2 bad command line (clap's usage errors, including invalid sizes and names, which
@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::client::Client;
 use crate::cli::output::OutputArg;
-use crate::cli::{node, pool, status, volume};
+use crate::cli::{node, pool, replica, status, volume};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,6 +55,9 @@ enum Command {
     /// Inspect storage pools.
     #[command(subcommand)]
     Pool(pool::PoolCmd),
+    /// Inspect replicas.
+    #[command(subcommand)]
+    Replica(replica::ReplicaCmd),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Command::Volume(cmd) => client_exit(&cli.controller, |c| volume::run(c, cmd)),
         Command::Node(cmd) => client_exit(&cli.controller, |c| node::run(c, cmd)),
         Command::Pool(cmd) => client_exit(&cli.controller, |c| pool::run(c, cmd)),
+        Command::Replica(cmd) => client_exit(&cli.controller, |c| replica::run(c, cmd)),
         Command::Status { out } => client_exit(&cli.controller, |c| status::run(c, out)),
     }
 }

@@ -6,5 +6,6 @@ pub mod client;
 pub mod node;
 pub mod output;
 pub mod pool;
+pub mod replica;
 pub mod status;
 pub mod volume;
