@@ -9,6 +9,7 @@
 //! requests that arrived meanwhile run on it. Clients see a pause, never an error.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -27,14 +28,18 @@ pub struct Export {
     /// Requests hold it shared while they run; a swap holds it exclusively.
     gate: tokio::sync::RwLock<()>,
     engine: Mutex<Option<Arc<VolumeEngine>>>,
+    /// Offered to NBD clients (`StartEngine::export`): not while the engine only syncs the
+    /// new replicas of a detached volume.
+    nbd: AtomicBool,
 }
 
 impl Export {
-    fn new(engine: Arc<VolumeEngine>) -> Export {
+    fn new(engine: Arc<VolumeEngine>, nbd: bool) -> Export {
         Export {
             size: BlockDevice::size(&*engine),
             gate: tokio::sync::RwLock::new(()),
             engine: Mutex::new(Some(engine)),
+            nbd: AtomicBool::new(nbd),
         }
     }
 
@@ -123,7 +128,7 @@ impl Engines {
         let existing = self.lock().get(&req.volume).cloned();
         let Some(export) = existing else {
             let engine = VolumeEngine::start(req, node, storage).await?;
-            let export = Arc::new(Export::new(engine.clone()));
+            let export = Arc::new(Export::new(engine.clone(), req.export));
             let replaced = self.lock().insert(req.volume.clone(), export);
             if let Some(old) = replaced {
                 // A concurrent first start of the same volume; the controller serialises
@@ -147,6 +152,7 @@ impl Engines {
         }
         let engine = VolumeEngine::start(req, node, storage).await?;
         export.set(Some(engine.clone()));
+        export.nbd.store(req.export, Ordering::Release);
         drop(closed);
         Ok(engine)
     }
@@ -179,14 +185,19 @@ impl ExportRegistry for Engines {
         let export = self.lock().get(name).cloned()?;
         // Between engines (a swap) the export is still there: its requests wait at the gate.
         // A fenced engine's export is not offered: the volume is served elsewhere now.
-        if export.engine().is_some_and(|e| e.is_fenced()) {
+        if !export.nbd.load(Ordering::Acquire) || export.engine().is_some_and(|e| e.is_fenced()) {
             return None;
         }
         Some(export as Arc<dyn BlockDevice>)
     }
 
     fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.lock().keys().cloned().collect();
+        let mut names: Vec<String> = self
+            .lock()
+            .iter()
+            .filter(|(_, x)| x.nbd.load(Ordering::Acquire))
+            .map(|(k, _)| k.clone())
+            .collect();
         names.sort();
         names
     }

@@ -959,6 +959,7 @@ mod tests {
             }],
             controller_url: "http://127.0.0.1:9".into(),
             on_quorum_loss: Default::default(),
+            export: true,
         };
         let ve = VolumeEngine::start(&req, "a", &storage)
             .await

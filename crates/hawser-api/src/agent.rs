@@ -71,6 +71,14 @@ pub struct StartEngine {
     pub controller_url: String,
     #[serde(default)]
     pub on_quorum_loss: crate::controller::QuorumLoss,
+    /// Serve it over NBD. False for the engine that syncs new replicas of a detached volume:
+    /// nobody should write to a volume its user detached.
+    #[serde(default = "yes")]
+    pub export: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

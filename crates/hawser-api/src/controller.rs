@@ -324,6 +324,9 @@ pub struct Volume {
     /// The attached engine's live view (best effort: absent when its agent does not answer).
     #[serde(default)]
     pub engine: Option<VolumeEngineView>,
+    /// While detached: the node whose engine (not exported) syncs new replicas.
+    #[serde(default)]
+    pub sync_node: Option<String>,
 }
 
 /// What the attached engine reports about itself.

@@ -159,6 +159,7 @@ mod tests {
             placement: Default::default(),
             on_quorum_loss: Default::default(),
             retired: Vec::new(),
+            sync_node: None,
         }
     }
 

@@ -37,8 +37,8 @@ async fn round(st: &AppState) {
     let (Ok(volumes), Ok(nodes)) = (st.records.volumes().await, st.records.nodes().await) else {
         return;
     };
-    for v in volumes.iter().filter(|v| v.state == VolumeState::Attached) {
-        let Some(node) = v.attached_node.as_deref() else {
+    for v in &volumes {
+        let Some(node) = engine_node(v) else {
             continue;
         };
         let Ok(node) = find_node(&nodes, node) else {
@@ -52,8 +52,8 @@ async fn round(st: &AppState) {
         let Ok(current) = st.records.existing_volume(&v.name).await else {
             continue;
         };
-        let same = current.state == VolumeState::Attached
-            && current.attached_node == v.attached_node
+        let same = current.state == v.state
+            && engine_node(&current) == engine_node(v)
             && current.epoch == v.epoch;
         if !same || engine_current(st, &node.admin_addr, v).await != Some(false) {
             continue;
@@ -68,6 +68,16 @@ async fn round(st: &AppState) {
                 "engine is missing and could not be started yet; will retry"
             ),
         }
+    }
+}
+
+/// Where `v`'s engine should run: the node it is attached to, or while detached the node
+/// syncing its new replicas (`self_heal.rs`).
+fn engine_node(v: &VolumeRecord) -> Option<&str> {
+    match v.state {
+        VolumeState::Attached => v.attached_node.as_deref(),
+        VolumeState::Detached => v.sync_node.as_deref(),
+        VolumeState::Creating | VolumeState::Deleting => None,
     }
 }
 

@@ -11,13 +11,15 @@
 //! 2. A replica on an evacuating node gets a blank replica elsewhere first; it is retired only
 //!    once the volume has `replica_count` in-sync replicas without it, so redundancy never
 //!    drops during a move.
-//! 3. Rebuilds are bounded: at most `max_rebuilds` blank replicas of attached volumes at
-//!    once (a blank replica of a detached volume waits for its next attach and costs
-//!    nothing), one per volume; and none at all while more than a third of the nodes are
-//!    offline, so a network blip or a rack power cut does not start a storm of copies.
+//! 3. Rebuilds are bounded: at most `max_rebuilds` blank replicas at once, one per volume;
+//!    and none at all while more than a third of the nodes are offline, so a network blip or
+//!    a rack power cut does not start a storm of copies.
 //! 4. Nothing is replaced without a source: the volume must keep an in-sync replica on an
 //!    online node.
 //! 5. Retired replicas are deleted once their node is online again.
+//! 6. A detached volume with a blank replica gets an engine (not exported) on the node of an
+//!    online in-sync replica, which syncs it; the engine stops once no replica is blank (or
+//!    its node went offline; then another is chosen). Attaching the volume stops it too.
 
 use std::collections::BTreeMap;
 
@@ -51,6 +53,10 @@ pub enum Action {
     Retire { volume: String, replica: String },
     /// Delete retired `replica` from its node, which answers again.
     DeleteRetired { volume: String, replica: String },
+    /// Start an engine on `node` that syncs the blank replicas of a detached volume.
+    SyncDetached { volume: String, node: String },
+    /// Stop the sync engine of a detached volume (done, or its node is gone).
+    EndSync { volume: String },
 }
 
 #[derive(Debug, Default)]
@@ -73,7 +79,7 @@ pub fn plan(volumes: &[VolumeRecord], nodes: &BTreeMap<String, NodeView>, cfg: H
     let online = |node: &str| nodes.get(node).is_some_and(|n| n.online);
     let mut rebuilds = volumes
         .iter()
-        .filter(|v| v.state == VolumeState::Attached)
+        .filter(|v| matches!(v.state, VolumeState::Attached | VolumeState::Detached))
         .map(|v| v.replicas.iter().filter(|r| r.blank).count())
         .sum::<usize>();
     for v in volumes {
@@ -90,25 +96,50 @@ pub fn plan(volumes: &[VolumeRecord], nodes: &BTreeMap<String, NodeView>, cfg: H
             p.actions.push(a);
             continue;
         }
+        if let Some(a) = detached_sync(v, nodes) {
+            p.actions.push(a);
+        }
         if storm || v.replicas.iter().any(|r| r.blank) {
             continue; // one rebuild per volume at a time
         }
         let Some(action) = rebuild(v, nodes, cfg, &mut p.held) else {
             continue;
         };
-        if v.state == VolumeState::Attached {
-            if rebuilds >= cfg.max_rebuilds {
-                p.held.push(format!(
-                    "volume {}: waits for one of {rebuilds} rebuilds under way (limit {})",
-                    v.name, cfg.max_rebuilds
-                ));
-                continue;
-            }
-            rebuilds += 1;
+        if rebuilds >= cfg.max_rebuilds {
+            p.held.push(format!(
+                "volume {}: waits for one of {rebuilds} rebuilds under way (limit {})",
+                v.name, cfg.max_rebuilds
+            ));
+            continue;
         }
+        rebuilds += 1;
         p.actions.push(action);
     }
     p
+}
+
+/// Rule 6.
+fn detached_sync(v: &VolumeRecord, nodes: &BTreeMap<String, NodeView>) -> Option<Action> {
+    if v.state != VolumeState::Detached {
+        return None;
+    }
+    let online = |n: &str| nodes.get(n).is_some_and(|n| n.online);
+    let blank = v.replicas.iter().any(|r| r.blank);
+    match &v.sync_node {
+        Some(n) if !blank || !online(n) => Some(Action::EndSync {
+            volume: v.name.clone(),
+        }),
+        Some(_) => None,
+        None if blank => v
+            .replicas
+            .iter()
+            .find(|r| r.state == ReplicaState::InSync && online(&r.node))
+            .map(|r| Action::SyncDetached {
+                volume: v.name.clone(),
+                node: r.node.clone(),
+            }),
+        None => None,
+    }
 }
 
 /// Rule 2, second half: a replica on an evacuating node once the others suffice.
@@ -212,6 +243,7 @@ mod tests {
             placement: Default::default(),
             on_quorum_loss: Default::default(),
             retired: Vec::new(),
+            sync_node: None,
         }
     }
 
@@ -364,6 +396,36 @@ mod tests {
                 replica: "v-b".into()
             }]
         );
+    }
+
+    #[test]
+    fn a_detached_volume_gets_a_sync_engine_while_a_replica_is_blank() {
+        let mut v = attached_pair("v", ReplicaState::InSync);
+        v.state = VolumeState::Detached;
+        v.attached_node = None;
+        v.replicas.push(Replica {
+            blank: true,
+            ..replica("v-c", "n3", ReplicaState::Outdated)
+        });
+        let ns = nodes(4, &[], 0);
+        let p = plan(std::slice::from_ref(&v), &ns, CFG);
+        assert_eq!(
+            p.actions,
+            vec![Action::SyncDetached {
+                volume: "v".into(),
+                node: "n1".into()
+            }]
+        );
+        v.sync_node = Some("n1".into());
+        assert!(plan(std::slice::from_ref(&v), &ns, CFG).actions.is_empty());
+        // Its node went away: stop (a later round picks another).
+        let p = plan(std::slice::from_ref(&v), &nodes(4, &["n1"], 1_000), CFG);
+        assert_eq!(p.actions, vec![Action::EndSync { volume: "v".into() }]);
+        // Synced: stop.
+        v.replicas[2].blank = false;
+        v.replicas[2].state = ReplicaState::InSync;
+        let p = plan(&[v], &ns, CFG);
+        assert_eq!(p.actions, vec![Action::EndSync { volume: "v".into() }]);
     }
 
     #[test]

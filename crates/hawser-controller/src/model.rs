@@ -120,6 +120,10 @@ pub struct VolumeRecord {
     /// written to, read from or counted in the in-sync set.
     #[serde(default)]
     pub retired: Vec<Replica>,
+    /// While detached: the node running an engine (not exported) that syncs the volume's
+    /// blank replicas (see `self_heal.rs`). Attaching stops it.
+    #[serde(default)]
+    pub sync_node: Option<String>,
 }
 
 impl VolumeRecord {
@@ -158,6 +162,7 @@ impl VolumeRecord {
             placement: self.placement.clone(),
             on_quorum_loss: self.on_quorum_loss,
             engine: None,
+            sync_node: self.sync_node.clone(),
         }
     }
 }

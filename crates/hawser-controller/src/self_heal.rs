@@ -24,7 +24,7 @@ use crate::leader::Role;
 use crate::model::{now_ms, NodeRecord, VolumeRecord};
 use crate::placement::Request;
 use crate::state::AppState;
-use crate::volume_attach::ensure_engine;
+use crate::volume_attach::{ensure_engine, stop_engine};
 use crate::volume_create::{find_node, replica_id};
 
 /// Runs until the task is aborted; `every` zero disables it.
@@ -90,7 +90,9 @@ async fn act(
     let (Action::Replace { volume, .. }
     | Action::AddFor { volume, .. }
     | Action::Retire { volume, .. }
-    | Action::DeleteRetired { volume, .. }) = action;
+    | Action::DeleteRetired { volume, .. }
+    | Action::SyncDetached { volume, .. }
+    | Action::EndSync { volume }) = action;
     let _guard = st.volume_locks.lock(volume).await;
     // The record may have changed since the plan (an attach, a detach, the engine's own
     // reports): act only if the plan for the current record still says so.
@@ -106,6 +108,8 @@ async fn act(
         Action::AddFor { .. } => add_blank(st, &current, nodes, views, None).await,
         Action::Retire { replica, .. } => retire(st, &current, nodes, replica).await,
         Action::DeleteRetired { replica, .. } => delete_retired(st, &current, nodes, replica).await,
+        Action::SyncDetached { node, .. } => start_sync(st, &current, nodes, node).await,
+        Action::EndSync { .. } => end_sync(st, &current).await,
     }
 }
 
@@ -325,4 +329,52 @@ async fn swap_engine(st: &AppState, rec: &VolumeRecord, nodes: &[NodeRecord]) {
             "engine swap failed; the engine check retries it"
         ),
     }
+}
+
+/// Starts an engine (not exported) on `node` that syncs the blank replicas of a detached
+/// volume, in a new epoch: attaching later raises it again and fences this one.
+async fn start_sync(
+    st: &AppState,
+    v: &VolumeRecord,
+    nodes: &[NodeRecord],
+    node: &str,
+) -> Result<(), ControllerError> {
+    let epoch = v.epoch;
+    let (rec, ()) = st
+        .records
+        .update_volume(&v.name, |r| {
+            if r.epoch != epoch || r.state != VolumeState::Detached || r.sync_node.is_some() {
+                return Err(ControllerError::Busy {
+                    volume: r.name.clone(),
+                    state: r.state,
+                });
+            }
+            r.epoch += 1;
+            r.sync_node = Some(node.to_string());
+            Ok(())
+        })
+        .await?;
+    let n = find_node(nodes, node)?;
+    ensure_engine(st, &rec, n, nodes).await?;
+    tracing::warn!(volume = %v.name, node, epoch = rec.epoch, "detached volume: syncing its new replicas");
+    Ok(())
+}
+
+/// Stops a detached volume's sync engine and forgets it. An agent that does not answer
+/// blocks this unless its node is offline (the next epoch fences that engine).
+async fn end_sync(st: &AppState, v: &VolumeRecord) -> Result<(), ControllerError> {
+    let Some(node) = &v.sync_node else {
+        return Ok(());
+    };
+    stop_engine(st, &v.name, node).await?;
+    st.records
+        .update_volume(&v.name, |r| {
+            if r.state == VolumeState::Detached && r.sync_node.as_deref() == Some(node) {
+                r.sync_node = None;
+            }
+            Ok(())
+        })
+        .await?;
+    tracing::info!(volume = %v.name, node = %node, "detached volume: sync engine stopped");
+    Ok(())
 }

@@ -40,10 +40,19 @@ pub async fn attach_volume(
             age_secs,
         });
     }
+    if let Some(sync) = &current.sync_node {
+        // The engine syncing its new replicas stops first (flushed, its journal clean); if
+        // it cannot be reached, the new epoch fences it. Self-healing resumes the sync in
+        // the attached engine.
+        if let Err(e) = stop_engine(st, name, sync).await {
+            tracing::warn!(volume = %name, node = %sync, error = %e, "sync engine not stopped; the attach fences it");
+        }
+    }
     let (rec, ()) = st
         .records
         .update_volume(name, |v| {
             check_detached(v, " (detach it first)")?;
+            v.sync_node = None;
             v.epoch += 1;
             v.state = VolumeState::Attached;
             v.attached_node = Some(node.name.clone());
@@ -57,6 +66,7 @@ pub async fn attach_volume(
         replicas: engine_replicas(&rec, &nodes)?,
         controller_url: st.engine_controller_urls().await,
         on_quorum_loss: rec.on_quorum_loss,
+        export: true,
     };
     if let Err(source) = st.agents.start_engine(&node.admin_addr, &start).await {
         let err = ControllerError::Agent {
@@ -84,6 +94,8 @@ pub(crate) async fn ensure_engine(
         replicas: engine_replicas(rec, nodes)?,
         controller_url: st.engine_controller_urls().await,
         on_quorum_loss: rec.on_quorum_loss,
+        // Only an attached volume is served; a detached one's engine only syncs replicas.
+        export: rec.state == VolumeState::Attached,
     };
     st.agents
         .start_engine(&node.admin_addr, &start)
@@ -186,7 +198,11 @@ pub async fn detach_volume(st: &AppState, name: &str) -> Result<VolumeRecord, Co
 /// Stops the volume's engine on `node_name`. An agent that does not answer blocks the detach,
 /// unless its node is offline: then the detach goes ahead, because the next attach's higher
 /// epoch fences whatever that engine still does.
-async fn stop_engine(st: &AppState, volume: &str, node_name: &str) -> Result<(), ControllerError> {
+pub(crate) async fn stop_engine(
+    st: &AppState,
+    volume: &str,
+    node_name: &str,
+) -> Result<(), ControllerError> {
     let Some(node) = st.records.node(node_name).await? else {
         tracing::warn!(
             volume,

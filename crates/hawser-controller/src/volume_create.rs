@@ -50,6 +50,7 @@ pub async fn create_volume(
         placement,
         on_quorum_loss: req.on_quorum_loss,
         retired: Vec::new(),
+        sync_node: None,
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which `volume delete` cleans up.

@@ -24,6 +24,10 @@ pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerEr
             }
         })
         .await?;
+    if let Some(node) = &rec.sync_node {
+        // The engine syncing its new replicas goes first (it writes to them).
+        crate::volume_attach::stop_engine(st, name, node).await?;
+    }
     let nodes = st.records.nodes().await?;
     // Retired replicas too: their files may still be on their nodes.
     for r in rec.replicas.iter().chain(&rec.retired) {

@@ -3,8 +3,8 @@
 //! d. a replica's host is killed and stays down: after the configured delay a new replica is
 //!    placed on another host and synced while the writer and fio verify run; the volume has its replicas
 //!    in sync again; when the old host returns its stale replica file is deleted.
-//! e. evacuating a host that holds a replica of each of 5 attached volumes under load: every
-//!    replica moves off it, the in-sync count never drops below the replica count (sampled
+//! e. evacuating a host that holds a replica of each of 5 attached volumes under load (and of
+//!    a detached one): every replica moves off it, the in-sync count never drops below the replica count (sampled
 //!    throughout), the writers see no error, and everything verifies.
 //!
 //! Needs root, `ip netns` and iptables; otherwise each test prints SKIP and passes, unless
@@ -279,6 +279,30 @@ fn evacuating_a_host_moves_every_replica_without_dropping_redundancy() {
         let w = writer(&target, 0xe0 + i as u64);
         runs.push((name.clone(), target, w));
     }
+    // A sixth volume, written and detached: its replica moves too (synced by an engine the
+    // controller runs without exporting it).
+    c.cli_ok(&[
+        "volume",
+        "create",
+        "evd",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+        "--prefer-node",
+        leaving,
+    ]);
+    let other = c
+        .volume("evd")
+        .replicas
+        .into_iter()
+        .find(|r| r.node != leaving)
+        .expect("other");
+    let detached_target = attach(&c, "evd", &other.node);
+    let detached_log = stop_clean(writer(&detached_target, 0xed), "evd before detach");
+    c.cli_ok(&["volume", "detach", "evd"]);
+    let mut names = names;
+    names.push("evd".into());
     let before: Vec<_> = names
         .iter()
         .flat_map(|n| c.volume(n).replicas)
@@ -307,7 +331,7 @@ fn evacuating_a_host_moves_every_replica_without_dropping_redundancy() {
         },
     );
     eprintln!(
-        "evacuation of 5 volumes done in {:.2?} ({samples} samples, in-sync >= 2 in each)",
+        "evacuation of 6 volumes (one detached) done in {:.2?} ({samples} samples, in-sync >= 2 in each)",
         t0.elapsed()
     );
     let node = c
@@ -326,6 +350,23 @@ fn evacuating_a_host_moves_every_replica_without_dropping_redundancy() {
         let log = stop_clean(w, &name);
         verify(&c, &name, &target, &log);
     }
+    wait_until(
+        "the detached volume's sync engine to stop",
+        SYNC_TIMEOUT,
+        || c.volume("evd").sync_node.is_none(),
+    );
+    let v = c.volume("evd");
+    assert!(
+        v.attached_node.is_none() && v.nbd_uri.is_none(),
+        "still detached: {v:?}"
+    );
+    let files: Vec<_> = v.replicas.iter().map(|r| c.replica_file(r)).collect();
+    for f in &files {
+        verify_file(f, &detached_log)
+            .expect("read a replica file")
+            .assert_ok();
+    }
+    assert_same_contents(&files[0], &files[1], v.size_bytes);
     // Restored, it takes replicas again.
     c.cli_ok(&["node", "restore", leaving]);
     let node = c

@@ -209,6 +209,12 @@ fn details(v: &Volume) -> String {
     );
     line("State:", snake(&v.state));
     line("Node:", or_dash(v.attached_node.as_deref()));
+    if let Some(n) = &v.sync_node {
+        line(
+            "Syncing:",
+            format!("new replicas, by an engine on {n} (not exported)"),
+        );
+    }
     line("Epoch:", v.epoch.to_string());
     if let Some(uri) = &v.nbd_uri {
         line("NBD:", uri.clone());
@@ -249,7 +255,11 @@ fn details(v: &Volume) -> String {
             format!("  {}", r.id),
             r.node.clone(),
             r.pool.clone(),
-            snake(&r.state),
+            if r.blank {
+                format!("{} (new, first sync)", snake(&r.state))
+            } else {
+                snake(&r.state)
+            },
         ]);
     }
     s.push_str(&t.render());
