@@ -103,9 +103,11 @@ async fn act(
     }
     match action {
         Action::Replace { replica, .. } => {
-            add_blank(st, &current, nodes, views, Some(replica)).await
+            add_blank(st, &current, nodes, views, Some(replica), true).await
         }
-        Action::AddFor { .. } => add_blank(st, &current, nodes, views, None).await,
+        Action::AddFor { replica, .. } => {
+            add_blank(st, &current, nodes, views, Some(replica), false).await
+        }
         Action::Retire { replica, .. } => retire(st, &current, nodes, replica).await,
         Action::DeleteRetired { replica, .. } => delete_retired(st, &current, nodes, replica).await,
         Action::SyncDetached { node, .. } => start_sync(st, &current, nodes, node).await,
@@ -120,13 +122,15 @@ async fn add_blank(
     v: &VolumeRecord,
     nodes: &[NodeRecord],
     views: &BTreeMap<String, NodeView>,
-    replacing: Option<&str>,
+    leaving: Option<&str>,
+    replace: bool,
 ) -> Result<(), ControllerError> {
+    let replacing = leaving.filter(|_| replace);
     let id = replica_id(
         &v.name,
         u32::try_from(v.replicas.len() + v.retired.len()).unwrap_or(0),
     );
-    let placed = place_one(st, v, nodes, views, &id)?;
+    let placed = place_one(st, v, nodes, views, leaving, &id)?;
     let node = find_node(nodes, &placed.node)?;
     let req = CreateReplica {
         replica_id: id.clone(),
@@ -198,38 +202,67 @@ async fn add_blank(
     Ok(())
 }
 
-/// One pool for a new replica of `v`: not on a node that holds one of its replicas or is
-/// evacuating, and under strict zone spread not in a zone one of them is in.
+/// One pool for a new replica of `v` (taking over from `leaving`): not on a node that holds
+/// one of its replicas or is evacuating; under strict zone spread not in the zone of one of
+/// the replicas that stay, under preferred spread such zones last.
 fn place_one(
     st: &AppState,
     v: &VolumeRecord,
     nodes: &[NodeRecord],
     views: &BTreeMap<String, NodeView>,
+    leaving: Option<&str>,
     id: &str,
 ) -> Result<crate::placement::Placement, ControllerError> {
     let used: Vec<&str> = v.replicas.iter().map(|r| r.node.as_str()).collect();
-    let zones: Vec<Option<&str>> = used
+    let staying: Vec<&str> = v
+        .replicas
+        .iter()
+        .filter(|r| Some(r.id.as_str()) != leaving)
+        .map(|r| r.node.as_str())
+        .collect();
+    let zones: Vec<Option<&str>> = staying
         .iter()
         .filter_map(|n| nodes.iter().find(|x| x.name == *n))
         .map(|n| n.zone())
         .collect();
-    let strict = v.placement.zone_spread == ZoneSpread::Strict;
-    let candidates = st
+    let candidates: Vec<_> = st
         .candidates(nodes)
         .into_iter()
         .filter(|c| !used.contains(&c.node.as_str()))
         .filter(|c| !views.get(&c.node).is_some_and(|n| n.evacuate))
-        .filter(|c| !(strict && zones.contains(&c.zone.as_deref())))
         .collect();
+    let (other_zones, same_zones): (Vec<_>, Vec<_>) = candidates
+        .iter()
+        .cloned()
+        .partition(|c| !zones.contains(&c.zone.as_deref()));
     let request = Request {
         size_bytes: v.size_bytes,
         thin: v.thin,
         count: 1,
         rules: v.placement.clone(),
     };
-    let mut placed = st
-        .reservations
-        .place_and_reserve(candidates, &request, &[id.to_string()])?;
+    let ids = [id.to_string()];
+    let mut placed = match v.placement.zone_spread {
+        // Only zones none of its replicas is in.
+        ZoneSpread::Strict => st
+            .reservations
+            .place_and_reserve(other_zones, &request, &ids)?,
+        // Those first; a zone that has one if no other has room.
+        ZoneSpread::Preferred => {
+            match st
+                .reservations
+                .place_and_reserve(other_zones, &request, &ids)
+            {
+                Ok(p) => p,
+                Err(_) => st
+                    .reservations
+                    .place_and_reserve(same_zones, &request, &ids)?,
+            }
+        }
+        ZoneSpread::None => st
+            .reservations
+            .place_and_reserve(candidates, &request, &ids)?,
+    };
     placed.replicas.pop().ok_or_else(|| {
         ControllerError::invalid(format!("placement chose no node for volume {}", v.name))
     })

@@ -252,6 +252,21 @@ impl Cluster {
         node_timeout_secs: u64,
         engine_check_secs: u64,
     ) -> Cluster {
+        Cluster::start_full(nodes, node_timeout_secs, engine_check_secs, None).await
+    }
+
+    /// With self-healing every second, replacing replicas of nodes offline for
+    /// `replace_after_secs`; nodes go offline after 1 s without a heartbeat.
+    pub async fn start_healing(nodes: usize, replace_after_secs: u64) -> Cluster {
+        Cluster::start_full(nodes, 1, 0, Some(replace_after_secs)).await
+    }
+
+    async fn start_full(
+        nodes: usize,
+        node_timeout_secs: u64,
+        engine_check_secs: u64,
+        replace_after_secs: Option<u64>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let args = ControllerArgs {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -260,9 +275,9 @@ impl Cluster {
             node_timeout_secs,
             advertise_url: None,
             engine_check_secs,
-            replace_after_secs: 300,
+            replace_after_secs: replace_after_secs.unwrap_or(300),
             max_rebuilds: 2,
-            heal_check_secs: 0,
+            heal_check_secs: u64::from(replace_after_secs.is_some()),
         };
         let controller = Controller::bind(args).await.unwrap();
         let url = format!("http://{}", controller.local_addr().unwrap());
