@@ -164,10 +164,7 @@ async fn add_blank(
         .records
         .update_volume(&v.name, |r| {
             if r.epoch != epoch {
-                return Err(ControllerError::Busy {
-                    volume: r.name.clone(),
-                    state: r.state,
-                });
+                return Err(changed(r));
             }
             if let Some(old) = replacing {
                 let i = r.replicas.iter().position(|x| x.id == old).ok_or_else(|| {
@@ -280,10 +277,7 @@ async fn retire(
         .records
         .update_volume(&v.name, |r| {
             if r.epoch != epoch {
-                return Err(ControllerError::Busy {
-                    volume: r.name.clone(),
-                    state: r.state,
-                });
+                return Err(changed(r));
             }
             let Some(i) = r.replicas.iter().position(|x| x.id == replica) else {
                 return Ok(());
@@ -377,10 +371,7 @@ async fn start_sync(
         .records
         .update_volume(&v.name, |r| {
             if r.epoch != epoch || r.state != VolumeState::Detached || r.sync_node.is_some() {
-                return Err(ControllerError::Busy {
-                    volume: r.name.clone(),
-                    state: r.state,
-                });
+                return Err(changed(r));
             }
             r.epoch += 1;
             r.sync_node = Some(node.to_string());
@@ -410,4 +401,12 @@ async fn end_sync(st: &AppState, v: &VolumeRecord) -> Result<(), ControllerError
         .await?;
     tracing::info!(volume = %v.name, node = %node, "detached volume: sync engine stopped");
     Ok(())
+}
+
+/// The record changed since the plan (another action, an attach or detach): try next round.
+fn changed(r: &VolumeRecord) -> ControllerError {
+    ControllerError::Busy {
+        volume: r.name.clone(),
+        state: r.state,
+    }
 }
