@@ -191,8 +191,23 @@ impl Campaign {
     async fn run(self) {
         let mut tick = tokio::time::interval(ELECTION_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The lease of the last term, until it is known to be gone.
+        let mut stale: Option<LeaseId> = None;
         loop {
             tick.tick().await;
+            if let Some(old) = stale {
+                // A leader that stepped down because etcd was unreachable may find its lease
+                // alive when etcd comes back (a restarted etcd renews every lease it had),
+                // still holding the leader key, so nobody could lead for another TTL.
+                // Revoking it first lets this controller (or another) lead at once.
+                match self.store.revoke_lease(old).await {
+                    Ok(()) => stale = None,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot revoke the last election lease yet");
+                        continue;
+                    }
+                }
+            }
             let lease = match self.store.grant_lease(LEADER_TTL).await {
                 Ok(l) => l,
                 Err(e) => {
@@ -203,6 +218,7 @@ impl Campaign {
             let _ = self.lease.send(Some(lease));
             self.hold(lease, &mut tick).await;
             self.set_role(Role::Follower { leader_url: None });
+            stale = Some(lease);
         }
     }
 

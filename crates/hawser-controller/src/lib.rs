@@ -23,6 +23,7 @@ mod records;
 mod reservations;
 mod server;
 mod state;
+mod store_retry;
 mod volume_attach;
 mod volume_create;
 mod volume_delete;
@@ -47,6 +48,7 @@ use crate::agent_client::AgentClient;
 use crate::leader::{Election, FencedStore, Leadership};
 use crate::records::Records;
 use crate::state::AppState;
+use crate::store_retry::RetryingStore;
 
 /// Name of the store file inside `--data-dir`.
 pub const STORE_FILE: &str = "store.json";
@@ -141,8 +143,10 @@ impl Controller {
         };
         tracing::info!(store = %store.describe(), "cluster store");
         let fenced = FencedStore::new(store, leadership.clone());
+        let retrying =
+            RetryingStore::new(Arc::new(fenced), leadership.clone(), controller_url.clone());
         let state = AppState {
-            records: Records::new(Arc::new(fenced)),
+            records: Records::new(Arc::new(retrying)),
             agents: AgentClient::new().context("build the agent HTTP client")?,
             volume_locks: Default::default(),
             reservations: Default::default(),

@@ -4,7 +4,9 @@
 use hawser_api::controller::VolumeState;
 
 use crate::errors::ControllerError;
+use crate::model::VolumeRecord;
 use crate::state::AppState;
+use crate::volume_create::same_replicas;
 
 pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerError> {
     let _guard = st.volume_locks.lock(name).await;
@@ -40,7 +42,9 @@ pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerEr
                 source,
             })?;
     }
-    st.records.delete_volume(name).await?;
+    // The record this delete marked Deleting, and no other (see `delete_volume_if`).
+    let ours = |v: &VolumeRecord| v.state == VolumeState::Deleting && same_replicas(v, &rec);
+    st.records.delete_volume_if(name, ours).await?;
     tracing::info!(volume = %name, "volume deleted");
     Ok(())
 }
