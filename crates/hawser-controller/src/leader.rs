@@ -57,6 +57,13 @@ impl Leadership {
         self.rx.borrow().clone()
     }
 
+    /// A leadership whose role a test sets through the returned sender.
+    #[cfg(test)]
+    pub(crate) fn for_test(role: Role) -> (watch::Sender<Role>, Leadership) {
+        let (tx, rx) = watch::channel(role);
+        (tx, Leadership { rx })
+    }
+
     /// The fence every write must carry, or `Fenced` when this controller does not lead.
     fn fence(&self, key: &str) -> Result<Option<Fence>> {
         match &*self.rx.borrow() {

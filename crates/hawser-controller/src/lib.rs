@@ -48,7 +48,7 @@ use crate::agent_client::AgentClient;
 use crate::leader::{Election, FencedStore, Leadership};
 use crate::records::Records;
 use crate::state::AppState;
-use crate::store_retry::RetryingStore;
+use crate::store_retry::{RetryPolicy, RetryingStore};
 
 /// Name of the store file inside `--data-dir`.
 pub const STORE_FILE: &str = "store.json";
@@ -143,8 +143,12 @@ impl Controller {
         };
         tracing::info!(store = %store.describe(), "cluster store");
         let fenced = FencedStore::new(store, leadership.clone());
-        let retrying =
-            RetryingStore::new(Arc::new(fenced), leadership.clone(), controller_url.clone());
+        let retrying = RetryingStore::new(
+            Arc::new(fenced),
+            leadership.clone(),
+            controller_url.clone(),
+            RetryPolicy::STORE,
+        );
         let state = AppState {
             records: Records::new(Arc::new(retrying)),
             agents: AgentClient::new().context("build the agent HTTP client")?,

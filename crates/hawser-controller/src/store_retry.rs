@@ -31,6 +31,24 @@ use tokio::time::Instant;
 use crate::constants::{STORE_RETRY_DEADLINE, STORE_RETRY_FIRST_BACKOFF, STORE_RETRY_MAX_BACKOFF};
 use crate::leader::{Leadership, Role};
 
+/// How long and how often to retry.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// No attempt starts after this much time since the first.
+    pub deadline: Duration,
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl RetryPolicy {
+    /// The controller's policy (`constants.rs`).
+    pub const STORE: RetryPolicy = RetryPolicy {
+        deadline: STORE_RETRY_DEADLINE,
+        first_backoff: STORE_RETRY_FIRST_BACKOFF,
+        max_backoff: STORE_RETRY_MAX_BACKOFF,
+    };
+}
+
 /// The records' store with outage retries (see the module doc). Leases and watches pass
 /// through untouched: the election handles its own failures.
 pub struct RetryingStore {
@@ -38,14 +56,21 @@ pub struct RetryingStore {
     leadership: Leadership,
     /// This controller's URL: a follower whose known leader is itself holds a stale key.
     own_url: String,
+    policy: RetryPolicy,
 }
 
 impl RetryingStore {
-    pub fn new(inner: Arc<dyn Store>, leadership: Leadership, own_url: String) -> RetryingStore {
+    pub fn new(
+        inner: Arc<dyn Store>,
+        leadership: Leadership,
+        own_url: String,
+        policy: RetryPolicy,
+    ) -> RetryingStore {
         RetryingStore {
             inner,
             leadership,
             own_url,
+            policy,
         }
     }
 
@@ -71,7 +96,7 @@ impl RetryingStore {
         Fut: Future<Output = Result<T>>,
     {
         let start = Instant::now();
-        let mut backoff = STORE_RETRY_FIRST_BACKOFF;
+        let mut backoff = self.policy.first_backoff;
         let mut attempts = 0u32;
         loop {
             attempts += 1;
@@ -83,13 +108,13 @@ impl RetryingStore {
                     return Ok(v);
                 }
                 Err(e)
-                    if self.transient(&e) && start.elapsed() + backoff < STORE_RETRY_DEADLINE =>
+                    if self.transient(&e) && start.elapsed() + backoff < self.policy.deadline =>
                 {
                     if attempts == 1 {
                         tracing::warn!(op, key, error = %e, "cluster store call failed; retrying");
                     }
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(STORE_RETRY_MAX_BACKOFF);
+                    backoff = (backoff * 2).min(self.policy.max_backoff);
                 }
                 Err(e) => {
                     if attempts > 1 {
@@ -146,3 +171,7 @@ impl Store for RetryingStore {
         self.inner.describe()
     }
 }
+
+#[cfg(test)]
+#[path = "store_retry_tests.rs"]
+mod tests;

@@ -1,6 +1,6 @@
 //! etcd killed with SIGKILL (by the PID the fixture started) and restarted on the same data
 //! directory and port, twice, while a loop of volume creates, attaches, detaches and deletes
-//! runs against one controller on it:
+//! runs against one controller on it, each outage starting under a chosen operation:
 //! - a short outage (restarted at once): the controller keeps leading;
 //! - an outage longer than the election lease: the controller steps down, answers new
 //!   requests with a clear `not_leader` error at once, and leads again once etcd is back.
@@ -26,6 +26,17 @@ const CLI_CALL_LIMIT: Duration = Duration::from_secs(60);
 const PROGRESS_OPS: usize = 8;
 /// How long those operations may take.
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(120);
+/// How soon after etcd is back the controller must lead again: less than the 5 s election
+/// lease TTL.
+const RELEAD_LIMIT: Duration = Duration::from_secs(4);
+/// The outages: the operation to kill etcd under, and whether to stay down until the
+/// controller has stepped down.
+const OUTAGES: [(&str, bool); 4] = [
+    ("create", false),
+    ("create", true),
+    ("delete", false),
+    ("attach", true),
+];
 /// Pause of the loop after a refused operation.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 /// Upper bound of the loop, whatever happens.
@@ -46,7 +57,8 @@ struct Op {
 struct OpsLoop {
     url: String,
     stop: AtomicBool,
-    in_flight: AtomicBool,
+    /// The subcommand (`create`, `attach`, ...) of the CLI call running now.
+    in_flight: Mutex<Option<String>>,
     succeeded: AtomicUsize,
     ops: Mutex<Vec<Op>>,
 }
@@ -56,7 +68,7 @@ impl OpsLoop {
         OpsLoop {
             url: url.to_string(),
             stop: AtomicBool::new(false),
-            in_flight: AtomicBool::new(false),
+            in_flight: Mutex::new(None),
             succeeded: AtomicUsize::new(0),
             ops: Mutex::new(Vec::new()),
         }
@@ -86,7 +98,7 @@ impl OpsLoop {
     }
 
     fn cli(&self, args: &[&str]) -> bool {
-        self.in_flight.store(true, Ordering::SeqCst);
+        *self.in_flight.lock().expect("in flight") = args.get(1).map(|a| a.to_string());
         let started = Instant::now();
         let out = Command::new(hawser_bin())
             .env("HAWSER_CONTROLLER", &self.url)
@@ -94,7 +106,7 @@ impl OpsLoop {
             .output()
             .expect("run hawser");
         let took = started.elapsed();
-        self.in_flight.store(false, Ordering::SeqCst);
+        *self.in_flight.lock().expect("in flight") = None;
         let ok = out.status.success();
         if ok {
             self.succeeded.fetch_add(1, Ordering::SeqCst);
@@ -152,14 +164,17 @@ fn answers_not_leader(url: &str) -> bool {
         .is_ok_and(|body| body["code"] == "not_leader")
 }
 
-/// Kills etcd while an operation is in flight, restarts it (after the controller stepped
-/// down when `long`), and waits until the controller leads again. Returns when etcd died.
-fn outage(c: &mut Cluster, ops: &OpsLoop, long: bool) -> Instant {
+/// Kills etcd while a `volume <verb>` is in flight, restarts it (after the controller
+/// stepped down when `long`), and waits until the controller leads again. Returns when etcd
+/// died.
+fn outage(c: &mut Cluster, ops: &OpsLoop, verb: &str, long: bool) -> Instant {
     let kind = if long { "long" } else { "short" };
     ops.wait_progress(PROGRESS_OPS, &format!("progress before the {kind} outage"));
-    wait_until("an operation in flight", Duration::from_secs(30), || {
-        ops.in_flight.load(Ordering::SeqCst)
-    });
+    wait_until(
+        &format!("a volume {verb} in flight"),
+        Duration::from_secs(60),
+        || ops.in_flight.lock().expect("in flight").as_deref() == Some(verb),
+    );
     let killed = Instant::now();
     c.etcd.as_mut().expect("etcd").kill();
     if long {
@@ -188,10 +203,11 @@ fn outage(c: &mut Cluster, ops: &OpsLoop, long: bool) -> Instant {
         .unwrap_or_else(|e| panic!("restart etcd: {e}"));
     let restarted = Instant::now();
     c.wait_leader(Duration::from_secs(30));
-    println!(
-        "{kind} outage: etcd down {down:?}, controller leads {:?} after etcd is back",
-        restarted.elapsed()
-    );
+    let back = restarted.elapsed();
+    println!("{kind} outage: etcd down {down:?}, controller leads {back:?} after etcd is back");
+    // Not a lease TTL later: the controller revokes its stale lease (which the restarted
+    // etcd renewed, leader key and all) instead of waiting for it to expire.
+    assert!(back < RELEAD_LIMIT, "leading again took {back:?}");
     killed
 }
 
@@ -218,7 +234,10 @@ fn etcd_killed_and_restarted_mid_operation_controller_finishes_them() {
     let kills = std::thread::scope(|s| {
         let _stop = StopOnDrop(&ops.stop);
         let worker = s.spawn(|| ops.run());
-        let kills = vec![outage(&mut c, &ops, false), outage(&mut c, &ops, true)];
+        let kills: Vec<Instant> = OUTAGES
+            .iter()
+            .map(|&(verb, long)| outage(&mut c, &ops, verb, long))
+            .collect();
         ops.wait_progress(PROGRESS_OPS, "progress after the outages");
         ops.stop.store(true, Ordering::SeqCst);
         worker.join().expect("the operations loop panicked");
