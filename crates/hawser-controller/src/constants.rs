@@ -50,3 +50,8 @@ pub const STORE_RETRY_FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Longest wait between store retries: an etcd that is back is noticed within this.
 pub const STORE_RETRY_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How often the leader rolls back interrupted creates, finishes interrupted deletes and
+/// deletes orphan replicas (`reconcile.rs`), besides once at the start of each term. Each
+/// round asks every agent for its replica list, so not much more often than heartbeats.
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);

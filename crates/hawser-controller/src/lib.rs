@@ -19,6 +19,7 @@ mod leader;
 mod locks;
 mod model;
 mod placement;
+mod reconcile;
 mod records;
 mod reservations;
 mod server;
@@ -178,12 +179,14 @@ impl Controller {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let watch = tokio::spawn(engine_watch::run(self.state.clone(), self.engine_check));
+        let reconcile = tokio::spawn(reconcile::run(self.state.clone()));
         let app = server::router(self.state);
         let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
             .await
             .context("serve the controller API");
         watch.abort();
+        reconcile.abort();
         if let Some(e) = self.election {
             e.resign().await;
         }

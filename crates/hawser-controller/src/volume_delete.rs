@@ -10,6 +10,11 @@ use crate::volume_create::same_replicas;
 
 pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerError> {
     let _guard = st.volume_locks.lock(name).await;
+    delete_locked(st, name).await
+}
+
+/// The delete, for a caller that holds the volume's lock.
+pub(crate) async fn delete_locked(st: &AppState, name: &str) -> Result<(), ControllerError> {
     let (rec, ()) = st
         .records
         .update_volume(name, |v| match v.state {
