@@ -249,6 +249,17 @@ impl Cluster {
         let _ = c.wait();
     }
 
+    /// SIGSTOP agent `name` (by the PID this fixture started): it keeps its connections but
+    /// answers nothing, as a hung node would, until [`Self::resume_agent`].
+    pub fn pause_agent(&self, name: &str) {
+        signal(&self.agent(name).child, libc::SIGSTOP);
+    }
+
+    /// SIGCONT agent `name`: it handles what it was sent meanwhile.
+    pub fn resume_agent(&self, name: &str) {
+        signal(&self.agent(name).child, libc::SIGCONT);
+    }
+
     pub fn wait_nodes_online(&self, n: usize) {
         wait_online(n, || self.nodes());
     }
@@ -420,6 +431,14 @@ pub(crate) fn log_file(dir: &Path, name: &str) -> Stdio {
         .unwrap_or(Stdio::null())
 }
 
+/// Sends `sig` to a child we spawned and have not reaped.
+fn signal(child: &Child, sig: libc::c_int) {
+    // Only our own child, by its PID.
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) with a PID we spawned and have not reaped; no memory involved.
+    unsafe { libc::kill(pid, sig) };
+}
+
 /// Stop a child we spawned: SIGTERM, then SIGKILL after 10 s; reaps it.
 pub(crate) fn stop(child: &mut Child) {
     if matches!(child.try_wait(), Ok(Some(_))) {
@@ -443,6 +462,8 @@ pub(crate) fn stop(child: &mut Child) {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for a in &mut self.agents {
+            // A paused agent would sit out SIGTERM's deadline.
+            signal(&a.child, libc::SIGCONT);
             stop(&mut a.child);
         }
         for c in &mut self.controllers {

@@ -18,7 +18,7 @@ pub mod writer;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use compare::assert_same_contents;
-pub use invariants::assert_volumes_whole;
+pub use invariants::{assert_volumes_whole, volume_problems, wait_volumes_whole};
 pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
 pub use nbd_client::{NbdConn, NbdTarget};
 pub use netns::{NetCluster, NetHost};
