@@ -75,16 +75,11 @@ pub(crate) async fn round(st: &AppState) {
         .iter()
         .flat_map(|v| v.replicas.iter().map(|r| r.id.as_str()))
         .collect();
-    for (node, replica) in held
+    for held in held
         .iter()
-        .filter(|(_, r)| !referenced.contains(r.as_str()))
+        .filter(|h| !referenced.contains(h.replica.as_str()))
     {
-        match st.agents.delete_replica(&node.admin_addr, replica).await {
-            Ok(()) => tracing::warn!(node = %node.name, replica, "deleted an orphan replica"),
-            Err(e) => tracing::warn!(
-                node = %node.name, replica, error = %e, "cannot delete an orphan replica yet"
-            ),
-        }
+        delete_orphan(st, held).await;
     }
     for v in &volumes {
         if matches!(v.state, VolumeState::Creating | VolumeState::Deleting) {
@@ -93,16 +88,47 @@ pub(crate) async fn round(st: &AppState) {
     }
 }
 
-/// Every replica id on every agent that answers, with its node.
-async fn replicas_on_agents<'a>(
-    st: &AppState,
-    nodes: &'a [NodeRecord],
-) -> Vec<(&'a NodeRecord, String)> {
+/// A replica an agent reported.
+struct Held<'a> {
+    node: &'a NodeRecord,
+    replica: String,
+    /// The volume the agent says it belongs to.
+    volume: String,
+}
+
+/// Deletes an unreferenced replica, under its volume's lock and after a fresh read of that
+/// volume: an operation of this controller that creates a replica on an agent before it
+/// records it (as a membership change may) holds that lock throughout, so the replica is
+/// either recorded or rolled back by the time the lock is free.
+async fn delete_orphan(st: &AppState, held: &Held<'_>) {
+    let (node, replica) = (&held.node.name, held.replica.as_str());
+    let _guard = st.volume_locks.lock(&held.volume).await;
+    match st.records.volume(&held.volume).await {
+        Ok(Some(v)) if v.replicas.iter().any(|r| r.id == replica) => return,
+        Ok(_) => {}
+        Err(e) => return tracing::warn!(replica, error = %e, "reconcile: cannot read"),
+    }
+    match st
+        .agents
+        .delete_replica(&held.node.admin_addr, replica)
+        .await
+    {
+        Ok(()) => tracing::warn!(%node, replica, "deleted an orphan replica"),
+        Err(e) => tracing::warn!(%node, replica, error = %e, "cannot delete an orphan yet"),
+    }
+}
+
+/// Every replica on every agent that answers, with its node.
+async fn replicas_on_agents<'a>(st: &AppState, nodes: &'a [NodeRecord]) -> Vec<Held<'a>> {
     let mut held = Vec::new();
     for node in nodes {
         let status = tokio::time::timeout(STATUS_TIMEOUT, st.agents.status(&node.admin_addr));
         match status.await {
-            Ok(Ok(s)) => held.extend(s.replicas.into_iter().map(|r| (node, r.replica_id))),
+            Ok(Ok(s)) => held.extend(s.replicas.into_iter().map(|r| Held {
+                node,
+                replica: r.replica_id,
+                volume: r.volume,
+            })),
             // An agent that does not answer keeps its orphans until a later round.
             _ => tracing::debug!(node = %node.name, "reconcile: agent does not answer"),
         }
