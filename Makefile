@@ -27,10 +27,17 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace --bins
 
-# Unit, simulation and integration tests, then the end-to-end tests against real clients.
+# The end-to-end tests that run a second time with the controller on a real etcd
+# (HAWSER_E2E_STORE=etcd), so both store backends pass "Replicated volumes over NBD".
+E2E_ON_ETCD := --test replicated_volume --test bad_input
+
+# Unit, simulation and integration tests, then the end-to-end tests against real clients
+# (on the embedded store, then the NBD ones again on etcd).
 test: build lint
 	$(CARGO) test --release --workspace --exclude hawser-e2e
 	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1
+	HAWSER_E2E_STORE=etcd HAWSER_BIN=$(abspath $(HAWSER)) \
+		$(CARGO) test --release -p hawser-e2e $(E2E_ON_ETCD) -- --test-threads=1
 
 demo: build
 	@scripts/demo.sh

@@ -47,3 +47,20 @@ pub const DEFAULT_MAX_REBUILDS: usize = 2;
 
 /// Default seconds between self-healing rounds.
 pub const DEFAULT_HEAL_CHECK_SECS: u64 = 5;
+
+/// How long the records keep retrying a store call that failed because etcd is unreachable
+/// (or because this controller stepped down for that reason and nobody else leads). Covers
+/// an etcd restart plus the [`LEADER_TTL`] a stale lease may live on after it, and keeps a
+/// whole operation (a few such calls) well inside the CLI's 90 s request timeout.
+pub const STORE_RETRY_DEADLINE: Duration = Duration::from_secs(20);
+
+/// First wait between store retries; doubles up to [`STORE_RETRY_MAX_BACKOFF`].
+pub const STORE_RETRY_FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Longest wait between store retries: an etcd that is back is noticed within this.
+pub const STORE_RETRY_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How often the leader rolls back interrupted creates, finishes interrupted deletes and
+/// deletes orphan replicas (`reconcile.rs`), besides once at the start of each term. Each
+/// round asks every agent for its replica list, so not much more often than heartbeats.
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);

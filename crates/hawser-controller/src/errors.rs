@@ -65,6 +65,8 @@ pub enum ControllerError {
         #[source]
         source: AgentError,
     },
+    #[error("volume {volume:?} was changed by another controller meanwhile; look and retry")]
+    Changed { volume: String },
     #[error("gave up on {key:?} after {retries} compare-and-swap conflicts")]
     Contention { key: String, retries: u32 },
     #[error("{}", not_leader_message(.leader_url))]
@@ -101,6 +103,7 @@ impl ControllerError {
             | E::Busy { .. }
             | E::LastInSyncReplica { .. }
             | E::ReplicaFailed { .. }
+            | E::Changed { .. }
             | E::Contention { .. } => ErrorCode::Conflict,
             E::StaleEpoch { .. } => ErrorCode::StaleEpoch,
             E::Placement(_) => ErrorCode::InsufficientCapacity,

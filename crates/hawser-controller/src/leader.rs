@@ -57,6 +57,13 @@ impl Leadership {
         self.rx.borrow().clone()
     }
 
+    /// A leadership whose role a test sets through the returned sender.
+    #[cfg(test)]
+    pub(crate) fn for_test(role: Role) -> (watch::Sender<Role>, Leadership) {
+        let (tx, rx) = watch::channel(role);
+        (tx, Leadership { rx })
+    }
+
     /// The fence every write must carry, or `Fenced` when this controller does not lead.
     fn fence(&self, key: &str) -> Result<Option<Fence>> {
         match &*self.rx.borrow() {
@@ -191,8 +198,23 @@ impl Campaign {
     async fn run(self) {
         let mut tick = tokio::time::interval(ELECTION_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The lease of the last term, until it is known to be gone.
+        let mut stale: Option<LeaseId> = None;
         loop {
             tick.tick().await;
+            if let Some(old) = stale {
+                // A leader that stepped down because etcd was unreachable may find its lease
+                // alive when etcd comes back (a restarted etcd renews every lease it had),
+                // still holding the leader key, so nobody could lead for another TTL.
+                // Revoking it first lets this controller (or another) lead at once.
+                match self.store.revoke_lease(old).await {
+                    Ok(()) => stale = None,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot revoke the last election lease yet");
+                        continue;
+                    }
+                }
+            }
             let lease = match self.store.grant_lease(LEADER_TTL).await {
                 Ok(l) => l,
                 Err(e) => {
@@ -203,6 +225,7 @@ impl Campaign {
             let _ = self.lease.send(Some(lease));
             self.hold(lease, &mut tick).await;
             self.set_role(Role::Follower { leader_url: None });
+            stale = Some(lease);
         }
     }
 

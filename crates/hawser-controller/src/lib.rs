@@ -22,11 +22,13 @@ mod leader;
 mod locks;
 mod model;
 mod placement;
+mod reconcile;
 mod records;
 mod reservations;
 mod self_heal;
 mod server;
 mod state;
+mod store_retry;
 mod volume_attach;
 mod volume_create;
 mod volume_delete;
@@ -52,6 +54,7 @@ use crate::agent_client::AgentClient;
 use crate::leader::{Election, FencedStore, Leadership};
 use crate::records::Records;
 use crate::state::AppState;
+use crate::store_retry::{RetryPolicy, RetryingStore};
 
 /// Name of the store file inside `--data-dir`.
 pub const STORE_FILE: &str = "store.json";
@@ -159,8 +162,14 @@ impl Controller {
         };
         tracing::info!(store = %store.describe(), "cluster store");
         let fenced = FencedStore::new(store, leadership.clone());
+        let retrying = RetryingStore::new(
+            Arc::new(fenced),
+            leadership.clone(),
+            controller_url.clone(),
+            RetryPolicy::STORE,
+        );
         let state = AppState {
-            records: Records::new(Arc::new(fenced)),
+            records: Records::new(Arc::new(retrying)),
             agents: AgentClient::new().context("build the agent HTTP client")?,
             volume_locks: Default::default(),
             reservations: Default::default(),
@@ -198,6 +207,7 @@ impl Controller {
             self.heal_check,
             self.heal,
         ));
+        let reconcile = tokio::spawn(reconcile::run(self.state.clone()));
         let app = server::router(self.state);
         let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
@@ -205,6 +215,7 @@ impl Controller {
             .context("serve the controller API");
         watch.abort();
         heal.abort();
+        reconcile.abort();
         if let Some(e) = self.election {
             e.resign().await;
         }

@@ -98,39 +98,70 @@ impl Records {
         Ok(list.into_iter().map(|(_, v, _)| v).collect())
     }
 
-    /// Creates a volume record; fails with `VolumeExists` if the name is taken.
+    /// Creates a volume record; fails with `VolumeExists` if the name is taken. A conflict
+    /// that turns out to be this very record (a retried write whose first attempt landed,
+    /// see `store_retry.rs`) is success.
     pub async fn create_volume(&self, volume: &VolumeRecord) -> Result<(), ControllerError> {
-        match put_json(
-            &*self.store,
-            &volume_key(&volume.name),
-            volume,
-            Expect::Absent,
-        )
-        .await
-        {
+        let key = volume_key(&volume.name);
+        match put_json(&*self.store, &key, volume, Expect::Absent).await {
             Ok(_) => Ok(()),
-            Err(StoreError::Conflict { .. }) => Err(ControllerError::VolumeExists {
-                volume: volume.name.clone(),
-            }),
+            Err(StoreError::Conflict { .. }) => match self.volume(&volume.name).await? {
+                Some(found) if found == *volume => Ok(()),
+                _ => Err(ControllerError::VolumeExists {
+                    volume: volume.name.clone(),
+                }),
+            },
             Err(e) => Err(e.into()),
         }
     }
 
-    pub async fn delete_volume(&self, name: &str) -> Result<(), ControllerError> {
-        self.store.delete(&volume_key(name), Expect::Any).await?;
-        Ok(())
+    /// Deletes the volume record if `is_ours` says the stored one is the record the caller
+    /// worked on (compare-and-swap on its version, so a record that another leader replaced
+    /// meanwhile is never deleted by mistake). Already gone is success: a retried delete
+    /// whose first attempt landed, or another leader finished it.
+    pub async fn delete_volume_if(
+        &self,
+        name: &str,
+        is_ours: impl Fn(&VolumeRecord) -> bool,
+    ) -> Result<(), ControllerError> {
+        let key = volume_key(name);
+        for _ in 0..MAX_CAS_RETRIES {
+            let Some((current, version)) = get_json::<VolumeRecord>(&*self.store, &key).await?
+            else {
+                return Ok(());
+            };
+            if !is_ours(&current) {
+                return Err(ControllerError::Changed {
+                    volume: name.into(),
+                });
+            }
+            match self.store.delete(&key, Expect::Version(version)).await {
+                Ok(()) => return Ok(()),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ControllerError::Contention {
+            key,
+            retries: MAX_CAS_RETRIES,
+        })
     }
 
     /// Reads the volume, lets `change` edit it, and writes it back only if nobody wrote it in
     /// between (compare-and-swap on its version); on a lost race it starts over with the new
     /// record. `change` returning an error aborts without writing; leaving the record as it
     /// was skips the write. Returns the record as stored.
+    ///
+    /// A lost race whose winner wrote exactly what this call wanted to write is this call's
+    /// own write: a retried write whose first answer was lost in a store outage
+    /// (`store_retry.rs`). It counts as done rather than running `change` on its own result.
     pub async fn update_volume<T>(
         &self,
         name: &str,
         mut change: impl FnMut(&mut VolumeRecord) -> Result<T, ControllerError>,
     ) -> Result<(VolumeRecord, T), ControllerError> {
         let key = volume_key(name);
+        let mut lost_write: Option<(VolumeRecord, T)> = None;
         for _ in 0..MAX_CAS_RETRIES {
             let Some((current, version)) = get_json::<VolumeRecord>(&*self.store, &key).await?
             else {
@@ -138,6 +169,11 @@ impl Records {
                     volume: name.into(),
                 });
             };
+            if let Some((wanted, out)) = lost_write.take() {
+                if wanted == current {
+                    return Ok((current, out));
+                }
+            }
             let mut next = current.clone();
             let out = change(&mut next)?;
             if next == current {
@@ -145,7 +181,7 @@ impl Records {
             }
             match put_json(&*self.store, &key, &next, Expect::Version(version)).await {
                 Ok(_) => return Ok((next, out)),
-                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::Conflict { .. }) => lost_write = Some((next, out)),
                 Err(e) => return Err(e.into()),
             }
         }

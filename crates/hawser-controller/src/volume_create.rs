@@ -53,7 +53,8 @@ pub async fn create_volume(
         sync_node: None,
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
-    // volume listing every replica it may have made, which `volume delete` cleans up.
+    // volume listing every replica it may have made, which the next leader rolls back
+    // (`reconcile.rs`, which also relies on this order to delete orphan replicas safely).
     if let Err(e) = st.records.create_volume(&record).await {
         release_all(st, &record);
         return Err(e);
@@ -218,9 +219,24 @@ async fn rollback(
         }
     }
     release_all(st, record);
-    if let Err(e) = st.records.delete_volume(&record.name).await {
-        tracing::error!(volume = %record.name, error = %e, "could not delete failed create");
+    // Only this create's record (its replica ids carry random tags): a record that another
+    // leader replaced while this one was cut off from the store is not ours to delete.
+    let ours = |v: &VolumeRecord| same_replicas(v, record);
+    if let Err(e) = st.records.delete_volume_if(&record.name, ours).await {
+        tracing::error!(
+            volume = %record.name, error = %e,
+            "could not delete the record of a failed create; `volume delete` removes it"
+        );
     }
+}
+
+/// Whether two records of a volume list the same replicas (by id, in order).
+pub(crate) fn same_replicas(a: &VolumeRecord, b: &VolumeRecord) -> bool {
+    a.replicas.len() == b.replicas.len()
+        && a.replicas
+            .iter()
+            .zip(&b.replicas)
+            .all(|(x, y)| x.id == y.id)
 }
 
 fn release_all(st: &AppState, record: &VolumeRecord) {

@@ -4,10 +4,17 @@
 use hawser_api::controller::VolumeState;
 
 use crate::errors::ControllerError;
+use crate::model::VolumeRecord;
 use crate::state::AppState;
+use crate::volume_create::same_replicas;
 
 pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerError> {
     let _guard = st.volume_locks.lock(name).await;
+    delete_locked(st, name).await
+}
+
+/// The delete, for a caller that holds the volume's lock.
+pub(crate) async fn delete_locked(st: &AppState, name: &str) -> Result<(), ControllerError> {
     let (rec, ()) = st
         .records
         .update_volume(name, |v| match v.state {
@@ -45,7 +52,9 @@ pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerEr
                 source,
             })?;
     }
-    st.records.delete_volume(name).await?;
+    // The record this delete marked Deleting, and no other (see `delete_volume_if`).
+    let ours = |v: &VolumeRecord| v.state == VolumeState::Deleting && same_replicas(v, &rec);
+    st.records.delete_volume_if(name, ours).await?;
     tracing::info!(volume = %name, "volume deleted");
     Ok(())
 }

@@ -429,3 +429,42 @@ async fn an_engine_missing_after_an_agent_restart_is_started_again() {
     let engine = c.agent("n1").engine("back").unwrap();
     assert_eq!(engine.epoch, epoch, "started again in the same epoch");
 }
+
+/// A replica an agent holds that no volume references (a failed create's leftover the
+/// rollback could not delete, or a deposed leader's late create) is deleted by the leader's
+/// reconcile round; the replicas of existing volumes are kept.
+#[tokio::test]
+async fn orphan_replicas_are_deleted_and_referenced_ones_kept() {
+    let c = Cluster::start(2).await;
+    let (status, e) = c.create("v", GIB, 2).await;
+    assert_eq!(status, 201, "{e}");
+    let kept = c.all_replicas();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let orphan = hawser_api::agent::CreateReplica {
+        replica_id: "gone-r0-abcdef".into(),
+        volume: "gone".into(),
+        size_bytes: GIB,
+        pool: "default".into(),
+        thin: true,
+    };
+    let n1 = c.agent("n1");
+    n1.state
+        .lock()
+        .unwrap()
+        .replicas
+        .insert(orphan.replica_id.clone(), orphan);
+    // A round at most every 5 s (RECONCILE_INTERVAL).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while c.all_replicas().len() != 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            c.all_replicas()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(c.all_replicas(), kept);
+    assert!(n1
+        .calls()
+        .contains(&"DELETE /v1/replicas/gone-r0-abcdef".to_string()));
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use hawser_api::agent::AgentStatus;
 use hawser_api::controller::{Node, Volume};
-use hawser_store::etcd_process::EtcdProcess;
+use hawser_store::etcd_process::{free_loopback_port, EtcdProcess};
 
 use crate::run::{wait_until, TempDir};
 
@@ -46,8 +46,27 @@ pub struct ClusterOptions {
     /// Extra `--pool` specs per agent index (replacing the default pool).
     pub pools: Vec<Vec<String>>,
     /// When > 0: start a real etcd and this many controllers on it (leader election);
-    /// else one controller on the embedded store.
+    /// else one controller on the store [`STORE_ENV`] selects (embedded by default).
     pub etcd_controllers: usize,
+}
+
+/// Environment variable that selects the store of clusters that do not ask for etcd
+/// themselves: `embedded` (or unset) or `etcd` (a real etcd and one controller on it).
+/// `make test` runs the "Replicated volumes over NBD" tests once with each, so the etcd
+/// backend is held to the same end-to-end behaviour as the embedded one.
+pub const STORE_ENV: &str = "HAWSER_E2E_STORE";
+
+/// How many controllers on etcd a cluster gets: `opts` asks, else [`STORE_ENV`] decides.
+/// Panics on an unknown value rather than silently testing the embedded store.
+fn etcd_controllers(opts: &ClusterOptions) -> usize {
+    if opts.etcd_controllers > 0 {
+        return opts.etcd_controllers;
+    }
+    match std::env::var(STORE_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("embedded") => 0,
+        Ok("etcd") => 1,
+        Ok(other) => panic!("{STORE_ENV}={other:?}: expected \"embedded\" or \"etcd\""),
+    }
 }
 
 pub fn hawser_bin() -> PathBuf {
@@ -64,10 +83,10 @@ pub fn hawser_bin() -> PathBuf {
     p
 }
 
-/// A free loopback port (bound and released; fine for tests that run one at a time).
+/// A free loopback port (bound and released; fine for tests that run one at a time), outside
+/// the range outgoing connections take their local ports from (see `free_loopback_port`).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+    free_loopback_port().unwrap_or_else(|e| panic!("{e}"))
 }
 
 impl Cluster {
@@ -77,10 +96,16 @@ impl Cluster {
 
     pub fn start_with(name: &str, agents: usize, opts: ClusterOptions) -> Cluster {
         let dir = TempDir::new(name);
-        let etcd = (opts.etcd_controllers > 0)
+        let on_etcd = etcd_controllers(&opts);
+        let etcd = (on_etcd > 0)
             .then(|| EtcdProcess::start(dir.path()).unwrap_or_else(|e| panic!("start etcd: {e}")));
         let store = etcd.as_ref().map(|e| e.store_url("hawser"));
-        let count = opts.etcd_controllers.max(1);
+        eprintln!(
+            "cluster {name}: {} controller(s) on {}",
+            on_etcd.max(1),
+            store.as_deref().unwrap_or("the embedded store")
+        );
+        let count = on_etcd.max(1);
         let controllers: Vec<ControllerProc> = (0..count)
             .map(|i| {
                 let name = if count == 1 {
@@ -103,6 +128,10 @@ impl Cluster {
             agents: Vec::new(),
             etcd,
         };
+        if c.etcd.is_some() {
+            // Until one leads, every API call (agent registrations included) is refused.
+            c.wait_leader(Duration::from_secs(20));
+        }
         for i in 0..agents {
             let pools = opts.pools.get(i).cloned().unwrap_or_default();
             c.spawn_agent(&format!("n{}", i + 1), &pools);
@@ -218,6 +247,17 @@ impl Cluster {
         let c = &mut self.controllers[i].child;
         let _ = c.kill();
         let _ = c.wait();
+    }
+
+    /// SIGSTOP agent `name` (by the PID this fixture started): it keeps its connections but
+    /// answers nothing, as a hung node would, until [`Self::resume_agent`].
+    pub fn pause_agent(&self, name: &str) {
+        signal(&self.agent(name).child, libc::SIGSTOP);
+    }
+
+    /// SIGCONT agent `name`: it handles what it was sent meanwhile.
+    pub fn resume_agent(&self, name: &str) {
+        signal(&self.agent(name).child, libc::SIGCONT);
     }
 
     pub fn wait_nodes_online(&self, n: usize) {
@@ -391,6 +431,14 @@ pub(crate) fn log_file(dir: &Path, name: &str) -> Stdio {
         .unwrap_or(Stdio::null())
 }
 
+/// Sends `sig` to a child we spawned and have not reaped.
+fn signal(child: &Child, sig: libc::c_int) {
+    // Only our own child, by its PID.
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) with a PID we spawned and have not reaped; no memory involved.
+    unsafe { libc::kill(pid, sig) };
+}
+
 /// Stop a child we spawned: SIGTERM, then SIGKILL after 10 s; reaps it.
 pub(crate) fn stop(child: &mut Child) {
     if matches!(child.try_wait(), Ok(Some(_))) {
@@ -414,6 +462,8 @@ pub(crate) fn stop(child: &mut Child) {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for a in &mut self.agents {
+            // A paused agent would sit out SIGTERM's deadline.
+            signal(&a.child, libc::SIGCONT);
             stop(&mut a.child);
         }
         for c in &mut self.controllers {

@@ -1,13 +1,14 @@
 //! Fixtures for end-to-end tests: a cluster of real `hawser` processes on loopback, a
 //! multi-host cluster in network namespaces for fault tests, a verifying writer (NBD client
-//! with a write log and checker), commands with deadlines, and guards that undo mounts, loop
-//! devices and FUSE mounts even when a test fails. Processes are stopped by the PIDs this
-//! fixture started, nothing else.
+//! with a write log and checker), commands with deadlines, guards that undo mounts, loop
+//! devices and FUSE mounts even when a test fails, and whole-cluster invariant checks.
+//! Processes are stopped by the PIDs this fixture started, nothing else.
 //!
 //! The binary comes from `HAWSER_BIN` (set by `make test`), else `target/release/hawser`.
 
 pub mod cluster;
 pub mod compare;
+pub mod invariants;
 pub mod mounts;
 pub mod nbd_client;
 pub mod netns;
@@ -17,6 +18,7 @@ pub mod writer;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use compare::assert_same_contents;
+pub use invariants::{assert_volumes_whole, volume_problems, wait_volumes_whole};
 pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
 pub use nbd_client::{NbdConn, NbdTarget};
 pub use netns::{NetCluster, NetHost};

@@ -113,7 +113,16 @@ async fn create_replica(State(st): State<Fake>, Json(req): Json<CreateReplica>) 
     ) {
         return refuse("create replica");
     }
-    let status = ReplicaStatus {
+    let status = replica_status(&req);
+    st.lock()
+        .unwrap()
+        .replicas
+        .insert(req.replica_id.clone(), req);
+    Json(status).into_response()
+}
+
+fn replica_status(req: &CreateReplica) -> ReplicaStatus {
+    ReplicaStatus {
         replica_id: req.replica_id.clone(),
         volume: req.volume.clone(),
         pool: req.pool.clone(),
@@ -123,12 +132,7 @@ async fn create_replica(State(st): State<Fake>, Json(req): Json<CreateReplica>) 
         allocated_bytes: 0,
         data_path: format!("/fake/{}", req.replica_id),
         failed: false,
-    };
-    st.lock()
-        .unwrap()
-        .replicas
-        .insert(req.replica_id.clone(), req);
-    Json(status).into_response()
+    }
 }
 
 async fn delete_replica(State(st): State<Fake>, Path(id): Path<String>) -> Response {
@@ -166,8 +170,15 @@ async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> R
     Json(status).into_response()
 }
 
-/// Only what the controller reads: the engines it runs.
+/// Only what the controller reads: the replicas it holds and the engines it runs.
 async fn agent_status(State(st): State<Fake>) -> Response {
+    let replicas = st
+        .lock()
+        .unwrap()
+        .replicas
+        .values()
+        .map(replica_status)
+        .collect();
     let engines = st
         .lock()
         .unwrap()
@@ -186,7 +197,7 @@ async fn agent_status(State(st): State<Fake>) -> Response {
     Json(hawser_api::agent::AgentStatus {
         node: String::new(),
         pools: vec![],
-        replicas: vec![],
+        replicas,
         engines,
     })
     .into_response()
