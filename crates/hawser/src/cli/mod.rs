@@ -6,4 +6,5 @@ pub mod client;
 pub mod node;
 pub mod output;
 pub mod pool;
+pub mod token;
 pub mod volume;
