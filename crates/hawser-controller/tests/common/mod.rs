@@ -2,6 +2,8 @@
 //! (small axum servers) that record the admin calls they get and can be told to fail.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod schema;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
