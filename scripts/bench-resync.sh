@@ -34,6 +34,7 @@ now_ms() { date +%s%3N; }
 start_agent() { # name (a letter and 1 or 2), rate
   HAWSER_RESYNC_RATE="$2" "$HAWSER" agent --node "$1" --data-dir "$B/$1" \
     --controller "$HAWSER_CONTROLLER" --admin-listen "127.0.0.1:953${1:1}" \
+    --token-file "$B/controller/agent.token" \
     --replica-listen "127.0.0.1:963${1:1}" --nbd-listen none >>"$B/logs/$1.log" 2>&1 &
   pids+=($!)
   last_pid=$!
@@ -58,6 +59,10 @@ echo "  $((base_kib / 1024)) MiB/s"
 
 "$HAWSER" controller --listen 127.0.0.1:9411 --data-dir "$B/controller" >"$B/logs/controller.log" 2>&1 &
 pids+=($!)
+# Cluster init: the controller writes the API tokens to its data dir (mode 0600) at first start.
+for _ in $(seq 1 100); do [ -s "$B/controller/agent.token" ] && break; sleep 0.1; done
+[ -s "$B/controller/agent.token" ] || { echo "the controller wrote no tokens; see its log" >&2; exit 1; }
+export HAWSER_TOKEN_FILE="$B/controller/admin.token"
 
 phase() { # rate, label; writes "healthy-iops during-iops resync-ms" to $B/result
   local rate="$1" label="$2" p="${2:0:1}" v="rs-$2"

@@ -28,8 +28,13 @@ rm -rf "$B" && mkdir -p "$B/logs"
 
 "$HAWSER" controller --listen 127.0.0.1:9410 --data-dir "$B/controller" >"$B/logs/controller.log" 2>&1 &
 pids+=($!)
+# Cluster init: the controller writes the API tokens to its data dir (mode 0600) at first start.
+for _ in $(seq 1 100); do [ -s "$B/controller/agent.token" ] && break; sleep 0.1; done
+[ -s "$B/controller/agent.token" ] || { echo "the controller wrote no tokens; see its log" >&2; exit 1; }
+export HAWSER_TOKEN_FILE="$B/controller/admin.token"
 for i in 1 2; do
   "$HAWSER" agent --node "b$i" --data-dir "$B/b$i" --controller "$HAWSER_CONTROLLER" \
+    --token-file "$B/controller/agent.token" \
     --admin-listen "127.0.0.1:952$i" --replica-listen "127.0.0.1:962$i" --nbd-listen none \
     >"$B/logs/b$i.log" 2>&1 &
   pids+=($!)

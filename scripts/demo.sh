@@ -34,8 +34,13 @@ mkdir -p "$DEMO/logs"
 setsid "$HAWSER" controller --listen 127.0.0.1:9400 --data-dir "$DEMO/controller" \
   >"$DEMO/logs/controller.log" 2>&1 &
 pids+=($!)
+# Cluster init: the controller writes the API tokens to its data dir (mode 0600) at first start.
+for _ in $(seq 1 100); do [ -s "$DEMO/controller/agent.token" ] && break; sleep 0.1; done
+[ -s "$DEMO/controller/agent.token" ] || { echo "the controller wrote no tokens; see its log" >&2; exit 1; }
+export HAWSER_TOKEN_FILE="$DEMO/controller/admin.token"
 for i in 1 2 3; do
   setsid "$HAWSER" agent --node "n$i" --data-dir "$DEMO/n$i" \
+    --token-file "$DEMO/controller/agent.token" \
     --admin-listen "127.0.0.1:950$i" --replica-listen "127.0.0.1:960$i" \
     --nbd-listen "127.0.0.1:$((10808 + i))" >"$DEMO/logs/n$i.log" 2>&1 &
   pids+=($!)
@@ -68,6 +73,10 @@ Try it (in another terminal):
     fio --name=try --ioengine=nbd --uri=$uri --rw=randwrite --bs=4k --size=256M \\
         --iodepth=32 --verify=crc32c
     $HAWSER volume list        # with HAWSER_CONTROLLER=$HAWSER_CONTROLLER
+                               # and HAWSER_TOKEN_FILE=$HAWSER_TOKEN_FILE
+
+Every API request needs a token, created at cluster init: the admin token (CLI) is
+$DEMO/controller/admin.token, the agents' token $DEMO/controller/agent.token.
 
 Logs: $DEMO/logs/. Press Ctrl-C to stop the cluster.
 MSG

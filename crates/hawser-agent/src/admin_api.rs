@@ -3,13 +3,14 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use hawser_api::agent::{AgentStatus, CreateReplica, StartEngine};
-use hawser_api::{ApiError, ErrorCode};
+use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
 
 use crate::engines::Engines;
@@ -20,16 +21,48 @@ pub struct AdminState {
     pub node: String,
     pub storage: Arc<NodeStorage>,
     pub engines: Arc<Engines>,
+    /// The cluster's agent token: the controller sends it on every admin call, and engines
+    /// send it with their reports to the controller.
+    pub token: Arc<str>,
 }
 
 pub fn router(state: AdminState) -> Router {
+    let auth = axum::middleware::from_fn_with_state(state.clone(), require_token);
     Router::new()
         .route("/v1/status", get(get_status))
         .route("/v1/replicas", post(create_replica))
         .route("/v1/replicas/{id}", delete(delete_replica))
         .route("/v1/engines", post(start_engine))
         .route("/v1/engines/{volume}", delete(stop_engine))
+        .layer(auth)
         .with_state(state)
+}
+
+/// Every admin call needs the agent token: the admin API creates and deletes replicas and
+/// starts engines, so anyone who can reach the port could otherwise destroy data. Digests
+/// are compared in constant time.
+async fn require_token(State(s): State<AdminState>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(auth::bearer_token)
+        .filter(|t| t.len() <= auth::MAX_TOKEN_CHARS);
+    let ok =
+        presented.is_some_and(|t| auth::digests_equal(&auth::digest(t), &auth::digest(&s.token)));
+    if ok {
+        return next.run(req).await;
+    }
+    let e = ApiError::new(
+        ErrorCode::Unauthorized,
+        "unauthorized: the agent admin API needs `Authorization: Bearer <agent token>`",
+    );
+    let mut resp = Failure(e).into_response();
+    resp.headers_mut().insert(
+        axum::http::header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    resp
 }
 
 pub struct Failure(ApiError);
@@ -117,7 +150,7 @@ async fn start_engine(
     }
     let engine = s
         .engines
-        .start(&req, &s.node, &s.storage)
+        .start(&req, &s.node, &s.storage, Some(&s.token))
         .await
         .map_err(|e| {
             Failure(ApiError::new(

@@ -51,6 +51,10 @@ pub struct AgentArgs {
     /// NBD unix socket path (default `<data-dir>/nbd.sock`).
     #[arg(long)]
     pub nbd_socket: Option<PathBuf>,
+    /// The cluster's agent token (the controller writes it to `<its data-dir>/agent.token`
+    /// at cluster init). Sent on every call to the controller; the admin API requires it.
+    #[arg(long, env = "HAWSER_AGENT_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: PathBuf,
 }
 
 /// Parse `KEY=VALUE` (a node label).
@@ -115,6 +119,9 @@ pub fn parse_pool(spec: &str) -> anyhow::Result<PoolConfig> {
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let labels = labels(&args.labels)?;
+    let token: Arc<str> = hawser_api::auth::read_token_file(&args.token_file)
+        .context("read the agent token (--token-file)")?
+        .into();
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let mut configs: Vec<PoolConfig> = args
@@ -177,6 +184,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         node: args.node.clone(),
         storage: storage.clone(),
         engines: engines.clone(),
+        token: token.clone(),
     };
     let mut admin_stop = stop_rx.clone();
     tasks.spawn(async move {
@@ -200,6 +208,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.node.clone(),
         args.controller.clone(),
         register,
+        token,
         storage.clone(),
         stop_rx.clone(),
     ));
@@ -221,10 +230,11 @@ async fn heartbeat(
     node: String,
     controller: String,
     mut body: RegisterNode,
+    token: Arc<str>,
     storage: Arc<NodeStorage>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let link = ControllerLink::new(&controller);
+    let link = ControllerLink::new(&controller).with_token(Some(&token));
     let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
     let mut failing = false;
     loop {

@@ -29,6 +29,8 @@ pub enum OutdateOutcome {
 pub struct ControllerLink {
     targets: Mutex<Targets>,
     http: reqwest::Client,
+    /// `Bearer <agent token>`, sent on every call when set.
+    authorization: Option<String>,
     stopped: Arc<AtomicBool>,
 }
 
@@ -82,8 +84,15 @@ impl ControllerLink {
         ControllerLink {
             targets: Mutex::new(Targets { urls, current: 0 }),
             http,
+            authorization: None,
             stopped: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Sends `token` (the agent token) as the bearer token on every call.
+    pub fn with_token(mut self, token: Option<&str>) -> ControllerLink {
+        self.authorization = token.map(|t| format!("Bearer {t}"));
+        self
     }
 
     fn targets(&self) -> std::sync::MutexGuard<'_, Targets> {
@@ -139,7 +148,11 @@ impl ControllerLink {
     ) -> Reply {
         let base = self.current();
         let url = format!("{base}{path}");
-        let resp = match self.http.request(method, &url).json(body).send().await {
+        let mut req = self.http.request(method, &url).json(body);
+        if let Some(a) = &self.authorization {
+            req = req.header(reqwest::header::AUTHORIZATION, a);
+        }
+        let resp = match req.send().await {
             Ok(r) => r,
             Err(e) => {
                 self.skip(&base);

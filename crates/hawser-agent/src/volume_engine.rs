@@ -116,6 +116,17 @@ impl VolumeEngine {
         node: &str,
         storage: &NodeStorage,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
+        Self::start_with_token(req, node, storage, None).await
+    }
+
+    /// [`VolumeEngine::start`] whose reports to the controller carry `controller_token` (the
+    /// agent token; the controller refuses reports without it).
+    pub async fn start_with_token(
+        req: &StartEngine,
+        node: &str,
+        storage: &NodeStorage,
+        controller_token: Option<&str>,
+    ) -> anyhow::Result<Arc<VolumeEngine>> {
         let mut handles = Vec::new();
         let mut specs = Vec::new();
         for r in &req.replicas {
@@ -165,7 +176,7 @@ impl VolumeEngine {
                 next_tag: 1,
             }),
             inflight: Semaphore::new(ENGINE_MAX_INFLIGHT),
-            controller: ControllerLink::new(&req.controller_url),
+            controller: ControllerLink::new(&req.controller_url).with_token(controller_token),
             fenced: AtomicBool::new(false),
             local_inflight: AtomicUsize::new(0),
             local_gen: AtomicU64::new(0),

@@ -65,7 +65,10 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
         export: true,
     };
     let engines = Arc::new(Engines::default());
-    let engine = engines.start(&req, "a", &a).await.expect("start engine");
+    let engine = engines
+        .start(&req, "a", &a, None)
+        .await
+        .expect("start engine");
     assert_eq!(engine.status().in_sync.len(), 2);
     let nl = TcpListener::bind("127.0.0.1:0").await.expect("bind nbd");
     let port = nl.local_addr().expect("addr").port();
@@ -82,7 +85,10 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
                 let mut swaps = 0u32;
                 while swapping.load(std::sync::atomic::Ordering::Acquire) {
                     req.epoch += 1;
-                    engines.start(&req, "a", &a).await.expect("swap engine");
+                    engines
+                        .start(&req, "a", &a, None)
+                        .await
+                        .expect("swap engine");
                     swaps += 1;
                 }
                 swaps

@@ -21,6 +21,10 @@ pub enum ErrorCode {
     /// This controller is not the leader; `ApiError::leader_url` says which one is, when
     /// known. Nothing was done: the request can be sent to the leader as it is.
     NotLeader,
+    /// No bearer token, a malformed one, or one the server does not know.
+    Unauthorized,
+    /// A valid token that may not call this route (an agent token on an admin route).
+    Forbidden,
     Internal,
 }
 
@@ -28,6 +32,8 @@ impl ErrorCode {
     pub fn http_status(self) -> u16 {
         match self {
             ErrorCode::InvalidArgument => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::AlreadyExists | ErrorCode::Conflict | ErrorCode::StaleEpoch => 409,
             ErrorCode::InsufficientCapacity => 507,

@@ -3,6 +3,7 @@
 //! a typo in a request is an error, not a silently ignored setting.
 
 pub mod agent;
+pub mod auth;
 pub mod controller;
 pub mod error;
 pub mod size;

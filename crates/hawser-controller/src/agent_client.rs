@@ -57,15 +57,20 @@ impl AgentError {
 #[derive(Clone)]
 pub struct AgentClient {
     http: reqwest::Client,
+    /// `Bearer <agent token>`: agents refuse admin calls without it.
+    authorization: String,
 }
 
 impl AgentClient {
-    pub fn new() -> Result<Self, reqwest::Error> {
+    pub fn new(agent_token: &str) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .connect_timeout(AGENT_CONNECT_TIMEOUT)
             .timeout(AGENT_REQUEST_TIMEOUT)
             .build()?;
-        Ok(AgentClient { http })
+        Ok(AgentClient {
+            http,
+            authorization: format!("Bearer {agent_token}"),
+        })
     }
 
     pub async fn create_replica(
@@ -133,7 +138,10 @@ impl AgentClient {
         path: &str,
         body: Option<&B>,
     ) -> Result<reqwest::Response, AgentError> {
-        let mut req = self.http.request(method, format!("http://{addr}{path}"));
+        let mut req = self
+            .http
+            .request(method, format!("http://{addr}{path}"))
+            .header(reqwest::header::AUTHORIZATION, &self.authorization);
         if let Some(body) = body {
             req = req.json(body);
         }

@@ -18,6 +18,13 @@ pub enum ControllerError {
     /// The request body could not be read or parsed; `status` is 400, or 413 when too large.
     #[error("{message}")]
     BadBody { status: u16, message: String },
+    #[error(
+        "unauthorized: {reason}; send `Authorization: Bearer TOKEN` with a token \
+             created at cluster init"
+    )]
+    Unauthorized { reason: String },
+    #[error("the agent token may only call the agent routes (register, outdate, in-sync)")]
+    Forbidden,
     #[error("no route for {method} {path}")]
     NoRoute { method: String, path: String },
     #[error("volume {volume:?} not found")]
@@ -106,6 +113,8 @@ impl ControllerError {
             | E::Changed { .. }
             | E::Contention { .. } => ErrorCode::Conflict,
             E::StaleEpoch { .. } => ErrorCode::StaleEpoch,
+            E::Unauthorized { .. } => ErrorCode::Unauthorized,
+            E::Forbidden => ErrorCode::Forbidden,
             E::Placement(_) => ErrorCode::InsufficientCapacity,
             E::NodeOffline { .. } => ErrorCode::Unavailable,
             E::Agent { source, .. } => match source.api_code() {
@@ -154,6 +163,14 @@ impl IntoResponse for ControllerError {
             ErrorCode::Unavailable => tracing::warn!(error = %self, "request failed"),
             _ => tracing::debug!(error = %self, "request refused"),
         }
-        (status, Json(self.to_api())).into_response()
+        let mut resp = (status, Json(self.to_api())).into_response();
+        if self.code() == ErrorCode::Unauthorized {
+            // RFC 6750: a 401 names the scheme the client should use.
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
     }
 }

@@ -14,6 +14,7 @@ mod api_pools;
 mod api_replicas;
 mod api_status;
 mod api_volumes;
+mod auth;
 mod constants;
 mod engine_watch;
 mod errors;
@@ -49,8 +50,10 @@ pub use constants::{
 };
 pub use errors::ControllerError;
 pub use placement::{place, Candidate, Placement, PlacementError};
+pub use server::route_table;
 
 use crate::agent_client::AgentClient;
+use crate::auth::ClusterTokens;
 use crate::leader::{Election, FencedStore, Leadership};
 use crate::records::Records;
 use crate::state::AppState;
@@ -62,7 +65,9 @@ pub const STORE_FILE: &str = "store.json";
 /// Arguments of `hawser controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ControllerArgs {
-    /// Address to listen on. Loopback by default: the API has no authentication yet.
+    /// Address to listen on. Loopback by default; every request needs a cluster token
+    /// (see --admin-token-file), but the API is plain HTTP: put TLS in front of it before
+    /// exposing it.
     #[arg(long, default_value = "127.0.0.1:9400")]
     pub listen: SocketAddr,
     /// Directory for the controller's state (the cluster store file); created if missing.
@@ -95,6 +100,32 @@ pub struct ControllerArgs {
     /// that were replaced); 0 disables self-healing.
     #[arg(long, default_value_t = DEFAULT_HEAL_CHECK_SECS)]
     pub heal_check_secs: u64,
+    /// The admin token file (CLI and operators). At cluster init (no tokens in the store)
+    /// an existing file is adopted, a missing one is generated (mode 0600)
+    /// [default: <data-dir>/admin.token].
+    #[arg(long, value_name = "PATH")]
+    pub admin_token_file: Option<PathBuf>,
+    /// The agent token file: agents' token, also sent to agents' admin API. Created like
+    /// the admin token at cluster init; a controller joining an initialised cluster needs a
+    /// copy [default: <data-dir>/agent.token].
+    #[arg(long, value_name = "PATH")]
+    pub agent_token_file: Option<PathBuf>,
+}
+
+impl ControllerArgs {
+    /// Where the token files are, defaults applied.
+    pub fn token_files(&self) -> auth::TokenFiles {
+        auth::TokenFiles {
+            admin: self
+                .admin_token_file
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join(hawser_api::auth::ADMIN_TOKEN_FILE)),
+            agent: self
+                .agent_token_file
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join(hawser_api::auth::AGENT_TOKEN_FILE)),
+        }
+    }
 }
 
 /// A controller bound to its address, not yet serving.
@@ -137,6 +168,7 @@ impl Controller {
         std::fs::create_dir_all(&args.data_dir)
             .with_context(|| format!("create data directory {}", args.data_dir.display()))?;
         let (store, shared) = open_store(&args).await?;
+        let tokens = ClusterTokens::init(&*store, &args.token_files()).await?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listen on {}", args.listen))?;
@@ -170,7 +202,9 @@ impl Controller {
         );
         let state = AppState {
             records: Records::new(Arc::new(retrying)),
-            agents: AgentClient::new().context("build the agent HTTP client")?,
+            agents: AgentClient::new(tokens.agent_token())
+                .context("build the agent HTTP client")?,
+            tokens,
             volume_locks: Default::default(),
             reservations: Default::default(),
             node_timeout_ms: args.node_timeout_secs.saturating_mul(1000),

@@ -6,76 +6,169 @@ use std::sync::Arc;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{Method, Uri};
+use axum::http::{HeaderMap, Method, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::Router;
 use serde::de::DeserializeOwned;
 
+use crate::auth::Caller;
 use crate::constants::MAX_BODY_BYTES;
 use crate::errors::ControllerError;
 use crate::leader::Role;
 use crate::state::AppState;
 use crate::{api_nodes, api_pools, api_replicas, api_status, api_volumes};
 
-pub fn router(state: Arc<AppState>) -> Router {
-    let leader_only = axum::middleware::from_fn_with_state(state.clone(), require_leader);
-    Router::new()
-        .route("/v1/nodes", get(api_nodes::list))
-        .route(
-            "/v1/nodes/{node}",
-            put(api_nodes::register).get(api_nodes::show),
-        )
-        .route("/v1/nodes/{node}/evacuate", post(api_nodes::evacuate))
-        .route("/v1/nodes/{node}/restore", post(api_nodes::restore))
-        .route("/v1/pools", get(api_pools::list))
-        .route("/v1/status", get(api_status::show))
-        .route("/v1/replicas", get(api_replicas::list))
-        .route("/v1/replicas/{id}", get(api_replicas::show))
-        .route(
-            "/v1/volumes",
-            post(api_volumes::create).get(api_volumes::list),
-        )
-        .route(
+/// One route of the API: method, path (axum syntax), who may call it, and its handler.
+struct Route {
+    method: Method,
+    path: &'static str,
+    caller: Caller,
+    handler: MethodRouter<Arc<AppState>>,
+}
+
+fn route(
+    method: Method,
+    path: &'static str,
+    caller: Caller,
+    handler: MethodRouter<Arc<AppState>>,
+) -> Route {
+    Route {
+        method,
+        path,
+        caller,
+        handler,
+    }
+}
+
+/// Every route the API serves: the router is built from this list, and `docs/openapi.json`
+/// is tested against it ([`route_table`]).
+fn routes() -> Vec<Route> {
+    use Caller::{Admin, Agent};
+    use Method as M;
+    vec![
+        route(M::GET, "/v1/nodes", Admin, get(api_nodes::list)),
+        route(M::PUT, "/v1/nodes/{node}", Agent, put(api_nodes::register)),
+        route(M::GET, "/v1/nodes/{node}", Admin, get(api_nodes::show)),
+        route(
+            M::POST,
+            "/v1/nodes/{node}/evacuate",
+            Admin,
+            post(api_nodes::evacuate),
+        ),
+        route(
+            M::POST,
+            "/v1/nodes/{node}/restore",
+            Admin,
+            post(api_nodes::restore),
+        ),
+        route(M::GET, "/v1/pools", Admin, get(api_pools::list)),
+        route(M::GET, "/v1/status", Admin, get(api_status::show)),
+        route(M::GET, "/v1/replicas", Admin, get(api_replicas::list)),
+        route(M::GET, "/v1/replicas/{id}", Admin, get(api_replicas::show)),
+        route(M::POST, "/v1/volumes", Admin, post(api_volumes::create)),
+        route(M::GET, "/v1/volumes", Admin, get(api_volumes::list)),
+        route(M::GET, "/v1/volumes/{name}", Admin, get(api_volumes::show)),
+        route(
+            M::DELETE,
             "/v1/volumes/{name}",
-            get(api_volumes::show).delete(api_volumes::delete),
-        )
-        .route("/v1/volumes/{name}/attach", post(api_volumes::attach))
-        .route("/v1/volumes/{name}/detach", post(api_volumes::detach))
-        .route(
+            Admin,
+            delete(api_volumes::delete),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/attach",
+            Admin,
+            post(api_volumes::attach),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/detach",
+            Admin,
+            post(api_volumes::detach),
+        ),
+        route(
+            M::POST,
             "/v1/volumes/{name}/replicas/{id}/outdate",
+            Agent,
             post(api_volumes::outdate),
-        )
-        .route(
+        ),
+        route(
+            M::POST,
             "/v1/volumes/{name}/replicas/{id}/in-sync",
+            Agent,
             post(api_volumes::mark_in_sync),
-        )
+        ),
+    ]
+}
+
+/// The (method, path) of every route, paths in axum's `{param}` syntax (as OpenAPI's).
+pub fn route_table() -> Vec<(String, String)> {
+    routes()
+        .into_iter()
+        .map(|r| (r.method.to_string(), r.path.to_string()))
+        .collect()
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let mut router = Router::new();
+    for r in routes() {
+        let guard = axum::middleware::from_fn_with_state((state.clone(), r.caller), guard);
+        router = router.route(r.path, r.handler.route_layer(guard));
+    }
+    router
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(leader_only)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
+/// Runs before every handler: the bearer token first (401/403 before anything else, so an
+/// unauthenticated client learns nothing, not even who leads), then leadership.
+///
 /// Only the leader serves the API, reads included: a follower's view may lag behind the
 /// leader's in-memory decisions (reservations, per-volume locks), and one place to ask keeps
 /// clients simple. Followers say where the leader is.
-async fn require_leader(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn guard(
+    State((st, caller)): State<(Arc<AppState>, Caller)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Err(e) = st.tokens.check(req.headers(), caller) {
+        return e.into_response();
+    }
     match st.leadership.role() {
         Role::Follower { leader_url } => ControllerError::NotLeader { leader_url }.into_response(),
         Role::Sole | Role::Leader { .. } => next.run(req).await,
     }
 }
 
-async fn no_route(method: Method, uri: Uri) -> ControllerError {
+/// Unknown paths and methods need the admin token too: without it, 401 like everywhere.
+async fn no_route(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    method: Method,
+    uri: Uri,
+) -> ControllerError {
+    if let Err(e) = st.tokens.check(&headers, Caller::Admin) {
+        return e;
+    }
     ControllerError::NoRoute {
         method: method.to_string(),
         path: uri.path().to_string(),
     }
 }
 
-async fn method_not_allowed(method: Method, uri: Uri) -> ControllerError {
+async fn method_not_allowed(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    method: Method,
+    uri: Uri,
+) -> ControllerError {
+    if let Err(e) = st.tokens.check(&headers, Caller::Admin) {
+        return e;
+    }
     ControllerError::BadBody {
         status: 405,
         message: format!("method {method} is not allowed on {}", uri.path()),

@@ -1,6 +1,7 @@
 //! The state shared by all request handlers.
 
 use crate::agent_client::AgentClient;
+use crate::auth::ClusterTokens;
 use crate::leader::Leadership;
 use crate::locks::KeyedLocks;
 use crate::model::{now_ms, NodeRecord};
@@ -11,6 +12,8 @@ use crate::reservations::Reservations;
 pub struct AppState {
     pub records: Records,
     pub agents: AgentClient,
+    /// The cluster's token digests, checked on every request.
+    pub tokens: ClusterTokens,
     pub volume_locks: KeyedLocks,
     pub reservations: Reservations,
     pub node_timeout_ms: u64,

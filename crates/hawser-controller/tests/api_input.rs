@@ -153,3 +153,96 @@ async fn bad_attach_bodies() {
     }
     assert_eq!(c.volume("v").await["state"], "detached");
 }
+
+/// No token, malformed or wrong tokens: 401 `unauthorized` with a JSON body and a
+/// `WWW-Authenticate: Bearer` header, on known routes and unknown ones alike; the agent token
+/// on an admin route: 403 `forbidden`. Nothing is created, and the server still answers.
+#[tokio::test]
+async fn missing_wrong_and_misused_tokens_are_refused() {
+    let c = Cluster::start(2).await;
+    let create = json!({"name": "x", "size_bytes": GIB, "replicas": 1});
+    let admin = c.admin_token.clone();
+    let long = format!("Bearer {}", "a".repeat(10_000));
+    let unauthorized = [
+        None,
+        Some("".to_string()),
+        Some("Bearer".to_string()),
+        Some("Bearer ".to_string()),
+        Some(format!("Basic {admin}")),
+        Some(admin.clone()),
+        Some(format!("Bearer {}", "0".repeat(64))),
+        Some(format!("Bearer {admin}x")),
+        Some(format!("Bearer {}", &admin[..admin.len() - 1])),
+        Some(long),
+    ];
+    for auth in &unauthorized {
+        for (method, path) in [
+            (Method::POST, "/v1/volumes"),
+            (Method::GET, "/v1/volumes"),
+            (Method::GET, "/v1/no-such-route"),
+            (Method::PATCH, "/v1/volumes"),
+            (Method::PUT, "/v1/nodes/n1"),
+        ] {
+            let (status, e) = c
+                .send_auth(auth.as_deref(), method.clone(), path, Some(create.clone()))
+                .await;
+            let shown = auth.as_deref().map(|a| &a[..a.len().min(40)]);
+            assert_eq!(
+                (status, code(&e)),
+                (401, "unauthorized"),
+                "{method} {path} with {shown:?}: {e}"
+            );
+        }
+    }
+    let resp = reqwest::Client::new()
+        .get(format!("{}/v1/volumes", c.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+
+    let agent = format!("Bearer {}", c.agent_token);
+    for (method, path) in [
+        (Method::POST, "/v1/volumes"),
+        (Method::GET, "/v1/volumes"),
+        (Method::GET, "/v1/nodes"),
+        (Method::GET, "/v1/nodes/n1"),
+        (Method::GET, "/v1/pools"),
+        (Method::DELETE, "/v1/volumes/x"),
+        (Method::POST, "/v1/volumes/x/attach"),
+    ] {
+        let (status, e) = c
+            .send_auth(Some(&agent), method.clone(), path, Some(create.clone()))
+            .await;
+        assert_eq!(
+            (status, code(&e)),
+            (403, "forbidden"),
+            "{method} {path}: {e}"
+        );
+    }
+    assert!(c.volume_names().await.is_empty());
+    assert!(c.all_replicas().is_empty());
+
+    // The agent token works where agents need it; the admin token everywhere.
+    let a = c.agent("n1");
+    let body = json!({"admin_addr": a.addr.to_string(), "replica_addr": "127.0.0.1:9",
+        "nbd_addr": null, "nbd_socket": null, "pools": [pool("n1", 100 * GIB, 100 * GIB)]});
+    let (status, e) = c
+        .send_auth(Some(&agent), Method::PUT, "/v1/nodes/n1", Some(body))
+        .await;
+    assert_eq!(status, 200, "{e}");
+    assert_eq!(
+        c.create("ok", GIB, 2).await.0,
+        201,
+        "the server still works"
+    );
+    // The controller called the agents with the agent token, every time.
+    for a in &c.agents {
+        let calls = a.authorizations();
+        assert!(!calls.is_empty());
+        assert!(
+            calls.iter().all(|h| h.as_deref() == Some(agent.as_str())),
+            "{calls:?}"
+        );
+    }
+}

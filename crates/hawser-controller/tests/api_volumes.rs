@@ -276,16 +276,10 @@ async fn list_nodes_and_pools() {
 async fn state_survives_a_controller_restart() {
     let dir = tempfile::tempdir().unwrap();
     let args = hawser_controller::ControllerArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.path().to_path_buf(),
-        store: None,
-        node_timeout_secs: 15,
         advertise_url: Some("http://controller.example:9400/".into()),
-        engine_check_secs: 0,
-        replace_after_secs: 300,
-        max_rebuilds: 2,
-        heal_check_secs: 0,
+        ..common::controller_args(dir.path(), None, None)
     };
+    let mut tokens = Vec::new();
     for round in 0..2 {
         let ctl = hawser_controller::Controller::bind(args.clone())
             .await
@@ -295,7 +289,9 @@ async fn state_survives_a_controller_restart() {
         let server = tokio::spawn(ctl.serve(async move {
             let _ = rx.await;
         }));
-        let http = reqwest::Client::new();
+        // The restarted controller keeps the tokens of the first start.
+        tokens.push(common::read_token(&dir.path().join("admin.token")));
+        let http = common::client_with_token(&tokens[0]);
         if round == 0 {
             let body = json!({"admin_addr": "127.0.0.1:1", "replica_addr": "127.0.0.1:2",
                 "nbd_addr": null, "nbd_socket": null, "pools": []});
@@ -320,6 +316,7 @@ async fn state_survives_a_controller_restart() {
         tx.send(()).unwrap();
         server.await.unwrap().unwrap();
     }
+    assert_eq!(tokens[0], tokens[1], "a restart does not make new tokens");
 }
 
 /// A node whose agent does not listen: its admin address is a port nobody holds.

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{pool, FakeAgent, GIB};
+use common::{client_with_token, controller_args, pool, FakeAgent, GIB};
 use hawser_controller::{Controller, ControllerArgs};
 use hawser_store::etcd_process::EtcdProcess;
 use serde_json::{json, Value};
@@ -19,17 +19,23 @@ struct Running {
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
+/// The tokens every cluster here is initialised with: the test seeds the token files before
+/// the first controller starts, and the controllers adopt them at cluster init.
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef0123456789";
+const AGENT_TOKEN: &str = "test-agent-token-0123456789abcdef0123456789";
+
+/// A controller on `store` whose token files are in `dir`'s parent, shared by the cluster's
+/// controllers (seeded with [`ADMIN_TOKEN`] and [`AGENT_TOKEN`]).
 async fn start_controller(store: &str, dir: &std::path::Path) -> Running {
+    let shared = dir.parent().unwrap();
+    for (file, token) in [("admin.token", ADMIN_TOKEN), ("agent.token", AGENT_TOKEN)] {
+        if !shared.join(file).exists() {
+            std::fs::write(shared.join(file), token).unwrap();
+        }
+    }
     let args = ControllerArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        store: Some(store.to_string()),
         node_timeout_secs: 60,
-        advertise_url: None,
-        engine_check_secs: 0,
-        replace_after_secs: 300,
-        max_rebuilds: 2,
-        heal_check_secs: 0,
+        ..controller_args(dir, Some(store.to_string()), dir.parent())
     };
     let controller = Controller::bind(args).await.unwrap();
     let url = format!("http://{}", controller.local_addr().unwrap());
@@ -45,7 +51,7 @@ async fn start_controller(store: &str, dir: &std::path::Path) -> Running {
 }
 
 async fn send(method: reqwest::Method, url: &str, body: Option<Value>) -> (u16, Value) {
-    let mut req = reqwest::Client::new().request(method, url);
+    let mut req = client_with_token(ADMIN_TOKEN).request(method, url);
     if let Some(b) = body {
         req = req.json(&b);
     }
@@ -177,6 +183,11 @@ async fn follower_refuses_and_takes_over_when_the_leader_crashes() {
     let (status, body) = send(reqwest::Method::POST, &url, Some(json!({"node": "n1"}))).await;
     assert_eq!(status, 200, "{body}");
     let engine = n1.engine("v").unwrap();
+    let expected = Some(format!("Bearer {AGENT_TOKEN}"));
+    assert!(
+        n1.authorizations().iter().all(|a| *a == expected),
+        "the new leader calls agents with the adopted agent token"
+    );
     let urls: Vec<&str> = engine.controller_url.split(',').collect();
     assert_eq!(urls[0], follower.url, "{urls:?}");
     assert!(

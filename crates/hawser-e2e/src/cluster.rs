@@ -12,6 +12,7 @@ use hawser_api::controller::{Node, Volume};
 use hawser_store::etcd_process::{free_loopback_port, EtcdProcess};
 
 use crate::run::{wait_until, TempDir};
+use crate::tokens::TokenFiles;
 
 pub struct AgentProc {
     pub name: String,
@@ -39,6 +40,8 @@ pub struct Cluster {
     pub agents: Vec<AgentProc>,
     /// Dropped after the processes that use it.
     pub etcd: Option<EtcdProcess>,
+    /// The cluster's token files, shared by every controller, agent and CLI run.
+    pub tokens: TokenFiles,
 }
 
 #[derive(Default)]
@@ -105,6 +108,7 @@ impl Cluster {
             on_etcd.max(1),
             store.as_deref().unwrap_or("the embedded store")
         );
+        let tokens = TokenFiles::seed(dir.path());
         let count = on_etcd.max(1);
         let controllers: Vec<ControllerProc> = (0..count)
             .map(|i| {
@@ -113,7 +117,7 @@ impl Cluster {
                 } else {
                     format!("controller-{}", i + 1)
                 };
-                spawn_controller(dir.path(), &name, store.as_deref())
+                spawn_controller(dir.path(), &name, store.as_deref(), &tokens)
             })
             .collect();
         let url = controllers
@@ -127,6 +131,7 @@ impl Cluster {
             controllers,
             agents: Vec::new(),
             etcd,
+            tokens,
         };
         if c.etcd.is_some() {
             // Until one leads, every API call (agent registrations included) is refused.
@@ -189,7 +194,9 @@ impl Cluster {
                 &nbd,
             ])
             .arg("--data-dir")
-            .arg(&data_dir);
+            .arg(&data_dir)
+            .arg("--token-file")
+            .arg(&self.tokens.agent);
         for p in pools {
             cmd.args(["--pool", p]);
         }
@@ -223,6 +230,7 @@ impl Cluster {
             .enumerate()
             .filter(|(_, c)| {
                 http.get(format!("{}/v1/nodes", c.url))
+                    .header("authorization", self.tokens.admin_bearer())
                     .send()
                     .is_ok_and(|r| r.status().is_success())
             })
@@ -268,6 +276,7 @@ impl Cluster {
     pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(hawser_bin())
             .env("HAWSER_CONTROLLER", &self.url)
+            .env("HAWSER_TOKEN_FILE", &self.tokens.admin)
             .args(args)
             .output()
             .expect("run hawser")
@@ -318,7 +327,10 @@ impl Cluster {
 
     pub fn agent_status(&self, name: &str) -> AgentStatus {
         let a = self.agent(name);
-        reqwest::blocking::get(format!("http://{}/v1/status", a.admin))
+        reqwest::blocking::Client::new()
+            .get(format!("http://{}/v1/status", a.admin))
+            .header("authorization", self.tokens.agent_bearer())
+            .send()
             .and_then(|r| r.json())
             .expect("agent status")
     }
@@ -352,13 +364,19 @@ impl Cluster {
 
 /// Starts `hawser controller` named `name` on a free port, on `store` (etcd URL) or its own
 /// embedded store.
-fn spawn_controller(dir: &Path, name: &str, store: Option<&str>) -> ControllerProc {
+fn spawn_controller(
+    dir: &Path,
+    name: &str,
+    store: Option<&str>,
+    tokens: &TokenFiles,
+) -> ControllerProc {
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut cmd = Command::new(hawser_bin());
     cmd.args(["controller", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--data-dir")
-        .arg(dir.join(name));
+        .arg(dir.join(name))
+        .args(tokens.controller_args());
     if let Some(s) = store {
         cmd.args(["--store", s]);
     }

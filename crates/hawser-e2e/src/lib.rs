@@ -13,6 +13,7 @@ pub mod mounts;
 pub mod nbd_client;
 pub mod netns;
 pub mod run;
+pub mod tokens;
 pub mod write_log;
 pub mod writer;
 
@@ -23,5 +24,6 @@ pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
 pub use nbd_client::{NbdConn, NbdTarget};
 pub use netns::{NetCluster, NetHost};
 pub use run::{have, run_ok, sh, wait_until, TempDir};
+pub use tokens::TokenFiles;
 pub use write_log::{WriteLog, BLOCK_BYTES};
 pub use writer::{verify_file, verify_nbd, VerifyReport, Writer, WriterOptions, WriterStats};

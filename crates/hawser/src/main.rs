@@ -29,6 +29,11 @@ struct Cli {
     /// share etcd (the leader is found and followed).
     #[arg(long, env = "HAWSER_CONTROLLER", default_value = hawser_api::DEFAULT_CONTROLLER_URL)]
     controller: String,
+    /// File with the admin API token for the client commands [default: $HAWSER_TOKEN, else
+    /// ~/.config/hawser/admin.token]. The controller writes it to <data-dir>/admin.token at
+    /// cluster init.
+    #[arg(long, env = "HAWSER_TOKEN_FILE", value_name = "PATH", global = true)]
+    token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -64,15 +69,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let daemon = matches!(cli.command, Command::Controller(_) | Command::Agent(_));
     init_logging(if daemon { "info" } else { "warn" });
+    let conn = (cli.controller, cli.token_file);
     match cli.command {
         Command::Controller(args) => daemon_exit(run_async(hawser_controller::run(args))),
         Command::Agent(args) => daemon_exit(run_async(hawser_agent::run(args))),
         Command::Bench(args) => daemon_exit(hawser_bench::run(args)),
-        Command::Volume(cmd) => client_exit(&cli.controller, |c| volume::run(c, cmd)),
-        Command::Node(cmd) => client_exit(&cli.controller, |c| node::run(c, cmd)),
-        Command::Pool(cmd) => client_exit(&cli.controller, |c| pool::run(c, cmd)),
-        Command::Replica(cmd) => client_exit(&cli.controller, |c| replica::run(c, cmd)),
-        Command::Status { out } => client_exit(&cli.controller, |c| status::run(c, out)),
+        Command::Volume(cmd) => client_exit(&conn, |c| volume::run(c, cmd)),
+        Command::Node(cmd) => client_exit(&conn, |c| node::run(c, cmd)),
+        Command::Pool(cmd) => client_exit(&conn, |c| pool::run(c, cmd)),
+        Command::Replica(cmd) => client_exit(&conn, |c| replica::run(c, cmd)),
+        Command::Status { out } => client_exit(&conn, |c| status::run(c, out)),
     }
 }
 
@@ -102,11 +108,14 @@ fn daemon_exit(result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
+/// Runs a client command against `(controller URLs, --token-file)`.
 fn client_exit(
-    url: &str,
+    (url, token_file): &(String, Option<std::path::PathBuf>),
     f: impl FnOnce(&Client) -> Result<(), cli::client::CliError>,
 ) -> ExitCode {
-    match Client::new(url).and_then(|c| f(&c)) {
+    let client =
+        cli::token::resolve(token_file.as_deref()).and_then(|token| Client::new(url, &token));
+    match client.and_then(|c| f(&c)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

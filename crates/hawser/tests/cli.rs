@@ -15,6 +15,16 @@ use serde_json::{json, Value};
 
 const GIB: u64 = 1 << 30;
 
+/// The hawser binary with no token from the environment or the user's config: each test
+/// says which token it uses.
+fn hawser_cmd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hawser"));
+    cmd.env_remove("HAWSER_TOKEN")
+        .env_remove("HAWSER_TOKEN_FILE")
+        .env("XDG_CONFIG_HOME", "/nonexistent/hawser-test-config");
+    cmd
+}
+
 /// A controller and a fake agent on a runtime of their own; dropped at the end of the test.
 struct Env {
     url: String,
@@ -37,6 +47,8 @@ impl Env {
             replace_after_secs: 300,
             max_rebuilds: 2,
             heal_check_secs: 0,
+            admin_token_file: None,
+            agent_token_file: None,
         };
         let ctl = rt.block_on(Controller::bind(args)).unwrap();
         let url = format!("http://{}", ctl.local_addr().unwrap());
@@ -59,6 +71,8 @@ impl Env {
     /// Registers one node per entry of `zones`, n1 in the first; "" means no zone label.
     fn register_zones(&self, zones: &[&str]) {
         let http = reqwest::blocking::Client::new();
+        let token = std::fs::read_to_string(self.token_file()).unwrap();
+        let bearer = format!("Bearer {}", token.trim());
         for (i, zone) in zones.iter().enumerate() {
             let node = format!("n{}", i + 1);
             let labels = if zone.is_empty() {
@@ -78,6 +92,7 @@ impl Env {
             });
             let r = http
                 .put(format!("{}/v1/nodes/{node}", self.url))
+                .header("authorization", &bearer)
                 .json(&body)
                 .send()
                 .unwrap();
@@ -85,10 +100,16 @@ impl Env {
         }
     }
 
+    /// The admin token file the controller wrote at cluster init.
+    fn token_file(&self) -> std::path::PathBuf {
+        self._dir.path().join("admin.token")
+    }
+
     fn hawser(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_hawser"))
+        hawser_cmd()
             .args(args)
             .env("HAWSER_CONTROLLER", &self.url)
+            .env("HAWSER_TOKEN_FILE", self.token_file())
             .env_remove("RUST_LOG")
             .output()
             .unwrap()
@@ -386,7 +407,8 @@ fn unreachable_controller_is_exit_1() {
         .unwrap()
         .port();
     let url = format!("http://127.0.0.1:{port}");
-    let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+    let out = hawser_cmd()
+        .env("HAWSER_TOKEN", "t".repeat(40))
         .args(["--controller", &url, "volume", "list"])
         .output()
         .unwrap();
@@ -408,7 +430,7 @@ fn controller_subcommand_serves_and_stops() {
         .unwrap()
         .port();
     let listen = format!("127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hawser"))
+    let mut child = hawser_cmd()
         .args(["controller", "--listen", &listen, "--data-dir"])
         .arg(dir.path())
         .stdout(std::process::Stdio::null())
@@ -418,7 +440,9 @@ fn controller_subcommand_serves_and_stops() {
     let url = format!("http://{listen}");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+        let out = hawser_cmd()
+            .arg("--token-file")
+            .arg(dir.path().join("admin.token"))
             .args(["--controller", &url, "node", "list", "-o", "json"])
             .output()
             .unwrap();
@@ -434,6 +458,15 @@ fn controller_subcommand_serves_and_stops() {
             );
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+    // Cluster init wrote both tokens, readable by the owner only.
+    for file in ["admin.token", "agent.token"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file}");
     }
     // SIGTERM: a graceful stop exits 0.
     let pid = i32::try_from(child.id()).unwrap();
@@ -487,7 +520,8 @@ fn controller_list_skips_the_unreachable_and_follows_the_leader() {
     };
     let (follower, hits) = env._rt.block_on(fake_follower(Some(env.url.clone())));
     let list = format!("{dead},{follower}");
-    let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+    let out = hawser_cmd()
+        .env("HAWSER_TOKEN_FILE", env.token_file())
         .args(["--controller", &list, "node", "list", "-o", "json"])
         .output()
         .unwrap();
@@ -501,7 +535,8 @@ fn controller_list_skips_the_unreachable_and_follows_the_leader() {
         "the follower was asked once"
     );
     // A create through the follower happens exactly once, on the leader.
-    let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+    let out = hawser_cmd()
+        .env("HAWSER_TOKEN_FILE", env.token_file())
         .args([
             "--controller",
             &follower,
@@ -524,7 +559,8 @@ fn controller_list_skips_the_unreachable_and_follows_the_leader() {
     assert_eq!(volumes.as_array().unwrap().len(), 1, "{volumes}");
 
     let (nobody, _) = env._rt.block_on(fake_follower(None));
-    let out = Command::new(env!("CARGO_BIN_EXE_hawser"))
+    let out = hawser_cmd()
+        .env("HAWSER_TOKEN_FILE", env.token_file())
         .args([
             "--controller",
             &format!("{dead},{nobody}"),
@@ -536,4 +572,40 @@ fn controller_list_skips_the_unreachable_and_follows_the_leader() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("not the leader"), "{stderr}");
+}
+
+/// The CLI's token sources: none is a clear error (exit 1, nothing sent), a wrong token is
+/// the controller's `unauthorized`, and `--token-file` beats `HAWSER_TOKEN`, which works on
+/// its own too.
+#[test]
+fn token_sources_and_refusals() {
+    let env = Env::start();
+    let run = |cmd: &mut Command| {
+        let out = cmd
+            .env("HAWSER_CONTROLLER", &env.url)
+            .args(["node", "list", "-o", "json"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), stderr)
+    };
+    let (code, stderr) = run(&mut hawser_cmd());
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("no API token"), "{stderr}");
+    let wrong = "w".repeat(40);
+    let (code, stderr) = run(hawser_cmd().env("HAWSER_TOKEN", &wrong));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("unauthorized"), "{stderr}");
+    let (code, stderr) = run(hawser_cmd().env("HAWSER_TOKEN", "short"));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("HAWSER_TOKEN"), "{stderr}");
+    let token = std::fs::read_to_string(env.token_file()).unwrap();
+    let (code, stderr) = run(hawser_cmd().env("HAWSER_TOKEN", token.trim()));
+    assert_eq!(code, Some(0), "{stderr}");
+    let file = env.token_file();
+    let (code, stderr) = run(hawser_cmd()
+        .env("HAWSER_TOKEN", &wrong)
+        .arg("--token-file")
+        .arg(&file));
+    assert_eq!(code, Some(0), "--token-file wins: {stderr}");
 }

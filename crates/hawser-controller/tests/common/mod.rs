@@ -2,6 +2,8 @@
 //! (small axum servers) that record the admin calls they get and can be told to fail.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod schema;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -35,6 +37,8 @@ pub struct FakeState {
     pub replicas: BTreeMap<String, CreateReplica>,
     pub engines: BTreeMap<String, StartEngine>,
     pub failing: BTreeSet<Op>,
+    /// The Authorization header of every call (None: there was none), in order.
+    pub authorizations: Vec<Option<String>>,
 }
 
 type Fake = Arc<Mutex<FakeState>>;
@@ -54,6 +58,10 @@ impl FakeAgent {
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
             .route("/v1/status", get(agent_status))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                record_authorization,
+            ))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -91,6 +99,62 @@ impl FakeAgent {
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().unwrap().calls.clone()
     }
+
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.state.lock().unwrap().authorizations.clone()
+    }
+}
+
+/// Records the Authorization header of every call the fake agent gets.
+async fn record_authorization(
+    State(st): State<Fake>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let auth = req
+        .headers()
+        .get("authorization")
+        .map(|v| v.to_str().unwrap_or("<not ascii>").to_string());
+    st.lock().unwrap().authorizations.push(auth);
+    next.run(req).await
+}
+
+/// Controller arguments for tests: an ephemeral port, default token files in `data_dir`
+/// unless `tokens_dir` names shared ones (controllers of one cluster share their tokens).
+pub fn controller_args(
+    data_dir: &std::path::Path,
+    store: Option<String>,
+    tokens_dir: Option<&std::path::Path>,
+) -> ControllerArgs {
+    ControllerArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data_dir.to_path_buf(),
+        store,
+        node_timeout_secs: 15,
+        advertise_url: None,
+        engine_check_secs: 0,
+        replace_after_secs: 300,
+        max_rebuilds: 2,
+        heal_check_secs: 0,
+        admin_token_file: tokens_dir.map(|d| d.join("admin.token")),
+        agent_token_file: tokens_dir.map(|d| d.join("agent.token")),
+    }
+}
+
+/// The token in a token file a controller wrote.
+pub fn read_token(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap().trim().to_string()
+}
+
+/// An HTTP client that sends `token` as the bearer token on every request.
+pub fn client_with_token(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = format!("Bearer {token}").parse().unwrap();
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
 }
 
 fn refuse(what: &str) -> Response {
@@ -219,7 +283,10 @@ async fn stop_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Resp
 
 pub struct Cluster {
     pub url: String,
+    /// Sends the admin token on every request.
     pub http: reqwest::Client,
+    pub admin_token: String,
+    pub agent_token: String,
     pub agents: Vec<FakeAgent>,
     pub dir: tempfile::TempDir,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -279,18 +346,17 @@ impl Cluster {
         replace_after_secs: Option<u64>,
     ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("controller");
         let args = ControllerArgs {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: dir.path().join("controller"),
-            store: None,
             node_timeout_secs,
-            advertise_url: None,
             engine_check_secs,
             replace_after_secs: replace_after_secs.unwrap_or(300),
-            max_rebuilds: 2,
             heal_check_secs: u64::from(replace_after_secs.is_some()),
+            ..controller_args(&data_dir, None, None)
         };
         let controller = Controller::bind(args).await.unwrap();
+        let admin_token = read_token(&data_dir.join("admin.token"));
+        let agent_token = read_token(&data_dir.join("agent.token"));
         let url = format!("http://{}", controller.local_addr().unwrap());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(controller.serve(async move {
@@ -298,7 +364,9 @@ impl Cluster {
         }));
         let mut c = Cluster {
             url,
-            http: reqwest::Client::new(),
+            http: client_with_token(&admin_token),
+            admin_token,
+            agent_token,
             agents: Vec::new(),
             dir,
             shutdown: Some(tx),
@@ -345,6 +413,25 @@ impl Cluster {
         body: Option<Value>,
     ) -> (u16, Value) {
         let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        read(resp).await
+    }
+
+    /// A request with the given Authorization header value (None: no header at all).
+    pub async fn send_auth(
+        &self,
+        authorization: Option<&str>,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = reqwest::Client::new().request(method, format!("{}{path}", self.url));
+        if let Some(a) = authorization {
+            req = req.header(reqwest::header::AUTHORIZATION, a);
+        }
         if let Some(b) = body {
             req = req.json(&b);
         }
@@ -413,7 +500,7 @@ impl Cluster {
 }
 
 /// Reads a response. Every error must be a JSON `ApiError` whose code matches the status.
-async fn read(resp: reqwest::Response) -> (u16, Value) {
+pub async fn read(resp: reqwest::Response) -> (u16, Value) {
     let status = resp.status().as_u16();
     let ct = resp
         .headers()

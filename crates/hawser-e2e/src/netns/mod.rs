@@ -35,6 +35,7 @@ use crate::cluster::{
     wait_registered,
 };
 use crate::run::{run_ok, test_base_dir, wait_until, TempDir};
+use crate::tokens::TokenFiles;
 use topology::{owner_gone, remove_leftover_namespaces, run_prefix, Topology};
 
 const CONTROLLER_PORT: u16 = 9400;
@@ -78,6 +79,8 @@ pub struct NetCluster {
     pub hosts: Vec<NetHost>,
     bin: PathBuf,
     topology: Topology,
+    /// The cluster's token files (controller, agents and CLI).
+    pub tokens: TokenFiles,
 }
 
 impl NetCluster {
@@ -121,7 +124,9 @@ impl NetCluster {
         let ctl_ns = topology.add("ctl", CONTROLLER_OCTET);
         let ctl_addr = topology.addr(CONTROLLER_OCTET);
         let bin = std::fs::canonicalize(hawser_bin()).expect("canonical hawser path");
+        let tokens = TokenFiles::seed(&dir);
         let mut c = NetCluster {
+            tokens,
             dir: TempDir(dir),
             url: format!("http://{ctl_addr}:{CONTROLLER_PORT}"),
             ctl_ns,
@@ -133,6 +138,8 @@ impl NetCluster {
         let listen = format!("{ctl_addr}:{CONTROLLER_PORT}");
         let data = c.dir.path().join("controller").display().to_string();
         let mut args = vec!["controller", "--listen", &listen, "--data-dir", &data];
+        let token_args = c.tokens.controller_args();
+        args.extend(token_args.iter().map(String::as_str));
         args.extend_from_slice(controller_args);
         c.controller = Some(c.spawn_in(&c.ctl_ns, "controller", &args));
         for i in 1..=hosts {
@@ -181,6 +188,7 @@ impl NetCluster {
         let replica = format!("{}:{REPLICA_PORT}", h.addr);
         let nbd = format!("{}:{NBD_PORT}", h.addr);
         let data = h.data_dir.display().to_string();
+        let token = self.tokens.agent.display().to_string();
         let args = [
             "agent",
             "--node",
@@ -195,6 +203,8 @@ impl NetCluster {
             &nbd,
             "--data-dir",
             &data,
+            "--token-file",
+            &token,
         ];
         let child = self.spawn_in(&h.netns, &h.name, &args);
         self.hosts[i].agent = Some(child);
@@ -272,6 +282,7 @@ impl NetCluster {
             .args(["netns", "exec", &self.ctl_ns])
             .arg(&self.bin)
             .env("HAWSER_CONTROLLER", &self.url)
+            .env("HAWSER_TOKEN_FILE", &self.tokens.admin)
             .args(args)
             .output()
             .expect("run hawser in the controller namespace")

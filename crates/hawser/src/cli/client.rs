@@ -27,6 +27,9 @@ pub enum CliError {
     },
     #[error("build the HTTP client: {0}")]
     Client(String),
+    /// No usable API token (see `cli::token`).
+    #[error("{0}")]
+    Token(String),
 }
 
 /// Leaders followed for one request: a follower names the leader, which may itself have
@@ -37,6 +40,8 @@ pub struct Client {
     /// Every controller the user named, tried in order.
     bases: Vec<String>,
     http: reqwest::blocking::Client,
+    /// `Bearer <admin token>`, sent on every request.
+    authorization: String,
 }
 
 /// What one controller did with a request.
@@ -52,7 +57,7 @@ enum Attempt {
 
 impl Client {
     /// `base` is one controller URL or several, comma-separated (controllers sharing etcd).
-    pub fn new(base: &str) -> Result<Client, CliError> {
+    pub fn new(base: &str, token: &str) -> Result<Client, CliError> {
         let http = reqwest::blocking::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
@@ -66,7 +71,11 @@ impl Client {
         if bases.is_empty() {
             return Err(CliError::Client(format!("no controller URL in {base:?}")));
         }
-        Ok(Client { bases, http })
+        Ok(Client {
+            bases,
+            http,
+            authorization: format!("Bearer {token}"),
+        })
     }
 
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, CliError> {
@@ -128,7 +137,10 @@ impl Client {
         body: Option<&B>,
     ) -> Attempt {
         let url = format!("{base}{path}");
-        let mut req = self.http.request(method, &url);
+        let mut req = self
+            .http
+            .request(method, &url)
+            .header(reqwest::header::AUTHORIZATION, &self.authorization);
         if let Some(b) = body {
             req = req.json(b);
         }

@@ -8,4 +8,5 @@ pub mod output;
 pub mod pool;
 pub mod replica;
 pub mod status;
+pub mod token;
 pub mod volume;

@@ -1,0 +1,77 @@
+//! The agent's admin API requires the agent token on every call: without it (or with a
+//! wrong one) a 401 JSON `ApiError` and nothing done; with it, the call runs.
+#![allow(clippy::unwrap_used)]
+
+mod node_support;
+
+use std::sync::Arc;
+
+use hawser_agent::admin_api::{self, AdminState};
+use hawser_agent::engines::Engines;
+use hawser_api::ApiError;
+use node_support::{node, TempDir};
+use serde_json::json;
+
+const TOKEN: &str = "agent-token-for-the-admin-api-test-0123456789";
+
+#[tokio::test]
+async fn admin_calls_need_the_agent_token() {
+    let dir = TempDir::new("admin-auth");
+    let storage = node(&dir.0, "a", 1 << 20);
+    let state = AdminState {
+        node: "a".into(),
+        storage: storage.clone(),
+        engines: Arc::new(Engines::default()),
+        token: TOKEN.into(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, admin_api::router(state)).await });
+    let http = reqwest::Client::new();
+    let create = json!({"replica_id": "r2", "volume": "v", "size_bytes": 1 << 20,
+        "pool": "default", "thin": true});
+    let wrong = format!("Bearer {}", "z".repeat(TOKEN.len()));
+    for auth in [None, Some("Bearer"), Some(wrong.as_str()), Some(TOKEN)] {
+        let calls = [
+            http.get(format!("{base}/v1/status")),
+            http.post(format!("{base}/v1/replicas")).json(&create),
+            http.delete(format!("{base}/v1/replicas/vol-a")),
+            http.delete(format!("{base}/v1/engines/vol")),
+        ];
+        for req in calls {
+            let req = match auth {
+                Some(a) => req.header("authorization", a),
+                None => req,
+            };
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 401, "{auth:?}");
+            assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+            let e: ApiError = resp.json().await.unwrap();
+            assert_eq!(e.code, hawser_api::ErrorCode::Unauthorized, "{auth:?}");
+        }
+    }
+    let ids = |s: &hawser_agent::node_storage::NodeStorage| {
+        s.replica_statuses()
+            .into_iter()
+            .map(|r| r.replica_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&storage), ["vol-a"], "nothing was created or deleted");
+    let bearer = format!("Bearer {TOKEN}");
+    let resp = http
+        .post(format!("{base}/v1/replicas"))
+        .header("authorization", &bearer)
+        .json(&create)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let resp = http
+        .get(format!("{base}/v1/status"))
+        .header("authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(ids(&storage).len(), 2);
+}

@@ -1,0 +1,195 @@
+//! Cluster tokens: created at cluster init, checked on every request.
+//!
+//! The first controller to start against an empty store generates two random tokens (256
+//! bits each): the admin token (CLI, operators: every route) and the agent token (agents:
+//! only the routes they need, and the controller's own calls to agents' admin API). The store
+//! keeps only their SHA-256, so every controller sharing it accepts them and reading the
+//! store does not give a usable token. The tokens themselves go to files (mode 0600) that
+//! the operator hands to the CLI and the agents.
+//!
+//! Token files that already exist when the store has no tokens are adopted instead of
+//! generated: that is how several controllers sharing etcd start with the same tokens
+//! (each needs the agent token to call agents; the admin token file is optional for them).
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use axum::http::HeaderMap;
+use hawser_api::auth::{self, TokenDigest};
+use hawser_store::{get_json, put_json, Expect, Store};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+use crate::errors::ControllerError;
+
+/// Store key of the token digests.
+const TOKENS_KEY: &str = "auth/tokens";
+
+/// Bytes of randomness in a generated token (hex-encoded: 64 characters).
+const TOKEN_BYTES: usize = 32;
+
+/// Who may call a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The admin token only.
+    Admin,
+    /// The agent token or the admin token: the routes agents call (register/heartbeat,
+    /// outdate, in-sync).
+    Agent,
+}
+
+/// The token digests as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenRecord {
+    admin_sha256: String,
+    agent_sha256: String,
+}
+
+/// What the controller needs to check requests and to call agents.
+#[derive(Clone)]
+pub struct ClusterTokens {
+    admin: TokenDigest,
+    agent: TokenDigest,
+    /// The agent token itself, sent to agents' admin API.
+    agent_token: String,
+}
+
+/// Where the token files are.
+#[derive(Debug, Clone)]
+pub struct TokenFiles {
+    pub admin: PathBuf,
+    pub agent: PathBuf,
+}
+
+impl ClusterTokens {
+    /// Creates the cluster's tokens if the store has none (adopting existing token files,
+    /// generating missing ones), else loads them; checks that the local agent token matches.
+    pub async fn init(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<ClusterTokens> {
+        let record = match get_json::<TokenRecord>(store, TOKENS_KEY)
+            .await
+            .context("read the cluster tokens")?
+        {
+            Some((r, _)) => r,
+            None => create_tokens(store, files).await?,
+        };
+        let admin = parse_digest(&record.admin_sha256)?;
+        let agent = parse_digest(&record.agent_sha256)?;
+        let agent_token = auth::read_token_file(&files.agent).with_context(|| {
+            format!(
+                "the cluster already has tokens: copy agent.token from the controller that \
+                 created them to {}",
+                files.agent.display()
+            )
+        })?;
+        anyhow::ensure!(
+            auth::digests_equal(&auth::digest(&agent_token), &agent),
+            "{} is not this cluster's agent token",
+            files.agent.display()
+        );
+        Ok(ClusterTokens {
+            admin,
+            agent,
+            agent_token,
+        })
+    }
+
+    /// Tokens without a store, for unit tests of code that needs an `AppState`.
+    #[cfg(test)]
+    pub fn for_tests(admin: &str, agent: &str) -> ClusterTokens {
+        ClusterTokens {
+            admin: auth::digest(admin),
+            agent: auth::digest(agent),
+            agent_token: agent.to_string(),
+        }
+    }
+
+    pub fn agent_token(&self) -> &str {
+        &self.agent_token
+    }
+
+    /// Checks a request's bearer token against what `caller` allows: 401 without a valid
+    /// token, 403 for the agent token on an admin route.
+    pub fn check(&self, headers: &HeaderMap, caller: Caller) -> Result<(), ControllerError> {
+        let unauthorized = |reason: &str| ControllerError::Unauthorized {
+            reason: reason.to_string(),
+        };
+        let value = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .ok_or_else(|| unauthorized("no Authorization header"))?;
+        let value = value
+            .to_str()
+            .map_err(|_| unauthorized("the Authorization header is not ASCII"))?;
+        let token = auth::bearer_token(value)
+            .ok_or_else(|| unauthorized("the Authorization header is not `Bearer TOKEN`"))?;
+        if token.len() > auth::MAX_TOKEN_CHARS {
+            return Err(unauthorized("the token is too long"));
+        }
+        let d = auth::digest(token);
+        // Both comparisons always run, so timing does not say which token was close.
+        let is_admin = auth::digests_equal(&d, &self.admin);
+        let is_agent = auth::digests_equal(&d, &self.agent);
+        match (is_admin, is_agent, caller) {
+            (true, _, _) | (_, true, Caller::Agent) => Ok(()),
+            (_, true, Caller::Admin) => Err(ControllerError::Forbidden),
+            _ => Err(unauthorized("the token is not valid for this cluster")),
+        }
+    }
+}
+
+fn parse_digest(hex: &str) -> anyhow::Result<TokenDigest> {
+    auth::parse_digest_hex(hex)
+        .with_context(|| format!("the stored token digest {hex:?} is not 64 hex digits"))
+}
+
+/// Cluster init: reads or generates both token files, then stores their digests unless
+/// another controller did first (then its digests win and are returned).
+async fn create_tokens(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<TokenRecord> {
+    let admin = existing_or_new_token(&files.admin)?;
+    let agent = existing_or_new_token(&files.agent)?;
+    let record = TokenRecord {
+        admin_sha256: auth::digest_hex(&auth::digest(&admin)),
+        agent_sha256: auth::digest_hex(&auth::digest(&agent)),
+    };
+    match put_json(store, TOKENS_KEY, &record, Expect::Absent).await {
+        Ok(_) => {
+            tracing::info!(
+                admin = %files.admin.display(),
+                agent = %files.agent.display(),
+                "cluster init: created the API tokens; give the admin token to the CLI \
+                 (--token-file or HAWSER_TOKEN) and the agent token to every agent"
+            );
+            Ok(record)
+        }
+        Err(e) if e.is_conflict() => {
+            let (r, _) = get_json::<TokenRecord>(store, TOKENS_KEY)
+                .await
+                .context("read the cluster tokens another controller created")?
+                .context("the cluster tokens vanished from the store")?;
+            Ok(r)
+        }
+        Err(e) => Err(e).context("store the cluster token digests"),
+    }
+}
+
+/// The token in `path`, or a new random one written there (mode 0600, never overwriting).
+fn existing_or_new_token(path: &Path) -> anyhow::Result<String> {
+    if path.exists() {
+        return Ok(auth::read_token_file(path)?);
+    }
+    let mut bytes = [0u8; TOKEN_BYTES];
+    rand::rng().fill_bytes(&mut bytes);
+    let token = auth::digest_hex(&bytes);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("create token file {}", path.display()))?;
+    writeln!(f, "{token}")
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("write token file {}", path.display()))?;
+    Ok(token)
+}

@@ -1,0 +1,277 @@
+//! `docs/openapi.json` against the running controller: the document lists exactly the
+//! routes the router serves, every route answers (no `no route`), and real responses
+//! (successes and errors) validate against the document's schemas for their status.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{code, schema, Cluster, GIB};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+fn document() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// (METHOD, path) of every operation in the document.
+fn documented(doc: &Value) -> BTreeSet<(String, String)> {
+    let mut ops = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            ops.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    ops
+}
+
+#[test]
+fn the_document_lists_exactly_the_served_routes() {
+    let doc = document();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let served: BTreeSet<(String, String)> = hawser_controller::route_table().into_iter().collect();
+    let documented = documented(&doc);
+    let undocumented: Vec<_> = served.difference(&documented).collect();
+    let not_served: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        undocumented.is_empty(),
+        "served but not documented: {undocumented:?}"
+    );
+    assert!(
+        not_served.is_empty(),
+        "documented but not served: {not_served:?}"
+    );
+    // The bearer scheme, and the error body on every operation's 401.
+    let schemes = &doc["components"]["securitySchemes"];
+    for s in ["adminToken", "agentToken"] {
+        assert_eq!(schemes[s]["scheme"], "bearer", "{s}");
+    }
+    for (method, path) in &documented {
+        let op = &doc["paths"][path][method.to_lowercase()];
+        let e = &op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"];
+        assert_eq!(e, "#/components/schemas/ApiError", "{method} {path}");
+    }
+}
+
+/// Sends a request and checks its answer against the document's operation
+/// `(method, template)`: the status must be documented and the body must validate.
+struct Probe<'a> {
+    c: &'a Cluster,
+    doc: Value,
+    seen: BTreeSet<(String, String, u16)>,
+}
+
+impl Probe<'_> {
+    async fn call(
+        &mut self,
+        auth: Option<&str>,
+        (method, template): (Method, &str),
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let auth = auth.map(|t| format!("Bearer {t}"));
+        let (status, got) = self
+            .c
+            .send_auth(auth.as_deref(), method.clone(), path, body)
+            .await;
+        let op = &self.doc["paths"][template][method.as_str().to_lowercase()];
+        assert!(op.is_object(), "{method} {template} is not in the document");
+        let resp = &op["responses"][status.to_string()];
+        assert!(
+            resp.is_object(),
+            "{method} {path}: status {status} is not documented: {got}"
+        );
+        match resp["content"]["application/json"]["schema"].clone() {
+            Value::Null => assert!(got.is_null(), "{method} {path}: {status} has a body"),
+            s => {
+                let errors = schema::validate(&self.doc, &s, &got);
+                assert!(
+                    errors.is_empty(),
+                    "{method} {path} {status}: {errors:#?}\n{got}"
+                );
+            }
+        }
+        self.seen
+            .insert((method.to_string(), template.to_string(), status));
+        (status, got)
+    }
+}
+
+#[tokio::test]
+async fn real_responses_validate_against_the_document() {
+    let c = Cluster::start(2).await;
+    let (admin, agent) = (c.admin_token.clone(), c.agent_token.clone());
+    let mut p = Probe {
+        c: &c,
+        doc: document(),
+        seen: BTreeSet::new(),
+    };
+    let (a, g) = (Some(admin.as_str()), Some(agent.as_str()));
+    let vols = (Method::POST, "/v1/volumes");
+    let vol = "/v1/volumes/{name}";
+    let register = (Method::PUT, "/v1/nodes/{node}");
+    let n1 = c.agent("n1");
+    let body = json!({"admin_addr": n1.addr.to_string(), "replica_addr": "127.0.0.1:9",
+        "nbd_addr": null, "nbd_socket": null, "labels": {},
+        "pools": [common::pool("n1", 100 * GIB, 100 * GIB)]});
+    assert_eq!(
+        p.call(g, register.clone(), "/v1/nodes/n1", Some(body))
+            .await
+            .0,
+        200
+    );
+    let bad = json!({"admin_addr": "nowhere", "replica_addr": 9});
+    assert_eq!(p.call(g, register, "/v1/nodes/n1", Some(bad)).await.0, 400);
+    p.call(a, (Method::GET, "/v1/nodes"), "/v1/nodes", None)
+        .await;
+    p.call(a, (Method::GET, "/v1/nodes/{node}"), "/v1/nodes/n1", None)
+        .await;
+    p.call(a, (Method::GET, "/v1/nodes/{node}"), "/v1/nodes/n9", None)
+        .await;
+    p.call(a, (Method::GET, "/v1/pools"), "/v1/pools", None)
+        .await;
+    let create = json!({"name": "v", "size_bytes": GIB, "replicas": 2});
+    assert_eq!(
+        p.call(a, vols.clone(), "/v1/volumes", Some(create.clone()))
+            .await
+            .0,
+        201
+    );
+    assert_eq!(
+        p.call(a, vols.clone(), "/v1/volumes", Some(create)).await.0,
+        409
+    );
+    let bad = json!({"name": "w", "size_bytes": "1GiB", "replicas": 1});
+    assert_eq!(
+        p.call(a, vols.clone(), "/v1/volumes", Some(bad)).await.0,
+        400
+    );
+    let huge = json!({"name": "w", "size_bytes": 1u64 << 50, "replicas": 2});
+    assert_eq!(
+        p.call(a, vols.clone(), "/v1/volumes", Some(huge)).await.0,
+        507
+    );
+    p.call(a, (Method::GET, "/v1/volumes"), "/v1/volumes", None)
+        .await;
+    p.call(a, (Method::GET, vol), "/v1/volumes/v", None).await;
+    p.call(a, (Method::GET, vol), "/v1/volumes/nope", None)
+        .await;
+    let attach = (Method::POST, "/v1/volumes/{name}/attach");
+    let (s, v) = p
+        .call(
+            a,
+            attach,
+            "/v1/volumes/v/attach",
+            Some(json!({"node": "n1"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let replica = v["replicas"][1]["id"].as_str().unwrap().to_string();
+    let epoch = v["epoch"].as_u64().unwrap();
+    let outdate = (Method::POST, "/v1/volumes/{name}/replicas/{id}/outdate");
+    let in_sync = (Method::POST, "/v1/volumes/{name}/replicas/{id}/in-sync");
+    let r = format!("/v1/volumes/v/replicas/{replica}");
+    let body = json!({"epoch": epoch, "reason": "test"});
+    assert_eq!(
+        p.call(g, outdate.clone(), &format!("{r}/outdate"), Some(body))
+            .await
+            .0,
+        200
+    );
+    let stale = json!({"epoch": epoch - 1, "reason": "old"});
+    assert_eq!(
+        p.call(g, outdate, &format!("{r}/outdate"), Some(stale))
+            .await
+            .0,
+        409
+    );
+    let body = json!({"epoch": epoch});
+    assert_eq!(
+        p.call(g, in_sync, &format!("{r}/in-sync"), Some(body))
+            .await
+            .0,
+        200
+    );
+    // Health, replicas, evacuation (while the volume has an outdated-then-resynced replica).
+    p.call(a, (Method::GET, "/v1/status"), "/v1/status", None)
+        .await;
+    let (s, list) = p
+        .call(a, (Method::GET, "/v1/replicas"), "/v1/replicas", None)
+        .await;
+    assert_eq!((s, list.as_array().map(Vec::len)), (200, Some(2)), "{list}");
+    let one = (Method::GET, "/v1/replicas/{id}");
+    assert_eq!(
+        p.call(a, one.clone(), &format!("/v1/replicas/{replica}"), None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(p.call(a, one, "/v1/replicas/nope", None).await.0, 404);
+    let evacuate = (Method::POST, "/v1/nodes/{node}/evacuate");
+    let restore = (Method::POST, "/v1/nodes/{node}/restore");
+    let (s, n) = p
+        .call(a, evacuate.clone(), "/v1/nodes/n2/evacuate", None)
+        .await;
+    assert_eq!((s, &n["evacuating"]), (200, &json!(true)), "{n}");
+    assert_eq!(
+        p.call(a, evacuate, "/v1/nodes/n9/evacuate", None).await.0,
+        404
+    );
+    let (s, n) = p.call(a, restore, "/v1/nodes/n2/restore", None).await;
+    assert_eq!((s, &n["evacuating"]), (200, &json!(false)), "{n}");
+    let del = (Method::DELETE, vol);
+    assert_eq!(p.call(a, del.clone(), "/v1/volumes/v", None).await.0, 409);
+    let detach = (Method::POST, "/v1/volumes/{name}/detach");
+    assert_eq!(p.call(a, detach, "/v1/volumes/v/detach", None).await.0, 200);
+    assert_eq!(p.call(a, del.clone(), "/v1/volumes/v", None).await.0, 204);
+    // Authentication errors.
+    let (s, e) = p
+        .call(None, (Method::GET, "/v1/volumes"), "/v1/volumes", None)
+        .await;
+    assert_eq!((s, code(&e)), (401, "unauthorized"));
+    let (s, e) = p
+        .call(g, (Method::GET, "/v1/volumes"), "/v1/volumes", None)
+        .await;
+    assert_eq!((s, code(&e)), (403, "forbidden"));
+    let wrong = "x".repeat(64);
+    let (s, _) = p.call(Some(&wrong), del, "/v1/volumes/v", None).await;
+    assert_eq!(s, 401);
+    // Every documented operation was exercised at least once.
+    let exercised: BTreeSet<(String, String)> = p
+        .seen
+        .iter()
+        .map(|(m, t, _)| (m.clone(), t.clone()))
+        .collect();
+    assert_eq!(exercised, documented(&p.doc));
+}
+
+/// The checker finds what it must: a wrong type, a missing or unknown property, a value
+/// outside an enum (so the test above can fail).
+#[test]
+fn the_checker_catches_violations() {
+    let doc = document();
+    let node = json!({"$ref": "#/components/schemas/Node"});
+    let good = json!({"name": "n1", "admin_addr": "a", "replica_addr": "b", "nbd_addr": null,
+        "nbd_socket": "/s", "last_seen_ms": 5, "state": "online", "labels": {"zone": "z"}});
+    assert_eq!(schema::validate(&doc, &node, &good), Vec::<String>::new());
+    let mut cases = Vec::new();
+    for (k, v) in [
+        ("last_seen_ms", json!("5")),
+        ("state", json!("asleep")),
+        ("extra", json!(1)),
+        ("labels", json!({"zone": 3})),
+        ("nbd_addr", json!(7)),
+    ] {
+        let mut bad = good.clone();
+        bad[k] = v;
+        cases.push(bad);
+    }
+    let mut missing = good.clone();
+    missing.as_object_mut().unwrap().remove("admin_addr");
+    cases.push(missing);
+    for bad in cases {
+        assert!(!schema::validate(&doc, &node, &bad).is_empty(), "{bad}");
+    }
+}
