@@ -21,6 +21,8 @@ pub struct AdminState {
     pub node: String,
     pub storage: Arc<NodeStorage>,
     pub engines: Arc<Engines>,
+    /// Resync rate of the engines it starts, bytes per second (0: unlimited).
+    pub resync_rate: u64,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -116,7 +118,7 @@ async fn start_engine(
             return Ok((StatusCode::OK, Json(existing.status())));
         }
     }
-    let engine = VolumeEngine::start(&req, &s.node, &s.storage)
+    let engine = VolumeEngine::start(&req, &s.node, &s.storage, s.resync_rate)
         .await
         .map_err(|e| {
             Failure(ApiError::new(

@@ -32,14 +32,13 @@ use crate::block::BlockDevice;
 mod journal;
 
 use crate::constants::{
-    ACTIVITY_IDLE_TICKS, BACKGROUND_FLUSH_INTERVAL, DEFAULT_RESYNC_RATE, ENGINE_MAX_INFLIGHT,
-    ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX,
-    RECONNECT_BACKOFF_MIN,
+    ACTIVITY_IDLE_TICKS, BACKGROUND_FLUSH_INTERVAL, ENGINE_MAX_INFLIGHT, ENGINE_STOP_FLUSH_TIMEOUT,
+    ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
 };
 use crate::controller_link::{ControllerLink, OutdateOutcome};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
-use crate::rate_limit::RateLimiter;
+use crate::rate_limit::{self, RateLimiter};
 use crate::replica_client::{ConnectError, ReplicaClient, ReplySink};
 
 enum Handle {
@@ -108,10 +107,12 @@ impl VolumeEngine {
     /// the controller, or kept `Down` if the quorum requires) once the engine runs; outdated
     /// ones are reconnected and resynced by the maintenance task; a newer epoch anywhere
     /// fails the start.
+    /// `resync_rate`: bytes per second the engine's resync copies may take (0: unlimited).
     pub async fn start(
         req: &StartEngine,
         node: &str,
         storage: &NodeStorage,
+        resync_rate: u64,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         let mut handles = Vec::new();
         let mut specs = Vec::new();
@@ -176,7 +177,7 @@ impl VolumeEngine {
                     .collect(),
             ),
             last_flush: Mutex::new(Instant::now()),
-            resync_rate: resync_rate_limiter(),
+            resync_rate: rate_limit::limiter(resync_rate),
             stopped: AtomicBool::new(false),
             activity: Mutex::new(ActivityLog::new(req.size_bytes, ACTIVITY_EXTENT_BYTES)),
             journal: tokio::sync::Mutex::new(JournalState::default()),
@@ -800,14 +801,6 @@ async fn maintenance(engine: Weak<VolumeEngine>) {
     }
 }
 
-fn resync_rate_limiter() -> Option<Arc<RateLimiter>> {
-    let rate = std::env::var("HAWSER_RESYNC_RATE")
-        .ok()
-        .and_then(|v| hawser_api::size::parse_size(&v).ok())
-        .unwrap_or(DEFAULT_RESYNC_RATE);
-    (rate > 0).then(|| Arc::new(RateLimiter::new(rate)))
-}
-
 /// Bytes a resync send counts against the rate limit: the copy's write (its read is free,
 /// so the limit is the copy rate).
 fn op_bytes(op: &ClientOp) -> u64 {
@@ -922,7 +915,7 @@ mod tests {
             controller_url: "http://127.0.0.1:9".into(),
             on_quorum_loss: Default::default(),
         };
-        let ve = VolumeEngine::start(&req, "a", &storage)
+        let ve = VolumeEngine::start(&req, "a", &storage, 1 << 30)
             .await
             .expect("start engine");
         let r = ReplicaIdx(0);
