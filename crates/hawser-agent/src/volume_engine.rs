@@ -802,7 +802,7 @@ async fn maintenance(engine: Weak<VolumeEngine>) {
 }
 
 /// Bytes a resync send counts against the rate limit: the copy's write (its read is free,
-/// so the limit is the copy rate).
+/// so the limit is the copy rate; so is a copy of zeroes, sent as a WriteZeroes without data).
 fn op_bytes(op: &ClientOp) -> u64 {
     match op {
         ClientOp::Write { data, .. } => data.len() as u64,
