@@ -7,6 +7,7 @@ mod node_support;
 use std::process::Command;
 use std::sync::Arc;
 
+use hawser_agent::constants::DEFAULT_RESYNC_RATE;
 use hawser_agent::engines::Engines;
 use hawser_agent::volume_engine::VolumeEngine;
 use hawser_agent::{nbd_server, replica_server};
@@ -62,7 +63,7 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
         controller_url: "http://127.0.0.1:1".into(),
         on_quorum_loss: Default::default(),
     };
-    let engine = VolumeEngine::start(&req, "a", &a)
+    let engine = VolumeEngine::start(&req, "a", &a, DEFAULT_RESYNC_RATE)
         .await
         .expect("start engine");
     assert_eq!(engine.status().in_sync.len(), 2);
