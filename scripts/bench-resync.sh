@@ -32,7 +32,8 @@ fio_field() { fio --minimal "${@:2}" | tail -1 | cut -d';' -f"$1"; }
 now_ms() { date +%s%3N; }
 
 start_agent() { # name (a letter and 1 or 2), rate
-  HAWSER_RESYNC_RATE="$2" "$HAWSER" agent --node "$1" --data-dir "$B/$1" \
+  # An empty rate means the default: the variable is then not set (the agent refuses "").
+  env ${2:+HAWSER_RESYNC_RATE="$2"} "$HAWSER" agent --node "$1" --data-dir "$B/$1" \
     --controller "$HAWSER_CONTROLLER" --admin-listen "127.0.0.1:953${1:1}" \
     --token-file "$B/controller/agent.token" \
     --replica-listen "127.0.0.1:963${1:1}" --nbd-listen none >>"$B/logs/$1.log" 2>&1 &

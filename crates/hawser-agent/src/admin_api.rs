@@ -24,6 +24,8 @@ pub struct AdminState {
     /// The cluster's agent token: the controller sends it on every admin call, and engines
     /// send it with their reports to the controller.
     pub token: Arc<str>,
+    /// Resync rate of the engines it starts, bytes per second (0: unlimited).
+    pub resync_rate: u64,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -150,7 +152,7 @@ async fn start_engine(
     }
     let engine = s
         .engines
-        .start(&req, &s.node, &s.storage, Some(&s.token))
+        .start(&req, &s.node, &s.storage, s.resync_rate, Some(&s.token))
         .await
         .map_err(|e| {
             Failure(ApiError::new(

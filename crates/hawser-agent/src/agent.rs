@@ -12,10 +12,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::admin_api::{self, AdminState};
-use crate::constants::HEARTBEAT_INTERVAL;
+use crate::constants::{DEFAULT_RESYNC_RATE, HEARTBEAT_INTERVAL};
 use crate::controller_link::ControllerLink;
 use crate::engines::Engines;
 use crate::node_storage::NodeStorage;
+use crate::rate_limit::parse_rate;
 use crate::{nbd_server, replica_server};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -55,6 +56,11 @@ pub struct AgentArgs {
     /// at cluster init). Sent on every call to the controller; the admin API requires it.
     #[arg(long, env = "HAWSER_AGENT_TOKEN_FILE", value_name = "PATH")]
     pub token_file: PathBuf,
+    /// Resync copy rate of each volume engine, bytes per second ("200MiB", "1GiB/s"); 0 means
+    /// unlimited. Bounds how much of the disks and network a resync takes from client I/O.
+    #[arg(long, env = "HAWSER_RESYNC_RATE", default_value_t = DEFAULT_RESYNC_RATE,
+        value_parser = parse_rate)]
+    pub resync_rate: u64,
 }
 
 /// Parse `KEY=VALUE` (a node label).
@@ -185,6 +191,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         storage: storage.clone(),
         engines: engines.clone(),
         token: token.clone(),
+        resync_rate: args.resync_rate,
     };
     let mut admin_stop = stop_rx.clone();
     tasks.spawn(async move {

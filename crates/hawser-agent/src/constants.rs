@@ -44,8 +44,8 @@ pub const BACKGROUND_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// Reconnect attempts to a lost replica back off from the first value to the second.
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(500);
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
-/// Default resync rate limit per engine, bytes per second (`HAWSER_RESYNC_RATE` overrides;
-/// 0 means unlimited).
+/// Default resync rate limit per engine, bytes per second (`--resync-rate`, or the
+/// `HAWSER_RESYNC_RATE` environment variable, overrides it; 0 means unlimited).
 pub const DEFAULT_RESYNC_RATE: u64 = 200 * 1024 * 1024;
 /// An extent leaves the activity log once unused for this many engine ticks (and flushed):
 /// long enough that a working set stays in the log (each entry costs a journal commit on the

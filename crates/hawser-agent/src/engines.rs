@@ -124,12 +124,14 @@ impl Engines {
         req: &StartEngine,
         node: &str,
         storage: &NodeStorage,
+        resync_rate: u64,
         controller_token: Option<&str>,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         let existing = self.lock().get(&req.volume).cloned();
         let Some(export) = existing else {
             let engine =
-                VolumeEngine::start_with_token(req, node, storage, controller_token).await?;
+                VolumeEngine::start_with_token(req, node, storage, resync_rate, controller_token)
+                    .await?;
             let export = Arc::new(Export::new(engine.clone(), req.export));
             let replaced = self.lock().insert(req.volume.clone(), export);
             if let Some(old) = replaced {
@@ -152,7 +154,9 @@ impl Engines {
         if let Some(old) = export.set(None) {
             old.stop().await;
         }
-        let engine = VolumeEngine::start_with_token(req, node, storage, controller_token).await?;
+        let engine =
+            VolumeEngine::start_with_token(req, node, storage, resync_rate, controller_token)
+                .await?;
         export.set(Some(engine.clone()));
         export.nbd.store(req.export, Ordering::Release);
         drop(closed);

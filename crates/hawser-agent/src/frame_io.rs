@@ -35,7 +35,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
         return Ok((header, None));
     }
     // payload_len <= MAX_PAYLOAD_BYTES was checked by decode.
-    let mut buf = AlignedBuf::zeroed(header.payload_len as usize);
+    let mut buf = AlignedBuf::for_overwrite(header.payload_len as usize);
     r.read_exact(buf.as_mut_slice()).await?;
     header.check_payload(buf.as_slice())?;
     Ok((header, Some(buf.into_bytes())))

@@ -333,7 +333,7 @@ where
 /// the data reaches their disks without another copy.
 async fn read_payload<R: AsyncRead + Unpin>(reader: &mut R, len: u32) -> io::Result<Bytes> {
     let len = usize::try_from(len).map_err(io::Error::other)?;
-    let mut buf = AlignedBuf::zeroed(len);
+    let mut buf = AlignedBuf::for_overwrite(len);
     reader.read_exact(buf.as_mut_slice()).await?;
     Ok(buf.into_bytes())
 }

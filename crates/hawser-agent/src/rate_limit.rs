@@ -5,6 +5,21 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// Parse a rate in bytes per second: a byte count with an optional unit and an optional "/s"
+/// ("200MiB", "1GiB/s", "0"). Zero means unlimited.
+pub fn parse_rate(input: &str) -> Result<u64, String> {
+    let count = input.trim();
+    let count = count.strip_suffix("/s").unwrap_or(count);
+    hawser_api::parse_bytes(count).map_err(|e| {
+        format!("rate {input:?} is not bytes per second like 200MiB or 1GiB/s (0 = unlimited): {e}")
+    })
+}
+
+/// The limiter for a rate from [`parse_rate`]: none when unlimited.
+pub fn limiter(bytes_per_sec: u64) -> Option<std::sync::Arc<RateLimiter>> {
+    (bytes_per_sec > 0).then(|| std::sync::Arc::new(RateLimiter::new(bytes_per_sec)))
+}
+
 pub struct RateLimiter {
     bytes_per_sec: u64,
     /// (tokens available, when they were counted). Tokens may go negative: a large request
@@ -51,6 +66,18 @@ impl RateLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_parse_with_units_and_zero_is_unlimited() {
+        assert_eq!(parse_rate("0"), Ok(0));
+        assert_eq!(parse_rate("200MiB"), Ok(200 << 20));
+        assert_eq!(parse_rate("1GiB/s"), Ok(1 << 30));
+        assert_eq!(parse_rate("100MB"), Ok(100_000_000));
+        assert!(limiter(0).is_none());
+        assert!(limiter(1).is_some());
+        let err = parse_rate("fast").expect_err("not a rate");
+        assert!(err.contains("bytes per second"), "{err}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn rate_is_held_over_many_requests() {

@@ -32,14 +32,13 @@ use crate::block::BlockDevice;
 mod journal;
 
 use crate::constants::{
-    ACTIVITY_IDLE_TICKS, BACKGROUND_FLUSH_INTERVAL, DEFAULT_RESYNC_RATE, ENGINE_MAX_INFLIGHT,
-    ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX,
-    RECONNECT_BACKOFF_MIN,
+    ACTIVITY_IDLE_TICKS, BACKGROUND_FLUSH_INTERVAL, ENGINE_MAX_INFLIGHT, ENGINE_STOP_FLUSH_TIMEOUT,
+    ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
 };
 use crate::controller_link::{ControllerLink, OutdateOutcome};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
-use crate::rate_limit::RateLimiter;
+use crate::rate_limit::{self, RateLimiter};
 use crate::replica_client::{ConnectError, ReplicaClient, ReplySink};
 
 enum Handle {
@@ -111,12 +110,14 @@ impl VolumeEngine {
     /// the controller, or kept `Down` if the quorum requires) once the engine runs; outdated
     /// ones are reconnected and resynced by the maintenance task; a newer epoch anywhere
     /// fails the start.
+    /// `resync_rate`: bytes per second the engine's resync copies may take (0: unlimited).
     pub async fn start(
         req: &StartEngine,
         node: &str,
         storage: &NodeStorage,
+        resync_rate: u64,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
-        Self::start_with_token(req, node, storage, None).await
+        Self::start_with_token(req, node, storage, resync_rate, None).await
     }
 
     /// [`VolumeEngine::start`] whose reports to the controller carry `controller_token` (the
@@ -125,6 +126,7 @@ impl VolumeEngine {
         req: &StartEngine,
         node: &str,
         storage: &NodeStorage,
+        resync_rate: u64,
         controller_token: Option<&str>,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         let mut handles = Vec::new();
@@ -190,7 +192,7 @@ impl VolumeEngine {
                     .collect(),
             ),
             last_flush: Mutex::new(Instant::now()),
-            resync_rate: resync_rate_limiter(),
+            resync_rate: rate_limit::limiter(resync_rate),
             stopped: AtomicBool::new(false),
             activity: Mutex::new(ActivityLog::new(req.size_bytes, ACTIVITY_EXTENT_BYTES)),
             journal: tokio::sync::Mutex::new(JournalState::default()),
@@ -430,7 +432,7 @@ impl VolumeEngine {
     }
 
     /// Bytes per second copied to replica `i` since its resync began.
-    fn resync_rate(&self, i: usize, copied_now: u64) -> u64 {
+    fn resync_speed(&self, i: usize, copied_now: u64) -> u64 {
         let began = self.sync_began.lock().unwrap_or_else(|p| p.into_inner());
         match began.get(i).copied().flatten() {
             Some((at, copied)) => {
@@ -488,7 +490,7 @@ impl VolumeEngine {
                         connected: v.connected,
                         dirty_bytes: v.dirty_bytes,
                         copied_bytes: v.copied_bytes,
-                        resync_bytes_per_sec: self.resync_rate(i, v.copied_bytes),
+                        resync_bytes_per_sec: self.resync_speed(i, v.copied_bytes),
                     }
                 })
                 .collect(),
@@ -848,16 +850,8 @@ async fn maintenance(engine: Weak<VolumeEngine>) {
     }
 }
 
-fn resync_rate_limiter() -> Option<Arc<RateLimiter>> {
-    let rate = std::env::var("HAWSER_RESYNC_RATE")
-        .ok()
-        .and_then(|v| hawser_api::size::parse_size(&v).ok())
-        .unwrap_or(DEFAULT_RESYNC_RATE);
-    (rate > 0).then(|| Arc::new(RateLimiter::new(rate)))
-}
-
 /// Bytes a resync send counts against the rate limit: the copy's write (its read is free,
-/// so the limit is the copy rate).
+/// so the limit is the copy rate; so is a copy of zeroes, sent as a WriteZeroes without data).
 fn op_bytes(op: &ClientOp) -> u64 {
     match op {
         ClientOp::Write { data, .. } => data.len() as u64,
@@ -972,7 +966,7 @@ mod tests {
             on_quorum_loss: Default::default(),
             export: true,
         };
-        let ve = VolumeEngine::start(&req, "a", &storage)
+        let ve = VolumeEngine::start(&req, "a", &storage, 1 << 30)
             .await
             .expect("start engine");
         let r = ReplicaIdx(0);

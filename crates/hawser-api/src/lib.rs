@@ -9,7 +9,7 @@ pub mod error;
 pub mod size;
 
 pub use error::{ApiError, ErrorCode};
-pub use size::{format_size, parse_size, SizeError};
+pub use size::{format_size, parse_bytes, parse_size, SizeError};
 
 /// Default controller address (loopback only).
 pub const DEFAULT_CONTROLLER_URL: &str = "http://127.0.0.1:9400";

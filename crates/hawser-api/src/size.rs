@@ -28,6 +28,14 @@ impl From<SizeError> for ApiError {
 /// Parse a volume size. Accepts an integer with an optional unit: B, K/KiB, M/MiB, G/GiB,
 /// T/TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000).
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
+    let bytes = parse_bytes(input)?;
+    check_volume_size(bytes)?;
+    Ok(bytes)
+}
+
+/// Parse a byte count with the units of [`parse_size`], without a volume size's rules: zero
+/// and unaligned counts are fine (rates, limits).
+pub fn parse_bytes(input: &str) -> Result<u64, SizeError> {
     let s = input.trim();
     if s.starts_with('-') {
         return Err(SizeError::Negative {
@@ -60,11 +68,9 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
             })
         }
     };
-    let bytes = n.checked_mul(mult).ok_or(SizeError::Overflow {
+    n.checked_mul(mult).ok_or(SizeError::Overflow {
         input: input.into(),
-    })?;
-    check_volume_size(bytes)?;
-    Ok(bytes)
+    })
 }
 
 /// A volume size must be positive, 4096-aligned and below 2^62 (so offsets never overflow).
@@ -113,6 +119,17 @@ mod tests {
         assert_eq!(parse_size("1G"), Ok(1 << 30));
         assert_eq!(parse_size(" 8 KiB "), Ok(8192));
         assert_eq!(parse_size("4096000KB"), Ok(4_096_000_000));
+    }
+
+    #[test]
+    fn byte_counts_may_be_zero_or_unaligned() {
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_bytes("100MB"), Ok(100_000_000));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(matches!(
+            parse_bytes("fast"),
+            Err(SizeError::Unparsable { .. })
+        ));
     }
 
     #[test]

@@ -258,6 +258,8 @@ struct Rig {
     down: Vec<bool>,
     /// Bytes written by background (resync) sends, per replica.
     resync_written: Vec<u64>,
+    /// Bytes zeroed by background (resync) sends, per replica.
+    resync_zeroed: Vec<u64>,
 }
 
 const RIG_SIZE: u64 = 1 << 20;
@@ -279,6 +281,7 @@ impl Rig {
             marks: vec![],
             down: vec![false; n],
             resync_written: vec![0; n],
+            resync_zeroed: vec![0; n],
         }
     }
 
@@ -292,8 +295,15 @@ impl Rig {
                     background,
                 } => {
                     if background {
-                        if let ClientOp::Write { data, .. } = &op {
-                            self.resync_written[usize::from(replica.0)] += data.len() as u64;
+                        let r = usize::from(replica.0);
+                        match &op {
+                            ClientOp::Write { data, .. } => {
+                                self.resync_written[r] += data.len() as u64;
+                            }
+                            ClientOp::WriteZeroes { len, .. } => {
+                                self.resync_zeroed[r] += u64::from(*len);
+                            }
+                            _ => {}
                         }
                     }
                     self.queue.push_back((replica, sub, op));
@@ -402,6 +412,29 @@ fn returning_replica_copies_only_its_dirty_chunks_then_rejoins() {
         2 * CHUNK,
         "copied more than the dirty chunks"
     );
+    assert_eq!(g.e.replica_view(R1).copied_bytes, 2 * CHUNK);
+    assert!(g.disks[0] == g.disks[1], "replicas differ after resync");
+}
+
+/// Dirty chunks that read back as zeroes on the source are zeroed on the target (a hole on a
+/// thin one), not sent as data.
+#[test]
+fn a_dirty_range_of_zeroes_is_resynced_as_write_zeroes() {
+    let mut g = Rig::new(2, NoQuorum::Suspend);
+    g.submit(1, write(5 * CHUNK, 9, CHUNK as usize));
+    g.run();
+    g.lose(R1);
+    g.confirm();
+    g.submit(2, write(3 * CHUNK, 2, 4096));
+    g.submit(3, write(5 * CHUNK, 0, CHUNK as usize));
+    g.run();
+    assert_eq!(g.e.dirty(R1).runs(), vec![(3, 4), (5, 6)]);
+    g.reconnect(R1, false);
+    g.run();
+    g.confirm();
+    assert_eq!(g.e.membership(R1), Membership::InSync);
+    assert_eq!(g.resync_written[1], CHUNK, "zeroes were sent as data");
+    assert_eq!(g.resync_zeroed[1], CHUNK);
     assert_eq!(g.e.replica_view(R1).copied_bytes, 2 * CHUNK);
     assert!(g.disks[0] == g.disks[1], "replicas differ after resync");
 }
@@ -544,7 +577,8 @@ fn an_outdated_replica_at_start_is_copied_in_full_or_by_its_bitmap() {
         g.run();
         g.confirm();
         assert_eq!(g.e.membership(R1), Membership::InSync);
-        assert_eq!(g.resync_written[1], copied);
+        // The rig's disks are all zeroes: every copy is a WriteZeroes.
+        assert_eq!(g.resync_written[1] + g.resync_zeroed[1], copied);
     }
 }
 

@@ -10,6 +10,12 @@
 //! made in-sync: directly if the store never stopped calling it in-sync (it was `Down`), else
 //! through the control plane (`Command::MarkInSync`). With no in-sync replica to copy from,
 //! one that the store still calls in-sync is promoted to reference instead (`promote`).
+//!
+//! A copied range that reads back as zeroes (a hole on a thin source, or zeroed data) is sent
+//! as a WriteZeroes that may deallocate: nothing crosses the network, and a thin target keeps
+//! the hole instead of allocating it ("unallocated regions are not copied").
+
+use bytes::Bytes;
 
 use crate::bitmap::ChunkMap;
 use crate::engine::{Engine, Membership, Work};
@@ -259,11 +265,7 @@ impl Engine {
                 out.push(Command::Send {
                     replica: c.target,
                     sub,
-                    op: ClientOp::Write {
-                        offset,
-                        data,
-                        fua: false,
-                    },
+                    op: copy_op(offset, data),
                     background: true,
                 });
             }
@@ -355,5 +357,26 @@ impl Engine {
             self.slot_mut(r).membership = Membership::Marking;
             out.push(Command::MarkInSync { replica: r });
         }
+    }
+}
+
+/// The request that puts a copied range `data` at `offset` on the target.
+fn copy_op(offset: u64, data: Bytes) -> ClientOp {
+    const ZEROES: [u8; 4096] = [0; 4096];
+    // Compared a page at a time (memcmp): data that is not zero usually differs in its first
+    // page, so this costs almost nothing for it.
+    if data.chunks(ZEROES.len()).all(|c| c == &ZEROES[..c.len()]) {
+        let len = u32::try_from(data.len()).expect("resync unit fits in u32");
+        return ClientOp::WriteZeroes {
+            offset,
+            len,
+            fua: false,
+            may_trim: true,
+        };
+    }
+    ClientOp::Write {
+        offset,
+        data,
+        fua: false,
     }
 }

@@ -1,14 +1,64 @@
 //! Page-aligned byte buffers. Replica data files are opened with O_DIRECT, which needs buffers
 //! aligned to the device's logical block size; allocating every payload page-aligned once, when
 //! it is read off a socket, lets it go to disk without another copy.
+//!
+//! Large buffers are recycled (see [`AlignedBuf::for_overwrite`]): a fresh 1 MiB allocation is
+//! an mmap, 256 page faults that each zero a page, a memset, and an munmap with a TLB shootdown
+//! when it is freed. Measured on a resync (1 MiB frames), that was the largest CPU cost of the
+//! receiving replica server, more than the socket copy and the checksum together.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
+use std::sync::Mutex;
 
 use bytes::Bytes;
 
 /// Alignment of every buffer: a page, which satisfies any logical block size up to 4096.
 pub const ALIGN: usize = 4096;
+
+/// Buffers at least this large go back to the free list when dropped (smaller ones come from
+/// the allocator's own caches cheaply).
+pub const RECYCLE_MIN_BYTES: usize = 64 * 1024;
+
+/// Most bytes the free list keeps; beyond this, dropped buffers are freed.
+pub const RECYCLE_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// Dropped large buffers waiting for reuse: (allocation size, pointer).
+struct FreeList {
+    bufs: Vec<(usize, NonNull<u8>)>,
+    bytes: usize,
+}
+
+// SAFETY: the list owns the allocations it holds exclusively (nothing else points to them).
+unsafe impl Send for FreeList {}
+
+static FREE: Mutex<FreeList> = Mutex::new(FreeList {
+    bufs: Vec::new(),
+    bytes: 0,
+});
+
+/// A recycled allocation of exactly `size` bytes, if one is free.
+fn take_free(size: usize) -> Option<NonNull<u8>> {
+    let mut free = FREE.lock().unwrap_or_else(|p| p.into_inner());
+    let pos = free.bufs.iter().rposition(|&(s, _)| s == size)?;
+    let (_, ptr) = free.bufs.swap_remove(pos);
+    free.bytes -= size;
+    Some(ptr)
+}
+
+/// Keep an allocation of `size` bytes for reuse; false if the list is full (free it then).
+fn give_free(size: usize, ptr: NonNull<u8>) -> bool {
+    if size < RECYCLE_MIN_BYTES {
+        return false;
+    }
+    let mut free = FREE.lock().unwrap_or_else(|p| p.into_inner());
+    if free.bytes + size > RECYCLE_MAX_BYTES {
+        return false;
+    }
+    free.bytes += size;
+    free.bufs.push((size, ptr));
+    true
+}
 
 /// A zero-initialised, 4096-aligned heap buffer of a fixed length.
 pub struct AlignedBuf {
@@ -34,9 +84,21 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
+    /// A buffer of `len` bytes whose contents are unspecified (zeroes, or what an earlier
+    /// buffer held): for callers that overwrite all of it before reading any (a socket read or
+    /// a disk read of exactly `len` bytes) and drop it on failure. Large buffers come from the
+    /// free list when they can, which saves the page faults and zeroing of a fresh one.
+    pub fn for_overwrite(len: usize) -> AlignedBuf {
+        let size = Self::layout(len).size();
+        match take_free(size) {
+            Some(ptr) => AlignedBuf { ptr, len },
+            None => AlignedBuf::zeroed(len),
+        }
+    }
+
     /// A buffer holding a copy of `data`.
     pub fn copy_from(data: &[u8]) -> AlignedBuf {
-        let mut b = AlignedBuf::zeroed(data.len());
+        let mut b = AlignedBuf::for_overwrite(data.len());
         b.as_mut_slice().copy_from_slice(data);
         b
     }
@@ -82,8 +144,13 @@ impl AsRef<[u8]> for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with exactly this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        let layout = Self::layout(self.len);
+        if give_free(layout.size(), self.ptr) {
+            return;
+        }
+        // SAFETY: allocated in `zeroed` with exactly this layout (a recycled allocation keeps
+        // its size, and `for_overwrite` only reuses one of the same size).
+        unsafe { dealloc(self.ptr.as_ptr(), layout) }
     }
 }
 
@@ -104,6 +171,36 @@ mod tests {
             assert_eq!(b.len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0));
         }
+    }
+
+    #[test]
+    fn large_buffers_are_recycled_with_their_size() {
+        let len = RECYCLE_MIN_BYTES * 3 + 100; // a size no other test uses
+        let mut a = AlignedBuf::for_overwrite(len);
+        a.as_mut_slice().fill(9);
+        let ptr = a.as_slice().as_ptr();
+        drop(a);
+        let b = AlignedBuf::for_overwrite(len);
+        assert_eq!(
+            b.as_slice().as_ptr(),
+            ptr,
+            "the dropped allocation was not reused"
+        );
+        assert_eq!(b.len(), len);
+        assert_eq!(b.as_slice().as_ptr() as usize % ALIGN, 0);
+        // A different size never gets it.
+        drop(b);
+        let c = AlignedBuf::for_overwrite(len + ALIGN);
+        assert_ne!(c.as_slice().as_ptr(), ptr);
+        assert!(
+            c.as_slice().iter().all(|&x| x == 0),
+            "a fresh buffer is zeroed"
+        );
+    }
+
+    #[test]
+    fn small_buffers_are_not_kept() {
+        assert!(!give_free(ALIGN, NonNull::dangling()));
     }
 
     #[test]

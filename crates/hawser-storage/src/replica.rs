@@ -275,7 +275,7 @@ impl Replica {
 
     pub fn read(&self, epoch: u64, offset: u64, len: u32) -> Result<Bytes, ReplicaIoError> {
         self.gated(epoch, offset, u64::from(len), || {
-            let mut buf = AlignedBuf::zeroed(len as usize);
+            let mut buf = AlignedBuf::for_overwrite(len as usize);
             file_ops::read_at(&self.file, buf.as_mut_slice(), offset)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
             Ok(buf.into_bytes())
@@ -371,7 +371,7 @@ impl Replica {
             return Err(ReplicaIoError::OutOfRange);
         }
         self.gated(epoch, offset, u64::from(len), || {
-            let mut buf = AlignedBuf::zeroed(len as usize);
+            let mut buf = AlignedBuf::for_overwrite(len as usize);
             file_ops::read_at(&self.file, buf.as_mut_slice(), offset)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
             let mut out = Vec::with_capacity(len as usize / 4096);
