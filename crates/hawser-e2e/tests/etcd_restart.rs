@@ -56,6 +56,8 @@ struct Op {
 /// The create / attach / detach / delete loop, run by a thread of its own.
 struct OpsLoop {
     url: String,
+    /// The admin token file the CLI reads.
+    token_file: std::path::PathBuf,
     stop: AtomicBool,
     /// The subcommand (`create`, `attach`, ...) of the CLI call running now.
     in_flight: Mutex<Option<String>>,
@@ -64,9 +66,10 @@ struct OpsLoop {
 }
 
 impl OpsLoop {
-    fn new(url: &str) -> OpsLoop {
+    fn new(url: &str, token_file: &std::path::Path) -> OpsLoop {
         OpsLoop {
             url: url.to_string(),
+            token_file: token_file.to_path_buf(),
             stop: AtomicBool::new(false),
             in_flight: Mutex::new(None),
             succeeded: AtomicUsize::new(0),
@@ -102,6 +105,7 @@ impl OpsLoop {
         let started = Instant::now();
         let out = Command::new(hawser_bin())
             .env("HAWSER_CONTROLLER", &self.url)
+            .env("HAWSER_TOKEN_FILE", &self.token_file)
             .args(args)
             .output()
             .expect("run hawser");
@@ -151,7 +155,7 @@ impl Drop for StopOnDrop<'_> {
 }
 
 /// Whether the controller at `url` answers with `not_leader` (it has stepped down).
-fn answers_not_leader(url: &str) -> bool {
+fn answers_not_leader(url: &str, bearer: &str) -> bool {
     let Ok(http) = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
@@ -159,6 +163,7 @@ fn answers_not_leader(url: &str) -> bool {
         return false;
     };
     http.get(format!("{url}/v1/nodes"))
+        .header("authorization", bearer)
         .send()
         .and_then(|r| r.json::<serde_json::Value>())
         .is_ok_and(|body| body["code"] == "not_leader")
@@ -179,10 +184,11 @@ fn outage(c: &mut Cluster, ops: &OpsLoop, verb: &str, long: bool) -> Instant {
     c.etcd.as_mut().expect("etcd").kill();
     if long {
         let url = c.controllers[0].url.clone();
+        let bearer = c.tokens.admin_bearer();
         wait_until(
             "the controller to step down",
             Duration::from_secs(30),
-            || answers_not_leader(&url),
+            || answers_not_leader(&url, &bearer),
         );
         let t = Instant::now();
         let out = c.cli(&["volume", "list"]);
@@ -230,7 +236,7 @@ fn etcd_killed_and_restarted_mid_operation_controller_finishes_them() {
         ..ClusterOptions::default()
     };
     let mut c = Cluster::start_with("etcd-restart", 3, opts);
-    let ops = OpsLoop::new(&c.url);
+    let ops = OpsLoop::new(&c.url, &c.tokens.admin);
     let kills = std::thread::scope(|s| {
         let _stop = StopOnDrop(&ops.stop);
         let worker = s.spawn(|| ops.run());

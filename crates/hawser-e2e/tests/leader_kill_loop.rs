@@ -40,6 +40,8 @@ struct Call {
 /// The create / delete loop, on a thread of its own.
 struct CreateDeleteLoop {
     url: String,
+    /// The admin token file the CLI reads.
+    token_file: std::path::PathBuf,
     iteration: AtomicUsize,
     /// Set by the loop when it reaches [`KILL_AT`]; it waits there for `go`.
     at_kill: AtomicBool,
@@ -72,6 +74,7 @@ impl CreateDeleteLoop {
         let started = Instant::now();
         let out = Command::new(hawser_bin())
             .env("HAWSER_CONTROLLER", &self.url)
+            .env("HAWSER_TOKEN_FILE", &self.token_file)
             .args(args)
             .output()
             .expect("run hawser");
@@ -103,6 +106,7 @@ fn leader_killed_during_create_delete_loop_leaves_whole_volumes_and_no_orphans()
     let first = c.wait_leader(Duration::from_secs(20));
     let ops = CreateDeleteLoop {
         url: c.url.clone(),
+        token_file: c.tokens.admin.clone(),
         iteration: AtomicUsize::new(0),
         at_kill: AtomicBool::new(false),
         go: AtomicBool::new(false),
