@@ -4,6 +4,12 @@ use std::time::Duration;
 
 /// Requests one replica connection may have in flight on the server (back-pressure beyond).
 pub const REPLICA_CONN_MAX_INFLIGHT: usize = 256;
+/// Reply bytes a replica connection may have queued for a peer that is slow to read them
+/// before the server stops reading that peer's requests.
+pub const REPLICA_CONN_MAX_BACKLOG_BYTES: usize = 64 << 20;
+/// How long a closing replica connection tries to deliver its queued replies (a refused
+/// Hello's answer, say) to a peer that is not reading.
+pub const REPLICA_CONN_LINGER: Duration = Duration::from_secs(5);
 /// Replica connections a server accepts at once.
 pub const REPLICA_SERVER_MAX_CONNS: usize = 1024;
 /// Client requests one volume engine has in flight; further requests wait.

@@ -1,6 +1,6 @@
 //! The engine's connection to a replica on another node. `connect` performs the Hello (which
 //! raises the replica's epoch to the engine's, or fails if a newer engine exists); after that
-//! `send` queues requests, a writer task puts them on the wire, a reader task matches replies
+//! `send` puts requests on the wire (see [`Outbox`]), a reader task matches replies
 //! by request id and hands them to the [`ReplySink`]. A request left unanswered longer than
 //! `REPLICA_REQUEST_TIMEOUT`, a malformed reply, or a closed socket ends the connection and
 //! the sink hears `on_lost` exactly once; the engine then fails every request still in flight
@@ -14,15 +14,15 @@ use std::time::Instant;
 use bytes::Bytes;
 use hawser_core::{ClientOp, ReplicaFailure, ReplicaResult, SubId};
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, FLAG_QUIET};
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 
 use crate::constants::{
     REPLICA_CONNECT_TIMEOUT, REPLICA_PING_INTERVAL, REPLICA_REQUEST_TIMEOUT,
     REPLICA_SILENCE_TIMEOUT, REPLICA_WATCHDOG_INTERVAL,
 };
 use crate::frame_io::{read_frame, write_frame, FrameIoError};
+use crate::outbox::Outbox;
 
 /// Where replies go.
 pub trait ReplySink: Send + Sync + 'static {
@@ -104,7 +104,7 @@ impl Shared {
 }
 
 pub struct ReplicaClient {
-    tx: mpsc::UnboundedSender<(FrameHeader, Option<Bytes>)>,
+    out: Arc<Outbox<OwnedWriteHalf>>,
     shared: Arc<Shared>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     epoch: u64,
@@ -126,7 +126,7 @@ impl ReplicaClient {
                 addr: addr.into(),
             })??;
         let (rd, wr) = stream.into_split();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let out = Outbox::new(wr);
         let shared = Arc::new(Shared {
             outstanding: Mutex::new(HashMap::new()),
             last_rx: Mutex::new(Instant::now()),
@@ -137,13 +137,13 @@ impl ReplicaClient {
             next_call: std::sync::atomic::AtomicU64::new(CALL_ID_BASE),
         });
         let tasks = vec![
-            tokio::spawn(writer(BufWriter::new(wr), rx, shared.clone())),
+            tokio::spawn(writer(out.clone(), shared.clone())),
             tokio::spawn(reader(rd, shared.clone())),
-            tokio::spawn(watchdog(shared.clone(), tx.clone(), epoch)),
+            tokio::spawn(watchdog(shared.clone(), out.clone(), epoch)),
         ];
         Ok((
             ReplicaClient {
-                tx,
+                out,
                 shared,
                 tasks,
                 epoch,
@@ -207,7 +207,7 @@ impl ReplicaClient {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(sub, (header.op, Instant::now()));
-        if self.tx.send((header, payload)).is_err() {
+        if push_frame(&self.out, &header, payload).is_err() {
             self.shared.close();
         }
     }
@@ -240,7 +240,7 @@ impl ReplicaClient {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, (op, Instant::now()));
-        if self.tx.send((h, payload)).is_err() {
+        if push_frame(&self.out, &h, payload).is_err() {
             self.shared.close();
         }
         rx.await.ok()
@@ -251,6 +251,7 @@ impl ReplicaClient {
         for t in &self.tasks {
             t.abort();
         }
+        self.out.close();
         self.shared.close();
     }
 }
@@ -302,23 +303,20 @@ fn encode(sub: SubId, epoch: u64, op: &ClientOp) -> (FrameHeader, Option<Bytes>)
     }
 }
 
-async fn writer(
-    mut w: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
-    mut rx: mpsc::UnboundedReceiver<(FrameHeader, Option<Bytes>)>,
-    shared: Arc<Shared>,
-) {
-    while let Some((h, p)) = rx.recv().await {
-        let mut ok = write_frame(&mut w, &h, p.as_deref()).await.is_ok();
-        while ok {
-            match rx.try_recv() {
-                Ok((h, p)) => ok = write_frame(&mut w, &h, p.as_deref()).await.is_ok(),
-                Err(_) => break,
-            }
-        }
-        if !ok || w.flush().await.is_err() {
-            break;
-        }
-    }
+/// Queue one frame, header and payload together.
+fn push_frame(
+    out: &Outbox<OwnedWriteHalf>,
+    h: &FrameHeader,
+    payload: Option<Bytes>,
+) -> Result<(), crate::outbox::Closed> {
+    let header = Bytes::copy_from_slice(&h.encode());
+    out.push(std::iter::once(header).chain(payload))
+}
+
+/// Finishes the writes the socket could not take at once; ends the connection when a write
+/// fails.
+async fn writer(out: Arc<Outbox<OwnedWriteHalf>>, shared: Arc<Shared>) {
+    out.drain().await;
     shared.close();
 }
 
@@ -389,11 +387,7 @@ async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
 /// the replica (answered without touching the disk), so a partition is detected after
 /// `REPLICA_SILENCE_TIMEOUT` even when a request may legitimately take longer; a request
 /// unanswered for `REPLICA_REQUEST_TIMEOUT` (a hung disk) also ends it.
-async fn watchdog(
-    shared: Arc<Shared>,
-    tx: mpsc::UnboundedSender<(FrameHeader, Option<Bytes>)>,
-    epoch: u64,
-) {
+async fn watchdog(shared: Arc<Shared>, out: Arc<Outbox<OwnedWriteHalf>>, epoch: u64) {
     let mut tick = tokio::time::interval(REPLICA_WATCHDOG_INTERVAL);
     let mut pings = 0u64;
     let mut last_ping = Instant::now();
@@ -434,7 +428,7 @@ async fn watchdog(
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, (Op::Ping, Instant::now()));
             let h = FrameHeader::request(Op::Ping, id, epoch, 0, 0);
-            if tx.send((h, None)).is_err() {
+            if push_frame(&out, &h, None).is_err() {
                 shared.close();
                 return;
             }

@@ -22,17 +22,29 @@ use bytes::Bytes;
 use hawser_storage::{Replica, ReplicaIoError, StoredJournal};
 use hawser_wire::constants::MAX_PAYLOAD_BYTES;
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedRwLockReadGuard, RwLock, Semaphore};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock, Semaphore};
 use tracing::Instrument;
 
-use crate::constants::{INLINE_IO_MAX_BYTES, REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS};
-use crate::frame_io::{read_frame, write_frame, FrameIoError};
+use crate::constants::{
+    INLINE_IO_MAX_BYTES, REPLICA_CONN_LINGER, REPLICA_CONN_MAX_BACKLOG_BYTES,
+    REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS,
+};
+use crate::frame_io::{read_frame, FrameIoError};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
+use crate::outbox::Outbox;
 
 type Reply = (FrameHeader, Option<Bytes>);
+
+/// Where a connection's replies go, written from whichever thread produced them.
+type Replies = Arc<Outbox<OwnedWriteHalf>>;
+
+/// Queue one reply (a closed connection drops it: the engine hears of the loss anyway).
+fn reply(out: &Replies, (h, payload): Reply) {
+    let _ = out.push(std::iter::once(Bytes::copy_from_slice(&h.encode())).chain(payload));
+}
 
 /// The current session of each replica, and the gate that orders a new session after the
 /// requests of older ones (readers: requests executing; writer: a Hello).
@@ -135,17 +147,22 @@ async fn serve_conn(
     boot: u64,
 ) -> Result<(), FrameIoError> {
     let (mut rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<Reply>(REPLICA_CONN_MAX_INFLIGHT);
-    let writer = tokio::spawn(write_replies(BufWriter::new(wr), rx));
+    let out = Outbox::new(wr);
+    let writer = tokio::spawn({
+        let out = out.clone();
+        async move { out.drain().await }
+    });
     let result = async {
-        let (replica, session) = hello(&mut rd, &storage, sessions, boot, &tx).await?;
+        let (replica, session) = hello(&mut rd, &storage, sessions, boot, &out).await?;
         let span = tracing::info_span!("replica", id = replica.id(), session = session.id);
-        request_loop(&mut rd, replica, session, &tx)
+        request_loop(&mut rd, replica, session, &out)
             .instrument(span)
             .await
     }
     .await;
-    drop(tx);
+    // Replies still executing are dropped with the connection; what is queued goes out first.
+    let _ = tokio::time::timeout(REPLICA_CONN_LINGER, out.backlog_at_most(0)).await;
+    out.close();
     let _ = writer.await;
     result
 }
@@ -157,11 +174,11 @@ async fn hello(
     storage: &NodeStorage,
     sessions: &Sessions,
     boot: u64,
-    tx: &mpsc::Sender<Reply>,
+    out: &Replies,
 ) -> Result<(Arc<Replica>, Session), FrameIoError> {
     let (h, payload) = read_frame(rd).await?;
     if h.op != Op::Hello || h.is_reply() {
-        let _ = tx.send((h.reply(Status::Invalid), None)).await;
+        reply(out, (h.reply(Status::Invalid), None));
         return Err(FrameIoError::Closed);
     }
     let id = payload
@@ -169,7 +186,7 @@ async fn hello(
         .and_then(|p| std::str::from_utf8(p).ok())
         .unwrap_or("");
     let Some(replica) = storage.replica(id) else {
-        let _ = tx.send((h.reply(Status::NoSuchReplica), None)).await;
+        reply(out, (h.reply(Status::NoSuchReplica), None));
         return Err(FrameIoError::Closed);
     };
     let gate = sessions.gate(id);
@@ -181,7 +198,7 @@ async fn hello(
         let epoch = h.epoch;
         let raised = tokio::task::spawn_blocking(move || r.raise_epoch(epoch)).await;
         if !matches!(raised, Ok(Ok(()))) {
-            let _ = tx.send((h.reply(Status::StaleEpoch), None)).await;
+            reply(out, (h.reply(Status::StaleEpoch), None));
             return Err(FrameIoError::Closed);
         }
         gate.current.fetch_add(1, Ordering::AcqRel) + 1
@@ -193,8 +210,8 @@ async fn hello(
         boot_id: boot,
     }
     .encode();
-    let reply = h.reply(Status::Ok).with_payload(&info);
-    let _ = tx.send((reply, Some(Bytes::copy_from_slice(&info)))).await;
+    let ok = h.reply(Status::Ok).with_payload(&info);
+    reply(out, (ok, Some(Bytes::copy_from_slice(&info))));
     Ok((replica, Session { gate, id }))
 }
 
@@ -202,10 +219,12 @@ async fn request_loop(
     rd: &mut (impl tokio::io::AsyncRead + Unpin),
     replica: Arc<Replica>,
     session: Session,
-    tx: &mpsc::Sender<Reply>,
+    out: &Replies,
 ) -> Result<(), FrameIoError> {
     let inflight = Arc::new(Semaphore::new(REPLICA_CONN_MAX_INFLIGHT));
     loop {
+        // A peer that does not read its replies stops being read from.
+        out.backlog_at_most(REPLICA_CONN_MAX_BACKLOG_BYTES).await;
         let permit = inflight
             .clone()
             .acquire_owned()
@@ -216,34 +235,36 @@ async fn request_loop(
             return Err(FrameIoError::Closed);
         }
         if h.op == Op::Ping {
-            let _ = tx.send((h.reply(Status::Ok), None)).await;
+            reply(out, (h.reply(Status::Ok), None));
             continue;
         }
         let Some(entered) = session.enter().await else {
             // Replaced by a newer session: refuse, and end this connection.
-            let _ = tx.send((h.reply(Status::Unavailable), None)).await;
+            reply(out, (h.reply(Status::Unavailable), None));
             return Err(FrameIoError::Closed);
         };
-        // Nothing else in flight and a small request: run it here, saving the two thread
-        // wake-ups of the pool (the queue-depth-1 latency case).
+        // Nothing else in flight and a small request or a flush: run it here, saving the two
+        // thread wake-ups of the pool (the queue-depth-1 latency case; see `is_small` in the
+        // engine for why flushes too).
         // Only on the engine's hint: a connection that looks idle may just be between frames
         // of a deep queue, and running those inline would serialise them.
-        let small = matches!(h.op, Op::Read | Op::Write) && h.length <= INLINE_IO_MAX_BYTES;
+        let small = (matches!(h.op, Op::Read | Op::Write) && h.length <= INLINE_IO_MAX_BYTES)
+            || h.op == Op::Flush;
         let idle = inflight.available_permits() == REPLICA_CONN_MAX_INFLIGHT - 1;
         if small && h.is_quiet() && idle {
-            let reply = execute(&replica, &h, payload);
+            let r = execute(&replica, &h, payload);
             drop(entered);
-            let _ = tx.send(reply).await;
+            reply(out, r);
             drop(permit);
             continue;
         }
         let replica = replica.clone();
-        let tx = tx.clone();
+        let out = out.clone();
         io_pool::spawn(move || {
-            let reply = execute(&replica, &h, payload);
+            let r = execute(&replica, &h, payload);
             drop(entered);
-            // Capacity equals the in-flight bound, so this never waits long.
-            let _ = tx.blocking_send(reply);
+            // Written from this thread: no hand-off to a writer task.
+            reply(&out, r);
             drop(permit);
         });
     }
@@ -297,26 +318,5 @@ pub fn status_of(e: ReplicaIoError) -> Status {
         ReplicaIoError::OutOfRange => Status::OutOfRange,
         ReplicaIoError::NoSpace => Status::NoSpace,
         ReplicaIoError::Io { .. } | ReplicaIoError::Failed => Status::IoError,
-    }
-}
-
-/// Write replies as they come; flush only when no more are ready, so a burst goes out in few
-/// syscalls and a lone reply goes out at once.
-async fn write_replies<W: tokio::io::AsyncWrite + Unpin>(
-    mut w: BufWriter<W>,
-    mut rx: mpsc::Receiver<Reply>,
-) {
-    while let Some((h, payload)) = rx.recv().await {
-        if write_frame(&mut w, &h, payload.as_deref()).await.is_err() {
-            return;
-        }
-        while let Ok((h, payload)) = rx.try_recv() {
-            if write_frame(&mut w, &h, payload.as_deref()).await.is_err() {
-                return;
-            }
-        }
-        if w.flush().await.is_err() {
-            return;
-        }
     }
 }

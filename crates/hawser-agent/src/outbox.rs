@@ -1,0 +1,325 @@
+//! The sending side of a connection, written from the caller's own thread when it can be.
+//!
+//! Frames queue here in order. Whoever appends to an empty queue writes it to the socket at
+//! once (a non-blocking `writev`); only what the socket does not take is left to the
+//! connection's drain task, which waits until the socket is writable. Handing every frame to
+//! a task instead costs a wake-up, and tokio runs a task woken from a worker on that same
+//! worker, after the current task yields: the engine's remote send would then wait for the
+//! local write that follows it, and the two would no longer overlap (measured: +150 µs on a
+//! 4k QD1 write with two replicas).
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Buf, Bytes};
+use tokio::sync::Notify;
+
+/// The non-blocking half of a stream socket that an [`Outbox`] writes to.
+pub trait TryWrite: Send + Sync + 'static {
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+    fn writable(&self) -> impl std::future::Future<Output = io::Result<()>> + Send;
+}
+
+impl TryWrite for tokio::net::tcp::OwnedWriteHalf {
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        tokio::net::tcp::OwnedWriteHalf::try_write_vectored(self, bufs)
+    }
+    async fn writable(&self) -> io::Result<()> {
+        tokio::net::tcp::OwnedWriteHalf::writable(self).await
+    }
+}
+
+impl TryWrite for tokio::net::unix::OwnedWriteHalf {
+    fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        tokio::net::unix::OwnedWriteHalf::try_write_vectored(self, bufs)
+    }
+    async fn writable(&self) -> io::Result<()> {
+        tokio::net::unix::OwnedWriteHalf::writable(self).await
+    }
+}
+
+/// At most this many segments per `writev`.
+const MAX_IOVECS: usize = 64;
+
+/// Why a push was refused: the connection failed earlier (the error was reported then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("connection closed")]
+pub struct Closed;
+
+struct Queue {
+    segments: VecDeque<Bytes>,
+    /// Bytes in `segments`.
+    bytes: usize,
+    failed: bool,
+}
+
+pub struct Outbox<W: TryWrite> {
+    socket: W,
+    queue: Mutex<Queue>,
+    /// Wakes the drain task: something is queued that the socket did not take.
+    more: Notify,
+    /// Wakes `backlog_at_most` waiters: the queue shrank (or failed).
+    less: Notify,
+}
+
+impl<W: TryWrite> Outbox<W> {
+    pub fn new(socket: W) -> Arc<Outbox<W>> {
+        Arc::new(Outbox {
+            socket,
+            queue: Mutex::new(Queue {
+                segments: VecDeque::new(),
+                bytes: 0,
+                failed: false,
+            }),
+            more: Notify::new(),
+            less: Notify::new(),
+        })
+    }
+
+    /// Queue `segments` (one frame) as a unit, and write them now if nothing is queued before
+    /// them. Empty segments are skipped. `Err(Closed)`: the connection has failed; the frame
+    /// was not sent.
+    pub fn push(&self, segments: impl IntoIterator<Item = Bytes>) -> Result<(), Closed> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.failed {
+            return Err(Closed);
+        }
+        let was_empty = q.segments.is_empty();
+        for s in segments.into_iter().filter(|s| !s.is_empty()) {
+            q.bytes += s.len();
+            q.segments.push_back(s);
+        }
+        if !was_empty || q.segments.is_empty() {
+            // The drain task (or whoever queued before us) is responsible for what is queued.
+            return Ok(());
+        }
+        match self.write_some(&mut q) {
+            Ok(()) if q.segments.is_empty() => Ok(()),
+            Ok(()) => {
+                drop(q);
+                self.more.notify_one();
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "socket write failed");
+                fail(&mut q);
+                drop(q);
+                // Let the drain task see the failure and end.
+                self.more.notify_one();
+                // This frame is lost with the connection; the caller learns it from the close.
+                Ok(())
+            }
+        }
+    }
+
+    /// Write queued segments until the queue is empty or the socket would block.
+    fn write_some(&self, q: &mut Queue) -> io::Result<()> {
+        while !q.segments.is_empty() {
+            let written = {
+                let slices: Vec<IoSlice<'_>> = q
+                    .segments
+                    .iter()
+                    .take(MAX_IOVECS)
+                    .map(|s| IoSlice::new(s))
+                    .collect();
+                match self.socket.try_write_vectored(&slices) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            advance(&mut q.segments, written);
+            q.bytes -= written;
+        }
+        Ok(())
+    }
+
+    /// Wait until at most `limit` bytes are queued (or the connection failed): a reader of
+    /// requests calls this before taking the next one, so a peer that sends requests but does
+    /// not read their replies cannot make the queue grow without bound.
+    pub async fn backlog_at_most(&self, limit: usize) {
+        loop {
+            let less = self.less.notified();
+            tokio::pin!(less);
+            less.as_mut().enable();
+            {
+                let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                if q.failed || q.bytes <= limit {
+                    return;
+                }
+            }
+            less.await;
+        }
+    }
+
+    /// Write what `push` could not, until the connection fails. Returns then; the caller
+    /// closes the connection.
+    pub async fn drain(&self) {
+        loop {
+            self.more.notified().await;
+            loop {
+                {
+                    let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                    if q.failed {
+                        return;
+                    }
+                    if let Err(e) = self.write_some(&mut q) {
+                        tracing::debug!(error = %e, "socket write failed");
+                        fail(&mut q);
+                        drop(q);
+                        self.less.notify_waiters();
+                        return;
+                    }
+                    let empty = q.segments.is_empty();
+                    drop(q);
+                    self.less.notify_waiters();
+                    if empty {
+                        break;
+                    }
+                }
+                if let Err(e) = self.socket.writable().await {
+                    tracing::debug!(error = %e, "socket failed while waiting to write");
+                    fail(&mut self.queue.lock().unwrap_or_else(|p| p.into_inner()));
+                    self.less.notify_waiters();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Refuse further pushes (the connection is being closed).
+    pub fn close(&self) {
+        fail(&mut self.queue.lock().unwrap_or_else(|p| p.into_inner()));
+        self.more.notify_one();
+        self.less.notify_waiters();
+    }
+}
+
+fn fail(q: &mut Queue) {
+    q.failed = true;
+    q.segments.clear();
+    q.bytes = 0;
+}
+
+/// Drop `n` written bytes from the front of the queue.
+fn advance(segments: &mut VecDeque<Bytes>, mut n: usize) {
+    while n > 0 {
+        let Some(front) = segments.front_mut() else {
+            return;
+        };
+        if n >= front.len() {
+            n -= front.len();
+            segments.pop_front();
+        } else {
+            front.advance(n);
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[test]
+    fn advance_drops_whole_segments_and_splits_the_last() {
+        let mut q: VecDeque<Bytes> = [&b"abc"[..], b"de", b"fgh"]
+            .into_iter()
+            .map(Bytes::from_static)
+            .collect();
+        advance(&mut q, 4);
+        assert_eq!(
+            q,
+            VecDeque::from([Bytes::from_static(b"e"), Bytes::from_static(b"fgh")])
+        );
+        advance(&mut q, 4);
+        assert!(q.is_empty());
+    }
+
+    /// Many frames, some far larger than the socket buffer, arrive whole and in order while
+    /// the reader is slow to start (so pushes find the socket full and the drain task
+    /// finishes them).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frames_arrive_whole_and_in_order_when_the_socket_fills() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (_ra, wa) = a.into_split();
+        let out = Outbox::new(wa);
+        let drain = tokio::spawn({
+            let out = out.clone();
+            async move { out.drain().await }
+        });
+        let mut expected = Vec::new();
+        for i in 0u32..200 {
+            let len = if i % 10 == 0 {
+                1 << 20
+            } else {
+                100 + i as usize
+            };
+            let header = Bytes::from(i.to_le_bytes().to_vec());
+            let body = Bytes::from(vec![(i % 251) as u8; len]);
+            expected.extend_from_slice(&header);
+            expected.extend_from_slice(&body);
+            out.push([header, body]).unwrap();
+        }
+        let mut got = vec![0u8; expected.len()];
+        let mut b = b;
+        b.read_exact(&mut got).await.unwrap();
+        assert!(
+            got == expected,
+            "the byte stream differs from the frames pushed"
+        );
+        out.close();
+        drain.await.unwrap();
+        assert_eq!(out.push([Bytes::from_static(b"x")]), Err(Closed));
+    }
+
+    /// A peer that does not read: pushes pile up beyond the socket buffer, `backlog_at_most`
+    /// waits until the peer reads, then returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn backlog_waits_for_the_peer_to_read() {
+        let (a, mut b) = tokio::net::UnixStream::pair().unwrap();
+        let (_ra, wa) = a.into_split();
+        let out = Outbox::new(wa);
+        let drain = tokio::spawn({
+            let out = out.clone();
+            async move { out.drain().await }
+        });
+        let total = 16usize << 20;
+        for _ in 0..16 {
+            out.push([Bytes::from(vec![7u8; 1 << 20])]).unwrap();
+        }
+        let waiter = tokio::spawn({
+            let out = out.clone();
+            async move { out.backlog_at_most(0).await }
+        });
+        // The socket buffer holds far less than 16 MiB: the backlog cannot be empty yet.
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "backlog reported empty with 16 MiB unread"
+        );
+        let mut got = vec![0u8; total];
+        b.read_exact(&mut got).await.unwrap();
+        waiter.await.unwrap();
+        assert!(got.iter().all(|&x| x == 7));
+        out.close();
+        drain.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_push_after_the_peer_closed_fails_the_outbox() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        drop(b);
+        let (_ra, wa) = a.into_split();
+        let out = Outbox::new(wa);
+        // The first write to a closed peer fails (EPIPE); the outbox is then closed.
+        let _ = out.push([Bytes::from_static(b"hello")]);
+        out.drain().await; // returns: the outbox failed
+        assert_eq!(out.push([Bytes::from_static(b"x")]), Err(Closed));
+    }
+}
