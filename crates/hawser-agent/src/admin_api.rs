@@ -15,6 +15,7 @@ use hawser_storage::{NewReplica, StorageError};
 
 use crate::engines::Engines;
 use crate::node_storage::{status, NodeStorage};
+use crate::rate_limit::ResyncRates;
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -25,7 +26,7 @@ pub struct AdminState {
     /// send it with their reports to the controller.
     pub token: Arc<str>,
     /// Resync rate of the engines it starts, bytes per second (0: unlimited).
-    pub resync_rate: u64,
+    pub resync_rate: ResyncRates,
 }
 
 pub fn router(state: AdminState) -> Router {

@@ -12,11 +12,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::admin_api::{self, AdminState};
-use crate::constants::{DEFAULT_RESYNC_RATE, HEARTBEAT_INTERVAL};
+use crate::constants::{DEFAULT_RESYNC_BUSY_RATE, DEFAULT_RESYNC_RATE, HEARTBEAT_INTERVAL};
 use crate::controller_link::ControllerLink;
 use crate::engines::Engines;
 use crate::node_storage::NodeStorage;
-use crate::rate_limit::parse_rate;
+use crate::rate_limit::{parse_rate, ResyncRates};
 use crate::{nbd_server, replica_server};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -61,6 +61,13 @@ pub struct AgentArgs {
     #[arg(long, env = "HAWSER_RESYNC_RATE", default_value_t = DEFAULT_RESYNC_RATE,
         value_parser = parse_rate)]
     pub resync_rate: u64,
+    /// Resync copy rate of a volume while it has client I/O (any request in the last 250 ms),
+    /// bytes per second; 0 means only `--resync-rate` applies. Like DRBD's c-min-rate: a
+    /// resync under load leaves the disk to the client, one of an idle volume runs at full
+    /// rate.
+    #[arg(long, env = "HAWSER_RESYNC_BUSY_RATE", default_value_t = DEFAULT_RESYNC_BUSY_RATE,
+        value_parser = parse_rate)]
+    pub resync_busy_rate: u64,
 }
 
 /// Parse `KEY=VALUE` (a node label).
@@ -191,7 +198,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         storage: storage.clone(),
         engines: engines.clone(),
         token: token.clone(),
-        resync_rate: args.resync_rate,
+        resync_rate: ResyncRates {
+            max: args.resync_rate,
+            busy: args.resync_busy_rate,
+        },
     };
     let mut admin_stop = stop_rx.clone();
     tasks.spawn(async move {

@@ -20,6 +20,7 @@ use hawser_core::IoError;
 use crate::block::{BlockDevice, ExportRegistry};
 use crate::constants::ENGINE_SWAP_DRAIN_TIMEOUT;
 use crate::node_storage::NodeStorage;
+use crate::rate_limit::ResyncRates;
 use crate::volume_engine::VolumeEngine;
 
 /// One volume's NBD export and the engine currently behind it.
@@ -124,7 +125,7 @@ impl Engines {
         req: &StartEngine,
         node: &str,
         storage: &NodeStorage,
-        resync_rate: u64,
+        resync_rate: ResyncRates,
         controller_token: Option<&str>,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         let existing = self.lock().get(&req.volume).cloned();

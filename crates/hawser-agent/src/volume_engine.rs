@@ -38,7 +38,7 @@ use crate::constants::{
 use crate::controller_link::{ControllerLink, OutdateOutcome};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
-use crate::rate_limit::{self, RateLimiter};
+use crate::rate_limit::{self, RateLimiter, ResyncRates};
 use crate::replica_client::{ConnectError, ReplicaClient, ReplySink};
 
 enum Handle {
@@ -110,12 +110,12 @@ impl VolumeEngine {
     /// the controller, or kept `Down` if the quorum requires) once the engine runs; outdated
     /// ones are reconnected and resynced by the maintenance task; a newer epoch anywhere
     /// fails the start.
-    /// `resync_rate`: bytes per second the engine's resync copies may take (0: unlimited).
+    /// `resync_rate`: bytes per second the engine's resync copies may take.
     pub async fn start(
         req: &StartEngine,
         node: &str,
         storage: &NodeStorage,
-        resync_rate: u64,
+        resync_rate: ResyncRates,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         Self::start_with_token(req, node, storage, resync_rate, None).await
     }
@@ -126,7 +126,7 @@ impl VolumeEngine {
         req: &StartEngine,
         node: &str,
         storage: &NodeStorage,
-        resync_rate: u64,
+        resync_rate: ResyncRates,
         controller_token: Option<&str>,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         let mut handles = Vec::new();
@@ -692,6 +692,15 @@ impl VolumeEngine {
 
     /// A client request, under the activity log's rules: a modifying one waits until its
     /// extents are in the committed log; a successful flush lets extents leave it.
+    /// A request from the volume's client (the frontend): it also makes resync yield (see
+    /// [`rate_limit`]).
+    async fn client_request(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
+        if let Some(limit) = &self.resync_rate {
+            limit.note_client_io();
+        }
+        self.submit(op).await
+    }
+
     async fn submit(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
         if let Some((offset, len)) = op.write_range() {
             self.admit(offset, len).await?;
@@ -774,20 +783,20 @@ impl BlockDevice for VolumeEngine {
     }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, IoError> {
         Ok(self
-            .submit(ClientOp::Read { offset, len })
+            .client_request(ClientOp::Read { offset, len })
             .await?
             .unwrap_or_default())
     }
     async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
-        self.submit(ClientOp::Write { offset, data, fua })
+        self.client_request(ClientOp::Write { offset, data, fua })
             .await
             .map(|_| ())
     }
     async fn flush(&self) -> Result<(), IoError> {
-        self.submit(ClientOp::Flush).await.map(|_| ())
+        self.client_request(ClientOp::Flush).await.map(|_| ())
     }
     async fn trim(&self, offset: u64, len: u32) -> Result<(), IoError> {
-        self.submit(ClientOp::Trim { offset, len })
+        self.client_request(ClientOp::Trim { offset, len })
             .await
             .map(|_| ())
     }
@@ -798,7 +807,7 @@ impl BlockDevice for VolumeEngine {
         fua: bool,
         may_trim: bool,
     ) -> Result<(), IoError> {
-        self.submit(ClientOp::WriteZeroes {
+        self.client_request(ClientOp::WriteZeroes {
             offset,
             len,
             fua,
@@ -970,9 +979,17 @@ mod tests {
             on_quorum_loss: Default::default(),
             export: true,
         };
-        let ve = VolumeEngine::start(&req, "a", &storage, 1 << 30)
-            .await
-            .expect("start engine");
+        let ve = VolumeEngine::start(
+            &req,
+            "a",
+            &storage,
+            ResyncRates {
+                max: 1 << 30,
+                busy: 0,
+            },
+        )
+        .await
+        .expect("start engine");
         let r = ReplicaIdx(0);
         let gen = ve.current_gen(r);
         ve.send_if_current(r, gen, 1 << 40, write(1));

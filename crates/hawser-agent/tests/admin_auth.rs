@@ -23,7 +23,7 @@ async fn admin_calls_need_the_agent_token() {
         storage: storage.clone(),
         engines: Arc::new(Engines::default()),
         token: TOKEN.into(),
-        resync_rate: hawser_agent::constants::DEFAULT_RESYNC_RATE,
+        resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

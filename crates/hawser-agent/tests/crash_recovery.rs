@@ -11,7 +11,7 @@ mod node_support;
 
 use bytes::Bytes;
 use hawser_agent::block::BlockDevice;
-use hawser_agent::constants::DEFAULT_RESYNC_RATE;
+use hawser_agent::rate_limit::ResyncRates;
 use hawser_agent::replica_server;
 use hawser_agent::volume_engine::VolumeEngine;
 use hawser_api::agent::{EngineReplica, StartEngine};
@@ -65,7 +65,7 @@ async fn next_engine_reconciles_exactly_the_activity_log() {
     tokio::spawn(replica_server::serve(rl, b.clone(), stop_rx));
 
     // Engine 1 writes into extents 2 and 7, and is never stopped.
-    let e1 = VolumeEngine::start(&request(1, &raddr), "a", &a, DEFAULT_RESYNC_RATE)
+    let e1 = VolumeEngine::start(&request(1, &raddr), "a", &a, ResyncRates::default())
         .await
         .expect("start engine 1");
     e1.write(2 * EXTENT, pattern(1, 65536), false)
@@ -85,7 +85,7 @@ async fn next_engine_reconciles_exactly_the_activity_log() {
         .expect("direct write");
     std::mem::forget(e1);
 
-    let e2 = VolumeEngine::start(&request(2, &raddr), "a", &a, DEFAULT_RESYNC_RATE)
+    let e2 = VolumeEngine::start(&request(2, &raddr), "a", &a, ResyncRates::default())
         .await
         .expect("start engine 2");
     let report = e2.status().recovery.expect("recovery ran");
@@ -111,7 +111,7 @@ async fn next_engine_reconciles_exactly_the_activity_log() {
 
     // A clean stop empties the log: the next engine compares nothing.
     e2.stop().await;
-    let e3 = VolumeEngine::start(&request(3, &raddr), "a", &a, DEFAULT_RESYNC_RATE)
+    let e3 = VolumeEngine::start(&request(3, &raddr), "a", &a, ResyncRates::default())
         .await
         .expect("start engine 3");
     let report = e3.status().recovery.expect("recovery ran");

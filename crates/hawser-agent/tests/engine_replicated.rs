@@ -7,8 +7,8 @@ mod node_support;
 use std::process::Command;
 use std::sync::Arc;
 
-use hawser_agent::constants::DEFAULT_RESYNC_RATE;
 use hawser_agent::engines::Engines;
+use hawser_agent::rate_limit::ResyncRates;
 use hawser_agent::{nbd_server, replica_server};
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::ReplicaState;
@@ -67,7 +67,7 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
     };
     let engines = Arc::new(Engines::default());
     let engine = engines
-        .start(&req, "a", &a, DEFAULT_RESYNC_RATE, None)
+        .start(&req, "a", &a, ResyncRates::default(), None)
         .await
         .expect("start engine");
     assert_eq!(engine.status().in_sync.len(), 2);
@@ -87,7 +87,7 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
                 while swapping.load(std::sync::atomic::Ordering::Acquire) {
                     req.epoch += 1;
                     engines
-                        .start(&req, "a", &a, DEFAULT_RESYNC_RATE, None)
+                        .start(&req, "a", &a, ResyncRates::default(), None)
                         .await
                         .expect("swap engine");
                     swaps += 1;
