@@ -207,7 +207,8 @@ impl ReplicaClient {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(sub, (header.op, Instant::now()));
-        if push_frame(&self.out, &header, payload).is_err() {
+        // Alone (an idle engine): write it now, so it overlaps the local write that follows.
+        if push_frame(&self.out, &header, payload, quiet).is_err() {
             self.shared.close();
         }
     }
@@ -240,7 +241,7 @@ impl ReplicaClient {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, (op, Instant::now()));
-        if push_frame(&self.out, &h, payload).is_err() {
+        if push_frame(&self.out, &h, payload, true).is_err() {
             self.shared.close();
         }
         rx.await.ok()
@@ -308,9 +309,10 @@ fn push_frame(
     out: &Outbox<OwnedWriteHalf>,
     h: &FrameHeader,
     payload: Option<Bytes>,
+    now: bool,
 ) -> Result<(), crate::outbox::Closed> {
     let header = Bytes::copy_from_slice(&h.encode());
-    out.push(std::iter::once(header).chain(payload))
+    out.push(std::iter::once(header).chain(payload), now)
 }
 
 /// Finishes the writes the socket could not take at once; ends the connection when a write
@@ -428,7 +430,7 @@ async fn watchdog(shared: Arc<Shared>, out: Arc<Outbox<OwnedWriteHalf>>, epoch: 
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, (Op::Ping, Instant::now()));
             let h = FrameHeader::request(Op::Ping, id, epoch, 0, 0);
-            if push_frame(&out, &h, None).is_err() {
+            if push_frame(&out, &h, None, false).is_err() {
                 shared.close();
                 return;
             }

@@ -42,8 +42,14 @@ type Reply = (FrameHeader, Option<Bytes>);
 type Replies = Arc<Outbox<OwnedWriteHalf>>;
 
 /// Queue one reply (a closed connection drops it: the engine hears of the loss anyway).
-fn reply(out: &Replies, (h, payload): Reply) {
-    let _ = out.push(std::iter::once(Bytes::copy_from_slice(&h.encode())).chain(payload));
+/// `now`: write it at once (see [`Outbox::push`]).
+fn reply_now(out: &Replies, (h, payload): Reply, now: bool) {
+    let header = Bytes::copy_from_slice(&h.encode());
+    let _ = out.push(std::iter::once(header).chain(payload), now);
+}
+
+fn reply(out: &Replies, r: Reply) {
+    reply_now(out, r, true);
 }
 
 /// The current session of each replica, and the gate that orders a new session after the
@@ -263,8 +269,8 @@ async fn request_loop(
         io_pool::spawn(move || {
             let r = execute(&replica, &h, payload);
             drop(entered);
-            // Written from this thread: no hand-off to a writer task.
-            reply(&out, r);
+            // Under load: the drain task batches replies into few writes.
+            reply_now(&out, r, false);
             drop(permit);
         });
     }
