@@ -6,12 +6,21 @@
 //! extent leaves the log only once no request into it is in flight and a flush that started
 //! after the last one completed has succeeded. So after any crash, every extent where replicas
 //! may differ is in the log of a replica that got a request into it.
+//!
+//! Size: an extent normally leaves once idle for a while, so random writes over a large volume
+//! could keep most of it in the log, and recovery after a crash would compare all of it. Like
+//! DRBD's al-extents, the log has a cap: past it, the least recently used extents that may
+//! leave (nothing in flight, flushed) leave at the next commit without waiting to be idle.
+//! The cap is soft: a request never waits for room (the engine's background flush, at most a
+//! second after a write, makes extents able to leave), so the log can exceed it briefly.
 
 use std::collections::{BTreeSet, HashMap};
 
 pub struct ActivityLog {
     extent_bytes: u64,
     size: u64,
+    /// The soft cap on the log's size, in extents.
+    max_extents: usize,
     /// Extents in the last durable journal.
     committed: BTreeSet<u64>,
     /// Extents waiting requests need.
@@ -30,10 +39,11 @@ pub struct ActivityLog {
 }
 
 impl ActivityLog {
-    pub fn new(size: u64, extent_bytes: u64) -> ActivityLog {
+    pub fn new(size: u64, extent_bytes: u64, max_extents: usize) -> ActivityLog {
         ActivityLog {
             extent_bytes,
             size,
+            max_extents: max_extents.max(1),
             committed: BTreeSet::new(),
             wanted: BTreeSet::new(),
             inflight: HashMap::new(),
@@ -118,13 +128,17 @@ impl ActivityLog {
                 .is_none_or(|&t| self.now.saturating_sub(t) >= min_idle)
     }
 
-    /// Whether a commit would change the log: extents are wanted, or some may leave.
+    /// Whether a commit would change the log: extents are wanted, some may leave, or the log
+    /// is over its cap and some can leave early.
     pub fn wants_commit(&self, min_idle: u64) -> bool {
-        !self.wanted.is_empty() || self.committed.iter().any(|&e| self.may_leave(e, min_idle))
+        !self.wanted.is_empty()
+            || self.committed.iter().any(|&e| self.may_leave(e, min_idle))
+            || (self.committed.len() > self.max_extents
+                && self.committed.iter().any(|&e| self.may_leave(e, 0)))
     }
 
     /// The log the next commit writes: what is committed and may not leave yet, plus
-    /// everything wanted.
+    /// everything wanted; over the cap, minus the least recently used that may leave now.
     pub fn next(&self, min_idle: u64) -> BTreeSet<u64> {
         let mut s: BTreeSet<u64> = self
             .committed
@@ -133,6 +147,19 @@ impl ActivityLog {
             .filter(|&e| !self.may_leave(e, min_idle))
             .collect();
         s.extend(self.wanted.iter().copied());
+        if s.len() > self.max_extents {
+            let mut early: Vec<(u64, u64)> = s
+                .iter()
+                .copied()
+                .filter(|e| !self.wanted.contains(e) && self.may_leave(*e, 0))
+                .map(|e| (self.last_use.get(&e).copied().unwrap_or(0), e))
+                .collect();
+            early.sort_unstable();
+            let over = s.len() - self.max_extents;
+            for (_, e) in early.into_iter().take(over) {
+                s.remove(&e);
+            }
+        }
         s
     }
 
@@ -173,7 +200,7 @@ mod tests {
 
     #[test]
     fn requests_wait_for_their_extents_and_extents_leave_only_when_flushed() {
-        let mut al = ActivityLog::new(64 * MIB, 4 * MIB);
+        let mut al = ActivityLog::new(64 * MIB, 4 * MIB, 1024);
         // A write across the 4 MiB boundary needs extents 0 and 1.
         assert!(!al.try_begin(4 * MIB - 4096, 8192));
         assert!(al.wants_commit(u64::MAX));
@@ -204,7 +231,7 @@ mod tests {
 
     #[test]
     fn recently_used_extents_stay() {
-        let mut al = ActivityLog::new(64 * MIB, 4 * MIB);
+        let mut al = ActivityLog::new(64 * MIB, 4 * MIB, 1024);
         assert!(!al.try_begin(0, 4096));
         al.committed(al.next(2));
         assert!(al.try_begin(0, 4096));
@@ -220,7 +247,7 @@ mod tests {
 
     #[test]
     fn the_tail_extent_is_partial_and_nothing_beyond_exists() {
-        let mut al = ActivityLog::new(6 * MIB, 4 * MIB);
+        let mut al = ActivityLog::new(6 * MIB, 4 * MIB, 1024);
         assert!(!al.try_begin(5 * MIB, MIB));
         assert_eq!(al.next(u64::MAX), BTreeSet::from([1]));
         assert!(al.try_begin(0, 0), "an empty request needs nothing");
@@ -230,5 +257,69 @@ mod tests {
     fn runs() {
         assert_eq!(to_runs([1, 2, 3, 7, 9, 10]), vec![(1, 4), (7, 8), (9, 11)]);
         assert_eq!(to_runs([]), vec![]);
+    }
+
+    /// Over the cap, flushed idle extents leave early, least recently used first; extents
+    /// with requests in flight or unflushed completions never do, whatever the cap.
+    #[test]
+    fn over_the_cap_the_least_recently_used_flushed_extents_leave_early() {
+        let mut al = ActivityLog::new(64 * MIB, 4 * MIB, 4);
+        let commit = |al: &mut ActivityLog| {
+            let log = al.next(u64::MAX);
+            al.committed(log);
+        };
+        // Six extents used in order 0..6, one tick apart, all completed and flushed.
+        for e in 0..6u64 {
+            assert!(!al.try_begin(e * 4 * MIB, 4096));
+            commit(&mut al);
+            assert!(al.try_begin(e * 4 * MIB, 4096));
+            al.end(e * 4 * MIB, 4096);
+            let mark = al.flush_mark();
+            al.flush_done(mark);
+            al.advance();
+        }
+        // Commits so far added extents one at a time and evicted the oldest past the cap.
+        assert_eq!(
+            al.active().iter().copied().collect::<Vec<_>>(),
+            vec![2, 3, 4, 5]
+        );
+        assert!(
+            !al.wants_commit(u64::MAX),
+            "at the cap, nothing needs to leave"
+        );
+        // Extent 1 is busy (in flight), extent 2 has an unflushed completion.
+        let (e1, e2) = (4 * MIB, 8 * MIB);
+        for e in [e1, e2] {
+            if !al.try_begin(e, 4096) {
+                commit(&mut al);
+                assert!(al.try_begin(e, 4096));
+            }
+        }
+        al.end(e2, 4096);
+        // Two new extents push the log over the cap.
+        for e in [10 * 4 * MIB, 11 * 4 * MIB] {
+            assert!(!al.try_begin(e, 4096));
+        }
+        commit(&mut al);
+        let log = al.active().clone();
+        assert!(
+            log.contains(&1) && log.contains(&2),
+            "busy or unflushed left: {log:?}"
+        );
+        assert!(
+            log.contains(&10) && log.contains(&11),
+            "wanted extents missing: {log:?}"
+        );
+        assert_eq!(
+            log.len(),
+            4,
+            "the flushed idle extents 4 and 5 should have left: {log:?}"
+        );
+        // Once extent 2 is flushed and extent 1 done, the log can shrink to the cap again.
+        al.end(e1, 4096);
+        let mark = al.flush_mark();
+        al.flush_done(mark);
+        commit(&mut al);
+        assert!(al.active().len() <= 4, "{:?}", al.active());
     }
 }

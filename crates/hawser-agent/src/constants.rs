@@ -62,3 +62,6 @@ pub const DEFAULT_RESYNC_BUSY_RATE: u64 = 100 * 1024 * 1024;
 /// long enough that a working set stays in the log (each entry costs a journal commit on the
 /// write path), short enough that recovery after a crash compares little.
 pub const ACTIVITY_IDLE_TICKS: u64 = 10;
+/// The activity log's soft cap, in 4 MiB extents (4 GiB): what crash recovery compares at
+/// most, whatever the volume's size (DRBD's default al-extents, 1237, is about as much).
+pub const ACTIVITY_MAX_EXTENTS: usize = 1024;

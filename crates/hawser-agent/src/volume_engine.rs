@@ -32,8 +32,9 @@ use crate::block::BlockDevice;
 mod journal;
 
 use crate::constants::{
-    ACTIVITY_IDLE_TICKS, BACKGROUND_FLUSH_INTERVAL, ENGINE_MAX_INFLIGHT, ENGINE_STOP_FLUSH_TIMEOUT,
-    ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
+    ACTIVITY_IDLE_TICKS, ACTIVITY_MAX_EXTENTS, BACKGROUND_FLUSH_INTERVAL, ENGINE_MAX_INFLIGHT,
+    ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX,
+    RECONNECT_BACKOFF_MIN,
 };
 use crate::controller_link::{ControllerLink, OutdateOutcome};
 use crate::io_pool;
@@ -194,7 +195,11 @@ impl VolumeEngine {
             last_flush: Mutex::new(Instant::now()),
             resync_rate: rate_limit::limiter(resync_rate),
             stopped: AtomicBool::new(false),
-            activity: Mutex::new(ActivityLog::new(req.size_bytes, ACTIVITY_EXTENT_BYTES)),
+            activity: Mutex::new(ActivityLog::new(
+                req.size_bytes,
+                ACTIVITY_EXTENT_BYTES,
+                ACTIVITY_MAX_EXTENTS,
+            )),
             journal: tokio::sync::Mutex::new(JournalState::default()),
             commits: tokio::sync::watch::Sender::new(0),
             committing: AtomicBool::new(false),
