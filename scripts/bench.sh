@@ -4,7 +4,8 @@
 #   nbdkit     nbdkit serving a file (the NBD path without replication)
 #   hawser-1r  a 1-replica Hawser volume
 #   hawser-2r  a 2-replica Hawser volume (replicas on two agents)
-# all on the same filesystem, NBD over unix sockets. Prints IOPS, MiB/s, latency and ratios,
+# all on the same filesystem, NBD over unix sockets. Prints IOPS, MiB/s, latency and ratios
+# (to the baseline; 1r to nbdkit; 2r to 1r, the cost of the second replica on this machine),
 # agent RSS/CPU idle and under load, and writes bench-results.json. Performance is reported,
 # never asserted. Environment: BENCH_RUNTIME (s, default 10), BENCH_SIZE (default 1GiB).
 set -euo pipefail
@@ -62,7 +63,7 @@ sock="$B/b1/nbd.sock"
   --target "hawser-1r=nbd:nbd+unix:///bench1?socket=$sock" \
   --target "hawser-2r=nbd:nbd+unix:///bench2?socket=$sock" \
   --monitor-pid "agent-b1=$agent1" --monitor-pid "agent-b2=$agent2" \
-  --targets-ratio hawser-1r:nbdkit \
+  --targets-ratio hawser-1r:nbdkit --targets-ratio hawser-2r:hawser-1r \
   --expect hawser-2r:randwrite_fsync\>=0.65 --expect hawser-2r:randread_fsync\>=0.6 \
   --expect hawser-2r:randwrite\>=0.2 --expect hawser-2r:randwrite_jobs4\>=0.2 \
   --expect hawser-2r:randread\>=0.4 --expect hawser-2r:randread_jobs4\>=0.4 \
