@@ -113,8 +113,9 @@ impl<W: TryWrite> Outbox<W> {
                 tracing::debug!(error = %e, "socket write failed");
                 fail(&mut q);
                 drop(q);
-                // Let the drain task see the failure and end.
+                // Let the drain task see the failure and end, and backlog waiters return.
                 self.more.notify_one();
+                self.less.notify_waiters();
                 // This frame is lost with the connection; the caller learns it from the close.
                 Ok(())
             }

@@ -695,8 +695,6 @@ impl VolumeEngine {
         }
     }
 
-    /// A client request, under the activity log's rules: a modifying one waits until its
-    /// extents are in the committed log; a successful flush lets extents leave it.
     /// A request from the volume's client (the frontend): it also makes resync yield (see
     /// [`rate_limit`]).
     async fn client_request(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
@@ -706,6 +704,8 @@ impl VolumeEngine {
         self.submit(op).await
     }
 
+    /// A request, under the activity log's rules: a modifying one waits until its extents
+    /// are in the committed log; a successful flush lets extents leave it.
     async fn submit(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
         if let Some((offset, len)) = op.write_range() {
             self.admit(offset, len).await?;
