@@ -55,8 +55,8 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 pub const DEFAULT_RESYNC_RATE: u64 = 200 * 1024 * 1024;
 /// Default resync rate limit per engine while its volume has client I/O (`--resync-busy-rate`,
 /// `HAWSER_RESYNC_BUSY_RATE`; 0: only the rate above). DRBD's default c-max-rate is the same
-/// 100 MiB/s; measured here (`make bench`), 4k QD32 random writes during a resync keep about
-/// 0.57 of their IOPS at 100 MiB/s and 0.27 at 200 MiB/s.
+/// 100 MiB/s. Measured on a 2-vCPU VM with `scripts/bench-resync.sh` at a fixed rate, 4k QD32
+/// random writes during a resync kept 0.57 of their IOPS at 100 MiB/s and 0.27 at 200 MiB/s.
 pub const DEFAULT_RESYNC_BUSY_RATE: u64 = 100 * 1024 * 1024;
 /// An extent leaves the activity log once unused for this many engine ticks (and flushed):
 /// long enough that a working set stays in the log (each entry costs a journal commit on the
