@@ -2,7 +2,6 @@
 //! them to engines on other nodes (replica server), runs the engine of every volume attached on
 //! this node and exports those volumes over NBD.
 
-pub mod activity;
 pub mod admin_api;
 pub mod agent;
 pub mod block;

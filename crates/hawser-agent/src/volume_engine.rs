@@ -23,9 +23,9 @@ use hawser_storage::{Replica, ReplicaIoError};
 use hawser_wire::journal::ACTIVITY_EXTENT_BYTES;
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::activity::ActivityLog;
 use crate::recovery::{self, Plan};
 use crate::replica_access::Access;
+use hawser_core::ActivityLog;
 use journal::JournalState;
 
 use crate::block::BlockDevice;
@@ -87,7 +87,7 @@ pub struct VolumeEngine {
     last_flush: Mutex<Instant>,
     resync_rate: Option<Arc<RateLimiter>>,
     stopped: AtomicBool,
-    /// The activity log (see `activity.rs` and `journal.rs`).
+    /// The activity log (see `hawser_core::activity` and `journal.rs`).
     activity: Mutex<ActivityLog>,
     journal: tokio::sync::Mutex<JournalState>,
     /// Bumped after every journal commit (requests waiting for the log watch it).

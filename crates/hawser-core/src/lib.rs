@@ -4,21 +4,25 @@
 //! knows no clock or runtime, so the agent drives it with tokio and a simulator can drive it
 //! from one seed.
 
+pub mod activity;
 pub mod bitmap;
 pub mod constants;
 pub mod engine;
 pub mod io_error;
 mod membership;
 pub mod range_lock;
+pub mod recovery_plan;
 mod resync;
 pub mod types;
 mod unflushed;
 
+pub use activity::ActivityLog;
 pub use bitmap::ChunkMap;
 pub use engine::{
     Engine, EngineConfig, Initial, Membership, NoQuorum, Quorum, ReplicaSpec, ReplicaView,
 };
 pub use io_error::IoError;
+pub use recovery_plan::Plan;
 pub use types::{
     ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaOp, ReplicaResult, SubId, Tag,
 };

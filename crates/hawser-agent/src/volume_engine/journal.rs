@@ -1,4 +1,4 @@
-//! The driver's side of the journal (format: `hawser_wire::journal`; rules: `activity.rs`):
+//! The driver's side of the journal (format: `hawser_wire::journal`; rules: `hawser_core::activity`):
 //! admitting modifying requests into the activity log, committing the journal to every replica
 //! requests go to, and bringing a returning replica into that set.
 //!
@@ -14,10 +14,10 @@ use hawser_core::{ChunkMap, IoError, Membership, ReplicaIdx};
 use hawser_wire::journal::{Journal, JournalError, OutReplica, ACTIVITY_EXTENT_BYTES};
 
 use super::{Handle, VolumeEngine};
-use crate::activity::to_runs;
 use crate::constants::ACTIVITY_IDLE_TICKS;
 use crate::recovery::log_chunks;
 use crate::replica_access::Access;
+use hawser_core::activity::to_runs;
 
 /// The journal as last committed, and what is needed for the next one.
 #[derive(Default)]
@@ -238,7 +238,7 @@ impl VolumeEngine {
         then.len() != now.len() || then.iter().zip(&now).any(|(a, b)| a.0 != b.0 || b.1 > a.1)
     }
 
-    fn lock_activity(&self) -> std::sync::MutexGuard<'_, crate::activity::ActivityLog> {
+    fn lock_activity(&self) -> std::sync::MutexGuard<'_, hawser_core::ActivityLog> {
         self.activity.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

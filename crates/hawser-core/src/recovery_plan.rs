@@ -1,0 +1,209 @@
+//! The pure half of crash recovery (the agent's `recovery.rs` does the I/O): what the journals
+//! of the reachable in-sync replicas say must be reconciled, and what the replicas that could not
+//! be reconciled lack. The reasoning is in `hawser-agent/src/recovery.rs` and docs/protocol.md;
+//! it lives here so the simulator runs the same rules as the agent.
+
+use hawser_wire::journal::{Journal, Runs};
+
+use crate::ChunkMap;
+
+/// What the journals of the reachable in-sync replicas say.
+pub struct Plan {
+    pub size: u64,
+    pub chunk_bytes: u64,
+    /// Journals of the reachable in-sync replicas (`None`: missing or unreadable).
+    journals: Vec<Option<Journal>>,
+    /// Chunks the reachable in-sync replicas may disagree on.
+    pub reconcile: ChunkMap,
+    /// First journal sequence number for the new engine.
+    pub next_seq: u64,
+}
+
+/// Chunks (in `chunk_bytes` units over `size`) covering `runs` of `unit`-byte items.
+fn runs_to_chunks(runs: &Runs, unit: u64, size: u64, map: &mut ChunkMap) {
+    for &(first, end) in runs {
+        let from = first.saturating_mul(unit).min(size);
+        let to = end.saturating_mul(unit).min(size);
+        if to > from {
+            map.set_bytes(from, to - from);
+        }
+    }
+}
+
+/// The log (active extents) of `j` as chunks.
+pub fn log_chunks(j: &Journal, size: u64, chunk_bytes: u64) -> ChunkMap {
+    let mut m = ChunkMap::new(size, chunk_bytes);
+    runs_to_chunks(&j.active, j.extent_bytes, size, &mut m);
+    m
+}
+
+impl Plan {
+    pub fn new(
+        epoch: u64,
+        size: u64,
+        chunk_bytes: u64,
+        journals: Vec<Option<Journal>>,
+        reach_ids: &[&str],
+    ) -> Plan {
+        let mut reconcile = ChunkMap::new(size, chunk_bytes);
+        let mut unknown = false;
+        for j in &journals {
+            let Some(j) = j else {
+                unknown = true;
+                continue;
+            };
+            reconcile.union(&log_chunks(j, size, chunk_bytes));
+            for o in j
+                .out
+                .iter()
+                .filter(|o| reach_ids.contains(&o.replica.as_str()))
+            {
+                match &o.dirty {
+                    Some(runs) => runs_to_chunks(runs, j.chunk_bytes, size, &mut reconcile),
+                    None => unknown = true,
+                }
+            }
+        }
+        if unknown {
+            reconcile = ChunkMap::full(size, chunk_bytes);
+        }
+        let next_seq = journals
+            .iter()
+            .flatten()
+            .filter(|j| j.epoch == epoch)
+            .map(|j| j.seq + 1)
+            .max()
+            .unwrap_or(1);
+        Plan {
+            size,
+            chunk_bytes,
+            journals,
+            reconcile,
+            next_seq,
+        }
+    }
+
+    /// What an in-sync replica that could not be reached may lack.
+    pub fn suspect_for(&self, replica: &str) -> ChunkMap {
+        let mut m = self.reconcile.clone();
+        for j in self.journals.iter().flatten() {
+            for o in j.out.iter().filter(|o| o.replica == replica) {
+                match &o.dirty {
+                    Some(runs) => runs_to_chunks(runs, j.chunk_bytes, self.size, &mut m),
+                    None => return ChunkMap::full(self.size, self.chunk_bytes),
+                }
+            }
+        }
+        m
+    }
+
+    /// What an outdated replica lacks; `None` when unknown (copy it all).
+    pub fn outdated_dirty(&self, replica: &str) -> Option<ChunkMap> {
+        if self.journals.iter().any(Option::is_none) {
+            return None;
+        }
+        let newest = self
+            .journals
+            .iter()
+            .flatten()
+            .max_by_key(|j| (j.epoch, j.seq))?;
+        if newest
+            .out
+            .iter()
+            .any(|o| o.replica == replica && o.dirty.is_none())
+        {
+            return None;
+        }
+        Some(self.suspect_for(replica))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use hawser_wire::journal::{OutReplica, ACTIVITY_EXTENT_BYTES};
+
+    const MIB: u64 = 1 << 20;
+    const CHUNK: u64 = 64 << 10;
+    const SIZE: u64 = 64 * MIB;
+
+    fn j(epoch: u64, seq: u64, active: Runs, out: Vec<OutReplica>) -> Option<Journal> {
+        Some(Journal {
+            epoch,
+            seq,
+            size: SIZE,
+            extent_bytes: ACTIVITY_EXTENT_BYTES,
+            chunk_bytes: CHUNK,
+            active,
+            out,
+        })
+    }
+
+    fn out(id: &str, dirty: Option<Runs>) -> OutReplica {
+        OutReplica {
+            replica: id.into(),
+            dirty,
+        }
+    }
+
+    #[test]
+    fn reconciles_the_union_of_logs_and_of_reachable_replicas_said_out() {
+        let p = Plan::new(
+            5,
+            SIZE,
+            CHUNK,
+            vec![
+                j(4, 9, vec![(0, 1)], vec![out("b", Some(vec![(1000, 1001)]))]),
+                j(4, 8, vec![(3, 4)], vec![]),
+            ],
+            &["a", "b"],
+        );
+        // Extent 0 and 3 (64 chunks each) and chunk 1000 (b was out and is reachable).
+        assert_eq!(p.reconcile.count(), 64 + 64 + 1);
+        assert!(p.reconcile.is_set(1000));
+        assert_eq!(p.next_seq, 1, "journals of older epochs do not count");
+        let p = Plan::new(4, SIZE, CHUNK, vec![j(4, 9, vec![], vec![])], &["a"]);
+        assert_eq!(
+            p.next_seq, 10,
+            "a restart in the same epoch continues the sequence"
+        );
+    }
+
+    #[test]
+    fn missing_journal_means_everything() {
+        let p = Plan::new(
+            5,
+            SIZE,
+            CHUNK,
+            vec![j(4, 1, vec![], vec![]), None],
+            &["a", "b"],
+        );
+        assert_eq!(p.reconcile.count(), SIZE / CHUNK);
+        assert_eq!(p.outdated_dirty("c"), None);
+    }
+
+    #[test]
+    fn outdated_replicas_lack_what_the_newest_journal_says_plus_the_logs() {
+        let p = Plan::new(
+            5,
+            SIZE,
+            CHUNK,
+            vec![j(
+                4,
+                9,
+                vec![(1, 2)],
+                vec![out("c", Some(vec![(0, 2)])), out("d", None)],
+            )],
+            &["a"],
+        );
+        let c = p.outdated_dirty("c").unwrap();
+        assert_eq!(c.count(), 2 + 64);
+        assert_eq!(p.outdated_dirty("d"), None);
+        // Not in the newest journal: it went out after it, so only the log matters.
+        assert_eq!(p.outdated_dirty("e").unwrap().count(), 64);
+        // Unreachable in-sync replica: the log plus what it was said to lack.
+        assert_eq!(p.suspect_for("c").count(), 66);
+        assert_eq!(p.suspect_for("d").count(), SIZE / CHUNK);
+    }
+}
