@@ -27,6 +27,13 @@ pub enum AccessError {
     StaleEpoch { replica: String, op: &'static str },
     #[error("replica {replica}: {op}: connection lost")]
     Lost { replica: String, op: &'static str },
+    /// The replica's disk failed the operation (or the replica is marked failed).
+    #[error("replica {replica}: {op}: disk error: {detail}")]
+    Disk {
+        replica: String,
+        op: &'static str,
+        detail: String,
+    },
     #[error("replica {replica}: {op}: {detail}")]
     Failed {
         replica: String,
@@ -38,6 +45,10 @@ pub enum AccessError {
 impl AccessError {
     pub fn is_stale_epoch(&self) -> bool {
         matches!(self, AccessError::StaleEpoch { .. })
+    }
+
+    pub fn is_disk_error(&self) -> bool {
+        matches!(self, AccessError::Disk { .. })
     }
 }
 
@@ -73,6 +84,14 @@ impl Access {
             Ok(Err(hawser_storage::ReplicaIoError::StaleEpoch { .. })) => {
                 Err(AccessError::StaleEpoch { replica: id, op })
             }
+            Ok(Err(
+                e @ (hawser_storage::ReplicaIoError::Io { .. }
+                | hawser_storage::ReplicaIoError::Failed),
+            )) => Err(AccessError::Disk {
+                replica: id,
+                op,
+                detail: e.to_string(),
+            }),
             Ok(Err(e)) => Err(self.err(op, e)),
             Err(e) => Err(self.err(op, e)),
         }
@@ -99,6 +118,11 @@ impl Access {
             Some((Status::StaleEpoch, _)) => Err(AccessError::StaleEpoch {
                 replica: id.clone(),
                 op: op_name,
+            }),
+            Some((status @ (Status::IoError | Status::Unavailable), _)) => Err(AccessError::Disk {
+                replica: id.clone(),
+                op: op_name,
+                detail: format!("replica answered {status:?}"),
             }),
             Some((status, _)) => Err(self.err(op_name, format!("replica answered {status:?}"))),
         }

@@ -239,7 +239,7 @@ impl VolumeEngine {
         cfg: EngineConfig,
         unreachable: &[ReplicaIdx],
     ) -> anyhow::Result<()> {
-        let mut reach: Vec<Access> = Vec::new();
+        let mut candidates: Vec<(ReplicaIdx, Access)> = Vec::new();
         for (i, r) in req.replicas.iter().enumerate() {
             if r.state != ReplicaState::InSync || unreachable.contains(&Self::idx(i)) {
                 continue;
@@ -247,9 +247,26 @@ impl VolumeEngine {
             let Some(a) = self.access(i) else { continue };
             // The local replica is the source when it can be: its reads are the cheapest.
             if matches!(a, Access::Local(_)) {
-                reach.insert(0, a);
+                candidates.insert(0, (Self::idx(i), a));
             } else {
-                reach.push(a);
+                candidates.push((Self::idx(i), a));
+            }
+        }
+        // A replica whose disk fails its journal read is failed (below), not waited for: one
+        // broken disk must not keep the volume from attaching.
+        let (mut reach, mut journals, mut broken) = (Vec::new(), Vec::new(), Vec::new());
+        for (idx, a) in candidates {
+            match a.get_journal(self.epoch).await {
+                Ok(j) => {
+                    journals.push(j);
+                    reach.push(a);
+                }
+                Err(e) if e.is_stale_epoch() => anyhow::bail!("fenced: {e}"),
+                Err(e) if e.is_disk_error() => {
+                    tracing::error!(volume = %req.volume, error = %e, "in-sync replica failed at attach; it will be marked failed");
+                    broken.push(idx);
+                }
+                Err(e) => anyhow::bail!("crash recovery: {e}"),
             }
         }
         if reach.is_empty() {
@@ -257,14 +274,6 @@ impl VolumeEngine {
                 "no in-sync replica of volume {} is reachable; attach again when one is back",
                 req.volume
             );
-        }
-        let mut journals = Vec::new();
-        for a in &reach {
-            match a.get_journal(self.epoch).await {
-                Ok(j) => journals.push(j),
-                Err(e) if e.is_stale_epoch() => anyhow::bail!("fenced: {e}"),
-                Err(e) => anyhow::bail!("crash recovery: {e}"),
-            }
         }
         let ids: Vec<&str> = reach.iter().map(Access::id).collect();
         let plan = Plan::new(self.epoch, self.size, cfg.chunk_bytes, journals, &ids);
@@ -311,6 +320,10 @@ impl VolumeEngine {
         for &idx in unreachable {
             self.run(|e, out| e.on_replica_lost(idx, out));
         }
+        for &idx in &broken {
+            // What it lacks does not matter: it is never resynced, only replaced.
+            self.run(|e, out| e.on_replica_disk_error(idx, out));
+        }
         self.commit(0).await;
         Ok(())
     }
@@ -349,6 +362,10 @@ impl VolumeEngine {
                         tracing::info!(volume = %self.volume, replica = %self.replica_ids[usize::from(idx.0)], rebooted, "replica reconnected");
                         let joined = self.join(usize::from(idx.0), rebooted).await;
                         if !joined {
+                            // The engine was not told: the next attempt must still see the
+                            // reboot, or what the replica lost with its power is never
+                            // recopied (found by the simulator).
+                            *boot.lock().unwrap_or_else(|p| p.into_inner()) = before;
                             if let Some(c) = self.client(idx) {
                                 self.set_client(idx, None);
                                 c.close();

@@ -23,6 +23,9 @@ pub struct ActivityLog {
     max_extents: usize,
     /// Extents in the last durable journal.
     committed: BTreeSet<u64>,
+    /// Extents of `committed` that the commit under way drops: no new request may start in
+    /// them, or it would run outside the log once that commit is durable.
+    leaving: BTreeSet<u64>,
     /// Extents waiting requests need.
     wanted: BTreeSet<u64>,
     /// Requests in flight per extent (only extents with any).
@@ -45,6 +48,7 @@ impl ActivityLog {
             size,
             max_extents: max_extents.max(1),
             committed: BTreeSet::new(),
+            leaving: BTreeSet::new(),
             wanted: BTreeSet::new(),
             inflight: HashMap::new(),
             last_done: HashMap::new(),
@@ -69,14 +73,18 @@ impl ActivityLog {
         let range = self.extents(offset, len);
         let missing: Vec<u64> = range
             .clone()
-            .filter(|e| !self.committed.contains(e))
+            .filter(|e| !self.committed.contains(e) || self.leaving.contains(e))
             .collect();
         if !missing.is_empty() {
-            for &e in &missing {
+            // The whole range is wanted, not only what is missing: over the cap, the next
+            // commit could otherwise evict a committed extent of this very request (as least
+            // recently used) to make room for the missing ones, and the request would never
+            // find all its extents in the log (found by the simulator with a cap of 1-4).
+            for e in range.clone() {
                 // Wanted counts as used: it must not leave before its request runs.
                 self.last_use.insert(e, self.now);
             }
-            self.wanted.extend(missing);
+            self.wanted.extend(range);
             return false;
         }
         for e in range {
@@ -163,8 +171,15 @@ impl ActivityLog {
         s
     }
 
+    /// A commit of `log` (from `next`) starts: from now until it is durable, requests into
+    /// the extents it drops wait (for the next commit, which takes them back).
+    pub fn commit_started(&mut self, log: &BTreeSet<u64>) {
+        self.leaving = self.committed.difference(log).copied().collect();
+    }
+
     /// A commit of `log` (from `next`) is durable on every replica requests go to.
     pub fn committed(&mut self, log: BTreeSet<u64>) {
+        self.leaving.clear();
         self.wanted.retain(|e| !log.contains(e));
         // Bookkeeping of extents that left and are cold is no longer needed.
         self.last_done
@@ -261,6 +276,56 @@ mod tests {
 
     /// Over the cap, flushed idle extents leave early, least recently used first; extents
     /// with requests in flight or unflushed completions never do, whatever the cap.
+    #[test]
+    fn no_request_starts_in_an_extent_the_commit_under_way_drops() {
+        let mut al = ActivityLog::new(64 * MIB, 4 * MIB, 1024);
+        assert!(!al.try_begin(0, 4096));
+        let log = al.next(0);
+        al.committed(log);
+        assert!(al.try_begin(0, 4096));
+        al.end(0, 4096);
+        let mark = al.flush_mark();
+        al.flush_done(mark);
+        // Extent 0 is idle and flushed: the next commit drops it.
+        let log = al.next(0);
+        assert!(log.is_empty());
+        al.commit_started(&log);
+        assert!(
+            !al.try_begin(0, 4096),
+            "a request started in an extent the durable log is about to lose"
+        );
+        al.committed(log);
+        // It waits for the next commit, which takes extent 0 back.
+        let log = al.next(0);
+        assert!(log.contains(&0));
+        al.commit_started(&log);
+        al.committed(log);
+        assert!(al.try_begin(0, 4096));
+    }
+
+    #[test]
+    fn a_request_over_the_cap_gets_all_its_extents_even_those_that_could_leave() {
+        let mut al = ActivityLog::new(64 * MIB, 4 * MIB, 1);
+        // Extent 0 is committed, idle, flushed: the least recently used, free to leave.
+        assert!(!al.try_begin(0, 4096));
+        let log = al.next(u64::MAX);
+        al.committed(log);
+        assert!(al.try_begin(0, 4096));
+        al.end(0, 4096);
+        let mark = al.flush_mark();
+        al.flush_done(mark);
+        al.advance();
+        // A request over extents 0 and 1 with a cap of 1: the commit must keep both.
+        assert!(!al.try_begin(4 * MIB - 4096, 8192));
+        let log = al.next(u64::MAX);
+        al.committed(log);
+        assert!(
+            al.try_begin(4 * MIB - 4096, 8192),
+            "the commit evicted an extent the waiting request needs: {:?}",
+            al.active()
+        );
+    }
+
     #[test]
     fn over_the_cap_the_least_recently_used_flushed_extents_leave_early() {
         let mut al = ActivityLog::new(64 * MIB, 4 * MIB, 4);

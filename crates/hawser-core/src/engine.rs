@@ -350,6 +350,20 @@ impl Engine {
         &self.slot(r).dirty
     }
 
+    /// Chunks written to `r` that it may not have made durable since it last left
+    /// (`Slot::unflushed_at_loss`, and those a flush in flight to it covers). This engine
+    /// copies them only if `r`'s node rebooted; a journal must record them too, or after a
+    /// crash of this engine the next one would not know (found by the simulator).
+    pub fn unflushed_at_loss(&self, r: ReplicaIdx) -> ChunkMap {
+        let s = self.slot(r);
+        let mut m = ChunkMap::new(self.size, self.cfg.chunk_bytes);
+        let flushing = s.unflushed_flushing.iter().flat_map(|(_, v)| v.iter());
+        for &(first, end) in s.unflushed_at_loss.iter().chain(flushing) {
+            m.set_chunks(first, end);
+        }
+        m
+    }
+
     /// Chunks `r` may lack for reasons this engine did not see (crash recovery: what the
     /// activity logs say a previous engine may have left different). They are copied when `r`
     /// is resynced, on top of what this engine marks itself. For an in-sync replica they only

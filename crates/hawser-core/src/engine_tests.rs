@@ -132,6 +132,26 @@ fn a_corrupt_frame_fails_the_replica() {
 }
 
 #[test]
+fn a_disk_error_while_rejoining_fails_the_outdated_replica_for_good() {
+    let (mut e, s) = one_write_on_two_replicas();
+    let mut out = vec![];
+    e.on_reply(s[0].1, Ok(None), &mut out);
+    e.on_replica_lost(R1, &mut out);
+    e.on_outdate_done(R1, &mut out);
+    assert_eq!(e.membership(R1), Membership::Outdated);
+    assert!(e.wants_connection(R1));
+    out.clear();
+    e.on_replica_disk_error(R1, &mut out);
+    assert_eq!(out, vec![outdate(R1, true)], "reported failed to the store");
+    out.clear();
+    e.on_outdate_done(R1, &mut out);
+    assert_eq!(e.membership(R1), Membership::Failed);
+    assert!(!e.wants_connection(R1), "never reconnected automatically");
+    e.on_replica_disk_error(R1, &mut out);
+    assert!(out.is_empty(), "a repeat changes nothing: {out:?}");
+}
+
+#[test]
 fn all_replicas_failing_fails_the_write_and_outdates_nobody() {
     let (mut e, s) = one_write_on_two_replicas();
     let mut out = vec![];

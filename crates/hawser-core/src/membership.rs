@@ -44,6 +44,30 @@ impl Engine {
         self.on_replica_lost(r, out);
     }
 
+    /// The driver got a disk error from `r`'s journal while bringing it back (it is not
+    /// connected yet): `r` is failed for good, as after a disk error on a request. An outdated
+    /// replica is reported failed to the store at once; otherwise the flag goes with its
+    /// next outdate. Without this a replica whose journal cannot be read would be retried
+    /// forever and never shown failed.
+    pub fn on_replica_disk_error(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        if self.slot(r).connected {
+            return self.on_replica_corrupt(r, out);
+        }
+        let fenced = self.fenced;
+        let s = self.slot_mut(r);
+        if s.failed {
+            return;
+        }
+        s.failed = true;
+        if s.membership == Membership::Outdated && !fenced {
+            s.membership = Membership::Outdating;
+            out.push(Command::Outdate {
+                replica: r,
+                failed: true,
+            });
+        }
+    }
+
     /// Whether `r` may leave the in-sync set: enough other in-sync replicas remain.
     pub(crate) fn can_leave(&self, r: ReplicaIdx) -> bool {
         let n = self.slots.len();

@@ -92,7 +92,12 @@ impl VolumeEngine {
     /// others.
     pub(crate) async fn commit(&self, min_idle: u64) {
         let mut js = self.journal.lock().await;
-        let log = self.lock_activity().next(min_idle);
+        let log = {
+            let mut al = self.lock_activity();
+            let log = al.next(min_idle);
+            al.commit_started(&log);
+            log
+        };
         let sig = self.out_signature();
         let (targets, journal) = {
             let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -102,8 +107,16 @@ impl VolumeEngine {
                 let idx = Self::idx(i);
                 let v = e.replica_view(idx);
                 match v.membership {
+                    // In sync, but it may still lack writes it had not made durable when it
+                    // last left (until a flush reaches it): recorded, so that the next engine
+                    // copies them if its node lost power meanwhile.
                     Membership::InSync => {
-                        js.out.remove(&i);
+                        let unflushed = e.unflushed_at_loss(idx);
+                        if unflushed.is_empty() {
+                            js.out.remove(&i);
+                        } else {
+                            js.out.insert(i, Some(unflushed));
+                        }
                     }
                     Membership::Failed => {
                         js.out.insert(i, None);
@@ -115,6 +128,7 @@ impl VolumeEngine {
                             .or_insert_with(|| Some(ChunkMap::new(self.size, self.chunk_bytes)));
                         if let Some(m) = entry {
                             m.union(e.dirty(idx));
+                            m.union(&e.unflushed_at_loss(idx));
                         }
                     }
                 }
@@ -206,17 +220,27 @@ impl VolumeEngine {
             }
             Err(e) => {
                 tracing::warn!(volume = %self.volume, error = %e, "reading the journal of a returning replica failed");
+                self.join_failed(idx, &e);
                 return false;
             }
         }
         if let Some(last) = js.last.clone() {
             if let Err(e) = a.put_journal(self.epoch, last).await {
                 tracing::warn!(volume = %self.volume, error = %e, "writing the journal to a returning replica failed");
+                self.join_failed(idx, &e);
                 return false;
             }
         }
         self.run(|e, out| e.on_replica_connected(idx, rebooted, out));
         true
+    }
+
+    /// A join failed: a disk error fails the replica for good (shown in `hawser volume show`,
+    /// never retried); anything else is retried by the next reconnect.
+    fn join_failed(&self, idx: ReplicaIdx, e: &crate::replica_access::AccessError) {
+        if e.is_disk_error() {
+            self.run(|en, out| en.on_replica_disk_error(idx, out));
+        }
     }
 
     /// Per replica, membership and dirty bytes now.
