@@ -3,9 +3,65 @@
 //! be reconciled lack. The reasoning is in `hawser-agent/src/recovery.rs` and docs/protocol.md;
 //! it lives here so the simulator runs the same rules as the agent.
 
-use hawser_wire::journal::{Journal, Runs};
+use hawser_wire::journal::{Journal, OutReplica, Runs};
 
 use crate::ChunkMap;
+
+/// What a replica returning with `j`, its own journal from an earlier engine, may differ on
+/// from the replicas now in sync (`in_sync`, by id): the log of that engine (writes only it
+/// may have got), what that journal says it lacks itself, and what that engine recorded as
+/// lacking on any of `in_sync` (it may hold writes they lack: an engine that made it the
+/// reference after they were lost, then died before they came back). `None`: anything (such
+/// an entry was unknown).
+pub fn returning_lacks(
+    j: &Journal,
+    me: &str,
+    in_sync: &[&str],
+    size: u64,
+    chunk_bytes: u64,
+) -> Option<ChunkMap> {
+    let mut m = log_chunks(j, size, chunk_bytes);
+    for o in j
+        .out
+        .iter()
+        .filter(|o| o.replica == me || in_sync.contains(&o.replica.as_str()))
+    {
+        match &o.dirty {
+            Some(runs) => runs_to_chunks(runs, j.chunk_bytes, size, &mut m),
+            None => return None,
+        }
+    }
+    Some(m)
+}
+
+/// Record in `j` that `replica` lacks `lacks` too (`None`: anything). Used when a replica
+/// returns: the log of its own older journal says where it may differ, and that journal is
+/// about to be overwritten by the current one, so the current one must carry it, or a crash
+/// before the next commit forgets it (found by the simulator).
+pub fn add_out(j: &mut Journal, replica: &str, lacks: Option<&ChunkMap>) {
+    let (size, chunk) = (j.size, j.chunk_bytes);
+    let had = j
+        .out
+        .iter()
+        .find(|o| o.replica == replica)
+        .map(|o| o.dirty.clone());
+    let merged = match (had, lacks) {
+        (Some(None), _) | (_, None) => None,
+        (Some(Some(runs)), Some(m)) => {
+            let mut x = ChunkMap::new(size, chunk);
+            runs_to_chunks(&runs, chunk, size, &mut x);
+            x.union(m);
+            Some(x.runs())
+        }
+        (None, Some(m)) => Some(m.runs()),
+    };
+    j.out.retain(|o| o.replica != replica);
+    j.out.push(OutReplica {
+        replica: replica.to_owned(),
+        dirty: merged,
+    });
+    j.out.sort_by(|a, b| a.replica.cmp(&b.replica));
+}
 
 /// What the journals of the reachable in-sync replicas say.
 pub struct Plan {
@@ -167,6 +223,39 @@ mod tests {
         assert_eq!(
             p.next_seq, 10,
             "a restart in the same epoch continues the sequence"
+        );
+    }
+
+    #[test]
+    fn a_returning_replicas_own_log_is_added_to_the_journal_it_is_given() {
+        let mut jj = j(4, 9, vec![], vec![out("b", Some(vec![(0, 2)]))]).unwrap();
+        let mut m = ChunkMap::new(SIZE, CHUNK);
+        m.set_chunks(10, 12);
+        add_out(&mut jj, "b", Some(&m));
+        add_out(&mut jj, "a", Some(&m));
+        assert_eq!(jj.out[0], out("a", Some(vec![(10, 12)])));
+        assert_eq!(jj.out[1], out("b", Some(vec![(0, 2), (10, 12)])));
+        add_out(&mut jj, "b", None);
+        assert_eq!(jj.out[1], out("b", None), "unknown stays unknown");
+        add_out(&mut jj, "b", Some(&m));
+        assert_eq!(jj.out[1], out("b", None));
+    }
+
+    #[test]
+    fn a_returning_replica_lacks_its_log_and_what_it_said_the_in_sync_ones_lacked() {
+        let jj = j(
+            4,
+            9,
+            vec![(1, 2)],
+            vec![out("b", Some(vec![(0, 2)])), out("c", None), out("a", None)],
+        )
+        .unwrap();
+        let m = returning_lacks(&jj, "d", &["b"], SIZE, CHUNK).unwrap();
+        assert_eq!(m.runs(), vec![(0, 2), (64, 128)]);
+        assert!(returning_lacks(&jj, "d", &["b", "c"], SIZE, CHUNK).is_none());
+        assert!(
+            returning_lacks(&jj, "a", &["b"], SIZE, CHUNK).is_none(),
+            "its own entry counts: unknown"
         );
     }
 

@@ -15,9 +15,9 @@ use hawser_wire::journal::{Journal, JournalError, OutReplica, ACTIVITY_EXTENT_BY
 
 use super::{Handle, VolumeEngine};
 use crate::constants::ACTIVITY_IDLE_TICKS;
-use crate::recovery::log_chunks;
 use crate::replica_access::Access;
 use hawser_core::activity::to_runs;
+use hawser_core::recovery_plan::{add_out, returning_lacks};
 
 /// The journal as last committed, and what is needed for the next one.
 #[derive(Default)]
@@ -199,33 +199,76 @@ impl VolumeEngine {
     /// the log of a previous engine's journal it holds (writes only it may have received),
     /// give it the current journal, then tell the engine. False if it failed meanwhile.
     pub(super) async fn join(&self, i: usize, rebooted: bool) -> bool {
-        let js = self.journal.lock().await;
+        let mut js = self.journal.lock().await;
         let Some(a) = self.access(i) else {
             return false;
         };
         let idx = Self::idx(i);
-        match a.get_journal(self.epoch).await {
-            Ok(Some(j)) if j.epoch == self.epoch && j.seq >= js.first_seq => {}
+        // What its own journal says it may lack (`None` inside: unknown, everything).
+        let own: Option<Option<ChunkMap>> = match a.get_journal(self.epoch).await {
+            Ok(Some(j)) if j.epoch == self.epoch && j.seq >= js.first_seq => None,
             Ok(Some(j)) => {
-                let m = log_chunks(&j, self.size, self.chunk_bytes);
-                if !m.is_empty() {
-                    tracing::info!(volume = %self.volume, replica = %self.replica_ids[i], bytes = m.bytes(), "adding a previous engine's activity log to what the replica lacks");
+                let in_sync: Vec<&str> = {
+                    let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                    let ids = inner.engine.in_sync();
+                    ids.iter()
+                        .map(|r| self.replica_ids[usize::from(r.0)].as_str())
+                        .collect()
+                };
+                let lacks = returning_lacks(
+                    &j,
+                    &self.replica_ids[i],
+                    &in_sync,
+                    self.size,
+                    self.chunk_bytes,
+                )
+                .unwrap_or_else(|| ChunkMap::full(self.size, self.chunk_bytes));
+                if !lacks.is_empty() {
+                    tracing::info!(volume = %self.volume, replica = %self.replica_ids[i], bytes = lacks.bytes(), "adding what a previous engine's journal says may differ to what the replica lacks");
                 }
-                self.run(|e, _| e.add_dirty(idx, &m));
+                self.run(|e, _| e.add_dirty(idx, &lacks));
+                Some(Some(lacks))
             }
             Ok(None) => {
                 tracing::warn!(volume = %self.volume, replica = %self.replica_ids[i], "replica has no readable journal; copying it in full");
                 let full = ChunkMap::full(self.size, self.chunk_bytes);
                 self.run(|e, _| e.add_dirty(idx, &full));
+                Some(None)
             }
             Err(e) => {
                 tracing::warn!(volume = %self.volume, error = %e, "reading the journal of a returning replica failed");
                 self.join_failed(idx, &e);
                 return false;
             }
+        };
+        if let Some(own) = &own {
+            // Its own journal is about to be overwritten: what it said must live on, in the
+            // journal it is given and in every later commit.
+            match (js.out.get_mut(&i), own) {
+                (Some(Some(m)), Some(own)) => m.union(own),
+                (Some(entry @ Some(_)), None) => *entry = None,
+                (Some(None), _) => {}
+                (None, own) => {
+                    js.out.insert(i, own.clone());
+                }
+            }
         }
         if let Some(last) = js.last.clone() {
-            if let Err(e) = a.put_journal(self.epoch, last).await {
+            let given = match &own {
+                None => Ok(last),
+                Some(own) => Journal::decode(&last).and_then(|mut j| {
+                    add_out(&mut j, &self.replica_ids[i], own.as_ref());
+                    encode_bounded(j).map(Bytes::from)
+                }),
+            };
+            let given = match given {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(volume = %self.volume, error = %e, "journal does not encode");
+                    return false;
+                }
+            };
+            if let Err(e) = a.put_journal(self.epoch, given).await {
                 tracing::warn!(volume = %self.volume, error = %e, "writing the journal to a returning replica failed");
                 self.join_failed(idx, &e);
                 return false;
