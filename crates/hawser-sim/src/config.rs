@@ -6,7 +6,7 @@
 
 use hawser_core::{ChunkMap, EngineConfig, NoQuorum, Quorum};
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 use crate::client::WorkloadParams;
 use crate::net::NetParams;
@@ -46,6 +46,9 @@ pub struct FaultMix {
     pub control_outage: u32,
     pub io_error: u32,
     pub disk_full: u32,
+    /// A crash of the engine's process (kill -9 of its agent); a new engine then starts and
+    /// runs crash recovery. Above 0, the run also models the journal (`world/journal.rs`).
+    pub engine_crash: u32,
 }
 
 impl FaultMix {
@@ -56,6 +59,12 @@ impl FaultMix {
         control_outage: 2,
         io_error: 1,
         disk_full: 1,
+        engine_crash: 0,
+    };
+    /// Every fault, engine crashes too.
+    pub const ALL_WITH_ENGINE_CRASHES: FaultMix = FaultMix {
+        engine_crash: 2,
+        ..FaultMix::ALL
     };
     pub const NONE: FaultMix = FaultMix {
         process_crash: 0,
@@ -64,7 +73,33 @@ impl FaultMix {
         control_outage: 0,
         io_error: 0,
         disk_full: 0,
+        engine_crash: 0,
     };
+}
+
+/// The activity log's shape in a run that models the journal. Drawn from its own stream of
+/// the seed, so runs without engine crashes draw exactly what they drew before it existed.
+#[derive(Clone, Copy, Debug)]
+pub struct JournalParams {
+    pub extent_bytes: u64,
+    /// The log's soft cap, in extents.
+    pub max_extents: usize,
+    /// Driver ticks an extent stays idle before it may leave.
+    pub idle_ticks: u64,
+    /// Most time between a crash and the next engine's start.
+    pub restart_us: u64,
+}
+
+impl JournalParams {
+    pub fn draw(seed: u64, chunk_bytes: u64) -> JournalParams {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x6a6f_7572_6e61_6c21);
+        JournalParams {
+            extent_bytes: chunk_bytes * [1u64, 2, 4, 8][rng.random_range(0..4)],
+            max_extents: [1usize, 2, 4, 1024][rng.random_range(0..4)],
+            idle_ticks: [1u64, 3, 10][rng.random_range(0..3)],
+            restart_us: rng.random_range(1_000..=50_000),
+        }
+    }
 }
 
 /// A replica that starts out of date (the store has it `outdated`).

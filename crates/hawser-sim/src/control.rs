@@ -9,8 +9,10 @@
 //! is lost, and after any refusal of an outdate; the simulator does the same, after random
 //! delays, and the controller is sometimes unavailable for a while.
 //!
-//! Not modelled: epochs other than the one engine's (`stale_epoch`: there is no second engine
-//! yet), volume states (creating, deleting), and the store's own replication.
+//! Every call carries its engine's epoch; an attach (an engine restart) raises the store's, and
+//! calls of older engines are refused (`Outcome::Stale`), as the controller's compare-and-swap
+//! on the volume record does. Not modelled: volume states (creating, deleting), and the store's
+//! own replication.
 
 /// A replica's state in the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +38,8 @@ pub enum Outcome {
     Refused,
     /// Refused for now (outdating the last in-sync replica): the agent retries.
     Retry,
+    /// From an engine of an older epoch (a newer attach fenced it): refused, changes nothing.
+    Stale,
 }
 
 /// Deliberate control-plane bugs, to prove the checkers catch them.
@@ -73,6 +77,14 @@ impl Control {
             .iter()
             .filter(|&&s| s == StoreState::InSync)
             .count()
+    }
+
+    /// One attempt of `call` by the engine of `epoch`: refused if a newer attach happened.
+    pub fn apply_at(&mut self, call: Call, epoch: u64) -> Outcome {
+        if epoch < self.epoch {
+            return Outcome::Stale;
+        }
+        self.apply(call)
     }
 
     /// One attempt of `call`, as the controller's compare-and-swap does it.

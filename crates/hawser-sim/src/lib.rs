@@ -8,8 +8,8 @@
 //! outdate / mark-in-sync rules, outages), `client.rs` (the workload and the model of what may
 //! read back), `check.rs` (the checkers), `world.rs` (the event loop, the engine's driver, the
 //! faults and their rules, healing). Each module's doc also says what it does not model.
-//! The biggest gap: the engine never crashes (there is no activity log yet); see
-//! `World::crash_engine`.
+//! Runs with `FaultMix::engine_crash` also model the driver's journal (`world/journal.rs`) and
+//! crash the engine itself, then start a new one that runs crash recovery (`world/restart.rs`).
 //!
 //! A failing run prints its seed, a one-line replay command and the end of its event trace:
 //! `HAWSER_SEED=<seed> cargo test --release -p hawser-sim replay -- --nocapture` prints the whole
@@ -41,6 +41,10 @@ pub enum Mutation {
     ModelIgnoresZeroes,
     /// Replica disks treat flushes as no-ops.
     FlushForgets,
+    /// The driver sends writes without waiting for their extents to be in the journal's log.
+    WritesSkipTheLog,
+    /// Crash recovery compares but copies nothing.
+    RecoveryCopiesNothing,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -65,6 +69,7 @@ pub const TRACE_TAIL_LINES: usize = 120;
 #[derive(Debug)]
 pub struct Failure {
     pub seed: u64,
+    pub engine_crashes: bool,
     pub message: String,
     pub trace_tail: Vec<String>,
 }
@@ -72,7 +77,11 @@ pub struct Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "seed {}: {}", self.seed, self.message)?;
-        writeln!(f, "replay: {}", replay_command(self.seed))?;
+        writeln!(
+            f,
+            "replay: {}",
+            replay_command(self.seed, self.engine_crashes)
+        )?;
         writeln!(f, "last {} trace lines:", self.trace_tail.len())?;
         for l in &self.trace_tail {
             writeln!(f, "  {l}")?;
@@ -81,8 +90,27 @@ impl std::fmt::Display for Failure {
     }
 }
 
-pub fn replay_command(seed: u64) -> String {
-    format!("HAWSER_SEED={seed} cargo test --release -p hawser-sim replay -- --nocapture")
+pub fn replay_command(seed: u64, engine_crashes: bool) -> String {
+    let mode = if engine_crashes {
+        " HAWSER_ENGINE_CRASHES=1"
+    } else {
+        ""
+    };
+    format!("HAWSER_SEED={seed}{mode} cargo test --release -p hawser-sim replay -- --nocapture")
+}
+
+impl RunOptions {
+    /// Every fault, engine crashes (and so the journal) too.
+    pub fn with_engine_crashes() -> RunOptions {
+        RunOptions {
+            faults: FaultMix::ALL_WITH_ENGINE_CRASHES,
+            mutation: Mutation::None,
+        }
+    }
+
+    pub fn engine_crashes(&self) -> bool {
+        self.faults.engine_crash > 0
+    }
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -119,6 +147,7 @@ pub fn run_seed(seed: u64, opts: RunOptions) -> Result<Stats, Failure> {
             let from = trace.len().saturating_sub(TRACE_TAIL_LINES);
             Err(Failure {
                 seed,
+                engine_crashes: opts.engine_crashes(),
                 message,
                 trace_tail: trace[from..].to_vec(),
             })

@@ -5,8 +5,9 @@
 //! executing have finished; from then on, requests of older sessions are refused (here:
 //! discarded, their connection is dead anyway). So a request of an old session still in the
 //! network lands before the new Hello is answered or never. Requests carry the engine's epoch
-//! and a replica refuses older epochs (there is one engine per run today, so this is only the
-//! hook an engine restart will need).
+//! and a replica refuses older epochs: an engine that restarts (`world/restart.rs`) says Hello
+//! with a newer one. Besides the engine's requests a session carries its driver's journal
+//! operations (`world/journal.rs`): a journal put is durable and atomic when it completes.
 //!
 //! Requests execute concurrently on the disk, each for a random latency; the effect happens
 //! when it completes. A process crash ends every session; a request executing at that moment
@@ -16,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use hawser_core::{ClientOp, ReplicaFailure, ReplicaResult, SubId};
+use hawser_wire::journal::Journal;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -32,10 +34,33 @@ pub enum DiskFault {
     Full,
 }
 
+/// What a session asks of a replica: a request of the engine, or a journal operation of its
+/// driver (`jid` names it in the reply).
+#[derive(Clone, Debug)]
+pub enum Op {
+    Client(SubId, ClientOp),
+    PutJournal(u64, Journal),
+    GetJournal(u64),
+}
+
 struct Exec {
     session: u64,
-    sub: SubId,
-    op: ClientOp,
+    op: Op,
+}
+
+/// The outcome of a finished operation.
+pub enum Finished {
+    Client {
+        sub: SubId,
+        result: ReplicaResult,
+        /// The request changed the disk (a write that succeeded), over these bytes.
+        wrote: Option<(u64, u64)>,
+    },
+    /// A journal operation: `Ok(Some(_))` for a get that found one.
+    Journal {
+        jid: u64,
+        result: Result<Option<Journal>, ReplicaFailure>,
+    },
 }
 
 /// What became of a request that reached the replica.
@@ -46,13 +71,10 @@ pub enum Arrival {
     Started(u64),
 }
 
-/// A finished request's reply, for session `session`.
+/// A finished operation's reply, for session `session`.
 pub struct Done {
     pub session: u64,
-    pub sub: SubId,
-    pub result: ReplicaResult,
-    /// The request changed the disk (a write that succeeded), over these bytes.
-    pub wrote: Option<(u64, u64)>,
+    pub outcome: Finished,
 }
 
 pub struct Replica {
@@ -65,6 +87,9 @@ pub struct Replica {
     pub fault: DiskFault,
     /// Deliberately wrong: flushes make nothing durable.
     pub forget_flushes: bool,
+    /// The durable journal (two slots written alternately: a put is atomic). `None`: the
+    /// replica never had one.
+    pub journal: Option<Journal>,
     session: Option<u64>,
     /// Hellos waiting for older sessions' executing requests, in arrival order.
     hellos: Vec<u64>,
@@ -82,6 +107,7 @@ impl Replica {
             epoch: 1,
             fault: DiskFault::None,
             forget_flushes: false,
+            journal: None,
             session: None,
             hellos: Vec::new(),
             executing: BTreeMap::new(),
@@ -123,21 +149,46 @@ impl Replica {
         std::mem::take(&mut self.hellos)
     }
 
-    /// A request of `session` arrived.
-    pub fn arrive(&mut self, session: u64, sub: SubId, op: ClientOp) -> Arrival {
+    /// An operation of `session` arrived.
+    pub fn arrive(&mut self, session: u64, op: Op) -> Arrival {
         if !self.up || self.session != Some(session) || !self.hellos.is_empty() {
             return Arrival::Discarded;
         }
         let id = self.next_op;
         self.next_op += 1;
-        self.executing.insert(id, Exec { session, sub, op });
+        self.executing.insert(id, Exec { session, op });
         Arrival::Started(id)
     }
 
-    /// Request `id` finished on the disk: apply it and build the reply.
+    /// Operation `id` finished on the disk: apply it and build the reply.
     pub fn finish(&mut self, id: u64, rng: &mut StdRng) -> Option<Done> {
         let e = self.executing.remove(&id)?;
-        let fail = match (self.fault, &e.op) {
+        let session = e.session;
+        let (sub, op) = match e.op {
+            Op::Client(sub, op) => (sub, op),
+            Op::PutJournal(jid, j) => {
+                let result = match self.fault {
+                    DiskFault::Io(p) if rng.random_bool(p) => Err(ReplicaFailure::Io),
+                    // The journal file grows on first use; a full disk refuses it.
+                    DiskFault::Full if self.journal.is_none() => Err(ReplicaFailure::NoSpace),
+                    _ => {
+                        self.journal = Some(j);
+                        Ok(None)
+                    }
+                };
+                let outcome = Finished::Journal { jid, result };
+                return Some(Done { session, outcome });
+            }
+            Op::GetJournal(jid) => {
+                let result = match self.fault {
+                    DiskFault::Io(p) if rng.random_bool(p) => Err(ReplicaFailure::Io),
+                    _ => Ok(self.journal.clone()),
+                };
+                let outcome = Finished::Journal { jid, result };
+                return Some(Done { session, outcome });
+            }
+        };
+        let fail = match (self.fault, &op) {
             (DiskFault::Io(p), _) if rng.random_bool(p) => Some(ReplicaFailure::Io),
             (DiskFault::Full, ClientOp::Write { .. } | ClientOp::WriteZeroes { .. }) => {
                 Some(ReplicaFailure::NoSpace)
@@ -145,14 +196,14 @@ impl Replica {
             _ => None,
         };
         if let Some(f) = fail {
-            return Some(Done {
-                session: e.session,
-                sub: e.sub,
+            let outcome = Finished::Client {
+                sub,
                 result: Err(f),
                 wrote: None,
-            });
+            };
+            return Some(Done { session, outcome });
         }
-        let (result, wrote) = match &e.op {
+        let (result, wrote) = match &op {
             ClientOp::Read { offset, len } => {
                 (Ok(Some(self.disk.read(*offset, u64::from(*len)))), None)
             }
@@ -178,12 +229,8 @@ impl Replica {
                 (Ok(None), None)
             }
         };
-        Some(Done {
-            session: e.session,
-            sub: e.sub,
-            result,
-            wrote,
-        })
+        let outcome = Finished::Client { sub, result, wrote };
+        Some(Done { session, outcome })
     }
 
     /// The process (or its node) dies. Writes executing now reach a random prefix of their
@@ -191,7 +238,18 @@ impl Replica {
     /// with probability `keep`) and returns the sectors that were volatile.
     pub fn crash(&mut self, node: bool, keep: f64, rng: &mut StdRng) -> Vec<u64> {
         for (_, e) in std::mem::take(&mut self.executing) {
-            let (offset, len, data) = match &e.op {
+            let op = match e.op {
+                Op::Client(_, op) => op,
+                // A journal put is atomic (two slots): it landed or it did not.
+                Op::PutJournal(_, j) => {
+                    if rng.random_bool(0.5) {
+                        self.journal = Some(j);
+                    }
+                    continue;
+                }
+                Op::GetJournal(_) => continue,
+            };
+            let (offset, len, data) = match &op {
                 ClientOp::Write { offset, data, .. } => (*offset, data.len() as u64, Some(data)),
                 ClientOp::Trim { offset, len } | ClientOp::WriteZeroes { offset, len, .. } => {
                     (*offset, u64::from(*len), None)

@@ -28,22 +28,22 @@
 //!   replica the store calls in-sync while an unhealthy one could outdate it
 //!   (`World::may_take_away`).
 //! - The local replica (when there is one) lives in the engine's process: it has no network
-//!   faults and never crashes, since its crash is an engine crash.
+//!   faults and crashes only with the engine.
 //!
-//! Not modelled yet: engine crashes and restarts (there is no activity log). The extension
-//! point is `World::crash_engine`: it would drop `engine` and the driver, bump the store's
-//! epoch, and build a new `Engine` from the store's replica states (`Initial`), reconnecting
-//! with Hellos that carry the new epoch (replicas already refuse older epochs); the checks
-//! would then need the activity-log guarantee (every region that may differ is resynced before
-//! I/O is served).
+//! Runs with engine crashes (`FaultMix::engine_crash`) also model the driver's journal
+//! (`world/journal.rs`): writes wait for their extents to be committed to the activity log on
+//! every replica they go to, and returning replicas join under the journal lock. An engine
+//! crash (`world/restart.rs`) kills the engine and its local replica's process; a new engine
+//! then starts in a new epoch and runs crash recovery before it serves I/O.
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use hawser_core::{
-    ClientOp, Command, Engine, Initial, IoError, Membership, Quorum, ReplicaFailure, ReplicaIdx,
-    ReplicaResult, ReplicaSpec, SubId, Tag,
+    ChunkMap, ClientOp, Command, Engine, Initial, IoError, Membership, Quorum, ReplicaFailure,
+    ReplicaIdx, ReplicaResult, ReplicaSpec, SubId, Tag,
 };
+use hawser_wire::journal::{Journal, OutReplica};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -52,7 +52,7 @@ use crate::client::{Client, Kind};
 use crate::config::*;
 use crate::control::{Call, Control, Outcome, StoreState};
 use crate::net::{Fate, Net};
-use crate::replica::{Arrival, DiskFault, Replica};
+use crate::replica::{Arrival, DiskFault, Finished, Op, Replica};
 use crate::{Mutation, RunOptions};
 
 #[derive(Clone, Debug)]
@@ -61,13 +61,12 @@ enum Event {
     ClientArrival,
     /// The driver's maintenance round.
     DriverTick,
-    /// A request arrives at replica `r`.
+    /// A request (of the engine, or of the driver's journal) arrives at replica `r`.
     Request {
         r: usize,
         inc: u64,
         session: u64,
-        sub: SubId,
-        op: ClientOp,
+        op: Op,
     },
     /// Replica `r` finished executing request `id`.
     DiskDone {
@@ -82,9 +81,17 @@ enum Event {
         sub: SubId,
         result: ReplicaResult,
     },
-    /// The driver had no session for a send: it fails at once.
+    /// The driver had no session for a send: it fails at once (if engine `gen` still runs).
     NoSession {
         sub: SubId,
+        gen: u64,
+    },
+    /// The answer to a journal operation arrives at the driver.
+    JournalReply {
+        r: usize,
+        session: u64,
+        jid: u64,
+        result: Result<Option<Journal>, ReplicaFailure>,
     },
     Hello {
         r: usize,
@@ -110,10 +117,13 @@ enum Event {
         r: usize,
         session: u64,
     },
-    /// A control-plane call reaches the controller (or finds it down).
-    Call(Call),
+    /// A control-plane call of the engine of an epoch reaches the controller (or finds it
+    /// down).
+    Call(Call, u64),
     /// Its answer reaches the engine's driver.
-    Answer(Call, Outcome),
+    Answer(Call, Outcome, u64),
+    /// A new engine starts (an attach after the last one crashed).
+    EngineStart,
     Fault,
     Restart {
         r: usize,
@@ -134,6 +144,9 @@ enum Conn {
     Idle,
     Connecting(u64),
     Open(u64),
+    /// Hello answered; the driver is bringing the replica into the journal's set
+    /// (`world/journal.rs`) before it tells the engine.
+    Joining(u64),
     /// The engine asked to disconnect; `ReportLost` is due.
     Closing(u64),
 }
@@ -172,6 +185,20 @@ pub struct Stats {
     pub missed: Vec<u64>,
     /// `Disconnect` commands for a session already closing.
     pub repeated_disconnects: u64,
+    /// Engine crashes, and what the recoveries after them compared and copied.
+    pub engine_crashes: u64,
+    pub recovery_compared: u64,
+    pub recovery_copied: u64,
+}
+
+/// Whether the engine runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum EngineState {
+    Up,
+    /// Crashed; an `EngineStart` is due.
+    Down,
+    /// Starting: waiting for the Hellos to these replicas to be answered or to time out.
+    Starting(std::collections::BTreeSet<usize>),
 }
 
 pub struct World {
@@ -213,6 +240,15 @@ pub struct World {
     trace: Option<Vec<String>>,
     failure: Option<String>,
     read_back_next: u64,
+    /// The driver's journal, when the run models it (`FaultMix::engine_crash` > 0).
+    jd: Option<journal::JournalDriver>,
+    engine_state: EngineState,
+    /// Engines started so far (commands of older ones are dropped) and the current one's epoch.
+    engine_gen: u64,
+    engine_epoch: u64,
+    /// Bytes resync copied per replica under engines that crashed since.
+    copied_before: Vec<u64>,
+    mutation: Mutation,
 }
 
 macro_rules! trace {
@@ -224,6 +260,14 @@ macro_rules! trace {
             }
         }
     };
+}
+
+mod journal;
+mod restart;
+
+/// The id a replica has in journals.
+fn replica_id(r: usize) -> String {
+    format!("r{r}")
 }
 
 fn ri(r: usize) -> ReplicaIdx {
@@ -304,8 +348,39 @@ impl World {
             trace: trace.then(Vec::new),
             failure: None,
             read_back_next: 0,
+            jd: None,
+            engine_state: EngineState::Up,
+            engine_gen: 1,
+            engine_epoch: 1,
+            copied_before: vec![0; n],
+            mutation,
             p,
         };
+        if faults.engine_crash > 0 {
+            let jp = JournalParams::draw(seed, w.p.engine.chunk_bytes);
+            trace!(w, "journal {jp:?}");
+            w.jd = Some(journal::JournalDriver::new(&w.p, jp, 1, 1));
+            // Every replica was created with an empty journal; the outdated one is said out.
+            let out: Vec<OutReplica> =
+                w.p.initial_outdated
+                    .iter()
+                    .map(|o| OutReplica {
+                        replica: replica_id(o.replica),
+                        dirty: o.dirty.as_ref().map(ChunkMap::runs),
+                    })
+                    .collect();
+            for rep in &mut w.replicas {
+                rep.journal = Some(Journal {
+                    epoch: 0,
+                    seq: 0,
+                    size: w.p.size,
+                    extent_bytes: jp.extent_bytes,
+                    chunk_bytes: w.p.engine.chunk_bytes,
+                    active: Vec::new(),
+                    out: out.clone(),
+                });
+            }
+        }
         if mutation == Mutation::FlushForgets {
             for rep in &mut w.replicas {
                 rep.forget_flushes = true;
@@ -330,6 +405,9 @@ impl World {
             w.drivers.push(d);
         }
         trace!(w, "params {:?}", w.p);
+        if w.jd.is_some() {
+            w.start_commit(0);
+        }
         w.schedule(0, Event::ClientArrival);
         w.schedule(0, Event::DriverTick);
         let gap = w.fault_gap();
@@ -399,7 +477,8 @@ impl World {
         self.stats.writes_failed = c.writes_failed;
         self.stats.reads_checked = c.reads_checked;
         for r in 0..self.p.replicas {
-            self.stats.copied[r] = self.engine.replica_view(ri(r)).copied_bytes;
+            self.stats.copied[r] =
+                self.copied_before[r] + self.engine.replica_view(ri(r)).copied_bytes;
         }
         match self.failure.take() {
             Some(f) => Err(f),
@@ -420,9 +499,8 @@ impl World {
                 r,
                 inc,
                 session,
-                sub,
                 op,
-            } => self.request_arrives(r, inc, session, sub, op),
+            } => self.request_arrives(r, inc, session, op),
             Event::DiskDone { r, inc, id } => self.disk_done(r, inc, id),
             Event::Reply {
                 r,
@@ -430,9 +508,17 @@ impl World {
                 sub,
                 result,
             } => self.reply_arrives(r, session, sub, result),
-            Event::NoSession { sub } => {
-                self.step(|e, out| e.on_reply(sub, Err(ReplicaFailure::Lost), out))
+            Event::NoSession { sub, gen } => {
+                if gen == self.engine_gen && self.engine_state == EngineState::Up {
+                    self.step(|e, out| e.on_reply(sub, Err(ReplicaFailure::Lost), out));
+                }
             }
+            Event::JournalReply {
+                r,
+                session,
+                jid,
+                result,
+            } => self.journal_reply(r, session, jid, result),
             Event::Hello { r, inc, session } => self.hello_arrives(r, inc, session),
             Event::HelloOk {
                 r,
@@ -443,22 +529,27 @@ impl World {
             Event::ConnectTimeout { r, session } => {
                 if self.drivers[r].conn == Conn::Connecting(session) {
                     self.connect_failed(r);
+                    self.start_hello_settled(r);
                 }
             }
-            Event::SessionTimeout { r, session } => {
-                if self.drivers[r].conn == Conn::Open(session) {
-                    self.drivers[r].conn = Conn::Idle;
-                    self.step(|e, out| e.on_replica_lost(ri(r), out));
-                }
-            }
+            Event::SessionTimeout { r, session } => match self.drivers[r].conn {
+                Conn::Open(s) if s == session => self.session_closed(r, session),
+                Conn::Joining(s) if s == session => self.join_failed(r, session),
+                _ => {}
+            },
             Event::ReportLost { r, session } => {
                 if self.drivers[r].conn == Conn::Closing(session) {
-                    self.drivers[r].conn = Conn::Idle;
-                    self.step(|e, out| e.on_replica_lost(ri(r), out));
+                    self.session_closed(r, session);
                 }
             }
-            Event::Call(call) => self.call_arrives(call),
-            Event::Answer(call, outcome) => self.answer(call, outcome),
+            Event::Call(call, epoch) => self.call_arrives(call, epoch),
+            Event::Answer(call, outcome, epoch) => {
+                self.control.in_flight -= 1;
+                if epoch == self.engine_epoch && self.engine_state == EngineState::Up {
+                    self.answer(call, outcome);
+                }
+            }
+            Event::EngineStart => self.engine_start(),
             Event::Fault => self.fault(),
             Event::Restart { r, node } => {
                 let boot = node.then(|| {
@@ -475,6 +566,16 @@ impl World {
                 }
             }
             Event::EndRandomPhase => self.begin_heal(),
+        }
+    }
+
+    /// The driver learnt that session `session` of replica `r` is closed: the engine
+    /// loses the replica, and a journal commit waiting for it stops waiting.
+    fn session_closed(&mut self, r: usize, session: u64) {
+        self.drivers[r].conn = Conn::Idle;
+        if self.engine_state == EngineState::Up {
+            self.step(|e, out| e.on_replica_lost(ri(r), out));
+            self.journal_replica_gone(r, session);
         }
     }
 
@@ -551,7 +652,7 @@ impl World {
                 sub,
                 op,
                 background: _,
-            } => self.send(usize::from(replica.0), sub, op),
+            } => self.send(usize::from(replica.0), Op::Client(sub, op)),
             Command::Complete { tag, result } => self.completed(tag, result),
             Command::Outdate { replica, failed } => self.call(Call::Outdate {
                 r: usize::from(replica.0),
@@ -563,11 +664,7 @@ impl World {
             Command::Disconnect { replica } => {
                 let r = usize::from(replica.0);
                 match self.drivers[r].conn {
-                    Conn::Open(s) => {
-                        self.drivers[r].conn = Conn::Closing(s);
-                        let d = self.rng.random_range(0..=100);
-                        self.schedule(d, Event::ReportLost { r, session: s });
-                    }
+                    Conn::Open(_) => self.disconnect(r),
                     // The engine repeats Disconnect on every leave while the session is
                     // still closing; like the agent's remote driver, ignore the repeats.
                     Conn::Closing(_) => self.stats.repeated_disconnects += 1,
@@ -582,16 +679,27 @@ impl World {
         }
     }
 
-    fn send(&mut self, r: usize, sub: SubId, op: ClientOp) {
-        let s = match self.drivers[r].conn {
-            Conn::Open(s) => s,
-            Conn::Closing(_) => {
-                self.schedule(0, Event::NoSession { sub });
+    /// Close the open session of replica `r` (the engine, or a failed journal commit, asked).
+    fn disconnect(&mut self, r: usize) {
+        if let Conn::Open(s) = self.drivers[r].conn {
+            self.drivers[r].conn = Conn::Closing(s);
+            let d = self.rng.random_range(0..=100);
+            self.schedule(d, Event::ReportLost { r, session: s });
+        }
+    }
+
+    fn send(&mut self, r: usize, op: Op) {
+        let s = match (self.drivers[r].conn, &op) {
+            (Conn::Open(s), _) => s,
+            (Conn::Joining(s), Op::PutJournal(..) | Op::GetJournal(_)) => s,
+            (Conn::Closing(_), Op::Client(sub, _)) => {
+                let (sub, gen) = (*sub, self.engine_gen);
+                self.schedule(0, Event::NoSession { sub, gen });
                 return;
             }
-            other => {
+            (other, _) => {
                 self.fail(format!(
-                    "engine sent sub {sub} to replica {r}, whose session is {other:?}"
+                    "driver sent {op:?} to replica {r}, whose session is {other:?}"
                 ));
                 return;
             }
@@ -608,7 +716,6 @@ impl World {
                     r,
                     inc,
                     session: s,
-                    sub,
                     op,
                 },
             ),
@@ -621,7 +728,6 @@ impl World {
                         r,
                         inc,
                         session: s,
-                        sub,
                         op,
                     },
                 );
@@ -630,6 +736,7 @@ impl World {
     }
 
     fn completed(&mut self, tag: Tag, result: Result<Option<Bytes>, IoError>) {
+        self.journal_completed(tag, result.is_ok());
         let c = match self.client.complete(tag, &result) {
             Ok(c) => c,
             Err(e) => return self.fail(e),
@@ -679,7 +786,7 @@ impl World {
         if self.phase != Phase::Random {
             return;
         }
-        if self.client.depth() < self.p.work.qd {
+        if self.client.depth() < self.p.work.qd && self.engine_state == EngineState::Up {
             let (kind, offset, len, fua) = self.client.random_op(&mut self.rng);
             self.submit(kind, offset, len, fua, false);
         }
@@ -690,10 +797,21 @@ impl World {
     fn submit(&mut self, kind: Kind, offset: u64, len: u64, fua: bool, background: bool) {
         let (tag, op) = self.client.begin(kind, offset, len, fua, background);
         trace!(self, "  client submits {tag}: {}", describe_op(&op));
-        self.step(|e, out| e.submit(tag, op, out));
+        if self.jd.is_some() {
+            self.submit_journaled(tag, op);
+        } else {
+            self.step(|e, out| e.submit(tag, op, out));
+        }
     }
 
     fn driver_tick(&mut self) {
+        if self.engine_state != EngineState::Up {
+            if self.phase != Phase::Done {
+                self.schedule(DRIVER_TICK_US, Event::DriverTick);
+            }
+            return;
+        }
+        self.journal_tick();
         for r in 0..self.p.replicas {
             let d = &self.drivers[r];
             if d.conn == Conn::Idle && self.now >= d.next_try && self.engine.wants_connection(ri(r))
@@ -787,7 +905,20 @@ impl World {
         d.inc = inc;
         d.backoff = RECONNECT_BACKOFF_MIN_US;
         let rebooted = d.last_boot != boot;
-        d.last_boot = boot;
+        if self.engine_state != EngineState::Up {
+            d.last_boot = boot;
+            self.start_hello_settled(r);
+            return;
+        }
+        if self.jd.is_some() {
+            // Like the agent's driver: into the journal's set first, then the engine. The
+            // boot id counts as seen only once it joined: a join that fails must not hide a
+            // reboot from the next attempt.
+            self.drivers[r].conn = Conn::Joining(session);
+            self.join(r, session, rebooted, boot);
+            return;
+        }
+        self.drivers[r].last_boot = boot;
         self.step(|e, out| e.on_replica_connected(ri(r), rebooted, out));
         if !self.engine.replica_view(ri(r)).connected {
             self.drivers[r].conn = Conn::Idle;
@@ -796,18 +927,19 @@ impl World {
 
     // ---- replicas ----
 
-    fn request_arrives(&mut self, r: usize, inc: u64, session: u64, sub: SubId, op: ClientOp) {
+    fn request_arrives(&mut self, r: usize, inc: u64, session: u64, op: Op) {
         if self.net.partitioned[r] {
             self.session_breaks(r, session, SESSION_TIMEOUT_US);
             return;
         }
         let rep = &mut self.replicas[r];
         let latency = match &op {
-            ClientOp::Flush => self.p.flush_latency_us,
+            // A journal put is a write and an fdatasync.
+            Op::Client(_, ClientOp::Flush) | Op::PutJournal(..) => self.p.flush_latency_us,
             _ => self.p.disk_latency_us,
         };
         let arrival = if rep.incarnation == inc && rep.up {
-            rep.arrive(session, sub, op)
+            rep.arrive(session, op)
         } else {
             Arrival::Discarded // the process that had this session is gone
         };
@@ -839,11 +971,19 @@ impl World {
             .fate(&mut self.rng, r, false, may_lose, SESSION_TIMEOUT_US)
         {
             Fate::Deliver(d) => {
-                let ev = Event::Reply {
-                    r,
-                    session: done.session,
-                    sub: done.sub,
-                    result: done.result,
+                let ev = match done.outcome {
+                    Finished::Client { sub, result, .. } => Event::Reply {
+                        r,
+                        session: done.session,
+                        sub,
+                        result,
+                    },
+                    Finished::Journal { jid, result } => Event::JournalReply {
+                        r,
+                        session: done.session,
+                        jid,
+                        result,
+                    },
                 };
                 if self.net.duplicate(&mut self.rng, r) {
                     let d2 = d + self.net.delay(&mut self.rng, r);
@@ -860,7 +1000,7 @@ impl World {
             self.session_breaks(r, session, SESSION_TIMEOUT_US);
             return;
         }
-        if self.drivers[r].conn == Conn::Open(session) {
+        if self.drivers[r].conn == Conn::Open(session) && self.engine_state == EngineState::Up {
             self.step(|e, out| e.on_reply(sub, result, out));
         }
     }
@@ -870,16 +1010,16 @@ impl World {
     fn call(&mut self, call: Call) {
         self.control.in_flight += 1;
         let d = self.rng.random_range(1..=self.p.control_delay_us);
-        self.schedule(d, Event::Call(call));
+        self.schedule(d, Event::Call(call, self.engine_epoch));
     }
 
-    fn call_arrives(&mut self, call: Call) {
+    fn call_arrives(&mut self, call: Call, epoch: u64) {
         if self.control.down {
-            self.schedule(CONTROL_RETRY_US, Event::Call(call));
+            self.schedule(CONTROL_RETRY_US, Event::Call(call, epoch));
             return;
         }
         let before = self.control.store.clone();
-        let outcome = self.control.apply(call);
+        let outcome = self.control.apply_at(call, epoch);
         trace!(self, "  store: {:?} -> {:?}", before, self.control.store);
         if let Call::Mark { r } = call {
             if before[r] != StoreState::InSync
@@ -893,15 +1033,14 @@ impl World {
         }
         let lost = self.phase == Phase::Random && self.rng.random_bool(self.p.control_answer_loss);
         if outcome == Outcome::Retry || lost {
-            self.schedule(CONTROL_RETRY_US, Event::Call(call));
+            self.schedule(CONTROL_RETRY_US, Event::Call(call, epoch));
             return;
         }
         let d = self.rng.random_range(1..=self.p.control_delay_us);
-        self.schedule(d, Event::Answer(call, outcome));
+        self.schedule(d, Event::Answer(call, outcome, epoch));
     }
 
     fn answer(&mut self, call: Call, outcome: Outcome) {
-        self.control.in_flight -= 1;
         match (call, outcome) {
             (Call::Outdate { r, .. }, Outcome::Done) => {
                 self.step(|e, out| e.on_outdate_done(ri(r), out));
@@ -996,6 +1135,12 @@ impl World {
         if self.phase != Phase::Random {
             return;
         }
+        if self.engine_state != EngineState::Up {
+            // No new fault while an engine starts (recovery's own I/O is not faulted).
+            let gap = self.fault_gap();
+            self.schedule(gap.max(1), Event::Fault);
+            return;
+        }
         let m = self.p.faults;
         let n = self.p.replicas;
         let remote = |w: &World, r: usize| !(w.p.local && r == 0);
@@ -1024,6 +1169,9 @@ impl World {
         }
         if !self.control.down {
             options.push((m.control_outage, 3, 0));
+        }
+        if m.engine_crash > 0 && self.may_crash_engine() {
+            options.push((m.engine_crash, 6, 0));
         }
         let total: u32 = options.iter().map(|o| o.0).sum();
         if total > 0 {
@@ -1078,7 +1226,7 @@ impl World {
                 } else {
                     self.rng.random_range(0..=1_000)
                 };
-                if let Conn::Open(s) = self.drivers[r].conn {
+                if let Conn::Open(s) | Conn::Joining(s) = self.drivers[r].conn {
                     self.session_breaks(r, s, notice);
                 }
                 let down = self.rng.random_range(1_000..=100_000);
@@ -1101,6 +1249,7 @@ impl World {
                 self.replicas[r].fault = DiskFault::Io(1.0);
                 self.disk_failed[r] = true;
             }
+            6 => self.crash_engine(),
             _ => {
                 trace!(self, "FAULT disk full on replica {r}");
                 self.replicas[r].fault = DiskFault::Full;
@@ -1129,10 +1278,13 @@ impl World {
 
     /// Nothing in flight anywhere and nothing left to do.
     fn quiet(&self) -> bool {
+        if self.engine_state != EngineState::Up || !self.journal_quiet() {
+            return false;
+        }
         let drivers_quiet = (0..self.p.replicas).all(|r| match self.drivers[r].conn {
             Conn::Open(_) => true,
             Conn::Idle => !self.engine.wants_connection(ri(r)),
-            Conn::Connecting(_) | Conn::Closing(_) => false,
+            Conn::Connecting(_) | Conn::Joining(_) | Conn::Closing(_) => false,
         });
         let queue_quiet = self.queue.values().all(|ev| match ev {
             Event::DriverTick | Event::Fault | Event::ClientArrival => true,
@@ -1227,12 +1379,6 @@ impl World {
             reps.join("; ")
         )
     }
-
-    /// Extension point for engine crashes (not modelled yet; see the module doc).
-    #[allow(dead_code)]
-    fn crash_engine(&mut self) {
-        unimplemented!("engine crashes need the activity log (issue 3, item 4)")
-    }
 }
 
 fn describe_op(op: &ClientOp) -> String {
@@ -1261,8 +1407,7 @@ fn describe(ev: &Event) -> String {
         Event::Request {
             r,
             session,
-            sub,
-            op,
+            op: Op::Client(sub, op),
             ..
         } => format!("r{r} <- s{session} sub {sub}: {}", describe_op(op)),
         Event::Reply {

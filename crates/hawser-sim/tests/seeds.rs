@@ -15,14 +15,21 @@ fn per_shard() -> u64 {
 }
 
 fn shard(i: u64) {
+    shard_with(i, RunOptions::default());
+}
+
+fn shard_with(i: u64, opts: RunOptions) {
     let n = per_shard();
     let base = seed_base() + i * n;
     let mut failures: Vec<Failure> = Vec::new();
     let (mut copied, mut dirtied, mut missed, mut events) = (0u64, 0u64, 0u64, 0u64);
     let (mut faults, mut writes, mut reads) = (0u64, 0u64, 0u64);
+    let (mut crashes, mut recovery) = (0u64, 0u64);
     for seed in base..base + n {
-        match run_seed(seed, RunOptions::default()) {
+        match run_seed(seed, opts) {
             Ok(s) => {
+                crashes += s.engine_crashes;
+                recovery += s.recovery_compared;
                 copied += s.copied.iter().sum::<u64>();
                 dirtied += s.dirtied.iter().sum::<u64>();
                 missed += s.missed.iter().sum::<u64>();
@@ -37,7 +44,8 @@ fn shard(i: u64) {
     println!(
         "seeds {base}..{}: {} failed; {events} events, {faults} faults, {writes} writes \
          acknowledged, {reads} reads checked; resync copied {copied} bytes, chunks dirtied \
-         {dirtied} bytes, written while out {missed} bytes",
+         {dirtied} bytes, written while out {missed} bytes; {crashes} engine crashes, \
+         recovery compared {recovery} bytes",
         base + n,
         failures.len()
     );
@@ -70,6 +78,17 @@ fn seeds_2() {
 #[test]
 fn seeds_3() {
     shard(3);
+}
+
+/// The same seeds with engine crashes (and the journal) as well.
+#[test]
+fn engine_crash_seeds_0() {
+    shard_with(0, RunOptions::with_engine_crashes());
+}
+
+#[test]
+fn engine_crash_seeds_1() {
+    shard_with(1, RunOptions::with_engine_crashes());
 }
 
 /// Seeds that found engine bugs once the simulator stopped steering around them. Each fails
@@ -124,7 +143,12 @@ fn replay() {
     else {
         return;
     };
-    let (result, trace) = run_traced(seed, RunOptions::default());
+    let opts = if std::env::var_os("HAWSER_ENGINE_CRASHES").is_some() {
+        RunOptions::with_engine_crashes()
+    } else {
+        RunOptions::default()
+    };
+    let (result, trace) = run_traced(seed, opts);
     for l in &trace {
         println!("{l}");
     }

@@ -1,0 +1,252 @@
+//! Engine crashes and restarts, with crash recovery.
+//!
+//! A crash is a kill -9 of the engine's agent: the engine, its driver and its journal state
+//! vanish; every client request in flight or waiting fails (the client may have written any
+//! of them, sector by sector); the local replica, in the same process, dies too (writes
+//! executing reach a prefix; its page cache survives). Messages the dead engine sent are still
+//! in the network: a replica executes those that arrive before the next engine's Hello, whose
+//! answer waits for them, and refuses the rest. Control-plane calls of the dead engine carry
+//! its epoch and are refused once the next attach raised it.
+//!
+//! After a while a new engine starts, as `hawser-agent::volume_engine::start` does: the attach
+//! raises the store's epoch; Hellos go to every replica the store calls in sync; then crash
+//! recovery (`hawser_core::recovery_plan::Plan`, the agent's rules): the journals of the
+//! reachable ones are read, the replicas are made equal over the union of their logs (and of
+//! the dirty maps those journals give reachable ones) by copying from one source, local first;
+//! what outdated and unreachable replicas lack is derived from the journals; then the engine
+//! is built from the store's states and the first journal is committed.
+//!
+//! Checked at once: after recovery the reachable in-sync replicas are byte-identical. Any
+//! difference left means a write reached some of them outside every log, which the activity
+//! log's rule forbids.
+//!
+//! Simplifications: recovery's own reads, copies and flush happen at one instant (no fault
+//! interleaves with them, and no new fault starts while an engine is down or starting); the
+//! engine restarts on the same node (so the local replica, if any, is local again); the
+//! engine's node does not lose power (a node crash of a replica it relies on is excluded, see
+//! `may_crash_engine`).
+
+use std::collections::BTreeSet;
+
+use hawser_core::{Engine, Initial, IoError, Plan, ReplicaSpec};
+use rand::Rng;
+
+use super::{replica_id, ri, Conn, EngineState, Event, World};
+use crate::config::RECONNECT_BACKOFF_MIN_US;
+use crate::control::StoreState;
+use crate::pattern::SECTOR;
+use crate::replica::DiskFault;
+use crate::Mutation;
+
+/// A start that found no in-sync replica (or one with a full disk) is tried again after this.
+const START_RETRY_US: u64 = 10_000;
+
+impl World {
+    /// An engine crash is injected only while no replica lost its power unnoticed: recovery
+    /// might take it as the source and copy its stale data over the acknowledged writes it
+    /// lost (see docs/protocol.md, "Noticed": a power loss of the source is not detected).
+    pub(super) fn may_crash_engine(&self) -> bool {
+        self.jd.is_some()
+            && self.engine_state == EngineState::Up
+            && !self.volatile_lost.iter().any(|&l| l)
+    }
+
+    pub(super) fn crash_engine(&mut self) {
+        trace!(self, "FAULT engine crash");
+        self.stats.engine_crashes += 1;
+        let mut tags = self.client.outstanding_tags();
+        if let Some(jd) = &self.jd {
+            tags.extend(jd.waiting_tags());
+        }
+        tags.sort_unstable();
+        tags.dedup();
+        for tag in tags {
+            if let Err(e) = self.client.complete(tag, &Err(IoError::ShutDown)) {
+                return self.fail(e);
+            }
+        }
+        for r in 0..self.p.replicas {
+            self.copied_before[r] += self.engine.replica_view(ri(r)).copied_bytes;
+            let d = &mut self.drivers[r];
+            d.conn = Conn::Idle;
+            d.next_try = 0;
+            d.backoff = RECONNECT_BACKOFF_MIN_US;
+            self.doomed[r] = None;
+        }
+        if self.p.local && self.replicas[0].up {
+            self.replicas[0].crash(false, 1.0, &mut self.rng);
+        }
+        self.engine_state = EngineState::Down;
+        self.engine_gen += 1;
+        let jp = self.jd.as_ref().expect("checked").params;
+        let d = self.rng.random_range(1_000..=jp.restart_us);
+        self.schedule(d, Event::EngineStart);
+    }
+
+    /// An attach: a new epoch, Hellos to the replicas the store calls in sync.
+    pub(super) fn engine_start(&mut self) {
+        self.control.epoch += 1;
+        self.engine_epoch = self.control.epoch;
+        trace!(self, "ENGINE START, epoch {}", self.engine_epoch);
+        if self.p.local && !self.replicas[0].up {
+            self.replicas[0].restart(None);
+        }
+        let mut pending = BTreeSet::new();
+        for r in 0..self.p.replicas {
+            if self.control.store[r] != StoreState::InSync {
+                continue;
+            }
+            if self.p.local && r == 0 {
+                let s = self.new_session();
+                if self.replicas[0].hello(s, self.engine_epoch) {
+                    let ready = self.replicas[0].ready_hellos();
+                    assert_eq!(ready, vec![s], "the local replica just restarted");
+                    self.drivers[0].conn = Conn::Open(s);
+                    self.drivers[0].inc = self.replicas[0].incarnation;
+                }
+                continue;
+            }
+            pending.insert(r);
+            self.connect(r);
+        }
+        self.engine_state = EngineState::Starting(pending);
+        self.start_hello_settled(usize::MAX);
+    }
+
+    /// The Hello to replica `r` was answered or timed out (`usize::MAX`: none yet).
+    pub(super) fn start_hello_settled(&mut self, r: usize) {
+        let EngineState::Starting(pending) = &mut self.engine_state else {
+            return;
+        };
+        pending.remove(&r);
+        if pending.is_empty() {
+            self.finish_start();
+        }
+    }
+
+    fn start_failed(&mut self, why: &str) {
+        trace!(self, "  engine start failed: {why}");
+        for r in 0..self.p.replicas {
+            self.drivers[r].conn = Conn::Idle;
+        }
+        self.engine_state = EngineState::Down;
+        self.schedule(START_RETRY_US, Event::EngineStart);
+    }
+
+    fn finish_start(&mut self) {
+        let n = self.p.replicas;
+        let (size, chunk) = (self.p.size, self.p.engine.chunk_bytes);
+        let in_store = |w: &World, r: usize| w.control.store[r] == StoreState::InSync;
+        // The source first: the local replica when it can be.
+        let open: Vec<usize> = (0..n)
+            .filter(|&r| in_store(self, r) && matches!(self.drivers[r].conn, Conn::Open(_)))
+            .collect();
+        let unreachable: Vec<usize> = (0..n)
+            .filter(|&r| in_store(self, r) && !open.contains(&r))
+            .collect();
+        // A replica whose disk fails its journal read is failed, not waited for.
+        let (broken, reach): (Vec<usize>, Vec<usize>) = open
+            .into_iter()
+            .partition(|&r| matches!(self.replicas[r].fault, DiskFault::Io(_)));
+        if reach.is_empty() {
+            return self.start_failed("no in-sync replica reachable");
+        }
+        if reach
+            .iter()
+            .any(|&r| self.replicas[r].fault != DiskFault::None)
+        {
+            // A copy to a full disk fails the start (a retry comes when it has room).
+            return self.start_failed("a full disk on an in-sync replica");
+        }
+        let journals = reach
+            .iter()
+            .map(|&r| self.replicas[r].journal.clone())
+            .collect();
+        let ids: Vec<String> = reach.iter().map(|&r| replica_id(r)).collect();
+        let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let plan = Plan::new(self.engine_epoch, size, chunk, journals, &id_refs);
+        trace!(
+            self,
+            "  recovery: reach {reach:?}, unreachable {unreachable:?}, reconcile {:?}",
+            plan.reconcile.runs()
+        );
+        self.reconcile(&reach, &plan);
+        if self.failure.is_some() {
+            return;
+        }
+        let specs: Vec<ReplicaSpec> = (0..n)
+            .map(|r| ReplicaSpec {
+                local: self.p.local && r == 0,
+                initial: match self.control.store[r] {
+                    StoreState::InSync => Initial::InSync,
+                    StoreState::Outdated => Initial::Outdated {
+                        dirty: plan.outdated_dirty(&replica_id(r)),
+                    },
+                    StoreState::Failed => Initial::Failed,
+                },
+            })
+            .collect();
+        self.engine = Engine::with_config(size, &specs, self.p.engine);
+        for &r in &unreachable {
+            let suspect = plan.suspect_for(&replica_id(r));
+            self.engine.add_dirty(ri(r), &suspect);
+        }
+        self.engine_state = EngineState::Up;
+        self.seen_membership = vec![None; n];
+        self.dirty_seen = vec![0; n];
+        self.reset_journal(self.engine_epoch, plan.next_seq);
+        self.observe();
+        for &r in &unreachable {
+            self.step(|e, out| e.on_replica_lost(ri(r), out));
+        }
+        for &r in &broken {
+            trace!(self, "  recovery: r{r} failed its journal read");
+            self.step(|e, out| e.on_replica_disk_error(ri(r), out));
+        }
+        self.start_commit(0);
+    }
+
+    /// Make the reachable in-sync replicas equal over `plan.reconcile`, copying from
+    /// `reach[0]`, then flush them all; then check they are identical everywhere.
+    fn reconcile(&mut self, reach: &[usize], plan: &Plan) {
+        let chunk = self.p.engine.chunk_bytes;
+        let src = reach[0];
+        for c in 0..plan.reconcile.chunks() {
+            if !plan.reconcile.is_set(c) {
+                continue;
+            }
+            let from = c * chunk;
+            let to = (from + chunk).min(self.p.size);
+            self.stats.recovery_compared += to - from;
+            for &r in &reach[1..] {
+                for s in from / SECTOR..to / SECTOR {
+                    let (a, b) = (s * SECTOR, (s + 1) * SECTOR);
+                    let data = self.replicas[src].disk.read(a, SECTOR);
+                    let copies = self.mutation != Mutation::RecoveryCopiesNothing;
+                    if copies && self.replicas[r].disk.read(a, SECTOR) != data {
+                        self.replicas[r].disk.write(a, b - a, Some(&data), false);
+                        self.stats.recovery_copied += SECTOR;
+                    }
+                }
+            }
+        }
+        // Every reachable replica is flushed, written to or not: the dead engine's
+        // acknowledged writes may still be unflushed on any of them (inside its log), and the
+        // new engine does not know it, so a later power loss would lose them unnoticed.
+        for &r in reach {
+            self.replicas[r].disk.flush();
+        }
+        for &r in &reach[1..] {
+            let (x, y) = (&self.replicas[src].disk, &self.replicas[r].disk);
+            let differs = (0..self.p.size / SECTOR)
+                .find(|&s| x.read(s * SECTOR, SECTOR) != y.read(s * SECTOR, SECTOR));
+            if let Some(s) = differs {
+                let chunk_of = s * SECTOR / chunk;
+                return self.fail(format!(
+                    "after crash recovery, in-sync replicas {src} and {r} differ at sector {s} \
+                     (chunk {chunk_of}), outside every journal's log"
+                ));
+            }
+        }
+    }
+}
