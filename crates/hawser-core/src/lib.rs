@@ -19,6 +19,7 @@ pub use engine::{
     Engine, EngineConfig, Initial, Membership, NoQuorum, Quorum, ReplicaSpec, ReplicaView,
 };
 pub use io_error::IoError;
+pub use resync::ResyncPoint;
 pub use types::{
     ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaOp, ReplicaResult, SubId, Tag,
 };
