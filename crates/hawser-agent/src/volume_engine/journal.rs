@@ -1,6 +1,7 @@
 //! The driver's side of the journal (format: `hawser_wire::journal`; rules: `activity.rs`):
 //! admitting modifying requests into the activity log, committing the journal to every replica
-//! requests go to, and bringing a returning replica into that set.
+//! requests go to, bringing a returning replica into that set, and saving a resync's progress
+//! (a resyncing replica's persisted dirty map shrinks only there, after a flush of it).
 //!
 //! One lock (`journal`, async) orders commits and joins: a replica joins the set of replicas
 //! requests go to only while holding it, after it received the last committed journal, so no
