@@ -49,9 +49,10 @@ pub(crate) struct Copy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResyncPoint {
     /// Chunks the replica may still lack: its dirty chunks and those of every copy to it in
-    /// flight (not yet acknowledged). Every other chunk was not dirty, or its copy was
-    /// acknowledged on the current session, so a flush of the replica sent after the point
-    /// was taken makes it durable there.
+    /// flight (not yet acknowledged). Every other chunk it holds as written or copied (its
+    /// copy acknowledged before the point; after a reboot of its node, copies it may have
+    /// lost are dirty again, `unflushed_at_loss`), so a flush of the replica sent after the
+    /// point was taken makes it durable there.
     pub lacks: ChunkMap,
     session: u64,
     marks: u64,
@@ -83,9 +84,10 @@ impl Engine {
 
     /// Whether `p` (taken for `r`) still bounds what `r` may lack together with its dirty
     /// map now, given that a flush of `r` sent after `p` was taken succeeded: `r` has had no
-    /// new session since (every copy acknowledged before `p` went to the session that
-    /// flushed), and nothing was added to its dirty map (a chunk marked and copied again
-    /// after `p` would be in neither, with its copy not flushed).
+    /// new session since (the flush reached the replica as it was at the point, not one
+    /// that came back, perhaps rebooted, in between), and nothing was added to its dirty map
+    /// (a chunk marked and copied again after `p` would be in neither, with its copy not
+    /// flushed).
     pub fn resync_point_holds(&self, r: ReplicaIdx, p: &ResyncPoint) -> bool {
         let s = self.slot(r);
         s.session == p.session && s.dirty_marks == p.marks
