@@ -58,6 +58,16 @@ pub const DEFAULT_RESYNC_RATE: u64 = 200 * 1024 * 1024;
 /// 100 MiB/s. Measured on a 2-vCPU VM with `scripts/bench-resync.sh` at a fixed rate, 4k QD32
 /// random writes during a resync kept 0.57 of their IOPS at 100 MiB/s and 0.27 at 200 MiB/s.
 pub const DEFAULT_RESYNC_BUSY_RATE: u64 = 100 * 1024 * 1024;
+/// While a replica resyncs, what it still lacks is saved this often (a flush of the replica,
+/// then a journal commit with its dirty map as it is now: `save_resync`), so an engine that
+/// restarts in the middle (agent killed, detach and attach, engine swap) resumes the resync
+/// instead of copying the replica's whole map again. A time, not a byte count: a save costs
+/// the same whatever was copied (one fdatasync on the replica, one journal commit: an
+/// fdatasync on each replica receiving writes), and what a restart repeats is at most this
+/// much copying at any rate limit. 5 s: about 0.5-1 GiB at the default rates (100-200 MiB/s),
+/// a few seconds of repeated work after a crash against minutes for a large map, for two
+/// fdatasyncs per replica every 5 s, nothing next to the copy stream itself.
+pub const RESYNC_SAVE_INTERVAL: Duration = Duration::from_secs(5);
 /// An extent leaves the activity log once unused for this many engine ticks (and flushed):
 /// long enough that a working set stays in the log (each entry costs a journal commit on the
 /// write path), short enough that recovery after a crash compares little.

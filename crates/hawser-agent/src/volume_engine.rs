@@ -26,7 +26,7 @@ use tokio::sync::{oneshot, Semaphore};
 use crate::recovery::{self, Plan};
 use crate::replica_access::Access;
 use hawser_core::ActivityLog;
-use journal::JournalState;
+use journal::{JournalState, ResyncSave};
 
 use crate::block::BlockDevice;
 mod journal;
@@ -99,6 +99,8 @@ pub struct VolumeEngine {
     /// Per replica, when its current resync began and the bytes copied to it by then (for
     /// the rate `status` reports); updated by the maintenance task.
     sync_began: Mutex<Vec<Option<(Instant, u64)>>>,
+    /// Per replica while it resyncs, its last resync save (`journal.rs`, `save_resync`).
+    resync_saves: Mutex<Vec<Option<ResyncSave>>>,
     /// Tasks are spawned here: commands may be carried out on I/O pool threads, outside the
     /// runtime.
     rt: tokio::runtime::Handle,
@@ -206,6 +208,7 @@ impl VolumeEngine {
             out_sig: Mutex::new(Vec::new()),
             recovery: Mutex::new(None),
             sync_began: Mutex::new(vec![None; n]),
+            resync_saves: Mutex::new(vec![None; n]),
             rt: tokio::runtime::Handle::current(),
             me: me.clone(),
         });
@@ -398,7 +401,7 @@ impl VolumeEngine {
     /// One maintenance round: reconnects and a background flush.
     fn tick(&self) {
         let Some(me) = self.me.upgrade() else { return };
-        let (wanted, wants_flush) = {
+        let (wanted, wants_flush, saves) = {
             let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             let e = &inner.engine;
             self.note_resyncs(e);
@@ -406,8 +409,11 @@ impl VolumeEngine {
                 .map(|i| ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS")))
                 .filter(|&r| e.wants_connection(r))
                 .collect();
-            (wanted, e.wants_flush())
+            (wanted, e.wants_flush(), self.due_resync_saves(e))
         };
+        for i in saves {
+            self.rt.spawn(me.clone().save_resync_due(i));
+        }
         let evict = {
             let mut al = self.activity.lock().unwrap_or_else(|p| p.into_inner());
             al.advance();
@@ -775,8 +781,14 @@ impl VolumeEngine {
         // acknowledged (it waits for an outdate); shutting down then fails it instead, which
         // acknowledges nothing that is not safe.
         match tokio::time::timeout(ENGINE_STOP_FLUSH_TIMEOUT, self.submit(ClientOp::Flush)).await {
-            // Everything is flushed: an empty log lets the next attach skip recovery.
-            Ok(Ok(_)) => self.commit(0).await,
+            // Everything is flushed: an empty log lets the next attach skip recovery, and a
+            // resync under way resumes where it stopped.
+            Ok(Ok(_)) => {
+                for i in 0..self.handles.len() {
+                    self.save_resync(i, 0).await;
+                }
+                self.commit(0).await;
+            }
             Ok(Err(e)) => tracing::warn!(volume = %self.volume, error = %e, "final flush failed"),
             Err(_) => tracing::error!(
                 volume = %self.volume,

@@ -162,6 +162,10 @@ pub(crate) struct Slot {
     /// replica succeeded it leaves at once; if every replica failed, the bits stay (harmless:
     /// they are copied if it ever leaves and returns).
     pub dirty: ChunkMap,
+    /// Times chunks were added to `dirty` (wherever bits are set: `mark_dirty`): a driver
+    /// that saved what the replica lacks at some point sees from it whether the map grew
+    /// since (`Engine::resync_point_holds`).
+    pub dirty_marks: u64,
     /// Chunks written to it that it may not have made durable: what was unflushed when it
     /// left, plus writes it answered after it left. Kept across a rejoin (its node can still
     /// lose power before it flushes), dropped only when a flush sent to it after it rejoined
@@ -194,6 +198,14 @@ impl Set {
     }
     pub fn is_empty(self) -> bool {
         self.0 == 0
+    }
+}
+
+impl Slot {
+    /// Add chunks to what it may lack (every place that sets dirty bits goes through here).
+    pub(crate) fn mark_dirty(&mut self, f: impl FnOnce(&mut ChunkMap)) {
+        f(&mut self.dirty);
+        self.dirty_marks += 1;
     }
 }
 
@@ -293,6 +305,7 @@ impl Engine {
                     failed: membership == Membership::Failed,
                     lost_while_marking: false,
                     dirty,
+                    dirty_marks: 0,
                     unflushed_at_loss: Vec::new(),
                     unflushed_flushing: Vec::new(),
                     copies: 0,
@@ -375,7 +388,7 @@ impl Engine {
             "bitmap geometry"
         );
         let s = self.slot_mut(r);
-        s.dirty.union(chunks);
+        s.mark_dirty(|d| d.union(chunks));
         // A resync under way goes round again to pick up chunks behind its cursor.
         s.cursor = 0;
     }
@@ -541,7 +554,7 @@ impl Engine {
                 // Replicas that will not get this write lack it from now on.
                 for r in self.indices().collect::<Vec<_>>() {
                     if !receivers.contains(&r) && self.slot(r).membership != Membership::Failed {
-                        self.slot_mut(r).dirty.set_chunks(first, end);
+                        self.slot_mut(r).mark_dirty(|d| d.set_chunks(first, end));
                     }
                 }
                 debug_assert_eq!(chunk, self.slots[0].dirty.chunk_bytes());
@@ -648,7 +661,7 @@ impl Engine {
                 // it can be lost, come back and be resynced without this range. Also when
                 // every replica fails it (the lost ones may hold it, the others not).
                 if let Some((offset, len)) = p.op.write_range() {
-                    self.slot_mut(r).dirty.set_bytes(offset, len);
+                    self.slot_mut(r).mark_dirty(|d| d.set_bytes(offset, len));
                 }
                 self.pending.insert(tag, p);
                 if is_read {

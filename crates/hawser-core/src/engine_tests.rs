@@ -349,11 +349,19 @@ impl Rig {
 
     /// Deliver every send to a replica that is up, until nothing moves.
     fn run(&mut self) {
-        while let Some(i) = self
-            .queue
-            .iter()
-            .position(|(r, _, _)| !self.down[usize::from(r.0)])
+        while self.step() {}
+    }
+
+    /// Deliver the first send to a replica that is up; false if there is none.
+    fn step(&mut self) -> bool {
         {
+            let Some(i) = self
+                .queue
+                .iter()
+                .position(|(r, _, _)| !self.down[usize::from(r.0)])
+            else {
+                return false;
+            };
             let (r, sub, op) = self.queue.remove(i).expect("index from position");
             let d = &mut self.disks[usize::from(r.0)];
             let result = match &op {
@@ -375,6 +383,7 @@ impl Rig {
             };
             self.with(|e, out| e.on_reply(sub, Ok(result), out));
         }
+        true
     }
 
     fn lose(&mut self, r: ReplicaIdx) {
@@ -831,4 +840,79 @@ fn a_write_sent_to_no_replica_fails_at_once() {
     g.submit(1, write(0, 1, 4096));
     assert_eq!(g.take_done(), vec![(1, Err(IoError::Io))]);
     assert!(g.e.dirty(R0).is_set(0) && g.e.dirty(R1).is_set(0));
+}
+
+/// What a driver may save as a resyncing replica's dirty map: its dirty chunks and those of
+/// copies in flight; it shrinks as copies are acknowledged, and stops holding once the map
+/// grows again or the replica gets a new session.
+#[test]
+fn a_resync_point_covers_what_is_not_yet_copied() {
+    let mut g = Rig::new(2, NoQuorum::Suspend);
+    assert!(
+        g.e.resync_point(R1).is_none(),
+        "an in-sync replica has no resync point"
+    );
+    g.lose(R1);
+    g.confirm();
+    for (tag, chunk) in [(1, 2), (2, 5), (3, 9)] {
+        g.submit(tag, write(chunk * CHUNK, tag as u8, 4096));
+    }
+    g.run();
+    assert!(g.e.resync_point(R1).is_none(), "not while it is out");
+    g.reconnect(R1, false);
+    let p = g.e.resync_point(R1).expect("syncing");
+    assert_eq!(p.lacks.runs(), vec![(2, 3), (5, 6), (9, 10)]);
+    // The three copies' reads are answered; their writes to R1 are in flight.
+    for _ in 0..3 {
+        assert!(g.step());
+    }
+    let q = g.e.resync_point(R1).expect("syncing");
+    assert_eq!(q.lacks, p.lacks, "a copy in flight counts as lacking");
+    assert!(g.step(), "the first copy's write is answered");
+    let q = g.e.resync_point(R1).expect("syncing");
+    assert_eq!(q.lacks.runs(), vec![(5, 6), (9, 10)]);
+    assert!(g.e.resync_point_holds(R1, &p));
+    // A write that fails everywhere leaves R1 syncing, with its chunk dirty: a point taken
+    // before no longer holds (that chunk could be copied again and not yet flushed).
+    g.submit(4, write(12 * CHUNK, 4, 4096));
+    let mine: Vec<SubId> = g
+        .queue
+        .iter()
+        .filter(|(_, _, op)| matches!(op, ClientOp::Write { offset, .. } if *offset == 12 * CHUNK))
+        .map(|&(_, sub, _)| sub)
+        .collect();
+    assert_eq!(mine.len(), 2, "the write goes to both replicas");
+    g.queue.retain(|(_, sub, _)| !mine.contains(sub));
+    for sub in mine {
+        g.with(|e, out| e.on_reply(sub, Err(ReplicaFailure::Io), out));
+    }
+    assert_eq!(
+        g.take_done(),
+        vec![
+            (1, Ok(None)),
+            (2, Ok(None)),
+            (3, Ok(None)),
+            (4, Err(IoError::Io))
+        ]
+    );
+    assert_eq!(g.e.membership(R1), Membership::Syncing);
+    assert!(!g.e.resync_point_holds(R1, &q), "the dirty map grew");
+    let r = g.e.resync_point(R1).expect("syncing");
+    assert!(r.lacks.is_set(12));
+    assert!(g.e.resync_point_holds(R1, &r));
+    // A new session: nothing acknowledged on the old one is known to be flushed.
+    g.lose(R1);
+    g.confirm();
+    assert!(g.e.resync_point(R1).is_none(), "not while it is out");
+    g.reconnect(R1, false);
+    assert!(!g.e.resync_point_holds(R1, &r), "new session");
+    // Copied and flushed: `Marking` has a point with nothing lacking, in-sync has none.
+    g.run();
+    assert_eq!(g.e.membership(R1), Membership::Marking);
+    let m = g.e.resync_point(R1).expect("marking");
+    assert!(m.lacks.is_empty(), "{:?}", m.lacks.runs());
+    g.confirm();
+    assert_eq!(g.e.membership(R1), Membership::InSync);
+    assert!(g.e.resync_point(R1).is_none());
+    assert!(g.disks[0] == g.disks[1], "replicas differ after resync");
 }

@@ -23,6 +23,7 @@ pub use engine::{
 };
 pub use io_error::IoError;
 pub use recovery_plan::Plan;
+pub use resync::ResyncPoint;
 pub use types::{
     ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaOp, ReplicaResult, SubId, Tag,
 };

@@ -180,7 +180,7 @@ impl Engine {
             // Its node lost power: what it had not made durable is gone; copy it. Otherwise
             // those chunks stay pending until a flush sent to it from now on succeeds.
             for (first, end) in std::mem::take(&mut s.unflushed_at_loss) {
-                s.dirty.set_chunks(first, end);
+                s.mark_dirty(|d| d.set_chunks(first, end));
             }
         }
         match s.membership {

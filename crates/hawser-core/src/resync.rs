@@ -43,7 +43,56 @@ pub(crate) struct Copy {
     pub promotions: u64,
 }
 
+/// Where the resync of one replica stands (`Engine::resync_point`), for a driver that saves
+/// what the replica still lacks while the resync runs, so that a restarted engine resumes
+/// instead of copying the whole map again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResyncPoint {
+    /// Chunks the replica may still lack: its dirty chunks and those of every copy to it in
+    /// flight (not yet acknowledged). Every other chunk it holds as written or copied (its
+    /// copy acknowledged before the point; after a reboot of its node, copies it may have
+    /// lost are dirty again, `unflushed_at_loss`), so a flush of the replica sent after the
+    /// point was taken makes it durable there.
+    pub lacks: ChunkMap,
+    session: u64,
+    marks: u64,
+}
+
 impl Engine {
+    /// The resync point of `r` while it is connected and `Syncing` or `Marking` (`None`
+    /// otherwise). Saving `lacks` as the replica's dirty map is safe once a flush of `r` sent
+    /// after this call succeeded and `resync_point_holds` is still true.
+    pub fn resync_point(&self, r: ReplicaIdx) -> Option<ResyncPoint> {
+        let s = self.slot(r);
+        if !s.connected || !matches!(s.membership, Membership::Syncing | Membership::Marking) {
+            return None;
+        }
+        let mut lacks = s.dirty.clone();
+        // Their bits are still set until they are acknowledged; kept explicit so the point
+        // stays right whatever clears bits.
+        for c in self.copies.values() {
+            if c.target == r && c.stage != Stage::Flushing {
+                lacks.set_chunks(c.first, c.end);
+            }
+        }
+        Some(ResyncPoint {
+            lacks,
+            session: s.session,
+            marks: s.dirty_marks,
+        })
+    }
+
+    /// Whether `p` (taken for `r`) still bounds what `r` may lack together with its dirty
+    /// map now, given that a flush of `r` sent after `p` was taken succeeded: `r` has had no
+    /// new session since (the flush reached the replica as it was at the point, not one
+    /// that came back, perhaps rebooted, in between), and nothing was added to its dirty map
+    /// (a chunk marked and copied again after `p` would be in neither, with its copy not
+    /// flushed).
+    pub fn resync_point_holds(&self, r: ReplicaIdx, p: &ResyncPoint) -> bool {
+        let s = self.slot(r);
+        s.session == p.session && s.dirty_marks == p.marks
+    }
+
     /// `r` is connected again and starts receiving writes while its dirty chunks are copied.
     pub(crate) fn begin_sync(
         &mut self,
@@ -138,7 +187,7 @@ impl Engine {
             for o in self.indices().collect::<Vec<_>>() {
                 let s = self.slot_mut(o);
                 if o != r && s.membership != Membership::Failed {
-                    s.dirty.union(&lacks);
+                    s.mark_dirty(|d| d.union(&lacks));
                     s.cursor = 0;
                 }
             }

@@ -1,6 +1,7 @@
 //! The driver's side of the journal (format: `hawser_wire::journal`; rules: `hawser_core::activity`):
 //! admitting modifying requests into the activity log, committing the journal to every replica
-//! requests go to, and bringing a returning replica into that set.
+//! requests go to, bringing a returning replica into that set, and saving a resync's progress
+//! (a resyncing replica's persisted dirty map shrinks only there, after a flush of it).
 //!
 //! One lock (`journal`, async) orders commits and joins: a replica joins the set of replicas
 //! requests go to only while holding it, after it received the last committed journal, so no
@@ -8,13 +9,15 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
-use hawser_core::{ChunkMap, IoError, Membership, ReplicaIdx};
+use hawser_core::{ChunkMap, Engine, IoError, Membership, ReplicaIdx, ResyncPoint};
 use hawser_wire::journal::{Journal, JournalError, OutReplica, ACTIVITY_EXTENT_BYTES};
 
 use super::{Handle, VolumeEngine};
-use crate::constants::ACTIVITY_IDLE_TICKS;
+use crate::constants::{ACTIVITY_IDLE_TICKS, RESYNC_SAVE_INTERVAL};
 use crate::replica_access::Access;
 use hawser_core::activity::to_runs;
 use hawser_core::recovery_plan::{add_out, returning_lacks};
@@ -27,12 +30,30 @@ pub(crate) struct JournalState {
     /// Commits of this engine's life start here; a replica whose journal is older than that
     /// holds a previous engine's log.
     pub first_seq: u64,
-    /// Persisted dirty maps of replicas not in sync (`None`: unknown). Only grow until the
-    /// replica is in sync again: a map shrinks in the engine as resync copies, but a copy is
-    /// durable only after the resync's final flush.
+    /// Persisted dirty maps of replicas not in sync (`None`: unknown). A map grows with the
+    /// engine's (every commit adds what the engine marks) and shrinks only by a resync save
+    /// (`save_resync`): a resync copy is durable only once a flush sent after it was
+    /// acknowledged succeeded, so the map may forget a chunk only after such a flush.
     pub out: HashMap<usize, Option<ChunkMap>>,
     /// The last committed journal, for replicas that join.
     pub last: Option<Bytes>,
+}
+
+/// The last save of what a resyncing replica lacks (`save_resync`): when, and the bytes
+/// copied to it by then.
+#[derive(Clone, Copy)]
+pub(super) struct ResyncSave {
+    at: Instant,
+    copied: u64,
+    running: bool,
+}
+
+/// A map to commit instead of replica `replica`'s persisted one: a resync point whose
+/// replica has been flushed since it was taken, on the driver's session `gen`.
+struct Shrink {
+    replica: usize,
+    point: ResyncPoint,
+    gen: u64,
 }
 
 impl VolumeEngine {
@@ -91,7 +112,19 @@ impl VolumeEngine {
     /// disconnected (it leaves like any failed replica); the log is then committed for the
     /// others.
     pub(crate) async fn commit(&self, min_idle: u64) {
-        let mut js = self.journal.lock().await;
+        let js = self.journal.lock().await;
+        self.commit_locked(js, min_idle, None).await;
+    }
+
+    /// `commit` under the journal lock, with `shrink` (if any) replacing that replica's
+    /// persisted map when it still holds; returns whether it did.
+    async fn commit_locked(
+        &self,
+        mut js: tokio::sync::MutexGuard<'_, JournalState>,
+        min_idle: u64,
+        shrink: Option<Shrink>,
+    ) -> bool {
+        let mut shrunk = false;
         let log = {
             let mut al = self.lock_activity();
             let log = al.next(min_idle);
@@ -106,32 +139,8 @@ impl VolumeEngine {
             for i in 0..self.handles.len() {
                 let idx = Self::idx(i);
                 let v = e.replica_view(idx);
-                match v.membership {
-                    // In sync, but it may still lack writes it had not made durable when it
-                    // last left (until a flush reaches it): recorded, so that the next engine
-                    // copies them if its node lost power meanwhile.
-                    Membership::InSync => {
-                        let unflushed = e.unflushed_at_loss(idx);
-                        if unflushed.is_empty() {
-                            js.out.remove(&i);
-                        } else {
-                            js.out.insert(i, Some(unflushed));
-                        }
-                    }
-                    Membership::Failed => {
-                        js.out.insert(i, None);
-                    }
-                    _ => {
-                        let entry = js
-                            .out
-                            .entry(i)
-                            .or_insert_with(|| Some(ChunkMap::new(self.size, self.chunk_bytes)));
-                        if let Some(m) = entry {
-                            m.union(e.dirty(idx));
-                            m.union(&e.unflushed_at_loss(idx));
-                        }
-                    }
-                }
+                let s = shrink.as_ref().filter(|s| s.replica == i);
+                shrunk |= self.note_out(&mut js.out, e, i, s);
                 let writes_go_there = matches!(
                     v.membership,
                     Membership::InSync | Membership::Syncing | Membership::Marking
@@ -166,7 +175,7 @@ impl VolumeEngine {
                 // Unreachable with the fallbacks in encode_bounded; fail safe: do not commit.
                 tracing::error!(volume = %self.volume, error = %e, "journal does not encode");
                 self.commits.send_modify(|c| *c += 1);
-                return;
+                return false;
             }
         };
         let mut tasks = tokio::task::JoinSet::new();
@@ -193,6 +202,139 @@ impl VolumeEngine {
         self.lock_activity().committed(log);
         drop(js);
         self.commits.send_modify(|c| *c += 1);
+        shrunk
+    }
+
+    /// Bring replica `i`'s persisted map up to the engine's (under both locks, so nothing
+    /// happens between the check of a shrink and the map it leaves). True if `shrink`
+    /// replaced the map.
+    fn note_out(
+        &self,
+        out: &mut HashMap<usize, Option<ChunkMap>>,
+        e: &Engine,
+        i: usize,
+        shrink: Option<&Shrink>,
+    ) -> bool {
+        let mut shrunk = false;
+        let idx = Self::idx(i);
+        match e.membership(idx) {
+            // In sync, but it may still lack writes it had not made durable when it last left
+            // (until a flush reaches it): recorded, so that the next engine copies them if its
+            // node lost power meanwhile.
+            Membership::InSync => {
+                let unflushed = e.unflushed_at_loss(idx);
+                if unflushed.is_empty() {
+                    out.remove(&i);
+                } else {
+                    out.insert(i, Some(unflushed));
+                }
+            }
+            Membership::Failed => {
+                out.insert(i, None);
+            }
+            _ => {
+                let entry = out
+                    .entry(i)
+                    .or_insert_with(|| Some(ChunkMap::new(self.size, self.chunk_bytes)));
+                // An unknown map stays unknown; a shrink applies only if nothing since its
+                // point could have left a chunk copied but not flushed outside it.
+                if let Some(m) = entry {
+                    if let Some(s) = shrink.filter(|s| {
+                        e.resync_point_holds(idx, &s.point) && self.current_gen(idx) == s.gen
+                    }) {
+                        *m = s.point.lacks.clone();
+                        shrunk = true;
+                    }
+                    m.union(e.dirty(idx));
+                    m.union(&e.unflushed_at_loss(idx));
+                }
+            }
+        }
+        shrunk
+    }
+
+    /// Which resyncing replicas are due a save (`RESYNC_SAVE_INTERVAL`), marked as running.
+    pub(super) fn due_resync_saves(&self, e: &Engine) -> Vec<usize> {
+        let mut saves = self.resync_saves.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (i, save) in saves.iter_mut().enumerate() {
+            let v = e.replica_view(Self::idx(i));
+            let resyncing = matches!(v.membership, Membership::Syncing | Membership::Marking);
+            match save {
+                None if resyncing => {
+                    *save = Some(ResyncSave {
+                        at: now,
+                        copied: v.copied_bytes,
+                        running: false,
+                    });
+                }
+                Some(_) if !resyncing => *save = None,
+                Some(s)
+                    if v.connected
+                        && !s.running
+                        && v.copied_bytes > s.copied
+                        && now.duration_since(s.at) >= RESYNC_SAVE_INTERVAL =>
+                {
+                    s.running = true;
+                    due.push(i);
+                }
+                _ => {}
+            }
+        }
+        due
+    }
+
+    /// The periodic save of replica `i`'s resync (`due_resync_saves`).
+    pub(super) async fn save_resync_due(self: Arc<Self>, i: usize) {
+        let started = Instant::now();
+        let saved = self.save_resync(i, ACTIVITY_IDLE_TICKS).await;
+        let mut saves = self.resync_saves.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Some(s)) = saves.get_mut(i) {
+            s.running = false;
+            s.at = started;
+            if let Some(copied) = saved {
+                s.copied = copied;
+            }
+        }
+    }
+
+    /// Save what resyncing replica `i` still lacks as its persisted map, so that the next
+    /// engine resumes its resync instead of copying the whole map again: take its resync
+    /// point (its dirty chunks and copies in flight), flush it (every copy acknowledged
+    /// before the point is then durable there), then commit the point as its map, with
+    /// whatever the engine marked since. Nothing is saved if the replica had a new session
+    /// or its dirty map grew in between (`Engine::resync_point_holds`). Returns the bytes
+    /// copied to it at the point if its map was saved.
+    pub(super) async fn save_resync(&self, i: usize, min_idle: u64) -> Option<u64> {
+        let idx = Self::idx(i);
+        let (point, gen, copied) = {
+            let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let point = inner.engine.resync_point(idx)?;
+            let copied = inner.engine.replica_view(idx).copied_bytes;
+            (point, self.current_gen(idx), copied)
+        };
+        let a = self.access(i)?;
+        if let Err(e) = a.flush(self.epoch).await {
+            if e.is_stale_epoch() {
+                self.run(|en, out| en.on_fenced(out));
+            }
+            tracing::debug!(volume = %self.volume, error = %e, "flush for a resync save failed");
+            return None;
+        }
+        let lacks = point.lacks.bytes();
+        let js = self.journal.lock().await;
+        let shrink = Shrink {
+            replica: i,
+            point,
+            gen,
+        };
+        if !self.commit_locked(js, min_idle, Some(shrink)).await {
+            tracing::debug!(volume = %self.volume, replica = %self.replica_ids[i], "resync save skipped: new session or more to copy");
+            return None;
+        }
+        tracing::debug!(volume = %self.volume, replica = %self.replica_ids[i], lacks, copied, "resync progress saved");
+        Some(copied)
     }
 
     /// Replica `i` is connected again and is about to receive requests: add to what it lacks
