@@ -150,10 +150,13 @@ pub(crate) struct Slot {
     pub session: u64,
     /// `Command::Disconnect` was sent for the current session (sent once per session).
     pub disconnecting: bool,
-    /// It came back with its node rebooted and chunks it had not made durable, and has not
-    /// been resynced since: it may lack acknowledged writes, so it is never promoted to
-    /// resync source (`promote`).
+    /// It came back with its node rebooted and chunks it had not made durable (its own, or
+    /// given by a previous engine's journals: `journal_lacks`), and has not been resynced
+    /// since: it may lack acknowledged writes, so it is never promoted to resync source
+    /// (`promote`).
     pub reboot_lost: bool,
+    /// `add_dirty` gave it chunks from a previous engine's journals since it was last in sync.
+    pub journal_lacks: bool,
     /// A disk error was seen: it leaves as failed and is never resynced.
     pub failed: bool,
     /// Lost while `Marking`: decided when the store answers.
@@ -302,6 +305,7 @@ impl Engine {
                     session: 0,
                     disconnecting: false,
                     reboot_lost: false,
+                    journal_lacks: false,
                     failed: membership == Membership::Failed,
                     lost_while_marking: false,
                     dirty,
@@ -391,6 +395,12 @@ impl Engine {
         s.mark_dirty(|d| d.union(chunks));
         // A resync under way goes round again to pick up chunks behind its cursor.
         s.cursor = 0;
+        // What a previous engine knew may include acknowledged writes it had not made
+        // durable (journals record those with the rest): if its node rebooted, it is never a
+        // reference for a promotion until resynced (found by the simulator).
+        if !chunks.is_empty() {
+            s.journal_lacks = true;
+        }
     }
 
     pub fn in_sync(&self) -> Vec<ReplicaIdx> {

@@ -828,6 +828,34 @@ fn a_replica_that_lost_unflushed_writes_is_not_promoted() {
     assert!(g.disks[0] == g.disks[2]);
 }
 
+/// What a previous engine's journals say a replica may lack can include acknowledged writes
+/// it had not made durable: if its node rebooted, it is not promoted either (found by the
+/// simulator).
+#[test]
+fn a_replica_given_chunks_by_the_journals_is_not_promoted() {
+    let mut g = Rig::new(3, NoQuorum::Suspend);
+    g.lose(R1);
+    g.confirm();
+    g.lose(R2);
+    g.lose(R0);
+    assert_eq!(g.e.membership(R2), Membership::Down);
+    let mut suspect = crate::ChunkMap::new(1 << 20, CHUNK);
+    suspect.set_chunks(2, 3);
+    g.e.add_dirty(R2, &suspect);
+    g.reconnect(R2, true);
+    g.run();
+    assert_eq!(
+        g.e.membership(R2),
+        Membership::Syncing,
+        "promoted a replica the journals said may lack chunk 2"
+    );
+    g.reconnect(R0, false);
+    g.run();
+    g.confirm();
+    assert_eq!(g.e.membership(R0), Membership::InSync);
+    assert_eq!(g.e.membership(R2), Membership::InSync);
+}
+
 /// Under the suspend policy, a write that no replica can receive (none is connected) fails at
 /// once rather than waiting: nobody has it, so nothing is owed to a returning replica except
 /// its range, which is dirty on all of them.

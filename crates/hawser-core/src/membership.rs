@@ -175,7 +175,7 @@ impl Engine {
         // Flushes to its old session were all answered when it was lost.
         debug_assert!(s.unflushed_flushing.is_empty());
         // Until a resync has copied them back, whatever the sessions after this one.
-        s.reboot_lost |= rebooted && !s.unflushed_at_loss.is_empty();
+        s.reboot_lost |= rebooted && (!s.unflushed_at_loss.is_empty() || s.journal_lacks);
         if rebooted {
             // Its node lost power: what it had not made durable is gone; copy it. Otherwise
             // those chunks stay pending until a flush sent to it from now on succeeds.
@@ -214,6 +214,7 @@ impl Engine {
         s.membership = Membership::InSync;
         s.store_in_sync = true;
         s.reboot_lost = false;
+        s.journal_lacks = false;
         if std::mem::take(&mut s.lost_while_marking) {
             // It missed something after the mark was sent: out again, by the usual rule.
             let failed = s.failed;
@@ -227,6 +228,7 @@ impl Engine {
     /// `Down` for want of a quorum may now be outdated.
     pub(crate) fn became_in_sync(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
         self.slot_mut(r).reboot_lost = false;
+        self.slot_mut(r).journal_lacks = false;
         self.resolve(r, out);
         for d in self.indices().collect::<Vec<_>>() {
             if self.membership(d) == Membership::Down && self.can_leave(d) {

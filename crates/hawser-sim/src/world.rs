@@ -1089,11 +1089,16 @@ impl World {
         };
         let n = self.p.replicas;
         let last_healthy = healthy(r) && !(0..n).any(|o| o != r && healthy(o));
+        // A `Marking` replica counts too (the store may confirm it any moment, and the engine
+        // then outdates `r` on its strength) in runs with the journal; runs without it keep
+        // the rule their pinned seeds were found with, so those replay the same.
+        let marking =
+            |o: usize| self.jd.is_some() && self.engine.membership(ri(o)) == Membership::Marking;
         let unhealthy_quorum = |o: usize| {
             o != r
-                && in_store(o)
                 && !healthy(o)
-                && self.engine.membership(ri(o)) == Membership::InSync
+                && ((in_store(o) && self.engine.membership(ri(o)) == Membership::InSync)
+                    || marking(o))
         };
         !(last_healthy && (0..n).any(unhealthy_quorum))
     }
