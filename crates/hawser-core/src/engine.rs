@@ -403,6 +403,18 @@ impl Engine {
         }
     }
 
+    /// Replicas that are, or may become without a resync, the reference others are copied
+    /// from: those the store calls in-sync (in sync, or `Down`, or resyncing after `Down`),
+    /// not failed.
+    pub fn may_be_reference(&self) -> Vec<ReplicaIdx> {
+        self.indices()
+            .filter(|&r| {
+                let s = self.slot(r);
+                s.store_in_sync && !s.failed
+            })
+            .collect()
+    }
+
     pub fn in_sync(&self) -> Vec<ReplicaIdx> {
         self.indices()
             .filter(|&r| self.membership(r) == Membership::InSync)

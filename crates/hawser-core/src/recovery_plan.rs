@@ -8,11 +8,11 @@ use hawser_wire::journal::{Journal, OutReplica, Runs};
 use crate::ChunkMap;
 
 /// What a replica returning with `j`, its own journal from an earlier engine, may differ on
-/// from the replicas now in sync (`in_sync`, by id): the log of that engine (writes only it
-/// may have got), what that journal says it lacks itself, and what that engine recorded as
-/// lacking on any of `in_sync` (it may hold writes they lack: an engine that made it the
-/// reference after they were lost, then died before they came back). `None`: anything (such
-/// an entry was unknown).
+/// from the replicas that are or may become the reference (`in_sync`, by id: see
+/// `Engine::may_be_reference`): the log of that engine (writes only it may have got), what
+/// that journal says it lacks itself, and what that engine recorded as lacking on any of
+/// `in_sync` (it may hold writes they lack: an engine that made it the reference after they
+/// were lost, then died before they came back). `None`: anything (such an entry was unknown).
 pub fn returning_lacks(
     j: &Journal,
     me: &str,

@@ -49,6 +49,9 @@ pub struct FaultMix {
     /// A crash of the engine's process (kill -9 of its agent); a new engine then starts and
     /// runs crash recovery. Above 0, the run also models the journal (`world/journal.rs`).
     pub engine_crash: u32,
+    /// Percent of engine starts after a crash that happen on another node, one without a
+    /// replica (the volume attached elsewhere): the replica that was local becomes remote.
+    pub engine_moves_pct: u32,
 }
 
 impl FaultMix {
@@ -60,10 +63,17 @@ impl FaultMix {
         io_error: 1,
         disk_full: 1,
         engine_crash: 0,
+        engine_moves_pct: 0,
     };
     /// Every fault, engine crashes too.
     pub const ALL_WITH_ENGINE_CRASHES: FaultMix = FaultMix {
         engine_crash: 2,
+        ..FaultMix::ALL
+    };
+    /// Engine crashes, a third of whose restarts happen on a node without a replica.
+    pub const ALL_WITH_ENGINE_MOVES: FaultMix = FaultMix {
+        engine_crash: 2,
+        engine_moves_pct: 33,
         ..FaultMix::ALL
     };
     pub const NONE: FaultMix = FaultMix {
@@ -74,6 +84,7 @@ impl FaultMix {
         io_error: 0,
         disk_full: 0,
         engine_crash: 0,
+        engine_moves_pct: 0,
     };
 }
 

@@ -69,7 +69,8 @@ pub const TRACE_TAIL_LINES: usize = 120;
 #[derive(Debug)]
 pub struct Failure {
     pub seed: u64,
-    pub engine_crashes: bool,
+    /// The replay's environment variable for this run's fault mix ("" for the default).
+    pub mode: &'static str,
     pub message: String,
     pub trace_tail: Vec<String>,
 }
@@ -77,11 +78,7 @@ pub struct Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "seed {}: {}", self.seed, self.message)?;
-        writeln!(
-            f,
-            "replay: {}",
-            replay_command(self.seed, self.engine_crashes)
-        )?;
+        writeln!(f, "replay: {}", replay_command(self.seed, self.mode))?;
         writeln!(f, "last {} trace lines:", self.trace_tail.len())?;
         for l in &self.trace_tail {
             writeln!(f, "  {l}")?;
@@ -90,12 +87,7 @@ impl std::fmt::Display for Failure {
     }
 }
 
-pub fn replay_command(seed: u64, engine_crashes: bool) -> String {
-    let mode = if engine_crashes {
-        " HAWSER_ENGINE_CRASHES=1"
-    } else {
-        ""
-    };
+pub fn replay_command(seed: u64, mode: &str) -> String {
     format!("HAWSER_SEED={seed}{mode} cargo test --release -p hawser-sim replay -- --nocapture")
 }
 
@@ -108,8 +100,27 @@ impl RunOptions {
         }
     }
 
+    /// Engine crashes, and restarts on another node.
+    pub fn with_engine_moves() -> RunOptions {
+        RunOptions {
+            faults: FaultMix::ALL_WITH_ENGINE_MOVES,
+            mutation: Mutation::None,
+        }
+    }
+
     pub fn engine_crashes(&self) -> bool {
         self.faults.engine_crash > 0
+    }
+
+    /// What `replay_command` adds for this fault mix.
+    pub fn mode(&self) -> &'static str {
+        if self.faults.engine_moves_pct > 0 {
+            " HAWSER_ENGINE_MOVES=1"
+        } else if self.engine_crashes() {
+            " HAWSER_ENGINE_CRASHES=1"
+        } else {
+            ""
+        }
     }
 }
 
@@ -147,7 +158,7 @@ pub fn run_seed(seed: u64, opts: RunOptions) -> Result<Stats, Failure> {
             let from = trace.len().saturating_sub(TRACE_TAIL_LINES);
             Err(Failure {
                 seed,
-                engine_crashes: opts.engine_crashes(),
+                mode: opts.mode(),
                 message,
                 trace_tail: trace[from..].to_vec(),
             })

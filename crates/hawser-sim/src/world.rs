@@ -187,6 +187,8 @@ pub struct Stats {
     pub repeated_disconnects: u64,
     /// Engine crashes, and what the recoveries after them compared and copied.
     pub engine_crashes: u64,
+    /// Engine starts on a node without a replica.
+    pub engine_moves: u64,
     pub recovery_compared: u64,
     pub recovery_copied: u64,
 }

@@ -24,11 +24,12 @@ fn shard_with(i: u64, opts: RunOptions) {
     let mut failures: Vec<Failure> = Vec::new();
     let (mut copied, mut dirtied, mut missed, mut events) = (0u64, 0u64, 0u64, 0u64);
     let (mut faults, mut writes, mut reads) = (0u64, 0u64, 0u64);
-    let (mut crashes, mut recovery) = (0u64, 0u64);
+    let (mut crashes, mut moves, mut recovery) = (0u64, 0u64, 0u64);
     for seed in base..base + n {
         match run_seed(seed, opts) {
             Ok(s) => {
                 crashes += s.engine_crashes;
+                moves += s.engine_moves;
                 recovery += s.recovery_compared;
                 copied += s.copied.iter().sum::<u64>();
                 dirtied += s.dirtied.iter().sum::<u64>();
@@ -44,8 +45,8 @@ fn shard_with(i: u64, opts: RunOptions) {
     println!(
         "seeds {base}..{}: {} failed; {events} events, {faults} faults, {writes} writes \
          acknowledged, {reads} reads checked; resync copied {copied} bytes, chunks dirtied \
-         {dirtied} bytes, written while out {missed} bytes; {crashes} engine crashes, \
-         recovery compared {recovery} bytes",
+         {dirtied} bytes, written while out {missed} bytes; {crashes} engine crashes \
+         ({moves} restarted elsewhere), recovery compared {recovery} bytes",
         base + n,
         failures.len()
     );
@@ -89,6 +90,12 @@ fn engine_crash_seeds_0() {
 #[test]
 fn engine_crash_seeds_1() {
     shard_with(1, RunOptions::with_engine_crashes());
+}
+
+/// And with engines that restart on a node without a replica.
+#[test]
+fn engine_move_seeds_0() {
+    shard_with(0, RunOptions::with_engine_moves());
 }
 
 /// Seeds that found engine bugs once the simulator stopped steering around them. Each fails
@@ -147,6 +154,10 @@ const PINNED_ENGINE_CRASH: &[(u64, &str)] = &[
     ),
     (7880, "6: ... including its own dirty entry"),
     (
+        38447,
+        "6: ... and what it said of a replica that was down but could become the reference",
+    ),
+    (
         3592,
         "7: a replica given chunks by the journals was promoted to reference after a reboot",
     ),
@@ -188,7 +199,9 @@ fn replay() {
     else {
         return;
     };
-    let opts = if std::env::var_os("HAWSER_ENGINE_CRASHES").is_some() {
+    let opts = if std::env::var_os("HAWSER_ENGINE_MOVES").is_some() {
+        RunOptions::with_engine_moves()
+    } else if std::env::var_os("HAWSER_ENGINE_CRASHES").is_some() {
         RunOptions::with_engine_crashes()
     } else {
         RunOptions::default()

@@ -352,7 +352,7 @@ impl VolumeEngine {
             Ok(Some(j)) => {
                 let in_sync: Vec<&str> = {
                     let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                    let ids = inner.engine.in_sync();
+                    let ids = inner.engine.may_be_reference();
                     ids.iter()
                         .map(|r| self.replica_ids[usize::from(r.0)].as_str())
                         .collect()

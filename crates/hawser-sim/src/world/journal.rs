@@ -445,7 +445,7 @@ impl World {
             Some(j) => {
                 let ids: Vec<String> = self
                     .engine
-                    .in_sync()
+                    .may_be_reference()
                     .iter()
                     .map(|x| replica_id(usize::from(x.0)))
                     .collect();

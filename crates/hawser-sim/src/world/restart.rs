@@ -31,7 +31,7 @@ use std::collections::BTreeSet;
 use hawser_core::{Engine, Initial, IoError, Plan, ReplicaSpec};
 use rand::Rng;
 
-use super::{replica_id, ri, Conn, EngineState, Event, World};
+use super::{replica_id, ri, Conn, EngineState, Event, Phase, World};
 use crate::config::RECONNECT_BACKOFF_MIN_US;
 use crate::control::StoreState;
 use crate::pattern::SECTOR;
@@ -88,6 +88,20 @@ impl World {
         self.control.epoch += 1;
         self.engine_epoch = self.control.epoch;
         trace!(self, "ENGINE START, epoch {}", self.engine_epoch);
+        let pct = self.p.faults.engine_moves_pct;
+        if self.p.local && pct > 0 && self.rng.random_range(0..100) < pct {
+            // Attached on a node without a replica: the replica that was local is now one
+            // like the others, on a node whose agent restarts in its own time.
+            trace!(self, "  the engine moves to a node without a replica");
+            self.stats.engine_moves += 1;
+            self.p.local = false;
+            self.net.local[0] = false;
+            self.net.reliable[0] = self.phase != Phase::Random;
+            if !self.replicas[0].up {
+                let d = self.rng.random_range(1_000..=100_000);
+                self.schedule(d, Event::Restart { r: 0, node: false });
+            }
+        }
         if self.p.local && !self.replicas[0].up {
             self.replicas[0].restart(None);
         }
