@@ -5,7 +5,7 @@
 
 use hawser_wire::journal::{Journal, OutReplica, Runs};
 
-use crate::ChunkMap;
+use crate::{ChunkMap, Engine, Membership, ReplicaIdx};
 
 /// What a replica returning with `j`, its own journal from an earlier engine, may differ on
 /// from the replicas that are or may become the reference (`in_sync`, by id: see
@@ -32,6 +32,41 @@ pub fn returning_lacks(
         }
     }
     Some(m)
+}
+
+/// A journal's entry for replica `r` at a commit, from its entry at the last one (`prev`;
+/// `None`: no entry, `Some(None)`: unknown). In sync: only what it may not have made durable
+/// since it last left (until a flush reaches it), or no entry. Failed: unknown. Otherwise the
+/// previous map, which only grows while it is out (`restart` replaces it first: a resync
+/// save whose copies are durable), plus its dirty chunks and what it may not have made
+/// durable. An unknown map stays unknown.
+pub fn out_entry(
+    e: &Engine,
+    r: ReplicaIdx,
+    prev: Option<Option<ChunkMap>>,
+    restart: Option<&ChunkMap>,
+) -> Option<Option<ChunkMap>> {
+    match e.membership(r) {
+        Membership::InSync => {
+            let unflushed = e.unflushed_at_loss(r);
+            (!unflushed.is_empty()).then_some(Some(unflushed))
+        }
+        Membership::Failed => Some(None),
+        _ => {
+            let fresh = || ChunkMap::new(e.size(), e.config().chunk_bytes);
+            let mut m = match prev {
+                Some(None) => return Some(None),
+                Some(Some(m)) => m,
+                None => fresh(),
+            };
+            if let Some(restart) = restart {
+                m = restart.clone();
+            }
+            m.union(e.dirty(r));
+            m.union(&e.unflushed_at_loss(r));
+            Some(Some(m))
+        }
+    }
 }
 
 /// Record in `j` that `replica` lacks `lacks` too (`None`: anything). Used when a replica
@@ -257,6 +292,52 @@ mod tests {
             returning_lacks(&jj, "a", &["b"], SIZE, CHUNK).is_none(),
             "its own entry counts: unknown"
         );
+    }
+
+    #[test]
+    fn a_journal_entry_grows_while_out_restarts_only_when_told_and_unknown_stays_unknown() {
+        use crate::{EngineConfig, Initial, ReplicaSpec};
+        let cfg = EngineConfig {
+            chunk_bytes: CHUNK,
+            ..EngineConfig::default()
+        };
+        let chunks = |v: &[u64]| {
+            let mut m = ChunkMap::new(SIZE, CHUNK);
+            for &c in v {
+                m.set_chunks(c, c + 1);
+            }
+            m
+        };
+        let spec = |initial| ReplicaSpec {
+            local: false,
+            initial,
+        };
+        let e = Engine::with_config(
+            SIZE,
+            &[
+                spec(Initial::InSync),
+                spec(Initial::Outdated {
+                    dirty: Some(chunks(&[3])),
+                }),
+                spec(Initial::Failed),
+            ],
+            cfg,
+        );
+        let (r0, r1, r2) = (ReplicaIdx(0), ReplicaIdx(1), ReplicaIdx(2));
+        assert_eq!(out_entry(&e, r0, Some(Some(chunks(&[1]))), None), None);
+        assert_eq!(out_entry(&e, r2, None, None), Some(None));
+        assert_eq!(out_entry(&e, r1, None, None), Some(Some(chunks(&[3]))));
+        assert_eq!(
+            out_entry(&e, r1, Some(Some(chunks(&[5]))), None),
+            Some(Some(chunks(&[3, 5]))),
+            "grows while out"
+        );
+        assert_eq!(
+            out_entry(&e, r1, Some(Some(chunks(&[5]))), Some(&chunks(&[7]))),
+            Some(Some(chunks(&[3, 7]))),
+            "a restart replaces what it had"
+        );
+        assert_eq!(out_entry(&e, r1, Some(None), None), Some(None));
     }
 
     #[test]

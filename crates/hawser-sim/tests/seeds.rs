@@ -163,30 +163,23 @@ const PINNED_ENGINE_CRASH: &[(u64, &str)] = &[
     ),
 ];
 
-#[test]
-fn pinned_engine_crash_seeds() {
-    let failures: Vec<String> = PINNED_ENGINE_CRASH
+/// Every pinned seed of `pinned` passes under `opts`.
+fn check_pinned(pinned: &[(u64, &str)], opts: RunOptions) {
+    let failures: Vec<String> = pinned
         .iter()
-        .filter_map(|&(seed, bug)| {
-            run_seed(seed, RunOptions::with_engine_crashes())
-                .err()
-                .map(|f| format!("{bug}:\n{f}"))
-        })
+        .filter_map(|&(seed, bug)| run_seed(seed, opts).err().map(|f| format!("{bug}:\n{f}")))
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
+fn pinned_engine_crash_seeds() {
+    check_pinned(PINNED_ENGINE_CRASH, RunOptions::with_engine_crashes());
+}
+
+#[test]
 fn pinned_seeds() {
-    let failures: Vec<String> = PINNED
-        .iter()
-        .filter_map(|&(seed, bug)| {
-            run_seed(seed, RunOptions::default())
-                .err()
-                .map(|f| format!("{bug}:\n{f}"))
-        })
-        .collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    check_pinned(PINNED, RunOptions::default());
 }
 
 /// `HAWSER_SEED=<seed> cargo test --release -p hawser-sim replay -- --nocapture`: run one seed

@@ -20,7 +20,7 @@ use super::{Handle, VolumeEngine};
 use crate::constants::{ACTIVITY_IDLE_TICKS, RESYNC_SAVE_INTERVAL};
 use crate::replica_access::Access;
 use hawser_core::activity::to_runs;
-use hawser_core::recovery_plan::{add_out, returning_lacks};
+use hawser_core::recovery_plan::{add_out, out_entry, returning_lacks};
 
 /// The journal as last committed, and what is needed for the next one.
 #[derive(Default)]
@@ -215,40 +215,17 @@ impl VolumeEngine {
         i: usize,
         shrink: Option<&Shrink>,
     ) -> bool {
-        let mut shrunk = false;
         let idx = Self::idx(i);
-        match e.membership(idx) {
-            // In sync, but it may still lack writes it had not made durable when it last left
-            // (until a flush reaches it): recorded, so that the next engine copies them if its
-            // node lost power meanwhile.
-            Membership::InSync => {
-                let unflushed = e.unflushed_at_loss(idx);
-                if unflushed.is_empty() {
-                    out.remove(&i);
-                } else {
-                    out.insert(i, Some(unflushed));
-                }
-            }
-            Membership::Failed => {
-                out.insert(i, None);
-            }
-            _ => {
-                let entry = out
-                    .entry(i)
-                    .or_insert_with(|| Some(ChunkMap::new(self.size, self.chunk_bytes)));
-                // An unknown map stays unknown; a shrink applies only if nothing since its
-                // point could have left a chunk copied but not flushed outside it.
-                if let Some(m) = entry {
-                    if let Some(s) = shrink.filter(|s| {
-                        e.resync_point_holds(idx, &s.point) && self.current_gen(idx) == s.gen
-                    }) {
-                        *m = s.point.lacks.clone();
-                        shrunk = true;
-                    }
-                    m.union(e.dirty(idx));
-                    m.union(&e.unflushed_at_loss(idx));
-                }
-            }
+        // A shrink applies only if nothing since its point could have left a chunk copied
+        // but not flushed outside it.
+        let restart = shrink
+            .filter(|s| e.resync_point_holds(idx, &s.point) && self.current_gen(idx) == s.gen)
+            .map(|s| &s.point.lacks);
+        let prev = out.remove(&i);
+        let out_of_sync = !matches!(e.membership(idx), Membership::InSync | Membership::Failed);
+        let shrunk = restart.is_some() && out_of_sync && !matches!(prev, Some(None));
+        if let Some(entry) = out_entry(e, idx, prev, restart) {
+            out.insert(i, entry);
         }
         shrunk
     }

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use hawser_core::activity::to_runs;
-use hawser_core::recovery_plan::{add_out, returning_lacks};
+use hawser_core::recovery_plan::{add_out, out_entry, returning_lacks};
 use hawser_core::{ActivityLog, ChunkMap, ClientOp, Membership, ReplicaFailure, Tag};
 use hawser_wire::journal::{Journal, OutReplica};
 
@@ -188,27 +188,8 @@ impl World {
         let mut out = std::mem::take(&mut self.jd().out);
         for r in 0..self.p.replicas {
             let v = self.engine.replica_view(ri(r));
-            match v.membership {
-                Membership::InSync => {
-                    let unflushed = self.engine.unflushed_at_loss(ri(r));
-                    if unflushed.is_empty() {
-                        out.remove(&r);
-                    } else {
-                        out.insert(r, Some(unflushed));
-                    }
-                }
-                Membership::Failed => {
-                    out.insert(r, None);
-                }
-                _ => {
-                    let entry = out
-                        .entry(r)
-                        .or_insert_with(|| Some(ChunkMap::new(size, chunk)));
-                    if let Some(m) = entry {
-                        m.union(self.engine.dirty(ri(r)));
-                        m.union(&self.engine.unflushed_at_loss(ri(r)));
-                    }
-                }
+            if let Some(entry) = out_entry(&self.engine, ri(r), out.remove(&r), None) {
+                out.insert(r, entry);
             }
             let writes_go_there = matches!(
                 v.membership,
