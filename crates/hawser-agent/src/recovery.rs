@@ -16,13 +16,14 @@
 //!   (writes it missed since that journal are in that journal's log), or everything when the
 //!   newest journal does not know.
 //!
-//! In both cases, when the replica comes back its own journal's log is added too (done by the
-//! driver at reconnect): writes only it received are in its own log.
+//! In both cases, when the replica comes back what its own older journal says is added too
+//! (done by the driver at reconnect, `recovery_plan::returning_lacks`): its log (writes only
+//! it received), its own map, and what it said replicas that may be the reference lacked.
 
 use bytes::Bytes;
 use hawser_wire::frame::{CHECKSUM_DIGEST_BYTES, MAX_CHECKSUM_BYTES};
 
-pub use hawser_core::recovery_plan::{log_chunks, Plan};
+pub use hawser_core::recovery_plan::Plan;
 
 use crate::replica_access::{Access, AccessError};
 

@@ -535,13 +535,13 @@ impl World {
                 }
             }
             Event::SessionTimeout { r, session } => match self.drivers[r].conn {
-                Conn::Open(s) if s == session => self.session_closed(r, session),
+                Conn::Open(s) if s == session => self.session_closed(r),
                 Conn::Joining(s) if s == session => self.join_failed(r, session),
                 _ => {}
             },
             Event::ReportLost { r, session } => {
                 if self.drivers[r].conn == Conn::Closing(session) {
-                    self.session_closed(r, session);
+                    self.session_closed(r);
                 }
             }
             Event::Call(call, epoch) => self.call_arrives(call, epoch),
@@ -571,13 +571,13 @@ impl World {
         }
     }
 
-    /// The driver learnt that session `session` of replica `r` is closed: the engine
+    /// The driver learnt that the open session of replica `r` is closed: the engine
     /// loses the replica, and a journal commit waiting for it stops waiting.
-    fn session_closed(&mut self, r: usize, session: u64) {
+    fn session_closed(&mut self, r: usize) {
         self.drivers[r].conn = Conn::Idle;
         if self.engine_state == EngineState::Up {
             self.step(|e, out| e.on_replica_lost(ri(r), out));
-            self.journal_replica_gone(r, session);
+            self.journal_replica_gone(r);
         }
     }
 

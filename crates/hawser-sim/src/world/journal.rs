@@ -328,7 +328,7 @@ impl World {
     }
 
     /// Replica `r`'s session `session` closed: a commit stops waiting for it.
-    pub(super) fn journal_replica_gone(&mut self, r: usize, _session: u64) {
+    pub(super) fn journal_replica_gone(&mut self, r: usize) {
         if self.jd.is_none() {
             return;
         }
