@@ -21,6 +21,10 @@ pub struct Unflushed {
     cur: Vec<(u64, u64)>,
     /// Flushes in flight, oldest first, with the ranges written before each started.
     flushing: Vec<(Tag, Vec<(u64, u64)>)>,
+    /// `cur` is compacted when it reaches this length: twice what the last compaction left
+    /// (at least `UNFLUSHED_COMPACT_AT`), so random writes over more chunks than that do not
+    /// sort the whole set on every write (which cost 7% of the CPU at 4k QD128).
+    compact_at: usize,
 }
 
 impl Unflushed {
@@ -29,12 +33,14 @@ impl Unflushed {
             return;
         }
         self.cur.push((first, end));
-        if self.cur.len() >= UNFLUSHED_COMPACT_AT {
+        if self.cur.len() >= self.compact_at.max(UNFLUSHED_COMPACT_AT) {
             compact(&mut self.cur);
+            self.compact_at = 2 * self.cur.len();
         }
     }
 
     pub fn flush_started(&mut self, tag: Tag) {
+        self.compact_at = 0;
         let taken = std::mem::take(&mut self.cur);
         self.flushing.push((tag, taken));
     }
@@ -132,6 +138,21 @@ mod tests {
         u.flush_failed(12);
         assert_eq!(u.snapshot(), vec![(9, 10)]);
         assert!(u.pending());
+    }
+
+    #[test]
+    fn compaction_is_amortised_over_many_distinct_chunks() {
+        let mut u = Unflushed::default();
+        // Every other chunk: nothing merges, so each compaction keeps every range.
+        for i in 0..(3 * UNFLUSHED_COMPACT_AT as u64) {
+            u.wrote(2 * i, 2 * i + 1);
+        }
+        // Compacted twice (at C and 2C ranges), not at every write past C.
+        assert_eq!(u.compact_at, 4 * UNFLUSHED_COMPACT_AT);
+        assert_eq!(u.cur.len(), 3 * UNFLUSHED_COMPACT_AT);
+        assert_eq!(u.snapshot().len(), 3 * UNFLUSHED_COMPACT_AT);
+        u.flush_started(1);
+        assert_eq!(u.compact_at, 0);
     }
 
     #[test]
