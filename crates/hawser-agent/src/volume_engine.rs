@@ -296,8 +296,14 @@ impl VolumeEngine {
             .iter()
             .enumerate()
             .map(|(i, spec)| match spec.initial {
-                // A blank replica lacks everything, whatever the journals say of it.
-                Initial::Outdated { .. } if req.replicas[i].blank => spec.clone(),
+                // A blank replica lacks everything unless the journal of its build says
+                // what is left (a rebuild resumes after an engine restart).
+                Initial::Outdated { .. } if req.replicas[i].blank => ReplicaSpec {
+                    local: spec.local,
+                    initial: Initial::Outdated {
+                        dirty: plan.blank_dirty(&self.replica_ids[i]),
+                    },
+                },
                 Initial::Outdated { .. } => ReplicaSpec {
                     local: spec.local,
                     initial: Initial::Outdated {

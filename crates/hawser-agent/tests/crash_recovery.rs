@@ -187,6 +187,11 @@ fn outdated_b(epoch: u64, baddr: &str) -> StartEngine {
 /// An engine of epoch 1 runs while b is out (and unreachable) and writes `DIRTY` bytes to a
 /// only, then stops; b's replica server is up afterwards.
 async fn lacking(label: &str) -> Lacking {
+    lacking_as(label, false).await
+}
+
+/// `lacking`, with b blank from the start with `blank` (as a replica self-healing placed).
+async fn lacking_as(label: &str, blank: bool) -> Lacking {
     let dir = TempDir::new(label);
     let a = node(&dir.0, "a", VOL);
     let b = node(&dir.0, "b", VOL);
@@ -195,7 +200,7 @@ async fn lacking(label: &str) -> Lacking {
     let raddr = rl.local_addr().expect("addr").to_string();
     tokio::spawn(replica_server::serve(rl, b.clone(), stop_rx));
     let e1 = VolumeEngine::start(
-        &outdated_b(1, "127.0.0.1:1"),
+        &lacking_b(1, "127.0.0.1:1", blank),
         "a",
         &a,
         ResyncRates::default(),
@@ -211,8 +216,8 @@ async fn lacking(label: &str) -> Lacking {
     let ra = a.replica("vol-a").expect("a");
     assert_eq!(
         journal_map_bytes(&ra, "vol-b"),
-        Some(DIRTY),
-        "b lacks what was written"
+        Some(if blank { VOL } else { DIRTY }),
+        "b lacks what was written (blank: everything)"
     );
     Lacking {
         _dir: dir,
@@ -253,7 +258,25 @@ async fn finish_resync(f: &Lacking, e: &VolumeEngine) -> u64 {
 /// the replica's whole dirty map again, and the replicas end byte-identical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resync_killed_midway_resumes_where_it_was_saved() {
-    let f = lacking("resume-kill").await;
+    killed_midway("resume-kill", false).await;
+}
+
+/// The same for a blank replica (a new replica built from nothing, as self-healing places
+/// one): its build resumes from the last save instead of starting over with every engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blank_replicas_build_killed_midway_resumes_where_it_was_saved() {
+    killed_midway("build-kill", true).await;
+}
+
+/// Start request for b outdated, or blank (lacking everything) with `blank`.
+fn lacking_b(epoch: u64, baddr: &str, blank: bool) -> StartEngine {
+    let mut req = outdated_b(epoch, baddr);
+    req.replicas[1].blank = blank;
+    req
+}
+
+async fn killed_midway(label: &str, blank: bool) {
+    let f = lacking_as(label, blank).await;
     let (a, raddr) = (f.a.clone(), f.raddr.clone());
     let ra = a.replica("vol-a").expect("a");
 
@@ -264,14 +287,14 @@ async fn a_resync_killed_midway_resumes_where_it_was_saved() {
         .enable_all()
         .build()
         .expect("runtime");
-    let (req2, a2) = (outdated_b(2, &raddr), a.clone());
+    let (req2, a2) = (lacking_b(2, &raddr, blank), a.clone());
     let e2 = rt2
         .spawn(async move { VolumeEngine::start(&req2, "a", &a2, SLOW).await })
         .await
         .expect("engine 2 task")
         .expect("start engine 2");
     let dirty_total = replica_b(&e2).dirty_bytes;
-    assert_eq!(dirty_total, DIRTY);
+    assert_eq!(dirty_total, if blank { VOL } else { DIRTY });
     // A resync save shows in the journal: b's map there is smaller than what it lacked.
     let saved = wait_for("a resync save", Duration::from_secs(60), || {
         journal_map_bytes(&ra, "vol-b").filter(|&m| m < dirty_total)
@@ -291,13 +314,13 @@ async fn a_resync_killed_midway_resumes_where_it_was_saved() {
 
     // Engine 3 starts from the saved map and finishes the resync.
     let unlimited = ResyncRates { max: 0, busy: 0 };
-    let e3 = VolumeEngine::start(&outdated_b(3, &raddr), "a", &a, unlimited)
+    let e3 = VolumeEngine::start(&lacking_b(3, &raddr, blank), "a", &a, unlimited)
         .await
         .expect("start engine 3");
     let start_dirty = replica_b(&e3).dirty_bytes;
     let copied_second = finish_resync(&f, &e3).await;
     eprintln!(
-        "killed: dirty_total {dirty_total}, copied_first {copied_first}, saved map {saved}, \
+        "killed (blank: {blank}): dirty_total {dirty_total}, copied_first {copied_first}, saved map {saved}, \
          next engine's map {start_dirty}, copied_second {copied_second}"
     );
     assert!(

@@ -188,6 +188,28 @@ impl Plan {
         m
     }
 
+    /// What a blank replica (one being built from nothing) still lacks: what the newest
+    /// journal says of it, if it says anything, plus what the logs cover (`outdated_dirty`).
+    /// A journal that does not name it (one from before its build started, or written before
+    /// the build's first resync save: an unknown map is not named with a map) knows nothing of
+    /// it: `None`, copy it all. Without this rule a rebuild started over after every engine
+    /// restart; a named map only ever shrinks by a durable resync save, so it is safe to trust.
+    pub fn blank_dirty(&self, replica: &str) -> Option<ChunkMap> {
+        let newest = self
+            .journals
+            .iter()
+            .flatten()
+            .max_by_key(|j| (j.epoch, j.seq))?;
+        let named = newest
+            .out
+            .iter()
+            .any(|o| o.replica == replica && o.dirty.is_some());
+        if !named {
+            return None;
+        }
+        self.outdated_dirty(replica)
+    }
+
     /// What an outdated replica lacks; `None` when unknown (copy it all).
     pub fn outdated_dirty(&self, replica: &str) -> Option<ChunkMap> {
         if self.journals.iter().any(Option::is_none) {
@@ -375,5 +397,41 @@ mod tests {
         // Unreachable in-sync replica: the log plus what it was said to lack.
         assert_eq!(p.suspect_for("c").count(), 66);
         assert_eq!(p.suspect_for("d").count(), SIZE / CHUNK);
+    }
+
+    #[test]
+    fn a_blank_replica_lacks_what_the_newest_journal_names_else_everything() {
+        let p = Plan::new(
+            5,
+            SIZE,
+            CHUNK,
+            vec![
+                j(
+                    4,
+                    9,
+                    vec![(1, 2)],
+                    vec![out("c", Some(vec![(0, 2)])), out("d", None)],
+                ),
+                // An older journal (a replica that missed the last commit) adds what it says.
+                j(4, 8, vec![], vec![out("c", Some(vec![(500, 501)]))]),
+            ],
+            &["a", "b"],
+        );
+        // Named with a map: its build saved progress; the rest of the log is added.
+        assert_eq!(p.blank_dirty("c").unwrap().count(), 2 + 1 + 64);
+        // Named as unknown (no save yet), or not named (a journal from before its build,
+        // where an outdated replica would lack only the log): everything.
+        assert_eq!(p.blank_dirty("d"), None);
+        assert_eq!(p.blank_dirty("e"), None);
+        assert_eq!(p.outdated_dirty("e").unwrap().count(), 64);
+        // An unreadable journal: everything.
+        let p = Plan::new(
+            5,
+            SIZE,
+            CHUNK,
+            vec![j(4, 9, vec![], vec![out("c", Some(vec![]))]), None],
+            &["a", "b"],
+        );
+        assert_eq!(p.blank_dirty("c"), None);
     }
 }
