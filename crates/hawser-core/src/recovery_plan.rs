@@ -188,12 +188,12 @@ impl Plan {
         m
     }
 
-    /// What a blank replica (one being built from nothing) still lacks: what the newest
-    /// journal says of it, if it says anything, plus what the logs cover (`outdated_dirty`).
-    /// A journal that does not name it (one from before its build started, or written before
-    /// the build's first resync save: an unknown map is not named with a map) knows nothing of
-    /// it: `None`, copy it all. Without this rule a rebuild started over after every engine
-    /// restart; a named map only ever shrinks by a durable resync save, so it is safe to trust.
+    /// What a blank replica (one being built from nothing) still lacks: the map the newest
+    /// journal gives it plus what the logs cover (`outdated_dirty`). A newest journal that does
+    /// not name it (one from before its build started; replica ids are never reused) or names
+    /// it as unknown knows nothing of it: `None`, copy it all. A build's journals name it with
+    /// everything at first, and the map shrinks only by durable resync saves, so it is safe to
+    /// trust; without this rule a build started over after every engine restart.
     pub fn blank_dirty(&self, replica: &str) -> Option<ChunkMap> {
         let newest = self
             .journals
