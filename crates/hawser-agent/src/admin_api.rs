@@ -9,7 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use hawser_api::agent::{AgentStatus, CreateReplica, StartEngine};
+use hawser_api::agent::{AgentStatus, CreateReplica, StartEngine, NODE_HEADER};
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
 
@@ -54,7 +54,10 @@ async fn require_token(State(s): State<AdminState>, req: Request, next: Next) ->
     let ok =
         presented.is_some_and(|t| auth::digests_equal(&auth::digest(t), &auth::digest(&s.token)));
     if ok {
-        return next.run(req).await;
+        return match misdirected(&s.node, &req) {
+            None => next.run(req).await,
+            Some(e) => Failure(e).into_response(),
+        };
     }
     let e = ApiError::new(
         ErrorCode::Unauthorized,
@@ -66,6 +69,25 @@ async fn require_token(State(s): State<AdminState>, req: Request, next: Next) ->
         axum::http::HeaderValue::from_static("Bearer"),
     );
     resp
+}
+
+/// A call whose `NODE_HEADER` names another node: this agent's address used to be that
+/// node's (the controller has not noticed yet), and acting on it would, for one, place a
+/// replica meant for that node here, beside another of the same volume. A call without the
+/// header (a person with curl) is taken as meant for this node.
+fn misdirected(node: &str, req: &Request) -> Option<ApiError> {
+    let meant = req.headers().get(NODE_HEADER)?;
+    if meant.as_bytes() == node.as_bytes() {
+        return None;
+    }
+    let meant = String::from_utf8_lossy(meant.as_bytes());
+    Some(ApiError::new(
+        ErrorCode::Conflict,
+        format!(
+            "this agent is node {node}, not {}: its address is no longer that node's",
+            hawser_api::error::truncate_chars(&meant, 100)
+        ),
+    ))
 }
 
 pub struct Failure(ApiError);

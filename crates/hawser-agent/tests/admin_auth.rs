@@ -76,3 +76,63 @@ async fn admin_calls_need_the_agent_token() {
     assert_eq!(resp.status(), 200);
     assert_eq!(ids(&storage).len(), 2);
 }
+
+/// A call meant for another node (its `x-hawser-node` header names it) is refused with a
+/// Conflict and does nothing: the controller may still call a node's old address after
+/// another node's agent took it over, and must not create or delete replicas there.
+#[tokio::test]
+async fn calls_meant_for_another_node_are_refused() {
+    let dir = TempDir::new("admin-node");
+    let storage = node(&dir.0, "a", 1 << 20);
+    let state = AdminState {
+        node: "a".into(),
+        storage: storage.clone(),
+        engines: Arc::new(Engines::default()),
+        token: TOKEN.into(),
+        resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, admin_api::router(state)).await });
+    let http = reqwest::Client::new();
+    let bearer = format!("Bearer {TOKEN}");
+    let create = json!({"replica_id": "r2", "volume": "v", "size_bytes": 1 << 20,
+        "pool": "default", "thin": true});
+    let calls = [
+        http.get(format!("{base}/v1/status")),
+        http.post(format!("{base}/v1/replicas")).json(&create),
+        http.delete(format!("{base}/v1/replicas/vol-a")),
+        http.delete(format!("{base}/v1/engines/vol")),
+    ];
+    for req in calls {
+        let resp = req
+            .header("authorization", &bearer)
+            .header(hawser_api::agent::NODE_HEADER, "b")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 409);
+        let e: ApiError = resp.json().await.unwrap();
+        assert_eq!(e.code, hawser_api::ErrorCode::Conflict);
+        assert!(e.message.contains("node a, not b"), "{}", e.message);
+    }
+    let ids = || {
+        storage
+            .replica_statuses()
+            .into_iter()
+            .map(|r| r.replica_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(), ["vol-a"], "nothing was created or deleted");
+    // Meant for this node: done.
+    let resp = http
+        .post(format!("{base}/v1/replicas"))
+        .header("authorization", &bearer)
+        .header(hawser_api::agent::NODE_HEADER, "a")
+        .json(&create)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    assert_eq!(ids().len(), 2);
+}

@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::controller::{PoolInfo, ReplicaState};
 
+/// Header naming the node an admin call is meant for. An agent refuses a call for another
+/// node (`Conflict`): an address can change hands (a node restarted elsewhere, ports reused),
+/// and a replica created on the wrong node would silently put two copies on one node.
+pub const NODE_HEADER: &str = "x-hawser-node";
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateReplica {

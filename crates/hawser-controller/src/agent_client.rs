@@ -1,6 +1,8 @@
 //! HTTP client for the agents' admin API (`hawser_api::agent`).
 
-use hawser_api::agent::{AgentStatus, CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
+use hawser_api::agent::{
+    AgentStatus, CreateReplica, EngineStatus, ReplicaStatus, StartEngine, NODE_HEADER,
+};
 use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::{ApiError, ErrorCode};
 use reqwest::{Method, StatusCode};
@@ -53,6 +55,23 @@ impl AgentError {
     }
 }
 
+/// The agent of one node: where to call, and the node the call is meant for (sent in
+/// `NODE_HEADER`, so an agent that now answers at that address refuses it).
+#[derive(Clone, Copy, Debug)]
+pub struct Agent<'a> {
+    pub node: &'a str,
+    pub addr: &'a str,
+}
+
+impl crate::model::NodeRecord {
+    pub fn agent(&self) -> Agent<'_> {
+        Agent {
+            node: &self.name,
+            addr: &self.admin_addr,
+        }
+    }
+}
+
 /// One shared connection pool for all agents.
 #[derive(Clone)]
 pub struct AgentClient {
@@ -75,55 +94,58 @@ impl AgentClient {
 
     pub async fn create_replica(
         &self,
-        addr: &str,
+        to: Agent<'_>,
         req: &CreateReplica,
     ) -> Result<ReplicaStatus, AgentError> {
-        self.call(Method::POST, addr, "/v1/replicas", Some(req))
-            .await
+        self.call(Method::POST, to, "/v1/replicas", Some(req)).await
     }
 
     /// Deletes a replica; one the agent does not know is already deleted.
-    pub async fn delete_replica(&self, addr: &str, replica_id: &str) -> Result<(), AgentError> {
+    pub async fn delete_replica(&self, to: Agent<'_>, replica_id: &str) -> Result<(), AgentError> {
         let path = format!("/v1/replicas/{replica_id}");
-        self.call_no_body(Method::DELETE, addr, &path).await
+        self.call_no_body(Method::DELETE, to, &path).await
     }
 
     pub async fn start_engine(
         &self,
-        addr: &str,
+        to: Agent<'_>,
         req: &StartEngine,
     ) -> Result<EngineStatus, AgentError> {
-        self.call(Method::POST, addr, "/v1/engines", Some(req))
-            .await
+        self.call(Method::POST, to, "/v1/engines", Some(req)).await
     }
 
-    pub async fn status(&self, addr: &str) -> Result<AgentStatus, AgentError> {
-        self.call::<(), _>(Method::GET, addr, "/v1/status", None)
+    pub async fn status(&self, to: Agent<'_>) -> Result<AgentStatus, AgentError> {
+        self.call::<(), _>(Method::GET, to, "/v1/status", None)
             .await
     }
 
     /// Flushes and stops a volume's engine; one the agent does not run is already stopped.
-    pub async fn stop_engine(&self, addr: &str, volume: &str) -> Result<(), AgentError> {
+    pub async fn stop_engine(&self, to: Agent<'_>, volume: &str) -> Result<(), AgentError> {
         let path = format!("/v1/engines/{volume}");
-        self.call_no_body(Method::DELETE, addr, &path).await
+        self.call_no_body(Method::DELETE, to, &path).await
     }
 
     async fn call<B: Serialize, R: DeserializeOwned>(
         &self,
         method: Method,
-        addr: &str,
+        to: Agent<'_>,
         path: &str,
         body: Option<&B>,
     ) -> Result<R, AgentError> {
-        let resp = self.send(method, addr, path, body).await?;
+        let resp = self.send(method, to, path, body).await?;
         resp.json().await.map_err(|source| AgentError::BadResponse {
-            addr: addr.into(),
+            addr: to.addr.into(),
             source,
         })
     }
 
-    async fn call_no_body(&self, method: Method, addr: &str, path: &str) -> Result<(), AgentError> {
-        match self.send::<()>(method, addr, path, None).await {
+    async fn call_no_body(
+        &self,
+        method: Method,
+        to: Agent<'_>,
+        path: &str,
+    ) -> Result<(), AgentError> {
+        match self.send::<()>(method, to, path, None).await {
             Ok(_) => Ok(()),
             Err(AgentError::Refused { status: 404, .. }) => Ok(()),
             Err(e) => Err(e),
@@ -134,14 +156,16 @@ impl AgentClient {
     async fn send<B: Serialize>(
         &self,
         method: Method,
-        addr: &str,
+        to: Agent<'_>,
         path: &str,
         body: Option<&B>,
     ) -> Result<reqwest::Response, AgentError> {
+        let addr = to.addr;
         let mut req = self
             .http
             .request(method, format!("http://{addr}{path}"))
-            .header(reqwest::header::AUTHORIZATION, &self.authorization);
+            .header(reqwest::header::AUTHORIZATION, &self.authorization)
+            .header(NODE_HEADER, to.node);
         if let Some(body) = body {
             req = req.json(body);
         }

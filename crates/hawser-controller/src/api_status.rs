@@ -34,7 +34,7 @@ pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<ClusterStatus>
             continue;
         }
         let status = match nodes.iter().find(|n| n.name == name) {
-            Some(n) => tokio::time::timeout(AGENT_STATUS_TIMEOUT, st.agents.status(&n.admin_addr))
+            Some(n) => tokio::time::timeout(AGENT_STATUS_TIMEOUT, st.agents.status(n.agent()))
                 .await
                 .ok()
                 .and_then(Result::ok),

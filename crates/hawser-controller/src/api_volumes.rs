@@ -71,7 +71,7 @@ async fn add_engine_view(st: &AppState, rec: &VolumeRecord, v: &mut Volume) {
     };
     let status = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        st.agents.status(&n.admin_addr),
+        st.agents.status(n.agent()),
     )
     .await;
     let Ok(Ok(status)) = status else { return };

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use hawser_api::controller::VolumeState;
 
+use crate::agent_client::Agent;
 use crate::leader::Role;
 use crate::model::VolumeRecord;
 use crate::state::AppState;
@@ -44,7 +45,7 @@ async fn round(st: &AppState) {
         let Ok(node) = find_node(&nodes, node) else {
             continue;
         };
-        if !st.is_online(node) || engine_current(st, &node.admin_addr, v).await != Some(false) {
+        if !st.is_online(node) || engine_current(st, node.agent(), v).await != Some(false) {
             continue;
         }
         // Under the volume's lock, and on a fresh record: an attach or detach may have run.
@@ -55,7 +56,7 @@ async fn round(st: &AppState) {
         let same = current.state == v.state
             && engine_node(&current) == engine_node(v)
             && current.epoch == v.epoch;
-        if !same || engine_current(st, &node.admin_addr, v).await != Some(false) {
+        if !same || engine_current(st, node.agent(), v).await != Some(false) {
             continue;
         }
         match ensure_engine(st, &current, node, &nodes).await {
@@ -81,12 +82,12 @@ fn engine_node(v: &VolumeRecord) -> Option<&str> {
     }
 }
 
-/// Whether the agent at `addr` runs the engine of `v` in its current epoch; `None` if it
+/// Whether `agent` runs the engine of `v` in its current epoch; `None` if it
 /// does not answer. An engine of an older epoch counts as missing: a membership change
 /// (`self_heal.rs`) whose engine swap failed left it there, and starting the current one
 /// swaps it out.
-async fn engine_current(st: &AppState, addr: &str, v: &VolumeRecord) -> Option<bool> {
-    let status = tokio::time::timeout(Duration::from_secs(2), st.agents.status(addr))
+async fn engine_current(st: &AppState, agent: Agent<'_>, v: &VolumeRecord) -> Option<bool> {
+    let status = tokio::time::timeout(Duration::from_secs(2), st.agents.status(agent))
         .await
         .ok()?
         .ok()?;

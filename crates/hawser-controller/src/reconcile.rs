@@ -109,11 +109,7 @@ async fn delete_orphan(st: &AppState, held: &Held<'_>) {
         Ok(_) => {}
         Err(e) => return tracing::warn!(replica, error = %e, "reconcile: cannot read"),
     }
-    match st
-        .agents
-        .delete_replica(&held.node.admin_addr, replica)
-        .await
-    {
+    match st.agents.delete_replica(held.node.agent(), replica).await {
         Ok(()) => tracing::warn!(%node, replica, "deleted an orphan replica"),
         Err(e) => tracing::warn!(%node, replica, error = %e, "cannot delete an orphan yet"),
     }
@@ -123,7 +119,7 @@ async fn delete_orphan(st: &AppState, held: &Held<'_>) {
 async fn replicas_on_agents<'a>(st: &AppState, nodes: &'a [NodeRecord]) -> Vec<Held<'a>> {
     let mut held = Vec::new();
     for node in nodes {
-        let status = tokio::time::timeout(STATUS_TIMEOUT, st.agents.status(&node.admin_addr));
+        let status = tokio::time::timeout(STATUS_TIMEOUT, st.agents.status(node.agent()));
         match status.await {
             Ok(Ok(s)) => held.extend(s.replicas.into_iter().map(|r| Held {
                 node,

@@ -139,10 +139,10 @@ async fn add_blank(
         pool: placed.pool.clone(),
         thin: v.thin,
     };
-    if let Err(source) = st.agents.create_replica(&node.admin_addr, &req).await {
+    if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
         st.reservations.release(&id);
         if !source.never_sent() {
-            let _ = st.agents.delete_replica(&node.admin_addr, &id).await;
+            let _ = st.agents.delete_replica(node.agent(), &id).await;
         }
         return Err(ControllerError::Agent {
             node: node.name.clone(),
@@ -186,7 +186,7 @@ async fn add_blank(
     let rec = match changed {
         Ok((rec, ())) => rec,
         Err(e) => {
-            let _ = st.agents.delete_replica(&node.admin_addr, &id).await;
+            let _ = st.agents.delete_replica(node.agent(), &id).await;
             st.reservations.release(&id);
             return Err(e);
         }
@@ -318,7 +318,7 @@ async fn delete_retired(
     };
     if let Ok(node) = find_node(nodes, &r.node) {
         st.agents
-            .delete_replica(&node.admin_addr, replica)
+            .delete_replica(node.agent(), replica)
             .await
             .map_err(|source| ControllerError::Agent {
                 node: node.name.clone(),

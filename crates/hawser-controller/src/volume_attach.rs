@@ -68,7 +68,7 @@ pub async fn attach_volume(
         on_quorum_loss: rec.on_quorum_loss,
         export: true,
     };
-    if let Err(source) = st.agents.start_engine(&node.admin_addr, &start).await {
+    if let Err(source) = st.agents.start_engine(node.agent(), &start).await {
         let err = ControllerError::Agent {
             node: node.name.clone(),
             op: "start engine".into(),
@@ -98,7 +98,7 @@ pub(crate) async fn ensure_engine(
         export: rec.state == VolumeState::Attached,
     };
     st.agents
-        .start_engine(&node.admin_addr, &start)
+        .start_engine(node.agent(), &start)
         .await
         .map_err(|source| ControllerError::Agent {
             node: node.name.clone(),
@@ -211,7 +211,7 @@ pub(crate) async fn stop_engine(
         );
         return Ok(());
     };
-    match st.agents.stop_engine(&node.admin_addr, volume).await {
+    match st.agents.stop_engine(node.agent(), volume).await {
         Ok(()) => Ok(()),
         Err(e) if e.is_unreachable() && !st.is_online(&node) => {
             tracing::warn!(

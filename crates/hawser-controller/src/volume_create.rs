@@ -164,7 +164,7 @@ async fn create_replicas(
             pool: r.pool.clone(),
             thin: record.thin,
         };
-        if let Err(source) = st.agents.create_replica(&node.admin_addr, &req).await {
+        if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
             // A create that timed out or got an error answer may still have happened on the
             // agent, so roll it back too; one whose connection failed certainly did not.
             if !source.never_sent() {
@@ -211,7 +211,7 @@ async fn rollback(
         let Ok(node) = find_node(nodes, &r.node) else {
             continue;
         };
-        if let Err(e) = st.agents.delete_replica(&node.admin_addr, &r.id).await {
+        if let Err(e) = st.agents.delete_replica(node.agent(), &r.id).await {
             tracing::warn!(
                 volume = %record.name, replica = %r.id, node = %r.node, error = %e,
                 "could not delete replica of failed create; it is orphaned on the node"

@@ -44,7 +44,7 @@ pub(crate) async fn delete_locked(st: &AppState, name: &str) -> Result<(), Contr
             continue;
         };
         st.agents
-            .delete_replica(&node.admin_addr, &r.id)
+            .delete_replica(node.agent(), &r.id)
             .await
             .map_err(|source| ControllerError::Agent {
                 node: r.node.clone(),
