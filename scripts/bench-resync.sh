@@ -12,11 +12,14 @@
 #      writes running while the replica resyncs; their IOPS as a ratio of the same writes on
 #      the healthy volume.
 # Reported, never asserted. Environment: BENCH_RUNTIME (s, default 10), BENCH_RESYNC_GIB
-# (GiB written while the replica is down, default 2).
+# (GiB written while the replica is down, default 2), BENCH_RESYNC_R2_DIR (a directory on
+# another disk for the agent of the replica that goes away and comes back, so the copy reads
+# one disk and writes another, as between two nodes; default: with the rest, on one disk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HAWSER="$PWD/target/release/hawser"
 B="$PWD/.bench-resync"
+R2_DIR="${BENCH_RESYNC_R2_DIR:-$B}"
 RUNTIME="${BENCH_RUNTIME:-10}"
 GIB="${BENCH_RESYNC_GIB:-2}"
 DIRTY="${GIB}GiB"
@@ -25,7 +28,7 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$B"
+  rm -rf "$B" "$R2_DIR/t2" "$R2_DIR/f2"
 }
 trap cleanup EXIT INT TERM
 rm -rf "$B" && mkdir -p "$B/logs"
@@ -36,10 +39,15 @@ now_ms() { date +%s%3N; }
 
 start_agent() { # name (a letter and 1 or 2), rate
   # An empty rate means the default: the variable is then not set (the agent refuses "").
-  env ${2:+HAWSER_RESYNC_RATE="$2"} "$HAWSER" agent --node "$1" --data-dir "$B/$1" \
-    --controller "$HAWSER_CONTROLLER" --admin-listen "127.0.0.1:953${1:1}" \
+  local dir="$B" port="${1:1}"
+  [ "${1:1}" = 2 ] && dir="$R2_DIR"
+  # Each phase's agents listen on ports of their own: the controller may still take the
+  # previous phase's agents for online for a few seconds, and call their addresses.
+  [ "${1:0:1}" = f ] && port=$((port + 2))
+  env ${2:+HAWSER_RESYNC_RATE="$2"} "$HAWSER" agent --node "$1" --data-dir "$dir/$1" \
+    --controller "$HAWSER_CONTROLLER" --admin-listen "127.0.0.1:953$port" \
     --token-file "$B/controller/agent.token" \
-    --replica-listen "127.0.0.1:963${1:1}" --nbd-listen none >>"$B/logs/$1.log" 2>&1 &
+    --replica-listen "127.0.0.1:963$port" --nbd-listen none >>"$B/logs/$1.log" 2>&1 &
   pids+=($!)
   last_pid=$!
 }
@@ -50,6 +58,7 @@ wait_for() { # description, command...
   echo "timed out waiting for $what" >&2; exit 1
 }
 online() { "$HAWSER" node show "$1" -o json 2>/dev/null | grep -q '"state": *"online"'; }
+offline() { ! online "$1"; }
 # The engine's view of that replica says it is being resynced.
 engine_syncing() { "$HAWSER" volume show "$1" -o json | grep -A12 "\"node\": *\"$2\"" | grep -q '"state": *"syncing"'; }
 # The store's state of the replica on r2 (two lines after its node in the JSON).
@@ -107,13 +116,17 @@ phase() { # rate, label; writes "healthy-iops during-iops resync-ms" to $B/resul
   echo "$healthy $during $ms" >"$B/result"
   "$HAWSER" volume detach "$v" >/dev/null
   "$HAWSER" volume delete "$v" >/dev/null
-  for p in "${pids[@]:1}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for pid in "${pids[@]:1}"; do kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   pids=("${pids[0]}")
-  rm -rf "$B/${p}1" "$B/${p}2"
+  # Until the controller sees them gone, it may place the next phase's replicas on them.
+  wait_for "the agents to be seen offline" offline "${p}1"
+  wait_for "the agents to be seen offline" offline "${p}2"
+  rm -rf "$B/${p}1" "$R2_DIR/${p}2"
 }
 
 dirty_mib=$((GIB * 1024))
 
+[ "$R2_DIR" != "$B" ] && echo "the returning replica's agent keeps its data in $R2_DIR"
 echo "resync of $DIRTY written while a replica was down, unlimited rate"
 phase 0 throughput
 read -r _ _ ms <"$B/result"
