@@ -8,6 +8,10 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// Replicas per volume. Five copies is already more than any failure model needs.
 pub const MAX_REPLICAS: u32 = 5;
 
+/// How many nodes whose agent did not answer one `volume create` skips before it gives up
+/// and reports the last one's error. Each skip costs at most a connect timeout.
+pub const MAX_UNANSWERED_NODES: usize = 2;
+
 /// How often a read-modify-write of a record retries after losing a compare-and-swap before
 /// giving up with a conflict. Writers of one volume are few (its own operation, its engine).
 pub const MAX_CAS_RETRIES: u32 = 16;

@@ -7,7 +7,7 @@ use hawser_api::controller::{CreateVolume, Replica, ReplicaState, VolumePlacemen
 use hawser_api::size::check_volume_size;
 use hawser_api::validate_name;
 
-use crate::constants::MAX_REPLICAS;
+use crate::constants::{MAX_REPLICAS, MAX_UNANSWERED_NODES};
 use crate::errors::ControllerError;
 use crate::model::{NodeRecord, VolumeRecord};
 use crate::placement::{default_zone_spread, Request};
@@ -32,12 +32,45 @@ pub async fn create_volume(
     }
     // Evacuating nodes take no new replicas.
     let settings = st.records.node_settings().await?;
-    let usable: Vec<NodeRecord> = nodes
+    let mut usable: Vec<NodeRecord> = nodes
         .iter()
         .filter(|n| !settings.get(&n.name).is_some_and(|s| s.evacuate))
         .cloned()
         .collect();
-    let (replicas, placement) = place(st, &req, &usable)?;
+    // A node whose agent just died still counts as online until its heartbeat times out
+    // (seconds), and placement may pick it. Its create cannot connect; the attempt
+    // is rolled back and the volume placed again without that node, so `volume create` works
+    // while any other placement does. When none does, the agent's error is the one to show.
+    let mut unanswered: Option<ControllerError> = None;
+    for _ in 0..=MAX_UNANSWERED_NODES {
+        let (replicas, placement) = match place(st, &req, &usable) {
+            Ok(placed) => placed,
+            Err(e) => return Err(unanswered.unwrap_or(e)),
+        };
+        match create_placed(st, &req, replicas, placement, &nodes).await {
+            Err(ControllerError::Agent { node, op, source }) if source.never_sent() => {
+                tracing::warn!(
+                    volume = %req.name, node = %node, error = %source,
+                    "agent did not answer; placing the volume again without its node"
+                );
+                usable.retain(|n| n.name != node);
+                unanswered = Some(ControllerError::Agent { node, op, source });
+            }
+            result => return result,
+        }
+    }
+    Err(unanswered.expect("the loop only continues after an unanswered create"))
+}
+
+/// Records the volume as Creating with the placed replicas, creates them, marks it Detached;
+/// any failure rolls all of it back.
+async fn create_placed(
+    st: &AppState,
+    req: &CreateVolume,
+    replicas: Vec<Replica>,
+    placement: VolumePlacement,
+    nodes: &[NodeRecord],
+) -> Result<VolumeRecord, ControllerError> {
     let record = VolumeRecord {
         name: req.name.clone(),
         size_bytes: req.size_bytes,
@@ -60,7 +93,7 @@ pub async fn create_volume(
         return Err(e);
     }
     let mut attempted = Vec::new();
-    let result = create_replicas(st, &record, &nodes, &mut attempted).await;
+    let result = create_replicas(st, &record, nodes, &mut attempted).await;
     let result = match result {
         Ok(()) => mark_detached(st, &record.name).await,
         Err(e) => Err(e),
@@ -72,7 +105,7 @@ pub async fn create_volume(
         }
         Err(e) => {
             tracing::warn!(volume = %record.name, error = %e, "create failed; rolling back");
-            rollback(st, &record, &nodes, &attempted).await;
+            rollback(st, &record, nodes, &attempted).await;
             Err(e)
         }
     }

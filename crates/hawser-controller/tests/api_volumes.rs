@@ -352,6 +352,56 @@ async fn unreachable_agent_during_create_rolls_back() {
     assert!(calls[1].starts_with("DELETE /v1/replicas/v-r"), "{calls:?}");
 }
 
+/// Agents that died a moment ago still count as online (no heartbeat timeout yet), and
+/// placement may pick them; the create goes around them.
+#[tokio::test]
+async fn create_places_again_without_nodes_whose_agent_does_not_answer() {
+    let c = Cluster::start(2).await;
+    // Placement order (most room, then name): d1, n1, n1x, n2. The first attempt fails at
+    // d1 before creating anything; the second creates on n1, fails at n1x and deletes n1's
+    // replica again; the third uses n1 and n2.
+    dead_node(&c, "d1", 1000 * GIB).await;
+    dead_node(&c, "n1x", 100 * GIB).await;
+    let (status, v) = c.create("v", GIB, 2).await;
+    assert_eq!(status, 201, "{v}");
+    let nodes: Vec<&str> = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["n1", "n2"], "{v}");
+    assert_eq!(c.all_replicas().len(), 2, "{:?}", c.all_replicas());
+    let calls = c.agent("n1").calls();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls[0].starts_with("POST /v1/replicas v-r0-"), "{calls:?}");
+    assert!(
+        calls[1].starts_with("DELETE /v1/replicas/v-r0-"),
+        "{calls:?}"
+    );
+    assert!(calls[2].starts_with("POST /v1/replicas v-r0-"), "{calls:?}");
+    assert_eq!(
+        c.agent("n2").calls().len(),
+        1,
+        "{:?}",
+        c.agent("n2").calls()
+    );
+}
+
+/// A third node that does not answer is one too many: the create stops with its error.
+#[tokio::test]
+async fn create_gives_up_after_a_bounded_number_of_unanswering_nodes() {
+    let c = Cluster::start(1).await;
+    for d in ["d1", "d2", "d3"] {
+        dead_node(&c, d, 1000 * GIB).await;
+    }
+    let (status, e) = c.create("v", GIB, 2).await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("d3"), "{e}");
+    assert!(c.volume_names().await.is_empty());
+    assert!(c.all_replicas().is_empty(), "{:?}", c.all_replicas());
+}
+
 #[tokio::test]
 async fn detach_from_an_offline_unreachable_node_proceeds() {
     let c = Cluster::start_with(1, 1).await;
