@@ -108,6 +108,7 @@ pub fn parse_pool(spec: &str) -> anyhow::Result<PoolConfig> {
         overprovision_ratio: 1.0,
         capacity_limit: None,
         kind: PoolKind::Any,
+        boot_id: hawser_storage::node_boot_id(),
     };
     for opt in parts {
         match opt.split_once('=') {

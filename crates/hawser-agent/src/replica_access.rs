@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hawser_storage::{Replica, StoredJournal};
 use hawser_wire::frame::{Op, Status};
-use hawser_wire::journal::Journal;
+use hawser_wire::journal::StoredReport;
 
 use crate::replica_client::ReplicaClient;
 
@@ -128,21 +128,26 @@ impl Access {
         }
     }
 
-    /// The replica's newest journal; `None` when it has none or it is unreadable.
-    pub async fn get_journal(&self, epoch: u64) -> Result<Option<Journal>, AccessError> {
+    /// The replica's newest journal, and whether its node rebooted since storing it; `None`
+    /// when it has none or it is unreadable.
+    pub async fn get_journal(&self, epoch: u64) -> Result<Option<StoredReport>, AccessError> {
         const OP: &str = "read journal";
         match self {
             Access::Local(_) => {
                 let stored = self.local(OP, move |r| r.get_journal(epoch)).await?;
                 Ok(match stored {
-                    StoredJournal::Found(j) => Some(j),
+                    StoredJournal::Found { journal, rebooted } => {
+                        Some(StoredReport { journal, rebooted })
+                    }
                     StoredJournal::Missing | StoredJournal::Unreadable => None,
                 })
             }
             Access::Remote { .. } => match self.remote(OP, Op::GetJournal, 0, 0, None).await? {
                 None => Ok(None),
                 Some(p) if p.is_empty() => Ok(None),
-                Some(p) => Journal::decode(&p).map(Some).map_err(|e| self.err(OP, e)),
+                Some(p) => StoredReport::decode(&p)
+                    .map(Some)
+                    .map_err(|e| self.err(OP, e)),
             },
         }
     }

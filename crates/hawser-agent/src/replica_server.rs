@@ -22,6 +22,7 @@ use bytes::Bytes;
 use hawser_storage::{Replica, ReplicaIoError, StoredJournal};
 use hawser_wire::constants::MAX_PAYLOAD_BYTES;
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
+use hawser_wire::journal::StoredReport;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock, Semaphore};
@@ -90,19 +91,7 @@ impl Session {
     }
 }
 
-/// This node's boot, from the kernel's random boot id (0 if unreadable: every reconnect then
-/// looks like a reboot to engines, which is safe, only slower).
-pub fn boot_id() -> u64 {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::hash::DefaultHasher::new();
-            s.trim().hash(&mut h);
-            h.finish()
-        })
-        .unwrap_or(0)
-}
+pub use hawser_storage::node_boot_id as boot_id;
 
 /// Accept connections until `shutdown` flips to true.
 pub async fn serve(
@@ -299,7 +288,10 @@ fn execute(replica: &Replica, h: &FrameHeader, payload: Option<Bytes>) -> Reply 
         // Missing or unreadable both answer with no journal: the engine then assumes the
         // worst about this replica.
         Op::GetJournal => replica.get_journal(epoch).map(|stored| match stored {
-            StoredJournal::Found(j) => j.encode().ok().map(Bytes::from),
+            StoredJournal::Found { journal, rebooted } => StoredReport { journal, rebooted }
+                .encode()
+                .ok()
+                .map(Bytes::from),
             StoredJournal::Missing | StoredJournal::Unreadable => None,
         }),
         Op::Checksum => replica.checksum(epoch, offset, len).map(Some),

@@ -25,7 +25,9 @@ use tokio::sync::{oneshot, Semaphore};
 
 use crate::recovery::{self, Plan};
 use crate::replica_access::Access;
+use hawser_core::recovery_plan::{is_whole, source_order};
 use hawser_core::ActivityLog;
+use hawser_wire::journal::StoredReport;
 use journal::{JournalState, ResyncSave};
 
 use crate::block::BlockDevice;
@@ -278,6 +280,49 @@ impl VolumeEngine {
                 req.volume
             );
         }
+        // The source is a whole replica when one is reachable (`source_order`); with none,
+        // an unreachable in-sync replica may hold writes the reachable ones lost, and copying
+        // over it later would lose them for good: wait for it (or for its replacement).
+        let whole: Vec<bool> = journals
+            .iter()
+            .zip(&reach)
+            .map(|(j, a): (&Option<StoredReport>, &Access)| {
+                let rebooted = j.as_ref().is_none_or(|j| j.rebooted);
+                is_whole(j.as_ref().map(|j| &j.journal), a.id(), rebooted)
+            })
+            .collect();
+        let local: Vec<bool> = reach
+            .iter()
+            .map(|a| matches!(a, Access::Local(_)))
+            .collect();
+        let order = source_order(&whole, &local);
+        if !whole[order[0]] {
+            let missing: Vec<&str> = unreachable
+                .iter()
+                .map(|&i| self.replica_ids[usize::from(i.0)].as_str())
+                .collect();
+            if !missing.is_empty() {
+                anyhow::bail!(
+                    "crash recovery: no reachable in-sync replica of volume {} is known to hold \
+                     every acknowledged write (their nodes rebooted since their last journal, \
+                     or they were being resynced), and in-sync replica(s) {} that may are \
+                     unreachable; attach again when one is back, or once self-healing has \
+                     replaced it",
+                    req.volume,
+                    missing.join(", ")
+                );
+            }
+            if reach.len() > 1 {
+                tracing::warn!(volume = %req.volume, "no in-sync replica is known to be whole (every node rebooted?); writes none of them had flushed may be lost");
+            }
+        } else if order[0] != 0 {
+            tracing::info!(volume = %req.volume, source = reach[order[0]].id(), "crash recovery source: a whole replica rather than the local one");
+        }
+        let reach: Vec<Access> = order.iter().map(|&i| reach[i].clone()).collect();
+        let journals: Vec<_> = order
+            .iter()
+            .map(|&i| journals[i].clone().map(|s| s.journal))
+            .collect();
         let ids: Vec<&str> = reach.iter().map(Access::id).collect();
         let plan = Plan::new(self.epoch, self.size, cfg.chunk_bytes, journals, &ids);
         let started = Instant::now();

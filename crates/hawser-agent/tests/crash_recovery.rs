@@ -21,7 +21,7 @@ use hawser_api::agent::EngineReplicaStatus;
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::ReplicaState;
 use hawser_storage::{Replica, StoredJournal};
-use node_support::{node, TempDir};
+use node_support::{node, reopen, TempDir};
 use tokio::net::TcpListener;
 
 const MIB: u64 = 1 << 20;
@@ -127,10 +127,62 @@ async fn next_engine_reconciles_exactly_the_activity_log() {
     e3.stop().await;
 }
 
+/// The engine's node lost power: its local replica lost a write it had acknowledged but not
+/// flushed, which the other replica holds. The next engine, on the same node, must not
+/// recover from the rebooted replica alone while the other is unreachable, and once it is
+/// back must take it as the source, though the local one is cheaper to read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_node_rebooted_is_not_the_recovery_source() {
+    let dir = TempDir::new("reboot-source");
+    let a = node(&dir.0, "a", SIZE);
+    let b = node(&dir.0, "b", SIZE);
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let raddr = rl.local_addr().expect("addr").to_string();
+    tokio::spawn(replica_server::serve(rl, b.clone(), stop_rx));
+
+    let e1 = VolumeEngine::start(&request(1, &raddr), "a", &a, ResyncRates::default())
+        .await
+        .expect("start engine 1");
+    e1.write(2 * EXTENT, pattern(5, 65536), false)
+        .await
+        .expect("write");
+    std::mem::forget(e1);
+    // Node a loses power: the unflushed write is gone from its disk, and it boots anew.
+    let ra = a.replica("vol-a").expect("a");
+    ra.write(1, 2 * EXTENT, &vec![0u8; 65536], false)
+        .expect("direct write");
+    let a = reopen(&dir.0, "a", hawser_storage::node_boot_id().wrapping_add(1));
+
+    // While b is unreachable no replica known to be whole is: the attach waits for it.
+    let refused = VolumeEngine::start(&request(2, "127.0.0.1:1"), "a", &a, ResyncRates::default())
+        .await
+        .err()
+        .expect("recovery from the rebooted replica alone must be refused");
+    let msg = format!("{refused:#}");
+    assert!(
+        msg.contains("vol-b") && msg.contains("unreachable"),
+        "{msg}"
+    );
+
+    let e2 = VolumeEngine::start(&request(3, &raddr), "a", &a, ResyncRates::default())
+        .await
+        .expect("start engine 3");
+    let report = e2.status().recovery.expect("recovery ran");
+    assert_eq!(report.copied_bytes, 65536, "one 64 KiB block differed");
+    let got = e2.read(2 * EXTENT, 65536).await.expect("read");
+    assert!(
+        got == pattern(5, 65536),
+        "the acknowledged write was lost: the rebooted replica was the source"
+    );
+    e2.stop().await;
+}
+
 /// Bytes of replica `id`'s dirty map in the journal stored on `r` (`None`: not there, or
 /// unknown).
 fn journal_map_bytes(r: &Replica, id: &str) -> Option<u64> {
-    let StoredJournal::Found(j) = r.get_journal(u64::MAX).expect("read journal") else {
+    let StoredJournal::Found { journal: j, .. } = r.get_journal(u64::MAX).expect("read journal")
+    else {
         return None;
     };
     let out = j.out.iter().find(|o| o.replica == id)?;

@@ -98,6 +98,30 @@ pub fn add_out(j: &mut Journal, replica: &str, lacks: Option<&ChunkMap>) {
     j.out.sort_by(|a, b| a.replica.cmp(&b.replica));
 }
 
+/// Whether replica `me` is whole by its own newest journal `j`: it holds every write
+/// acknowledged before that journal, unless its node rebooted since (`rebooted`: writes it
+/// had not flushed may be gone) or the journal names it as lacking something (it was being
+/// resynced, e.g. after such a reboot, or had been out). A replica without a journal is not.
+pub fn is_whole(j: Option<&Journal>, me: &str, rebooted: bool) -> bool {
+    let Some(j) = j else { return false };
+    let lacks = |o: &OutReplica| o.replica == me && o.dirty.as_ref().is_none_or(|d| !d.is_empty());
+    !rebooted && !j.out.iter().any(lacks)
+}
+
+/// The order in which crash recovery takes the reachable in-sync replicas, source first
+/// (indices into the two slices). A whole replica (`is_whole`) comes before one that is not:
+/// the source's blocks are what every other replica gets inside the logs, and one that lost
+/// unflushed writes to a reboot, or is still being resynced, would overwrite the
+/// acknowledged writes the others hold. Among equals the local replica comes first (its
+/// reads are the cheapest), then the given order.
+pub fn source_order(whole: &[bool], local: &[bool]) -> Vec<usize> {
+    assert_eq!(whole.len(), local.len());
+    let mut order: Vec<usize> = (0..whole.len()).collect();
+    // Stable: equal keys keep the given order.
+    order.sort_by_key(|&i| (!whole[i], !local[i]));
+    order
+}
+
 /// What the journals of the reachable in-sync replicas say.
 pub struct Plan {
     pub size: u64,
@@ -433,5 +457,41 @@ mod tests {
             &["a", "b"],
         );
         assert_eq!(p.blank_dirty("c"), None);
+    }
+
+    #[test]
+    fn a_whole_replica_is_the_source_before_the_local_one() {
+        assert_eq!(source_order(&[], &[]), Vec::<usize>::new());
+        assert_eq!(source_order(&[true, true], &[false, true]), [1, 0]);
+        assert_eq!(source_order(&[false, true], &[true, false]), [1, 0]);
+        assert_eq!(
+            source_order(&[false, true, true, false], &[false, false, false, true]),
+            [1, 2, 3, 0]
+        );
+        assert_eq!(source_order(&[false, false], &[false, true]), [1, 0]);
+    }
+
+    #[test]
+    fn a_replica_is_whole_unless_rebooted_or_named_as_lacking() {
+        let mut j = j(
+            1,
+            1,
+            vec![],
+            vec![out("b", Some(vec![(0, 1)])), out("c", Some(vec![]))],
+        )
+        .unwrap();
+        assert!(is_whole(Some(&j), "a", false));
+        assert!(!is_whole(Some(&j), "a", true), "rebooted since");
+        assert!(!is_whole(Some(&j), "b", false), "being resynced");
+        assert!(is_whole(Some(&j), "c", false), "an empty map lacks nothing");
+        j.out[1].dirty = None;
+        assert!(
+            !is_whole(Some(&j), "c", false),
+            "an unknown map may lack anything"
+        );
+        assert!(
+            !is_whole(None, "a", false),
+            "no journal vouches for nothing"
+        );
     }
 }

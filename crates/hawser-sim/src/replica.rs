@@ -90,6 +90,9 @@ pub struct Replica {
     /// The durable journal (two slots written alternately: a put is atomic). `None`: the
     /// replica never had one.
     pub journal: Option<Journal>,
+    /// The boot id the node had when it stored `journal` (compared with `boot` at crash
+    /// recovery, as the agent's journal file does).
+    pub journal_boot: u64,
     session: Option<u64>,
     /// Hellos waiting for older sessions' executing requests, in arrival order.
     hellos: Vec<u64>,
@@ -108,6 +111,7 @@ impl Replica {
             fault: DiskFault::None,
             forget_flushes: false,
             journal: None,
+            journal_boot: boot,
             session: None,
             hellos: Vec::new(),
             executing: BTreeMap::new(),
@@ -173,6 +177,7 @@ impl Replica {
                     DiskFault::Full if self.journal.is_none() => Err(ReplicaFailure::NoSpace),
                     _ => {
                         self.journal = Some(j);
+                        self.journal_boot = self.boot;
                         Ok(None)
                     }
                 };
@@ -244,6 +249,7 @@ impl Replica {
                 Op::PutJournal(_, j) => {
                     if rng.random_bool(0.5) {
                         self.journal = Some(j);
+                        self.journal_boot = self.boot;
                     }
                     continue;
                 }

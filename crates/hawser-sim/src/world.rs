@@ -597,8 +597,12 @@ impl World {
     fn observe(&mut self) {
         for r in 0..self.p.replicas {
             let m = self.engine.membership(ri(r));
+            // Made in sync by this engine (resynced or confirmed), not merely taken as in sync
+            // from the store by a starting one.
+            let mut repaired = false;
             if self.seen_membership[r] != Some(m) {
                 let was = self.seen_membership[r];
+                repaired = m == Membership::InSync && was.is_some();
                 self.seen_membership[r] = Some(m);
                 trace!(self, "  r{r} is now {m:?}");
                 if m == Membership::InSync && was.is_some() {
@@ -614,7 +618,7 @@ impl World {
                 }
                 let outdated = self.control.store[r] != StoreState::InSync
                     && !matches!(m, Membership::InSync | Membership::Marking);
-                if self.lost_seen_out[r] && (outdated || m == Membership::InSync) {
+                if self.lost_seen_out[r] && (outdated || repaired) {
                     self.volatile_lost[r] = false;
                 }
             }

@@ -24,6 +24,23 @@ pub struct PoolConfig {
     pub capacity_limit: Option<u64>,
     /// Which replicas the pool takes.
     pub kind: PoolKind,
+    /// The node's boot id (`node_boot_id`), stamped on the journals its replicas store so
+    /// that recovery can tell a replica whose node rebooted since.
+    pub boot_id: u64,
+}
+
+/// This node's boot, from the kernel's random boot id (0 if unreadable: a node that cannot
+/// tell its boots apart then never looks rebooted to recovery, as before boot ids existed).
+pub fn node_boot_id() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            s.trim().hash(&mut h);
+            h.finish()
+        })
+        .unwrap_or(0)
 }
 
 /// Which replicas a pool takes.
@@ -76,7 +93,7 @@ impl Pool {
                 .path();
             match path.extension().and_then(|e| e.to_str()) {
                 Some("meta") => {
-                    let r = Replica::open(&config.name, path)?;
+                    let r = Replica::open(&config.name, path, config.boot_id)?;
                     replicas.insert(r.id().to_owned(), Arc::new(r));
                 }
                 Some("data") if !path.with_extension("meta").exists() => {
@@ -194,7 +211,12 @@ impl Pool {
                 available,
             });
         }
-        let replica = Arc::new(Replica::create(&self.dir, self.name(), new)?);
+        let replica = Arc::new(Replica::create(
+            &self.dir,
+            self.name(),
+            new,
+            self.config.boot_id,
+        )?);
         map.insert(new.id.clone(), replica.clone());
         Ok(replica)
     }

@@ -83,6 +83,7 @@ impl Replica {
         dir: &Path,
         pool: &str,
         new: &NewReplica,
+        boot: u64,
     ) -> Result<Replica, StorageError> {
         let (data_path, meta_path) = Self::paths(dir, &new.id);
         let (file, _) = file_ops::open_data(&data_path, true)
@@ -108,7 +109,7 @@ impl Replica {
         };
         // A new replica starts with an empty journal: nothing can differ yet. (No journal at
         // all means a replica from before journals, which recovery treats as unknown.)
-        let journal = JournalFile::new(meta_path.with_extension("journal"));
+        let journal = JournalFile::new(meta_path.with_extension("journal"), boot);
         let empty = Journal {
             epoch: 0,
             seq: 0,
@@ -132,11 +133,13 @@ impl Replica {
             let _ = std::fs::remove_file(journal.path());
             return Err(e);
         }
-        Ok(Self::from_parts(pool, data_path, meta_path, file, meta))
+        Ok(Self::from_parts(
+            pool, data_path, meta_path, file, meta, boot,
+        ))
     }
 
-    /// Open an existing replica from its metadata file.
-    pub(crate) fn open(pool: &str, meta_path: PathBuf) -> Result<Replica, StorageError> {
+    /// Open an existing replica from its metadata file, on a node in boot `boot`.
+    pub(crate) fn open(pool: &str, meta_path: PathBuf, boot: u64) -> Result<Replica, StorageError> {
         let raw = std::fs::read(&meta_path)
             .map_err(|e| StorageError::io("read replica metadata", &meta_path, e))?;
         let meta = ReplicaMeta::decode(&raw).map_err(|source| StorageError::Meta {
@@ -157,7 +160,9 @@ impl Replica {
             ));
             return Err(StorageError::io("check replica data file", &data_path, e));
         }
-        Ok(Self::from_parts(pool, data_path, meta_path, file, meta))
+        Ok(Self::from_parts(
+            pool, data_path, meta_path, file, meta, boot,
+        ))
     }
 
     fn from_parts(
@@ -166,6 +171,7 @@ impl Replica {
         meta_path: PathBuf,
         file: File,
         meta: ReplicaMeta,
+        boot: u64,
     ) -> Replica {
         let meta_path_journal = meta_path.with_extension("journal");
         Replica {
@@ -189,7 +195,7 @@ impl Replica {
                 Vec::new()
             },
             meta: Mutex::new(meta),
-            journal: JournalFile::new(meta_path_journal),
+            journal: JournalFile::new(meta_path_journal, boot),
         }
     }
 

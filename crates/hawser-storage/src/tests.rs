@@ -34,6 +34,7 @@ fn pool(dir: &TempDir, ratio: f64, limit: Option<u64>) -> Pool {
         overprovision_ratio: ratio,
         capacity_limit: limit,
         kind: PoolKind::Any,
+        boot_id: 1,
     })
     .expect("open pool")
 }
@@ -224,6 +225,7 @@ fn pool_kind_is_enforced() {
             overprovision_ratio: 2.0,
             capacity_limit: None,
             kind,
+            boot_id: 1,
         })
         .expect("open pool")
     };
@@ -270,6 +272,7 @@ fn unfinished_create_is_cleaned_and_corrupt_meta_is_an_error() {
         overprovision_ratio: 1.0,
         capacity_limit: None,
         kind: PoolKind::Any,
+        boot_id: 1,
     })
     .err()
     .expect("corrupt metadata must not load");

@@ -29,7 +29,7 @@ use crate::journal::MAX_JOURNAL_BYTES;
 /// "HWSR" read as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"HWSR");
 /// Version of this layout. A peer speaking another version is refused at the first frame.
-pub const FRAME_VERSION: u16 = 1;
+pub const FRAME_VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 56;
 
@@ -68,7 +68,9 @@ pub enum Op {
     /// Replace the replica's volume journal (see [`crate::journal`]) with the payload, durably,
     /// before the reply. `length` is the payload's length.
     PutJournal = 8,
-    /// Read the replica's journal: the reply carries it (empty payload: none stored).
+    /// Read the replica's journal: the reply carries it as a
+    /// [`crate::journal::StoredReport`], which also says whether the replica's node rebooted
+    /// since it stored it (empty payload: none stored).
     GetJournal = 9,
     /// Digests of `length` bytes at `offset`, one of [`CHECKSUM_DIGEST_BYTES`] per
     /// [`CHECKSUM_BLOCK_BYTES`] (the last block may be short). At most
@@ -318,7 +320,7 @@ impl FrameHeader {
             (Op::PutJournal, false) => {
                 payload_len == length && payload_len as usize <= MAX_JOURNAL_BYTES
             }
-            (Op::GetJournal, true) => payload_len as usize <= MAX_JOURNAL_BYTES,
+            (Op::GetJournal, true) => payload_len as usize <= MAX_JOURNAL_BYTES + 1,
             (Op::Checksum, true) => {
                 payload_len == 0
                     || (length <= MAX_CHECKSUM_BYTES && payload_len == checksum_reply_len(length))

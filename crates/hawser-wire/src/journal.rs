@@ -290,6 +290,40 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A stored journal as a replica reports it (`Op::GetJournal`'s reply payload): a byte saying
+/// whether the replica's node rebooted since it stored the journal (1) or not (0), then the
+/// encoded journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredReport {
+    pub journal: Journal,
+    /// The node may have lost writes it had acknowledged but not flushed when it stored this.
+    pub rebooted: bool,
+}
+
+impl StoredReport {
+    pub fn encode(&self) -> Result<Vec<u8>, JournalError> {
+        let j = self.journal.encode()?;
+        let mut b = Vec::with_capacity(j.len() + 1);
+        b.push(u8::from(self.rebooted));
+        b.extend_from_slice(&j);
+        Ok(b)
+    }
+
+    /// Decode untrusted bytes; never panics.
+    pub fn decode(b: &[u8]) -> Result<StoredReport, JournalError> {
+        let (&flag, rest) = b.split_first().ok_or(JournalError::Truncated { at: 0 })?;
+        let rebooted = match flag {
+            0 => false,
+            1 => true,
+            _ => return Err(JournalError::BadField { field: "rebooted" }),
+        };
+        Ok(StoredReport {
+            journal: Journal::decode(rest)?,
+            rebooted,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -366,5 +400,41 @@ mod tests {
             Journal::decode(&b),
             Err(JournalError::Truncated { .. })
         ));
+    }
+
+    #[test]
+    fn stored_reports_round_trip_and_reject_a_bad_flag() {
+        let journal = Journal {
+            epoch: 2,
+            seq: 3,
+            size: 64 << 20,
+            extent_bytes: ACTIVITY_EXTENT_BYTES,
+            chunk_bytes: 64 << 10,
+            active: vec![(1, 2)],
+            out: vec![],
+        };
+        for rebooted in [false, true] {
+            let r = StoredReport {
+                journal: journal.clone(),
+                rebooted,
+            };
+            assert_eq!(StoredReport::decode(&r.encode().unwrap()), Ok(r));
+        }
+        let mut b = StoredReport {
+            journal,
+            rebooted: false,
+        }
+        .encode()
+        .unwrap();
+        b[0] = 2;
+        assert_eq!(
+            StoredReport::decode(&b),
+            Err(JournalError::BadField { field: "rebooted" })
+        );
+        assert_eq!(
+            StoredReport::decode(&[]),
+            Err(JournalError::Truncated { at: 0 })
+        );
+        assert!(StoredReport::decode(&b[..b.len() - 1]).is_err());
     }
 }

@@ -324,7 +324,11 @@ impl VolumeEngine {
         };
         let idx = Self::idx(i);
         // What its own journal says it may lack (`None` inside: unknown, everything).
-        let own: Option<Option<ChunkMap>> = match a.get_journal(self.epoch).await {
+        let own: Option<Option<ChunkMap>> = match a
+            .get_journal(self.epoch)
+            .await
+            .map(|s| s.map(|s| s.journal))
+        {
             Ok(Some(j)) if j.epoch == self.epoch && j.seq >= js.first_seq => None,
             Ok(Some(j)) => {
                 let in_sync: Vec<&str> = {

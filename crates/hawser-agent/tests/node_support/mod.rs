@@ -37,3 +37,13 @@ pub fn node(dir: &Path, name: &str, size: u64) -> Arc<NodeStorage> {
     s.create("default", &new).expect("create replica");
     s
 }
+
+/// Node `name`'s storage under `dir` opened again as after a reboot of the node: boot id
+/// `boot`.
+#[allow(dead_code)] // not every test binary reboots a node
+pub fn reopen(dir: &Path, name: &str, boot: u64) -> Arc<NodeStorage> {
+    let mut cfg = parse_pool(&format!("default={}", dir.join(name).display())).expect("pool spec");
+    cfg.boot_id = boot;
+    let pool = Pool::open(cfg).expect("open pool");
+    Arc::new(NodeStorage::new(name.into(), vec![pool]))
+}
