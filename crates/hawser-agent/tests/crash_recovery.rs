@@ -59,15 +59,29 @@ fn pattern(seed: u8, len: usize) -> Bytes {
     Bytes::from((0..len).map(|i| seed ^ (i as u8)).collect::<Vec<u8>>())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn next_engine_reconciles_exactly_the_activity_log() {
-    let dir = TempDir::new("recovery");
+/// Nodes a and b of `SIZE` replicas under `dir`, b behind a replica server: its address and
+/// the sender that stops it.
+async fn two_nodes(
+    dir: &TempDir,
+) -> (
+    std::sync::Arc<hawser_agent::node_storage::NodeStorage>,
+    std::sync::Arc<hawser_agent::node_storage::NodeStorage>,
+    String,
+    tokio::sync::watch::Sender<bool>,
+) {
     let a = node(&dir.0, "a", SIZE);
     let b = node(&dir.0, "b", SIZE);
-    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let raddr = rl.local_addr().expect("addr").to_string();
     tokio::spawn(replica_server::serve(rl, b.clone(), stop_rx));
+    (a, b, raddr, stop_tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_engine_reconciles_exactly_the_activity_log() {
+    let dir = TempDir::new("recovery");
+    let (a, b, raddr, _stop_tx) = two_nodes(&dir).await;
 
     // Engine 1 writes into extents 2 and 7, and is never stopped.
     let e1 = VolumeEngine::start(&request(1, &raddr), "a", &a, ResyncRates::default())
@@ -134,12 +148,7 @@ async fn next_engine_reconciles_exactly_the_activity_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_node_rebooted_is_not_the_recovery_source() {
     let dir = TempDir::new("reboot-source");
-    let a = node(&dir.0, "a", SIZE);
-    let b = node(&dir.0, "b", SIZE);
-    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica_server::serve(rl, b.clone(), stop_rx));
+    let (a, _b, raddr, _stop_tx) = two_nodes(&dir).await;
 
     let e1 = VolumeEngine::start(&request(1, &raddr), "a", &a, ResyncRates::default())
         .await
