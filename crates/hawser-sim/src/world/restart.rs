@@ -44,12 +44,9 @@ const START_RETRY_US: u64 = 10_000;
 
 impl World {
     /// An engine crash is injected only while no replica lost its power unnoticed. Recovery
-    /// prefers a whole source (`is_whole`: its node did not reboot since its journal, which
-    /// does not name it as lacking anything) and waits while none is reachable but an in-sync
-    /// replica is not; with that rule, runs that allow these crashes still fail in about 1
-    /// seed of 6,000: a replica that finished its resync just before the engine died is
-    /// still named as lacking in every journal, so no reachable replica looks whole, and the
-    /// local one, which did lose writes, is taken (docs/protocol.md, "Noticed").
+    /// prefers a whole source (`is_whole`) and waits while none is reachable but an in-sync
+    /// replica is not; runs that allow these crashes still fail in about 1 seed of 6,000
+    /// (docs/protocol.md, "Noticed, not fully handled", and the branch `wip-synced-save`).
     pub(super) fn may_crash_engine(&self) -> bool {
         self.jd.is_some()
             && self.engine_state == EngineState::Up
