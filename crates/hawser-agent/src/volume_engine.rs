@@ -305,9 +305,10 @@ impl VolumeEngine {
                 anyhow::bail!(
                     "crash recovery: no reachable in-sync replica of volume {} is known to hold \
                      every acknowledged write (their nodes rebooted since their last journal, \
-                     or they were being resynced), and in-sync replica(s) {} that may are \
-                     unreachable; attach again when one is back, or once self-healing has \
-                     replaced it",
+                     or they were being resynced); in-sync replica(s) {} may hold them but \
+                     cannot be reached. Attach again when one is back, or once it is no longer \
+                     in sync (self-healing replaces the replicas of a node offline for long on \
+                     a detached volume)",
                     req.volume,
                     missing.join(", ")
                 );

@@ -170,7 +170,7 @@ async fn a_replica_whose_node_rebooted_is_not_the_recovery_source() {
         .expect("recovery from the rebooted replica alone must be refused");
     let msg = format!("{refused:#}");
     assert!(
-        msg.contains("vol-b") && msg.contains("unreachable"),
+        msg.contains("vol-b") && msg.contains("cannot be reached"),
         "{msg}"
     );
 
