@@ -46,7 +46,7 @@ impl World {
     /// An engine crash is injected only while no replica lost its power unnoticed. Recovery
     /// prefers a whole source (`is_whole`) and waits while none is reachable but an in-sync
     /// replica is not; runs that allow these crashes still fail in about 1 seed of 6,000
-    /// (docs/protocol.md, "Noticed, not fully handled", and the branch `wip-synced-save`).
+    /// (docs/protocol.md, "Noticed, not fully handled").
     pub(super) fn may_crash_engine(&self) -> bool {
         self.jd.is_some()
             && self.engine_state == EngineState::Up
