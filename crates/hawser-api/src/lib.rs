@@ -4,6 +4,8 @@
 
 pub mod agent;
 pub mod auth;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod controller;
 pub mod error;
 pub mod size;

@@ -1,0 +1,183 @@
+//! A blocking HTTP client for the controller API (feature `client`), used by the CLI and the
+//! CSI driver: bearer token, several controllers tried in order, `not_leader` followed.
+
+use std::time::Duration;
+
+use crate::error::{error_chain, truncate_chars};
+use crate::{ApiError, ErrorCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Longest a caller waits for one answer. Attach starts an engine on a node (which connects
+/// to every replica), so this is well above the controller's own agent timeout.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The controller refused the request; its message is what the user needs.
+    #[error("{}", .0.message)]
+    Api(ApiError),
+    #[error("cannot reach the controller at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("unexpected answer from {url} (HTTP {status}): {body}")]
+    BadResponse {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("build the HTTP client: {0}")]
+    Client(String),
+    /// No usable API token (see `cli::token`).
+    #[error("{0}")]
+    Token(String),
+}
+
+/// Leaders followed for one request: a follower names the leader, which may itself have
+/// just lost the lease and name the next one; past this many hops the CLI gives up.
+const MAX_LEADER_HOPS: usize = 3;
+
+pub struct Client {
+    /// Every controller the user named, tried in order.
+    bases: Vec<String>,
+    http: reqwest::blocking::Client,
+    /// `Bearer <admin token>`, sent on every request.
+    authorization: String,
+}
+
+/// What one controller did with a request.
+enum Attempt {
+    /// Answered (success or a refusal that is not about leadership), or failed in a way
+    /// that may have left the request executed: not retried elsewhere.
+    Done(Result<String, ClientError>),
+    /// Could not connect: the request was not sent, another controller may take it.
+    Unreachable(ClientError),
+    /// A follower: nothing was done; the leader is there, when known.
+    NotLeader(ApiError),
+}
+
+impl Client {
+    /// `base` is one controller URL or several, comma-separated (controllers sharing etcd).
+    pub fn new(base: &str, token: &str) -> Result<Client, ClientError> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| ClientError::Client(error_chain(&e)))?;
+        let bases: Vec<String> = base
+            .split(',')
+            .map(|b| b.trim().trim_end_matches('/').to_string())
+            .filter(|b| !b.is_empty())
+            .collect();
+        if bases.is_empty() {
+            return Err(ClientError::Client(format!("no controller URL in {base:?}")));
+        }
+        Ok(Client {
+            bases,
+            http,
+            authorization: format!("Bearer {token}"),
+        })
+    }
+
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let body = self.send(reqwest::Method::GET, path, None::<&()>)?;
+        self.decode(path, &body)
+    }
+
+    pub fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        b: &B,
+    ) -> Result<T, ClientError> {
+        let body = self.send(reqwest::Method::POST, path, Some(b))?;
+        self.decode(path, &body)
+    }
+
+    pub fn delete(&self, path: &str) -> Result<(), ClientError> {
+        self.send(reqwest::Method::DELETE, path, None::<&()>)
+            .map(|_| ())
+    }
+
+    /// Sends a request to the leader and returns the body of a 2xx answer. Controllers are
+    /// tried in order; one that cannot be connected to is skipped, and a follower's
+    /// `not_leader` answer is followed to the leader it names. Anything else is final.
+    fn send<B: Serialize>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<String, ClientError> {
+        let mut queue: std::collections::VecDeque<String> = self.bases.iter().cloned().collect();
+        let mut hops = 0;
+        let mut last = None;
+        while let Some(base) = queue.pop_front() {
+            match self.send_to(&base, method.clone(), path, body) {
+                Attempt::Done(result) => return result,
+                Attempt::Unreachable(e) => last = Some(e),
+                Attempt::NotLeader(e) => {
+                    if let Some(leader) = e.leader_url.clone() {
+                        let leader = leader.trim_end_matches('/').to_string();
+                        if leader != base && hops < MAX_LEADER_HOPS {
+                            hops += 1;
+                            queue.retain(|u| *u != leader);
+                            queue.push_front(leader);
+                        }
+                    }
+                    last = Some(ClientError::Api(e));
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Client("no controller to ask".into())))
+    }
+
+    fn send_to<B: Serialize>(
+        &self,
+        base: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Attempt {
+        let url = format!("{base}{path}");
+        let mut req = self
+            .http
+            .request(method, &url)
+            .header(reqwest::header::AUTHORIZATION, &self.authorization);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let unreachable = |e: &reqwest::Error| ClientError::Unreachable {
+            url: base.to_string(),
+            reason: error_chain(e),
+        };
+        let resp = match req.send() {
+            Ok(r) => r,
+            Err(e) if e.is_connect() => return Attempt::Unreachable(unreachable(&e)),
+            Err(e) => return Attempt::Done(Err(unreachable(&e))),
+        };
+        let status = resp.status().as_u16();
+        let text = match resp.text() {
+            Ok(t) => t,
+            Err(e) => return Attempt::Done(Err(unreachable(&e))),
+        };
+        if (200..300).contains(&status) {
+            return Attempt::Done(Ok(text));
+        }
+        match serde_json::from_str::<ApiError>(&text) {
+            Ok(e) if e.code == ErrorCode::NotLeader => Attempt::NotLeader(e),
+            Ok(e) => Attempt::Done(Err(ClientError::Api(e))),
+            Err(_) => Attempt::Done(Err(ClientError::BadResponse {
+                url,
+                status,
+                body: truncate_chars(&text, 300),
+            })),
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(&self, path: &str, body: &str) -> Result<T, ClientError> {
+        serde_json::from_str(body).map_err(|e| ClientError::BadResponse {
+            url: path.to_string(),
+            status: 200,
+            body: format!("{e}: {}", truncate_chars(body, 300)),
+        })
+    }
+}
