@@ -5,13 +5,19 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 HAWSER := target/release/hawser
-# Debian packages the tests and the demo use: real NBD clients, fio, filesystems, etcd (and
-# protoc, which the etcd-client crate needs to build).
-APT_PACKAGES := fio libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler
+# Debian packages the tests and the demo use: real NBD clients, fio, filesystems, etcd, protoc
+# (the etcd-client and hawser-csi crates generate gRPC code with it), and containerd, runc,
+# CNI plugins and busybox for the real kubelet the CSI tests run.
+APT_PACKAGES := fio libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static
 # Commands whose absence means a package above is missing.
-NEEDED_CMDS := fio nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 fusermount3 ip iptables etcd protoc
+NEEDED_CMDS := fio nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd protoc containerd runc busybox
+# Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
+# by scripts/k8s/build.sh into one cache (a second run is quick).
+K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
+export HAWSER_K8S_CACHE := $(K8S_CACHE)
+export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 
-.PHONY: all deps build test test-unit test-e2e demo bench fmt lint clean
+.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench fmt lint clean
 
 all: build
 
@@ -24,6 +30,10 @@ deps:
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install rustup (https://rustup.rs)"; exit 1; }
 
+k8s-tools: deps
+	@command -v go >/dev/null || { echo "go not found: install Go 1.24 or newer"; exit 1; }
+	scripts/k8s/build.sh
+
 build: deps
 	$(CARGO) build --release --workspace --bins
 
@@ -33,7 +43,7 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 
 # Unit, simulation and integration tests, then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd).
-test: build lint
+test: build lint k8s-tools
 	$(CARGO) test --release --workspace --exclude hawser-e2e
 	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1
 	HAWSER_E2E_STORE=etcd HAWSER_BIN=$(abspath $(HAWSER)) \

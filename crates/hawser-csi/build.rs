@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // RPCs Hawser does not advertise (snapshots, group snapshots, modify) answer
+        // UNIMPLEMENTED without a hand-written stub each.
+        .generate_default_stubs(true)
         .compile_protos(
             &["proto/csi.proto", "proto/pluginregistration.proto"],
             &["proto"],

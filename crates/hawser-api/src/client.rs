@@ -70,7 +70,9 @@ impl Client {
             .filter(|b| !b.is_empty())
             .collect();
         if bases.is_empty() {
-            return Err(ClientError::Client(format!("no controller URL in {base:?}")));
+            return Err(ClientError::Client(format!(
+                "no controller URL in {base:?}"
+            )));
         }
         Ok(Client {
             bases,

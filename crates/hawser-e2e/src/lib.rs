@@ -8,7 +8,10 @@
 
 pub mod cluster;
 pub mod compare;
+pub mod csi;
 pub mod invariants;
+pub mod k8s;
+pub mod k8s_sidecars;
 pub mod mounts;
 pub mod nbd_client;
 pub mod netns;
@@ -19,6 +22,7 @@ pub mod writer;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use compare::assert_same_contents;
+pub use csi::{k8s_tool, CsiOptions, CsiProc};
 pub use invariants::{assert_volumes_whole, volume_problems, wait_volumes_whole};
 pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
 pub use nbd_client::{NbdConn, NbdTarget};

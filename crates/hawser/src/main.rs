@@ -1,4 +1,4 @@
-//! The `hawser` binary: the daemons (`controller`, `agent`), the client commands (`volume`,
+//! The `hawser` binary: the daemons (`controller`, `agent`, `csi`), the client commands (`volume`,
 //! `node`, `pool`, `replica`, `status`) and `bench`, in one executable.
 //!
 //! Exit codes: 0 success, 1 the operation failed (the controller refused it or could not be
@@ -44,6 +44,8 @@ enum Command {
     Controller(hawser_controller::ControllerArgs),
     /// Run the node agent (pools, replicas, engines, NBD).
     Agent(hawser_agent::AgentArgs),
+    /// Run the CSI driver (Identity, Controller and Node services) for Kubernetes.
+    Csi(hawser_csi::CsiArgs),
     /// Run the standard fio comparison of block targets.
     Bench(hawser_bench::BenchArgs),
     /// Manage volumes.
@@ -67,19 +69,36 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let daemon = matches!(cli.command, Command::Controller(_) | Command::Agent(_));
+    let daemon = matches!(
+        cli.command,
+        Command::Controller(_) | Command::Agent(_) | Command::Csi(_)
+    );
     init_logging(if daemon { "info" } else { "warn" });
     let conn = (cli.controller, cli.token_file);
     match cli.command {
         Command::Controller(args) => daemon_exit(run_async(hawser_controller::run(args))),
         Command::Agent(args) => daemon_exit(run_async(hawser_agent::run(args))),
         Command::Bench(args) => daemon_exit(hawser_bench::run(args)),
+        Command::Csi(args) => daemon_exit(run_csi(args, &conn)),
         Command::Volume(cmd) => client_exit(&conn, |c| volume::run(c, cmd)),
         Command::Node(cmd) => client_exit(&conn, |c| node::run(c, cmd)),
         Command::Pool(cmd) => client_exit(&conn, |c| pool::run(c, cmd)),
         Command::Replica(cmd) => client_exit(&conn, |c| replica::run(c, cmd)),
         Command::Status { out } => client_exit(&conn, |c| status::run(c, out)),
     }
+}
+
+/// `hawser csi`: the controller client is made (and dropped) outside the async runtime, as
+/// the blocking HTTP client requires.
+fn run_csi(
+    args: hawser_csi::CsiArgs,
+    (url, token_file): &(String, Option<std::path::PathBuf>),
+) -> anyhow::Result<()> {
+    let token = cli::token::resolve(token_file.as_deref())?;
+    let client = std::sync::Arc::new(Client::new(url, &token)?);
+    let result = run_async(hawser_csi::run(args, client.clone()));
+    drop(client);
+    result
 }
 
 /// Logs go to stderr; `RUST_LOG` overrides the default level.

@@ -1,0 +1,209 @@
+//! StorageClass parameters of a CreateVolume request, checked: a typo is an error, never a
+//! silently ignored setting.
+//!
+//! | key            | values                         | default                          |
+//! |----------------|--------------------------------|----------------------------------|
+//! | `replicas`     | 1-5                            | 2                                |
+//! | `provisioning` | `thin`, `thick`                | `thin`                           |
+//! | `pool`         | a pool name                    | any pool                         |
+//! | `zoneSpread`   | `strict`, `preferred`, `none`  | strict if nodes have zones       |
+//! | `locality`     | `preferred`, `none`            | `preferred`                      |
+//! | `onQuorumLoss` | `suspend`, `fail`              | `suspend`                        |
+//!
+//! `locality: preferred` puts one replica on the node Kubernetes picked for the pod (the
+//! first preferred topology segment, set with `volumeBindingMode: WaitForFirstConsumer`), so
+//! the pod's reads are local. Keys under `csi.storage.k8s.io/` belong to the provisioner
+//! sidecar and are ignored.
+
+use std::collections::HashMap;
+
+use hawser_api::controller::{CreateVolume, QuorumLoss, ZoneSpread};
+
+/// Keys the provisioner sidecar adds or reserves.
+const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
+const KEYS: &[&str] = &[
+    "replicas",
+    "provisioning",
+    "pool",
+    "zoneSpread",
+    "locality",
+    "onQuorumLoss",
+];
+pub const DEFAULT_REPLICAS: u32 = 2;
+pub const MAX_REPLICAS: u32 = 5;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeParams {
+    pub replicas: u32,
+    pub thin: bool,
+    pub pool: Option<String>,
+    pub zone_spread: Option<ZoneSpread>,
+    pub locality: bool,
+    pub on_quorum_loss: QuorumLoss,
+}
+
+impl Default for VolumeParams {
+    fn default() -> Self {
+        VolumeParams {
+            replicas: DEFAULT_REPLICAS,
+            thin: true,
+            pool: None,
+            zone_spread: None,
+            locality: true,
+            on_quorum_loss: QuorumLoss::Suspend,
+        }
+    }
+}
+
+/// Parses the parameters; the error names the key and what it takes.
+pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, String> {
+    let mut p = VolumeParams::default();
+    let mut keys: Vec<&String> = params.keys().collect();
+    keys.sort();
+    for key in keys {
+        let value = params[key].as_str();
+        let bad = |takes: &str| format!("parameter {key}={value:?}: {takes}");
+        match key.as_str() {
+            "replicas" => {
+                p.replicas = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_REPLICAS).contains(n))
+                    .ok_or_else(|| bad(&format!("a number of replicas from 1 to {MAX_REPLICAS}")))?
+            }
+            "provisioning" => {
+                p.thin = match value {
+                    "thin" => true,
+                    "thick" => false,
+                    _ => return Err(bad("thin or thick")),
+                }
+            }
+            "pool" => {
+                hawser_api::validate_name("pool", value).map_err(|e| bad(&e.message))?;
+                p.pool = Some(value.to_string());
+            }
+            "zoneSpread" => {
+                p.zone_spread = Some(match value {
+                    "strict" => ZoneSpread::Strict,
+                    "preferred" => ZoneSpread::Preferred,
+                    "none" => ZoneSpread::None,
+                    _ => return Err(bad("strict, preferred or none")),
+                })
+            }
+            "locality" => {
+                p.locality = match value {
+                    "preferred" => true,
+                    "none" => false,
+                    _ => return Err(bad("preferred or none")),
+                }
+            }
+            "onQuorumLoss" => {
+                p.on_quorum_loss = match value {
+                    "suspend" => QuorumLoss::Suspend,
+                    "fail" => QuorumLoss::Fail,
+                    _ => return Err(bad("suspend or fail")),
+                }
+            }
+            k if k.starts_with(SIDECAR_PREFIX) => {}
+            _ => {
+                return Err(format!(
+                    "unknown parameter {key:?}; Hawser's StorageClass parameters are {}",
+                    KEYS.join(", ")
+                ))
+            }
+        }
+    }
+    Ok(p)
+}
+
+impl VolumeParams {
+    /// The controller API request for a volume of `size_bytes` named `id`; `node` is the node
+    /// the pod will run on, when Kubernetes said.
+    pub fn create_request(&self, id: &str, size_bytes: u64, node: Option<&str>) -> CreateVolume {
+        CreateVolume {
+            name: id.to_string(),
+            size_bytes,
+            replicas: self.replicas,
+            thin: self.thin,
+            pool: self.pool.clone(),
+            zone_spread: self.zone_spread,
+            prefer_node: node.filter(|_| self.locality).map(str::to_string),
+            on_quorum_loss: self.on_quorum_loss,
+        }
+    }
+
+    /// Why an existing volume does not match these parameters, if it does not.
+    pub fn mismatch(&self, v: &hawser_api::controller::Volume) -> Option<String> {
+        if v.replica_count != self.replicas {
+            return Some(format!(
+                "it has {} replicas, {} asked",
+                v.replica_count, self.replicas
+            ));
+        }
+        if v.thin != self.thin {
+            return Some(format!("it is {}", if v.thin { "thin" } else { "thick" }));
+        }
+        if self.pool.is_some() && v.placement.pool != self.pool {
+            return Some(format!("its pool is {:?}", v.placement.pool));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn known_keys_parse_and_sidecar_keys_are_ignored() {
+        let p = parse(&map(&[
+            ("replicas", "3"),
+            ("provisioning", "thick"),
+            ("pool", "ssd"),
+            ("zoneSpread", "preferred"),
+            ("locality", "none"),
+            ("onQuorumLoss", "fail"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            p,
+            VolumeParams {
+                replicas: 3,
+                thin: false,
+                pool: Some("ssd".into()),
+                zone_spread: Some(ZoneSpread::Preferred),
+                locality: false,
+                on_quorum_loss: QuorumLoss::Fail,
+            }
+        );
+        assert_eq!(parse(&map(&[])), Ok(VolumeParams::default()));
+        let req = VolumeParams::default().create_request("v", 4096, Some("n1"));
+        assert_eq!(req.prefer_node.as_deref(), Some("n1"));
+        assert_eq!(p.create_request("v", 4096, Some("n1")).prefer_node, None);
+    }
+
+    #[test]
+    fn bad_values_and_unknown_keys_are_refused_with_their_name() {
+        for (k, v) in [
+            ("replicas", "0"),
+            ("replicas", "6"),
+            ("replicas", "two"),
+            ("provisioning", "fat"),
+            ("pool", "Bad_Name"),
+            ("zoneSpread", "yes"),
+            ("locality", "strict"),
+            ("onQuorumLoss", "panic"),
+            ("replica", "2"),
+        ] {
+            let e = parse(&map(&[(k, v)])).expect_err(k);
+            assert!(e.contains(k), "{e}");
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `hawser csi` for tests: one process serving Identity, Controller and Node for a node of a
+//! test [`Cluster`], a gRPC client over its unix socket, and where the Kubernetes test tools
+//! (csi-sanity, kubelet, ...) are: `scripts/k8s/build.sh` builds them into one cache.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hawser_csi::proto::csi::controller_client::ControllerClient;
+use hawser_csi::proto::csi::node_client::NodeClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cluster::{hawser_bin, print_log_tails, stop};
+use crate::run::wait_until;
+use crate::Cluster;
+
+/// The directory with csi-sanity, helm, kubelet, ...: `HAWSER_K8S_BIN`, else
+/// `~/.cache/hawser-k8s/bin` (where `scripts/k8s/build.sh`, run by `make test`, puts them).
+pub fn k8s_tool(name: &str) -> PathBuf {
+    let dir = std::env::var_os("HAWSER_K8S_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home =
+                std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+            home.join(".cache/hawser-k8s/bin")
+        });
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "no {name} at {}: run scripts/k8s/build.sh (make test does) or set HAWSER_K8S_BIN",
+        p.display()
+    );
+    p
+}
+
+/// How to run `hawser csi`; the default is `--mode all`, no kubelet registration, the
+/// kubelet dir and socket inside the process's own directory.
+#[derive(Clone, Debug)]
+pub struct CsiOptions {
+    pub mode: &'static str,
+    pub kubelet_dir: Option<PathBuf>,
+    pub endpoint: Option<PathBuf>,
+    pub register: bool,
+}
+
+impl Default for CsiOptions {
+    fn default() -> Self {
+        CsiOptions {
+            mode: "all",
+            kubelet_dir: None,
+            endpoint: None,
+            register: false,
+        }
+    }
+}
+
+pub struct CsiProc {
+    child: Child,
+    node: String,
+    opts: CsiOptions,
+    /// Its own directory: the socket, the log, the kubelet dir and the node state.
+    pub dir: PathBuf,
+    pub endpoint: PathBuf,
+    /// Stands in for `/var/lib/kubelet`: staging and target paths must be inside it.
+    pub kubelet_dir: PathBuf,
+    pub state_dir: PathBuf,
+    url: String,
+    token: PathBuf,
+}
+
+impl CsiProc {
+    /// Starts `hawser csi --mode all` for `node` of `cluster` under `dir`; waits until it
+    /// serves.
+    pub fn start(cluster: &Cluster, node: &str, dir: &Path) -> CsiProc {
+        Self::start_with(cluster, node, dir, CsiOptions::default())
+    }
+
+    pub fn start_with(cluster: &Cluster, node: &str, dir: &Path, opts: CsiOptions) -> CsiProc {
+        std::fs::create_dir_all(dir).expect("create csi dir");
+        let kubelet_dir = opts
+            .kubelet_dir
+            .clone()
+            .unwrap_or_else(|| dir.join("kubelet"));
+        std::fs::create_dir_all(&kubelet_dir).expect("create kubelet dir");
+        let mut p = CsiProc {
+            child: spawn_placeholder(),
+            node: node.to_string(),
+            dir: dir.to_path_buf(),
+            endpoint: opts
+                .endpoint
+                .clone()
+                .unwrap_or_else(|| dir.join("csi.sock")),
+            opts,
+            kubelet_dir,
+            state_dir: dir.join("state"),
+            url: cluster.url.clone(),
+            token: cluster.tokens.admin.clone(),
+        };
+        p.child = p.spawn();
+        p
+    }
+
+    fn spawn(&self) -> Child {
+        let _ = std::fs::remove_file(&self.endpoint);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("csi-{}.log", self.opts.mode)))
+            .expect("open csi log");
+        let err = log.try_clone().expect("clone log handle");
+        let mut child = Command::new(hawser_bin())
+            .args(["--controller", &self.url, "--token-file"])
+            .arg(&self.token)
+            .args(["csi", "--mode", self.opts.mode, "--node", &self.node])
+            .args(if self.opts.register {
+                &[][..]
+            } else {
+                &["--no-register"][..]
+            })
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.endpoint.display()))
+            .arg("--kubelet-dir")
+            .arg(&self.kubelet_dir)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .env("RUST_LOG", "info,hawser_csi=debug")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .expect("spawn hawser csi");
+        let endpoint = self.endpoint.clone();
+        wait_until("hawser csi to listen", Duration::from_secs(20), || {
+            assert!(
+                !matches!(child.try_wait(), Ok(Some(_))),
+                "hawser csi exited at start; see {}/csi-{}.log",
+                self.dir.display(),
+                self.opts.mode
+            );
+            endpoint.exists()
+        });
+        child
+    }
+
+    /// Stops the process (SIGTERM, as a pod restart) and starts it again on the same state.
+    pub fn restart(&mut self) {
+        stop(&mut self.child);
+        self.child = self.spawn();
+    }
+
+    /// A gRPC channel to the socket (in the caller's tokio runtime).
+    pub async fn channel(&self) -> Channel {
+        unix_channel(self.endpoint.clone()).await
+    }
+
+    pub async fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel().await)
+    }
+
+    pub async fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel().await)
+    }
+}
+
+/// A gRPC channel to a unix socket (in the caller's tokio runtime).
+pub async fn unix_channel(path: PathBuf) -> Channel {
+    Endpoint::from_static("http://csi.invalid")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .expect("connect to the CSI socket")
+}
+
+/// A process handle to fill the field before the real one starts (`true` exits at once).
+fn spawn_placeholder() -> Child {
+    Command::new("true").spawn().expect("spawn true")
+}
+
+impl Drop for CsiProc {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+        if std::thread::panicking() {
+            print_log_tails(&self.dir, [format!("csi-{}", self.opts.mode)]);
+        }
+    }
+}
