@@ -283,6 +283,19 @@ impl DeviceManager {
         }
     }
 
+    /// The volumes with a record here (alive or not).
+    pub fn recorded(&self) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(&self.state_dir) else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_suffix(".json").map(str::to_string)
+            })
+            .collect()
+    }
+
     /// Removes the volume's device: loop device, FUSE mount, nbdfuse, files. Idempotent.
     pub fn disconnect(&self, id: &str) -> Result<()> {
         Self::check_id(id)?;

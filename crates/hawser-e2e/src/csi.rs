@@ -181,9 +181,33 @@ fn spawn_placeholder() -> Child {
     Command::new("true").spawn().expect("spawn true")
 }
 
+/// Unmounts whatever is mounted under `dir`, deepest first, and removes the devices a node
+/// service staged in `state_dir`: a failed test leaves no mount, loop device or nbdfuse.
+pub fn clean_node_state(dir: &Path, state_dir: &Path) {
+    let mut under: Vec<PathBuf> = hawser_csi::mounts::mount_entries()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir) && !p.starts_with(state_dir))
+        .collect();
+    under.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in under {
+        let _ = Command::new("umount").arg("-l").arg(&p).status();
+    }
+    let devices = hawser_csi::node_device::DeviceManager::new(state_dir.to_path_buf());
+    for id in devices.recorded() {
+        if let Err(e) = devices.disconnect(&id) {
+            eprintln!("cleaning up staged volume {id}: {e}");
+        }
+    }
+}
+
 impl Drop for CsiProc {
     fn drop(&mut self) {
         stop(&mut self.child);
+        if self.opts.mode != "controller" {
+            clean_node_state(&self.kubelet_dir, &self.state_dir);
+        }
         if std::thread::panicking() {
             print_log_tails(&self.dir, [format!("csi-{}", self.opts.mode)]);
         }
