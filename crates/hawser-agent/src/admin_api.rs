@@ -9,7 +9,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use hawser_api::agent::{AgentStatus, CreateReplica, StartEngine, NODE_HEADER};
+use hawser_api::agent::{
+    AgentStatus, CreateReplica, GrowReplica, ReplicaStatus, StartEngine, NODE_HEADER,
+};
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
 
@@ -35,6 +37,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/status", get(get_status))
         .route("/v1/replicas", post(create_replica))
         .route("/v1/replicas/{id}", delete(delete_replica))
+        .route("/v1/replicas/{id}/grow", post(grow_replica))
         .route("/v1/engines", post(start_engine))
         .route("/v1/engines/{volume}", delete(stop_engine))
         .layer(auth)
@@ -107,7 +110,9 @@ fn storage_error(e: StorageError) -> Failure {
         StorageError::ReplicaNotFound { .. } => ErrorCode::NotFound,
         StorageError::InvalidSize { .. }
         | StorageError::InvalidId { .. }
+        | StorageError::Shrink { .. }
         | StorageError::WrongKind { .. } => ErrorCode::InvalidArgument,
+        StorageError::InUse { .. } => ErrorCode::Conflict,
         StorageError::Io { .. } | StorageError::Meta { .. } => ErrorCode::Internal,
     };
     Failure(ApiError::new(code, e.to_string()))
@@ -162,6 +167,21 @@ async fn delete_replica(
         .map_err(storage_error)?;
     tracing::info!(replica = %id, "replica deleted");
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn grow_replica(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+    Json(req): Json<GrowReplica>,
+) -> Result<Json<ReplicaStatus>, Failure> {
+    let storage = s.storage.clone();
+    let rid = id.clone();
+    let replica = tokio::task::spawn_blocking(move || storage.grow(&rid, req.size_bytes))
+        .await
+        .map_err(|e| Failure(ApiError::new(ErrorCode::Internal, e.to_string())))?
+        .map_err(storage_error)?;
+    tracing::info!(replica = %id, size = replica.size(), "replica grown");
+    Ok(Json(status(&replica)))
 }
 
 async fn start_engine(

@@ -43,6 +43,16 @@ impl NodeStorage {
         p.create_replica(new)
     }
 
+    /// Grows a replica; see `Pool::grow_replica`.
+    pub fn grow(&self, id: &str, size: u64) -> Result<Arc<Replica>, StorageError> {
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| p.get(id).is_some())
+            .ok_or_else(|| StorageError::ReplicaNotFound { id: id.into() })?;
+        pool.grow_replica(id, size)
+    }
+
     pub fn delete(&self, id: &str) -> Result<(), StorageError> {
         let pool = self
             .pools

@@ -4,6 +4,7 @@
 //! |--------|-------------------------|---------------------------------------|
 //! | POST   | /v1/replicas            | `CreateReplica` → `ReplicaStatus`     |
 //! | DELETE | /v1/replicas/{id}       | → 204                                 |
+//! | POST   | /v1/replicas/{id}/grow  | `GrowReplica` → `ReplicaStatus`       |
 //! | POST   | /v1/engines             | `StartEngine` → `EngineStatus`        |
 //! | DELETE | /v1/engines/{volume}    | → 204 (flushes, then stops)           |
 //! | GET    | /v1/status              | → `AgentStatus`                       |
@@ -25,6 +26,13 @@ pub struct CreateReplica {
     pub size_bytes: u64,
     pub pool: String,
     pub thin: bool,
+}
+
+/// Grow a replica of a detached volume to `size_bytes` (growing to its size is a no-op).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrowReplica {
+    pub size_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

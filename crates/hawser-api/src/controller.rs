@@ -12,6 +12,7 @@
 //! | DELETE | /v1/volumes/{name}                     | → 204                           |
 //! | POST   | /v1/volumes/{name}/attach              | `Attach` → `Volume`             |
 //! | POST   | /v1/volumes/{name}/detach              | → `Volume`                      |
+//! | POST   | /v1/volumes/{name}/expand              | `ExpandVolume` → `Volume`       |
 //! | POST   | /v1/volumes/{name}/replicas/{id}/outdate | `Outdate` → `Volume`          |
 //! | POST   | /v1/volumes/{name}/replicas/{id}/in-sync | `MarkInSync` → `Volume`       |
 
@@ -344,6 +345,14 @@ pub struct VolumeEngineView {
 #[serde(deny_unknown_fields)]
 pub struct Attach {
     pub node: String,
+}
+
+/// Grow a detached volume to `size_bytes` (a multiple of 4 KiB, not smaller than now; the
+/// same size is a no-op). Every replica grows first, then the volume record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpandVolume {
+    pub size_bytes: u64,
 }
 
 /// `GET /v1/replicas[/{id}]`: one replica with its volume.

@@ -106,6 +106,18 @@ impl AgentClient {
         self.call_no_body(Method::DELETE, to, &path).await
     }
 
+    /// Grows a replica (of a detached volume) to `size_bytes`.
+    pub async fn grow_replica(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        size_bytes: u64,
+    ) -> Result<ReplicaStatus, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/grow");
+        let body = hawser_api::agent::GrowReplica { size_bytes };
+        self.call(Method::POST, to, &path, Some(&body)).await
+    }
+
     pub async fn start_engine(
         &self,
         to: Agent<'_>,

@@ -1,4 +1,4 @@
-//! `/v1/volumes`: create, list, show, delete, attach, detach, and the engines' outdate
+//! `/v1/volumes`: create, list, show, delete, attach, detach, expand, and the engines' outdate
 //! reports. Handlers only translate HTTP; the logic is in the `volume_*` modules.
 
 use std::sync::Arc;
@@ -6,13 +6,13 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use hawser_api::controller::{Attach, CreateVolume, MarkInSync, Outdate, Volume};
+use hawser_api::controller::{Attach, CreateVolume, ExpandVolume, MarkInSync, Outdate, Volume};
 
 use crate::errors::ControllerError;
 use crate::model::VolumeRecord;
 use crate::server::{ApiJson, ApiPath};
 use crate::state::AppState;
-use crate::{volume_attach, volume_create, volume_delete, volume_outdate};
+use crate::{volume_attach, volume_create, volume_delete, volume_expand, volume_outdate};
 
 type Shared = State<Arc<AppState>>;
 
@@ -115,6 +115,15 @@ pub async fn detach(
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = volume_attach::detach_volume(&st, &name).await?;
     Ok(Json(rec.to_api(None)))
+}
+
+pub async fn expand(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<ExpandVolume>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = volume_expand::expand_volume(&st, &name, req).await?;
+    Ok(Json(view(&st, &rec).await?))
 }
 
 pub async fn outdate(

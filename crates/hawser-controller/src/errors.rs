@@ -45,6 +45,11 @@ pub enum ControllerError {
     },
     #[error("volume {volume:?} is {state:?}; try again when it is detached")]
     Busy { volume: String, state: VolumeState },
+    #[error(
+        "volume {volume:?} is syncing new replicas (an engine on node {node:?}); try again \
+         when the sync ends (`hawser status` shows its progress)"
+    )]
+    Syncing { volume: String, node: String },
     #[error("node {node:?} is offline (no heartbeat for {age_secs}s)")]
     NodeOffline { node: String, age_secs: u64 },
     #[error("epoch {epoch} of volume {volume:?} is stale: the current epoch is {current}")]
@@ -108,6 +113,7 @@ impl ControllerError {
             E::VolumeExists { .. } => ErrorCode::AlreadyExists,
             E::Attached { .. }
             | E::Busy { .. }
+            | E::Syncing { .. }
             | E::LastInSyncReplica { .. }
             | E::ReplicaFailed { .. }
             | E::Changed { .. }

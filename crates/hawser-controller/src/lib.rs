@@ -33,6 +33,7 @@ mod store_retry;
 mod volume_attach;
 mod volume_create;
 mod volume_delete;
+mod volume_expand;
 mod volume_outdate;
 
 use std::future::Future;

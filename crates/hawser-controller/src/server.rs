@@ -90,6 +90,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             M::POST,
+            "/v1/volumes/{name}/expand",
+            Admin,
+            post(api_volumes::expand),
+        ),
+        route(
+            M::POST,
             "/v1/volumes/{name}/replicas/{id}/outdate",
             Agent,
             post(api_volumes::outdate),

@@ -223,8 +223,33 @@ async fn real_responses_validate_against_the_document() {
     assert_eq!((s, &n["evacuating"]), (200, &json!(false)), "{n}");
     let del = (Method::DELETE, vol);
     assert_eq!(p.call(a, del.clone(), "/v1/volumes/v", None).await.0, 409);
+    let expand = (Method::POST, "/v1/volumes/{name}/expand");
+    let bigger = json!({"size_bytes": 2 * GIB});
+    let attached = p.call(
+        a,
+        expand.clone(),
+        "/v1/volumes/v/expand",
+        Some(bigger.clone()),
+    );
+    assert_eq!(attached.await.0, 409);
     let detach = (Method::POST, "/v1/volumes/{name}/detach");
     assert_eq!(p.call(a, detach, "/v1/volumes/v/detach", None).await.0, 200);
+    let (s, v) = p
+        .call(a, expand.clone(), "/v1/volumes/v/expand", Some(bigger))
+        .await;
+    assert_eq!((s, &v["size_bytes"]), (200, &json!(2 * GIB)), "{v}");
+    let shrink = json!({"size_bytes": GIB});
+    assert_eq!(
+        p.call(a, expand.clone(), "/v1/volumes/v/expand", Some(shrink))
+            .await
+            .0,
+        400
+    );
+    let huge = json!({"size_bytes": 1u64 << 60});
+    let nope = p
+        .call(a, expand, "/v1/volumes/nope/expand", Some(huge))
+        .await;
+    assert_eq!(nope.0, 404);
     assert_eq!(p.call(a, del.clone(), "/v1/volumes/v", None).await.0, 204);
     // Authentication errors.
     let (s, e) = p

@@ -136,9 +136,15 @@ fn assert_nothing_left(csi: &CsiProc) {
         .expect("losetup -a");
     let loops = String::from_utf8_lossy(&loops.stdout);
     assert!(!loops.contains(&dir), "loop devices left behind: {loops}");
-    let records: Vec<_> = std::fs::read_dir(&csi.state_dir)
-        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
-        .unwrap_or_default();
+    // Records (`<volume>.json`) and per-volume FUSE directories, pid and log files.
+    let list = |d: &Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(d)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let mut records: Vec<_> = list(&csi.state_dir);
+    records.retain(|p| p.extension().is_some_and(|e| e == "json"));
+    records.extend(list(&csi.state_dir.join("fuse")));
     assert!(
         records.is_empty(),
         "staged-volume state left behind: {records:?}"

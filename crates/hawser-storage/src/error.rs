@@ -26,6 +26,16 @@ pub enum StorageError {
     ReplicaNotFound { id: String },
     #[error("invalid replica size {size}: must be a positive multiple of 4096")]
     InvalidSize { size: u64 },
+    #[error(
+        "replica {id:?} is {size} bytes; shrinking to {asked} is not supported (data past \
+         the new end would be lost)"
+    )]
+    Shrink { id: String, size: u64, asked: u64 },
+    #[error(
+        "replica {id:?} is in use by an engine (an attached volume's, or one still connected); \
+         detach its volume first"
+    )]
+    InUse { id: String },
     #[error("invalid replica or volume id {id:?}")]
     InvalidId { id: String },
     #[error("{context} {path}: {source}")]

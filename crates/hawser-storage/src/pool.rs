@@ -71,6 +71,9 @@ pub struct PoolUsage {
     pub replicas: u32,
 }
 
+/// How long a grow waits for transient holders of a replica (a status listing) to let go.
+const GROW_WAIT_FOR_USERS: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct Pool {
     config: PoolConfig,
     dir: PathBuf,
@@ -227,6 +230,64 @@ impl Pool {
 
     pub fn list(&self) -> Vec<Arc<Replica>> {
         self.lock().values().cloned().collect()
+    }
+
+    /// Grows replica `id` to `size` bytes (growing to its size is a no-op), if the pool has
+    /// room for the growth and no engine uses the replica: a session holding the old object
+    /// would keep serving the old size, and two objects for one replica would split its epoch
+    /// gate. Returns the replica, opened again with its new size.
+    pub fn grow_replica(&self, id: &str, size: u64) -> Result<Arc<Replica>, StorageError> {
+        if size == 0 || !size.is_multiple_of(BLOCK_BYTES) {
+            return Err(StorageError::InvalidSize { size });
+        }
+        let mut map = self.lock();
+        let old = map
+            .get(id)
+            .cloned()
+            .ok_or(StorageError::ReplicaNotFound { id: id.into() })?;
+        if size == old.size() {
+            return Ok(old);
+        }
+        if size < old.size() {
+            return Err(StorageError::Shrink {
+                id: id.into(),
+                size: old.size(),
+                asked: size,
+            });
+        }
+        // Other holders of the object: engine sessions, or a status call that briefly listed
+        // the replicas (gone within milliseconds). The map lock keeps new ones out meanwhile.
+        let deadline = std::time::Instant::now() + GROW_WAIT_FOR_USERS;
+        while Arc::strong_count(&old) > 2 {
+            if std::time::Instant::now() > deadline {
+                return Err(StorageError::InUse { id: id.into() });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let usage = self.usage_locked(&map)?;
+        let need = size.saturating_sub(old.size());
+        let kind = if old.thin() { "thin" } else { "thick" };
+        let available = if old.thin() {
+            #[allow(clippy::cast_possible_truncation)]
+            let limit = (usage.capacity_bytes as f64 * self.config.overprovision_ratio) as u64;
+            limit.saturating_sub(usage.provisioned_bytes)
+        } else {
+            usage.free_bytes
+        };
+        if need > available {
+            return Err(StorageError::NoRoom {
+                pool: self.name().into(),
+                kind,
+                need,
+                available,
+            });
+        }
+        old.grow_files(size)?;
+        let meta_path = Replica::paths(&self.dir, id).1;
+        drop(old);
+        let grown = Arc::new(Replica::open(self.name(), meta_path, self.config.boot_id)?);
+        map.insert(id.to_owned(), grown.clone());
+        Ok(grown)
     }
 
     /// Remove a replica's files. Operations still holding the `Arc` keep working on the

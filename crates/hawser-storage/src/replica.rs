@@ -153,7 +153,14 @@ impl Replica {
             .metadata()
             .map_err(|e| StorageError::io("stat replica data file", &data_path, e))?
             .len();
-        if len != meta.size {
+        if len > meta.size {
+            // A grow that stopped between the data file and the metadata (`grow_files`): the
+            // range past the recorded size was never served, so it goes back.
+            tracing::warn!(path = %data_path.display(), len, size = meta.size, "undoing an unfinished grow");
+            file.set_len(meta.size)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| StorageError::io("undo unfinished grow of", &data_path, e))?;
+        } else if len != meta.size {
             let e = std::io::Error::other(format!(
                 "data file is {len} bytes, metadata says {}",
                 meta.size
@@ -228,6 +235,39 @@ impl Replica {
     }
     pub fn allocated_bytes(&self) -> u64 {
         file_ops::allocated_bytes(&self.file).unwrap_or(0)
+    }
+
+    /// Grows the files to `size` bytes: the data file first (sparse, or allocated for a thick
+    /// replica), made durable, then the metadata, replaced atomically. A crash between the two
+    /// leaves a data file longer than its metadata, which `open` cuts back. The caller makes
+    /// sure no engine uses the replica and opens it again afterwards (this object keeps the
+    /// old size).
+    pub(crate) fn grow_files(&self, size: u64) -> Result<(), StorageError> {
+        let old = self.size;
+        if size < old {
+            return Err(StorageError::Shrink {
+                id: self.id.clone(),
+                size: old,
+                asked: size,
+            });
+        }
+        if size == old {
+            return Ok(());
+        }
+        let grown = if self.thin {
+            self.file.set_len(size)
+        } else {
+            file_ops::fallocate(&self.file, 0, old, size - old)
+        };
+        grown
+            .and_then(|()| self.file.sync_all())
+            .map_err(|e| StorageError::io("grow replica data file", &self.data_path, e))?;
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = meta.clone();
+        next.size = size;
+        write_meta(&self.meta_path, &next)?;
+        *meta = next;
+        Ok(())
     }
 
     /// Accept `epoch` as the newest: persist it if it is higher, refuse it if it is lower.

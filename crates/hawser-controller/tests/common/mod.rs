@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use hawser_api::agent::{CreateReplica, EngineStatus, ReplicaStatus, StartEngine};
+use hawser_api::agent::{CreateReplica, EngineStatus, GrowReplica, ReplicaStatus, StartEngine};
 use hawser_api::controller::{PoolInfo, PoolKind};
 use hawser_api::{ApiError, ErrorCode};
 use hawser_controller::{Controller, ControllerArgs};
@@ -28,6 +28,7 @@ pub enum Op {
     DeleteReplica,
     StartEngine,
     StopEngine,
+    GrowReplica,
 }
 
 #[derive(Default)]
@@ -55,6 +56,7 @@ impl FakeAgent {
         let app = Router::new()
             .route("/v1/replicas", post(create_replica))
             .route("/v1/replicas/{id}", delete(delete_replica))
+            .route("/v1/replicas/{id}/grow", post(grow_replica))
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
             .route("/v1/status", get(agent_status))
@@ -80,6 +82,16 @@ impl FakeAgent {
         } else {
             s.failing.remove(&op);
         }
+    }
+
+    /// The size each replica has now (the fake grows them).
+    pub fn replica_size(&self, id: &str) -> Option<u64> {
+        self.state
+            .lock()
+            .unwrap()
+            .replicas
+            .get(id)
+            .map(|r| r.size_bytes)
     }
 
     pub fn replicas(&self) -> Vec<String> {
@@ -211,6 +223,30 @@ async fn delete_replica(State(st): State<Fake>, Path(id): Path<String>) -> Respo
         )
             .into_response(),
     }
+}
+
+async fn grow_replica(
+    State(st): State<Fake>,
+    Path(id): Path<String>,
+    Json(req): Json<GrowReplica>,
+) -> Response {
+    if record(
+        &st,
+        format!("POST /v1/replicas/{id}/grow {}", req.size_bytes),
+        Op::GrowReplica,
+    ) {
+        return refuse("grow replica");
+    }
+    let mut s = st.lock().unwrap();
+    let Some(r) = s.replicas.get_mut(&id) else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(ApiError::not_found("replica", &id)),
+        )
+            .into_response();
+    };
+    r.size_bytes = r.size_bytes.max(req.size_bytes);
+    Json(replica_status(r)).into_response()
 }
 
 async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> Response {

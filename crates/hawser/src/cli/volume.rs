@@ -1,6 +1,8 @@
-//! `hawser volume ...`: create, list, show, attach, detach and delete volumes.
+//! `hawser volume ...`: create, list, show, attach, detach, expand and delete volumes.
 
-use hawser_api::controller::{Attach, CreateVolume, QuorumLoss, ReplicaState, Volume, ZoneSpread};
+use hawser_api::controller::{
+    Attach, CreateVolume, ExpandVolume, QuorumLoss, ReplicaState, Volume, ZoneSpread,
+};
 use hawser_api::format_size;
 use serde_json::json;
 
@@ -68,6 +70,16 @@ pub enum VolumeCmd {
     Detach {
         #[arg(value_parser = parse_volume_name)]
         name: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Grow a detached volume (every replica, then the volume); shrinking is refused.
+    Expand {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        /// The new size, e.g. 20GiB (a multiple of 4 KiB, not smaller than now).
+        #[arg(long, value_parser = parse_volume_size, allow_hyphen_values = true)]
+        size: u64,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -145,6 +157,11 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
         VolumeCmd::Detach { name, out } => {
             let v: Volume = client.post(&format!("/v1/volumes/{name}/detach"), &json!({}))?;
             print_volume(&v, out.format, "detached");
+        }
+        VolumeCmd::Expand { name, size, out } => {
+            let req = ExpandVolume { size_bytes: size };
+            let v: Volume = client.post(&format!("/v1/volumes/{name}/expand"), &req)?;
+            print_volume(&v, out.format, "expanded");
         }
         VolumeCmd::Delete { name, out } => {
             client.delete(&format!("/v1/volumes/{name}"))?;

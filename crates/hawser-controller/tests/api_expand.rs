@@ -1,0 +1,144 @@
+//! Expanding a volume through the REST API against fake agents: every replica grows, then
+//! the record; bad sizes, shrinking, attached volumes, an offline node and a failing agent
+//! are refused with the record unchanged.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{code, eventually, Cluster, Op, GIB};
+use serde_json::json;
+
+fn replica_ids(v: &serde_json::Value) -> Vec<(String, String)> {
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["node"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_detached_volume_grows_every_replica_then_its_record() {
+    let c = Cluster::start(3).await;
+    let (_, v) = c.create("v", GIB, 2).await;
+    let (status, v2) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 3 * GIB}))
+        .await;
+    assert_eq!((status, &v2["size_bytes"]), (200, &json!(3 * GIB)), "{v2}");
+    for (id, node) in replica_ids(&v) {
+        assert_eq!(
+            c.agent(&node).replica_size(&id),
+            Some(3 * GIB),
+            "{id} on {node}"
+        );
+    }
+    assert_eq!(c.volume("v").await["size_bytes"], 3 * GIB);
+    // The same size again is a no-op that asks no agent anything (CSI retries).
+    let calls = c.agent("n1").calls().len() + c.agent("n2").calls().len();
+    let (status, _) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 3 * GIB}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        c.agent("n1").calls().len() + c.agent("n2").calls().len(),
+        calls
+    );
+    // The next engine serves the new size.
+    c.post("/v1/volumes/v/attach", json!({"node": "n3"})).await;
+    assert_eq!(c.agent("n3").engine("v").unwrap().size_bytes, 3 * GIB);
+}
+
+#[tokio::test]
+async fn bad_sizes_shrinking_and_attached_volumes_are_refused() {
+    let c = Cluster::start(2).await;
+    c.create("v", 2 * GIB, 2).await;
+    for (body, want) in [
+        (json!({"size_bytes": 0}), "invalid_argument"),
+        (json!({"size_bytes": 3 * GIB + 1}), "invalid_argument"),
+        (json!({"size_bytes": GIB}), "invalid_argument"),
+        (json!({"size": 3 * GIB}), "invalid_argument"),
+    ] {
+        let (status, e) = c.post("/v1/volumes/v/expand", body.clone()).await;
+        assert_eq!((status, code(&e)), (400, want), "{body}: {e}");
+    }
+    let (_, e) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": GIB}))
+        .await;
+    assert!(e["message"].as_str().unwrap().contains("shrinking"), "{e}");
+    let (status, e) = c
+        .post("/v1/volumes/nope/expand", json!({"size_bytes": 4 * GIB}))
+        .await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    let (status, e) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 4 * GIB}))
+        .await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("detach"), "{e}");
+    assert_eq!(c.volume("v").await["size_bytes"], 2 * GIB);
+    let grows = |n: &str| {
+        c.agent(n)
+            .calls()
+            .iter()
+            .filter(|x| x.contains("/grow"))
+            .count()
+    };
+    assert_eq!(
+        grows("n1") + grows("n2"),
+        0,
+        "a refused expand asked an agent to grow"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_agent_leaves_the_record_as_it_was() {
+    let c = Cluster::start(2).await;
+    c.create("v", GIB, 2).await;
+    c.agent("n2").fail(Op::GrowReplica, true);
+    let (status, e) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 2 * GIB}))
+        .await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("n2"), "{e}");
+    assert_eq!(c.volume("v").await["size_bytes"], GIB);
+    // Retried once the agent works: the replica already grown is a no-op for it.
+    c.agent("n2").fail(Op::GrowReplica, false);
+    let (status, v) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 2 * GIB}))
+        .await;
+    assert_eq!((status, &v["size_bytes"]), (200, &json!(2 * GIB)), "{v}");
+}
+
+#[tokio::test]
+async fn an_offline_replica_node_refuses_the_expand_before_anything_grows() {
+    let c = Cluster::start_with(2, 1).await;
+    c.create("v", GIB, 2).await;
+    eventually(10, || async {
+        let (_, nodes) = c.get("/v1/nodes").await;
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["state"] == "offline")
+    })
+    .await;
+    let (status, e) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 2 * GIB}))
+        .await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("offline"), "{e}");
+    let grows = |n: &str| {
+        c.agent(n)
+            .calls()
+            .iter()
+            .filter(|x| x.contains("/grow"))
+            .count()
+    };
+    assert_eq!(grows("n1") + grows("n2"), 0);
+    assert_eq!(c.volume("v").await["size_bytes"], GIB);
+}
