@@ -12,10 +12,12 @@
 //! | `node_device.rs`        | a volume's block device on the node (nbdfuse + loop)       |
 //! | `mounts.rs`             | mkfs, mount, bind mounts, statvfs, filesystem growth       |
 //! | `registration.rs`       | the kubelet's plugin registration                          |
+//! | `authority.rs`          | fixes the registration client's invalid HTTP/2 authority   |
 //! | `capability.rs`, `capacity.rs`, `params.rs`, `names.rs` | pure request checks    |
 //! | `api.rs`                | the controller REST client; its errors as gRPC codes       |
 
 pub mod api;
+pub mod authority;
 pub mod capability;
 pub mod capacity;
 pub mod controller;

@@ -254,6 +254,7 @@ pub fn format_and_mount(
     }
     match probe(device)? {
         Contents::Blank => mkfs(device, fs_type)?,
+        Contents::Fs(t) if t == "ext4" && fs_type == "ext4" => grow_ext4_unmounted(device)?,
         Contents::Fs(t) if t == fs_type => {}
         Contents::Fs(found) => {
             return Err(MountError::WrongFs {
@@ -377,9 +378,57 @@ pub fn block_device_size(device: &Path) -> Result<u64> {
     Ok(size)
 }
 
-/// Grows the filesystem on `device`, mounted at `mount_path`, to the device's size.
+/// The size of the ext4 filesystem on `device` (block count times block size).
+pub fn ext4_size(device: &Path) -> Result<u64> {
+    let out = run("dumpe2fs", &["-h".as_ref(), device.as_os_str()])?;
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    match (field("Block count:"), field("Block size:")) {
+        (Some(n), Some(b)) => Ok(n.saturating_mul(b)),
+        _ => Err(MountError::Command {
+            cmd: "dumpe2fs".into(),
+            args: format!("-h {}", device.display()),
+            status: "no block count or size in its output".into(),
+            stderr: String::new(),
+        }),
+    }
+}
+
+/// Grows an unmounted ext4 filesystem to its device, if the device grew (an expanded
+/// volume): offline, because online ext4 growth needs CAP_SYS_RESOURCE, which a node plugin
+/// may lack. resize2fs wants a freshly checked filesystem, so e2fsck runs first.
+fn grow_ext4_unmounted(device: &Path) -> Result<()> {
+    if ext4_size(device)? >= block_device_size(device)? {
+        return Ok(());
+    }
+    let out = Command::new("e2fsck")
+        .args(["-f", "-p"])
+        .arg(device)
+        .output()
+        .map_err(|source| MountError::Spawn {
+            cmd: "e2fsck".into(),
+            source,
+        })?;
+    // 0: clean; 1: errors corrected. Anything else needs a human.
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        return Err(MountError::Command {
+            cmd: "e2fsck".into(),
+            args: format!("-f -p {}", device.display()),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        });
+    }
+    run("resize2fs", &[device.as_os_str()]).map(|_| ())
+}
+
+/// Grows the filesystem on `device`, mounted at `mount_path`, to the device's size; nothing
+/// to do when it already fills the device (NodeStage grows ext4 before mounting it).
 pub fn grow_fs(device: &Path, mount_path: &Path, fs_type: &str) -> Result<()> {
     match fs_type {
+        "ext4" if ext4_size(device)? >= block_device_size(device)? => return Ok(()),
         "ext4" => run("resize2fs", &[device.as_os_str()]),
         "xfs" => run("xfs_growfs", &[mount_path.as_os_str()]),
         other => return Err(MountError::UnknownFs(other.into())),

@@ -136,10 +136,13 @@ pub async fn run(args: CsiArgs, client: Arc<Client>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Serves the registration socket for the kubelet, in the background.
+/// Serves the registration socket for the kubelet, in the background, each connection
+/// through `authority::relay` (the kubelet's registration client sends an invalid HTTP/2
+/// authority).
 fn spawn_registration(kubelet_dir: &Path, endpoint: &Path) -> anyhow::Result<()> {
+    use tokio_stream::StreamExt;
     let path = registration::socket_path(kubelet_dir);
-    let incoming = bind(&path)?;
+    let incoming = bind(&path)?.map(|conn| conn.map(crate::authority::relay));
     let service = RegistrationServer::new(RegistrationService {
         csi_endpoint: endpoint.to_path_buf(),
     });

@@ -32,6 +32,27 @@ pub struct KubeCluster {
 pub struct Kubectl {
     bin: PathBuf,
     kubeconfig: PathBuf,
+    /// The kubelet's `podLogsDir`: container logs are read from there, since `kubectl logs`
+    /// would need the node to have an address the apiserver can reach, and a kubelet on
+    /// loopback has none (Kubernetes refuses a loopback node IP).
+    pod_logs: PathBuf,
+}
+
+/// The stdout lines of a CRI container log (`<time> <stream> <P|F> <text>` per line; `P`
+/// is a partial line continued on the next one).
+pub fn cri_stdout(log: &str) -> String {
+    let mut out = String::new();
+    for line in log.lines() {
+        let mut f = line.splitn(4, ' ');
+        let (_, stream, tag, text) = (f.next(), f.next(), f.next(), f.next().unwrap_or(""));
+        if stream == Some("stdout") {
+            out.push_str(text);
+            if tag != Some("P") {
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 impl std::ops::Deref for KubeCluster {
@@ -90,6 +111,7 @@ impl KubeCluster {
             kube: Kubectl {
                 bin: PathBuf::from(get("K8S_BIN")).join("kubectl"),
                 kubeconfig: state.join("admin.kubeconfig"),
+                pod_logs: state.join("pod-logs"),
             },
             env,
         }
@@ -167,8 +189,24 @@ impl Kubectl {
                 .unwrap_or_default();
             phase == "Succeeded" || phase == "Failed"
         });
-        let logs = String::from_utf8_lossy(&self.kubectl(&["logs", name]).stdout).into_owned();
-        (phase, logs)
+        (phase, self.pod_stdout(name))
+    }
+
+    /// What pod `name` (namespace default, container `c`) wrote to stdout.
+    pub fn pod_stdout(&self, name: &str) -> String {
+        let prefix = format!("default_{name}_");
+        let Ok(dirs) = std::fs::read_dir(&self.pod_logs) else {
+            return String::new();
+        };
+        let mut out = String::new();
+        for d in dirs.filter_map(Result::ok) {
+            if !d.file_name().to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            let log = std::fs::read_to_string(d.path().join("c").join("0.log")).unwrap_or_default();
+            out.push_str(&cri_stdout(&log));
+        }
+        out
     }
 
     /// Deletes pod `name` and waits until it is gone (its volumes unpublished).
@@ -239,6 +277,8 @@ mod tests {
         assert_eq!(quantity_bytes("1G"), Some(1_000_000_000));
         assert_eq!(quantity_bytes("4096"), Some(4096));
         assert_eq!(quantity_bytes("1.5Gi"), None);
+        let log = "t stdout F a\nt stderr F b\nt stdout P c\nt stdout F d e\n";
+        assert_eq!(cri_stdout(log), "a\ncd e\n");
         let env = parse_env("export KUBECONFIG=/a/b\nK8S_NODE=\"n\"\n");
         assert_eq!(env["KUBECONFIG"], "/a/b");
         assert_eq!(env["K8S_NODE"], "n");

@@ -76,6 +76,8 @@ metadata: {{name: {name}}}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
+  # No pod network: nothing here talks to anything.
+  hostNetwork: true
   containers:
   - name: c
     image: {IMAGE}

@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# Starts a real single-node Kubernetes on this machine, on loopback only, for Hawser's CSI
+# tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (v1.33, built by
+# build.sh), containerd with its own root and socket, and one kubelet whose --root-dir is
+# STATE_DIR/kubelet (so CSI plugin paths are STATE_DIR/kubelet/plugins_registry and
+# STATE_DIR/kubelet/plugins/<driver>/csi.sock). Writes STATE_DIR/env and
+# STATE_DIR/admin.kubeconfig. On failure it prints the relevant log, tears down and exits 1.
+#
+# usage: scripts/k8s/up.sh STATE_DIR        (scripts/k8s/down.sh STATE_DIR undoes it)
+#
+# Settings this machine needs (see ../shared/k8s/README.md of the project workspace):
+# - containerd's CRI plugin with restrict_oom_score_adj (no CAP_SYS_RESOURCE here),
+#   runc without systemd cgroups, its own CNI conf dir;
+# - kubelet with cgroupDriver cgroupfs and failCgroupV1 false (cgroups are hybrid v1).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+[ $# -eq 1 ] || { echo "usage: $0 STATE_DIR" >&2; exit 2; }
+mkdir -p "$1"
+S="$(cd "$1" && pwd)"
+NODE=hawser-k8s-1
+# Ports away from Hawser's (9400-9700, 10809-10830) and from the ephemeral range.
+ETCD_PORT=23790 ETCD_PEER=23800 API_PORT=26443
+KUBELET_PORT=20250 KUBELET_HEALTHZ=20248 CM_PORT=20257 SCHED_PORT=20259
+export DEBIAN_FRONTEND=noninteractive
+
+need=""
+for c in containerd runc etcd busybox gcc openssl iptables; do
+  command -v $c >/dev/null 2>&1 || need="$need $c"
+done
+[ -x /usr/lib/cni/bridge ] || need="$need cni"
+if [ -n "$need" ]; then
+  echo "installing packages (missing:$need)" >&2
+  apt-get update -qq && apt-get install -y -qq containerd runc etcd-server \
+    containernetworking-plugins busybox-static gcc libc6-dev openssl iptables >/dev/null
+fi
+BIN="$("$here/build.sh" | tail -n 1)"
+mkdir -p "$S/logs" "$S/pids" "$S/pki" "$S/kubelet" "$S/cni/net.d" "$S/containerd"
+
+fail() {
+  echo "up.sh: $1" >&2
+  if [ -n "${2:-}" ] && [ -f "$S/logs/$2.log" ]; then
+    echo "--- last lines of $2.log ---" >&2
+    tail -n 40 "$S/logs/$2.log" >&2
+  fi
+  "$here/down.sh" "$S" >&2 || true
+  exit 1
+}
+
+# start NAME CMD...: runs a daemon in its own session, its log and pid in STATE_DIR.
+start() {
+  local name=$1; shift
+  setsid "$@" >"$S/logs/$name.log" 2>&1 < /dev/null &
+  echo $! >"$S/pids/$name.pid"
+}
+
+# wait_for WHAT SECONDS CMD...: polls CMD every 0.2 s until it succeeds.
+wait_for() {
+  local what=$1 secs=$2; shift 2
+  local end=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $end ] || return 1
+    sleep 0.2
+  done
+  echo "  $what ready after $((SECONDS - t0))s" >&2
+}
+t0=$SECONDS
+
+# What the kubelet changes on the host, recorded so down.sh puts it back.
+for k in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops \
+         kernel/keys/root_maxkeys kernel/keys/root_maxbytes net/ipv4/ip_forward \
+         net/bridge/bridge-nf-call-iptables; do
+  [ -f "/proc/sys/$k" ] && echo "$k=$(cat "/proc/sys/$k")"
+done >"$S/sysctls.before"
+ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort >"$S/links.before"
+ip netns list 2>/dev/null | awk '{print $1}' | sort >"$S/netns.before"
+iptables-save 2>/dev/null | grep -E '^:KUBE-' | cut -d' ' -f1 | sort -u >"$S/chains.before" || true
+
+# --- credentials ---
+if [ ! -f "$S/tokens.csv" ]; then
+  tok() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+  ADMIN=$(tok) KUBELET=$(tok) CM=$(tok) SCHED=$(tok)
+  cat >"$S/tokens.csv" <<CSV
+$ADMIN,admin,admin,"system:masters"
+$KUBELET,system:node:$NODE,kubelet,"system:nodes"
+$CM,system:kube-controller-manager,cm,"system:masters"
+$SCHED,system:kube-scheduler,sched,"system:masters"
+CSV
+  openssl genrsa -out "$S/pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$S/pki/sa.key" -pubout -out "$S/pki/sa.pub" 2>/dev/null
+fi
+token_of() { awk -F, -v u="$1" '$2==u {print $1}' "$S/tokens.csv"; }
+kubeconfig() {
+  cat >"$S/$1.kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: "https://127.0.0.1:$API_PORT", insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: "$(token_of "$2")"}
+contexts:
+- name: local
+  context: {cluster: local, user: u, namespace: default}
+current-context: local
+KC
+}
+kubeconfig admin admin
+kubeconfig kubelet "system:node:$NODE"
+kubeconfig cm system:kube-controller-manager
+kubeconfig sched system:kube-scheduler
+KUBECTL=("$BIN/kubectl" --kubeconfig "$S/admin.kubeconfig")
+
+# --- images (no registry): pause and busybox, cached ---
+IMG="${HAWSER_K8S_CACHE:-$HOME/.cache/hawser-k8s}/images"
+mkdir -p "$IMG"
+if [ ! -s "$IMG/pause.tar" ] || [ "$here/pause.c" -nt "$IMG/pause.tar" ]; then
+  r=$(mktemp -d)
+  gcc -static -O2 -o "$r/pause" "$here/pause.c"
+  python3 "$here/image.py" "$r" hawser.local/pause:1 "$IMG/pause.tar" /pause
+  rm -rf "$r"
+fi
+if [ ! -s "$IMG/busybox.tar" ] || [ "$here/image.py" -nt "$IMG/busybox.tar" ]; then
+  r=$(mktemp -d)
+  mkdir -p "$r/bin" "$r/tmp" "$r/etc" "$r/dev" "$r/proc" "$r/sys" "$r/data"
+  chmod 1777 "$r/tmp"
+  cp "$(command -v busybox)" "$r/bin/busybox"
+  for a in $("$r/bin/busybox" --list); do [ "$a" = busybox ] || ln -s busybox "$r/bin/$a"; done
+  echo "root:x:0:0:root:/:/bin/sh" >"$r/etc/passwd"
+  python3 "$here/image.py" "$r" hawser.local/busybox:1 "$IMG/busybox.tar" /bin/sh
+  rm -rf "$r"
+fi
+
+# --- etcd, apiserver ---
+start etcd etcd --name default --data-dir "$S/etcd" \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+  --initial-cluster "default=http://127.0.0.1:$ETCD_PEER"
+start kube-apiserver "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+  --cert-dir "$S/pki" --token-auth-file "$S/tokens.csv" --authorization-mode Node,RBAC \
+  --allow-privileged=true --service-account-key-file "$S/pki/sa.pub" \
+  --service-account-signing-key-file "$S/pki/sa.key" \
+  --service-account-issuer https://kubernetes.default.svc \
+  --service-cluster-ip-range 10.96.0.0/24 --endpoint-reconciler-type none
+wait_for "kube-apiserver" 90 "${KUBECTL[@]}" get --raw /readyz || fail "kube-apiserver not ready" kube-apiserver
+
+start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$S/cm.kubeconfig" \
+  --leader-elect=false --bind-address 127.0.0.1 --secure-port "$CM_PORT" \
+  --service-account-private-key-file "$S/pki/sa.key" --root-ca-file "$S/pki/apiserver.crt" \
+  --use-service-account-credentials=true
+start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$S/sched.kubeconfig" \
+  --leader-elect=false --bind-address 127.0.0.1 --secure-port "$SCHED_PORT"
+
+# --- containerd ---
+CSOCK="$S/containerd/containerd.sock"
+cat >"$S/containerd/config.toml" <<TOML
+version = 2
+root = "$S/containerd/root"
+state = "$S/containerd/state"
+[grpc]
+  address = "$CSOCK"
+[ttrpc]
+  address = "$CSOCK.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "hawser.local/pause:1"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$S/cni/net.d"
+TOML
+cat >"$S/cni/net.d/10-hawser.conflist" <<CNI
+{"cniVersion": "0.4.0", "name": "hawser-k8s", "plugins": [
+  {"type": "bridge", "bridge": "hawsercni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]],
+            "dataDir": "$S/cni/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+CNI
+start containerd containerd --config "$S/containerd/config.toml"
+wait_for "containerd" 30 ctr -a "$CSOCK" version || fail "containerd did not start" containerd
+for i in pause busybox; do
+  ctr -a "$CSOCK" -n k8s.io images import "$IMG/$i.tar" >>"$S/logs/images.log" 2>&1 \
+    || fail "importing the $i image failed" images
+done
+
+# --- kubelet ---
+cat >"$S/kubelet/config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failCgroupV1: false
+containerRuntimeEndpoint: unix://$CSOCK
+address: 127.0.0.1
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $KUBELET_HEALTHZ
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}}
+authorization: {mode: AlwaysAllow}
+failSwapOn: false
+podLogsDir: $S/pod-logs
+enforceNodeAllocatable: []
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+fileCheckFrequency: 1s
+syncFrequency: 5s
+YAML
+start kubelet "$BIN/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$S/kubelet.kubeconfig" \
+  --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" \
+  --node-ip 127.0.0.1 --v=2
+node_ready() {
+  [ "$("${KUBECTL[@]}" get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+wait_for "node $NODE" 120 node_ready || fail "node $NODE is not Ready" kubelet
+wait_for "default service account" 60 "${KUBECTL[@]}" get serviceaccount default \
+  || fail "no default service account" kube-controller-manager
+
+cat >"$S/env" <<ENV
+KUBECONFIG=$S/admin.kubeconfig
+K8S_BIN=$BIN
+KUBELET_ROOT=$S/kubelet
+CONTAINERD_SOCK=$CSOCK
+K8S_NODE=$NODE
+PIDS="$(cat "$S"/pids/*.pid | tr '\n' ' ')"
+ENV
+echo "Kubernetes is up in $((SECONDS - t0))s: KUBECONFIG=$S/admin.kubeconfig" >&2
