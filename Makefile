@@ -55,6 +55,8 @@ demo: build
 bench: build
 	@scripts/bench.sh
 	@scripts/bench-resync.sh
+	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
+		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
 
 fmt:
 	$(CARGO) fmt --all

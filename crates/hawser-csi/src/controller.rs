@@ -171,11 +171,11 @@ impl ControllerService {
         }
     }
 
-    async fn capacity_of(&self, req: &GetCapacityRequest) -> Result<i64, Status> {
+    async fn capacity_of(&self, req: &GetCapacityRequest) -> Result<capacity::Capacity, Status> {
         let p = params::parse(&req.parameters).map_err(Status::invalid_argument)?;
         for cap in &req.volume_capabilities {
             if capability::check(cap).is_err() {
-                return Ok(0);
+                return Ok(capacity::Capacity::default());
             }
         }
         let nodes: Vec<Node> = self
@@ -193,8 +193,13 @@ impl ControllerService {
             .accessible_topology
             .as_ref()
             .map_or(&empty, |t| &t.segments);
-        let c = capacity::capacity(&nodes, &pools, segment, p.thin, p.pool.as_deref());
-        Ok(i64::try_from(c.available).unwrap_or(i64::MAX))
+        Ok(capacity::capacity(
+            &nodes,
+            &pools,
+            segment,
+            p.thin,
+            p.pool.as_deref(),
+        ))
     }
 }
 
@@ -335,10 +340,11 @@ impl Controller for ControllerService {
         &self,
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
-        let available_capacity = self.capacity_of(request.get_ref()).await?;
+        let c = self.capacity_of(request.get_ref()).await?;
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         Ok(Response::new(GetCapacityResponse {
-            available_capacity,
-            maximum_volume_size: None,
+            available_capacity: int(c.available),
+            maximum_volume_size: Some(int(c.maximum_volume)),
             minimum_volume_size: Some(i64::try_from(capacity::ALIGN).unwrap_or(4096)),
         }))
     }

@@ -142,6 +142,10 @@ impl CsiProc {
         child
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops the process (SIGTERM, as a pod restart) and starts it again on the same state.
     pub fn restart(&mut self) {
         stop(&mut self.child);

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use hawser_csi::proto::csi::volume_capability::access_mode::Mode;
 use hawser_csi::proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use hawser_csi::proto::csi::*;
-use hawser_e2e::{Cluster, CsiProc};
+use hawser_e2e::{wait_until, Cluster, CsiProc};
 use tonic::Code;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -443,4 +444,70 @@ fn a_node_service_restarted_while_a_volume_is_staged_finds_it_again() {
     });
     let left = leftovers(&csi.dir);
     assert!(left.is_empty(), "left after unstage: {left:#?}");
+}
+
+#[test]
+fn publishing_elsewhere_is_refused_while_the_old_node_lives_and_fences_it_once_offline() {
+    let c = Cluster::start("csifence", 3);
+    let csi = CsiProc::start(&c, "n1", &c.dir.path().join("csi"));
+    let rt = runtime();
+    let publish = |node: &str| {
+        let req = ControllerPublishVolumeRequest {
+            volume_id: "fence".into(),
+            node_id: node.into(),
+            volume_capability: Some(mount_cap("ext4")),
+            ..Default::default()
+        };
+        rt.block_on(async { csi.controller().await.controller_publish_volume(req).await })
+    };
+    rt.block_on(async {
+        let mut ctl = csi.controller().await;
+        ctl.create_volume(create_req("fence", 64 << 20, &[]))
+            .await
+            .expect("CreateVolume");
+    });
+    // The engine goes to the node without a replica, so freezing it loses no replica.
+    let v = c.volume("fence");
+    let nodes = ["n1", "n2", "n3"];
+    let old = *nodes
+        .iter()
+        .find(|n| v.replicas.iter().all(|r| r.node != **n))
+        .expect("a free node");
+    let new = v.replicas[0].node.clone();
+    publish(old).expect("publish on the free node");
+    let first = c.volume("fence").epoch;
+    // The old node is alive: the volume stays there, whoever asks.
+    assert_eq!(code(publish(&new)), Code::FailedPrecondition);
+    assert_eq!(c.volume("fence").attached_node.as_deref(), Some(old));
+    // It stops answering (its agent frozen, as a hung node): once it is offline, publishing
+    // elsewhere moves the volume, in a new epoch the replicas then hold.
+    c.pause_agent(old);
+    wait_until("the old node offline", Duration::from_secs(60), || {
+        c.nodes()
+            .iter()
+            .any(|n| n.name == old && n.state == hawser_api::controller::NodeState::Offline)
+    });
+    let ctx = publish(&new)
+        .expect("publish after the old node went offline")
+        .into_inner();
+    let v = c.volume("fence");
+    assert_eq!(v.attached_node.as_deref(), Some(new.as_str()));
+    assert!(v.epoch > first, "epoch {} not above {first}", v.epoch);
+    assert_eq!(ctx.publish_context.get("epoch"), Some(&v.epoch.to_string()));
+    for r in &v.replicas {
+        let held = c
+            .agent_status(&r.node)
+            .replicas
+            .into_iter()
+            .find(|s| s.replica_id == r.id)
+            .map(|s| s.epoch);
+        assert_eq!(
+            held,
+            Some(v.epoch),
+            "replica {} on {} does not fence epoch {first}",
+            r.id,
+            r.node
+        );
+    }
+    c.resume_agent(old);
 }
