@@ -210,7 +210,7 @@ fn code<T>(r: Result<T, tonic::Status>) -> Code {
 
 #[test]
 fn bad_requests_get_the_right_code_and_create_nothing() {
-    let c = Cluster::start("csibad", 2);
+    let mut c = Cluster::start("csibad", 2);
     let csi = CsiProc::start(&c, "n1", &c.dir.path().join("csi"));
     let rt = runtime();
     rt.block_on(async {
@@ -402,6 +402,22 @@ fn bad_requests_get_the_right_code_and_create_nothing() {
     }
     assert!(leftovers(&csi.dir).is_empty());
     assert!(!Path::new("/etc/hawser-test").exists());
+    // The controller down: UNAVAILABLE (the CO retries), with what to check in the message.
+    c.kill_controller(0);
+    let status = rt
+        .block_on(async {
+            csi.controller()
+                .await
+                .create_volume(create_req("v8", 1 << 20, &[]))
+                .await
+        })
+        .expect_err("CreateVolume with the controller down");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("controller"),
+        "{}",
+        status.message()
+    );
 }
 
 #[test]
