@@ -83,7 +83,18 @@ if [ -f "$S/chains.before" ]; then
   done
 fi
 
-# 6. Sysctls as they were.
+# 6. Host paths the kubelet made outside STATE_DIR: removed if they were not there before;
+#    else only the container log links into STATE_DIR go.
+if [ -f "$S/paths.before" ]; then
+  for p in /var/lib/kubelet /var/log/containers; do
+    grep -qx "$p" "$S/paths.before" || rm -rf "$p"
+  done
+  if [ -d /var/log/containers ]; then
+    find /var/log/containers -maxdepth 1 -type l -lname "$S/*" -delete 2>/dev/null
+  fi
+fi
+
+# 7. Sysctls as they were.
 if [ -f "$S/sysctls.before" ]; then
   while IFS='=' read -r k v; do
     [ -n "$k" ] && [ "$(cat "/proc/sys/$k" 2>/dev/null)" != "$v" ] && echo "$v" >"/proc/sys/$k" 2>/dev/null

@@ -3,7 +3,7 @@
 `ctr images import` reads), from a root filesystem directory, with no registry and no
 image tool: the test images of the local Kubernetes (pause, busybox) are made this way.
 
-usage: image.py ROOTFS NAME:TAG OUT.tar CMD [ARG...]
+usage: image.py ROOTFS NAME:TAG OUT.tar [--entrypoint PATH] CMD [ARG...]
 """
 import hashlib
 import io
@@ -35,12 +35,16 @@ def layer_tar(rootfs: str) -> bytes:
 
 def main() -> None:
     rootfs, ref, out, *cmd = sys.argv[1:]
+    entrypoint = None
+    if cmd[:1] == ["--entrypoint"]:
+        entrypoint, cmd = [cmd[1]], cmd[2:]
     layer = layer_tar(rootfs)
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
     config = json.dumps({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Cmd": cmd, "Env": ["PATH=/bin:/usr/bin:/sbin"]},
+        "config": {"Entrypoint": entrypoint, "Cmd": cmd, "Env": [
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created_by": "scripts/k8s/image.py"}],
     }, sort_keys=True).encode()

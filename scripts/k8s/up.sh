@@ -69,9 +69,12 @@ t0=$SECONDS
 for k in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops \
          kernel/keys/root_maxkeys kernel/keys/root_maxbytes net/ipv4/ip_forward \
          net/bridge/bridge-nf-call-iptables; do
-  [ -f "/proc/sys/$k" ] && echo "$k=$(cat "/proc/sys/$k")"
+  if [ -f "/proc/sys/$k" ]; then echo "$k=$(cat "/proc/sys/$k")"; fi
 done >"$S/sysctls.before"
 ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort >"$S/links.before"
+# Host paths the kubelet uses whatever its --root-dir: the device-plugin socket directory and
+# the container log links.
+for p in /var/lib/kubelet /var/log/containers; do if [ -e "$p" ]; then echo "$p"; fi; done >"$S/paths.before"
 ip netns list 2>/dev/null | awk '{print $1}' | sort >"$S/netns.before"
 iptables-save 2>/dev/null | grep -E '^:KUBE-' | cut -d' ' -f1 | sort -u >"$S/chains.before" || true
 
