@@ -31,7 +31,6 @@ deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install rustup (https://rustup.rs)"; exit 1; }
 
 k8s-tools: deps
-	@command -v go >/dev/null || { echo "go not found: install Go 1.24 or newer"; exit 1; }
 	scripts/k8s/build.sh
 
 build: deps

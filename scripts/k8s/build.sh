@@ -11,6 +11,8 @@ cache="${HAWSER_K8S_CACHE:-$HOME/.cache/hawser-k8s}"
 bin="$cache/bin"
 mkdir -p "$bin"
 export GOMODCACHE="$cache/gomod" GOCACHE="$cache/gobuild" GOFLAGS=-modcacherw GOTOOLCHAIN=local
+# Go may be installed without being on PATH (the usual /usr/local/go).
+command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "go not found: install Go 1.24 or newer" >&2; exit 1; }
 
 K8S_VERSION=v1.33.13
