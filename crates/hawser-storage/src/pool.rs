@@ -232,7 +232,7 @@ impl Pool {
         self.lock().values().cloned().collect()
     }
 
-    /// Grows replica `id` to `size` bytes (growing to its size is a no-op), if the pool has
+    /// Grows replica `id` to `size` bytes (to its size or less is a no-op), if the pool has
     /// room for the growth and no engine uses the replica: a session holding the old object
     /// would keep serving the old size, and two objects for one replica would split its epoch
     /// gate. Returns the replica, opened again with its new size.
@@ -245,15 +245,10 @@ impl Pool {
             .get(id)
             .cloned()
             .ok_or(StorageError::ReplicaNotFound { id: id.into() })?;
-        if size == old.size() {
+        // Already that big: an expand that stopped after growing this replica may be retried
+        // to any size between the volume's and this one. Replicas never shrink.
+        if size <= old.size() {
             return Ok(old);
-        }
-        if size < old.size() {
-            return Err(StorageError::Shrink {
-                id: id.into(),
-                size: old.size(),
-                asked: size,
-            });
         }
         // Other holders of the object: engine sessions, or a status call that briefly listed
         // the replicas (gone within milliseconds). The map lock keeps new ones out meanwhile.

@@ -393,8 +393,11 @@ impl Replica {
     /// Replace the volume journal (an encoded `Journal` of an engine of `epoch`), durably.
     pub fn put_journal(&self, epoch: u64, encoded: &[u8]) -> Result<(), ReplicaIoError> {
         self.gated(epoch, 0, 0, || {
+            // A journal of a volume smaller than the replica fits: a replica grown by an
+            // expand that stopped before the volume record (docs/protocol.md) serves the
+            // volume's size until the expand is retried.
             let fits =
-                Journal::decode(encoded).is_ok_and(|j| j.epoch == epoch && j.size == self.size);
+                Journal::decode(encoded).is_ok_and(|j| j.epoch == epoch && j.size <= self.size);
             if !fits {
                 return Err(ReplicaIoError::OutOfRange);
             }

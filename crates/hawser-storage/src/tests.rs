@@ -350,10 +350,8 @@ fn grow_keeps_data_reads_zeros_past_the_old_end_and_persists() {
                 p.grow_replica(id, 3 << 20).expect("same size").size(),
                 3 << 20
             );
-            assert!(matches!(
-                p.grow_replica(id, 1 << 20),
-                Err(StorageError::Shrink { .. })
-            ));
+            // Smaller than the replica: nothing changes (the volume record refuses shrinks).
+            assert_eq!(p.grow_replica(id, 1 << 20).expect("no-op").size(), 3 << 20);
             assert!(matches!(
                 p.grow_replica(id, (4 << 20) + 1),
                 Err(StorageError::InvalidSize { .. })
@@ -418,4 +416,38 @@ fn a_grow_cut_short_before_its_metadata_is_undone_at_open() {
     let p = pool(&dir, 1.0, None);
     assert_eq!(p.get("a").expect("opens").size(), 1 << 20);
     assert_eq!(std::fs::metadata(&data).expect("stat").len(), 1 << 20);
+}
+
+/// A replica grown by an expand that stopped before the volume record keeps taking the
+/// journals of the volume's (smaller) engines; a journal larger than the replica is refused.
+#[test]
+fn a_grown_replica_accepts_journals_of_the_smaller_volume() {
+    use hawser_wire::frame::CHECKSUM_BLOCK_BYTES;
+    use hawser_wire::journal::{Journal, ACTIVITY_EXTENT_BYTES};
+    let dir = TempDir::new("growjournal");
+    let p = pool(&dir, 1.0, None);
+    p.create_replica(&new("a", 1 << 20, true)).expect("create");
+    let r = p.grow_replica("a", 2 << 20).expect("grow");
+    r.raise_epoch(2).expect("epoch");
+    let journal = |size: u64| {
+        Journal {
+            epoch: 2,
+            seq: 1,
+            size,
+            extent_bytes: ACTIVITY_EXTENT_BYTES,
+            chunk_bytes: CHECKSUM_BLOCK_BYTES,
+            active: Vec::new(),
+            out: Vec::new(),
+        }
+        .encode()
+        .expect("encode")
+    };
+    r.put_journal(2, &journal(1 << 20))
+        .expect("the volume's size");
+    r.put_journal(2, &journal(2 << 20))
+        .expect("the replica's size");
+    assert_eq!(
+        r.put_journal(2, &journal(4 << 20)),
+        Err(ReplicaIoError::OutOfRange)
+    );
 }
