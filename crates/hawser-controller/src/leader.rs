@@ -240,8 +240,12 @@ impl Campaign {
             }
             self.campaign(lease).await;
             tick.tick().await;
+            // The lease lives at least TTL after the renewal was *sent* (on Kubernetes,
+            // others time it from when they see it change, which is later), so count from
+            // the send, not from the answer.
+            let sent = Instant::now();
             match self.store.keep_alive(lease).await {
-                Ok(()) => renewed = Instant::now(),
+                Ok(()) => renewed = sent,
                 Err(StoreError::LeaseExpired { .. }) => {
                     tracing::warn!(lease, "election lease expired");
                     return;

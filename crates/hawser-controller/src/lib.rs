@@ -42,7 +42,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, Store};
+use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, KubeStore, KubeStoreUrl, Store};
 
 pub use constants::{
     DEFAULT_ENGINE_CHECK_SECS, DEFAULT_HEAL_CHECK_SECS, DEFAULT_MAX_REBUILDS,
@@ -74,9 +74,10 @@ pub struct ControllerArgs {
     /// Directory for the controller's state (the cluster store file); created if missing.
     #[arg(long)]
     pub data_dir: PathBuf,
-    /// The cluster store: a file path, or etcd://HOST:PORT[,HOST:PORT...][/PREFIX] to share
-    /// the state among several controllers that elect a leader [default:
-    /// <data-dir>/store.json].
+    /// The cluster store: a file path; etcd://HOST:PORT[,HOST:PORT...][/PREFIX] to share
+    /// the state among several controllers that elect a leader; or k8s://[NAMESPACE][?kubeconfig=PATH]
+    /// for the same with the state in Hawser's custom resources (credentials: the pod's
+    /// service account, else $KUBECONFIG) [default: <data-dir>/store.json].
     #[arg(long, value_name = "PATH|URL")]
     pub store: Option<String>,
     /// Seconds without a heartbeat after which a node is offline.
@@ -148,6 +149,23 @@ async fn open_store(args: &ControllerArgs) -> anyhow::Result<(Arc<dyn Store>, bo
             let store = EtcdStore::connect(cfg)
                 .await
                 .context("connect to the etcd cluster store")?;
+            Ok((Arc::new(store), true))
+        }
+        Some(url) if url.starts_with("k8s://") => {
+            let target = KubeStoreUrl::parse(url).map_err(|e| anyhow::anyhow!(e))?;
+            let cfg = target.config().map_err(|e| anyhow::anyhow!(e))?;
+            // Names this controller in the Leases it holds: the pod's name in a cluster.
+            let identity = std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .unwrap_or_else(|_| "hawser-controller".into());
+            let store = KubeStore::connect(
+                &cfg,
+                &target,
+                &identity,
+                hawser_store::k8s::DEFAULT_REQUEST_TIMEOUT,
+            )
+            .await
+            .with_context(|| format!("connect to the Kubernetes cluster store ({})", cfg.source))?;
             Ok((Arc::new(store), true))
         }
         other => {

@@ -1,7 +1,8 @@
-//! Two controllers on one real etcd: exactly one leads, the other answers `not_leader` with
+//! Two controllers on one real etcd, and on one real kube-apiserver: exactly one leads, the other answers `not_leader` with
 //! the leader's URL and changes nothing; when the leader crashes (its task dropped without
 //! resigning) the other takes over within 10 s and sees everything written before; a leader
-//! that shuts down cleanly hands over at once. The tests fail if `etcd` is not installed.
+//! that shuts down cleanly hands over at once. The tests fail if `etcd` or the Kubernetes
+//! binaries (scripts/k8s/build.sh) are missing.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -10,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::{client_with_token, controller_args, pool, FakeAgent, GIB};
 use hawser_controller::{Controller, ControllerArgs};
+use hawser_store::apiserver_process::ApiserverProcess;
 use hawser_store::etcd_process::EtcdProcess;
+use hawser_store::k8s::install_crds;
 use serde_json::{json, Value};
 
 struct Running {
@@ -108,13 +111,39 @@ async fn register(base: &str, agent: &FakeAgent) -> (u16, Value) {
     send(reqwest::Method::PUT, &url, Some(body)).await
 }
 
+/// A Kubernetes API server with Hawser's CRDs and the store URL of a namespace in it.
+async fn start_apiserver(dir: &std::path::Path) -> (ApiserverProcess, String) {
+    let api = ApiserverProcess::start(&dir.join("k8s"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    install_crds(&api.config(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    api.create_namespace("hawser-test").await.unwrap();
+    let url = format!("k8s://hawser-test?kubeconfig={}", api.kubeconfig().display());
+    (api, url)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_refuses_and_takes_over_when_the_leader_crashes() {
     let dir = tempfile::tempdir().unwrap();
     let etcd = start_etcd(dir.path()).await;
-    let store = etcd.store_url("hawser-test");
-    let a = start_controller(&store, &dir.path().join("a")).await;
-    let b = start_controller(&store, &dir.path().join("b")).await;
+    crash_takeover(dir.path(), &etcd.store_url("hawser-test")).await;
+    drop(etcd);
+}
+
+/// The same on Kubernetes: the election runs on Leases and the state in custom resources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_takes_over_when_the_leader_crashes_on_kubernetes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (api, store) = start_apiserver(dir.path()).await;
+    crash_takeover(dir.path(), &store).await;
+    drop(api);
+}
+
+async fn crash_takeover(dir: &std::path::Path, store: &str) {
+    let a = start_controller(store, &dir.join("a")).await;
+    let b = start_controller(store, &dir.join("b")).await;
     let leader_idx = wait_for_leader(&[&a.url, &b.url], Duration::from_secs(15)).await;
     let (leader, follower) = if leader_idx == 0 { (a, b) } else { (b, a) };
 
@@ -195,18 +224,29 @@ async fn follower_refuses_and_takes_over_when_the_leader_crashes() {
         "the crashed controller expired: {urls:?}"
     );
     drop(follower.shutdown);
-    drop(etcd);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_shutdown_hands_over_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let etcd = start_etcd(dir.path()).await;
-    let store = etcd.store_url("hawser-test");
-    let a = start_controller(&store, &dir.path().join("a")).await;
+    clean_handover(dir.path(), &etcd.store_url("hawser-test")).await;
+    drop(etcd);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_shutdown_hands_over_at_once_on_kubernetes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (api, store) = start_apiserver(dir.path()).await;
+    clean_handover(dir.path(), &store).await;
+    drop(api);
+}
+
+async fn clean_handover(dir: &std::path::Path, store: &str) {
+    let a = start_controller(store, &dir.join("a")).await;
     let leader_idx = wait_for_leader(&[&a.url], Duration::from_secs(15)).await;
     assert_eq!(leader_idx, 0);
-    let b = start_controller(&store, &dir.path().join("b")).await;
+    let b = start_controller(store, &dir.join("b")).await;
     // b sees a as the leader.
     common::eventually(10, || async {
         let (_, e) = get(&b.url, "/v1/nodes").await;
@@ -224,5 +264,4 @@ async fn clean_shutdown_hands_over_at_once() {
         took < Duration::from_secs(3),
         "resigning should hand over within a tick: {took:?}"
     );
-    drop(etcd);
 }
