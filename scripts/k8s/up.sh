@@ -193,6 +193,17 @@ for i in pause busybox; do
     || fail "importing the $i image failed" images
 done
 
+# --- the node's address: kubelets refuse a loopback node IP, and pods on the host network
+# get the node's IP (the controller advertises it). A veth pair with an address on one end,
+# host-local (no dummy driver on every kernel); down.sh removes links that appeared. ---
+NODE_IP=${HAWSER_K8S_NODE_IP:-10.98.0.1}
+if ! ip -o addr show | grep -q " inet $NODE_IP/"; then
+  ip link add hawserk8s0 type veth peer name hawserk8s1
+  ip addr add "$NODE_IP/32" dev hawserk8s0
+  ip link set hawserk8s0 up
+  ip link set hawserk8s1 up
+fi
+
 # --- kubelet ---
 cat >"$S/kubelet/config.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -218,7 +229,7 @@ syncFrequency: 5s
 YAML
 start kubelet "$BIN/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$S/kubelet.kubeconfig" \
   --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" \
-  --node-ip 127.0.0.1 --v=2
+  --node-ip "$NODE_IP" --v=2
 node_ready() {
   [ "$("${KUBECTL[@]}" get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
@@ -232,6 +243,7 @@ K8S_BIN=$BIN
 KUBELET_ROOT=$S/kubelet
 CONTAINERD_SOCK=$CSOCK
 K8S_NODE=$NODE
+NODE_IP=$NODE_IP
 PIDS="$(cat "$S"/pids/*.pid | tr '\n' ' ')"
 ENV
 echo "Kubernetes is up in $((SECONDS - t0))s: KUBECONFIG=$S/admin.kubeconfig" >&2

@@ -43,6 +43,10 @@ pub const RESERVATION_HEARTBEATS: u32 = 2;
 /// Default seconds between checks that attached volumes' engines run.
 pub const DEFAULT_ENGINE_CHECK_SECS: u64 = 5;
 
+/// Default seconds a node's agent may be silent before Kubernetes pods using Hawser volumes
+/// on it are failed over (Piraeus' ha-controller reacts in about 10 s too).
+pub const DEFAULT_FAILOVER_AFTER_SECS: u64 = 10;
+
 /// Default seconds a node may be offline before its replicas are replaced elsewhere.
 pub const DEFAULT_REPLACE_AFTER_SECS: u64 = 300;
 

@@ -18,7 +18,10 @@ mod auth;
 mod constants;
 mod engine_watch;
 mod errors;
+mod ha;
+mod ha_plan;
 mod heal_plan;
+pub mod kube;
 mod leader;
 mod locks;
 mod model;
@@ -45,9 +48,9 @@ use anyhow::Context;
 use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, KubeStore, KubeStoreUrl, Store};
 
 pub use constants::{
-    DEFAULT_ENGINE_CHECK_SECS, DEFAULT_HEAL_CHECK_SECS, DEFAULT_MAX_REBUILDS,
-    DEFAULT_NODE_TIMEOUT_SECS, DEFAULT_REPLACE_AFTER_SECS, ELECTION_TICK, LEADER_TTL,
-    MAX_BODY_BYTES, MAX_REPLICAS,
+    DEFAULT_ENGINE_CHECK_SECS, DEFAULT_FAILOVER_AFTER_SECS, DEFAULT_HEAL_CHECK_SECS,
+    DEFAULT_MAX_REBUILDS, DEFAULT_NODE_TIMEOUT_SECS, DEFAULT_REPLACE_AFTER_SECS, ELECTION_TICK,
+    LEADER_TTL, MAX_BODY_BYTES, MAX_REPLICAS,
 };
 pub use errors::ControllerError;
 pub use placement::{place, Candidate, Placement, PlacementError};
@@ -107,6 +110,14 @@ pub struct ControllerArgs {
     /// [default: <data-dir>/admin.token].
     #[arg(long, value_name = "PATH")]
     pub admin_token_file: Option<PathBuf>,
+    /// Seconds a node's agent may be silent before the pods on it that use Hawser volumes
+    /// are failed over to other nodes (Kubernetes store only; 0 disables failover).
+    #[arg(long, default_value_t = DEFAULT_FAILOVER_AFTER_SECS)]
+    pub failover_after_secs: u64,
+    /// The CSI driver name of this installation's PersistentVolumes (failover finds the
+    /// pods of a volume through them).
+    #[arg(long, default_value = "csi.hawser.dev")]
+    pub csi_driver: String,
     /// The agent token file: agents' token, also sent to agents' admin API. Created like
     /// the admin token at cluster init; a controller joining an initialised cluster needs a
     /// copy [default: <data-dir>/agent.token].
@@ -139,17 +150,31 @@ pub struct Controller {
     engine_check: std::time::Duration,
     heal_check: std::time::Duration,
     heal: heal_plan::HealConfig,
+    /// Failover on Kubernetes, when the store is there and it is enabled.
+    ha: Option<(kube::Kube, ha::HaConfig)>,
+}
+
+/// An opened store: whether controllers share it (and elect a leader), and the Kubernetes
+/// credentials when it lives there.
+struct OpenedStore {
+    store: Arc<dyn Store>,
+    shared: bool,
+    kube: Option<hawser_store::KubeConfig>,
 }
 
 /// Opens the store `args.store` names (default: the file in the data directory).
-async fn open_store(args: &ControllerArgs) -> anyhow::Result<(Arc<dyn Store>, bool)> {
+async fn open_store(args: &ControllerArgs) -> anyhow::Result<OpenedStore> {
     match args.store.as_deref() {
         Some(url) if url.starts_with("etcd://") => {
             let cfg = EtcdConfig::parse(url).map_err(|e| anyhow::anyhow!(e))?;
             let store = EtcdStore::connect(cfg)
                 .await
                 .context("connect to the etcd cluster store")?;
-            Ok((Arc::new(store), true))
+            Ok(OpenedStore {
+                store: Arc::new(store),
+                shared: true,
+                kube: None,
+            })
         }
         Some(url) if url.starts_with("k8s://") => {
             let target = KubeStoreUrl::parse(url).map_err(|e| anyhow::anyhow!(e))?;
@@ -166,7 +191,11 @@ async fn open_store(args: &ControllerArgs) -> anyhow::Result<(Arc<dyn Store>, bo
             )
             .await
             .with_context(|| format!("connect to the Kubernetes cluster store ({})", cfg.source))?;
-            Ok((Arc::new(store), true))
+            Ok(OpenedStore {
+                store: Arc::new(store),
+                shared: true,
+                kube: Some(cfg),
+            })
         }
         other => {
             let path = match other {
@@ -175,7 +204,11 @@ async fn open_store(args: &ControllerArgs) -> anyhow::Result<(Arc<dyn Store>, bo
             };
             let store = EmbeddedStore::open(&path)
                 .with_context(|| format!("open the cluster store {}", path.display()))?;
-            Ok((Arc::new(store), false))
+            Ok(OpenedStore {
+                store: Arc::new(store),
+                shared: false,
+                kube: None,
+            })
         }
     }
 }
@@ -186,14 +219,34 @@ impl Controller {
     pub async fn bind(args: ControllerArgs) -> anyhow::Result<Controller> {
         std::fs::create_dir_all(&args.data_dir)
             .with_context(|| format!("create data directory {}", args.data_dir.display()))?;
-        let (store, shared) = open_store(&args).await?;
+        let OpenedStore {
+            store,
+            shared,
+            kube,
+        } = open_store(&args).await?;
+        let ha = match kube {
+            Some(cfg) if args.failover_after_secs > 0 => {
+                let k = kube::Kube::new(&cfg, &args.csi_driver).map_err(|e| anyhow::anyhow!(e))?;
+                let c = ha::HaConfig {
+                    after_ms: args.failover_after_secs.saturating_mul(1000),
+                };
+                Some((k, c))
+            }
+            _ => None,
+        };
         let tokens = ClusterTokens::init(&*store, &args.token_files()).await?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listen on {}", args.listen))?;
         let addr = listener.local_addr().context("read the bound address")?;
         let controller_url = match args.advertise_url {
-            Some(url) => url.trim_end_matches('/').to_string(),
+            Some(url) => {
+                let host = url.split_once("://").map_or("", |(_, rest)| rest);
+                if host.is_empty() || host.starts_with(':') || host.starts_with('/') {
+                    anyhow::bail!("--advertise-url {url:?} has no host (in a pod: is POD_IP set?)");
+                }
+                url.trim_end_matches('/').to_string()
+            }
             None => {
                 if addr.ip().is_unspecified() {
                     tracing::warn!(
@@ -240,6 +293,7 @@ impl Controller {
                 replace_after_ms: args.replace_after_secs.saturating_mul(1000),
                 max_rebuilds: args.max_rebuilds,
             },
+            ha,
         })
     }
 
@@ -261,6 +315,9 @@ impl Controller {
             self.heal,
         ));
         let reconcile = tokio::spawn(reconcile::run(self.state.clone()));
+        let failover = self
+            .ha
+            .map(|(k, c)| tokio::spawn(ha::run(self.state.clone(), k, c)));
         let app = server::router(self.state);
         let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
@@ -269,6 +326,9 @@ impl Controller {
         watch.abort();
         heal.abort();
         reconcile.abort();
+        if let Some(f) = failover {
+            f.abort();
+        }
         if let Some(e) = self.election {
             e.resign().await;
         }

@@ -120,7 +120,10 @@ async fn start_apiserver(dir: &std::path::Path) -> (ApiserverProcess, String) {
         .await
         .unwrap();
     api.create_namespace("hawser-test").await.unwrap();
-    let url = format!("k8s://hawser-test?kubeconfig={}", api.kubeconfig().display());
+    let url = format!(
+        "k8s://hawser-test?kubeconfig={}",
+        api.kubeconfig().display()
+    );
     (api, url)
 }
 

@@ -1,8 +1,11 @@
 //! "Hawser on Kubernetes", acceptance a (issue 15): `helm lint` passes; `helm template`
 //! validates with `kubeconform -strict` against schemas made from the real apiserver's
 //! OpenAPI (and the check catches a misspelt field); `helm install` into a real
-//! kube-apiserver creates every object; `helm uninstall` removes them, keeping only the token
-//! Secret (agents hold the tokens; a reinstall must find the same ones).
+//! kube-apiserver creates every object, the CRDs of the cluster state among them;
+//! `helm uninstall` removes them, keeping only the token Secret (agents hold the tokens; a
+//! reinstall must find the same ones) and the CRDs (Helm never deletes them: the state
+//! survives). The chart's controller runs in the cluster on its service account and keeps its
+//! state in the CRDs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -114,6 +117,34 @@ fn the_chart_lints_validates_strictly_installs_every_object_and_uninstalls() {
         "kubeconform missed a typo"
     );
 
+    // The CRDs (not in `helm template`'s output, and kubeconform cannot load the recursive
+    // CRD schema): the API server itself validates them, strictly, without creating them.
+    let crds = format!("{chart}/crds/hawser.dev.yaml");
+    let out = k.kubectl_ok(&[
+        "create",
+        "--dry-run=server",
+        "--validate=strict",
+        "-f",
+        &crds,
+    ]);
+    assert_eq!(out.matches("created (server dry run)").count(), 4, "{out}");
+    let crd_names: Vec<(String, String, bool)> = [
+        "hawservolumes",
+        "hawsernodes",
+        "hawsernodesettings",
+        "hawserrecords",
+    ]
+    .iter()
+    .map(|p| {
+        (
+            "CustomResourceDefinition".to_string(),
+            format!("{p}.hawser.dev"),
+            false,
+        )
+    })
+    .collect();
+    let objs: Vec<(String, String, bool)> = objs.into_iter().chain(crd_names).collect();
+
     let kubeconfig = k.kubeconfig().display().to_string();
     let mut install = vec![
         "install",
@@ -160,7 +191,9 @@ fn the_chart_lints_validates_strictly_installs_every_object_and_uninstalls() {
             args.extend_from_slice(&["-n", ns]);
         }
         let left = k.kubectl_ok(&args);
-        let kept = kind == "Secret" && name.ends_with("-tokens");
+        // Kept: the tokens (agents hold them) and the CRDs, so the state survives.
+        let kept =
+            (kind == "Secret" && name.ends_with("-tokens")) || kind == "CustomResourceDefinition";
         assert_eq!(
             !left.trim().is_empty(),
             kept,
@@ -225,4 +258,120 @@ spec:
             "{tool} did not run in the image:\n{out}"
         );
     }
+    controller_runs_in_the_cluster_on_its_crds(&k);
+}
+
+/// The chart's controller, from that image, in the cluster: on its service account and the
+/// chart's RBAC alone it keeps its state in the CRDs, leads through a Lease, and serves the
+/// API with the tokens of the chart's Secret. (The sidecars' images cannot be pulled here;
+/// their containers wait, the others run.)
+fn controller_runs_in_the_cluster_on_its_crds(k: &KubeCluster) {
+    let helm = k8s_tool("helm");
+    let helm = helm.to_str().expect("helm path");
+    let chart = chart().display().to_string();
+    let kubeconfig = k.kubeconfig().display().to_string();
+    let kc = std::fs::read_to_string(k.kubeconfig()).expect("read kubeconfig");
+    let port = kc
+        .split("https://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("API server port in the kubeconfig")
+        .to_string();
+    let ns = "hawser-system";
+    let api_port = format!("controller.apiServer.port={port}");
+    let mut install = vec![
+        "install",
+        "t",
+        &chart,
+        "--namespace",
+        ns,
+        "--create-namespace",
+        "--kubeconfig",
+        &kubeconfig,
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "sidecars.pullPolicy=Never",
+        "--set",
+        "node.nodeSelector.hawser-test/none=none",
+        "--set",
+        "controller.replicas=1",
+        // The pod's (the node's) address only, not every interface.
+        "--set",
+        "controller.listenAddress=$(POD_IP)",
+        "--set",
+        "controller.port=29400",
+        "--set",
+        "controller.apiServer.host=127.0.0.1",
+        "--set",
+    ];
+    install.push(&api_port);
+    run_ok(helm, &install);
+    let mut leader = String::new();
+    hawser_e2e::wait_until(
+        "the controller to lead",
+        std::time::Duration::from_secs(90),
+        || {
+            let out = k.kubectl(&[
+                "get",
+                "hawserrecords",
+                "leader",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.text}",
+            ]);
+            leader = String::from_utf8_lossy(&out.stdout).into_owned();
+            out.status.success() && !leader.is_empty()
+        },
+    );
+    let node_ip = k.env.get("NODE_IP").expect("NODE_IP in the cluster's env");
+    let url = format!("http://{node_ip}:29400");
+    assert_eq!(leader, url, "the leader advertises its pod's address");
+    let records = k.kubectl_ok(&["get", "hawserrecords", "-n", ns]);
+    assert!(records.contains("auth/tokens"), "{records}");
+    let lease_holder = k.kubectl_ok(&[
+        "get",
+        "leases",
+        "-n",
+        ns,
+        "-l",
+        "hawser.dev/store-lease",
+        "-o",
+        "jsonpath={.items[*].spec.holderIdentity}",
+    ]);
+    assert!(lease_holder.starts_with("t-controller-"), "{lease_holder}");
+    // The API answers with the admin token from the Secret.
+    let token = k.kubectl_ok(&[
+        "get",
+        "secret",
+        "t-tokens",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.data.admin\\.token}",
+    ]);
+    use base64::Engine as _;
+    let token = base64::engine::general_purpose::STANDARD
+        .decode(token.trim())
+        .expect("token is base64");
+    let token = String::from_utf8(token).expect("token is text");
+    let resp = reqwest::blocking::Client::new()
+        .get(format!("{url}/v1/nodes"))
+        .bearer_auth(token.trim())
+        .send()
+        .expect("GET /v1/nodes");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.text().expect("body").trim(), "[]");
+    run_ok(
+        helm,
+        &[
+            "uninstall",
+            "t",
+            "--namespace",
+            ns,
+            "--kubeconfig",
+            &kubeconfig,
+        ],
+    );
 }

@@ -49,6 +49,8 @@ impl Env {
             heal_check_secs: 0,
             admin_token_file: None,
             agent_token_file: None,
+            failover_after_secs: 10,
+            csi_driver: "csi.hawser.dev".into(),
         };
         let ctl = rt.block_on(Controller::bind(args)).unwrap();
         let url = format!("http://{}", ctl.local_addr().unwrap());

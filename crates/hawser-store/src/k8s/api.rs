@@ -116,7 +116,12 @@ impl Api {
         if let Some(rv) = resource_version {
             body["preconditions"] = serde_json::json!({"resourceVersion": rv.to_string()});
         }
-        self.send(self.request(reqwest::Method::DELETE, path)?.json(&body))
+        self.delete_with(path, &body).await
+    }
+
+    /// Deletes with the given `DeleteOptions`.
+    pub async fn delete_with(&self, path: &str, options: &Value) -> ApiResult<()> {
+        self.send(self.request(reqwest::Method::DELETE, path)?.json(options))
             .await
             .map(|_| ())
     }

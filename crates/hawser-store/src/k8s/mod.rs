@@ -27,7 +27,7 @@
 //!   controller makes) sees changes in revision order; one spanning kinds sees each kind's
 //!   changes in order, interleaved.
 
-pub(crate) mod api;
+pub mod api;
 mod config;
 mod leases;
 mod objects;
@@ -41,6 +41,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 pub use config::{Auth, KubeConfig};
+pub use leases::micro_time;
 pub use objects::{GROUP, KINDS, VERSION};
 
 use crate::store::{

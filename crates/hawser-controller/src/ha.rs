@@ -1,0 +1,205 @@
+//! Failover on Kubernetes: when the node running a volume's engine stops heartbeating for
+//! [`HaConfig::after_ms`], the leader moves the pods that use the volume to another node.
+//!
+//! In this order, for each volume [`ha_plan::stranded`] vouches for:
+//! 1. **Fence**: one compare-and-swap on the volume record: detached, epoch + 1. It is a
+//!    leader-fenced write, so a controller that lost its lease fails here and does nothing
+//!    else; and the old engine's outdate reports are refused from now on, so it cannot
+//!    acknowledge a write that misses a replica. Replicas refuse it for good once the new
+//!    engine has connected at a higher epoch.
+//! 2. **Free the attachment**: the volume leaves the node's `status.volumesInUse` (the
+//!    attach/detach controller would otherwise wait six minutes for a dead kubelet) and its
+//!    VolumeAttachments to that node are deleted.
+//! 3. **Move the pods**: the node is tainted `NoSchedule`, and the pods are deleted at once,
+//!    so their StatefulSet or Deployment recreates them elsewhere.
+//! 4. **Tell**: an Event on each PVC (and on pods left alone).
+//!
+//! Pods annotated `hawser.dev/failover: "false"` are left alone with their volumes, and so
+//! are volumes nobody can vouch for; both get an Event once per outage. Volumes without a
+//! PersistentVolume (attached with the CLI) are not Kubernetes' to move.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_api::controller::VolumeState;
+
+use crate::errors::ControllerError;
+use crate::ha_plan::{self, Stranded};
+use crate::kube::{Kube, PodUse};
+use crate::leader::Role;
+use crate::model::now_ms;
+use crate::state::AppState;
+
+/// How often the leader looks for stranded volumes.
+pub const HA_TICK: Duration = Duration::from_millis(500);
+
+pub struct HaConfig {
+    /// Silence after which a node's volumes are failed over.
+    pub after_ms: u64,
+}
+
+/// What one outage has been reported as already: (volume, node, reason).
+type Reported = HashSet<(String, String, &'static str)>;
+
+pub async fn run(st: Arc<AppState>, kube: Kube, cfg: HaConfig) {
+    let mut tick = tokio::time::interval(HA_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reported = Reported::new();
+    // Nodes this controller tainted; `None` until it has looked which nodes carry the taint
+    // (after it starts leading).
+    let mut tainted: Option<HashSet<String>> = None;
+    loop {
+        tick.tick().await;
+        if !matches!(st.leadership.role(), Role::Leader { .. } | Role::Sole) {
+            tainted = None;
+            continue;
+        }
+        if let Err(e) = round(&st, &kube, &cfg, &mut reported, &mut tainted).await {
+            tracing::warn!(error = %e, "failover round failed");
+        }
+    }
+}
+
+async fn round(
+    st: &AppState,
+    kube: &Kube,
+    cfg: &HaConfig,
+    reported: &mut Reported,
+    tainted: &mut Option<HashSet<String>>,
+) -> Result<(), String> {
+    let nodes = st.records.nodes().await.map_err(|e| e.to_string())?;
+    let volumes = st.records.volumes().await.map_err(|e| e.to_string())?;
+    let now = now_ms();
+    let tainted = match tainted {
+        Some(t) => t,
+        None => tainted.insert(kube.tainted_nodes().await?),
+    };
+    // Nodes heartbeating again: untaint, and a later outage is reported anew.
+    for n in nodes.iter().filter(|n| n.age_ms(now) <= cfg.after_ms) {
+        reported.retain(|(_, node, _)| *node != n.name);
+        if tainted.contains(&n.name) {
+            kube.set_unreachable_taint(&n.name, false).await?;
+            tainted.remove(&n.name);
+            tracing::info!(node = %n.name, "agent heartbeating again: untainted");
+        }
+    }
+    let stranded = ha_plan::stranded(&nodes, &volumes, now, cfg.after_ms);
+    if stranded.is_empty() {
+        return Ok(());
+    }
+    let pvs = kube.hawser_pvs().await?;
+    let mut pods_by_node: HashMap<String, Vec<PodUse>> = HashMap::new();
+    for s in &stranded {
+        let Some(pv) = pvs.iter().find(|p| p.volume == s.volume) else {
+            continue; // not a Kubernetes volume
+        };
+        if !pods_by_node.contains_key(&s.node) {
+            let pods = kube.pods_on(&s.node, &pvs).await?;
+            pods_by_node.insert(s.node.clone(), pods);
+        }
+        let users: Vec<&PodUse> = pods_by_node[&s.node]
+            .iter()
+            .filter(|p| p.volumes.iter().any(|(v, _)| *v == s.volume))
+            .collect();
+        let mut once =
+            |reason: &'static str| reported.insert((s.volume.clone(), s.node.clone(), reason));
+        if let Some(p) = users.iter().find(|p| p.opted_out) {
+            if once("opted-out") {
+                let msg = format!(
+                    "node {} stopped heartbeating {} s ago; pod {} opted out of failover \
+                     (hawser.dev/failover: \"false\"), volume {} left attached there",
+                    s.node,
+                    s.silent_ms / 1000,
+                    p.name,
+                    s.volume
+                );
+                kube.event("Pod", &p.namespace, &p.name, true, "FailoverSkipped", &msg)
+                    .await?;
+            }
+            continue;
+        }
+        if let Err(why) = &s.vouch {
+            if once("blocked") {
+                let msg = format!(
+                    "node {} stopped heartbeating {} s ago, but volume {} cannot be moved: {why}",
+                    s.node,
+                    s.silent_ms / 1000,
+                    s.volume
+                );
+                tracing::warn!(volume = %s.volume, node = %s.node, "{msg}");
+                kube.event(
+                    "PersistentVolumeClaim",
+                    &pv.claim_namespace,
+                    &pv.claim,
+                    true,
+                    "FailoverBlocked",
+                    &msg,
+                )
+                .await?;
+                for p in &users {
+                    kube.event("Pod", &p.namespace, &p.name, true, "FailoverBlocked", &msg)
+                        .await?;
+                }
+            }
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let Some(epoch) = fence(st, s).await.map_err(|e| e.to_string())? else {
+            continue; // moved or re-attached meanwhile
+        };
+        kube.release_volumes_in_use(&s.node, std::slice::from_ref(&s.volume))
+            .await?;
+        let attachments = kube.delete_attachments(&pv.pv, &s.node).await?;
+        if tainted.insert(s.node.clone()) {
+            kube.set_unreachable_taint(&s.node, true).await?;
+        }
+        for p in &users {
+            kube.force_delete_pod(p).await?;
+        }
+        let pods: Vec<&str> = users.iter().map(|p| p.name.as_str()).collect();
+        let msg = format!(
+            "node {} stopped heartbeating {} s ago: volume {} fenced at epoch {epoch} (an \
+             in-sync replica is on {}), {attachments} attachment(s) and pod(s) [{}] deleted \
+             so they start elsewhere",
+            s.node,
+            s.silent_ms / 1000,
+            s.volume,
+            s.vouch.as_deref().unwrap_or("?"),
+            pods.join(", ")
+        );
+        let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::warn!(took_ms, "{msg}");
+        kube.event(
+            "PersistentVolumeClaim",
+            &pv.claim_namespace,
+            &pv.claim,
+            true,
+            "FailedOver",
+            &msg,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Detaches the volume from the silent node with a new epoch, if it is still attached there
+/// at the epoch the plan saw; returns the new epoch.
+async fn fence(st: &AppState, s: &Stranded) -> Result<Option<u64>, ControllerError> {
+    let _guard = st.volume_locks.lock(&s.volume).await;
+    let (rec, changed) = st
+        .records
+        .update_volume(&s.volume, |v| {
+            let same = v.state == VolumeState::Attached
+                && v.attached_node.as_deref() == Some(s.node.as_str())
+                && v.epoch == s.epoch;
+            if same {
+                v.state = VolumeState::Detached;
+                v.attached_node = None;
+                v.epoch += 1;
+            }
+            Ok(same)
+        })
+        .await?;
+    Ok(changed.then_some(rec.epoch))
+}

@@ -1,0 +1,344 @@
+//! The Kubernetes objects the failover reads and changes: pods on a node and the Hawser
+//! volumes they use, VolumeAttachments, the node's taints and `volumesInUse`, and Events.
+//!
+//! Every object is handled as JSON through the store's Kubernetes client; a field that is
+//! missing or of the wrong type makes the object count as not ours, never a panic.
+
+use std::collections::HashMap;
+
+use hawser_store::k8s::api::{Api, ApiError};
+use hawser_store::k8s::KubeConfig;
+use serde_json::{json, Value};
+
+/// The pod annotation that opts a pod out of failover.
+pub const OPT_OUT_ANNOTATION: &str = "hawser.dev/failover";
+/// The taint put on a node whose agent stopped heartbeating, so the scheduler places the
+/// replacement pods elsewhere; removed when the agent is back.
+pub const UNREACHABLE_TAINT: &str = "hawser.dev/agent-unreachable";
+
+/// A pod on a node and the Hawser volumes (by volume id) it mounts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodUse {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `hawser.dev/failover: "false"`.
+    pub opted_out: bool,
+    /// (volume id, PVC name) of each Hawser volume it uses.
+    pub volumes: Vec<(String, String)>,
+}
+
+/// A Hawser PersistentVolume: its volume id and PVC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HawserPv {
+    pub pv: String,
+    pub volume: String,
+    pub claim_namespace: String,
+    pub claim: String,
+}
+
+pub struct Kube {
+    api: Api,
+    driver: String,
+}
+
+type KResult<T> = Result<T, String>;
+
+fn failed(what: &str, e: ApiError) -> String {
+    format!("{what}: {e}")
+}
+
+fn items(v: &Value) -> &[Value] {
+    v.get("items")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(*p)?;
+    }
+    cur.as_str()
+}
+
+impl Kube {
+    pub fn new(cfg: &KubeConfig, driver: &str) -> KResult<Kube> {
+        let api = Api::new(cfg, std::time::Duration::from_secs(5))?;
+        Ok(Kube {
+            api,
+            driver: driver.to_string(),
+        })
+    }
+
+    /// Every PersistentVolume of this driver that is bound to a claim.
+    pub async fn hawser_pvs(&self) -> KResult<Vec<HawserPv>> {
+        let list = self
+            .api
+            .get("/api/v1/persistentvolumes")
+            .await
+            .map_err(|e| failed("list PersistentVolumes", e))?;
+        Ok(items(&list)
+            .iter()
+            .filter(|pv| str_at(pv, &["spec", "csi", "driver"]) == Some(self.driver.as_str()))
+            .filter_map(|pv| {
+                Some(HawserPv {
+                    pv: str_at(pv, &["metadata", "name"])?.to_string(),
+                    volume: str_at(pv, &["spec", "csi", "volumeHandle"])?.to_string(),
+                    claim_namespace: str_at(pv, &["spec", "claimRef", "namespace"])?.to_string(),
+                    claim: str_at(pv, &["spec", "claimRef", "name"])?.to_string(),
+                })
+            })
+            .collect())
+    }
+
+    /// The pods bound to `node` (not finished) that use Hawser volumes.
+    pub async fn pods_on(&self, node: &str, pvs: &[HawserPv]) -> KResult<Vec<PodUse>> {
+        let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}");
+        let list = self
+            .api
+            .get(&path)
+            .await
+            .map_err(|e| failed("list pods", e))?;
+        let by_claim: HashMap<(&str, &str), &HawserPv> = pvs
+            .iter()
+            .map(|p| ((p.claim_namespace.as_str(), p.claim.as_str()), p))
+            .collect();
+        let mut out = Vec::new();
+        for pod in items(&list) {
+            let phase = str_at(pod, &["status", "phase"]).unwrap_or("");
+            if phase == "Succeeded" || phase == "Failed" {
+                continue;
+            }
+            let (Some(ns), Some(name), Some(uid)) = (
+                str_at(pod, &["metadata", "namespace"]),
+                str_at(pod, &["metadata", "name"]),
+                str_at(pod, &["metadata", "uid"]),
+            ) else {
+                continue;
+            };
+            let claims = pod
+                .get("spec")
+                .and_then(|s| s.get("volumes"))
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice);
+            let volumes: Vec<(String, String)> = claims
+                .iter()
+                .filter_map(|v| str_at(v, &["persistentVolumeClaim", "claimName"]))
+                .filter_map(|claim| by_claim.get(&(ns, claim)))
+                .map(|pv| (pv.volume.clone(), pv.claim.clone()))
+                .collect();
+            if volumes.is_empty() {
+                continue;
+            }
+            let opted_out = str_at(pod, &["metadata", "annotations", OPT_OUT_ANNOTATION])
+                .is_some_and(|v| v.eq_ignore_ascii_case("false"));
+            out.push(PodUse {
+                namespace: ns.into(),
+                name: name.into(),
+                uid: uid.into(),
+                opted_out,
+                volumes,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Deletes a pod at once (grace 0: its node cannot confirm anything), only if it is
+    /// still the same pod (its uid).
+    pub async fn force_delete_pod(&self, pod: &PodUse) -> KResult<()> {
+        let path = format!("/api/v1/namespaces/{}/pods/{}", pod.namespace, pod.name);
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": pod.uid},
+        });
+        match self.api.delete_with(&path, &body).await {
+            Ok(()) | Err(ApiError::NotFound | ApiError::Conflict) => Ok(()),
+            Err(e) => Err(failed(
+                &format!("delete pod {}/{}", pod.namespace, pod.name),
+                e,
+            )),
+        }
+    }
+
+    /// Deletes the VolumeAttachments of PersistentVolume `pv` to `node`.
+    pub async fn delete_attachments(&self, pv: &str, node: &str) -> KResult<usize> {
+        let list = self
+            .api
+            .get("/apis/storage.k8s.io/v1/volumeattachments")
+            .await
+            .map_err(|e| failed("list VolumeAttachments", e))?;
+        let mut n = 0;
+        for va in items(&list) {
+            if str_at(va, &["spec", "nodeName"]) != Some(node)
+                || str_at(va, &["spec", "source", "persistentVolumeName"]) != Some(pv)
+            {
+                continue;
+            }
+            let Some(name) = str_at(va, &["metadata", "name"]) else {
+                continue;
+            };
+            let path = format!("/apis/storage.k8s.io/v1/volumeattachments/{name}");
+            match self.api.delete(&path, None).await {
+                Ok(()) | Err(ApiError::NotFound) => n += 1,
+                Err(e) => return Err(failed(&format!("delete VolumeAttachment {name}"), e)),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Removes `volumes` from `node`'s `status.volumesInUse`. The attach/detach controller
+    /// will not detach a volume the node reports in use until six minutes have passed, and a
+    /// dead kubelet never stops reporting it; Hawser has fenced the old engine by epoch, so
+    /// the volume is safe to attach elsewhere at once.
+    pub async fn release_volumes_in_use(&self, node: &str, volumes: &[String]) -> KResult<()> {
+        let unique: Vec<String> = volumes
+            .iter()
+            .map(|v| format!("kubernetes.io/csi/{}^{v}", self.driver))
+            .collect();
+        for _ in 0..5 {
+            let n = self
+                .api
+                .get(&format!("/api/v1/nodes/{node}"))
+                .await
+                .map_err(|e| failed(&format!("get node {node}"), e))?;
+            let in_use: Vec<&str> = n
+                .get("status")
+                .and_then(|s| s.get("volumesInUse"))
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let kept: Vec<&str> = in_use
+                .iter()
+                .copied()
+                .filter(|v| !unique.iter().any(|u| u == v))
+                .collect();
+            if kept.len() == in_use.len() {
+                return Ok(());
+            }
+            let patch = json!({
+                "metadata": {"resourceVersion": n["metadata"]["resourceVersion"]},
+                "status": {"volumesInUse": kept},
+            });
+            match self
+                .api
+                .merge_patch(&format!("/api/v1/nodes/{node}/status"), &patch)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(ApiError::Conflict) => continue,
+                Err(e) => return Err(failed(&format!("update node {node} status"), e)),
+            }
+        }
+        Err(format!(
+            "node {node} kept changing; volumesInUse not updated"
+        ))
+    }
+
+    /// The nodes carrying the [`UNREACHABLE_TAINT`] now.
+    pub async fn tainted_nodes(&self) -> KResult<std::collections::HashSet<String>> {
+        let list = self
+            .api
+            .get("/api/v1/nodes")
+            .await
+            .map_err(|e| failed("list nodes", e))?;
+        Ok(items(&list)
+            .iter()
+            .filter(|n| {
+                n.get("spec")
+                    .and_then(|s| s.get("taints"))
+                    .and_then(Value::as_array)
+                    .is_some_and(|ts| {
+                        ts.iter().any(|t| {
+                            t.get("key").and_then(Value::as_str) == Some(UNREACHABLE_TAINT)
+                        })
+                    })
+            })
+            .filter_map(|n| str_at(n, &["metadata", "name"]).map(str::to_string))
+            .collect())
+    }
+
+    /// Adds (`on`) or removes the [`UNREACHABLE_TAINT`] of `node`; a no-op when it already
+    /// is so.
+    pub async fn set_unreachable_taint(&self, node: &str, on: bool) -> KResult<()> {
+        for _ in 0..5 {
+            let n = match self.api.get(&format!("/api/v1/nodes/{node}")).await {
+                Ok(n) => n,
+                Err(ApiError::NotFound) => return Ok(()),
+                Err(e) => return Err(failed(&format!("get node {node}"), e)),
+            };
+            let taints: Vec<Value> = n
+                .get("spec")
+                .and_then(|s| s.get("taints"))
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let has = taints
+                .iter()
+                .any(|t| t.get("key").and_then(Value::as_str) == Some(UNREACHABLE_TAINT));
+            if has == on {
+                return Ok(());
+            }
+            let mut new: Vec<Value> = taints
+                .into_iter()
+                .filter(|t| t.get("key").and_then(Value::as_str) != Some(UNREACHABLE_TAINT))
+                .collect();
+            if on {
+                new.push(json!({"key": UNREACHABLE_TAINT, "effect": "NoSchedule"}));
+            }
+            let patch = json!({
+                "metadata": {"resourceVersion": n["metadata"]["resourceVersion"]},
+                "spec": {"taints": new},
+            });
+            match self
+                .api
+                .merge_patch(&format!("/api/v1/nodes/{node}"), &patch)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(ApiError::Conflict) => continue,
+                Err(e) => return Err(failed(&format!("taint node {node}"), e)),
+            }
+        }
+        Err(format!("node {node} kept changing; taint not updated"))
+    }
+
+    /// Records an Event on a PVC or pod (`kind`), for `kubectl describe`.
+    pub async fn event(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        warning: bool,
+        reason: &str,
+        message: &str,
+    ) -> KResult<()> {
+        let now = hawser_store::k8s::micro_time(std::time::SystemTime::now());
+        let secs = now.split('.').next().unwrap_or(&now).to_string() + "Z";
+        let suffix: String = (0..8)
+            .map(|_| format!("{:x}", rand::random::<u8>() & 0xf))
+            .collect();
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": format!("{name}.{suffix}"), "namespace": namespace},
+            "involvedObject": {"kind": kind, "namespace": namespace, "name": name, "apiVersion": "v1"},
+            "reason": reason,
+            "message": message,
+            "type": if warning { "Warning" } else { "Normal" },
+            "source": {"component": "hawser-controller"},
+            "reportingComponent": "hawser.dev/controller",
+            "reportingInstance": "hawser-controller",
+            "firstTimestamp": secs,
+            "lastTimestamp": secs,
+            "count": 1,
+        });
+        self.api
+            .post(&format!("/api/v1/namespaces/{namespace}/events"), &body)
+            .await
+            .map(|_| ())
+            .map_err(|e| failed("create event", e))
+    }
+}

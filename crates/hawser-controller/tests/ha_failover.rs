@@ -1,0 +1,448 @@
+//! Failover on a real kube-apiserver (issue 15, acceptance d and the controller's part of c):
+//! the controller keeps its state in the CRDs and fails over the pods of a node whose agent
+//! went silent, and only then: not for a node that is only slow, and not while another
+//! controller holds the leader lease. What Kubernetes does next (the StatefulSet recreating
+//! the pod, the scheduler, the kubelet) is in the end-to-end test; here the pods are objects
+//! bound to nodes that have no kubelet, which is all the failover looks at.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{client_with_token, controller_args, pool, FakeAgent, GIB};
+use hawser_controller::{Controller, ControllerArgs};
+use hawser_store::apiserver_process::{k8s_bin_dir, ApiserverProcess};
+use hawser_store::k8s::{install_crds, KubeStoreUrl};
+use hawser_store::{Expect, KubeStore, Store, WriteOptions};
+use serde_json::{json, Value};
+
+const NS: &str = "hawser-system";
+/// The failover timeout of this test (the default is 10 s; shorter keeps the test quick).
+const AFTER_SECS: u64 = 4;
+
+fn kubectl(api: &ApiserverProcess, args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(k8s_bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(api.kubeconfig())
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn get_json(api: &ApiserverProcess, args: &[&str]) -> Value {
+    let mut a = vec!["get"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["-o", "json"]);
+    serde_json::from_str(&kubectl(api, &a, None)).unwrap()
+}
+
+fn exists(api: &ApiserverProcess, args: &[&str]) -> bool {
+    let mut a = vec!["get"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--ignore-not-found", "-o", "name"]);
+    !kubectl(api, &a, None).trim().is_empty()
+}
+
+/// The reasons of the Events about `name` in namespace default.
+fn event_reasons(api: &ApiserverProcess, name: &str) -> Vec<String> {
+    let sel = format!("involvedObject.name={name}");
+    let list = get_json(api, &["events", "-n", "default", "--field-selector", &sel]);
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A Hawser PV, its PVC and a pod bound to `node` that mounts it.
+fn workload(volume: &str, node: &str, opt_out: bool) -> String {
+    let annotations = if opt_out {
+        "\n  annotations: {hawser.dev/failover: \"false\"}"
+    } else {
+        ""
+    };
+    format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: pv-{volume}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  csi: {{driver: csi.hawser.dev, volumeHandle: {volume}}}
+  claimRef: {{namespace: default, name: data-{volume}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data-{volume}, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 1Gi}}}}
+  volumeName: pv-{volume}
+  storageClassName: ""
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: app-{volume}
+  namespace: default{annotations}
+spec:
+  nodeName: {node}
+  automountServiceAccountToken: false
+  containers: [{{name: c, image: busybox}}]
+  volumes: [{{name: d, persistentVolumeClaim: {{claimName: data-{volume}}}}}]
+---
+apiVersion: storage.k8s.io/v1
+kind: VolumeAttachment
+metadata: {{name: va-{volume}}}
+spec:
+  attacher: csi.hawser.dev
+  nodeName: {node}
+  source: {{persistentVolumeName: pv-{volume}}}
+"#
+    )
+}
+
+/// Agents that heartbeat every 300 ms unless paused.
+struct Heartbeats {
+    paused: Arc<Mutex<HashSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Heartbeats {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn heartbeats(url: String, token: String, agents: Vec<(String, String, u64)>) -> Heartbeats {
+    let paused = Arc::new(Mutex::new(HashSet::new()));
+    let p = paused.clone();
+    let http = client_with_token(&token);
+    let task = tokio::spawn(async move {
+        loop {
+            for (node, addr, free_gib) in &agents {
+                if p.lock().unwrap().contains(node) {
+                    continue;
+                }
+                let body = json!({
+                    "admin_addr": addr,
+                    "replica_addr": "127.0.0.1:1",
+                    "nbd_addr": null,
+                    "nbd_socket": format!("/run/hawser/{node}.sock"),
+                    "pools": [pool(node, 200 * GIB, free_gib * GIB)],
+                });
+                let _ = http
+                    .put(format!("{url}/v1/nodes/{node}"))
+                    .json(&body)
+                    .send()
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    Heartbeats { paused, task }
+}
+
+impl Heartbeats {
+    fn pause(&self, node: &str, on: bool) {
+        let mut p = self.paused.lock().unwrap();
+        if on {
+            p.insert(node.into());
+        } else {
+            p.remove(node);
+        }
+    }
+}
+
+async fn volume(http: &reqwest::Client, url: &str, name: &str) -> Value {
+    let resp = http
+        .get(format!("{url}/v1/volumes/{name}"))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn attachment(v: &Value) -> (String, Option<String>, u64) {
+    (
+        v["state"].as_str().unwrap().to_string(),
+        v["attached_node"].as_str().map(str::to_string),
+        v["epoch"].as_u64().unwrap(),
+    )
+}
+
+/// Whether nothing failed over: the volume is attached on `node` at `epoch`, its pod and
+/// attachment exist, the node is not tainted.
+async fn untouched(
+    api: &ApiserverProcess,
+    http: &reqwest::Client,
+    url: &str,
+    vol: &str,
+    node: &str,
+    epoch: u64,
+) {
+    let v = volume(http, url, vol).await;
+    assert_eq!(
+        attachment(&v),
+        ("attached".into(), Some(node.into()), epoch),
+        "{v}"
+    );
+    assert!(exists(
+        api,
+        &["pod", &format!("app-{vol}"), "-n", "default"]
+    ));
+    assert!(exists(api, &["volumeattachment", &format!("va-{vol}")]));
+    assert!(!tainted(api, node));
+}
+
+/// Whether `node` carries the failover's taint (the API server adds others of its own).
+fn tainted(api: &ApiserverProcess, node: &str) -> bool {
+    let n = get_json(api, &["node", node]);
+    n["spec"]["taints"].as_array().is_some_and(|ts| {
+        ts.iter()
+            .any(|t| t["key"] == "hawser.dev/agent-unreachable")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = ApiserverProcess::start(&dir.path().join("k8s"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    install_crds(&api.config(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    api.create_namespace(NS).await.unwrap();
+    let store_url = format!("k8s://{NS}?kubeconfig={}", api.kubeconfig().display());
+    let cdir = dir.path().join("controller");
+    let args = ControllerArgs {
+        failover_after_secs: AFTER_SECS,
+        node_timeout_secs: 60,
+        ..controller_args(&cdir, Some(store_url.clone()), None)
+    };
+    let controller = Controller::bind(args).await.unwrap();
+    let url = format!("http://{}", controller.local_addr().unwrap());
+    let admin = common::read_token(&cdir.join("admin.token"));
+    let agent_token = common::read_token(&cdir.join("agent.token"));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(controller.serve(async move {
+        let _ = stop_rx.await;
+    }));
+    let http = client_with_token(&admin);
+    let mut agents = Vec::new();
+    let mut beats = Vec::new();
+    for (node, free) in [("n1", 150), ("n2", 100), ("n3", 90)] {
+        let a = FakeAgent::start(node).await;
+        beats.push((node.to_string(), a.addr.to_string(), free));
+        agents.push(a);
+        kubectl(
+            &api,
+            &["create", "-f", "-"],
+            Some(&format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"
+            )),
+        );
+    }
+    kubectl(
+        &api,
+        &["create", "serviceaccount", "default", "-n", "default"],
+        None,
+    );
+    let hb = heartbeats(url.clone(), agent_token, beats);
+    common::eventually(20, || async {
+        let r = http.get(format!("{url}/v1/nodes")).send().await.unwrap();
+        r.status() == 200 && r.json::<Value>().await.unwrap().as_array().unwrap().len() == 3
+    })
+    .await;
+    // a: two replicas (n1 and another), the pod can move. b: the same, but its pod opted
+    // out. c: one replica, on n1: nobody else has its writes.
+    let mut epochs = std::collections::HashMap::new();
+    for (vol, replicas) in [("a", 2), ("b", 2), ("c", 1)] {
+        let body =
+            json!({"name": vol, "size_bytes": GIB, "replicas": replicas, "prefer_node": "n1"});
+        let r = http
+            .post(format!("{url}/v1/volumes"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        let r = http
+            .post(format!("{url}/v1/volumes/{vol}/attach"))
+            .json(&json!({"node": "n1"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let v = volume(&http, &url, vol).await;
+        epochs.insert(vol, attachment(&v).2);
+        kubectl(
+            &api,
+            &["create", "-f", "-"],
+            Some(&workload(vol, "n1", vol == "b")),
+        );
+    }
+    let c = volume(&http, &url, "c").await;
+    assert_eq!(c["replicas"][0]["node"], "n1", "{c}");
+    let in_use = json!({"status": {"volumesInUse": [
+        "kubernetes.io/csi/csi.hawser.dev^a", "kubernetes.io/csi/csi.hawser.dev^b",
+        "kubernetes.io/csi/other.example^x"]}});
+    kubectl(
+        &api,
+        &[
+            "patch",
+            "node",
+            "n1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &in_use.to_string(),
+        ],
+        None,
+    );
+
+    // 1. A slow node: silent for less than the timeout. Nothing moves.
+    hb.pause("n1", true);
+    tokio::time::sleep(Duration::from_secs(AFTER_SECS) - Duration::from_millis(1500)).await;
+    hb.pause("n1", false);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    untouched(&api, &http, &url, "a", "n1", epochs["a"]).await;
+
+    // 2. Another controller holds the leader lease: this one must not act, however long n1
+    // is silent. (A store client of the test's own takes over the leader key.)
+    let thief = KubeStore::connect(
+        &api.config(),
+        &KubeStoreUrl::parse(&format!("k8s://{NS}")).unwrap(),
+        "thief",
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let lease = thief.grant_lease(Duration::from_secs(60)).await.unwrap();
+    let leader = thief.get("leader").await.unwrap().unwrap();
+    thief
+        .put_with(
+            "leader",
+            b"http://elsewhere".to_vec(),
+            Expect::Version(leader.version),
+            &WriteOptions {
+                lease: Some(lease),
+                fence: None,
+            },
+        )
+        .await
+        .unwrap();
+    common::eventually(10, || async {
+        let r = http.get(format!("{url}/v1/volumes")).send().await.unwrap();
+        r.status() == 503
+    })
+    .await;
+    hb.pause("n1", true);
+    let silent = Instant::now();
+    tokio::time::sleep(Duration::from_secs(AFTER_SECS + 3)).await;
+    // Read the records straight from the store: the controller answers not_leader.
+    let rec = thief.get("volumes/a").await.unwrap().unwrap();
+    let rec: Value = serde_json::from_slice(&rec.value).unwrap();
+    assert_eq!(
+        attachment(&rec),
+        ("attached".into(), Some("n1".into()), epochs["a"])
+    );
+    assert!(exists(&api, &["pod", "app-a", "-n", "default"]));
+    assert!(!tainted(&api, "n1"));
+
+    // 3. The lease is free again: the controller leads and fails over at once (n1 has been
+    // silent past the timeout).
+    thief.revoke_lease(lease).await.unwrap();
+    let released = Instant::now();
+    common::eventually(20, || async {
+        !exists(&api, &["pod", "app-a", "-n", "default"])
+    })
+    .await;
+    println!(
+        "failover done {:?} after the lease came back ({:?} after n1 went silent)",
+        released.elapsed(),
+        silent.elapsed()
+    );
+    let a = volume(&http, &url, "a").await;
+    assert_eq!(
+        attachment(&a),
+        ("detached".into(), None, epochs["a"] + 1),
+        "{a}"
+    );
+    assert!(!exists(&api, &["volumeattachment", "va-a"]));
+    assert!(tainted(&api, "n1"));
+    let n1 = get_json(&api, &["node", "n1"]);
+    let in_use: Vec<&str> = n1["status"]["volumesInUse"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        in_use,
+        [
+            "kubernetes.io/csi/csi.hawser.dev^b",
+            "kubernetes.io/csi/other.example^x"
+        ],
+        "only a was released"
+    );
+    common::eventually(10, || async {
+        event_reasons(&api, "data-a").contains(&"FailedOver".to_string())
+            && event_reasons(&api, "app-b").contains(&"FailoverSkipped".to_string())
+            && event_reasons(&api, "data-c").contains(&"FailoverBlocked".to_string())
+    })
+    .await;
+    // b (opted out) and c (nobody else has its writes) stay where they were.
+    for vol in ["b", "c"] {
+        let v = volume(&http, &url, vol).await;
+        assert_eq!(
+            attachment(&v),
+            ("attached".into(), Some("n1".into()), epochs[vol])
+        );
+        assert!(exists(
+            &api,
+            &["pod", &format!("app-{vol}"), "-n", "default"]
+        ));
+    }
+    // Events are not repeated every round.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        event_reasons(&api, "data-c")
+            .iter()
+            .filter(|r| *r == "FailoverBlocked")
+            .count(),
+        1
+    );
+
+    // 4. n1's agent is back: the taint goes.
+    hb.pause("n1", false);
+    common::eventually(10, || async { !tainted(&api, "n1") }).await;
+    let _ = stop_tx.send(());
+    serving.await.unwrap().unwrap();
+    drop(agents);
+}
