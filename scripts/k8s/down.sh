@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stops what scripts/k8s/up.sh STATE_DIR started and puts the host back: pods first (so the
-# kubelet unpublishes and unstages their CSI volumes), then the kubelet, the containers and
+# kubelets unpublish and unstage their CSI volumes), then the kubelets (node 2's too), the containers and
 # shims of this containerd, containerd, the controllers, the apiserver and etcd; then mounts
 # under STATE_DIR, the kubelet's cgroups, the CNI bridge and netns, the iptables chains the
 # kubelet added and the sysctls it changed. Idempotent; safe after a half-done up.sh. Only
@@ -36,14 +36,20 @@ if alive kubelet && alive kube-apiserver && [ -x "$BIN/kubectl" ]; then
   while [ $SECONDS -lt $end ] && [ -n "$("${K[@]}" get pods -A -o name 2>/dev/null)" ]; do
     sleep 0.3
   done
+  # Pods of a node that is gone (cut off by a test) are never confirmed: drop them.
+  "${K[@]}" delete pods --all --all-namespaces --force --grace-period=0 >/dev/null 2>&1
 fi
 
-# 2. The kubelet, then the shims of this containerd and containerd itself.
+# 2. The kubelets, then the shims of their containerds and the containerds themselves.
 stop kubelet 20
-for pid in $(pgrep -f "containerd-shim.*-address $S/containerd/containerd.sock" 2>/dev/null); do
-  kill -KILL "$pid" 2>/dev/null
+stop kubelet-2 20
+for sock in "$S/containerd/containerd.sock" "$S/node2/containerd/containerd.sock"; do
+  for pid in $(pgrep -f "containerd-shim.*-address $sock" 2>/dev/null); do
+    kill -KILL "$pid" 2>/dev/null
+  done
 done
 stop containerd 20
+stop containerd-2 20
 stop kube-scheduler
 stop kube-controller-manager
 stop kube-apiserver 20
@@ -55,7 +61,7 @@ for m in $(awk -v s="$S" 'index($5, s) == 1 {print $5}' /proc/self/mountinfo | a
 done
 
 # 4. The kubelet's cgroups (leaves first), in every v1 hierarchy and in v2.
-for root in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+for root in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/hawser-k8s-2; do
   [ -d "$root" ] || continue
   find "$root" -depth -type d -exec rmdir {} \; 2>/dev/null
 done
@@ -63,12 +69,18 @@ done
 # 5. Network: the CNI bridge, netns and links that appeared, the kubelet's iptables chains.
 if [ -f "$S/links.before" ]; then
   for l in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort | comm -13 "$S/links.before" -); do
-    case "$l" in hawsercni0|veth*) ip link del "$l" 2>/dev/null ;; esac
+    case "$l" in hawsercni*|hawserk8s*|veth*) ip link del "$l" 2>/dev/null ;; esac
   done
 fi
 if [ -f "$S/netns.before" ]; then
   for n in $(ip netns list 2>/dev/null | awk '{print $1}' | sort | comm -13 "$S/netns.before" -); do
-    case "$n" in cni-*) ip netns del "$n" 2>/dev/null ;; esac
+    case "$n" in
+      cni-*) ip netns del "$n" 2>/dev/null ;;
+      hawser-k8s-*)
+        # A node in a namespace: whatever still runs there (a test's agent) goes with it.
+        for pid in $(ip netns pids "$n" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+        ip netns del "$n" 2>/dev/null ;;
+    esac
   done
 fi
 if [ -f "$S/chains.before" ]; then

@@ -8,6 +8,12 @@
 #
 # usage: scripts/k8s/up.sh STATE_DIR        (scripts/k8s/down.sh STATE_DIR undoes it)
 #
+# With HAWSER_K8S_NODES=2 a second node runs in the network namespace hawser-k8s-2 (its own
+# containerd, kubelet and cgroup root; address 10.98.2.2, reaching the API server through a
+# veth pair), so a test can cut it off or kill everything on it like a power loss. Its
+# paths are under STATE_DIR/node2 (env: K8S_NODE2, NODE2_NETNS, NODE2_IP, KUBELET2_ROOT,
+# CONTAINERD2_SOCK, POD_LOGS2).
+#
 # Settings this machine needs (see ../shared/k8s/README.md of the project workspace):
 # - containerd's CRI plugin with restrict_oom_score_adj (no CAP_SYS_RESOURCE here),
 #   runc without systemd cgroups, its own CNI conf dir;
@@ -18,6 +24,11 @@ here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$1"
 S="$(cd "$1" && pwd)"
 NODE=hawser-k8s-1
+NODES=${HAWSER_K8S_NODES:-1}
+# Node addresses: kubelets refuse a loopback node IP, and pods on the host network get the
+# node's (the API server listens on node 1's).
+NODE_IP=${HAWSER_K8S_NODE_IP:-10.98.0.1}
+NODE2=hawser-k8s-2 NODE2_NETNS=hawser-k8s-2 NODE2_IP=10.98.2.2 NODE2_GW=10.98.2.1
 # Ports away from Hawser's (9400-9700, 10809-10830) and from the ephemeral range.
 ETCD_PORT=23790 ETCD_PEER=23800 API_PORT=26443
 KUBELET_PORT=20250 KUBELET_HEALTHZ=20248 CM_PORT=20257 SCHED_PORT=20259
@@ -85,6 +96,7 @@ if [ ! -f "$S/tokens.csv" ]; then
   cat >"$S/tokens.csv" <<CSV
 $ADMIN,admin,admin,"system:masters"
 $KUBELET,system:node:$NODE,kubelet,"system:nodes"
+$(tok),system:node:$NODE2,kubelet2,"system:nodes"
 $CM,system:kube-controller-manager,cm,"system:masters"
 $SCHED,system:kube-scheduler,sched,"system:masters"
 CSV
@@ -98,7 +110,7 @@ apiVersion: v1
 kind: Config
 clusters:
 - name: local
-  cluster: {server: "https://127.0.0.1:$API_PORT", insecure-skip-tls-verify: true}
+  cluster: {server: "https://$NODE_IP:$API_PORT", insecure-skip-tls-verify: true}
 users:
 - name: u
   user: {token: "$(token_of "$2")"}
@@ -110,6 +122,7 @@ KC
 }
 kubeconfig admin admin
 kubeconfig kubelet "system:node:$NODE"
+kubeconfig kubelet2 "system:node:$NODE2"
 kubeconfig cm system:kube-controller-manager
 kubeconfig sched system:kube-scheduler
 KUBECTL=("$BIN/kubectl" --kubeconfig "$S/admin.kubeconfig")
@@ -134,13 +147,32 @@ if [ ! -s "$IMG/busybox.tar" ] || [ "$here/image.py" -nt "$IMG/busybox.tar" ]; t
   rm -rf "$r"
 fi
 
+# --- network: node 1's address (a host-local veth pair: no dummy driver on every kernel),
+# node 2's namespace. down.sh removes the links and namespaces that appeared. ---
+if ! ip -o addr show | grep -q " inet $NODE_IP/"; then
+  ip link add hawserk8s0 type veth peer name hawserk8s1
+  ip addr add "$NODE_IP/32" dev hawserk8s0
+  ip link set hawserk8s0 up
+  ip link set hawserk8s1 up
+fi
+if [ "$NODES" -ge 2 ]; then
+  ip netns add "$NODE2_NETNS"
+  ip -n "$NODE2_NETNS" link set lo up
+  ip link add hawserk8s2 type veth peer name eth0 netns "$NODE2_NETNS"
+  ip addr add "$NODE2_GW/24" dev hawserk8s2
+  ip link set hawserk8s2 up
+  ip -n "$NODE2_NETNS" addr add "$NODE2_IP/24" dev eth0
+  ip -n "$NODE2_NETNS" link set eth0 up
+  ip -n "$NODE2_NETNS" route add default via "$NODE2_GW"
+fi
+
 # --- etcd, apiserver ---
 start etcd etcd --name default --data-dir "$S/etcd" \
   --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
   --initial-cluster "default=http://127.0.0.1:$ETCD_PEER"
 start kube-apiserver "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+  --bind-address "$NODE_IP" --advertise-address "$NODE_IP" --secure-port "$API_PORT" \
   --cert-dir "$S/pki" --token-auth-file "$S/tokens.csv" --authorization-mode Node,RBAC \
   --allow-privileged=true --service-account-key-file "$S/pki/sa.pub" \
   --service-account-signing-key-file "$S/pki/sa.key" \
@@ -155,16 +187,22 @@ start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$S/cm
 start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$S/sched.kubeconfig" \
   --leader-elect=false --bind-address 127.0.0.1 --secure-port "$SCHED_PORT"
 
-# --- containerd ---
-CSOCK="$S/containerd/containerd.sock"
-cat >"$S/containerd/config.toml" <<TOML
+# start_node N NAME IP DIR [PREFIX...]: containerd and a kubelet for node N, their state in
+# DIR, each started through PREFIX (nsenter into the network namespace of node 2).
+start_node() {
+  local n=$1 name=$2 ip=$3 d=$4; shift 4
+  local pre=("$@") sfx="" cgroot="/"
+  if [ "$n" -gt 1 ]; then sfx="-$n" cgroot="/$name"; fi
+  mkdir -p "$d/kubelet" "$d/cni/net.d" "$d/containerd"
+  local sock="$d/containerd/containerd.sock"
+  cat >"$d/containerd/config.toml" <<TOML
 version = 2
-root = "$S/containerd/root"
-state = "$S/containerd/state"
+root = "$d/containerd/root"
+state = "$d/containerd/state"
 [grpc]
-  address = "$CSOCK"
+  address = "$sock"
 [ttrpc]
-  address = "$CSOCK.ttrpc"
+  address = "$sock.ttrpc"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "hawser.local/pause:1"
   restrict_oom_score_adj = true
@@ -177,40 +215,40 @@ state = "$S/containerd/state"
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "$S/cni/net.d"
+    conf_dir = "$d/cni/net.d"
 TOML
-cat >"$S/cni/net.d/10-hawser.conflist" <<CNI
+  cat >"$d/cni/net.d/10-hawser.conflist" <<CNI
 {"cniVersion": "0.4.0", "name": "hawser-k8s", "plugins": [
-  {"type": "bridge", "bridge": "hawsercni0", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]],
-            "dataDir": "$S/cni/ipam"}},
+  {"type": "bridge", "bridge": "hawsercni$((n - 1))", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.$((n - 1)).0/24"}]],
+            "dataDir": "$d/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 CNI
-start containerd containerd --config "$S/containerd/config.toml"
-wait_for "containerd" 30 ctr -a "$CSOCK" version || fail "containerd did not start" containerd
-for i in pause busybox; do
-  ctr -a "$CSOCK" -n k8s.io images import "$IMG/$i.tar" >>"$S/logs/images.log" 2>&1 \
-    || fail "importing the $i image failed" images
-done
-
-# --- the node's address: kubelets refuse a loopback node IP, and pods on the host network
-# get the node's IP (the controller advertises it). A veth pair with an address on one end,
-# host-local (no dummy driver on every kernel); down.sh removes links that appeared. ---
-NODE_IP=${HAWSER_K8S_NODE_IP:-10.98.0.1}
-if ! ip -o addr show | grep -q " inet $NODE_IP/"; then
-  ip link add hawserk8s0 type veth peer name hawserk8s1
-  ip addr add "$NODE_IP/32" dev hawserk8s0
-  ip link set hawserk8s0 up
-  ip link set hawserk8s1 up
-fi
-
-# --- kubelet ---
-cat >"$S/kubelet/config.yaml" <<YAML
+  start "containerd$sfx" "${pre[@]}" containerd --config "$d/containerd/config.toml"
+  wait_for "containerd$sfx" 30 ctr -a "$sock" version || fail "containerd$sfx did not start" "containerd$sfx"
+  for i in pause busybox; do
+    ctr -a "$sock" -n k8s.io images import "$IMG/$i.tar" >>"$S/logs/images.log" 2>&1 \
+      || fail "importing the $i image failed" images
+  done
+  # A cgroup root of its own (the kubelet requires it to exist), so kubelets do not take
+  # each other's pod cgroups for orphans.
+  if [ "$cgroot" != / ]; then
+    for h in /sys/fs/cgroup/*/; do
+      [ -f "$h/cgroup.procs" ] || continue
+      mkdir -p "$h$name"
+      if [ -f "$h/cpuset.cpus" ]; then
+        cat "$h/cpuset.cpus" >"$h$name/cpuset.cpus"
+        cat "$h/cpuset.mems" >"$h$name/cpuset.mems"
+      fi
+    done
+  fi
+  cat >"$d/kubelet/config.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
+cgroupRoot: $cgroot
 failCgroupV1: false
-containerRuntimeEndpoint: unix://$CSOCK
+containerRuntimeEndpoint: unix://$sock
 address: 127.0.0.1
 port: $KUBELET_PORT
 readOnlyPort: 0
@@ -219,7 +257,7 @@ healthzPort: $KUBELET_HEALTHZ
 authentication: {anonymous: {enabled: false}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
 failSwapOn: false
-podLogsDir: $S/pod-logs
+podLogsDir: $d/pod-logs
 enforceNodeAllocatable: []
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 100
@@ -227,13 +265,25 @@ imageGCLowThresholdPercent: 99
 fileCheckFrequency: 1s
 syncFrequency: 5s
 YAML
-start kubelet "$BIN/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$S/kubelet.kubeconfig" \
-  --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" \
-  --node-ip "$NODE_IP" --v=2
-node_ready() {
-  [ "$("${KUBECTL[@]}" get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+  local kc="$S/kubelet.kubeconfig"
+  [ "$n" -eq 1 ] || kc="$S/kubelet$n.kubeconfig"
+  start "kubelet$sfx" "${pre[@]}" "$BIN/kubelet" --config "$d/kubelet/config.yaml" --kubeconfig "$kc" \
+    --root-dir "$d/kubelet" --cert-dir "$d/kubelet/pki" --hostname-override "$name" \
+    --node-ip "$ip" --v=2
 }
-wait_for "node $NODE" 120 node_ready || fail "node $NODE is not Ready" kubelet
+node_ready() {
+  [ "$("${KUBECTL[@]}" get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+start_node 1 "$NODE" "$NODE_IP" "$S"
+if [ "$NODES" -ge 2 ]; then
+  # nsenter, not `ip netns exec`: that one also makes a mount namespace, and the node's
+  # mounts (CSI staging, pod volumes) must be the host's, as on a real node.
+  start_node 2 "$NODE2" "$NODE2_IP" "$S/node2" nsenter --net="/run/netns/$NODE2_NETNS"
+fi
+wait_for "node $NODE" 120 node_ready "$NODE" || fail "node $NODE is not Ready" kubelet
+if [ "$NODES" -ge 2 ]; then
+  wait_for "node $NODE2" 120 node_ready "$NODE2" || fail "node $NODE2 is not Ready" kubelet-2
+fi
 wait_for "default service account" 60 "${KUBECTL[@]}" get serviceaccount default \
   || fail "no default service account" kube-controller-manager
 
@@ -241,9 +291,16 @@ cat >"$S/env" <<ENV
 KUBECONFIG=$S/admin.kubeconfig
 K8S_BIN=$BIN
 KUBELET_ROOT=$S/kubelet
-CONTAINERD_SOCK=$CSOCK
+CONTAINERD_SOCK=$S/containerd/containerd.sock
 K8S_NODE=$NODE
 NODE_IP=$NODE_IP
+API_SERVER=https://$NODE_IP:$API_PORT
+K8S_NODE2=$NODE2
+NODE2_NETNS=$NODE2_NETNS
+NODE2_IP=$NODE2_IP
+KUBELET2_ROOT=$S/node2/kubelet
+CONTAINERD2_SOCK=$S/node2/containerd/containerd.sock
+POD_LOGS2=$S/node2/pod-logs
 PIDS="$(cat "$S"/pids/*.pid | tr '\n' ' ')"
 ENV
 echo "Kubernetes is up in $((SECONDS - t0))s: KUBECONFIG=$S/admin.kubeconfig" >&2

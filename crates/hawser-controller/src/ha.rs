@@ -75,16 +75,25 @@ async fn round(
         Some(t) => t,
         None => tainted.insert(kube.tainted_nodes().await?),
     };
+    let stranded = ha_plan::stranded(&nodes, &volumes, now, cfg.after_ms);
+    if stranded.is_empty() && tainted.is_empty() {
+        for n in nodes.iter().filter(|n| n.age_ms(now) <= cfg.after_ms) {
+            reported.retain(|(_, node, _)| *node != n.name);
+        }
+        return Ok(());
+    }
+    let names = kube.node_names().await?;
+    let k8s_name = |hawser: &str| names.get(hawser).cloned().unwrap_or_else(|| hawser.into());
     // Nodes heartbeating again: untaint, and a later outage is reported anew.
     for n in nodes.iter().filter(|n| n.age_ms(now) <= cfg.after_ms) {
         reported.retain(|(_, node, _)| *node != n.name);
-        if tainted.contains(&n.name) {
-            kube.set_unreachable_taint(&n.name, false).await?;
-            tainted.remove(&n.name);
-            tracing::info!(node = %n.name, "agent heartbeating again: untainted");
+        let k = k8s_name(&n.name);
+        if tainted.contains(&k) {
+            kube.set_unreachable_taint(&k, false).await?;
+            tainted.remove(&k);
+            tracing::info!(node = %k, "agent heartbeating again: untainted");
         }
     }
-    let stranded = ha_plan::stranded(&nodes, &volumes, now, cfg.after_ms);
     if stranded.is_empty() {
         return Ok(());
     }
@@ -94,8 +103,9 @@ async fn round(
         let Some(pv) = pvs.iter().find(|p| p.volume == s.volume) else {
             continue; // not a Kubernetes volume
         };
+        let node = k8s_name(&s.node);
         if !pods_by_node.contains_key(&s.node) {
-            let pods = kube.pods_on(&s.node, &pvs).await?;
+            let pods = kube.pods_on(&node, &pvs).await?;
             pods_by_node.insert(s.node.clone(), pods);
         }
         let users: Vec<&PodUse> = pods_by_node[&s.node]
@@ -148,11 +158,11 @@ async fn round(
         let Some(epoch) = fence(st, s).await.map_err(|e| e.to_string())? else {
             continue; // moved or re-attached meanwhile
         };
-        kube.release_volumes_in_use(&s.node, std::slice::from_ref(&s.volume))
+        kube.release_volumes_in_use(&node, std::slice::from_ref(&s.volume))
             .await?;
-        let attachments = kube.delete_attachments(&pv.pv, &s.node).await?;
-        if tainted.insert(s.node.clone()) {
-            kube.set_unreachable_taint(&s.node, true).await?;
+        let attachments = kube.delete_attachments(&pv.pv, &node).await?;
+        if tainted.insert(node.clone()) {
+            kube.set_unreachable_taint(&node, true).await?;
         }
         for p in &users {
             kube.force_delete_pod(p).await?;

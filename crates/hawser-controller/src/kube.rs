@@ -71,6 +71,36 @@ impl Kube {
         })
     }
 
+    /// The Kubernetes node name of each Hawser node, from the CSINode objects (the node
+    /// plugin reports the Hawser node as its node id). Hawser nodes not in it are named the
+    /// same in Kubernetes, as the chart runs them.
+    pub async fn node_names(&self) -> KResult<HashMap<String, String>> {
+        let list = self
+            .api
+            .get("/apis/storage.k8s.io/v1/csinodes")
+            .await
+            .map_err(|e| failed("list CSINodes", e))?;
+        let mut out = HashMap::new();
+        for n in items(&list) {
+            let Some(name) = str_at(n, &["metadata", "name"]) else {
+                continue;
+            };
+            let drivers = n
+                .get("spec")
+                .and_then(|s| s.get("drivers"))
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice);
+            for d in drivers {
+                if str_at(d, &["name"]) == Some(self.driver.as_str()) {
+                    if let Some(id) = str_at(d, &["nodeID"]) {
+                        out.insert(id.to_string(), name.to_string());
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Every PersistentVolume of this driver that is bound to a claim.
     pub async fn hawser_pvs(&self) -> KResult<Vec<HawserPv>> {
         let list = self

@@ -41,6 +41,8 @@ pub struct CsiOptions {
     pub kubelet_dir: Option<PathBuf>,
     pub endpoint: Option<PathBuf>,
     pub register: bool,
+    /// Run inside this network namespace (a node of its own).
+    pub netns: Option<String>,
 }
 
 impl Default for CsiOptions {
@@ -50,6 +52,7 @@ impl Default for CsiOptions {
             kubelet_dir: None,
             endpoint: None,
             register: false,
+            netns: None,
         }
     }
 }
@@ -76,6 +79,11 @@ impl CsiProc {
     }
 
     pub fn start_with(cluster: &Cluster, node: &str, dir: &Path, opts: CsiOptions) -> CsiProc {
+        Self::start_for(&cluster.url, &cluster.tokens.admin, node, dir, opts)
+    }
+
+    /// The same for a controller at `url` with the token in `token`.
+    pub fn start_for(url: &str, token: &Path, node: &str, dir: &Path, opts: CsiOptions) -> CsiProc {
         std::fs::create_dir_all(dir).expect("create csi dir");
         let kubelet_dir = opts
             .kubelet_dir
@@ -93,8 +101,8 @@ impl CsiProc {
             opts,
             kubelet_dir,
             state_dir: dir.join("state"),
-            url: cluster.url.clone(),
-            token: cluster.tokens.admin.clone(),
+            url: url.to_string(),
+            token: token.to_path_buf(),
         };
         p.child = p.spawn();
         p
@@ -108,7 +116,17 @@ impl CsiProc {
             .open(self.dir.join(format!("csi-{}.log", self.opts.mode)))
             .expect("open csi log");
         let err = log.try_clone().expect("clone log handle");
-        let mut child = Command::new(hawser_bin())
+        let mut cmd = match &self.opts.netns {
+            // Only the network namespace (`ip netns exec` would make a mount namespace too,
+            // and the node service's mounts must be the host's).
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg(hawser_bin());
+                c
+            }
+            None => Command::new(hawser_bin()),
+        };
+        let mut child = cmd
             .args(["--controller", &self.url, "--token-file"])
             .arg(&self.token)
             .args(["csi", "--mode", self.opts.mode, "--node", &self.node])

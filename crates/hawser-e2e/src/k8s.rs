@@ -80,10 +80,16 @@ impl KubeCluster {
     /// Starts the cluster in `state` (a fresh directory); panics with up.sh's output if it
     /// cannot.
     pub fn up(state: &Path) -> KubeCluster {
+        Self::up_nodes(state, 1)
+    }
+
+    /// With `nodes` = 2, node 2 runs in its own network namespace (see up.sh).
+    pub fn up_nodes(state: &Path, nodes: u32) -> KubeCluster {
         std::fs::create_dir_all(state).expect("create k8s state dir");
         let out = Command::new("bash")
             .arg(scripts_dir().join("up.sh"))
             .arg(state)
+            .env("HAWSER_K8S_NODES", nodes.to_string())
             .output()
             .expect("run scripts/k8s/up.sh");
         if !out.status.success() {
@@ -194,19 +200,7 @@ impl Kubectl {
 
     /// What pod `name` (namespace default, container `c`) wrote to stdout.
     pub fn pod_stdout(&self, name: &str) -> String {
-        let prefix = format!("default_{name}_");
-        let Ok(dirs) = std::fs::read_dir(&self.pod_logs) else {
-            return String::new();
-        };
-        let mut out = String::new();
-        for d in dirs.filter_map(Result::ok) {
-            if !d.file_name().to_string_lossy().starts_with(&prefix) {
-                continue;
-            }
-            let log = std::fs::read_to_string(d.path().join("c").join("0.log")).unwrap_or_default();
-            out.push_str(&cri_stdout(&log));
-        }
-        out
+        pod_stdout_in(&self.pod_logs, name)
     }
 
     /// Deletes pod `name` and waits until it is gone (its volumes unpublished).
@@ -245,6 +239,24 @@ impl Drop for KubeCluster {
             Err(e) => eprintln!("run scripts/k8s/down.sh: {e}"),
         }
     }
+}
+
+/// What every pod `name` of namespace default (container `c`) wrote to stdout, from a
+/// kubelet's pod log directory (every incarnation: each has its own directory).
+pub fn pod_stdout_in(pod_logs: &Path, name: &str) -> String {
+    let prefix = format!("default_{name}_");
+    let Ok(dirs) = std::fs::read_dir(pod_logs) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for d in dirs.filter_map(Result::ok) {
+        if !d.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let log = std::fs::read_to_string(d.path().join("c").join("0.log")).unwrap_or_default();
+        out.push_str(&cri_stdout(&log));
+    }
+    out
 }
 
 /// A Kubernetes quantity (`64Mi`, `1Gi`, `1000000`, `1G`) in bytes.

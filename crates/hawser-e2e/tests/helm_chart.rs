@@ -270,15 +270,23 @@ fn controller_runs_in_the_cluster_on_its_crds(k: &KubeCluster) {
     let helm = helm.to_str().expect("helm path");
     let chart = chart().display().to_string();
     let kubeconfig = k.kubeconfig().display().to_string();
-    let kc = std::fs::read_to_string(k.kubeconfig()).expect("read kubeconfig");
-    let port = kc
-        .split("https://127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .expect("API server port in the kubeconfig")
+    let node_ip = k
+        .env
+        .get("NODE_IP")
+        .expect("NODE_IP in the cluster's env")
+        .clone();
+    let api_server = k
+        .env
+        .get("API_SERVER")
+        .expect("API_SERVER in the cluster's env");
+    let port = api_server
+        .rsplit(':')
+        .next()
+        .expect("API server port")
         .to_string();
     let ns = "hawser-system";
     let api_port = format!("controller.apiServer.port={port}");
+    let api_host = format!("controller.apiServer.host={node_ip}");
     let mut install = vec![
         "install",
         "t",
@@ -302,7 +310,7 @@ fn controller_runs_in_the_cluster_on_its_crds(k: &KubeCluster) {
         "--set",
         "controller.port=29400",
         "--set",
-        "controller.apiServer.host=127.0.0.1",
+        &api_host,
         "--set",
     ];
     install.push(&api_port);
@@ -325,7 +333,6 @@ fn controller_runs_in_the_cluster_on_its_crds(k: &KubeCluster) {
             out.status.success() && !leader.is_empty()
         },
     );
-    let node_ip = k.env.get("NODE_IP").expect("NODE_IP in the cluster's env");
     let url = format!("http://{node_ip}:29400");
     assert_eq!(leader, url, "the leader advertises its pod's address");
     let records = k.kubectl_ok(&["get", "hawserrecords", "-n", ns]);

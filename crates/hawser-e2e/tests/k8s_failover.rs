@@ -1,0 +1,516 @@
+//! "Hawser on Kubernetes", acceptance c (issue 15): failover end to end on a real control
+//! plane (kube-apiserver, controller-manager, scheduler) with two real kubelets, node 2 in a
+//! network namespace of its own (scripts/k8s/up.sh with HAWSER_K8S_NODES=2). The Hawser
+//! controller keeps its state in the CRDs and runs the failover; each node runs an agent and
+//! the CSI node plugin; the sidecars' work is done by `k8s_sidecars`.
+//!
+//! A StatefulSet pod on node 2 appends numbers to a file on a 2-replica Hawser volume, each
+//! fsynced, and prints every number once it is acknowledged. Node 2 then loses power: every
+//! process in its namespace (kubelet, containerd, the pod, the agent with its engine, the
+//! CSI plugin) is killed with SIGKILL and its link cut. The test prints when the failover
+//! fenced the volume and deleted the pod, when the pod runs on node 1, and when it wrote its
+//! first number there; requires the first write within 30 s of the fault; checks that every
+//! number acknowledged on node 2 is in the file; and brings node 2's agent back to start the
+//! old engine at its old epoch, whose writes the replicas refuse.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hawser_api::agent::{EngineReplica, StartEngine};
+use hawser_api::controller::{Node, QuorumLoss, Volume};
+use hawser_e2e::cluster::{free_port, hawser_bin};
+use hawser_e2e::k8s::{pod_stdout_in, KubeCluster};
+use hawser_e2e::k8s_sidecars::Sidecars;
+use hawser_e2e::{
+    run_ok, wait_until, CsiOptions, CsiProc, NbdConn, NbdTarget, TempDir, TokenFiles,
+};
+
+const NS: &str = "hawser-system";
+/// The acceptance bound: the pod writes again on another node within this of the fault.
+const FAILOVER_BOUND: Duration = Duration::from_secs(30);
+
+const CLASS: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: csi.hawser.dev}
+spec:
+  attachRequired: true
+  podInfoOnMount: false
+  volumeLifecycleModes: [Persistent]
+  fsGroupPolicy: File
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: hawser-2r}
+provisioner: csi.hawser.dev
+parameters: {replicas: "2"}
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+"#;
+
+/// Appends n+1 after the last number in the file, fsyncs, prints `ack n`. At start it checks
+/// the file: `have L` where lines 1..L are exactly 1..L.
+const WRITER: &str = r#"
+touch /data/log
+L=$(awk 'BEGIN{n=0} $0==n+1 {n=$0; next} {exit} END{print n}' /data/log)
+echo "start on $NODE_NAME have $L"
+i=$L
+while true; do
+  i=$((i+1))
+  echo "$i" | dd of=/data/log oflag=append conv=notrunc,fsync 2>/dev/null || { echo "write error at $i"; exit 1; }
+  echo "ack $i"
+  sleep 0.05
+done
+"#;
+
+fn statefulset() -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: writer, namespace: default}}
+spec:
+  replicas: 1
+  serviceName: writer
+  selector: {{matchLabels: {{app: writer}}}}
+  template:
+    metadata: {{labels: {{app: writer}}}}
+    spec:
+      hostNetwork: true
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: c
+        image: hawser.local/busybox:1
+        imagePullPolicy: Never
+        command: ["sh", "-c", {WRITER:?}]
+        env: [{{name: NODE_NAME, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]
+        volumeMounts: [{{name: data, mountPath: /data}}]
+  volumeClaimTemplates:
+  - metadata: {{name: data}}
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: hawser-2r
+      resources: {{requests: {{storage: 64Mi}}}}
+"#
+    )
+}
+
+/// A process of this test, SIGKILLed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(netns: Option<&str>, args: &[&str], log: &Path) -> Proc {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}")).arg(hawser_bin());
+            c
+        }
+        None => Command::new(hawser_bin()),
+    };
+    let out = std::fs::File::create(log).expect("create log");
+    let err = out.try_clone().expect("clone log");
+    let child = cmd
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("spawn hawser");
+    Proc(child)
+}
+
+/// The numbers a writer pod printed as acknowledged, and its start lines.
+fn acks(log: &str) -> (Vec<u64>, Vec<String>) {
+    let acked = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("ack "))
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    let starts = log
+        .lines()
+        .filter(|l| l.starts_with("start on"))
+        .map(str::to_string)
+        .collect();
+    (acked, starts)
+}
+
+struct Agent {
+    proc: Proc,
+    args: Vec<String>,
+    netns: Option<String>,
+    log: std::path::PathBuf,
+}
+
+impl Agent {
+    fn start(netns: Option<&str>, args: Vec<String>, log: std::path::PathBuf) -> Agent {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        Agent {
+            proc: spawn(netns, &a, &log),
+            args,
+            netns: netns.map(str::to_string),
+            log,
+        }
+    }
+
+    fn restart(&mut self) {
+        let a: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.proc = spawn(self.netns.as_deref(), &a, &self.log.with_extension("2.log"));
+    }
+}
+
+#[test]
+fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() {
+    let dir = TempDir::new("k8sfailover");
+    let k = KubeCluster::up_nodes(&dir.path().join("k8s"), 2);
+    let env = |key: &str| {
+        k.env
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} missing"))
+            .clone()
+    };
+    let (node1, node2) = (k.node.clone(), env("K8S_NODE2"));
+    let (ip1, ip2, netns2) = (env("NODE_IP"), env("NODE2_IP"), env("NODE2_NETNS"));
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/hawser/crds");
+    k.kubectl_ok(&["apply", "-f", &crds.display().to_string()]);
+    k.kubectl_ok(&["create", "namespace", NS]);
+    k.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd",
+        "-l",
+        "app.kubernetes.io/part-of=hawser",
+    ]);
+
+    // The Hawser controller on node 1's address, its state in the CRDs.
+    let tokens = TokenFiles::seed(dir.path());
+    let url = format!("http://{ip1}:{}", free_port());
+    let store = format!("k8s://{NS}?kubeconfig={}", k.kubeconfig().display());
+    let cdir = dir.path().join("controller");
+    let _controller = spawn(
+        None,
+        &[
+            "controller",
+            "--listen",
+            url.trim_start_matches("http://"),
+            "--advertise-url",
+            &url,
+            "--data-dir",
+            &cdir.display().to_string(),
+            "--store",
+            &store,
+            "--admin-token-file",
+            &tokens.admin.display().to_string(),
+            "--agent-token-file",
+            &tokens.agent.display().to_string(),
+        ],
+        &dir.path().join("controller.log"),
+    );
+    // An agent per node, named as its Kubernetes node.
+    let agent_args = |node: &str, ip: &str| -> Vec<String> {
+        let data = dir.path().join(node);
+        [
+            "agent",
+            "--node",
+            node,
+            "--controller",
+            &url,
+            "--admin-listen",
+            &format!("{ip}:{}", free_port()),
+            "--replica-listen",
+            &format!("{ip}:{}", free_port()),
+            "--nbd-listen",
+            "none",
+            "--data-dir",
+            &data.display().to_string(),
+            "--token-file",
+            &tokens.agent.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let _agent1 = Agent::start(
+        None,
+        agent_args(&node1, &ip1),
+        dir.path().join("agent1.log"),
+    );
+    let mut agent2 = Agent::start(
+        Some(&netns2),
+        agent_args(&node2, &ip2),
+        dir.path().join("agent2.log"),
+    );
+    let cli = |args: &[&str]| -> String {
+        let mut a = vec!["--controller", url.as_str(), "--token-file"];
+        let admin = tokens.admin.display().to_string();
+        a.push(&admin);
+        a.extend_from_slice(args);
+        run_ok(&hawser_bin().display().to_string(), &a)
+    };
+    wait_until("both agents to register", Duration::from_secs(60), || {
+        let out = Command::new(hawser_bin())
+            .args(["--controller", &url, "--token-file"])
+            .arg(&tokens.admin)
+            .args(["node", "list", "-o", "json"])
+            .output()
+            .expect("run hawser");
+        serde_json::from_slice::<Vec<Node>>(&out.stdout).is_ok_and(|n| n.len() == 2)
+    });
+
+    // The CSI node plugin of each node, registered with its kubelet; the controller plugin.
+    let kubelet2 = std::path::PathBuf::from(env("KUBELET2_ROOT"));
+    let _csi1 = CsiProc::start_for(
+        &url,
+        &tokens.admin,
+        &node1,
+        &dir.path().join("csi-node1"),
+        CsiOptions {
+            mode: "node",
+            kubelet_dir: Some(k.kubelet_root.clone()),
+            endpoint: Some(k.kubelet_root.join("plugins/csi.hawser.dev/csi.sock")),
+            register: true,
+            netns: None,
+        },
+    );
+    let csi2 = CsiProc::start_for(
+        &url,
+        &tokens.admin,
+        &node2,
+        &dir.path().join("csi-node2"),
+        CsiOptions {
+            mode: "node",
+            kubelet_dir: Some(kubelet2.clone()),
+            endpoint: Some(kubelet2.join("plugins/csi.hawser.dev/csi.sock")),
+            register: true,
+            netns: Some(netns2.clone()),
+        },
+    );
+    let ctl = CsiProc::start_for(
+        &url,
+        &tokens.admin,
+        &node1,
+        &dir.path().join("csi-controller"),
+        CsiOptions {
+            mode: "controller",
+            ..Default::default()
+        },
+    );
+    for node in [&node1, &node2] {
+        wait_until(
+            &format!("{node}'s kubelet to register the driver"),
+            Duration::from_secs(60),
+            || {
+                k.get_json(&["csinode", node]).is_some_and(|n| {
+                    n["spec"]["drivers"]
+                        .as_array()
+                        .is_some_and(|d| d.iter().any(|d| d["name"] == "csi.hawser.dev"))
+                })
+            },
+        );
+    }
+    k.apply(CLASS);
+    let sidecars = Sidecars::start(k.kube.clone(), ctl.endpoint.clone());
+
+    // The writer starts on node 2 (node 1 cordoned meanwhile).
+    k.kubectl_ok(&["cordon", &node1]);
+    k.apply(&statefulset());
+    let pod_logs2 = std::path::PathBuf::from(env("POD_LOGS2"));
+    wait_until(
+        "the writer to acknowledge writes on node 2",
+        Duration::from_secs(180),
+        || acks(&pod_stdout_in(&pod_logs2, "writer-0")).0.len() >= 40,
+    );
+    k.kubectl_ok(&["uncordon", &node1]);
+    let pod = k.get_json(&["pod", "writer-0"]).expect("writer pod");
+    assert_eq!(pod["spec"]["nodeName"], node2.as_str());
+    let old_uid = pod["metadata"]["uid"].as_str().expect("uid").to_string();
+    let pv = k
+        .get_json(&["pvc", "data-writer-0"])
+        .and_then(|p| p["spec"]["volumeName"].as_str().map(str::to_string))
+        .expect("bound PVC");
+    let volume: Volume =
+        serde_json::from_str(&cli(&["volume", "show", &pv, "-o", "json"])).expect("volume JSON");
+    assert_eq!(volume.attached_node.as_deref(), Some(node2.as_str()));
+    assert_eq!(volume.replicas.len(), 2);
+    let old_epoch = volume.epoch;
+
+    // Power loss on node 2: everything in its namespace dies at once, its link goes down.
+    let fault = Instant::now();
+    let pids = run_ok("ip", &["netns", "pids", &netns2]);
+    for pid in pids.split_whitespace() {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+    run_ok("ip", &["link", "set", "hawserk8s2", "down"]);
+    eprintln!(
+        "t=0: node 2 lost power ({} processes killed)",
+        pids.split_whitespace().count()
+    );
+
+    // The failover: the volume fenced, the pod deleted and recreated on node 1.
+    let mut fenced_at = None;
+    let mut deleted_at = None;
+    let mut running_at = None;
+    wait_until("the pod to run on node 1", FAILOVER_BOUND, || {
+        if fenced_at.is_none() {
+            let v: Volume =
+                serde_json::from_str(&cli(&["volume", "show", &pv, "-o", "json"])).expect("json");
+            if v.epoch > old_epoch {
+                fenced_at = Some(fault.elapsed());
+            }
+        }
+        let p = k.get_json(&["pod", "writer-0"]);
+        let uid = p
+            .as_ref()
+            .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_string));
+        if deleted_at.is_none() && uid.as_deref() != Some(old_uid.as_str()) {
+            deleted_at = Some(fault.elapsed());
+        }
+        let running = p.is_some_and(|p| {
+            p["spec"]["nodeName"] == node1.as_str() && p["status"]["phase"] == "Running"
+        });
+        if running && running_at.is_none() {
+            running_at = Some(fault.elapsed());
+        }
+        running
+    });
+    let pod_logs1 = k
+        .env
+        .get("KUBELET_ROOT")
+        .map(|_| dir.path().join("k8s/pod-logs"))
+        .expect("logs");
+    let mut first_write = None;
+    wait_until("the first write on node 1", FAILOVER_BOUND, || {
+        let (acked, _) = acks(&pod_stdout_in(&pod_logs1, "writer-0"));
+        if !acked.is_empty() {
+            first_write = Some(fault.elapsed());
+        }
+        !acked.is_empty()
+    });
+    let first_write = first_write.expect("first write");
+    eprintln!(
+        "t={:?}: volume fenced (new epoch)",
+        fenced_at.expect("fenced")
+    );
+    eprintln!("t={:?}: old pod deleted", deleted_at.expect("deleted"));
+    eprintln!(
+        "t={:?}: new pod running on {node1}",
+        running_at.expect("running")
+    );
+    eprintln!("t={first_write:?}: first acknowledged write on {node1}");
+    assert!(
+        first_write < FAILOVER_BOUND,
+        "writing again {first_write:?} after the fault"
+    );
+
+    // Every number acknowledged on node 2 is in the file the new pod found.
+    let (acked2, _) = acks(&pod_stdout_in(&pod_logs2, "writer-0"));
+    let last_acked = *acked2.iter().max().expect("acks on node 2");
+    let (_, starts) = acks(&pod_stdout_in(&pod_logs1, "writer-0"));
+    let have: u64 = starts
+        .first()
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no start line on node 1: {starts:?}"));
+    eprintln!("node 2 acknowledged 1..={last_acked}; the file on node 1 holds 1..={have}");
+    assert!(
+        have >= last_acked,
+        "acknowledged writes lost: node 2 acknowledged {last_acked}, the file holds {have}"
+    );
+
+    // The old engine comes back (node 2's agent restarts, its link is up) at its old epoch:
+    // the replicas refuse it, and a write through it fails.
+    run_ok("ip", &["link", "set", "hawserk8s2", "up"]);
+    let restarted_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    agent2.restart();
+    let mut nodes: Vec<Node> = Vec::new();
+    wait_until(
+        "node 2's agent to register again",
+        Duration::from_secs(30),
+        || {
+            nodes = serde_json::from_str(&cli(&["node", "list", "-o", "json"])).expect("nodes");
+            nodes
+                .iter()
+                .any(|n| n.name == node2 && u128::from(n.last_seen_ms) > restarted_ms)
+        },
+    );
+    let addr_of = |n: &str| {
+        nodes
+            .iter()
+            .find(|x| x.name == n)
+            .map(|x| x.replica_addr.clone())
+            .expect("node")
+    };
+    let admin2 = nodes
+        .iter()
+        .find(|n| n.name == node2)
+        .expect("node 2")
+        .admin_addr
+        .clone();
+    let start = StartEngine {
+        volume: pv.clone(),
+        size_bytes: volume.size_bytes,
+        epoch: old_epoch,
+        replicas: volume
+            .replicas
+            .iter()
+            .map(|r| EngineReplica {
+                replica_id: r.id.clone(),
+                node: r.node.clone(),
+                replica_addr: addr_of(&r.node),
+                state: hawser_api::controller::ReplicaState::InSync,
+                blank: false,
+            })
+            .collect(),
+        controller_url: url.clone(),
+        on_quorum_loss: QuorumLoss::default(),
+        export: true,
+    };
+    let token = std::fs::read_to_string(&tokens.agent).expect("agent token");
+    let resp = reqwest::blocking::Client::new()
+        .post(format!("http://{admin2}/v1/engines"))
+        .bearer_auth(token.trim())
+        .json(&start)
+        .send()
+        .expect("start the old engine");
+    let status = resp.status();
+    let body = resp.text().unwrap_or_default();
+    eprintln!("old engine at epoch {old_epoch}: start answered {status}: {body}");
+    if !status.is_success() {
+        assert!(
+            body.to_lowercase().contains("epoch"),
+            "the old engine failed to start, but not for its epoch: {body}"
+        );
+    } else {
+        let socket = dir.path().join(&node2).join("nbd.sock");
+        let target = NbdTarget {
+            socket,
+            export: pv.clone(),
+        };
+        let result = NbdConn::connect(&target).and_then(|mut c| c.write_at(0, &[0xee; 4096]));
+        assert!(
+            result.is_err(),
+            "the old engine acknowledged a write at epoch {old_epoch}"
+        );
+        eprintln!("old engine's write refused: {:?}", result.err());
+    }
+    let after: Volume =
+        serde_json::from_str(&cli(&["volume", "show", &pv, "-o", "json"])).expect("json");
+    assert_eq!(after.attached_node.as_deref(), Some(node1.as_str()));
+    assert!(after.epoch > old_epoch + 1, "{after:?}");
+
+    k.kubectl_ok(&["delete", "statefulset", "writer", "--wait=false"]);
+    drop(sidecars);
+    drop(csi2);
+}
