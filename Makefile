@@ -51,11 +51,14 @@ test: build lint k8s-tools
 demo: build
 	@scripts/demo.sh
 
-bench: build
+bench: build k8s-tools
 	@scripts/bench.sh
 	@scripts/bench-resync.sh
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
 		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
+	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere.
+	@set -o pipefail; HAWSER_FAILOVER_TRIALS=10 HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q \
+		-p hawser-e2e --test k8s_failover -- --nocapture --test-threads=1 2>/dev/null | grep '^failover:'
 
 fmt:
 	$(CARGO) fmt --all

@@ -270,6 +270,21 @@ YAML
   start "kubelet$sfx" "${pre[@]}" "$BIN/kubelet" --config "$d/kubelet/config.yaml" --kubeconfig "$kc" \
     --root-dir "$d/kubelet" --cert-dir "$d/kubelet/pki" --hostname-override "$name" \
     --node-ip "$ip" --v=2
+  if [ "$n" -gt 1 ]; then
+    # What boots the node again after a test cut its power (killed everything on it).
+    local pre_q
+    pre_q=$(printf '%q ' "${pre[@]}")
+    cat >"$d/power-on.sh" <<EOF
+#!/usr/bin/env bash
+# Node $n again after a power loss: containerd, then the kubelet, as up.sh started them.
+set -e
+setsid $pre_q containerd --config '$d/containerd/config.toml' >>'$S/logs/containerd$sfx.log' 2>&1 </dev/null &
+echo \$! >'$S/pids/containerd$sfx.pid'
+for _ in \$(seq 150); do ctr -a '$sock' version >/dev/null 2>&1 && break; sleep 0.2; done
+setsid $pre_q '$BIN/kubelet' --config '$d/kubelet/config.yaml' --kubeconfig '$kc' --root-dir '$d/kubelet' --cert-dir '$d/kubelet/pki' --hostname-override '$name' --node-ip '$ip' --v=2 >>'$S/logs/kubelet$sfx.log' 2>&1 </dev/null &
+echo \$! >'$S/pids/kubelet$sfx.pid'
+EOF
+  fi
 }
 node_ready() {
   [ "$("${KUBECTL[@]}" get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
@@ -301,6 +316,7 @@ NODE2_IP=$NODE2_IP
 KUBELET2_ROOT=$S/node2/kubelet
 CONTAINERD2_SOCK=$S/node2/containerd/containerd.sock
 POD_LOGS2=$S/node2/pod-logs
+NODE2_POWER_ON=$S/node2/power-on.sh
 PIDS="$(cat "$S"/pids/*.pid | tr '\n' ' ')"
 ENV
 echo "Kubernetes is up in $((SECONDS - t0))s: KUBECONFIG=$S/admin.kubeconfig" >&2

@@ -42,7 +42,7 @@ pub struct HaConfig {
 /// What one outage has been reported as already: (volume, node, reason).
 type Reported = HashSet<(String, String, &'static str)>;
 
-pub async fn run(st: Arc<AppState>, kube: Kube, cfg: HaConfig) {
+pub async fn run(st: Arc<AppState>, kube: Arc<Kube>, cfg: HaConfig) {
     let mut tick = tokio::time::interval(HA_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reported = Reported::new();

@@ -228,12 +228,7 @@ impl Kube {
             .iter()
             .map(|v| format!("kubernetes.io/csi/{}^{v}", self.driver))
             .collect();
-        for _ in 0..5 {
-            let n = self
-                .api
-                .get(&format!("/api/v1/nodes/{node}"))
-                .await
-                .map_err(|e| failed(&format!("get node {node}"), e))?;
+        self.update_node(node, true, "volumesInUse", |n| {
             let in_use: Vec<&str> = n
                 .get("status")
                 .and_then(|s| s.get("volumesInUse"))
@@ -245,26 +240,44 @@ impl Kube {
                 .copied()
                 .filter(|v| !unique.iter().any(|u| u == v))
                 .collect();
-            if kept.len() == in_use.len() {
+            (kept.len() != in_use.len()).then(|| json!({"status": {"volumesInUse": kept}}))
+        })
+        .await
+    }
+
+    /// Applies the merge patch `change` makes of node `node` (its status with `status`), on
+    /// the condition that the node did not change since it was read; reads again and retries
+    /// when it did. `change` returning `None` means nothing to do, as does a missing node.
+    async fn update_node(
+        &self,
+        node: &str,
+        status: bool,
+        what: &str,
+        change: impl Fn(&Value) -> Option<Value>,
+    ) -> KResult<()> {
+        let path = format!("/api/v1/nodes/{node}");
+        for _ in 0..5 {
+            let n = match self.api.get(&path).await {
+                Ok(n) => n,
+                Err(ApiError::NotFound) => return Ok(()),
+                Err(e) => return Err(failed(&format!("get node {node}"), e)),
+            };
+            let Some(mut patch) = change(&n) else {
                 return Ok(());
-            }
-            let patch = json!({
-                "metadata": {"resourceVersion": n["metadata"]["resourceVersion"]},
-                "status": {"volumesInUse": kept},
-            });
-            match self
-                .api
-                .merge_patch(&format!("/api/v1/nodes/{node}/status"), &patch)
-                .await
-            {
+            };
+            patch["metadata"] = json!({"resourceVersion": n["metadata"]["resourceVersion"]});
+            let target = if status {
+                format!("{path}/status")
+            } else {
+                path.clone()
+            };
+            match self.api.merge_patch(&target, &patch).await {
                 Ok(_) => return Ok(()),
                 Err(ApiError::Conflict) => continue,
-                Err(e) => return Err(failed(&format!("update node {node} status"), e)),
+                Err(e) => return Err(failed(&format!("update {what} of node {node}"), e)),
             }
         }
-        Err(format!(
-            "node {node} kept changing; volumesInUse not updated"
-        ))
+        Err(format!("node {node} kept changing; {what} not updated"))
     }
 
     /// The nodes carrying the [`UNREACHABLE_TAINT`] now.
@@ -293,46 +306,24 @@ impl Kube {
     /// Adds (`on`) or removes the [`UNREACHABLE_TAINT`] of `node`; a no-op when it already
     /// is so.
     pub async fn set_unreachable_taint(&self, node: &str, on: bool) -> KResult<()> {
-        for _ in 0..5 {
-            let n = match self.api.get(&format!("/api/v1/nodes/{node}")).await {
-                Ok(n) => n,
-                Err(ApiError::NotFound) => return Ok(()),
-                Err(e) => return Err(failed(&format!("get node {node}"), e)),
-            };
+        self.update_node(node, false, "taints", |n| {
             let taints: Vec<Value> = n
                 .get("spec")
                 .and_then(|s| s.get("taints"))
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
-            let has = taints
-                .iter()
-                .any(|t| t.get("key").and_then(Value::as_str) == Some(UNREACHABLE_TAINT));
-            if has == on {
-                return Ok(());
+            let ours = |t: &Value| t.get("key").and_then(Value::as_str) == Some(UNREACHABLE_TAINT);
+            if taints.iter().any(ours) == on {
+                return None;
             }
-            let mut new: Vec<Value> = taints
-                .into_iter()
-                .filter(|t| t.get("key").and_then(Value::as_str) != Some(UNREACHABLE_TAINT))
-                .collect();
+            let mut new: Vec<Value> = taints.into_iter().filter(|t| !ours(t)).collect();
             if on {
                 new.push(json!({"key": UNREACHABLE_TAINT, "effect": "NoSchedule"}));
             }
-            let patch = json!({
-                "metadata": {"resourceVersion": n["metadata"]["resourceVersion"]},
-                "spec": {"taints": new},
-            });
-            match self
-                .api
-                .merge_patch(&format!("/api/v1/nodes/{node}"), &patch)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(ApiError::Conflict) => continue,
-                Err(e) => return Err(failed(&format!("taint node {node}"), e)),
-            }
-        }
-        Err(format!("node {node} kept changing; taint not updated"))
+            Some(json!({"spec": {"taints": new}}))
+        })
+        .await
     }
 
     /// Records an Event on a PVC or pod (`kind`), for `kubectl describe`.

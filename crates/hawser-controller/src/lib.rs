@@ -18,6 +18,7 @@ mod auth;
 mod constants;
 mod engine_watch;
 mod errors;
+mod events;
 mod ha;
 mod ha_plan;
 mod heal_plan;
@@ -151,7 +152,7 @@ pub struct Controller {
     heal_check: std::time::Duration,
     heal: heal_plan::HealConfig,
     /// Failover on Kubernetes, when the store is there and it is enabled.
-    ha: Option<(kube::Kube, ha::HaConfig)>,
+    ha: Option<(Arc<kube::Kube>, ha::HaConfig)>,
 }
 
 /// An opened store: whether controllers share it (and elect a leader), and the Kubernetes
@@ -224,13 +225,18 @@ impl Controller {
             shared,
             kube,
         } = open_store(&args).await?;
-        let ha = match kube {
-            Some(cfg) if args.failover_after_secs > 0 => {
-                let k = kube::Kube::new(&cfg, &args.csi_driver).map_err(|e| anyhow::anyhow!(e))?;
+        let kube = match kube {
+            Some(cfg) => Some(Arc::new(
+                kube::Kube::new(&cfg, &args.csi_driver).map_err(|e| anyhow::anyhow!(e))?,
+            )),
+            None => None,
+        };
+        let ha = match &kube {
+            Some(k) if args.failover_after_secs > 0 => {
                 let c = ha::HaConfig {
                     after_ms: args.failover_after_secs.saturating_mul(1000),
                 };
-                Some((k, c))
+                Some((k.clone(), c))
             }
             _ => None,
         };
@@ -282,6 +288,10 @@ impl Controller {
             node_timeout_ms: args.node_timeout_secs.saturating_mul(1000),
             controller_url,
             leadership,
+            events: match &kube {
+                Some(k) => events::VolumeEvents::start(k.clone()),
+                None => events::VolumeEvents::none(),
+            },
         };
         Ok(Controller {
             listener,

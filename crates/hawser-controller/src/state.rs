@@ -21,6 +21,8 @@ pub struct AppState {
     pub controller_url: String,
     /// Whether this controller leads (and may serve the API).
     pub leadership: Leadership,
+    /// Events on the volumes' PVCs (Kubernetes only).
+    pub events: crate::events::VolumeEvents,
 }
 
 impl AppState {

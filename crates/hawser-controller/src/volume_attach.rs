@@ -78,6 +78,11 @@ pub async fn attach_volume(
         return Err(err);
     }
     tracing::info!(volume = %name, node = %node.name, epoch = rec.epoch, "volume attached");
+    st.events.normal(
+        name,
+        "Attached",
+        format!("attached on node {} at epoch {}", node.name, rec.epoch),
+    );
     Ok((rec, node))
 }
 

@@ -117,14 +117,35 @@ pub async fn outdate_replica(
     replica: &str,
     req: Outdate,
 ) -> Result<VolumeRecord, ControllerError> {
-    let (rec, ()) = st
+    let (rec, was) = st
         .records
-        .update_volume(name, |v| apply_outdate(v, replica, req.epoch, req.failed))
+        .update_volume(name, |v| {
+            let was = replica_state(v, replica);
+            apply_outdate(v, replica, req.epoch, req.failed).map(|()| was)
+        })
         .await?;
     tracing::warn!(
         volume = %name, replica, epoch = req.epoch, reason = %req.reason, failed = req.failed,
         "replica outdated"
     );
+    if was == Some(ReplicaState::InSync) {
+        let (reason, what) = if req.failed {
+            ("ReplicaFailed", "failed")
+        } else {
+            ("Degraded", "outdated")
+        };
+        st.events.warning(
+            name,
+            reason,
+            format!(
+                "replica {replica} on node {} {what} at epoch {}: {}; {}",
+                replica_node(&rec, replica),
+                req.epoch,
+                req.reason,
+                in_sync_summary(&rec)
+            ),
+        );
+    }
     Ok(rec)
 }
 
@@ -134,12 +155,46 @@ pub async fn mark_in_sync(
     replica: &str,
     req: MarkInSync,
 ) -> Result<VolumeRecord, ControllerError> {
-    let (rec, ()) = st
+    let (rec, was) = st
         .records
-        .update_volume(name, |v| apply_mark_in_sync(v, replica, req.epoch))
+        .update_volume(name, |v| {
+            let was = replica_state(v, replica);
+            apply_mark_in_sync(v, replica, req.epoch).map(|()| was)
+        })
         .await?;
     tracing::info!(volume = %name, replica, epoch = req.epoch, "replica resynced: in-sync");
+    if was.is_some_and(|s| s != ReplicaState::InSync) {
+        st.events.normal(
+            name,
+            "Resynced",
+            format!(
+                "replica {replica} on node {} is in sync again; {}",
+                replica_node(&rec, replica),
+                in_sync_summary(&rec)
+            ),
+        );
+    }
     Ok(rec)
+}
+
+fn replica_state(v: &VolumeRecord, replica: &str) -> Option<ReplicaState> {
+    v.replicas.iter().find(|r| r.id == replica).map(|r| r.state)
+}
+
+fn replica_node<'a>(v: &'a VolumeRecord, replica: &str) -> &'a str {
+    v.replicas
+        .iter()
+        .find(|r| r.id == replica)
+        .map_or("?", |r| r.node.as_str())
+}
+
+/// "1 of 2 replicas in sync".
+fn in_sync_summary(v: &VolumeRecord) -> String {
+    format!(
+        "{} of {} replicas in sync",
+        v.in_sync().count(),
+        v.replica_count
+    )
 }
 
 #[cfg(test)]
@@ -348,6 +403,7 @@ mod tests {
             node_timeout_ms: 1000,
             controller_url: "http://127.0.0.1:1".into(),
             leadership: crate::leader::Leadership::sole(),
+            events: crate::events::VolumeEvents::none(),
         });
         let report = |id: &'static str| {
             let st = st.clone();

@@ -1,9 +1,10 @@
 //! Failover on a real kube-apiserver (issue 15, acceptance d and the controller's part of c):
 //! the controller keeps its state in the CRDs and fails over the pods of a node whose agent
 //! went silent, and only then: not for a node that is only slow, and not while another
-//! controller holds the leader lease. What Kubernetes does next (the StatefulSet recreating
-//! the pod, the scheduler, the kubelet) is in the end-to-end test; here the pods are objects
-//! bound to nodes that have no kubelet, which is all the failover looks at.
+//! controller holds the leader lease; and the Events a volume's PVC gets. What Kubernetes
+//! does next (the StatefulSet recreating the pod, the scheduler, the kubelet) is in the
+//! end-to-end test; here the pods are objects bound to nodes that have no kubelet, which is
+//! all the failover looks at.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -325,6 +326,40 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
         ],
         None,
     );
+
+    // 0. What happens to a volume shows on its PVC: its engine reports a replica outdated,
+    // then in sync again (as an agent would, with the agent token).
+    let agent_http = client_with_token(&common::read_token(&cdir.join("agent.token")));
+    let a = volume(&http, &url, "a").await;
+    let other = a["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] != "n1")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (what, body) in [
+        (
+            "outdate",
+            json!({"epoch": epochs["a"], "reason": "test: connection lost", "failed": false}),
+        ),
+        ("in-sync", json!({"epoch": epochs["a"]})),
+    ] {
+        let r = agent_http
+            .post(format!("{url}/v1/volumes/a/replicas/{other}/{what}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{what}: {}", r.text().await.unwrap());
+    }
+    common::eventually(15, || async {
+        let reasons = event_reasons(&api, "data-a");
+        reasons.contains(&"Degraded".to_string()) && reasons.contains(&"Resynced".to_string())
+    })
+    .await;
 
     // 1. A slow node: silent for less than the timeout. Nothing moves.
     hb.pause("n1", true);

@@ -129,6 +129,11 @@ impl Kubectl {
         &self.kubeconfig
     }
 
+    /// The kubelet's pod log directory (node 1's).
+    pub fn pod_logs_dir(&self) -> PathBuf {
+        self.pod_logs.clone()
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> Output {
         Command::new(&self.bin)
             .arg("--kubeconfig")
@@ -258,6 +263,19 @@ pub fn pod_stdout_in(pod_logs: &Path, name: &str) -> String {
     }
     out
 }
+
+/// The CSIDriver object of Hawser as the chart makes it (tests that do not install the chart
+/// apply this).
+pub const CSI_DRIVER_OBJECT: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: csi.hawser.dev}
+spec:
+  attachRequired: true
+  podInfoOnMount: false
+  volumeLifecycleModes: [Persistent]
+  fsGroupPolicy: File
+"#;
 
 /// A Kubernetes quantity (`64Mi`, `1Gi`, `1000000`, `1G`) in bytes.
 pub fn quantity_bytes(q: &str) -> Option<u64> {

@@ -9,23 +9,15 @@
 
 use std::time::{Duration, Instant};
 
-use hawser_e2e::k8s::{quantity_bytes, KubeCluster};
+use hawser_e2e::k8s::{quantity_bytes, KubeCluster, CSI_DRIVER_OBJECT};
 use hawser_e2e::k8s_sidecars::Sidecars;
 use hawser_e2e::{wait_until, Cluster, CsiOptions, CsiProc};
 
 const IMAGE: &str = "hawser.local/busybox:1";
 const POD_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// With the CSIDriver object ([`CSI_DRIVER_OBJECT`]).
 const DRIVER_AND_CLASSES: &str = r#"
-apiVersion: storage.k8s.io/v1
-kind: CSIDriver
-metadata: {name: csi.hawser.dev}
-spec:
-  attachRequired: true
-  podInfoOnMount: false
-  volumeLifecycleModes: [Persistent]
-  fsGroupPolicy: File
----
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: {name: hawser-2r}
@@ -181,6 +173,7 @@ fn pods_on_a_real_kubelet_use_hawser_volumes() {
             })
         },
     );
+    k.apply(CSI_DRIVER_OBJECT);
     k.apply(DRIVER_AND_CLASSES);
     let _sidecars = Sidecars::start(k.kube.clone(), ctl.endpoint.clone());
 
