@@ -1,5 +1,7 @@
 //! Failover on Kubernetes: when the node running a volume's engine stops heartbeating for
-//! [`HaConfig::after_ms`], the leader moves the pods that use the volume to another node.
+//! [`HaConfig::after_ms`], or its engine has lost quorum that long (a replica it cannot reach
+//! and may not outdate, seen in the agent's status), the leader moves the pods that use the
+//! volume to another node.
 //!
 //! In this order, for each volume [`ha_plan::stranded`] vouches for:
 //! 1. **Fence**: one compare-and-swap on the volume record: detached, epoch + 1. It is a
@@ -46,6 +48,8 @@ pub async fn run(st: Arc<AppState>, kube: Arc<Kube>, cfg: HaConfig) {
     let mut tick = tokio::time::interval(HA_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reported = Reported::new();
+    let mut quorum = QuorumWatch::default();
+    let mut round_no: u64 = 0;
     // Nodes this controller tainted; `None` until it has looked which nodes carry the taint
     // (after it starts leading).
     let mut tainted: Option<HashSet<String>> = None;
@@ -55,7 +59,12 @@ pub async fn run(st: Arc<AppState>, kube: Arc<Kube>, cfg: HaConfig) {
             tainted = None;
             continue;
         }
-        if let Err(e) = round(&st, &kube, &cfg, &mut reported, &mut tainted).await {
+        round_no += 1;
+        if round_no.is_multiple_of(QUORUM_CHECK_ROUNDS) {
+            quorum.check(&st).await;
+        }
+        let lost = quorum.lost_ms();
+        if let Err(e) = round(&st, &kube, &cfg, &lost, &mut reported, &mut tainted).await {
             tracing::warn!(error = %e, "failover round failed");
         }
     }
@@ -65,6 +74,7 @@ async fn round(
     st: &AppState,
     kube: &Kube,
     cfg: &HaConfig,
+    quorum_lost_ms: &HashMap<String, u64>,
     reported: &mut Reported,
     tainted: &mut Option<HashSet<String>>,
 ) -> Result<(), String> {
@@ -75,7 +85,7 @@ async fn round(
         Some(t) => t,
         None => tainted.insert(kube.tainted_nodes().await?),
     };
-    let stranded = ha_plan::stranded(&nodes, &volumes, now, cfg.after_ms);
+    let stranded = ha_plan::stranded(&nodes, &volumes, now, cfg.after_ms, quorum_lost_ms);
     if stranded.is_empty() && tainted.is_empty() {
         for n in nodes.iter().filter(|n| n.age_ms(now) <= cfg.after_ms) {
             reported.retain(|(_, node, _)| *node != n.name);
@@ -117,10 +127,9 @@ async fn round(
         if let Some(p) = users.iter().find(|p| p.opted_out) {
             if once("opted-out") {
                 let msg = format!(
-                    "node {} stopped heartbeating {} s ago; pod {} opted out of failover \
-                     (hawser.dev/failover: \"false\"), volume {} left attached there",
-                    s.node,
-                    s.silent_ms / 1000,
+                    "{}; pod {} opted out of failover (hawser.dev/failover: \"false\"), \
+                     volume {} left attached there",
+                    what_happened(s),
                     p.name,
                     s.volume
                 );
@@ -132,9 +141,8 @@ async fn round(
         if let Err(why) = &s.vouch {
             if once("blocked") {
                 let msg = format!(
-                    "node {} stopped heartbeating {} s ago, but volume {} cannot be moved: {why}",
-                    s.node,
-                    s.silent_ms / 1000,
+                    "{}, but volume {} cannot be moved: {why}",
+                    what_happened(s),
                     s.volume
                 );
                 tracing::warn!(volume = %s.volume, node = %s.node, "{msg}");
@@ -161,7 +169,9 @@ async fn round(
         kube.release_volumes_in_use(&node, std::slice::from_ref(&s.volume))
             .await?;
         let attachments = kube.delete_attachments(&pv.pv, &node).await?;
-        if tainted.insert(node.clone()) {
+        // A silent node is kept from new pods until its agent is back. (A node whose engine
+        // lost quorum heartbeats: it is not tainted, the scheduler may choose it again.)
+        if !s.quorum_lost && tainted.insert(node.clone()) {
             kube.set_unreachable_taint(&node, true).await?;
         }
         for p in &users {
@@ -169,11 +179,9 @@ async fn round(
         }
         let pods: Vec<&str> = users.iter().map(|p| p.name.as_str()).collect();
         let msg = format!(
-            "node {} stopped heartbeating {} s ago: volume {} fenced at epoch {epoch} (an \
-             in-sync replica is on {}), {attachments} attachment(s) and pod(s) [{}] deleted \
-             so they start elsewhere",
-            s.node,
-            s.silent_ms / 1000,
+            "{}: volume {} fenced at epoch {epoch} (an in-sync replica is on {}), \
+             {attachments} attachment(s) and pod(s) [{}] deleted so they start elsewhere",
+            what_happened(s),
             s.volume,
             s.vouch.as_deref().unwrap_or("?"),
             pods.join(", ")
@@ -191,6 +199,84 @@ async fn round(
         .await?;
     }
     Ok(())
+}
+
+/// The outage, for events: "node n1 stopped heartbeating 12 s ago".
+fn what_happened(s: &Stranded) -> String {
+    if s.quorum_lost {
+        format!(
+            "the engine on node {} has lost quorum for {} s (a replica it cannot reach and may \
+             not outdate)",
+            s.node,
+            s.silent_ms / 1000
+        )
+    } else {
+        format!(
+            "node {} stopped heartbeating {} s ago",
+            s.node,
+            s.silent_ms / 1000
+        )
+    }
+}
+
+/// Every this many rounds the engines of attached volumes are asked for their replicas.
+const QUORUM_CHECK_ROUNDS: u64 = 4;
+
+/// Since when each attached volume's engine has reported a replica `down` (in its in-sync
+/// set, unreachable, not outdated: the quorum forbids it), by volume.
+#[derive(Default)]
+struct QuorumWatch {
+    since: HashMap<String, std::time::Instant>,
+}
+
+impl QuorumWatch {
+    async fn check(&mut self, st: &AppState) {
+        let (Ok(volumes), Ok(nodes)) = (st.records.volumes().await, st.records.nodes().await)
+        else {
+            return;
+        };
+        let mut seen = HashSet::new();
+        let mut statuses = HashMap::new();
+        for v in volumes.iter().filter(|v| v.state == VolumeState::Attached) {
+            let Some(node) = v.attached_node.as_deref() else {
+                continue;
+            };
+            let Some(rec) = nodes.iter().find(|n| n.name == node) else {
+                continue;
+            };
+            if !statuses.contains_key(node) {
+                let answer =
+                    tokio::time::timeout(Duration::from_secs(2), st.agents.status(rec.agent()));
+                let status = answer.await.ok().and_then(Result::ok);
+                statuses.insert(node.to_string(), status);
+            }
+            let Some(Some(status)) = statuses.get(node) else {
+                continue;
+            };
+            let lost = status.engines.iter().any(|e| {
+                e.volume == v.name
+                    && e.epoch == v.epoch
+                    && e.replicas.iter().any(|r| r.state == "down")
+            });
+            if lost {
+                seen.insert(v.name.clone());
+                self.since
+                    .entry(v.name.clone())
+                    .or_insert_with(std::time::Instant::now);
+            }
+        }
+        self.since.retain(|v, _| seen.contains(v));
+    }
+
+    fn lost_ms(&self) -> HashMap<String, u64> {
+        self.since
+            .iter()
+            .map(|(v, t)| {
+                let ms = u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX);
+                (v.clone(), ms)
+            })
+            .collect()
+    }
 }
 
 /// Detaches the volume from the silent node with a new epoch, if it is still attached there

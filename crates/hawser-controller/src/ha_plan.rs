@@ -1,7 +1,11 @@
-//! Which attached volumes a failover should move: the pure decision, from the records alone.
+//! Which attached volumes a failover should move: the pure decision, from the records and
+//! what the engines report.
 //!
 //! A volume is *stranded* when it is attached on a node whose agent has not heartbeated for
-//! the failover timeout. It may be moved only if the controller can *vouch* for it: some
+//! the failover timeout, or when its engine has lost quorum for that long: it reports a
+//! replica `down` that it may not outdate (the quorum forbids it), so the writes that replica
+//! missed wait, while the volume's node itself is fine. It may be moved only if the
+//! controller can *vouch* for it: some
 //! in-sync replica lives on another node that is heartbeating, so a new engine there has
 //! every acknowledged write. A controller cut off from the agents sees every node silent and
 //! vouches for nothing, so it moves nothing.
@@ -17,8 +21,10 @@ pub struct Stranded {
     pub node: String,
     /// The epoch of the attachment to fence.
     pub epoch: u64,
-    /// Milliseconds since the node's last heartbeat.
+    /// Milliseconds since the node's last heartbeat, or since its engine lost quorum.
     pub silent_ms: u64,
+    /// The node heartbeats; its engine lost quorum.
+    pub quorum_lost: bool,
     /// The heartbeating node of an in-sync replica, or why there is none.
     pub vouch: Result<String, String>,
 }
@@ -30,6 +36,7 @@ pub fn stranded(
     volumes: &[VolumeRecord],
     now_ms: u64,
     after_ms: u64,
+    quorum_lost_ms: &std::collections::HashMap<String, u64>,
 ) -> Vec<Stranded> {
     let age = |name: &str| {
         nodes
@@ -42,9 +49,16 @@ pub fn stranded(
         .filter(|v| v.state == VolumeState::Attached)
         .filter_map(|v| {
             let node = v.attached_node.as_deref()?;
-            let silent_ms = age(node);
+            let mut silent_ms = age(node);
+            let mut quorum_lost = false;
             if silent_ms <= after_ms {
-                return None;
+                match quorum_lost_ms.get(&v.name) {
+                    Some(&ms) if ms > after_ms => {
+                        silent_ms = ms;
+                        quorum_lost = true;
+                    }
+                    _ => return None,
+                }
             }
             let in_sync_elsewhere: Vec<&str> = v
                 .replicas
@@ -67,6 +81,7 @@ pub fn stranded(
                 node: node.to_string(),
                 epoch: v.epoch,
                 silent_ms,
+                quorum_lost,
                 vouch,
             })
         })
@@ -124,7 +139,7 @@ mod tests {
             volume("v4", "a", &[("a", InSync), ("d", InSync)]), // d unknown
             volume("v5", "gone", &[("gone", InSync), ("b", InSync)]),
         ];
-        let s = stranded(&nodes, &vols, NOW, AFTER);
+        let s = stranded(&nodes, &vols, NOW, AFTER, &Default::default());
         let names: Vec<&str> = s.iter().map(|x| x.volume.as_str()).collect();
         assert_eq!(names, ["v1", "v3", "v4", "v5"]);
         assert_eq!(s[0].vouch, Ok("b".into()));
@@ -144,11 +159,31 @@ mod tests {
         use ReplicaState::*;
         let nodes = [node("a", 0), node("b", 0)];
         let vols = [volume("v1", "a", &[("a", InSync), ("b", InSync)])];
-        let s = stranded(&nodes, &vols, NOW, AFTER);
+        let s = stranded(&nodes, &vols, NOW, AFTER, &Default::default());
         assert!(s[0].vouch.is_err());
         // Detached volumes are never stranded.
         let mut v = vols[0].clone();
         v.state = VolumeState::Detached;
-        assert!(stranded(&nodes, &[v], NOW, AFTER).is_empty());
+        assert!(stranded(&nodes, &[v], NOW, AFTER, &Default::default()).is_empty());
+    }
+
+    #[test]
+    fn an_engine_without_quorum_long_enough_strands_its_volume() {
+        use ReplicaState::*;
+        let nodes = [
+            node("a", NOW - 100),
+            node("b", NOW - 100),
+            node("c", NOW - 100),
+        ];
+        let vols = [
+            volume("v1", "a", &[("a", InSync), ("b", InSync), ("c", InSync)]),
+            volume("v2", "a", &[("a", InSync), ("b", InSync)]),
+        ];
+        let lost = [("v1".to_string(), 12_000), ("v2".to_string(), 3_000)].into();
+        let s = stranded(&nodes, &vols, NOW, AFTER, &lost);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!((s[0].volume.as_str(), s[0].quorum_lost), ("v1", true));
+        assert_eq!(s[0].silent_ms, 12_000);
+        assert_eq!(s[0].vouch, Ok("b".into()));
     }
 }

@@ -477,6 +477,62 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     // 4. n1's agent is back: the taint goes.
     hb.pause("n1", false);
     common::eventually(10, || async { !tainted(&api, "n1") }).await;
+    // 5. A healthy node whose engine lost quorum (it reports a replica down that it may not
+    // outdate) for longer than the timeout: the volume is fenced and its pod moved too, and
+    // the node is not tainted (it heartbeats).
+    let body = json!({"name": "d", "size_bytes": GIB, "replicas": 2, "prefer_node": "n2"});
+    let r = http
+        .post(format!("{url}/v1/volumes"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let r = http
+        .post(format!("{url}/v1/volumes/d/attach"))
+        .json(&json!({"node": "n2"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let d = volume(&http, &url, "d").await;
+    let d_epoch = attachment(&d).2;
+    kubectl(
+        &api,
+        &["create", "-f", "-"],
+        Some(&workload("d", "n2", false)),
+    );
+    let far = d["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] != "n2")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let lost = Instant::now();
+    agents[1].report_down("d", vec![far]);
+    common::eventually(AFTER_SECS + 10, || async {
+        !exists(&api, &["pod", "app-d", "-n", "default"])
+    })
+    .await;
+    println!(
+        "quorum-loss failover done {:?} after the engine reported it",
+        lost.elapsed()
+    );
+    let d = volume(&http, &url, "d").await;
+    assert_eq!(
+        attachment(&d),
+        ("detached".into(), None, d_epoch + 1),
+        "{d}"
+    );
+    assert!(!tainted(&api, "n2"));
+    common::eventually(10, || async {
+        event_reasons(&api, "data-d").contains(&"FailedOver".to_string())
+    })
+    .await;
+
     let _ = stop_tx.send(());
     serving.await.unwrap().unwrap();
     drop(agents);

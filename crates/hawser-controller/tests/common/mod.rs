@@ -40,6 +40,8 @@ pub struct FakeState {
     pub failing: BTreeSet<Op>,
     /// The Authorization header of every call (None: there was none), in order.
     pub authorizations: Vec<Option<String>>,
+    /// Replicas each volume's engine reports `down` (unreachable, not outdated).
+    pub down: BTreeMap<String, Vec<String>>,
 }
 
 type Fake = Arc<Mutex<FakeState>>;
@@ -106,6 +108,15 @@ impl FakeAgent {
 
     pub fn engine(&self, volume: &str) -> Option<StartEngine> {
         self.state.lock().unwrap().engines.get(volume).cloned()
+    }
+
+    /// Makes the engine of `volume` report `replicas` as down (an empty list: none).
+    pub fn report_down(&self, volume: &str, replicas: Vec<String>) {
+        self.state
+            .lock()
+            .unwrap()
+            .down
+            .insert(volume.into(), replicas);
     }
 
     pub fn calls(&self) -> Vec<String> {
@@ -272,6 +283,23 @@ async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> R
     Json(status).into_response()
 }
 
+fn down_replicas(st: &Fake, volume: &str) -> Vec<hawser_api::agent::EngineReplicaStatus> {
+    let s = st.lock().unwrap();
+    s.down
+        .get(volume)
+        .into_iter()
+        .flatten()
+        .map(|id| hawser_api::agent::EngineReplicaStatus {
+            replica_id: id.clone(),
+            state: "down".into(),
+            connected: false,
+            dirty_bytes: 0,
+            copied_bytes: 0,
+            resync_bytes_per_sec: 0,
+        })
+        .collect()
+}
+
 /// Only what the controller reads: the replicas it holds and the engines it runs.
 async fn agent_status(State(st): State<Fake>) -> Response {
     let replicas = st
@@ -281,17 +309,15 @@ async fn agent_status(State(st): State<Fake>) -> Response {
         .values()
         .map(replica_status)
         .collect();
-    let engines = st
-        .lock()
-        .unwrap()
-        .engines
-        .values()
+    let started: Vec<StartEngine> = st.lock().unwrap().engines.values().cloned().collect();
+    let engines = started
+        .iter()
         .map(|req| EngineStatus {
             volume: req.volume.clone(),
             epoch: req.epoch,
             size_bytes: req.size_bytes,
             in_sync: vec![],
-            replicas: vec![],
+            replicas: down_replicas(&st, &req.volume),
             recovery: None,
             active_extents: 0,
         })
