@@ -254,7 +254,11 @@ fn power_loss(
     let fault = Instant::now();
     let pids = run_ok("ip", &["netns", "pids", netns2]);
     for pid in pids.split_whitespace() {
-        let _ = Command::new("kill").args(["-9", pid]).status();
+        // One may have exited since the listing (a short-lived child): nothing to say.
+        let _ = Command::new("kill")
+            .args(["-9", pid])
+            .stderr(Stdio::null())
+            .status();
     }
     run_ok("ip", &["link", "set", "hawserk8s2", "down"]);
     let (mut fenced, mut deleted, mut running) = (None, None, None);
