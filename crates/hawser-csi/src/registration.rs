@@ -2,6 +2,10 @@
 //! itself: the kubelet watches `<kubelet-dir>/plugins_registry`, calls GetInfo on each socket
 //! that appears there, then NotifyRegistrationStatus. This replaces the
 //! node-driver-registrar sidecar (one process fewer per node).
+//!
+//! The kubelet does not ask again after a failed registration (NodeGetInfo failed, e.g. the
+//! controller was not reachable yet after a reboot): the server then offers the socket anew
+//! (`server.rs`), which the kubelet sees as a new plugin.
 
 use std::path::PathBuf;
 
@@ -19,6 +23,8 @@ const CSI_PLUGIN_TYPE: &str = "CSIPlugin";
 const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
 
 pub struct RegistrationService {
+    /// Told when the kubelet refused the registration.
+    pub refused: std::sync::Arc<tokio::sync::Notify>,
     /// The CSI socket the kubelet calls for NodeStage and friends.
     pub csi_endpoint: PathBuf,
 }
@@ -49,8 +55,9 @@ impl Registration for RegistrationService {
         if s.plugin_registered {
             tracing::info!(driver = DRIVER_NAME, "registered with the kubelet");
         } else {
-            // A human must look: the kubelet will not call this node plugin.
-            tracing::error!(driver = DRIVER_NAME, error = %s.error, "the kubelet refused the registration");
+            // The kubelet will not call this node plugin until the socket is offered again.
+            tracing::error!(driver = DRIVER_NAME, error = %s.error, "the kubelet refused the registration; offering it again shortly");
+            self.refused.notify_one();
         }
         Ok(Response::new(RegistrationStatusResponse {}))
     }

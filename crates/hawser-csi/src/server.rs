@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use hawser_api::client::Client;
@@ -138,22 +139,40 @@ pub async fn run(args: CsiArgs, client: Arc<Client>) -> anyhow::Result<()> {
 
 /// Serves the registration socket for the kubelet, in the background, each connection
 /// through `authority::relay` (the kubelet's registration client sends an invalid HTTP/2
-/// authority).
+/// authority). When the kubelet refuses the registration the socket is made anew after a
+/// backoff (2 s doubling to 30 s), which the kubelet takes for a new plugin and asks again.
 fn spawn_registration(kubelet_dir: &Path, endpoint: &Path) -> anyhow::Result<()> {
     use tokio_stream::StreamExt;
     let path = registration::socket_path(kubelet_dir);
-    let incoming = bind(&path)?.map(|conn| conn.map(crate::authority::relay));
-    let service = RegistrationServer::new(RegistrationService {
-        csi_endpoint: endpoint.to_path_buf(),
-    });
+    let mut listener = Some(bind(&path)?);
+    let endpoint = endpoint.to_path_buf();
     tracing::info!(socket = %path.display(), "serving the kubelet plugin registration");
     tokio::spawn(async move {
-        let served = Server::builder()
-            .add_service(service)
-            .serve_with_incoming(incoming)
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "the kubelet registration socket stopped");
+        let mut backoff = Duration::from_secs(2);
+        loop {
+            let incoming = match listener.take().map_or_else(|| bind(&path), Ok) {
+                Ok(l) => l.map(|conn| conn.map(crate::authority::relay)),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot offer the kubelet registration socket");
+                    tokio::time::sleep(backoff).await;
+                    continue;
+                }
+            };
+            let refused = Arc::new(tokio::sync::Notify::new());
+            let service = RegistrationServer::new(RegistrationService {
+                refused: refused.clone(),
+                csi_endpoint: endpoint.clone(),
+            });
+            let served = Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, refused.notified())
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the kubelet registration socket stopped");
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+            tracing::info!(socket = %path.display(), "offering the kubelet registration again");
         }
     });
     Ok(())

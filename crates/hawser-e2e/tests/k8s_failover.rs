@@ -5,7 +5,7 @@
 //! the CSI node plugin; the sidecars' work is done by `k8s_sidecars`.
 //!
 //! A StatefulSet pod on node 2 appends numbers to a file on a 2-replica Hawser volume, each
-//! fsynced, and prints every number once it is acknowledged. Node 2 then loses power: every
+//! fsynced, and records every number once it is acknowledged (in a host directory). Node 2 then loses power: every
 //! process in its namespace (kubelet, containerd, the pod, the agent with its engine, the
 //! CSI plugin) is killed with SIGKILL and its link cut. The test prints when the failover
 //! fenced the volume and deleted the pod, when the pod runs on node 1, and when it wrote its
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::{Node, QuorumLoss, Volume};
 use hawser_e2e::cluster::{free_port, hawser_bin};
-use hawser_e2e::k8s::{cri_stdout, KubeCluster, CSI_DRIVER_OBJECT};
+use hawser_e2e::k8s::{KubeCluster, CSI_DRIVER_OBJECT};
 use hawser_e2e::k8s_sidecars::Sidecars;
 use hawser_e2e::{
     run_ok, wait_until, CsiOptions, CsiProc, NbdConn, NbdTarget, TempDir, TokenFiles,
@@ -41,22 +41,24 @@ reclaimPolicy: Delete
 volumeBindingMode: Immediate
 "#;
 
-/// Appends n+1 after the last number in the file, fsyncs, prints `ack n`. At start it checks
-/// the file: `have L` where lines 1..L are exactly 1..L.
+/// Appends n+1 after the last number in the file, fsyncs, then records `ack UID n` in the
+/// test's ack log (a host directory: it outlives the pod, whose own log the kubelet removes
+/// with it). At start it checks the file: `start UID have L` where lines 1..L are exactly 1..L.
 const WRITER: &str = r#"
 touch /data/log
 L=$(awk 'BEGIN{n=0} $0==n+1 {n=$0; next} {exit} END{print n}' /data/log)
-echo "start on $NODE_NAME have $L"
+echo "start $POD_UID have $L" >> /acks/log
 i=$L
 while true; do
   i=$((i+1))
   echo "$i" | dd of=/data/log oflag=append conv=notrunc,fsync 2>/dev/null || { echo "write error at $i"; exit 1; }
-  echo "ack $i"
+  echo "ack $POD_UID $i" >> /acks/log
   sleep 0.05
 done
 "#;
 
-fn statefulset() -> String {
+fn statefulset(acks: &Path) -> String {
+    let acks = acks.display();
     format!(
         r#"
 apiVersion: apps/v1
@@ -76,8 +78,9 @@ spec:
         image: hawser.local/busybox:1
         imagePullPolicy: Never
         command: ["sh", "-c", {WRITER:?}]
-        env: [{{name: NODE_NAME, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]
-        volumeMounts: [{{name: data, mountPath: /data}}]
+        env: [{{name: POD_UID, valueFrom: {{fieldRef: {{fieldPath: metadata.uid}}}}}}]
+        volumeMounts: [{{name: data, mountPath: /data}}, {{name: acks, mountPath: /acks}}]
+      volumes: [{{name: acks, hostPath: {{path: {acks}, type: Directory}}}}]
   volumeClaimTemplates:
   - metadata: {{name: data}}
     spec:
@@ -124,19 +127,19 @@ fn spawn(netns: Option<&str>, args: &[&str], log: &Path) -> Proc {
     Proc(child)
 }
 
-/// The numbers a writer pod printed as acknowledged, and its start lines.
-fn acks(log: &str) -> (Vec<u64>, Vec<String>) {
-    let acked = log
-        .lines()
-        .filter_map(|l| l.strip_prefix("ack "))
-        .filter_map(|n| n.trim().parse().ok())
-        .collect();
-    let starts = log
-        .lines()
-        .filter(|l| l.starts_with("start on"))
-        .map(str::to_string)
-        .collect();
-    (acked, starts)
+/// The numbers the writer incarnation `uid` acknowledged, and what it found at its start.
+fn acks(log: &str, uid: &str) -> (Vec<u64>, Option<u64>) {
+    let mut acked = Vec::new();
+    let mut have = None;
+    for l in log.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        match f.as_slice() {
+            ["ack", u, n] if *u == uid => acked.extend(n.parse::<u64>().ok()),
+            ["start", u, "have", n] if *u == uid => have = n.parse().ok(),
+            _ => {}
+        }
+    }
+    (acked, have)
 }
 
 struct Agent {
@@ -163,6 +166,13 @@ impl Agent {
     }
 }
 
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+}
+
 /// How many power losses to run: 1 in `make test`, 10 in `make bench`.
 fn trials() -> usize {
     std::env::var("HAWSER_FAILOVER_TRIALS")
@@ -180,11 +190,10 @@ struct Times {
     first_write: Duration,
 }
 
-/// The writer pod's incarnations and their logs on each node.
+/// The writer pod's incarnations and the ack log they share.
 struct Writers<'a> {
     k: &'a KubeCluster,
-    logs1: &'a Path,
-    logs2: &'a Path,
+    acks: &'a Path,
 }
 
 impl Writers<'_> {
@@ -195,19 +204,13 @@ impl Writers<'_> {
             .expect("writer pod")
     }
 
-    /// What the incarnation `uid` printed, from the pod log directory `logs`.
-    fn log(logs: &Path, uid: &str) -> String {
-        let f = logs.join(format!("default_writer-0_{uid}/c/0.log"));
-        cri_stdout(&std::fs::read_to_string(f).unwrap_or_default())
+    /// What the incarnation `uid` acknowledged and found.
+    fn acks(&self, uid: &str) -> (Vec<u64>, Option<u64>) {
+        acks(&std::fs::read_to_string(self.acks).unwrap_or_default(), uid)
     }
 
     /// Waits until a writer other than `not_uid` runs on `node` and acknowledged 40 numbers.
     fn running_on(&self, node: &str, not_uid: Option<&str>) {
-        let logs = if node == self.k.node {
-            self.logs1
-        } else {
-            self.logs2
-        };
         wait_until(
             &format!("the writer to acknowledge writes on {node}"),
             Duration::from_secs(180),
@@ -218,21 +221,19 @@ impl Writers<'_> {
                 let uid = p["metadata"]["uid"].as_str().unwrap_or_default();
                 p["spec"]["nodeName"] == node
                     && Some(uid) != not_uid
-                    && acks(&Self::log(logs, uid)).0.len() >= 40
+                    && self.acks(uid).0.len() >= 40
             },
         );
     }
 
     /// Every number incarnation `old` acknowledged is in the file incarnation `new` found.
-    fn kept(&self, old: &str, old_logs: &Path, new: &str, new_logs: &Path) {
-        let (acked, _) = acks(&Self::log(old_logs, old));
+    fn kept(&self, old: &str, new: &str) {
+        let (acked, _) = self.acks(old);
         let last = *acked.iter().max().expect("acknowledged writes");
-        let (_, starts) = acks(&Self::log(new_logs, new));
-        let have: u64 = starts
-            .first()
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no start line from the new writer: {starts:?}"));
+        let have = self
+            .acks(new)
+            .1
+            .unwrap_or_else(|| panic!("no start line from the writer {new}"));
         eprintln!("acknowledged 1..={last}; the next writer found 1..={have}");
         assert!(
             have >= last,
@@ -244,6 +245,7 @@ impl Writers<'_> {
 /// Cuts node 2's power (SIGKILL to every process in its namespace, link down) and waits
 /// until the writer runs and writes on node 1.
 fn power_loss(
+    w: &Writers,
     k: &KubeCluster,
     netns2: &str,
     node1: &str,
@@ -282,10 +284,9 @@ fn power_loss(
         }
         running.is_some()
     });
-    let logs1 = k.pod_logs_dir();
     let mut first_write = None;
     wait_until("the first write on node 1", FAILOVER_BOUND, || {
-        if !acks(&Writers::log(&logs1, &new_uid)).0.is_empty() {
+        if !w.acks(&new_uid).0.is_empty() {
             first_write = Some(fault.elapsed());
         }
         first_write.is_some()
@@ -454,13 +455,13 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
 
     // The writer starts on node 2 (node 1 cordoned meanwhile).
     k.kubectl_ok(&["cordon", &node1]);
-    k.apply(&statefulset());
-    let logs1 = dir.path().join("k8s/pod-logs");
-    let logs2 = std::path::PathBuf::from(env("POD_LOGS2"));
+    let acks_dir = dir.path().join("acks");
+    std::fs::create_dir_all(&acks_dir).expect("create the ack directory");
+    k.apply(&statefulset(&acks_dir));
+    let ack_log = acks_dir.join("log");
     let w = Writers {
         k: &k,
-        logs1: &logs1,
-        logs2: &logs2,
+        acks: &ack_log,
     };
     w.running_on(&node2, None);
     k.kubectl_ok(&["uncordon", &node1]);
@@ -479,7 +480,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         assert_eq!(volume.attached_node.as_deref(), Some(node2.as_str()));
         assert_eq!(volume.replicas.len(), 2);
         let old_uid = w.uid();
-        let t = power_loss(&k, &netns2, &node1, &old_uid, volume.epoch, &show);
+        let t = power_loss(&w, &k, &netns2, &node1, &old_uid, volume.epoch, &show);
         eprintln!(
             "trial {trial}: fenced {:.1} s, old pod deleted {:.1} s, new pod running {:.1} s, \
              first write {:.1} s after the fault",
@@ -494,7 +495,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
             t.first_write
         );
         // Every number acknowledged on node 2 is in the file the new pod found.
-        w.kept(&old_uid, &logs2, &w.uid(), &logs1);
+        w.kept(&old_uid, &w.uid());
         results.push(t);
         if trial == trials {
             break;
@@ -502,7 +503,20 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         // Node 2 boots again; the pod goes back to it (node 1 cordoned, the pod deleted).
         run_ok("ip", &["link", "set", "hawserk8s2", "up"]);
         run_ok("bash", &[&env("NODE2_POWER_ON")]);
+        let booted_ms = now_ms();
         agent2.restart();
+        wait_until(
+            "node 2's agent to register again",
+            Duration::from_secs(60),
+            || {
+                serde_json::from_str::<Vec<Node>>(&cli(&["node", "list", "-o", "json"])).is_ok_and(
+                    |n| {
+                        n.iter()
+                            .any(|n| n.name == node2 && u128::from(n.last_seen_ms) > booted_ms)
+                    },
+                )
+            },
+        );
         csi2.restart();
         wait_until(
             "node 2 to be Ready and untainted",
@@ -525,7 +539,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         k.kubectl_ok(&["delete", "pod", "writer-0", "--wait=false"]);
         w.running_on(&node2, Some(&on1));
         k.kubectl_ok(&["uncordon", &node1]);
-        w.kept(&on1, &logs1, &w.uid(), &logs2);
+        w.kept(&on1, &w.uid());
     }
     let median = |f: fn(&Times) -> Duration| {
         let mut v: Vec<f64> = results.iter().map(|t| f(t).as_secs_f64()).collect();
@@ -545,10 +559,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
     // The old engine comes back (node 2's agent restarts, its link is up) at its old epoch:
     // the replicas refuse it, and a write through it fails.
     run_ok("ip", &["link", "set", "hawserk8s2", "up"]);
-    let restarted_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis();
+    let restarted_ms = now_ms();
     agent2.restart();
     let mut nodes: Vec<Node> = Vec::new();
     wait_until(
