@@ -188,6 +188,7 @@ async fn start_engine(
     State(s): State<AdminState>,
     Json(req): Json<StartEngine>,
 ) -> Result<impl IntoResponse, Failure> {
+    req.validate().map_err(Failure)?;
     if let Some(existing) = s.engines.get(&req.volume) {
         if existing.status().epoch == req.epoch {
             return Ok((StatusCode::OK, Json(existing.status())));

@@ -29,7 +29,8 @@ impl NodeStorage {
 
     /// Create a replica; refuses an id that exists in any pool of this node.
     pub fn create(&self, pool: &str, new: &NewReplica) -> Result<Arc<Replica>, StorageError> {
-        if self.replica(&new.id).is_some() {
+        let broken = |p: &Arc<Pool>| p.broken().iter().any(|b| b.id == new.id);
+        if self.replica(&new.id).is_some() || self.pools.iter().any(broken) {
             return Err(StorageError::ReplicaExists {
                 pool: pool.into(),
                 id: new.id.clone(),
@@ -89,11 +90,27 @@ impl NodeStorage {
             .collect()
     }
 
+    /// Every replica of every pool, the broken ones (see `Pool::broken`) as failed.
     pub fn replica_statuses(&self) -> Vec<ReplicaStatus> {
+        let broken = self.pools.iter().flat_map(|p| {
+            p.broken().into_iter().map(|b| ReplicaStatus {
+                replica_id: b.id,
+                volume: b.volume,
+                pool: p.name().into(),
+                size_bytes: 0,
+                thin: false,
+                epoch: 0,
+                allocated_bytes: 0,
+                data_path: b.meta_path.with_extension("data").display().to_string(),
+                failed: true,
+                error: Some(b.reason),
+            })
+        });
         self.pools
             .iter()
             .flat_map(|p| p.list())
             .map(|r| status(&r))
+            .chain(broken)
             .collect()
     }
 }
@@ -109,5 +126,6 @@ pub fn status(r: &Replica) -> ReplicaStatus {
         allocated_bytes: r.allocated_bytes(),
         data_path: r.data_path().display().to_string(),
         failed: r.is_failed(),
+        error: None,
     }
 }

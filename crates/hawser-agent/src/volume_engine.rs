@@ -147,6 +147,15 @@ impl VolumeEngine {
                 let replica = storage
                     .replica(&r.replica_id)
                     .ok_or_else(|| anyhow::anyhow!("local replica {} not found", r.replica_id))?;
+                anyhow::ensure!(
+                    replica.volume() == req.volume && replica.size() >= req.size_bytes,
+                    "local replica {} is of volume {:?} with {} bytes, not of {:?} with {}",
+                    r.replica_id,
+                    replica.volume(),
+                    replica.size(),
+                    req.volume,
+                    req.size_bytes
+                );
                 if r.state != ReplicaState::Failed {
                     let (rep, epoch) = (replica.clone(), req.epoch);
                     tokio::task::spawn_blocking(move || rep.raise_epoch(epoch)).await??;

@@ -48,6 +48,10 @@ pub struct ReplicaStatus {
     pub allocated_bytes: u64,
     pub data_path: String,
     pub failed: bool,
+    /// Why the agent cannot serve the replica (it could not be loaded: corrupt metadata, a
+    /// data file of the wrong size); such a replica is `failed` and left on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One replica an engine writes to.
@@ -92,6 +96,66 @@ pub struct StartEngine {
 
 fn yes() -> bool {
     true
+}
+
+/// Most replicas an engine takes (the engine's replica sets are bit sets of 8).
+pub const ENGINE_MAX_REPLICAS: usize = 8;
+
+impl StartEngine {
+    /// Checks what the engine would otherwise trip over or allocate by the request's word.
+    pub fn validate(&self) -> Result<(), crate::ApiError> {
+        use crate::ApiError;
+        crate::validate_name("volume", &self.volume)?;
+        crate::size::check_volume_size(self.size_bytes)?;
+        let n = self.replicas.len();
+        if n == 0 || n > ENGINE_MAX_REPLICAS {
+            return Err(ApiError::invalid(format!(
+                "an engine takes 1 to {ENGINE_MAX_REPLICAS} replicas, not {n}"
+            )));
+        }
+        let mut ids: Vec<&str> = self
+            .replicas
+            .iter()
+            .map(|r| r.replica_id.as_str())
+            .collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ApiError::invalid(format!(
+                "replica {:?} is listed twice",
+                w[0]
+            )));
+        }
+        for r in &self.replicas {
+            if r.replica_id.is_empty() || r.replica_id.len() > 128 {
+                return Err(ApiError::invalid(format!(
+                    "bad replica id {:?}",
+                    r.replica_id
+                )));
+            }
+            crate::validate_name("node", &r.node)?;
+        }
+        if self
+            .replicas
+            .iter()
+            .all(|r| r.state != ReplicaState::InSync)
+        {
+            return Err(ApiError::invalid(
+                "no replica is in sync: the engine would have no data to serve",
+            ));
+        }
+        if self.epoch == 0 || self.epoch == u64::MAX {
+            return Err(ApiError::invalid(format!("bad epoch {}", self.epoch)));
+        }
+        if !(self.controller_url.starts_with("http://")
+            || self.controller_url.starts_with("https://"))
+        {
+            return Err(ApiError::invalid(format!(
+                "controller_url {:?} is not an http(s) URL",
+                self.controller_url
+            )));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,6 +5,11 @@ use crate::error::{ApiError, ErrorCode};
 
 const ALIGN: u64 = 4096;
 
+/// The largest volume: 64 TiB. An engine keeps a dirty bitmap per replica (one bit per
+/// 64 KiB: 128 MiB at this size) and an activity log sized by the volume, so the bound keeps
+/// an engine's memory bounded whatever a request asks for.
+pub const MAX_VOLUME_BYTES: u64 = 1 << 46;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {
     #[error("size {input:?} is not a number with an optional unit (e.g. 10GiB, 512MiB, 4096)")]
@@ -17,6 +22,8 @@ pub enum SizeError {
     Overflow { input: String },
     #[error("size {bytes} bytes is not a multiple of 4096 bytes")]
     Unaligned { bytes: u64 },
+    #[error("size {bytes} bytes is larger than the largest volume (64 TiB)")]
+    TooLarge { bytes: u64 },
 }
 
 impl From<SizeError> for ApiError {
@@ -81,10 +88,8 @@ pub fn check_volume_size(bytes: u64) -> Result<(), SizeError> {
     if !bytes.is_multiple_of(ALIGN) {
         return Err(SizeError::Unaligned { bytes });
     }
-    if bytes > 1 << 62 {
-        return Err(SizeError::Overflow {
-            input: bytes.to_string(),
-        });
+    if bytes > MAX_VOLUME_BYTES {
+        return Err(SizeError::TooLarge { bytes });
     }
     Ok(())
 }

@@ -3,7 +3,12 @@
 //! 1. rolls back volumes left `Creating` and finishes volumes left `Deleting` (a controller
 //!    died, was deposed, or lost the store mid-operation), and
 //! 2. deletes replicas that agents hold but no volume record references (orphans: a failed
-//!    create's rollback could not reach the agent, or a deposed leader's call landed late).
+//!    create's rollback could not reach the agent, or a deposed leader's call landed late),
+//! 3. records as `Failed` the replicas of detached volumes that their agent reports failed
+//!    (it could not load them: corrupt metadata, a data file of the wrong size), so that
+//!    self-healing rebuilds them elsewhere. Only while another replica is in sync: the last
+//!    one stays as it is for an operator to look at, and an attached volume's engine outdates
+//!    a replica it cannot reach by itself.
 //!
 //! Why deleting an unreferenced replica is safe. Every replica comes from a create, and a
 //! create records the volume, with every replica id it will use, *before* its first agent
@@ -26,7 +31,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hawser_api::controller::VolumeState;
+use hawser_api::controller::{ReplicaState, VolumeState};
 use tokio::time::Instant;
 
 use crate::constants::{ELECTION_TICK, RECONCILE_INTERVAL};
@@ -81,6 +86,14 @@ pub(crate) async fn round(st: &AppState) {
     {
         delete_orphan(st, held).await;
     }
+    for held in held.iter().filter(|h| h.failed) {
+        if let Some(v) = volumes
+            .iter()
+            .find(|v| v.replicas.iter().any(|r| r.id == held.replica))
+        {
+            record_failed(st, &v.name, held).await;
+        }
+    }
     for v in &volumes {
         if matches!(v.state, VolumeState::Creating | VolumeState::Deleting) {
             finish(st, &v.name).await;
@@ -94,6 +107,44 @@ struct Held<'a> {
     replica: String,
     /// The volume the agent says it belongs to.
     volume: String,
+    /// The agent cannot serve it.
+    failed: bool,
+}
+
+/// Rule 3 of the module doc, under the volume's lock.
+async fn record_failed(st: &AppState, volume: &str, held: &Held<'_>) {
+    let _guard = st.volume_locks.lock(volume).await;
+    let id = held.replica.as_str();
+    let changed = st
+        .records
+        .update_volume(volume, |v| {
+            let others_in_sync = v.in_sync().filter(|r| r.id != id).count();
+            if v.state != VolumeState::Detached || others_in_sync == 0 {
+                return Ok(false);
+            }
+            match v
+                .replicas
+                .iter_mut()
+                .find(|r| r.id == id && r.node == held.node.name)
+            {
+                Some(r) if r.state != ReplicaState::Failed => {
+                    r.state = ReplicaState::Failed;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+        .await;
+    match changed {
+        Ok((_, true)) => tracing::warn!(
+            volume, replica = id, node = %held.node.name,
+            "the agent reports the replica failed; recorded, self-healing replaces it"
+        ),
+        Ok((_, false)) => {}
+        Err(e) => {
+            tracing::warn!(volume, replica = id, error = %e, "cannot record a failed replica")
+        }
+    }
 }
 
 /// Deletes an unreferenced replica, under its volume's lock and after a fresh read of that
@@ -125,6 +176,7 @@ async fn replicas_on_agents<'a>(st: &AppState, nodes: &'a [NodeRecord]) -> Vec<H
                 node,
                 replica: r.replica_id,
                 volume: r.volume,
+                failed: r.failed,
             })),
             // An agent that does not answer keeps its orphans until a later round.
             _ => tracing::debug!(node = %node.name, "reconcile: agent does not answer"),

@@ -254,7 +254,7 @@ fn bad_requests_get_the_right_code_and_create_nothing() {
             ),
             (
                 "bigger than any pool",
-                create_req("v7", 1 << 60, &[("provisioning", "thick")]),
+                create_req("v7", 1 << 45, &[("provisioning", "thick")]),
                 Code::ResourceExhausted,
             ),
         ];

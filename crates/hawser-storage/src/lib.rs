@@ -11,7 +11,7 @@ pub mod replica;
 pub use aligned::AlignedBuf;
 pub use error::{ReplicaIoError, StorageError};
 pub use journal_file::Stored as StoredJournal;
-pub use pool::{node_boot_id, Pool, PoolConfig, PoolKind, PoolUsage};
+pub use pool::{node_boot_id, BrokenReplica, Pool, PoolConfig, PoolKind, PoolUsage};
 pub use replica::{NewReplica, Replica};
 
 #[cfg(test)]

@@ -78,16 +78,34 @@ pub struct Pool {
     config: PoolConfig,
     dir: PathBuf,
     replicas: Mutex<BTreeMap<String, Arc<Replica>>>,
+    /// Replicas found at open that could not be loaded, by id. Kept on disk untouched (an
+    /// operator or a newer version may still read them) and reported as failed.
+    broken: BTreeMap<String, BrokenReplica>,
+}
+
+/// A replica whose files are in the pool but cannot be served: unreadable or corrupt
+/// metadata, a missing data file, or a data file shorter than its metadata says (a thin
+/// replica's size that never reached the disk before a crash).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokenReplica {
+    pub id: String,
+    /// From the metadata when it could be read, else empty.
+    pub volume: String,
+    pub meta_path: PathBuf,
+    pub reason: String,
 }
 
 impl Pool {
     /// Open (creating the directory if needed) and load every replica in it. A data file
-    /// without metadata is the leftover of a create that crashed, and is removed.
+    /// without metadata is the leftover of a create that crashed, and is removed. A replica
+    /// that cannot be loaded is kept on disk and listed by [`Pool::broken`]: one bad replica
+    /// must not take the node's other replicas down with it.
     pub fn open(config: PoolConfig) -> Result<Pool, StorageError> {
         let dir = config.path.join("replicas");
         std::fs::create_dir_all(&dir)
             .map_err(|e| StorageError::io("create pool directory", &dir, e))?;
         let mut replicas = BTreeMap::new();
+        let mut broken = BTreeMap::new();
         let entries =
             std::fs::read_dir(&dir).map_err(|e| StorageError::io("list pool", &dir, e))?;
         for entry in entries {
@@ -95,10 +113,19 @@ impl Pool {
                 .map_err(|e| StorageError::io("list pool", &dir, e))?
                 .path();
             match path.extension().and_then(|e| e.to_str()) {
-                Some("meta") => {
-                    let r = Replica::open(&config.name, path, config.boot_id)?;
-                    replicas.insert(r.id().to_owned(), Arc::new(r));
-                }
+                Some("meta") => match Replica::open(&config.name, path.clone(), config.boot_id) {
+                    Ok(r) => {
+                        replicas.insert(r.id().to_owned(), Arc::new(r));
+                    }
+                    Err(e) => {
+                        let b = BrokenReplica::new(&path, &e);
+                        tracing::error!(
+                            pool = %config.name, replica = %b.id, error = %e,
+                            "cannot load a replica; it is reported failed and left on disk"
+                        );
+                        broken.insert(b.id.clone(), b);
+                    }
+                },
                 Some("data") if !path.with_extension("meta").exists() => {
                     tracing::warn!(path = %path.display(), "removing data file of an unfinished create");
                     std::fs::remove_file(&path)
@@ -117,7 +144,13 @@ impl Pool {
             config,
             dir,
             replicas: Mutex::new(replicas),
+            broken,
         })
+    }
+
+    /// Replicas that could not be loaded at open (see [`BrokenReplica`]).
+    pub fn broken(&self) -> Vec<BrokenReplica> {
+        self.broken.values().cloned().collect()
     }
 
     pub fn name(&self) -> &str {
@@ -191,7 +224,7 @@ impl Pool {
             });
         }
         let mut map = self.lock();
-        if map.contains_key(&new.id) {
+        if map.contains_key(&new.id) || self.broken.contains_key(&new.id) {
             return Err(StorageError::ReplicaExists {
                 pool: self.name().into(),
                 id: new.id.clone(),
@@ -296,6 +329,27 @@ impl Pool {
         replica.remove_files()?;
         map.remove(id);
         Ok(())
+    }
+}
+
+impl BrokenReplica {
+    fn new(meta_path: &Path, error: &StorageError) -> BrokenReplica {
+        let id = meta_path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // The volume, if the metadata itself is fine (the data file is what is wrong).
+        let volume = std::fs::read(meta_path)
+            .ok()
+            .and_then(|raw| hawser_wire::meta::ReplicaMeta::decode(&raw).ok())
+            .map(|m| m.volume)
+            .unwrap_or_default();
+        BrokenReplica {
+            id,
+            volume,
+            meta_path: meta_path.to_owned(),
+            reason: error.to_string(),
+        }
     }
 }
 

@@ -88,11 +88,14 @@ impl Replica {
         let (data_path, meta_path) = Self::paths(dir, &new.id);
         let (file, _) = file_ops::open_data(&data_path, true)
             .map_err(|e| StorageError::io("create replica data file", &data_path, e))?;
+        // Made durable before the metadata exists: otherwise a power loss could leave the
+        // metadata with a data file of the wrong size, which `open` refuses.
         let sized = if new.thin {
             file.set_len(new.size)
         } else {
             file_ops::fallocate(&file, 0, 0, new.size)
-        };
+        }
+        .and_then(|()| file.sync_all());
         if let Err(e) = sized {
             drop(file);
             let _ = std::fs::remove_file(&data_path);

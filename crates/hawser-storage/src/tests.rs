@@ -249,34 +249,43 @@ fn pool_kind_is_enforced() {
 }
 
 #[test]
-fn unfinished_create_is_cleaned_and_corrupt_meta_is_an_error() {
+fn unfinished_create_is_cleaned_and_bad_replicas_do_not_stop_the_pool() {
     let dir = TempDir::new("crash");
     {
         let p = pool(&dir, 1.0, None);
-        p.create_replica(&new("good", 1 << 20, true))
-            .expect("create");
+        for id in ["good", "corrupt", "short"] {
+            p.create_replica(&new(id, 1 << 20, true)).expect("create");
+        }
     }
     let replicas = dir.0.join("replicas");
     std::fs::write(replicas.join("orphan.data"), b"x").expect("orphan");
-    let p = pool(&dir, 1.0, None);
-    assert!(p.get("good").is_some());
-    assert!(!replicas.join("orphan.data").exists());
-    drop(p);
-    let meta = replicas.join("good.meta");
+    let meta = replicas.join("corrupt.meta");
     let mut raw = std::fs::read(&meta).expect("read meta");
     raw[30] ^= 0xff;
     std::fs::write(&meta, raw).expect("corrupt");
-    let err = Pool::open(PoolConfig {
-        name: "p".into(),
-        path: dir.0.clone(),
-        overprovision_ratio: 1.0,
-        capacity_limit: None,
-        kind: PoolKind::Any,
-        boot_id: 1,
-    })
-    .err()
-    .expect("corrupt metadata must not load");
-    assert!(err.to_string().contains("good.meta"), "{err}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(replicas.join("short.data"))
+        .and_then(|f| f.set_len(4096))
+        .expect("truncate");
+
+    let p = pool(&dir, 1.0, None);
+    assert!(!replicas.join("orphan.data").exists());
+    assert!(p.get("good").is_some());
+    assert!(p.get("corrupt").is_none() && p.get("short").is_none());
+    let broken = p.broken();
+    let ids: Vec<&str> = broken.iter().map(|b| b.id.as_str()).collect();
+    assert_eq!(ids, ["corrupt", "short"]);
+    assert!(broken[0].reason.contains("checksum"), "{:?}", broken[0]);
+    assert_eq!(broken[0].volume, "", "unreadable metadata names no volume");
+    assert!(broken[1].reason.contains("4096 bytes"), "{:?}", broken[1]);
+    assert_eq!(broken[1].volume, "vol");
+    // Left on disk, and their ids stay taken.
+    assert!(meta.exists() && replicas.join("short.data").exists());
+    assert!(matches!(
+        p.create_replica(&new("short", 1 << 20, true)),
+        Err(StorageError::ReplicaExists { .. })
+    ));
 }
 
 #[test]

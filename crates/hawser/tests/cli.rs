@@ -142,6 +142,7 @@ async fn fake_agent() -> SocketAddr {
             allocated_bytes: 0,
             data_path: "/srv/pool/x".into(),
             failed: false,
+            error: None,
         };
         (StatusCode::CREATED, Json(status))
     }

@@ -221,6 +221,7 @@ fn replica_status(req: &CreateReplica) -> ReplicaStatus {
         allocated_bytes: 0,
         data_path: format!("/fake/{}", req.replica_id),
         failed: false,
+        error: None,
     }
 }
 
