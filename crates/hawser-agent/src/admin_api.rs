@@ -38,6 +38,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/replicas", post(create_replica))
         .route("/v1/replicas/{id}", delete(delete_replica))
         .route("/v1/replicas/{id}/grow", post(grow_replica))
+        .route("/v1/replicas/{id}/trash", post(trash_replica))
+        .route("/v1/replicas/inventory", get(inventory))
         .route("/v1/engines", post(start_engine))
         .route("/v1/engines/{volume}", delete(stop_engine))
         .layer(auth)
@@ -112,7 +114,7 @@ fn storage_error(e: StorageError) -> Failure {
         | StorageError::InvalidId { .. }
         | StorageError::Shrink { .. }
         | StorageError::WrongKind { .. } => ErrorCode::InvalidArgument,
-        StorageError::InUse { .. } => ErrorCode::Conflict,
+        StorageError::InUse { .. } | StorageError::OtherCluster { .. } => ErrorCode::Conflict,
         StorageError::Io { .. } | StorageError::Meta { .. } => ErrorCode::Internal,
     };
     Failure(ApiError::new(code, e.to_string()))
@@ -120,15 +122,22 @@ fn storage_error(e: StorageError) -> Failure {
 
 async fn get_status(State(s): State<AdminState>) -> Json<AgentStatus> {
     let storage = s.storage.clone();
-    let (pools, replicas) =
-        tokio::task::spawn_blocking(move || (storage.pool_infos(), storage.replica_statuses()))
-            .await
-            .unwrap_or_default();
+    let (pools, replicas, trash) = tokio::task::spawn_blocking(move || {
+        (
+            storage.pool_infos(),
+            storage.replica_statuses(),
+            storage.trash_list(),
+        )
+    })
+    .await
+    .unwrap_or_default();
     Json(AgentStatus {
         node: s.node.clone(),
         pools,
         replicas,
         engines: s.engines.statuses(),
+        trash,
+        cluster_id: s.storage.cluster_id(),
     })
 }
 
@@ -141,6 +150,7 @@ async fn create_replica(
         volume: req.volume.clone(),
         size: req.size_bytes,
         thin: req.thin,
+        cluster: req.cluster_id.clone(),
     };
     let storage = s.storage.clone();
     let replica = tokio::task::spawn_blocking(move || storage.create(&req.pool, &new))
@@ -167,6 +177,30 @@ async fn delete_replica(
         .map_err(storage_error)?;
     tracing::info!(replica = %id, "replica deleted");
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn trash_replica(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, Failure> {
+    let storage = s.storage.clone();
+    let rid = id.clone();
+    tokio::task::spawn_blocking(move || storage.trash(&rid))
+        .await
+        .map_err(|e| Failure(ApiError::new(ErrorCode::Internal, e.to_string())))?
+        .map_err(storage_error)?;
+    tracing::warn!(replica = %id, "replica moved to the pool's trash");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn inventory(
+    State(s): State<AdminState>,
+) -> Result<Json<Vec<hawser_api::agent::ReplicaInventory>>, Failure> {
+    let storage = s.storage.clone();
+    tokio::task::spawn_blocking(move || storage.inventory())
+        .await
+        .map(Json)
+        .map_err(|e| Failure(ApiError::new(ErrorCode::Internal, e.to_string())))
 }
 
 async fn grow_replica(

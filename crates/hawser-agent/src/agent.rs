@@ -52,6 +52,10 @@ pub struct AgentArgs {
     /// NBD unix socket path (default `<data-dir>/nbd.sock`).
     #[arg(long)]
     pub nbd_socket: Option<PathBuf>,
+    /// How long a replica moved to a pool's trash (an orphan, by the controller's word) is
+    /// kept before it is deleted, in seconds.
+    #[arg(long, default_value_t = 86_400)]
+    pub trash_keep_secs: u64,
     /// The cluster's agent token (the controller writes it to `<its data-dir>/agent.token`
     /// at cluster init). Sent on every call to the controller; the admin API requires it.
     #[arg(long, env = "HAWSER_AGENT_TOKEN_FILE", value_name = "PATH")]
@@ -153,7 +157,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .into_iter()
         .map(|c| Pool::open(c.clone()).with_context(|| format!("open pool {}", c.name)))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let storage = Arc::new(NodeStorage::new(args.node.clone(), pools));
+    let cluster_file = args.data_dir.join("cluster-id");
+    let storage = Arc::new(
+        NodeStorage::new(args.node.clone(), pools)
+            .with_cluster_file(cluster_file.clone())
+            .with_context(|| format!("read {}", cluster_file.display()))?,
+    );
     let engines = Arc::new(Engines::default());
     let (stop_tx, stop_rx) = watch::channel(false);
 
@@ -221,7 +230,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         nbd_socket: Some(sock.display().to_string()),
         pools: vec![],
         labels,
+        cluster_id: None,
     };
+    tasks.spawn(purge_trash(
+        storage.clone(),
+        args.trash_keep_secs,
+        stop_rx.clone(),
+    ));
     tasks.spawn(heartbeat(
         args.node.clone(),
         args.controller.clone(),
@@ -264,6 +279,7 @@ async fn heartbeat(
         body.pools = tokio::task::spawn_blocking(move || s.pool_infos())
             .await
             .unwrap_or_default();
+        body.cluster_id = storage.cluster_id();
         match link.register(&node, &body).await {
             Ok(()) if failing => {
                 tracing::info!("controller reachable again");
@@ -276,6 +292,19 @@ async fn heartbeat(
             }
             Err(_) => {}
         }
+    }
+}
+
+/// Empties the pools' trash of what it held for `keep_secs`, once a minute.
+async fn purge_trash(storage: Arc<NodeStorage>, keep_secs: u64, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let s = storage.clone();
+        let _ = tokio::task::spawn_blocking(move || s.purge_trash(keep_secs)).await;
     }
 }
 

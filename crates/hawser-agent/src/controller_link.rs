@@ -354,6 +354,7 @@ mod tests {
             nbd_socket: None,
             pools: vec![],
             labels: Default::default(),
+            cluster_id: None,
         };
         link.register("n1", &body).await.unwrap();
         assert_eq!(leader_hits.load(Ordering::SeqCst), 3);

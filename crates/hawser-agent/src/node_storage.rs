@@ -1,6 +1,7 @@
 //! The pools of this node and the lookups across them.
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use hawser_api::agent::ReplicaStatus;
 use hawser_api::controller::{PoolInfo, PoolKind};
@@ -9,14 +10,83 @@ use hawser_storage::{NewReplica, Pool, Replica, StorageError};
 pub struct NodeStorage {
     node: String,
     pools: Vec<Arc<Pool>>,
+    /// The cluster this node's replicas belong to: learned from the first replica the
+    /// controller creates here, kept in `cluster_file`, and sent with every heartbeat so that
+    /// a controller of another cluster (a wiped or wrong store) refuses this node instead of
+    /// taking its replicas for orphans.
+    cluster: Mutex<Option<String>>,
+    cluster_file: Option<PathBuf>,
 }
 
 impl NodeStorage {
+    /// The cluster is the one most of the replicas' metadata names, if any.
     pub fn new(node: String, pools: Vec<Pool>) -> NodeStorage {
+        let pools: Vec<Arc<Pool>> = pools.into_iter().map(Arc::new).collect();
+        let mut seen = std::collections::BTreeMap::<String, usize>::new();
+        for r in pools.iter().flat_map(|p| p.list()) {
+            if let Some(c) = r.cluster() {
+                *seen.entry(c).or_default() += 1;
+            }
+        }
+        if seen.len() > 1 {
+            tracing::warn!(clusters = ?seen, "replicas of more than one cluster on this node");
+        }
+        let cluster = seen.into_iter().max_by_key(|(_, n)| *n).map(|(c, _)| c);
         NodeStorage {
             node,
-            pools: pools.into_iter().map(Arc::new).collect(),
+            pools,
+            cluster: Mutex::new(cluster),
+            cluster_file: None,
         }
+    }
+
+    /// Keeps the cluster id in `path` (the agent's data directory); an id found there wins
+    /// over the replicas' (a node whose replicas are all gone still knows its cluster).
+    pub fn with_cluster_file(mut self, path: PathBuf) -> std::io::Result<NodeStorage> {
+        match std::fs::read_to_string(&path) {
+            Ok(id) if !id.trim().is_empty() => {
+                let id = id.trim().to_owned();
+                let mine = self.cluster.get_mut().unwrap_or_else(|p| p.into_inner());
+                if mine.as_ref().is_some_and(|m| *m != id) {
+                    tracing::warn!(file = %id, replicas = ?mine, "cluster id file and replicas disagree; the file wins");
+                }
+                *mine = Some(id);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        self.cluster_file = Some(path);
+        Ok(self)
+    }
+
+    pub fn cluster_id(&self) -> Option<String> {
+        self.cluster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Takes `id` as this node's cluster if it has none yet; refuses another one.
+    fn join_cluster(&self, id: &str) -> Result<(), StorageError> {
+        let mut mine = self.cluster.lock().unwrap_or_else(|p| p.into_inner());
+        match mine.as_deref() {
+            Some(m) if m == id => return Ok(()),
+            Some(m) => {
+                return Err(StorageError::OtherCluster {
+                    mine: m.into(),
+                    asked: id.into(),
+                })
+            }
+            None => {}
+        }
+        if let Some(path) = &self.cluster_file {
+            hawser_storage::file_ops::replace_file(path, id.as_bytes())
+                .map_err(|e| StorageError::io("write the cluster id", path, e))?;
+        }
+        tracing::info!(cluster = id, "this node joined its cluster");
+        *mine = Some(id.to_owned());
+        Ok(())
     }
 
     pub fn replica(&self, id: &str) -> Option<Arc<Replica>> {
@@ -29,6 +99,9 @@ impl NodeStorage {
 
     /// Create a replica; refuses an id that exists in any pool of this node.
     pub fn create(&self, pool: &str, new: &NewReplica) -> Result<Arc<Replica>, StorageError> {
+        if let Some(c) = &new.cluster {
+            self.join_cluster(c)?;
+        }
         let broken = |p: &Arc<Pool>| p.broken().iter().any(|b| b.id == new.id);
         if self.replica(&new.id).is_some() || self.pools.iter().any(broken) {
             return Err(StorageError::ReplicaExists {
@@ -54,13 +127,76 @@ impl NodeStorage {
         pool.grow_replica(id, size)
     }
 
+    /// Deletes a replica; a broken one (see `Pool::broken`) goes to the trash instead: its
+    /// files could not be read, so whether it holds anything of value is unknown.
     pub fn delete(&self, id: &str) -> Result<(), StorageError> {
+        if let Some(pool) = self.pools.iter().find(|p| p.get(id).is_some()) {
+            return pool.delete_replica(id);
+        }
+        self.trash(id)
+    }
+
+    /// Moves a replica (loaded or broken) to its pool's trash; see `Pool::trash_replica`.
+    pub fn trash(&self, id: &str) -> Result<(), StorageError> {
+        let holds = |p: &&Arc<Pool>| p.get(id).is_some() || p.broken().iter().any(|b| b.id == id);
         let pool = self
             .pools
             .iter()
-            .find(|p| p.get(id).is_some())
+            .find(holds)
             .ok_or_else(|| StorageError::ReplicaNotFound { id: id.into() })?;
-        pool.delete_replica(id)
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        pool.trash_replica(id, now)
+    }
+
+    /// Every pool's trash.
+    pub fn trash_list(&self) -> Vec<hawser_api::agent::TrashedReplica> {
+        self.pools
+            .iter()
+            .flat_map(|p| p.trash())
+            .map(|t| hawser_api::agent::TrashedReplica {
+                replica_id: t.id,
+                volume: t.volume,
+                pool: t.pool,
+                trashed_at_secs: t.trashed_at_secs,
+                bytes: t.bytes,
+            })
+            .collect()
+    }
+
+    /// Purges what every pool's trash has held for `keep_secs` or longer.
+    pub fn purge_trash(&self, keep_secs: u64) -> usize {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.pools
+            .iter()
+            .map(|p| p.purge_trash(now, keep_secs))
+            .sum()
+    }
+
+    /// Every loaded replica with a summary of its newest journal (reads the journals).
+    pub fn inventory(&self) -> Vec<hawser_api::agent::ReplicaInventory> {
+        use hawser_api::agent::{JournalSummary, ReplicaInventory};
+        self.pools
+            .iter()
+            .flat_map(|p| p.list())
+            .map(|r| ReplicaInventory {
+                status: status(&r),
+                journal: match r.get_journal(r.epoch()) {
+                    Ok(hawser_storage::StoredJournal::Found { journal: j, .. }) => {
+                        Some(JournalSummary {
+                            epoch: j.epoch,
+                            seq: j.seq,
+                            size_bytes: j.size,
+                            lacking: j.out.into_iter().map(|o| o.replica).collect(),
+                        })
+                    }
+                    _ => None,
+                },
+            })
+            .collect()
     }
 
     pub fn pool_infos(&self) -> Vec<PoolInfo> {
@@ -104,6 +240,7 @@ impl NodeStorage {
                 data_path: b.meta_path.with_extension("data").display().to_string(),
                 failed: true,
                 error: Some(b.reason),
+                cluster_id: None,
             })
         });
         self.pools
@@ -127,5 +264,6 @@ pub fn status(r: &Replica) -> ReplicaStatus {
         data_path: r.data_path().display().to_string(),
         failed: r.is_failed(),
         error: None,
+        cluster_id: r.cluster(),
     }
 }

@@ -1057,6 +1057,7 @@ mod tests {
             volume: "vol".into(),
             size: SIZE,
             thin: true,
+            cluster: None,
         };
         let replica = storage.create("default", &new).expect("create replica");
         let req = StartEngine {

@@ -4,10 +4,12 @@
 //! |--------|-------------------------|---------------------------------------|
 //! | POST   | /v1/replicas            | `CreateReplica` → `ReplicaStatus`     |
 //! | DELETE | /v1/replicas/{id}       | → 204                                 |
+//! | POST   | /v1/replicas/{id}/trash | → 204 (moved to the pool's trash)     |
 //! | POST   | /v1/replicas/{id}/grow  | `GrowReplica` → `ReplicaStatus`       |
 //! | POST   | /v1/engines             | `StartEngine` → `EngineStatus`        |
 //! | DELETE | /v1/engines/{volume}    | → 204 (flushes, then stops)           |
 //! | GET    | /v1/status              | → `AgentStatus`                       |
+//! | GET    | /v1/replicas/inventory  | → `[ReplicaInventory]` (reads journals) |
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +28,10 @@ pub struct CreateReplica {
     pub size_bytes: u64,
     pub pool: String,
     pub thin: bool,
+    /// The controller's cluster, recorded in the replica's metadata; an agent of another
+    /// cluster refuses the create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
 }
 
 /// Grow a replica of a detached volume to `size_bytes` (growing to its size is a no-op).
@@ -52,6 +58,9 @@ pub struct ReplicaStatus {
     /// data file of the wrong size); such a replica is `failed` and left on disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The cluster recorded in its metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
 }
 
 /// One replica an engine writes to.
@@ -211,4 +220,42 @@ pub struct AgentStatus {
     pub pools: Vec<PoolInfo>,
     pub replicas: Vec<ReplicaStatus>,
     pub engines: Vec<EngineStatus>,
+    /// Replicas in the pools' trash (moved there as orphans), kept for the grace period.
+    #[serde(default)]
+    pub trash: Vec<TrashedReplica>,
+    /// The cluster this node belongs to, if it has joined one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+}
+
+/// A replica in a pool's trash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrashedReplica {
+    pub replica_id: String,
+    /// From its metadata ("" if unreadable).
+    pub volume: String,
+    pub pool: String,
+    /// Unix seconds when it was moved there.
+    pub trashed_at_secs: u64,
+    pub bytes: u64,
+}
+
+/// A replica with what its newest journal says, for `hawser cluster recover`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaInventory {
+    pub status: ReplicaStatus,
+    /// None: no readable journal.
+    pub journal: Option<JournalSummary>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalSummary {
+    pub epoch: u64,
+    pub seq: u64,
+    pub size_bytes: u64,
+    /// Replicas the engine that wrote it knew to lack data.
+    pub lacking: Vec<String>,
 }

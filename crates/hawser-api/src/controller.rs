@@ -48,6 +48,10 @@ pub struct RegisterNode {
     /// The agent's `--label`s, e.g. `zone=a`; see [`validate_labels`].
     #[serde(default)]
     pub labels: Labels,
+    /// The cluster the node's replicas belong to, if it has joined one. A controller whose
+    /// store is of another cluster refuses the node (see `hawser cluster recover`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -496,4 +500,57 @@ mod tests {
         .unwrap();
         assert_eq!(spread.zone_spread, Some(ZoneSpread::Preferred));
     }
+}
+
+/// `GET /v1/trash`: a replica in a node's pool trash (an orphan: moved there instead of
+/// deleted, and purged by its agent after the grace period).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrphanReplica {
+    pub node: String,
+    #[serde(flatten)]
+    pub replica: crate::agent::TrashedReplica,
+}
+
+/// `GET /v1/cluster`: the cluster's identity and the nodes it refuses because their
+/// replicas belong to another cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterInfo {
+    pub id: String,
+    pub created_ms: u64,
+    pub waiting: Vec<WaitingNode>,
+}
+
+/// A node that asked to join while its replicas name another cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitingNode {
+    pub node: String,
+    pub cluster_id: String,
+    pub admin_addr: String,
+    /// Unix milliseconds of its last attempt.
+    pub last_seen_ms: u64,
+}
+
+/// `POST /v1/cluster/recover`: adopt the waiting nodes' cluster (only into a store without
+/// volumes) and rebuild the record of every volume whose replicas the nodes hold but the
+/// store does not know.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoverCluster {
+    /// Wait at most this long for the adopted nodes to register again (default 30).
+    #[serde(default)]
+    pub wait_secs: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoverReport {
+    pub cluster_id: String,
+    /// The store took the nodes' cluster id (it was empty, wiped or of a new cluster).
+    pub adopted: bool,
+    pub volumes: Vec<Volume>,
+    /// Volumes or replicas left alone, with why.
+    pub skipped: Vec<String>,
 }

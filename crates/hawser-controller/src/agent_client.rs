@@ -106,6 +106,21 @@ impl AgentClient {
         self.call_no_body(Method::DELETE, to, &path).await
     }
 
+    /// Moves a replica to its pool's trash (an orphan: kept for the agent's grace period).
+    pub async fn trash_replica(&self, to: Agent<'_>, replica_id: &str) -> Result<(), AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/trash");
+        self.call_no_body(Method::POST, to, &path).await
+    }
+
+    /// Every replica with its newest journal's summary (for `hawser cluster recover`).
+    pub async fn inventory(
+        &self,
+        to: Agent<'_>,
+    ) -> Result<Vec<hawser_api::agent::ReplicaInventory>, AgentError> {
+        self.call::<(), _>(Method::GET, to, "/v1/replicas/inventory", None)
+            .await
+    }
+
     /// Grows a replica (of a detached volume) to `size_bytes`.
     pub async fn grow_replica(
         &self,

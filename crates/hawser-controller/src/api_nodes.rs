@@ -18,6 +18,7 @@ pub async fn register(
     ApiJson(req): ApiJson<RegisterNode>,
 ) -> Result<Json<Node>, ControllerError> {
     validate(&name, &req)?;
+    crate::cluster::admit(&st, &name, &req.admin_addr, req.cluster_id.as_deref()).await?;
     let record = NodeRecord {
         name: name.clone(),
         admin_addr: req.admin_addr,

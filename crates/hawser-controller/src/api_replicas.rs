@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
-use hawser_api::controller::ReplicaInfo;
+use hawser_api::controller::{OrphanReplica, ReplicaInfo};
 
 use crate::errors::ControllerError;
 use crate::model::VolumeRecord;
@@ -19,6 +19,26 @@ pub async fn list(
     let volumes = st.records.volumes().await?;
     Ok(Json(volumes.iter().flat_map(infos).collect()))
 }
+
+/// `GET /v1/trash`: the trash of every agent that answers.
+pub async fn trash(
+    State(st): State<Arc<AppState>>,
+) -> Result<Json<Vec<OrphanReplica>>, ControllerError> {
+    let mut out = Vec::new();
+    for n in st.records.nodes().await? {
+        let status = tokio::time::timeout(STATUS_TIMEOUT, st.agents.status(n.agent())).await;
+        match status {
+            Ok(Ok(s)) => out.extend(s.trash.into_iter().map(|replica| OrphanReplica {
+                node: n.name.clone(),
+                replica,
+            })),
+            _ => tracing::debug!(node = %n.name, "trash listing: agent does not answer"),
+        }
+    }
+    Ok(Json(out))
+}
+
+const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub async fn show(
     State(st): State<Arc<AppState>>,

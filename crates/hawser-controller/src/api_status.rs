@@ -188,6 +188,8 @@ mod tests {
             node: "node-a".into(),
             pools: vec![],
             replicas: vec![],
+            trash: vec![],
+            cluster_id: None,
             engines: vec![EngineStatus {
                 volume: "v".into(),
                 epoch: 3,

@@ -85,6 +85,19 @@ pub enum ControllerError {
     NotLeader { leader_url: Option<String> },
     #[error("cluster store: {0}")]
     Store(#[from] StoreError),
+    #[error(
+        "node {node:?} holds replicas of cluster {theirs}, but this controller's store is of \
+         cluster {ours}: the node is refused and nothing of it is touched. If the store was \
+         wiped or restored from a backup, run `hawser cluster recover` to adopt the nodes' \
+         replicas"
+    )]
+    OtherCluster {
+        node: String,
+        theirs: String,
+        ours: String,
+    },
+    #[error("{message}")]
+    Refused { message: String },
 }
 
 fn not_leader_message(leader_url: &Option<String>) -> String {
@@ -117,6 +130,8 @@ impl ControllerError {
             | E::LastInSyncReplica { .. }
             | E::ReplicaFailed { .. }
             | E::Changed { .. }
+            | E::OtherCluster { .. }
+            | E::Refused { .. }
             | E::Contention { .. } => ErrorCode::Conflict,
             E::StaleEpoch { .. } => ErrorCode::StaleEpoch,
             E::Unauthorized { .. } => ErrorCode::Unauthorized,

@@ -15,6 +15,7 @@ mod api_replicas;
 mod api_status;
 mod api_volumes;
 mod auth;
+mod cluster;
 mod constants;
 mod engine_watch;
 mod errors;
@@ -292,6 +293,7 @@ impl Controller {
                 Some(k) => events::VolumeEvents::start(k.clone()),
                 None => events::VolumeEvents::none(),
             },
+            waiting: Default::default(),
         };
         Ok(Controller {
             listener,

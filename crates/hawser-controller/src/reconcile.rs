@@ -160,9 +160,9 @@ async fn delete_orphan(st: &AppState, held: &Held<'_>) {
         Ok(_) => {}
         Err(e) => return tracing::warn!(replica, error = %e, "reconcile: cannot read"),
     }
-    match st.agents.delete_replica(held.node.agent(), replica).await {
-        Ok(()) => tracing::warn!(%node, replica, "deleted an orphan replica"),
-        Err(e) => tracing::warn!(%node, replica, error = %e, "cannot delete an orphan yet"),
+    match st.agents.trash_replica(held.node.agent(), replica).await {
+        Ok(()) => tracing::warn!(%node, replica, "moved an orphan replica to its pool's trash"),
+        Err(e) => tracing::warn!(%node, replica, error = %e, "cannot trash an orphan yet"),
     }
 }
 

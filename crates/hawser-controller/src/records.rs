@@ -22,6 +22,11 @@ impl Records {
         Records { store }
     }
 
+    /// The store itself, for records kept outside this module (`cluster.rs`).
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
     pub async fn node(&self, name: &str) -> Result<Option<NodeRecord>, ControllerError> {
         Ok(get_json(&*self.store, &node_key(name))
             .await?

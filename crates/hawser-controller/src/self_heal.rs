@@ -138,6 +138,7 @@ async fn add_blank(
         size_bytes: v.size_bytes,
         pool: placed.pool.clone(),
         thin: v.thin,
+        cluster_id: Some(crate::cluster::identity(st).await?.id),
     };
     if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
         st.reservations.release(&id);

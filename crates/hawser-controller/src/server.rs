@@ -18,7 +18,7 @@ use crate::constants::MAX_BODY_BYTES;
 use crate::errors::ControllerError;
 use crate::leader::Role;
 use crate::state::AppState;
-use crate::{api_nodes, api_pools, api_replicas, api_status, api_volumes};
+use crate::{api_nodes, api_pools, api_replicas, api_status, api_volumes, cluster};
 
 /// One route of the API: method, path (axum syntax), who may call it, and its handler.
 struct Route {
@@ -63,10 +63,18 @@ fn routes() -> Vec<Route> {
             Admin,
             post(api_nodes::restore),
         ),
+        route(M::GET, "/v1/cluster", Admin, get(cluster::show)),
+        route(
+            M::POST,
+            "/v1/cluster/recover",
+            Admin,
+            post(cluster::recover),
+        ),
         route(M::GET, "/v1/pools", Admin, get(api_pools::list)),
         route(M::GET, "/v1/status", Admin, get(api_status::show)),
         route(M::GET, "/v1/replicas", Admin, get(api_replicas::list)),
         route(M::GET, "/v1/replicas/{id}", Admin, get(api_replicas::show)),
+        route(M::GET, "/v1/trash", Admin, get(api_replicas::trash)),
         route(M::POST, "/v1/volumes", Admin, post(api_volumes::create)),
         route(M::GET, "/v1/volumes", Admin, get(api_volumes::list)),
         route(M::GET, "/v1/volumes/{name}", Admin, get(api_volumes::show)),

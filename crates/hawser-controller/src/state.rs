@@ -23,6 +23,8 @@ pub struct AppState {
     pub leadership: Leadership,
     /// Events on the volumes' PVCs (Kubernetes only).
     pub events: crate::events::VolumeEvents,
+    /// Nodes refused as of another cluster (`cluster.rs`).
+    pub waiting: crate::cluster::Waiting,
 }
 
 impl AppState {

@@ -188,6 +188,7 @@ async fn create_replicas(
     nodes: &[NodeRecord],
     attempted: &mut Vec<String>,
 ) -> Result<(), ControllerError> {
+    let cluster = crate::cluster::identity(st).await?.id;
     for r in &record.replicas {
         let node = find_node(nodes, &r.node)?;
         let req = CreateReplica {
@@ -196,6 +197,7 @@ async fn create_replicas(
             size_bytes: record.size_bytes,
             pool: r.pool.clone(),
             thin: record.thin,
+            cluster_id: Some(cluster.clone()),
         };
         if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
             // A create that timed out or got an error answer may still have happened on the

@@ -404,6 +404,7 @@ mod tests {
             controller_url: "http://127.0.0.1:1".into(),
             leadership: crate::leader::Leadership::sole(),
             events: crate::events::VolumeEvents::none(),
+            waiting: Default::default(),
         });
         let report = |id: &'static str| {
             let st = st.clone();

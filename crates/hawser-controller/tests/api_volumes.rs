@@ -478,10 +478,11 @@ async fn an_engine_missing_after_an_agent_restart_is_started_again() {
 }
 
 /// A replica an agent holds that no volume references (a failed create's leftover the
-/// rollback could not delete, or a deposed leader's late create) is deleted by the leader's
-/// reconcile round; the replicas of existing volumes are kept.
+/// rollback could not delete, or a deposed leader's late create) is moved to its pool's
+/// trash by the leader's reconcile round, never deleted; the replicas of existing volumes
+/// are kept.
 #[tokio::test]
-async fn orphan_replicas_are_deleted_and_referenced_ones_kept() {
+async fn orphan_replicas_are_trashed_and_referenced_ones_kept() {
     let c = Cluster::start(2).await;
     let (status, e) = c.create("v", GIB, 2).await;
     assert_eq!(status, 201, "{e}");
@@ -493,6 +494,7 @@ async fn orphan_replicas_are_deleted_and_referenced_ones_kept() {
         size_bytes: GIB,
         pool: "default".into(),
         thin: true,
+        cluster_id: None,
     };
     let n1 = c.agent("n1");
     n1.state
@@ -511,7 +513,10 @@ async fn orphan_replicas_are_deleted_and_referenced_ones_kept() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(c.all_replicas(), kept);
-    assert!(n1
-        .calls()
-        .contains(&"DELETE /v1/replicas/gone-r0-abcdef".to_string()));
+    let calls = n1.calls();
+    assert!(calls.contains(&"POST /v1/replicas/gone-r0-abcdef/trash".to_string()));
+    assert!(
+        !calls.iter().any(|c| c.starts_with("DELETE /v1/replicas/")),
+        "{calls:?}"
+    );
 }

@@ -148,7 +148,7 @@ async fn real_responses_validate_against_the_document() {
         p.call(a, vols.clone(), "/v1/volumes", Some(bad)).await.0,
         400
     );
-    let huge = json!({"name": "w", "size_bytes": 1u64 << 50, "replicas": 2});
+    let huge = json!({"name": "w", "size_bytes": 1u64 << 45, "replicas": 2});
     assert_eq!(
         p.call(a, vols.clone(), "/v1/volumes", Some(huge)).await.0,
         507
@@ -245,12 +245,31 @@ async fn real_responses_validate_against_the_document() {
             .0,
         400
     );
-    let huge = json!({"size_bytes": 1u64 << 60});
+    let huge = json!({"size_bytes": 1u64 << 45});
     let nope = p
         .call(a, expand, "/v1/volumes/nope/expand", Some(huge))
         .await;
     assert_eq!(nope.0, 404);
     assert_eq!(p.call(a, del.clone(), "/v1/volumes/v", None).await.0, 204);
+    // The cluster's identity, the trash, a recovery with nothing to recover.
+    let (s, c) = p
+        .call(a, (Method::GET, "/v1/cluster"), "/v1/cluster", None)
+        .await;
+    assert_eq!(s, 200, "{c}");
+    assert_eq!(c["id"].as_str().map(str::len), Some(32), "{c}");
+    let (s, t) = p
+        .call(a, (Method::GET, "/v1/trash"), "/v1/trash", None)
+        .await;
+    assert_eq!((s, t), (200, json!([])));
+    let recover = (Method::POST, "/v1/cluster/recover");
+    let (s, r) = p
+        .call(a, recover, "/v1/cluster/recover", Some(json!({})))
+        .await;
+    assert_eq!(
+        (s, &r["adopted"], &r["cluster_id"]),
+        (200, &json!(false), &c["id"]),
+        "{r}"
+    );
     // Authentication errors.
     let (s, e) = p
         .call(None, (Method::GET, "/v1/volumes"), "/v1/volumes", None)

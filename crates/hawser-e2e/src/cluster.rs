@@ -257,6 +257,28 @@ impl Cluster {
         let _ = c.wait();
     }
 
+    /// The operator's worst day: the (single, embedded-store) controller stops, its store
+    /// file is lost, and it starts again on the same address with an empty store (its token
+    /// files are kept).
+    pub fn restart_controller_with_empty_store(&mut self) {
+        assert!(
+            self.etcd.is_none() && self.controllers.len() == 1,
+            "one controller on the embedded store"
+        );
+        let c = &mut self.controllers[0];
+        stop(&mut c.child);
+        let data = self.dir.path().join(&c.name);
+        std::fs::remove_file(data.join("store.json")).expect("remove the store file");
+        let port: u16 = c
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("controller port");
+        let name = c.name.clone();
+        self.controllers[0] = spawn_controller_on(self.dir.path(), &name, None, &self.tokens, port);
+    }
+
     /// SIGSTOP agent `name` (by the PID this fixture started): it keeps its connections but
     /// answers nothing, as a hung node would, until [`Self::resume_agent`].
     pub fn pause_agent(&self, name: &str) {
@@ -370,7 +392,16 @@ fn spawn_controller(
     store: Option<&str>,
     tokens: &TokenFiles,
 ) -> ControllerProc {
-    let port = free_port();
+    spawn_controller_on(dir, name, store, tokens, free_port())
+}
+
+fn spawn_controller_on(
+    dir: &Path,
+    name: &str,
+    store: Option<&str>,
+    tokens: &TokenFiles,
+    port: u16,
+) -> ControllerProc {
     let url = format!("http://127.0.0.1:{port}");
     let mut cmd = Command::new(hawser_bin());
     cmd.args(["controller", "--listen", &format!("127.0.0.1:{port}")])

@@ -36,6 +36,11 @@ pub enum StorageError {
          detach its volume first"
     )]
     InUse { id: String },
+    #[error(
+        "this node's replicas belong to cluster {mine}, not to cluster {asked}: a controller \
+         of another cluster (a wiped, restored or wrong store?) may not create replicas here"
+    )]
+    OtherCluster { mine: String, asked: String },
     #[error("invalid replica or volume id {id:?}")]
     InvalidId { id: String },
     #[error("{context} {path}: {source}")]

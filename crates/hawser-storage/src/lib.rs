@@ -11,7 +11,9 @@ pub mod replica;
 pub use aligned::AlignedBuf;
 pub use error::{ReplicaIoError, StorageError};
 pub use journal_file::Stored as StoredJournal;
-pub use pool::{node_boot_id, BrokenReplica, Pool, PoolConfig, PoolKind, PoolUsage};
+pub use pool::{
+    node_boot_id, BrokenReplica, Pool, PoolConfig, PoolKind, PoolUsage, TrashedReplica,
+};
 pub use replica::{NewReplica, Replica};
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ pub struct Pool {
     replicas: Mutex<BTreeMap<String, Arc<Replica>>>,
     /// Replicas found at open that could not be loaded, by id. Kept on disk untouched (an
     /// operator or a newer version may still read them) and reported as failed.
-    broken: BTreeMap<String, BrokenReplica>,
+    broken: Mutex<BTreeMap<String, BrokenReplica>>,
 }
 
 /// A replica whose files are in the pool but cannot be served: unreadable or corrupt
@@ -144,13 +144,116 @@ impl Pool {
             config,
             dir,
             replicas: Mutex::new(replicas),
-            broken,
+            broken: Mutex::new(broken),
         })
     }
 
     /// Replicas that could not be loaded at open (see [`BrokenReplica`]).
     pub fn broken(&self) -> Vec<BrokenReplica> {
-        self.broken.values().cloned().collect()
+        self.broken_map().values().cloned().collect()
+    }
+
+    fn broken_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BrokenReplica>> {
+        self.broken.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn trash_dir(&self) -> PathBuf {
+        self.config.path.join("trash")
+    }
+
+    /// Moves a replica's files (a loaded one no engine uses, or a broken one) into the
+    /// pool's trash, `trash/<id>.<unix seconds>.{data,journal,meta}`, instead of deleting
+    /// them: a controller may be wrong about a replica being an orphan (a wiped or rolled
+    /// back store), and the trash keeps it for [`Pool::purge_trash`]'s grace period. The
+    /// metadata moves last, so a crash in between leaves a replica the next open reports
+    /// broken (its data file is gone), never a data file it would remove.
+    pub fn trash_replica(&self, id: &str, now_secs: u64) -> Result<(), StorageError> {
+        let mut map = self.lock();
+        let mut broken = self.broken_map();
+        if let Some(r) = map.get(id) {
+            if Arc::strong_count(r) > 1 {
+                return Err(StorageError::InUse { id: id.into() });
+            }
+        } else if !broken.contains_key(id) {
+            return Err(StorageError::ReplicaNotFound { id: id.into() });
+        }
+        let trash = self.trash_dir();
+        std::fs::create_dir_all(&trash)
+            .map_err(|e| StorageError::io("create pool trash", &trash, e))?;
+        let (data, meta) = Replica::paths(&self.dir, id);
+        for from in [data, meta.with_extension("journal"), meta] {
+            let ext = from.extension().and_then(|e| e.to_str()).unwrap_or("x");
+            let to = trash.join(format!("{id}.{now_secs}.{ext}"));
+            match std::fs::rename(&from, &to) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io("move to the pool trash", &from, e)),
+            }
+        }
+        for dir in [&self.dir, &trash] {
+            file_ops::sync_dir(&dir.join("x"))
+                .map_err(|e| StorageError::io("sync pool directory", dir, e))?;
+        }
+        map.remove(id);
+        broken.remove(id);
+        Ok(())
+    }
+
+    /// What the trash holds: one entry per trashed replica.
+    pub fn trash(&self) -> Vec<TrashedReplica> {
+        let Ok(entries) = std::fs::read_dir(self.trash_dir()) else {
+            return Vec::new();
+        };
+        let mut found = BTreeMap::<(String, u64), TrashedReplica>::new();
+        for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+            let Some((id, secs, ext)) = trash_name(&path) else {
+                continue;
+            };
+            let t = found.entry((id.clone(), secs)).or_insert(TrashedReplica {
+                id,
+                pool: self.name().into(),
+                trashed_at_secs: secs,
+                volume: String::new(),
+                bytes: 0,
+            });
+            t.bytes += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            if ext == "meta" {
+                t.volume = std::fs::read(&path)
+                    .ok()
+                    .and_then(|raw| hawser_wire::meta::ReplicaMeta::decode(&raw).ok())
+                    .map(|m| m.volume)
+                    .unwrap_or_default();
+            }
+        }
+        found.into_values().collect()
+    }
+
+    /// Deletes what went to the trash more than `keep_secs` before `now_secs`; returns how
+    /// many replicas it removed.
+    pub fn purge_trash(&self, now_secs: u64, keep_secs: u64) -> usize {
+        let Ok(entries) = std::fs::read_dir(self.trash_dir()) else {
+            return 0;
+        };
+        let mut gone = std::collections::BTreeSet::new();
+        for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+            let Some((id, secs, _)) = trash_name(&path) else {
+                continue;
+            };
+            if now_secs.saturating_sub(secs) >= keep_secs {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {
+                        gone.insert((id, secs));
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot purge from the trash")
+                    }
+                }
+            }
+        }
+        for (id, secs) in &gone {
+            tracing::info!(pool = self.name(), replica = %id, trashed_at = secs, "purged from the trash");
+        }
+        gone.len()
     }
 
     pub fn name(&self) -> &str {
@@ -224,7 +327,7 @@ impl Pool {
             });
         }
         let mut map = self.lock();
-        if map.contains_key(&new.id) || self.broken.contains_key(&new.id) {
+        if map.contains_key(&new.id) || self.broken_map().contains_key(&new.id) {
             return Err(StorageError::ReplicaExists {
                 pool: self.name().into(),
                 id: new.id.clone(),
@@ -330,6 +433,26 @@ impl Pool {
         map.remove(id);
         Ok(())
     }
+}
+
+/// A replica in a pool's trash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrashedReplica {
+    pub id: String,
+    pub pool: String,
+    pub trashed_at_secs: u64,
+    /// From its metadata, if readable.
+    pub volume: String,
+    /// Bytes its files hold (their lengths).
+    pub bytes: u64,
+}
+
+/// `<id>.<secs>.<ext>` of a file in the trash.
+fn trash_name(path: &Path) -> Option<(String, u64, String)> {
+    let name = path.file_name()?.to_str()?;
+    let (rest, ext) = name.rsplit_once('.')?;
+    let (id, secs) = rest.rsplit_once('.')?;
+    Some((id.to_owned(), secs.parse().ok()?, ext.to_owned()))
 }
 
 impl BrokenReplica {

@@ -66,6 +66,8 @@ pub struct NewReplica {
     pub volume: String,
     pub size: u64,
     pub thin: bool,
+    /// The cluster it is created for (recorded in its metadata).
+    pub cluster: Option<String>,
 }
 
 impl Replica {
@@ -109,6 +111,7 @@ impl Replica {
             generation: 1,
             state: ReplicaDiskState::Ok,
             thin: new.thin,
+            cluster: new.cluster.clone(),
         };
         // A new replica starts with an empty journal: nothing can differ yet. (No journal at
         // all means a replica from before journals, which recovery treats as unknown.)
@@ -229,6 +232,10 @@ impl Replica {
     }
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
+    }
+    /// The cluster recorded in its metadata (None: created before clusters had ids).
+    pub fn cluster(&self) -> Option<String> {
+        self.meta.lock().ok().and_then(|m| m.cluster.clone())
     }
     pub fn generation(&self) -> u64 {
         self.meta.lock().map(|m| m.generation).unwrap_or(0)

@@ -45,6 +45,7 @@ fn new(id: &str, size: u64, thin: bool) -> NewReplica {
         volume: "vol".into(),
         size,
         thin,
+        cluster: None,
     }
 }
 
@@ -459,4 +460,48 @@ fn a_grown_replica_accepts_journals_of_the_smaller_volume() {
         r.put_journal(2, &journal(4 << 20)),
         Err(ReplicaIoError::OutOfRange)
     );
+}
+
+#[test]
+fn trashed_replicas_leave_the_pool_keep_their_files_and_are_purged_after_the_grace() {
+    let dir = TempDir::new("trash");
+    let p = pool(&dir, 1.0, None);
+    let r = p
+        .create_replica(&new("orphan", 1 << 20, true))
+        .expect("create");
+    r.write(0, 0, &[7u8; 4096], false).expect("write");
+    // In use: refused, nothing moved.
+    assert!(matches!(
+        p.trash_replica("orphan", 1000),
+        Err(StorageError::InUse { .. })
+    ));
+    drop(r);
+    p.trash_replica("orphan", 1000).expect("trash");
+    assert!(p.get("orphan").is_none());
+    assert!(matches!(
+        p.trash_replica("nope", 1000),
+        Err(StorageError::ReplicaNotFound { .. })
+    ));
+    let trashed = p.trash();
+    assert_eq!(trashed.len(), 1, "{trashed:?}");
+    assert_eq!(
+        (trashed[0].id.as_str(), trashed[0].volume.as_str()),
+        ("orphan", "vol")
+    );
+    assert_eq!(trashed[0].trashed_at_secs, 1000);
+    let data = dir.0.join("trash/orphan.1000.data");
+    assert_eq!(
+        &std::fs::read(&data).expect("data kept")[..4096],
+        &[7u8; 4096][..]
+    );
+    drop(p);
+    let p = pool(&dir, 1.0, None);
+    assert!(
+        p.get("orphan").is_none() && p.broken().is_empty(),
+        "not loaded again"
+    );
+    assert_eq!(p.purge_trash(1000 + 59, 60), 0, "within the grace");
+    assert_eq!(p.trash().len(), 1);
+    assert_eq!(p.purge_trash(1000 + 60, 60), 1);
+    assert!(p.trash().is_empty() && !data.exists());
 }

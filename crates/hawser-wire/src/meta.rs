@@ -5,7 +5,10 @@
 use crate::constants::MAX_ID_BYTES;
 
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HWSRMETA");
-pub const META_VERSION: u32 = 1;
+/// Version 2 added the cluster id; version 1 records (no cluster) still decode.
+pub const META_VERSION: u32 = 2;
+/// Longest cluster id.
+pub const MAX_CLUSTER_ID_BYTES: usize = 64;
 /// One block, so the record is written by a single sector-aligned write.
 pub const META_LEN: usize = 4096;
 
@@ -32,6 +35,9 @@ pub struct ReplicaMeta {
     pub state: ReplicaDiskState,
     /// Thin (sparse) or thick (fully allocated) data file.
     pub thin: bool,
+    /// The cluster whose controller created it (None: created before clusters had ids). A
+    /// controller never deletes a replica of another cluster (docs/security.md).
+    pub cluster: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -48,9 +54,9 @@ pub enum MetaError {
     BadField { field: &'static str },
 }
 
-// Layout: magic u64 | version u32 | state u8 | thin u8 | pad u16 | size u64 | epoch u64 |
-// generation u64 | vol_len u16 | rep_len u16 | volume bytes | replica bytes | zeroes |
-// crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
+// Layout: magic u64 | version u32 | state u8 | thin u8 | cluster_len u16 (0 in version 1) |
+// size u64 | epoch u64 | generation u64 | vol_len u16 | rep_len u16 | volume bytes |
+// replica bytes | cluster bytes | zeroes | crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
 const IDS_AT: usize = 44;
 
 impl ReplicaMeta {
@@ -74,10 +80,19 @@ impl ReplicaMeta {
         let bad = |field| move |_| MetaError::BadField { field };
         let vl = u16::try_from(vol.len()).map_err(bad("volume"))?;
         let rl = u16::try_from(rep.len()).map_err(bad("replica"))?;
+        let cluster = self.cluster.as_deref().unwrap_or("").as_bytes();
+        if self.cluster.is_some() && (cluster.is_empty() || cluster.len() > MAX_CLUSTER_ID_BYTES) {
+            return Err(MetaError::BadField { field: "cluster" });
+        }
+        let cl = u16::try_from(cluster.len()).map_err(bad("cluster"))?;
+        b[14..16].copy_from_slice(&cl.to_le_bytes());
         b[40..42].copy_from_slice(&vl.to_le_bytes());
         b[42..44].copy_from_slice(&rl.to_le_bytes());
-        b[IDS_AT..IDS_AT + vol.len()].copy_from_slice(vol);
-        b[IDS_AT + vol.len()..IDS_AT + vol.len() + rep.len()].copy_from_slice(rep);
+        let mut at = IDS_AT;
+        for part in [vol, rep, cluster] {
+            b[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
         let crc = crc32c::crc32c(&b[..META_LEN - 4]);
         b[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
         Ok(b)
@@ -93,7 +108,7 @@ impl ReplicaMeta {
             return Err(MetaError::BadMagic { found: magic });
         }
         let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if version != META_VERSION {
+        if version != 1 && version != META_VERSION {
             return Err(MetaError::BadVersion { found: version });
         }
         let found = u32::from_le_bytes([b[4092], b[4093], b[4094], b[4095]]);
@@ -116,6 +131,12 @@ impl ReplicaMeta {
         if vol_len == 0 || vol_len > MAX_ID_BYTES || rep_len == 0 || rep_len > MAX_ID_BYTES {
             return Err(MetaError::BadField { field: "id length" });
         }
+        let cluster_len = usize::from(u16::from_le_bytes([b[14], b[15]]));
+        if cluster_len > MAX_CLUSTER_ID_BYTES || (version == 1 && cluster_len != 0) {
+            return Err(MetaError::BadField {
+                field: "cluster length",
+            });
+        }
         let id = |from: usize, len: usize, field| {
             std::str::from_utf8(&b[from..from + len])
                 .map(str::to_owned)
@@ -129,6 +150,10 @@ impl ReplicaMeta {
             generation: u64::from_le_bytes(arr8(&b[32..40])),
             state,
             thin,
+            cluster: match cluster_len {
+                0 => None,
+                n => Some(id(IDS_AT + vol_len + rep_len, n, "cluster")?),
+            },
         })
     }
 }
@@ -152,13 +177,41 @@ mod tests {
             generation: 11,
             state: ReplicaDiskState::Ok,
             thin: true,
+            cluster: Some("0123456789abcdef0123456789abcdef".into()),
         }
     }
 
     #[test]
     fn roundtrip() {
         let m = sample();
-        assert_eq!(ReplicaMeta::decode(&m.encode().expect("encode")), Ok(m));
+        assert_eq!(
+            ReplicaMeta::decode(&m.encode().expect("encode")),
+            Ok(m.clone())
+        );
+        let none = ReplicaMeta { cluster: None, ..m };
+        assert_eq!(
+            ReplicaMeta::decode(&none.encode().expect("encode")),
+            Ok(none)
+        );
+    }
+
+    /// A record written before cluster ids (version 1) still loads, with no cluster.
+    #[test]
+    fn version_1_records_load() {
+        let m = ReplicaMeta {
+            cluster: None,
+            ..sample()
+        };
+        let mut b = m.encode().expect("encode");
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..META_LEN - 4]);
+        b[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(ReplicaMeta::decode(&b), Ok(m));
+        // ...but a version 1 record cannot claim a cluster.
+        b[14] = 4;
+        let crc = crc32c::crc32c(&b[..META_LEN - 4]);
+        b[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert!(ReplicaMeta::decode(&b).is_err());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::client::Client;
 use crate::cli::output::OutputArg;
-use crate::cli::{node, pool, replica, status, volume};
+use crate::cli::{cluster, node, pool, replica, status, volume};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -65,6 +65,9 @@ enum Command {
     /// Inspect replicas.
     #[command(subcommand)]
     Replica(replica::ReplicaCmd),
+    /// The cluster's identity; recover the volumes after the store was lost.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCmd),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
         Command::Node(cmd) => client_exit(&conn, |c| node::run(c, cmd)),
         Command::Pool(cmd) => client_exit(&conn, |c| pool::run(c, cmd)),
         Command::Replica(cmd) => client_exit(&conn, |c| replica::run(c, cmd)),
+        Command::Cluster(cmd) => client_exit(&conn, |c| cluster::run(c, cmd)),
         Command::Status { out } => client_exit(&conn, |c| status::run(c, out)),
     }
 }

@@ -143,6 +143,7 @@ async fn fake_agent() -> SocketAddr {
             data_path: "/srv/pool/x".into(),
             failed: false,
             error: None,
+            cluster_id: None,
         };
         (StatusCode::CREATED, Json(status))
     }

@@ -33,6 +33,7 @@ pub fn node(dir: &Path, name: &str, size: u64) -> Arc<NodeStorage> {
         volume: "vol".into(),
         size,
         thin: true,
+        cluster: None,
     };
     s.create("default", &new).expect("create replica");
     s

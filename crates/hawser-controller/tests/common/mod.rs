@@ -59,6 +59,7 @@ impl FakeAgent {
             .route("/v1/replicas", post(create_replica))
             .route("/v1/replicas/{id}", delete(delete_replica))
             .route("/v1/replicas/{id}/grow", post(grow_replica))
+            .route("/v1/replicas/{id}/trash", post(trash_replica))
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
             .route("/v1/status", get(agent_status))
@@ -222,12 +223,32 @@ fn replica_status(req: &CreateReplica) -> ReplicaStatus {
         data_path: format!("/fake/{}", req.replica_id),
         failed: false,
         error: None,
+        cluster_id: None,
     }
 }
 
 async fn delete_replica(State(st): State<Fake>, Path(id): Path<String>) -> Response {
     if record(&st, format!("DELETE /v1/replicas/{id}"), Op::DeleteReplica) {
         return refuse("delete replica");
+    }
+    match st.lock().unwrap().replicas.remove(&id) {
+        Some(_) => StatusCode::NO_CONTENT.into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(ApiError::not_found("replica", &id)),
+        )
+            .into_response(),
+    }
+}
+
+/// Like a delete: the fake keeps no trash.
+async fn trash_replica(State(st): State<Fake>, Path(id): Path<String>) -> Response {
+    if record(
+        &st,
+        format!("POST /v1/replicas/{id}/trash"),
+        Op::DeleteReplica,
+    ) {
+        return refuse("trash replica");
     }
     match st.lock().unwrap().replicas.remove(&id) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
@@ -328,6 +349,8 @@ async fn agent_status(State(st): State<Fake>) -> Response {
         pools: vec![],
         replicas,
         engines,
+        trash: vec![],
+        cluster_id: None,
     })
     .into_response()
 }

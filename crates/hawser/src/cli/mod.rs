@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod client;
+pub mod cluster;
 pub mod node;
 pub mod output;
 pub mod pool;

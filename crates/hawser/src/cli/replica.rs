@@ -1,7 +1,7 @@
 //! `hawser replica list|show`: every replica with its volume, node, pool and state, including
 //! retired ones (replaced or moved off a node, deleted when their node answers).
 
-use hawser_api::controller::ReplicaInfo;
+use hawser_api::controller::{OrphanReplica, ReplicaInfo};
 
 use crate::cli::args::{parse_node_name, parse_volume_name};
 use crate::cli::client::{CliError, Client};
@@ -18,6 +18,10 @@ pub enum ReplicaCmd {
         /// Only replicas on this node.
         #[arg(long, value_parser = parse_node_name)]
         node: Option<String>,
+        /// List the orphans in the nodes' pool trash instead (replicas no volume named,
+        /// moved there rather than deleted, and purged after the agents' grace period).
+        #[arg(long)]
+        orphans: bool,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -31,7 +35,26 @@ pub enum ReplicaCmd {
 
 pub fn run(client: &Client, cmd: ReplicaCmd) -> Result<(), CliError> {
     match cmd {
-        ReplicaCmd::List { volume, node, out } => {
+        ReplicaCmd::List {
+            volume,
+            node,
+            orphans: true,
+            out,
+        } => {
+            let all: Vec<OrphanReplica> = client.get("/v1/trash")?;
+            let shown: Vec<OrphanReplica> = all
+                .into_iter()
+                .filter(|r| volume.as_ref().is_none_or(|v| *v == r.replica.volume))
+                .filter(|r| node.as_ref().is_none_or(|n| *n == r.node))
+                .collect();
+            match out.format {
+                Format::Json => print_json(&shown),
+                Format::Table => orphan_table(&shown).print(),
+            }
+        }
+        ReplicaCmd::List {
+            volume, node, out, ..
+        } => {
             let all: Vec<ReplicaInfo> = client.get("/v1/replicas")?;
             let shown: Vec<ReplicaInfo> = all
                 .into_iter()
@@ -53,6 +76,22 @@ pub fn run(client: &Client, cmd: ReplicaCmd) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+fn orphan_table(orphans: &[OrphanReplica]) -> Table {
+    let mut t = Table::new(&["ID", "VOLUME", "NODE", "POOL", "SIZE", "TRASHED-AT"]);
+    for o in orphans {
+        let r = &o.replica;
+        t.row(vec![
+            r.replica_id.clone(),
+            r.volume.clone(),
+            o.node.clone(),
+            r.pool.clone(),
+            hawser_api::format_size(r.bytes),
+            format!("unix {}", r.trashed_at_secs),
+        ]);
+    }
+    t
 }
 
 fn table(replicas: &[ReplicaInfo]) -> Table {

@@ -1,0 +1,90 @@
+//! `hawser cluster show|recover`: the cluster's identity, the nodes refused as of another
+//! cluster, and getting the volumes back after the store was lost.
+
+use hawser_api::controller::{ClusterInfo, RecoverCluster, RecoverReport};
+
+use crate::cli::client::{CliError, Client};
+use crate::cli::output::{print_json, Format, OutputArg, Table};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ClusterCmd {
+    /// The cluster id, and the nodes refused because their replicas name another cluster
+    /// (what a wiped or restored store looks like).
+    Show {
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// After the store was lost: adopt the waiting nodes' cluster (only into a store without
+    /// volumes) and rebuild every volume the nodes' replicas hold but the store does not
+    /// know, from the replicas' metadata and journals. Volumes come back detached.
+    Recover {
+        /// Seconds to wait for the adopted nodes to register again.
+        #[arg(long, default_value_t = 30)]
+        wait_secs: u64,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+}
+
+pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
+    match cmd {
+        ClusterCmd::Show { out } => {
+            let c: ClusterInfo = client.get("/v1/cluster")?;
+            match out.format {
+                Format::Json => print_json(&c),
+                Format::Table => {
+                    println!("cluster {}", c.id);
+                    if c.waiting.is_empty() {
+                        println!("no node is waiting");
+                    } else {
+                        println!(
+                            "nodes refused as of another cluster (run `hawser cluster recover` \
+                             if this store was wiped or restored):"
+                        );
+                        let mut t = Table::new(&["NODE", "THEIR CLUSTER", "ADMIN"]);
+                        for w in &c.waiting {
+                            t.row(vec![
+                                w.node.clone(),
+                                w.cluster_id.clone(),
+                                w.admin_addr.clone(),
+                            ]);
+                        }
+                        t.print();
+                    }
+                }
+            }
+        }
+        ClusterCmd::Recover { wait_secs, out } => {
+            let req = RecoverCluster {
+                wait_secs: Some(wait_secs),
+            };
+            let r: RecoverReport = client.post("/v1/cluster/recover", &req)?;
+            match out.format {
+                Format::Json => print_json(&r),
+                Format::Table => {
+                    let how = if r.adopted { "adopted" } else { "kept" };
+                    println!("cluster {} ({how})", r.cluster_id);
+                    let mut t = Table::new(&["VOLUME", "SIZE", "EPOCH", "REPLICAS"]);
+                    for v in &r.volumes {
+                        let reps: Vec<String> = v
+                            .replicas
+                            .iter()
+                            .map(|x| format!("{}@{}:{:?}", x.id, x.node, x.state))
+                            .collect();
+                        t.row(vec![
+                            v.name.clone(),
+                            hawser_api::format_size(v.size_bytes),
+                            v.epoch.to_string(),
+                            reps.join(" "),
+                        ]);
+                    }
+                    t.print();
+                    for s in &r.skipped {
+                        println!("skipped: {s}");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
