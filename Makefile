@@ -17,7 +17,7 @@ K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
 export HAWSER_K8S_CACHE := $(K8S_CACHE)
 export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 
-.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench fmt lint clean
+.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench fmt lint clean fuzz
 
 all: build
 
@@ -44,9 +44,15 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 # (on the embedded store, then the NBD ones again on etcd).
 test: build lint k8s-tools
 	$(CARGO) test --release --workspace --exclude hawser-e2e
+	scripts/fuzz.sh
 	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1
 	HAWSER_E2E_STORE=etcd HAWSER_BIN=$(abspath $(HAWSER)) \
 		$(CARGO) test --release -p hawser-e2e $(E2E_ON_ETCD) -- --test-threads=1
+
+# Every fuzz target (fuzz/) for FUZZ_SECONDS each (default 20), on the pinned stable toolchain;
+# installs cargo-fuzz from crates.io when missing. Fails on any crash.
+fuzz: deps
+	scripts/fuzz.sh
 
 demo: build
 	@scripts/demo.sh
