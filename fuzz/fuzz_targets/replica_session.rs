@@ -517,14 +517,10 @@ fn settle(
 
 /// Answers that differ from the rules in a way already reported, tolerated so the target keeps
 /// looking for new ones. Remove an entry once its cause is fixed.
-fn known_deviation(h: &FrameHeader, got: Status, expected: Status) -> bool {
-    // A zero-length Trim or WriteZeroes of the current epoch: the replica passes length 0 to
-    // fallocate(2), which refuses it (EINVAL), and answers IoError where a zero-length Read
-    // or Write answers Ok. (The NBD frontend never sends one; a replica-protocol peer may.)
-    matches!(h.op, Op::Trim | Op::WriteZeroes)
-        && h.length == 0
-        && expected == Status::Ok
-        && got == Status::IoError
+fn known_deviation(_h: &FrameHeader, _got: Status, _expected: Status) -> bool {
+    // None now (a zero-length Trim or WriteZeroes answered IoError until the replica
+    // learned to do nothing for it).
+    false
 }
 
 /// GetJournal's journal, given the last two stored (`prev` unknown: `None`): the greater by

@@ -223,6 +223,28 @@ async fn start_engine(
     Json(req): Json<StartEngine>,
 ) -> Result<impl IntoResponse, Failure> {
     req.validate().map_err(Failure)?;
+    if let Some(key) = s.storage.grant_key() {
+        use base64::Engine as _;
+        let signed = req
+            .grant
+            .as_deref()
+            .map(|g| base64::engine::general_purpose::STANDARD.decode(g))
+            .transpose()
+            .map_err(|_| Failure(ApiError::invalid("the grant is not base64")))?;
+        let cluster = s.storage.cluster_id().unwrap_or_default();
+        let want = crate::grants::Expected {
+            cluster: &cluster,
+            volume: &req.volume,
+            epoch: req.epoch,
+            node: Some(&s.node),
+        };
+        crate::grants::check(&key, signed.as_deref(), &want).map_err(|e| {
+            Failure(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("start engine: {e}"),
+            ))
+        })?;
+    }
     if let Some(existing) = s.engines.get(&req.volume) {
         if existing.status().epoch == req.epoch {
             return Ok((StatusCode::OK, Json(existing.status())));

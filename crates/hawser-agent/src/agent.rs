@@ -280,12 +280,16 @@ async fn heartbeat(
             .await
             .unwrap_or_default();
         body.cluster_id = storage.cluster_id();
-        match link.register(&node, &body).await {
-            Ok(()) if failing => {
+        let answer = link.register(&node, &body).await;
+        if let Some(join) = answer.as_ref().ok().and_then(|n| n.cluster.as_ref()) {
+            storage.learn_cluster(join);
+        }
+        match answer {
+            Ok(_) if failing => {
                 tracing::info!("controller reachable again");
                 failing = false;
             }
-            Ok(()) => {}
+            Ok(_) => {}
             Err(e) if !failing => {
                 tracing::warn!(error = %e, "cannot register with the controller; I/O continues");
                 failing = true;

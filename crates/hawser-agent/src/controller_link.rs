@@ -42,7 +42,8 @@ struct Targets {
 
 /// How one call went, for choosing where the next one goes.
 enum Reply {
-    Ok,
+    /// With the answer's body (empty if it could not be read).
+    Ok(bytes::Bytes),
     /// A refusal other than `not_leader`, with the controller's error when it sent one.
     Refused {
         status: reqwest::StatusCode,
@@ -161,7 +162,7 @@ impl ControllerLink {
         };
         let status = resp.status();
         if status.is_success() {
-            return Reply::Ok;
+            return Reply::Ok(resp.bytes().await.unwrap_or_default());
         }
         let error = resp.json::<ApiError>().await.ok();
         match error {
@@ -225,7 +226,7 @@ impl ControllerLink {
             attempt += 1;
             let log = attempt == 1 || attempt.is_multiple_of(30);
             match self.call(reqwest::Method::POST, path, body).await {
-                Reply::Ok => return OutdateOutcome::Done,
+                Reply::Ok(_) => return OutdateOutcome::Done,
                 Reply::Refused { status, error } => {
                     if let Some(e) = &error {
                         if e.code == ErrorCode::StaleEpoch {
@@ -266,17 +267,26 @@ impl ControllerLink {
         }
     }
 
-    /// Registers (or heartbeats) `node` with the leader, trying each known controller once.
-    pub async fn register(&self, node: &str, body: &RegisterNode) -> anyhow::Result<()> {
+    /// Registers (or heartbeats) `node` with the leader, trying each known controller once;
+    /// returns the controller's view of the node (with the cluster's id and grant key).
+    pub async fn register(
+        &self,
+        node: &str,
+        body: &RegisterNode,
+    ) -> anyhow::Result<hawser_api::controller::Node> {
         let path = format!("/v1/nodes/{node}");
         let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
         let mut last = String::new();
         for _ in 0..tries {
             match self.call(reqwest::Method::PUT, &path, body).await {
-                Reply::Ok => return Ok(()),
-                Reply::Refused { status, error } => {
-                    anyhow::bail!("controller answered {status}: {error:?}")
+                Reply::Ok(b) => {
+                    return serde_json::from_slice(&b)
+                        .map_err(|e| anyhow::anyhow!("bad registration answer: {e}"))
                 }
+                Reply::Refused { status, error } => match error {
+                    Some(e) => anyhow::bail!("controller answered {status}: {}", e.message),
+                    None => anyhow::bail!("controller answered {status}"),
+                },
                 Reply::NotLeader { error, .. } => last = error.message,
                 Reply::Unreachable(e) => last = e.to_string(),
             }
@@ -356,7 +366,12 @@ mod tests {
             labels: Default::default(),
             cluster_id: None,
         };
-        link.register("n1", &body).await.unwrap();
+        // The fake answers `{}`, which is not a node: reached, but refused as an answer.
+        let answer = link.register("n1", &body).await.unwrap_err();
+        assert!(
+            answer.to_string().contains("bad registration answer"),
+            "{answer}"
+        );
         assert_eq!(leader_hits.load(Ordering::SeqCst), 3);
         assert_eq!(
             follower_hits.load(Ordering::SeqCst),

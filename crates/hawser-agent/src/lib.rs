@@ -9,6 +9,7 @@ pub mod constants;
 pub mod controller_link;
 pub mod engines;
 pub mod frame_io;
+pub mod grants;
 pub mod io_pool;
 pub mod nbd_errno;
 pub mod nbd_handshake;

@@ -16,7 +16,14 @@ pub struct NodeStorage {
     /// taking its replicas for orphans.
     cluster: Mutex<Option<String>>,
     cluster_file: Option<PathBuf>,
+    /// The cluster's public key for epoch grants (`grants.rs`), learned at registration and
+    /// kept beside `cluster_file`. While there is none (a node that never joined a cluster)
+    /// the replica server accepts Hellos without grants.
+    grant_key: Mutex<Option<Vec<u8>>>,
 }
+
+/// Beside the cluster id file: the cluster's grant key, base64.
+const KEY_FILE: &str = "cluster-key";
 
 impl NodeStorage {
     /// The cluster is the one most of the replicas' metadata names, if any.
@@ -37,6 +44,7 @@ impl NodeStorage {
             pools,
             cluster: Mutex::new(cluster),
             cluster_file: None,
+            grant_key: Mutex::new(None),
         }
     }
 
@@ -56,8 +64,54 @@ impl NodeStorage {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
+        let key_file = path.with_file_name(KEY_FILE);
+        match std::fs::read_to_string(&key_file) {
+            Ok(k) => {
+                use base64::Engine as _;
+                let key = base64::engine::general_purpose::STANDARD
+                    .decode(k.trim())
+                    .map_err(|e| std::io::Error::other(format!("{}: {e}", key_file.display())))?;
+                *self.grant_key.get_mut().unwrap_or_else(|p| p.into_inner()) = Some(key);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         self.cluster_file = Some(path);
         Ok(self)
+    }
+
+    /// The cluster's grant key, if this node has joined a cluster.
+    pub fn grant_key(&self) -> Option<Vec<u8>> {
+        self.grant_key
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// What a registration answer says of the cluster: joins it if this node has none yet,
+    /// and takes its grant key (a recovered cluster signs with a new one). An answer for
+    /// another cluster is ignored (the controller refuses such nodes; this is a guard).
+    pub fn learn_cluster(&self, join: &hawser_api::controller::ClusterJoin) {
+        use base64::Engine as _;
+        if let Err(e) = self.join_cluster(&join.id) {
+            return tracing::error!(error = %e, "registration answer of another cluster ignored");
+        }
+        let Ok(key) = base64::engine::general_purpose::STANDARD.decode(&join.grant_key) else {
+            return tracing::error!("registration answer with a malformed grant key ignored");
+        };
+        let mut mine = self.grant_key.lock().unwrap_or_else(|p| p.into_inner());
+        if mine.as_deref() == Some(&key[..]) {
+            return;
+        }
+        if let Some(path) = &self.cluster_file {
+            let file = path.with_file_name(KEY_FILE);
+            if let Err(e) = hawser_storage::file_ops::replace_file(&file, join.grant_key.as_bytes())
+            {
+                return tracing::error!(error = %e, "cannot keep the cluster's grant key");
+            }
+        }
+        tracing::info!(cluster = %join.id, first = mine.is_none(), "the cluster's grant key");
+        *mine = Some(key);
     }
 
     pub fn cluster_id(&self) -> Option<String> {

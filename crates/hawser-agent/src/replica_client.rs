@@ -14,6 +14,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use hawser_core::{ClientOp, ReplicaFailure, ReplicaResult, SubId};
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, FLAG_QUIET};
+use hawser_wire::grant::HelloRequest;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
@@ -114,11 +115,12 @@ impl ReplicaClient {
     /// Connect and say Hello. The caller's sink starts receiving after this returns.
     pub async fn connect(
         addr: &str,
-        replica: &str,
+        hello: &HelloRequest,
         epoch: u64,
         sink: Arc<dyn ReplySink>,
     ) -> Result<(ReplicaClient, HelloInfo), ConnectError> {
-        let fut = Self::hello(addr, replica, epoch);
+        let replica = hello.replica.as_str();
+        let fut = Self::hello(addr, hello, epoch);
         let (stream, info) = tokio::time::timeout(REPLICA_CONNECT_TIMEOUT, fut)
             .await
             .map_err(|_| ConnectError::Timeout {
@@ -154,9 +156,10 @@ impl ReplicaClient {
 
     async fn hello(
         addr: &str,
-        replica: &str,
+        hello: &HelloRequest,
         epoch: u64,
     ) -> Result<(TcpStream, HelloInfo), ConnectError> {
+        let replica = hello.replica.as_str();
         let ctx = |source| ConnectError::Io {
             replica: replica.into(),
             addr: addr.into(),
@@ -164,8 +167,9 @@ impl ReplicaClient {
         };
         let mut stream = TcpStream::connect(addr).await.map_err(ctx)?;
         stream.set_nodelay(true).map_err(ctx)?;
-        let h = FrameHeader::request(Op::Hello, 0, epoch, 0, 0).with_payload(replica.as_bytes());
-        write_frame(&mut stream, &h, Some(replica.as_bytes()))
+        let payload = hello.encode();
+        let h = FrameHeader::request(Op::Hello, 0, epoch, 0, 0).with_payload(&payload);
+        write_frame(&mut stream, &h, Some(&payload))
             .await
             .map_err(ctx)?;
         let proto = |source| ConnectError::Protocol {

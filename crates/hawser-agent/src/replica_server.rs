@@ -7,6 +7,10 @@
 //! Any malformed frame, checksum mismatch or protocol violation closes the connection before
 //! anything reaches a disk.
 //!
+//! On a node that has joined a cluster, Hello must carry the controller's epoch grant for the
+//! replica's volume at the Hello's epoch (`grants.rs`), or it is refused (`Denied`) before the
+//! replica is looked up or its epoch raised.
+//!
 //! Sessions: the engine of one epoch may reconnect to a replica (after a partition, or after
 //! it dropped a replica that failed a write). Requests of its old connection may still be on
 //! their way to the disk, and one landing after the resync that follows the reconnect would
@@ -22,6 +26,7 @@ use bytes::Bytes;
 use hawser_storage::{Replica, ReplicaIoError, StoredJournal};
 use hawser_wire::constants::MAX_PAYLOAD_BYTES;
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
+use hawser_wire::grant::HelloRequest;
 use hawser_wire::journal::StoredReport;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -33,6 +38,7 @@ use crate::constants::{
     REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS,
 };
 use crate::frame_io::{read_frame, FrameIoError};
+use crate::grants::{self, Expected};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
 use crate::outbox::Outbox;
@@ -176,13 +182,40 @@ async fn hello(
         reply(out, (h.reply(Status::Invalid), None));
         return Err(FrameIoError::Closed);
     }
-    let id = payload
-        .as_deref()
-        .and_then(|p| std::str::from_utf8(p).ok())
-        .unwrap_or("");
-    let Some(replica) = storage.replica(id) else {
-        reply(out, (h.reply(Status::NoSuchReplica), None));
+    let Some(req) = payload.as_deref().and_then(HelloRequest::decode) else {
+        reply(out, (h.reply(Status::Invalid), None));
         return Err(FrameIoError::Closed);
+    };
+    let id = req.replica.as_str();
+    // A node of a cluster checks the grant before it even says whether the replica exists:
+    // ids cannot be probed without the cluster's signature.
+    let key = storage.grant_key();
+    let cluster = storage.cluster_id().unwrap_or_default();
+    let volume = match &req.grant {
+        Some(g) => hawser_wire::grant::Grant::decode(g)
+            .map(|(g, _, _)| g.volume)
+            .ok(),
+        None => None,
+    };
+    if let Some(key) = &key {
+        let want = Expected {
+            cluster: &cluster,
+            volume: volume.as_deref().unwrap_or(""),
+            epoch: h.epoch,
+            node: None,
+        };
+        if let Err(e) = grants::check(key, req.grant.as_deref(), &want) {
+            tracing::warn!(replica = id, epoch = h.epoch, error = %e, "Hello refused");
+            reply(out, (h.reply(Status::Denied), None));
+            return Err(FrameIoError::Closed);
+        }
+    }
+    let replica = match storage.replica(id) {
+        Some(r) if key.is_none() || volume.as_deref() == Some(r.volume()) => r,
+        _ => {
+            reply(out, (h.reply(Status::NoSuchReplica), None));
+            return Err(FrameIoError::Closed);
+        }
     };
     let gate = sessions.gate(id);
     let id = {

@@ -20,6 +20,7 @@ use hawser_core::{
     ReplicaFailure, ReplicaIdx, ReplicaResult, ReplicaSpec, SubId, Tag,
 };
 use hawser_storage::{Replica, ReplicaIoError};
+use hawser_wire::grant::HelloRequest;
 use hawser_wire::journal::ACTIVITY_EXTENT_BYTES;
 use tokio::sync::{oneshot, Semaphore};
 
@@ -71,6 +72,9 @@ struct Inner {
 
 pub struct VolumeEngine {
     volume: String,
+    /// The controller's signed epoch grant (decoded from `StartEngine::grant`), sent in every
+    /// Hello; empty when the controller sent none (an engine outside a cluster).
+    grant: Option<Vec<u8>>,
     /// Fixed for the engine's life; read on every request, so kept outside the lock.
     size: u64,
     epoch: u64,
@@ -179,8 +183,16 @@ impl VolumeEngine {
             },
             ..EngineConfig::default()
         };
+        let grant = match &req.grant {
+            Some(g) => {
+                use base64::Engine as _;
+                Some(base64::engine::general_purpose::STANDARD.decode(g)?)
+            }
+            None => None,
+        };
         let ve = Arc::new_cyclic(|me| VolumeEngine {
             volume: req.volume.clone(),
+            grant,
             size: req.size_bytes,
             epoch: req.epoch,
             chunk_bytes: cfg.chunk_bytes,
@@ -407,7 +419,11 @@ impl VolumeEngine {
             gen: g,
         });
         let id = &self.replica_ids[usize::from(idx.0)];
-        let (client, info) = ReplicaClient::connect(addr, id, self.epoch, sink).await?;
+        let hello = HelloRequest {
+            replica: id.clone(),
+            grant: self.grant.clone(),
+        };
+        let (client, info) = ReplicaClient::connect(addr, &hello, self.epoch, sink).await?;
         *boot.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.boot_id);
         self.set_client(idx, Some(Arc::new(client)));
         Ok(())
@@ -1074,6 +1090,7 @@ mod tests {
             controller_url: "http://127.0.0.1:9".into(),
             on_quorum_loss: Default::default(),
             export: true,
+            grant: None,
         };
         let ve = VolumeEngine::start(
             &req,

@@ -52,6 +52,7 @@ fn request(epoch: u64, raddr: &str) -> StartEngine {
         controller_url: "http://127.0.0.1:1".into(),
         on_quorum_loss: Default::default(),
         export: true,
+        grant: None,
     }
 }
 

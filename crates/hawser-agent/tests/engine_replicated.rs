@@ -64,6 +64,7 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
         controller_url: "http://127.0.0.1:1".into(),
         on_quorum_loss: Default::default(),
         export: true,
+        grant: None,
     };
     let engines = Arc::new(Engines::default());
     let engine = engines

@@ -101,6 +101,10 @@ pub struct StartEngine {
     /// nobody should write to a volume its user detached.
     #[serde(default = "yes")]
     pub export: bool,
+    /// The controller's signed grant (base64; `hawser_wire::grant`) for this engine: this
+    /// volume, this node, this epoch. Sent in every Hello; required by agents of a cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
 }
 
 fn yes() -> bool {

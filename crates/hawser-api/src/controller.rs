@@ -71,6 +71,18 @@ pub struct Node {
     /// until `hawser node restore`.
     #[serde(default)]
     pub evacuating: bool,
+    /// In the answer to a registration: the cluster the node joins, and the public key
+    /// (Ed25519, base64) its replica server checks engines' epoch grants with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterJoin>,
+}
+
+/// What a registering agent learns of its cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterJoin {
+    pub id: String,
+    pub grant_key: String,
 }
 
 /// Checks node labels: at most [`MAX_NODE_LABELS`]; keys 1-63 characters of

@@ -18,7 +18,8 @@ pub async fn register(
     ApiJson(req): ApiJson<RegisterNode>,
 ) -> Result<Json<Node>, ControllerError> {
     validate(&name, &req)?;
-    crate::cluster::admit(&st, &name, &req.admin_addr, req.cluster_id.as_deref()).await?;
+    let join =
+        crate::cluster::admit(&st, &name, &req.admin_addr, req.cluster_id.as_deref()).await?;
     let record = NodeRecord {
         name: name.clone(),
         admin_addr: req.admin_addr,
@@ -45,7 +46,9 @@ pub async fn register(
         }
         Some(_) => tracing::trace!(node = %name, "heartbeat"),
     }
-    Ok(Json(record.to_api(now_ms(), st.node_timeout_ms)))
+    let mut node = record.to_api(now_ms(), st.node_timeout_ms);
+    node.cluster = Some(join);
+    Ok(Json(node))
 }
 
 fn validate(name: &str, req: &RegisterNode) -> Result<(), ControllerError> {

@@ -39,19 +39,98 @@ pub struct ClusterRecord {
     /// When `hawser cluster recover` adopted this id into the store.
     #[serde(default)]
     pub adopted_ms: Option<u64>,
+    /// The Ed25519 key (PKCS#8, base64) that signs epoch grants (`hawser_wire::grant`).
+    /// Kept in the store so that every controller signs with it; agents learn the public
+    /// half when they register. Absent in records of older controllers: added at first use.
+    #[serde(default)]
+    pub grant_key: Option<String>,
 }
 
-/// The store's cluster record, made now if the store has none.
+/// Signs epoch grants with the cluster's key.
+pub struct Signer {
+    cluster: String,
+    key: ring::signature::Ed25519KeyPair,
+}
+
+impl Signer {
+    fn new(record: &ClusterRecord) -> Result<Signer, ControllerError> {
+        use base64::Engine as _;
+        let bad = |what: &str| ControllerError::Refused {
+            message: format!("the cluster record's grant key is unusable: {what}"),
+        };
+        let pkcs8 = base64::engine::general_purpose::STANDARD
+            .decode(record.grant_key.as_deref().unwrap_or(""))
+            .map_err(|_| bad("not base64"))?;
+        let key = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8)
+            .map_err(|_| bad("not an Ed25519 PKCS#8 key"))?;
+        Ok(Signer {
+            cluster: record.id.clone(),
+            key,
+        })
+    }
+
+    /// The public key, base64, as agents receive it.
+    pub fn public_key(&self) -> String {
+        use base64::Engine as _;
+        use ring::signature::KeyPair as _;
+        base64::engine::general_purpose::STANDARD.encode(self.key.public_key().as_ref())
+    }
+
+    /// The signed grant (base64) for an engine of `volume` on `node` at `epoch`.
+    pub fn grant(&self, volume: &str, node: &str, epoch: u64) -> Result<String, ControllerError> {
+        use base64::Engine as _;
+        let g = hawser_wire::grant::Grant {
+            cluster: self.cluster.clone(),
+            volume: volume.into(),
+            node: node.into(),
+            epoch,
+        };
+        let mut signed = g
+            .body()
+            .map_err(|e| ControllerError::invalid(format!("grant for {volume} on {node}: {e}")))?;
+        let sig = self.key.sign(&signed);
+        signed.extend_from_slice(sig.as_ref());
+        Ok(base64::engine::general_purpose::STANDARD.encode(signed))
+    }
+}
+
+fn new_grant_key() -> Result<String, ControllerError> {
+    use base64::Engine as _;
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| {
+        ControllerError::Refused {
+            message: "cannot make the cluster's grant key (no system randomness?)".into(),
+        }
+    })?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref()))
+}
+
+/// The cluster's signer (its record, made or given a key now if needed).
+pub async fn signer(st: &AppState) -> Result<Signer, ControllerError> {
+    Signer::new(&identity(st).await?)
+}
+
+/// The store's cluster record, made now if the store has none (or given a grant key if it
+/// has none).
 pub async fn identity(st: &AppState) -> Result<ClusterRecord, ControllerError> {
     let store = st.records.store();
     for _ in 0..3 {
-        if let Some((c, _)) = get_json::<ClusterRecord>(&*store, CLUSTER_KEY).await? {
-            return Ok(c);
+        if let Some((mut c, version)) = get_json::<ClusterRecord>(&*store, CLUSTER_KEY).await? {
+            if c.grant_key.is_some() {
+                return Ok(c);
+            }
+            c.grant_key = Some(new_grant_key()?);
+            match put_json(&*store, CLUSTER_KEY, &c, Expect::Version(version)).await {
+                Ok(_) => return Ok(c),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
         let new = ClusterRecord {
             id: new_id(),
             created_ms: now_ms(),
             adopted_ms: None,
+            grant_key: Some(new_grant_key()?),
         };
         match put_json(&*store, CLUSTER_KEY, &new, Expect::Absent).await {
             Ok(_) => {
@@ -108,13 +187,13 @@ impl Waiting {
     }
 }
 
-/// Checks a registering node's cluster against the store's.
+/// Checks a registering node's cluster against the store's; returns what the node joins.
 pub async fn admit(
     st: &AppState,
     node: &str,
     admin_addr: &str,
     theirs: Option<&str>,
-) -> Result<(), ControllerError> {
+) -> Result<hawser_api::controller::ClusterJoin, ControllerError> {
     let ours = identity(st).await?;
     match theirs {
         Some(t) if t != ours.id => {
@@ -132,7 +211,11 @@ pub async fn admit(
         }
         _ => {
             st.waiting.remove(node);
-            Ok(())
+            let signer = Signer::new(&ours)?;
+            Ok(hawser_api::controller::ClusterJoin {
+                id: ours.id,
+                grant_key: signer.public_key(),
+            })
         }
     }
 }
@@ -199,10 +282,13 @@ pub async fn recover(
 /// Replaces the store's cluster id with `id` (the store holds no volumes).
 async fn adopt(st: &AppState, id: &str) -> Result<(), ControllerError> {
     let store = st.records.store();
+    // A new grant key: the old one was lost with the store. The agents learn it at their
+    // next registration.
     let record = ClusterRecord {
         id: id.into(),
         created_ms: now_ms(),
         adopted_ms: Some(now_ms()),
+        grant_key: Some(new_grant_key()?),
     };
     let expect = match get_json::<ClusterRecord>(&*store, CLUSTER_KEY).await? {
         Some((_, version)) => Expect::Version(version),

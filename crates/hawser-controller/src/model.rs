@@ -82,6 +82,7 @@ impl NodeRecord {
             },
             labels: self.labels.clone(),
             evacuating: false,
+            cluster: None,
         }
     }
 }

@@ -67,6 +67,11 @@ pub async fn attach_volume(
         controller_url: st.engine_controller_urls().await,
         on_quorum_loss: rec.on_quorum_loss,
         export: true,
+        grant: Some(
+            crate::cluster::signer(st)
+                .await?
+                .grant(&rec.name, &node.name, rec.epoch)?,
+        ),
     };
     if let Err(source) = st.agents.start_engine(node.agent(), &start).await {
         let err = ControllerError::Agent {
@@ -101,6 +106,11 @@ pub(crate) async fn ensure_engine(
         on_quorum_loss: rec.on_quorum_loss,
         // Only an attached volume is served; a detached one's engine only syncs replicas.
         export: rec.state == VolumeState::Attached,
+        grant: Some(
+            crate::cluster::signer(st)
+                .await?
+                .grant(&rec.name, &node.name, rec.epoch)?,
+        ),
     };
     st.agents
         .start_engine(node.agent(), &start)

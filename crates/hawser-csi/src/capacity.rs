@@ -154,6 +154,7 @@ mod tests {
             state,
             labels: [(ZONE_LABEL.to_string(), zone.to_string())].into(),
             evacuating: false,
+            cluster: None,
         }
     }
 

@@ -9,6 +9,7 @@
 pub mod cluster;
 pub mod compare;
 pub mod csi;
+pub mod grants;
 pub mod invariants;
 pub mod k8s;
 pub mod k8s_sidecars;

@@ -73,8 +73,9 @@ fn bad_sizes_and_unknown_names_are_refused_and_create_nothing() {
 ///
 /// While the volume is attached (1,000 trials per port), the replica port gets what cannot
 /// open a session: random bytes, headers with valid checksums and random fields, a Hello of
-/// an older epoch and a Hello for an unknown replica. Then, with the volume detached, a Hello
-/// at the replica's own epoch (which raises nothing) opens a session, so the frames behind it
+/// an older epoch and a Hello for an unknown replica (both with grants the controller's key
+/// signed). Then, with the volume detached, a granted Hello at the replica's own epoch
+/// (which raises nothing) opens a session, so the frames behind it
 /// reach the request loop: writes whose payload checksum is wrong (must close the connection
 /// before the disk), writes, zeroings, trims and journals of an older epoch (must be refused
 /// StaleEpoch, never applied), and reads, checksums, journal reads, flushes and pings.
@@ -114,11 +115,12 @@ fn garbage_on_nbd_and_replica_ports_changes_nothing() {
         .id
         .clone();
     assert!(v.epoch >= 1, "an attached volume has an epoch: {v:?}");
+    let hellos = Hellos::new(&c, "g", &replica_id, v.epoch);
     for trial in 0..1000 {
         send_garbage(&nbd, &nbd_garbage(&mut rng));
         send_garbage(
             &replica_port,
-            &replica_garbage(&mut rng, &replica_id, v.epoch, trial),
+            &replica_garbage(&mut rng, &hellos, v.epoch, trial),
         );
     }
     assert!(c.agent_alive("n1") && c.agent_alive("n2"), "an agent died");
@@ -133,8 +135,9 @@ fn garbage_on_nbd_and_replica_ports_changes_nothing() {
         .epoch;
     assert!(epoch >= 1, "replica {replica_id} has epoch {epoch}");
     let (mut stale, mut closed_early) = (0, 0);
+    let granted = c.granted_hello(&replica_id, "g", "n1", epoch);
     for _ in 0..300 {
-        let t = session_trial(&replica_port, &mut rng, &replica_id, epoch);
+        let t = session_trial(&replica_port, &mut rng, &granted, epoch);
         stale += t.stale_refused;
         closed_early += usize::from(t.closed_on_bad_frame);
     }
@@ -197,7 +200,7 @@ fn nbd_garbage(rng: &mut impl RngCore) -> Vec<u8> {
 /// random bytes; a header with a valid checksum and random fields (any opcode but Hello),
 /// then random bytes; a Hello of an older epoch, then a write whose payload checksum is wrong;
 /// a Hello for a replica that does not exist.
-fn replica_garbage(rng: &mut impl RngCore, replica: &str, epoch: u64, trial: u32) -> Vec<u8> {
+fn replica_garbage(rng: &mut impl RngCore, hellos: &Hellos, epoch: u64, trial: u32) -> Vec<u8> {
     use hawser_wire_helpers::*;
     match trial % 4 {
         0 => {
@@ -213,11 +216,36 @@ fn replica_garbage(rng: &mut impl RngCore, replica: &str, epoch: u64, trial: u32
             v
         }
         2 => {
-            let mut v = hello(1, rng.random_range(0..epoch), replica);
+            let (older, payload) = &hellos.replica[rng.random_range(0..hellos.replica.len() - 1)];
+            let mut v = hello(1, *older, payload);
             v.extend(write(rng, 2, epoch, true));
             v
         }
-        _ => hello(1, rng.random_range(0..=epoch), "no-such-replica"),
+        _ => {
+            let (e, payload) = &hellos.unknown[rng.random_range(0..hellos.unknown.len())];
+            hello(1, *e, payload)
+        }
+    }
+}
+
+/// Epochs `0..=epoch` with Hello payloads carrying grants the controller's key signed: for
+/// the replica under test and for a replica id that does not exist.
+struct Hellos {
+    replica: Vec<(u64, Vec<u8>)>,
+    unknown: Vec<(u64, Vec<u8>)>,
+}
+
+impl Hellos {
+    fn new(c: &Cluster, volume: &str, replica: &str, epoch: u64) -> Hellos {
+        let make = |id: &str| {
+            (0..=epoch)
+                .map(|e| (e, c.granted_hello(id, volume, "n1", e)))
+                .collect()
+        };
+        Hellos {
+            replica: make(replica),
+            unknown: make("no-such-replica"),
+        }
     }
 }
 
@@ -232,10 +260,15 @@ struct SessionTrial {
 /// change nothing, perhaps ending in a write with a wrong payload checksum and trailing bytes.
 /// Every reply must decode; the Hello must be accepted and every request of an older epoch
 /// refused.
-fn session_trial(addr: &str, rng: &mut impl RngCore, replica: &str, epoch: u64) -> SessionTrial {
+fn session_trial(
+    addr: &str,
+    rng: &mut impl RngCore,
+    hello_payload: &[u8],
+    epoch: u64,
+) -> SessionTrial {
     use hawser_wire::frame::{FrameError, FrameHeader, Op, Status, HEADER_LEN};
     use hawser_wire_helpers::*;
-    let mut bytes = hello(1, epoch, replica);
+    let mut bytes = hello(1, epoch, hello_payload);
     let mut stale_ids = Vec::new();
     let mut closed_on_bad_frame = false;
     for id in 2..rng.random_range(3..11u64) {
@@ -427,16 +460,9 @@ mod hawser_wire_helpers {
         !crc
     }
 
-    pub fn hello(request_id: u64, epoch: u64, replica: &str) -> Vec<u8> {
-        frame(
-            Op::Hello as u16,
-            0,
-            request_id,
-            epoch,
-            0,
-            replica.as_bytes(),
-            false,
-        )
+    /// A Hello with `payload` (a [`hawser_wire::grant::HelloRequest`]).
+    pub fn hello(request_id: u64, epoch: u64, payload: &[u8]) -> Vec<u8> {
+        frame(Op::Hello as u16, 0, request_id, epoch, 0, payload, false)
     }
 
     /// A 4 KiB write at a random 4 KiB offset in the first 4 MiB (the data written before the

@@ -603,6 +603,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         controller_url: url.clone(),
         on_quorum_loss: QuorumLoss::default(),
         export: true,
+        grant: None,
     };
     let token = std::fs::read_to_string(&tokens.agent).expect("agent token");
     let resp = reqwest::blocking::Client::new()

@@ -157,6 +157,21 @@ impl EmbeddedStore {
         })
     }
 
+    /// The keys and values of the store file at `path` as last written, read without taking
+    /// its lock (a controller may hold it): for inspection and tests, never for writing.
+    pub fn read_file(path: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
+        let bytes = fs::read(path).map_err(|source| StoreError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (_, entries) = decode(path, &bytes)?;
+        Ok(entries
+            .into_iter()
+            .map(|(k, e)| (k, e.value.value))
+            .collect())
+    }
+
     pub fn path(&self) -> &Path {
         &self.shared.path
     }
@@ -180,7 +195,11 @@ impl Shared {
     /// in-memory change if the write fails.
     async fn mutate(&self, inner: &mut Inner, ops: Vec<Op>) -> Result<u64> {
         let old_revision = inner.revision;
-        let revision = old_revision + 1;
+        let revision = old_revision.checked_add(1).ok_or_else(|| StoreError::Io {
+            op: "take the next revision of",
+            path: self.path.clone(),
+            source: std::io::Error::other("revision counter exhausted"),
+        })?;
         let mut undo: Vec<(String, Option<Entry>)> = Vec::with_capacity(ops.len());
         let mut events = Vec::with_capacity(ops.len());
         for op in ops {
@@ -659,6 +678,14 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<(u64, BTreeMap<String, Entry>)> {
             version: e.version,
         };
         entries.insert(key, Entry { value, lease: None });
+    }
+    // Every write takes the next revision; a file at the top of the range could take none
+    // (found by the store_record fuzz target: the next write overflowed).
+    if state.revision >= u64::MAX / 2 {
+        return Err(corrupt(format!(
+            "store revision {} is beyond any this store could reach",
+            state.revision
+        )));
     }
     Ok((state.revision, entries))
 }

@@ -129,6 +129,8 @@ pub enum Status {
     Invalid = 6,
     /// The replica is not usable (failed, being deleted).
     Unavailable = 7,
+    /// Hello without a valid epoch grant of the replica's cluster (`grant.rs`).
+    Denied = 8,
 }
 
 impl Status {
@@ -143,6 +145,7 @@ impl Status {
             5 => Status::NoSuchReplica,
             6 => Status::Invalid,
             7 => Status::Unavailable,
+            8 => Status::Denied,
             _ => return None,
         })
     }

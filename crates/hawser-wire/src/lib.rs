@@ -6,6 +6,7 @@
 
 pub mod constants;
 pub mod frame;
+pub mod grant;
 pub mod journal;
 pub mod meta;
 pub mod nbd;

@@ -1,0 +1,69 @@
+//! Epoch grants made the controller's way, for tests that must open replica sessions
+//! themselves (garbage after a good Hello): the fixture reads the cluster's grant key from
+//! the controller's store (its embedded file, or etcd) and signs with it, so the replica
+//! server under test checks real grants with the real key.
+
+use base64::Engine as _;
+use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, Store};
+use hawser_wire::grant::{Grant, HelloRequest};
+
+use crate::cluster::Cluster;
+
+const CLUSTER_KEY: &str = "cluster/identity";
+
+impl Cluster {
+    /// The cluster record (`cluster/identity`) as JSON.
+    fn cluster_record(&self) -> serde_json::Value {
+        let bytes = match &self.etcd {
+            Some(etcd) => {
+                let cfg = EtcdConfig::parse(&etcd.store_url("hawser")).expect("etcd URL");
+                let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+                rt.block_on(async {
+                    let store = EtcdStore::connect(cfg).await.expect("connect to etcd");
+                    store
+                        .get(CLUSTER_KEY)
+                        .await
+                        .expect("read the cluster record")
+                })
+                .expect("a cluster record in etcd")
+                .value
+            }
+            None => {
+                let path = self.dir.path().join("controller").join("store.json");
+                EmbeddedStore::read_file(&path)
+                    .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+                    .remove(CLUSTER_KEY)
+                    .expect("a cluster record in the embedded store")
+            }
+        };
+        serde_json::from_slice(&bytes).expect("cluster record JSON")
+    }
+
+    /// A grant for an engine of `volume` on `node` at `epoch`, signed with the cluster's key.
+    pub fn grant(&self, volume: &str, node: &str, epoch: u64) -> Vec<u8> {
+        let record = self.cluster_record();
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let pkcs8 = b64
+            .decode(record["grant_key"].as_str().expect("a grant key"))
+            .expect("base64 grant key");
+        let key = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).expect("Ed25519 key");
+        let grant = Grant {
+            cluster: record["id"].as_str().expect("a cluster id").into(),
+            volume: volume.into(),
+            node: node.into(),
+            epoch,
+        };
+        let mut signed = grant.body().expect("grant body");
+        signed.extend_from_slice(key.sign(&signed).as_ref());
+        signed
+    }
+
+    /// The payload of a Hello to `replica` carrying [`Cluster::grant`].
+    pub fn granted_hello(&self, replica: &str, volume: &str, node: &str, epoch: u64) -> Vec<u8> {
+        HelloRequest {
+            replica: replica.into(),
+            grant: Some(self.grant(volume, node, epoch)),
+        }
+        .encode()
+    }
+}

@@ -1,0 +1,236 @@
+//! Epoch grants: the controller's signed word that an engine on `node` may run `volume` at
+//! `epoch`. An engine presents its grant in every Hello; a replica server of a node that has
+//! joined a cluster opens a session (and raises the replica's epoch) only for a grant signed
+//! by the cluster's key, for the replica's volume, at the Hello's epoch. So a process that
+//! merely reaches the replica port cannot read or write a replica, nor lock a volume out with
+//! `Hello(epoch = u64::MAX)`: the controller never signs an epoch it has not recorded.
+//!
+//! This crate only encodes and decodes; signing and verifying (Ed25519) happen in the
+//! controller and the agent.
+//!
+//! Signed grant: magic u64 | version u32 | epoch u64 | cluster, volume, node (each u16
+//! length + bytes) | Ed25519 signature (64 bytes) of everything before it.
+//!
+//! Hello payload: either the replica id alone (a node that has not joined a cluster), or
+//! id_len u16 (so the second byte is 0, which no id's second byte is) | id | signed grant.
+
+use crate::constants::MAX_ID_BYTES;
+
+pub const GRANT_MAGIC: u64 = u64::from_le_bytes(*b"HWSRGRNT");
+pub const GRANT_VERSION: u32 = 1;
+pub const SIGNATURE_BYTES: usize = 64;
+/// Longest encoded grant (three ids and the fixed fields).
+pub const MAX_GRANT_BYTES: usize = 20 + 3 * (2 + MAX_ID_BYTES) + SIGNATURE_BYTES;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub cluster: String,
+    pub volume: String,
+    /// The node whose engine it is for.
+    pub node: String,
+    pub epoch: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GrantError {
+    #[error("grant truncated")]
+    Truncated,
+    #[error("not a grant (magic {found:#018x})")]
+    BadMagic { found: u64 },
+    #[error("unsupported grant version {found}")]
+    BadVersion { found: u32 },
+    #[error("grant field {field} is invalid")]
+    BadField { field: &'static str },
+}
+
+impl Grant {
+    /// The bytes the controller signs.
+    pub fn body(&self) -> Result<Vec<u8>, GrantError> {
+        let mut b = Vec::with_capacity(64);
+        b.extend_from_slice(&GRANT_MAGIC.to_le_bytes());
+        b.extend_from_slice(&GRANT_VERSION.to_le_bytes());
+        b.extend_from_slice(&self.epoch.to_le_bytes());
+        for (field, s) in [
+            ("cluster", &self.cluster),
+            ("volume", &self.volume),
+            ("node", &self.node),
+        ] {
+            if s.is_empty() || s.len() > MAX_ID_BYTES {
+                return Err(GrantError::BadField { field });
+            }
+            let len = u16::try_from(s.len()).map_err(|_| GrantError::BadField { field })?;
+            b.extend_from_slice(&len.to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        }
+        Ok(b)
+    }
+
+    /// Splits a signed grant into the grant, its signed body and the signature. Never panics.
+    pub fn decode(signed: &[u8]) -> Result<(Grant, &[u8], &[u8]), GrantError> {
+        if signed.len() > MAX_GRANT_BYTES || signed.len() < SIGNATURE_BYTES {
+            return Err(GrantError::Truncated);
+        }
+        let (body, sig) = signed.split_at(signed.len() - SIGNATURE_BYTES);
+        let mut r = Reader { b: body, at: 0 };
+        let magic = r.u64()?;
+        if magic != GRANT_MAGIC {
+            return Err(GrantError::BadMagic { found: magic });
+        }
+        let version = r.u32()?;
+        if version != GRANT_VERSION {
+            return Err(GrantError::BadVersion { found: version });
+        }
+        let epoch = r.u64()?;
+        let cluster = r.id("cluster")?;
+        let volume = r.id("volume")?;
+        let node = r.id("node")?;
+        if r.at != body.len() {
+            return Err(GrantError::BadField { field: "length" });
+        }
+        let grant = Grant {
+            cluster,
+            volume,
+            node,
+            epoch,
+        };
+        Ok((grant, body, sig))
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], GrantError> {
+        let end = self.at.checked_add(n).ok_or(GrantError::Truncated)?;
+        let s = self.b.get(self.at..end).ok_or(GrantError::Truncated)?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u64(&mut self) -> Result<u64, GrantError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn u32(&mut self) -> Result<u32, GrantError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn id(&mut self, field: &'static str) -> Result<String, GrantError> {
+        let mut l = [0u8; 2];
+        l.copy_from_slice(self.take(2)?);
+        let len = usize::from(u16::from_le_bytes(l));
+        if len == 0 || len > MAX_ID_BYTES {
+            return Err(GrantError::BadField { field });
+        }
+        std::str::from_utf8(self.take(len)?)
+            .map(str::to_owned)
+            .map_err(|_| GrantError::BadField { field })
+    }
+}
+
+/// What a Hello carries: the replica id and, from an engine of a cluster, its signed grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloRequest {
+    pub replica: String,
+    pub grant: Option<Vec<u8>>,
+}
+
+impl HelloRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        match &self.grant {
+            None => self.replica.as_bytes().to_vec(),
+            Some(g) => {
+                let id = self.replica.as_bytes();
+                let len = u16::try_from(id.len()).unwrap_or(u16::MAX);
+                let mut b = Vec::with_capacity(2 + id.len() + g.len());
+                b.extend_from_slice(&len.to_le_bytes());
+                b.extend_from_slice(id);
+                b.extend_from_slice(g);
+                b
+            }
+        }
+    }
+
+    /// Never panics; `None` for anything that is neither form.
+    pub fn decode(p: &[u8]) -> Option<HelloRequest> {
+        if p.len() >= 2 && p[1] == 0 {
+            let len = usize::from(u16::from_le_bytes([p[0], p[1]]));
+            if len == 0 || len > MAX_ID_BYTES {
+                return None;
+            }
+            let id = p.get(2..2 + len)?;
+            let grant = p.get(2 + len..)?;
+            return Some(HelloRequest {
+                replica: std::str::from_utf8(id).ok()?.to_owned(),
+                grant: Some(grant.to_vec()),
+            });
+        }
+        if p.is_empty() || p.len() > MAX_ID_BYTES {
+            return None;
+        }
+        Some(HelloRequest {
+            replica: std::str::from_utf8(p).ok()?.to_owned(),
+            grant: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant() -> Grant {
+        Grant {
+            cluster: "0123456789abcdef0123456789abcdef".into(),
+            volume: "vol".into(),
+            node: "n1".into(),
+            epoch: 7,
+        }
+    }
+
+    #[test]
+    fn signed_grants_roundtrip_and_garbage_is_refused() {
+        let g = grant();
+        let mut signed = g.body().expect("body");
+        let body_len = signed.len();
+        signed.extend_from_slice(&[9u8; SIGNATURE_BYTES]);
+        let (back, body, sig) = Grant::decode(&signed).expect("decode");
+        assert_eq!(back, g);
+        assert_eq!((body.len(), sig), (body_len, &[9u8; SIGNATURE_BYTES][..]));
+        for cut in 0..signed.len() {
+            assert!(Grant::decode(&signed[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = signed.clone();
+        bad[0] ^= 1;
+        assert!(matches!(
+            Grant::decode(&bad),
+            Err(GrantError::BadMagic { .. })
+        ));
+        let empty = Grant {
+            node: String::new(),
+            ..grant()
+        };
+        assert!(empty.body().is_err());
+    }
+
+    #[test]
+    fn hello_payloads_of_both_forms() {
+        let old = HelloRequest {
+            replica: "vol-r0-abc".into(),
+            grant: None,
+        };
+        assert_eq!(HelloRequest::decode(&old.encode()), Some(old));
+        let new = HelloRequest {
+            replica: "vol-r0-abc".into(),
+            grant: Some(vec![1, 2, 3]),
+        };
+        assert_eq!(HelloRequest::decode(&new.encode()), Some(new));
+        for bad in [&b""[..], &[5, 0, b'a'][..], &[0, 0][..], &[0xff, 0xfe][..]] {
+            assert_eq!(HelloRequest::decode(bad), None, "{bad:?}");
+        }
+    }
+}
