@@ -12,7 +12,8 @@
 //!   the server closes the connection;
 //! - a frame the wire decoder rejects (a flipped bit, a bad length, an unknown flag), a reply
 //!   sent as a request, or a second Hello closes the connection without an answer; a first
-//!   frame other than Hello is answered Invalid, a Hello for another replica NoSuchReplica,
+//!   frame other than Hello or a Hello payload that does not decode is answered Invalid, a
+//!   Hello longer than any Hello closes unanswered, a Hello for another replica NoSuchReplica,
 //!   a Hello with an older epoch StaleEpoch, and the connection closes;
 //! - a request of a session replaced by a later Hello is answered Unavailable (Ping aside),
 //!   and the connection closes;
@@ -36,6 +37,7 @@ use hawser_wire::frame::{
     checksum_reply_len, HelloInfo, CHECKSUM_BLOCK_BYTES, CHECKSUM_DIGEST_BYTES, FLAG_REPLY,
     HEADER_LEN, MAX_CHECKSUM_BYTES,
 };
+use hawser_wire::grant::{HelloRequest, MAX_HELLO_BYTES};
 use hawser_wire::journal::{Journal, OutReplica, StoredReport, ACTIVITY_EXTENT_BYTES};
 use hawser_wire::{FrameHeader, Op, Status};
 use libfuzzer_sys::fuzz_target;
@@ -245,9 +247,14 @@ fn expectations(model: &mut Model, state: &mut State, frames: &[Frame]) -> Vec<E
         let e = match (f.accepted, *state) {
             (None, _) => Expect::Close,
             (Some(h), State::AwaitingHello) => {
+                let hello = HelloRequest::decode(&f.payload);
                 if h.op != Op::Hello || h.is_reply() {
                     Expect::ReplyThenClose(Status::Invalid)
-                } else if std::str::from_utf8(&f.payload).unwrap_or("") != model.id {
+                } else if f.payload.len() > MAX_HELLO_BYTES {
+                    Expect::Close
+                } else if hello.is_none() {
+                    Expect::ReplyThenClose(Status::Invalid)
+                } else if hello.is_some_and(|r| r.replica != model.id) {
                     Expect::ReplyThenClose(Status::NoSuchReplica)
                 } else if h.epoch < model.epoch {
                     Expect::ReplyThenClose(Status::StaleEpoch)

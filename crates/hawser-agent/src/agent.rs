@@ -46,12 +46,19 @@ pub struct AgentArgs {
     /// Replica server listen address.
     #[arg(long, default_value = "127.0.0.1:9600")]
     pub replica_listen: String,
-    /// NBD TCP listen address ("none" to disable).
+    /// NBD TCP listen address ("none" to disable). A loopback address: NBD has no
+    /// authentication here (NBD TLS is not implemented yet), so another address needs
+    /// `--insecure`.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub nbd_listen: String,
-    /// NBD unix socket path (default `<data-dir>/nbd.sock`).
+    /// NBD unix socket path (default `<data-dir>/nbd.sock`), mode 0600: only root (or the
+    /// agent's user) may connect.
     #[arg(long)]
     pub nbd_socket: Option<PathBuf>,
+    /// Serve what is refused by default because nothing authenticates it on the network:
+    /// NBD on a non-loopback address. Logged as a warning at every start.
+    #[arg(long)]
+    pub insecure: bool,
     /// How long a replica moved to a pool's trash (an orphan, by the controller's word) is
     /// kept before it is deleted, in seconds.
     #[arg(long, default_value_t = 86_400)]
@@ -175,11 +182,25 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let nbd_l = if args.nbd_listen == "none" {
         None
     } else {
-        Some(
-            TcpListener::bind(&args.nbd_listen)
-                .await
-                .with_context(|| format!("bind NBD to {}", args.nbd_listen))?,
-        )
+        let l = TcpListener::bind(&args.nbd_listen)
+            .await
+            .with_context(|| format!("bind NBD to {}", args.nbd_listen))?;
+        let ip = l.local_addr().context("NBD listen address")?.ip();
+        if !ip.is_loopback() {
+            if !args.insecure {
+                anyhow::bail!(
+                    "--nbd-listen {}: NBD on a non-loopback address would serve every volume \
+                     attached here to anyone who reaches it (no NBD TLS yet); use the unix \
+                     socket or a loopback address, or --insecure to serve it anyway",
+                    args.nbd_listen
+                );
+            }
+            tracing::warn!(
+                addr = %args.nbd_listen,
+                "INSECURE: NBD serves this node's volumes unauthenticated on a non-loopback address"
+            );
+        }
+        Some(l)
     };
     let sock = args
         .nbd_socket
@@ -188,6 +209,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&sock);
     let unix_l =
         UnixListener::bind(&sock).with_context(|| format!("bind NBD socket {}", sock.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("make NBD socket {} mode 0600", sock.display()))?;
+    }
 
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(replica_server::serve(
@@ -215,10 +241,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     };
     let mut admin_stop = stop_rx.clone();
     tasks.spawn(async move {
-        let serve =
-            axum::serve(admin_l, admin_api::router(state)).with_graceful_shutdown(async move {
+        let serve = hawser_listen::serve(
+            admin_l,
+            admin_api::router(state),
+            hawser_listen::HttpLimits::default(),
+            async move {
                 let _ = admin_stop.changed().await;
-            });
+            },
+        );
         if let Err(e) = serve.await {
             tracing::error!(error = %e, "admin API failed");
         }

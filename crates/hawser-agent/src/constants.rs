@@ -10,8 +10,23 @@ pub const REPLICA_CONN_MAX_BACKLOG_BYTES: usize = 64 << 20;
 /// How long a closing replica connection tries to deliver its queued replies (a refused
 /// Hello's answer, say) to a peer that is not reading.
 pub const REPLICA_CONN_LINGER: Duration = Duration::from_secs(5);
-/// Replica connections a server accepts at once.
+/// Replica connections a server accepts at once, and from one peer (IP address): an engine
+/// node has one per volume it runs with a replica here.
 pub const REPLICA_SERVER_MAX_CONNS: usize = 1024;
+pub const REPLICA_SERVER_MAX_CONNS_PER_PEER: usize = 512;
+/// Connections that have not yet opened a session (no Hello answered), in total and per
+/// peer. They are unauthenticated, so they get a small share, and they must say Hello
+/// within [`REPLICA_HELLO_TIMEOUT`].
+pub const REPLICA_UNGREETED_MAX_CONNS: usize = 128;
+pub const REPLICA_UNGREETED_MAX_PER_PEER: usize = 16;
+pub const REPLICA_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Once a request's header has arrived, its payload must follow within this time (a 32 MiB
+/// payload at 1 MiB/s), so a peer cannot hold a request half-sent.
+pub const REPLICA_PAYLOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes of request and read-reply payloads the replica server holds at once, over all
+/// connections; a request waits for its share before its payload is read. At least the
+/// largest payload (32 MiB).
+pub const REPLICA_SERVER_MEMORY_BUDGET: usize = 512 << 20;
 /// Client requests one volume engine has in flight; further requests wait.
 pub const ENGINE_MAX_INFLIGHT: usize = 1024;
 /// A replica that leaves a request unanswered this long is treated as lost.

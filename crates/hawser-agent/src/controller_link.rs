@@ -70,6 +70,7 @@ impl ControllerLink {
     pub fn new(base: &str) -> ControllerLink {
         let http = reqwest::Client::builder()
             .timeout(CONTROLLER_CALL_TIMEOUT)
+            .pool_idle_timeout(hawser_api::CLIENT_POOL_IDLE_TIMEOUT)
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
         let mut urls: Vec<String> = Vec::new();

@@ -23,10 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use hawser_listen::{ConnLimits, ConnPermit};
 use hawser_storage::{Replica, ReplicaIoError, StoredJournal};
 use hawser_wire::constants::MAX_PAYLOAD_BYTES;
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
-use hawser_wire::grant::HelloRequest;
+use hawser_wire::grant::{HelloRequest, MAX_HELLO_BYTES};
 use hawser_wire::journal::StoredReport;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -35,9 +36,11 @@ use tracing::Instrument;
 
 use crate::constants::{
     INLINE_IO_MAX_BYTES, REPLICA_CONN_LINGER, REPLICA_CONN_MAX_BACKLOG_BYTES,
-    REPLICA_CONN_MAX_INFLIGHT, REPLICA_SERVER_MAX_CONNS,
+    REPLICA_CONN_MAX_INFLIGHT, REPLICA_HELLO_TIMEOUT, REPLICA_PAYLOAD_TIMEOUT,
+    REPLICA_SERVER_MAX_CONNS, REPLICA_SERVER_MAX_CONNS_PER_PEER, REPLICA_SERVER_MEMORY_BUDGET,
+    REPLICA_UNGREETED_MAX_CONNS, REPLICA_UNGREETED_MAX_PER_PEER,
 };
-use crate::frame_io::{read_frame, FrameIoError};
+use crate::frame_io::{read_header, read_payload, FrameIoError};
 use crate::grants::{self, Expected};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
@@ -100,12 +103,21 @@ impl Session {
 pub use hawser_storage::node_boot_id as boot_id;
 
 /// Accept connections until `shutdown` flips to true.
+///
+/// Limits (`constants.rs`): connections in total and per peer; connections that have not
+/// opened a session get a smaller share and [`REPLICA_HELLO_TIMEOUT`] to do it, with a Hello
+/// no longer than a Hello can be; request payloads must follow their header within
+/// [`REPLICA_PAYLOAD_TIMEOUT`]; and payloads held at once, over all connections, stay within
+/// [`REPLICA_SERVER_MEMORY_BUDGET`]. A session's connection may stay idle: an idle engine
+/// does not ping, and only an engine the controller granted an epoch gets that far.
 pub async fn serve(
     listener: TcpListener,
     storage: Arc<NodeStorage>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let conns = Arc::new(Semaphore::new(REPLICA_SERVER_MAX_CONNS));
+    let conns = ConnLimits::new(REPLICA_SERVER_MAX_CONNS, REPLICA_SERVER_MAX_CONNS_PER_PEER);
+    let ungreeted = ConnLimits::new(REPLICA_UNGREETED_MAX_CONNS, REPLICA_UNGREETED_MAX_PER_PEER);
+    let budget = Arc::new(Semaphore::new(REPLICA_SERVER_MEMORY_BUDGET >> 10));
     let sessions = Arc::new(Sessions::default());
     let boot = boot_id();
     loop {
@@ -116,21 +128,30 @@ pub async fn serve(
         let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
+                // Out of file descriptors and the like: wait instead of spinning.
                 tracing::warn!(error = %e, "replica server accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let Ok(permit) = conns.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "too many replica connections; refusing");
-            continue;
+        let admitted = conns
+            .admit(peer.ip())
+            .and_then(|c| ungreeted.admit(peer.ip()).map(|u| (c, u)));
+        let (permit, greeting) = match admitted {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::debug!(%peer, "replica connection refused: {why}");
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let storage = storage.clone();
         let sessions = sessions.clone();
+        let budget = budget.clone();
         let span = tracing::info_span!("replica_conn", %peer);
         tokio::spawn(
             async move {
-                match serve_conn(stream, storage, &sessions, boot).await {
+                match serve_conn(stream, storage, &sessions, boot, greeting, budget).await {
                     Ok(()) | Err(FrameIoError::Closed) => tracing::debug!("closed"),
                     Err(e) => tracing::warn!(error = %e, "replica connection dropped"),
                 }
@@ -146,6 +167,8 @@ async fn serve_conn(
     storage: Arc<NodeStorage>,
     sessions: &Sessions,
     boot: u64,
+    greeting: ConnPermit,
+    budget: Arc<Semaphore>,
 ) -> Result<(), FrameIoError> {
     let (mut rd, wr) = stream.into_split();
     let out = Outbox::new(wr);
@@ -154,9 +177,17 @@ async fn serve_conn(
         async move { out.drain().await }
     });
     let result = async {
-        let (replica, session) = hello(&mut rd, &storage, sessions, boot, &out).await?;
+        // Before a session, failures are a peer's business, logged at debug: anyone who
+        // reaches the port can cause them, and must not be able to flood the logs.
+        let (replica, session) = hello(&mut rd, &storage, sessions, boot, &out)
+            .await
+            .map_err(|e| {
+                tracing::debug!(error = %e, "no session opened");
+                FrameIoError::Closed
+            })?;
+        drop(greeting);
         let span = tracing::info_span!("replica", id = replica.id(), session = session.id);
-        request_loop(&mut rd, replica, session, &out)
+        request_loop(&mut rd, replica, session, &out, &budget)
             .instrument(span)
             .await
     }
@@ -168,6 +199,34 @@ async fn serve_conn(
     result
 }
 
+/// The first frame, within [`REPLICA_HELLO_TIMEOUT`]: a Hello request no longer than a Hello
+/// can be (a longer one closes the connection unread and unanswered).
+async fn read_hello(
+    rd: &mut (impl tokio::io::AsyncRead + Unpin),
+    out: &Replies,
+) -> Result<(FrameHeader, HelloRequest), FrameIoError> {
+    let read = async {
+        let h = read_header(rd).await?;
+        if h.op != Op::Hello || h.is_reply() {
+            reply(out, (h.reply(Status::Invalid), None));
+            return Err(FrameIoError::Closed);
+        }
+        if h.payload_len as usize > MAX_HELLO_BYTES {
+            // Not a Hello any engine sends; not worth reading (or answering).
+            return Err(FrameIoError::Closed);
+        }
+        let payload = read_payload(rd, &h).await?;
+        let Some(req) = payload.as_deref().and_then(HelloRequest::decode) else {
+            reply(out, (h.reply(Status::Invalid), None));
+            return Err(FrameIoError::Closed);
+        };
+        Ok((h, req))
+    };
+    tokio::time::timeout(REPLICA_HELLO_TIMEOUT, read)
+        .await
+        .map_err(|_| FrameIoError::Timeout("Hello"))?
+}
+
 /// The first frame must be a Hello naming a replica of this node with an epoch at least the
 /// replica's. It opens a new session of that replica (see the module doc).
 async fn hello(
@@ -177,15 +236,7 @@ async fn hello(
     boot: u64,
     out: &Replies,
 ) -> Result<(Arc<Replica>, Session), FrameIoError> {
-    let (h, payload) = read_frame(rd).await?;
-    if h.op != Op::Hello || h.is_reply() {
-        reply(out, (h.reply(Status::Invalid), None));
-        return Err(FrameIoError::Closed);
-    }
-    let Some(req) = payload.as_deref().and_then(HelloRequest::decode) else {
-        reply(out, (h.reply(Status::Invalid), None));
-        return Err(FrameIoError::Closed);
-    };
+    let (h, req) = read_hello(rd, out).await?;
     let id = req.replica.as_str();
     // A node of a cluster checks the grant before it even says whether the replica exists:
     // ids cannot be probed without the cluster's signature.
@@ -205,7 +256,7 @@ async fn hello(
             node: None,
         };
         if let Err(e) = grants::check(key, req.grant.as_deref(), &want) {
-            tracing::warn!(replica = id, epoch = h.epoch, error = %e, "Hello refused");
+            tracing::debug!(replica = id, epoch = h.epoch, error = %e, "Hello refused");
             reply(out, (h.reply(Status::Denied), None));
             return Err(FrameIoError::Closed);
         }
@@ -243,11 +294,23 @@ async fn hello(
     Ok((replica, Session { gate, id }))
 }
 
+/// What a request may hold in memory, in KiB of the budget: its payload, and for a read the
+/// data it returns (reads longer than a payload can be are refused, so count at most that).
+fn memory_cost(h: &FrameHeader) -> u32 {
+    let read = if h.op == Op::Read {
+        h.length.min(MAX_PAYLOAD_BYTES)
+    } else {
+        0
+    };
+    (h.payload_len.div_ceil(1024)) + read.div_ceil(1024)
+}
+
 async fn request_loop(
     rd: &mut (impl tokio::io::AsyncRead + Unpin),
     replica: Arc<Replica>,
     session: Session,
     out: &Replies,
+    budget: &Arc<Semaphore>,
 ) -> Result<(), FrameIoError> {
     let inflight = Arc::new(Semaphore::new(REPLICA_CONN_MAX_INFLIGHT));
     loop {
@@ -258,7 +321,15 @@ async fn request_loop(
             .acquire_owned()
             .await
             .map_err(|_| FrameIoError::Closed)?;
-        let (h, payload) = read_frame(rd).await?;
+        let h = read_header(rd).await?;
+        let memory = budget
+            .clone()
+            .acquire_many_owned(memory_cost(&h))
+            .await
+            .map_err(|_| FrameIoError::Closed)?;
+        let payload = tokio::time::timeout(REPLICA_PAYLOAD_TIMEOUT, read_payload(rd, &h))
+            .await
+            .map_err(|_| FrameIoError::Timeout("request payload"))??;
         if h.is_reply() || h.op == Op::Hello {
             return Err(FrameIoError::Closed);
         }
@@ -283,7 +354,7 @@ async fn request_loop(
             let r = execute(&replica, &h, payload);
             drop(entered);
             reply(out, r);
-            drop(permit);
+            drop((permit, memory));
             continue;
         }
         let replica = replica.clone();
@@ -293,7 +364,7 @@ async fn request_loop(
             drop(entered);
             // Under load: the drain task batches replies into few writes.
             reply_now(&out, r, false);
-            drop(permit);
+            drop((permit, memory));
         });
     }
 }

@@ -61,6 +61,7 @@ impl Client {
     pub fn new(base: &str, token: &str) -> Result<Client, ClientError> {
         let http = reqwest::blocking::Client::builder()
             .timeout(REQUEST_TIMEOUT)
+            .pool_idle_timeout(crate::CLIENT_POOL_IDLE_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .build()
             .map_err(|e| ClientError::Client(error_chain(&e)))?;

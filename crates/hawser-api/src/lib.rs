@@ -13,6 +13,12 @@ pub mod size;
 pub use error::{ApiError, ErrorCode};
 pub use size::{format_size, parse_bytes, parse_size, SizeError};
 
+/// How long HTTP clients of Hawser's APIs keep an idle connection for reuse: less than the
+/// servers' header-read timeout (`hawser_listen::HttpLimits`, 20 s), which also closes
+/// kept-alive connections that sit idle, so a client never reuses a connection just as the
+/// server closes it.
+pub const CLIENT_POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Default controller address (loopback only).
 pub const DEFAULT_CONTROLLER_URL: &str = "http://127.0.0.1:9400";
 

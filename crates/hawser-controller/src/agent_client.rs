@@ -85,6 +85,7 @@ impl AgentClient {
         let http = reqwest::Client::builder()
             .connect_timeout(AGENT_CONNECT_TIMEOUT)
             .timeout(AGENT_REQUEST_TIMEOUT)
+            .pool_idle_timeout(hawser_api::CLIENT_POOL_IDLE_TIMEOUT)
             .build()?;
         Ok(AgentClient {
             http,

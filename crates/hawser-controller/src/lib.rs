@@ -41,6 +41,7 @@ mod volume_delete;
 mod volume_expand;
 mod volume_outdate;
 
+use hawser_listen::HttpLimits;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -331,8 +332,7 @@ impl Controller {
             .ha
             .map(|(k, c)| tokio::spawn(ha::run(self.state.clone(), k, c)));
         let app = server::router(self.state);
-        let result = axum::serve(self.listener, app)
-            .with_graceful_shutdown(shutdown)
+        let result = hawser_listen::serve(self.listener, app, HttpLimits::default(), shutdown)
             .await
             .context("serve the controller API");
         watch.abort();

@@ -159,6 +159,277 @@ fn garbage_on_nbd_and_replica_ports_changes_nothing() {
     run_ok("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x42 0 4M"]);
 }
 
+/// "Secure by default", acceptance e: 10,000 garbage inputs on each listener (controller
+/// REST API, agent admin API, replica port, NBD port), sent side by side, and slowloris
+/// connections from another peer (127.0.0.2) held open on all four: no process dies or
+/// grows without bound, the slow connections are cut off, and the volume keeps serving
+/// (detach and attach, which need the admin API and a Hello, and I/O) throughout.
+#[test]
+fn garbage_and_slowloris_on_every_listener_leave_every_process_serving() {
+    if !have("qemu-io") {
+        eprintln!("SKIP: qemu-io missing");
+        return;
+    }
+    const TRIALS: u32 = 10_000;
+    const SLOW: usize = 100;
+    let mut c = Cluster::start("abuse", 2);
+    let uri = c.attached_volume("a", "64MiB", 2, "n1");
+    run_ok(
+        "qemu-io",
+        &["-f", "raw", &uri, "-c", "write -P 0x17 0 4M", "-c", "flush"],
+    );
+    let v = c.volume("a");
+    let replica_id = v
+        .replicas
+        .iter()
+        .find(|r| r.node == "n2")
+        .expect("replica on n2")
+        .id
+        .clone();
+    let hellos = Hellos::new(&c, "a", &replica_id, v.epoch);
+    let rest = c.url.trim_start_matches("http://").to_string();
+    let listeners = [
+        ("controller REST", rest),
+        ("admin API", c.agent("n1").admin.clone()),
+        ("replica port", c.agent("n2").replica.clone()),
+        ("NBD", c.agent("n1").nbd.clone()),
+    ];
+    let pids = [
+        ("controller", c.controllers[0].child.id()),
+        ("n1", c.agent("n1").child.id()),
+        ("n2", c.agent("n2").child.id()),
+    ];
+    let rss_before: Vec<u64> = pids.iter().map(|(_, p)| rss_kib(*p)).collect();
+
+    // Slowloris first: each listener gets SLOW connections from 127.0.0.2 that send half a
+    // first message and then nothing.
+    let mut slow: Vec<(&str, TcpStream)> = Vec::new();
+    for (name, addr) in &listeners {
+        let partial: &[u8] = match *name {
+            "replica port" => &[b'H', b'W', b'S', b'R', 2, 0, 1, 0],
+            "NBD" => &[],
+            _ => b"PUT /v1/nodes/x HTTP/1.1\r\nhost: x\r\n",
+        };
+        for _ in 0..SLOW {
+            let s = connect_from([127, 0, 0, 2], addr);
+            let _ = (&s).write_all(partial);
+            slow.push((name, s));
+        }
+    }
+    // Garbage on all four at once, while the slow connections are held.
+    let seed: u64 = std::env::var("HAWSER_GARBAGE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("garbage seed {seed} (replay: HAWSER_GARBAGE_SEED={seed})");
+    let hellos = &hellos;
+    let epoch = v.epoch;
+    std::thread::scope(|scope| {
+        for (i, (name, addr)) in listeners.iter().enumerate() {
+            scope.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((i as u64) << 32));
+                for trial in 0..TRIALS {
+                    let bytes = match *name {
+                        "replica port" => replica_garbage(&mut rng, hellos, epoch, trial),
+                        "NBD" => nbd_garbage(&mut rng),
+                        _ => http_garbage(&mut rng),
+                    };
+                    let _ = exchange(addr, &bytes, Duration::from_secs(2));
+                }
+                eprintln!("{name}: {TRIALS} garbage inputs sent");
+            });
+        }
+        // Meanwhile the cluster serves: the API answers, and a detach and attach (admin API
+        // calls, Hellos with grants) and I/O work.
+        c.cli_ok(&["volume", "list"]);
+        c.cli_ok(&["volume", "detach", "a"]);
+        c.cli_ok(&["volume", "attach", "a", "--node", "n1"]);
+        run_ok(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                &uri,
+                "-c",
+                "read -P 0x17 0 4M",
+                "-c",
+                "write -P 0x18 4M 1M",
+            ],
+        );
+    });
+    // Every slow connection is cut off by the server (or was refused at once).
+    for (name, mut s) in slow {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    panic!("{name}: a slowloris connection is still open after 60 s")
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    assert!(c.agent_alive("n1") && c.agent_alive("n2"), "an agent died");
+    assert!(
+        c.controllers[0].child.try_wait().expect("wait").is_none(),
+        "the controller died"
+    );
+    let rss_after: Vec<u64> = pids.iter().map(|(_, p)| rss_kib(*p)).collect();
+    for (((name, _), before), after) in pids.iter().zip(&rss_before).zip(&rss_after) {
+        eprintln!("{name}: RSS {before} KiB before, {after} KiB after");
+        assert!(
+            *after < before + 64 * 1024,
+            "{name} grew from {before} KiB to {after} KiB"
+        );
+    }
+    // Still serving, with the data intact.
+    run_ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "read -P 0x17 0 4M",
+            "-c",
+            "read -P 0x18 4M 1M",
+        ],
+    );
+    let v = c.volume("a");
+    assert!(
+        v.replicas
+            .iter()
+            .all(|r| r.state == hawser_api::controller::ReplicaState::InSync),
+        "a replica left the in-sync set: {v:?}"
+    );
+}
+
+/// A connection to `addr` from the loopback address `source`: another peer, as far as
+/// per-peer limits go.
+fn connect_from(source: [u8; 4], addr: &str) -> TcpStream {
+    let target: std::net::SocketAddr = addr.parse().expect("a socket address");
+    let sock = connect_bound(source, target);
+    sock.set_nodelay(true).expect("nodelay");
+    sock
+}
+
+/// `connect(2)` from a chosen source address, with std only: bind a listener-less socket via
+/// libc, since std's TcpStream cannot bind before connecting.
+// AF_INET and the size of sockaddr_in fit their C types.
+#[allow(clippy::cast_possible_truncation)]
+fn connect_bound(source: [u8; 4], target: std::net::SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(t) = target else {
+        panic!("IPv4 only: {target}")
+    };
+    // SAFETY: plain socket calls on a descriptor this function owns until it is handed to
+    // TcpStream; the sockaddr structs live across the calls that read them.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let stream = TcpStream::from_raw_fd(fd);
+        let mut src: libc::sockaddr_in = std::mem::zeroed();
+        src.sin_family = libc::AF_INET as libc::sa_family_t;
+        src.sin_addr.s_addr = u32::from_ne_bytes(source);
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let r = libc::bind(fd, std::ptr::addr_of!(src).cast(), len);
+        assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
+        let mut dst: libc::sockaddr_in = std::mem::zeroed();
+        dst.sin_family = libc::AF_INET as libc::sa_family_t;
+        dst.sin_port = t.port().to_be();
+        dst.sin_addr.s_addr = u32::from_ne_bytes(t.ip().octets());
+        let r = libc::connect(fd, std::ptr::addr_of!(dst).cast(), len);
+        assert_eq!(
+            r,
+            0,
+            "connect to {target}: {}",
+            std::io::Error::last_os_error()
+        );
+        stream
+    }
+}
+
+/// Resident memory of process `pid`, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Garbage for an HTTP API: random bytes; a request line and headers with random parts (some
+/// huge); a body announced longer than it is, or longer than any body may be; a request with
+/// a made-up token and a random JSON-ish body. None carries a valid token.
+fn http_garbage(rng: &mut impl RngCore) -> Vec<u8> {
+    fn junk(rng: &mut impl RngCore, max: usize) -> Vec<u8> {
+        let mut b = vec![0u8; rng.random_range(0..max)];
+        rng.fill_bytes(&mut b);
+        b
+    }
+    fn letters(rng: &mut impl RngCore, max: usize) -> Vec<u8> {
+        junk(rng, max).iter().map(|b| b'a' + b % 26).collect()
+    }
+    let methods = ["GET", "PUT", "POST", "DELETE", "PATCH", "G\0T", ""];
+    let paths = [
+        "/v1/volumes",
+        "/v1/nodes/n1",
+        "/v1/replicas",
+        "/v1/status",
+        "/",
+        "*",
+    ];
+    let mut v = Vec::new();
+    match rng.random_range(0..4) {
+        0 => return junk(rng, 4096),
+        1 => {
+            let m = methods[rng.random_range(0..methods.len())];
+            let p = paths[rng.random_range(0..paths.len())];
+            v.extend_from_slice(format!("{m} {p} HTTP/1.1\r\nhost: x\r\n").as_bytes());
+            for _ in 0..rng.random_range(0..8) {
+                v.extend_from_slice(b"x-");
+                v.extend(letters(rng, 64));
+                v.extend_from_slice(b": ");
+                v.extend(letters(rng, 20_000));
+                v.extend_from_slice(b"\r\n");
+            }
+            v.extend_from_slice(b"\r\n");
+        }
+        2 => {
+            let announced = [10, 4096, 1 << 20, 10 << 20, u64::from(u32::MAX)];
+            let n = announced[rng.random_range(0..announced.len())];
+            v.extend_from_slice(
+                format!("POST /v1/volumes HTTP/1.1\r\nhost: x\r\ncontent-length: {n}\r\n\r\n")
+                    .as_bytes(),
+            );
+            v.extend(junk(rng, 8192));
+        }
+        _ => {
+            let body = junk(rng, 2048);
+            v.extend_from_slice(
+                format!(
+                    "PUT /v1/nodes/n1 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\n\
+                     content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    "0".repeat(64),
+                    body.len() + 2
+                )
+                .as_bytes(),
+            );
+            v.push(b'{');
+            v.extend(body);
+            v.push(b'}');
+        }
+    }
+    v
+}
+
 fn send_garbage(addr: &str, bytes: &[u8]) {
     let _ = exchange(addr, bytes, Duration::from_millis(200));
 }

@@ -21,6 +21,8 @@ pub const GRANT_VERSION: u32 = 1;
 pub const SIGNATURE_BYTES: usize = 64;
 /// Longest encoded grant (three ids and the fixed fields).
 pub const MAX_GRANT_BYTES: usize = 20 + 3 * (2 + MAX_ID_BYTES) + SIGNATURE_BYTES;
+/// Longest Hello payload: an id with its length and a grant.
+pub const MAX_HELLO_BYTES: usize = 2 + MAX_ID_BYTES + MAX_GRANT_BYTES;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {

@@ -41,7 +41,6 @@ use topology::{owner_gone, remove_leftover_namespaces, run_prefix, Topology};
 const CONTROLLER_PORT: u16 = 9400;
 const ADMIN_PORT: u16 = 9500;
 const REPLICA_PORT: u16 = 9600;
-const NBD_PORT: u16 = 10809;
 const CONTROLLER_OCTET: u8 = 2;
 const FIRST_HOST_OCTET: u8 = 10;
 /// How long `ip netns exec` may take to become the hawser process.
@@ -186,7 +185,6 @@ impl NetCluster {
         let h = &self.hosts[i];
         let admin = format!("{}:{ADMIN_PORT}", h.addr);
         let replica = format!("{}:{REPLICA_PORT}", h.addr);
-        let nbd = format!("{}:{NBD_PORT}", h.addr);
         let data = h.data_dir.display().to_string();
         let token = self.tokens.agent.display().to_string();
         let args = [
@@ -200,7 +198,7 @@ impl NetCluster {
             "--replica-listen",
             &replica,
             "--nbd-listen",
-            &nbd,
+            "none",
             "--data-dir",
             &data,
             "--token-file",
