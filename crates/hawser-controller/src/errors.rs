@@ -52,7 +52,9 @@ pub enum ControllerError {
     Syncing { volume: String, node: String },
     #[error("node {node:?} is offline (no heartbeat for {age_secs}s)")]
     NodeOffline { node: String, age_secs: u64 },
-    #[error("epoch {epoch} of volume {volume:?} is stale: the current epoch is {current}")]
+    /// The answer does not say the current epoch: a caller that is not the volume's engine
+    /// must not learn which epoch to claim.
+    #[error("epoch {epoch} of volume {volume:?} is not its current epoch")]
     StaleEpoch {
         volume: String,
         epoch: u64,

@@ -102,6 +102,7 @@ fn check_epoch(v: &VolumeRecord, epoch: u64) -> Result<(), ControllerError> {
         });
     }
     if epoch != v.epoch {
+        tracing::info!(volume = %v.name, epoch, current = v.epoch, "report of a stale epoch refused");
         return Err(ControllerError::StaleEpoch {
             volume: v.name.clone(),
             epoch,
@@ -251,6 +252,8 @@ mod tests {
                 matches!(e, ControllerError::StaleEpoch { current: 3, .. }),
                 "{e}"
             );
+            // The answer does not tell a caller which epoch to claim.
+            assert!(!e.to_string().contains('3'), "{e}");
             assert_eq!(v, before);
         }
     }

@@ -340,6 +340,15 @@ impl Cluster {
         v.nbd_unix_uri.expect("attached volume has a unix URI")
     }
 
+    /// Volume `volume`'s replica on `node`.
+    pub fn replica_on(&self, volume: &str, node: &str) -> hawser_api::controller::Replica {
+        self.volume(volume)
+            .replicas
+            .into_iter()
+            .find(|r| r.node == node)
+            .unwrap_or_else(|| panic!("{volume} has no replica on {node}"))
+    }
+
     pub fn agent(&self, name: &str) -> &AgentProc {
         self.agents
             .iter()

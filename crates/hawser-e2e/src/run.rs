@@ -38,6 +38,16 @@ pub fn run_ok(prog: &str, args: &[&str]) -> String {
     stdout
 }
 
+/// `qemu-io -f raw URI -c CMD...` (each of `cmds` a qemu-io command, e.g. `write -P 0x42 0
+/// 4M`); requires success and returns stdout.
+pub fn qemu_io(uri: &str, cmds: &[&str]) -> String {
+    let mut args = vec!["-f", "raw", uri];
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    run_ok("qemu-io", &args)
+}
+
 /// Poll `cond` every 20 ms until it holds or `timeout` passes (then panic with `what`).
 /// Polling a real condition, not sleeping a guessed time, is how these tests synchronise.
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use hawser_e2e::{have, run_ok, Cluster, ClusterOptions, SmallFs, TempDir};
+use hawser_e2e::{have, qemu_io, Cluster, ClusterOptions, SmallFs, TempDir};
 use rand::{Rng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 
@@ -87,10 +87,7 @@ fn garbage_on_nbd_and_replica_ports_changes_nothing() {
     }
     let mut c = Cluster::start("garbage", 2);
     let uri = c.attached_volume("g", "64MiB", 2, "n1");
-    run_ok(
-        "qemu-io",
-        &["-f", "raw", &uri, "-c", "write -P 0x42 0 4M", "-c", "flush"],
-    );
+    qemu_io(&uri, &["write -P 0x42 0 4M", "flush"]);
     let v = c.volume("g");
     let files: Vec<_> = v.replicas.iter().map(|r| c.replica_path(&r.id)).collect();
     let before: Vec<_> = files
@@ -107,13 +104,7 @@ fn garbage_on_nbd_and_replica_ports_changes_nothing() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let nbd = c.agent("n1").nbd.clone();
     let replica_port = c.agent("n2").replica.clone();
-    let replica_id = v
-        .replicas
-        .iter()
-        .find(|r| r.node == "n2")
-        .expect("replica on n2")
-        .id
-        .clone();
+    let replica_id = c.replica_on("g", "n2").id;
     assert!(v.epoch >= 1, "an attached volume has an epoch: {v:?}");
     let hellos = Hellos::new(&c, "g", &replica_id, v.epoch);
     for trial in 0..1000 {
@@ -156,7 +147,7 @@ fn garbage_on_nbd_and_replica_ports_changes_nothing() {
         .collect();
     assert_eq!(before, after, "garbage changed a replica (seed {seed})");
     c.cli_ok(&["volume", "attach", "g", "--node", "n1"]);
-    run_ok("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x42 0 4M"]);
+    qemu_io(&uri, &["read -P 0x42 0 4M"]);
 }
 
 /// "Secure by default", acceptance e: 10,000 garbage inputs on each listener (controller
@@ -174,18 +165,9 @@ fn garbage_and_slowloris_on_every_listener_leave_every_process_serving() {
     const SLOW: usize = 100;
     let mut c = Cluster::start("abuse", 2);
     let uri = c.attached_volume("a", "64MiB", 2, "n1");
-    run_ok(
-        "qemu-io",
-        &["-f", "raw", &uri, "-c", "write -P 0x17 0 4M", "-c", "flush"],
-    );
+    qemu_io(&uri, &["write -P 0x17 0 4M", "flush"]);
     let v = c.volume("a");
-    let replica_id = v
-        .replicas
-        .iter()
-        .find(|r| r.node == "n2")
-        .expect("replica on n2")
-        .id
-        .clone();
+    let replica_id = c.replica_on("a", "n2").id;
     let hellos = Hellos::new(&c, "a", &replica_id, v.epoch);
     let rest = c.url.trim_start_matches("http://").to_string();
     let listeners = [
@@ -244,18 +226,7 @@ fn garbage_and_slowloris_on_every_listener_leave_every_process_serving() {
         c.cli_ok(&["volume", "list"]);
         c.cli_ok(&["volume", "detach", "a"]);
         c.cli_ok(&["volume", "attach", "a", "--node", "n1"]);
-        run_ok(
-            "qemu-io",
-            &[
-                "-f",
-                "raw",
-                &uri,
-                "-c",
-                "read -P 0x17 0 4M",
-                "-c",
-                "write -P 0x18 4M 1M",
-            ],
-        );
+        qemu_io(&uri, &["read -P 0x17 0 4M", "write -P 0x18 4M 1M"]);
     });
     // Every slow connection is cut off by the server (or was refused at once).
     for (name, mut s) in slow {
@@ -289,18 +260,7 @@ fn garbage_and_slowloris_on_every_listener_leave_every_process_serving() {
         );
     }
     // Still serving, with the data intact.
-    run_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            &uri,
-            "-c",
-            "read -P 0x17 0 4M",
-            "-c",
-            "read -P 0x18 4M 1M",
-        ],
-    );
+    qemu_io(&uri, &["read -P 0x17 0 4M", "read -P 0x18 4M 1M"]);
     let v = c.volume("a");
     assert!(
         v.replicas
@@ -803,10 +763,7 @@ fn full_pool_gives_enospc_and_keeps_earlier_data() {
     };
     let mut c = Cluster::start_with("enospc", 2, opts);
     let uri = c.attached_volume("full", "128MiB", 2, "n1");
-    run_ok(
-        "qemu-io",
-        &["-f", "raw", &uri, "-c", "write -P 0x77 0 8M", "-c", "flush"],
-    );
+    qemu_io(&uri, &["write -P 0x77 0 8M", "flush"]);
     let out = std::process::Command::new("qemu-io")
         .args(["-f", "raw", &uri, "-c", "write -P 0x99 8M 100M"])
         .output()
@@ -824,7 +781,7 @@ fn full_pool_gives_enospc_and_keeps_earlier_data() {
         c.agent_alive("n1") && c.agent_alive("n2"),
         "an agent died on a full disk"
     );
-    run_ok("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x77 0 8M"]);
+    qemu_io(&uri, &["read -P 0x77 0 8M"]);
     let v = c.volume("full");
     // One replica may have taken the last free block while the other hit ENOSPC (it is then
     // outdated, correctly); the last copy is never given up.

@@ -6,17 +6,7 @@
 use std::time::Duration;
 
 use hawser_api::controller::ReplicaState;
-use hawser_e2e::{have, run_ok, wait_until, Cluster};
-
-fn replica_on(c: &Cluster, volume: &str, node: &str) -> String {
-    c.volume(volume)
-        .replicas
-        .iter()
-        .find(|r| r.node == node)
-        .unwrap_or_else(|| panic!("{volume} has no replica on {node}"))
-        .id
-        .clone()
-}
+use hawser_e2e::{have, qemu_io, wait_until, Cluster};
 
 #[test]
 fn an_agent_with_broken_replicas_starts_reports_them_and_serves_the_rest() {
@@ -32,13 +22,13 @@ fn an_agent_with_broken_replicas_starts_reports_them_and_serves_the_rest() {
         c.cli_ok(&["volume", "attach", "good", "--node", "n1"]);
         c.volume("good").nbd_unix_uri.expect("unix URI")
     };
-    run_ok(
-        "qemu-io",
-        &["-f", "raw", &uri, "-c", "write -P 0x5a 0 4M", "-c", "flush"],
-    );
+    qemu_io(&uri, &["write -P 0x5a 0 4M", "flush"]);
     c.cli_ok(&["volume", "detach", "good"]);
 
-    let (meta_id, short_id) = (replica_on(&c, "meta", "n2"), replica_on(&c, "short", "n2"));
+    let (meta_id, short_id) = (
+        c.replica_on("meta", "n2").id,
+        c.replica_on("short", "n2").id,
+    );
     let meta_file = c.replica_path(&meta_id).with_extension("meta");
     let short_data = c.replica_path(&short_id);
     let mut raw = std::fs::read(&meta_file).expect("read metadata");
@@ -65,7 +55,7 @@ fn an_agent_with_broken_replicas_starts_reports_them_and_serves_the_rest() {
     let why = |r: &hawser_api::agent::ReplicaStatus| r.error.clone().unwrap_or_default();
     assert!(why(m).contains("checksum"), "{m:?}");
     assert!(why(s).contains("1048576 bytes"), "{s:?}");
-    let good_id = replica_on(&c, "good", "n2");
+    let good_id = c.replica_on("good", "n2").id;
     assert!(!find(&good_id).failed);
 
     // The controller records them failed (its reconcile round, every 5 s).
@@ -95,20 +85,7 @@ fn an_agent_with_broken_replicas_starts_reports_them_and_serves_the_rest() {
     // The other replica on n2 is served: attached on n1 with both replicas in sync, reads
     // the data back, and a new write reaches n2's file.
     c.cli_ok(&["volume", "attach", "good", "--node", "n1"]);
-    run_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            &uri,
-            "-c",
-            "read -P 0x5a 0 4M",
-            "-c",
-            "write -P 0x6b 4M 1M",
-            "-c",
-            "flush",
-        ],
-    );
+    qemu_io(&uri, &["read -P 0x5a 0 4M", "write -P 0x6b 4M 1M", "flush"]);
     let engine_in_sync = c
         .volume("good")
         .replicas

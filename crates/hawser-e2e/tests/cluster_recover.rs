@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use hawser_api::controller::{ClusterInfo, OrphanReplica, RecoverReport, ReplicaState};
-use hawser_e2e::{have, run_ok, wait_until, Cluster};
+use hawser_e2e::{have, qemu_io, wait_until, Cluster};
 use sha2::{Digest, Sha256};
 
 /// The first `len` bytes of replica `id`'s data file, hashed.
@@ -29,7 +29,7 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
     for (name, pattern) in [("alpha", "0x11"), ("beta", "0x22")] {
         let uri = c.attached_volume(name, "64MiB", 2, "n1");
         let write = format!("write -P {pattern} 0 8M");
-        run_ok("qemu-io", &["-f", "raw", &uri, "-c", &write, "-c", "flush"]);
+        qemu_io(&uri, &[&write, "flush"]);
         c.cli_ok(&["volume", "detach", name]);
         let v = c.volume(name);
         for r in &v.replicas {
@@ -86,18 +86,7 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         c.cli_ok(&["volume", "attach", "alpha", "--node", "n2"]);
         c.volume("alpha").nbd_unix_uri.expect("unix URI")
     };
-    run_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            &uri,
-            "-c",
-            "read -P 0x11 0 8M",
-            "-c",
-            "write -P 0x33 8M 1M",
-        ],
-    );
+    qemu_io(&uri, &["read -P 0x11 0 8M", "write -P 0x33 8M 1M"]);
     c.cli_ok(&["volume", "detach", "alpha"]);
 
     // An orphan (a replica no volume names) goes to its pool's trash.

@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use hawser_api::controller::ReplicaState;
-use hawser_e2e::{have, run_ok, Cluster};
+use hawser_e2e::{have, qemu_io, Cluster};
 use hawser_wire::frame::{FrameHeader, Op, Status, HEADER_LEN};
 use hawser_wire::grant::{Grant, HelloRequest, SIGNATURE_BYTES};
 
@@ -46,16 +46,9 @@ fn hellos_without_the_controllers_grant_are_refused_and_change_nothing() {
     }
     let c = Cluster::start("grants", 2);
     let uri = c.attached_volume("g", "64MiB", 2, "n1");
-    run_ok(
-        "qemu-io",
-        &["-f", "raw", &uri, "-c", "write -P 0x42 0 4M", "-c", "flush"],
-    );
+    qemu_io(&uri, &["write -P 0x42 0 4M", "flush"]);
     let v = c.volume("g");
-    let r2 = v
-        .replicas
-        .iter()
-        .find(|r| r.node == "n2")
-        .expect("replica on n2");
+    let r2 = c.replica_on("g", "n2");
     let epoch_of = || {
         c.agent_status("n2")
             .replicas
@@ -120,20 +113,7 @@ fn hellos_without_the_controllers_grant_are_refused_and_change_nothing() {
     assert_eq!(epoch_of(), before);
 
     // The volume is as usable as before, with both replicas in sync.
-    run_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            &uri,
-            "-c",
-            "read -P 0x42 0 4M",
-            "-c",
-            "write -P 0x43 4M 1M",
-            "-c",
-            "flush",
-        ],
-    );
+    qemu_io(&uri, &["read -P 0x42 0 4M", "write -P 0x43 4M 1M", "flush"]);
     let v = c.volume("g");
     assert!(
         v.replicas.iter().all(|r| r.state == ReplicaState::InSync),
@@ -141,14 +121,8 @@ fn hellos_without_the_controllers_grant_are_refused_and_change_nothing() {
     );
     c.cli_ok(&["volume", "detach", "g"]);
     c.cli_ok(&["volume", "attach", "g", "--node", "n2"]);
-    run_ok(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            &c.volume("g").nbd_unix_uri.expect("uri"),
-            "-c",
-            "read -P 0x43 4M 1M",
-        ],
+    qemu_io(
+        &c.volume("g").nbd_unix_uri.expect("uri"),
+        &["read -P 0x43 4M 1M"],
     );
 }
