@@ -12,7 +12,8 @@
 //!   the server closes the connection;
 //! - a frame the wire decoder rejects (a flipped bit, a bad length, an unknown flag), a reply
 //!   sent as a request, or a second Hello closes the connection without an answer; a first
-//!   frame other than Hello or a Hello payload that does not decode is answered Invalid, a
+//!   frame other than Hello (judged by its header: no payload is read before a Hello) or a
+//!   Hello payload that does not decode is answered Invalid, a
 //!   Hello longer than any Hello closes unanswered, a Hello for another replica NoSuchReplica,
 //!   a Hello with an older epoch StaleEpoch, and the connection closes;
 //! - a request of a session replaced by a later Hello is answered Unavailable (Ping aside),
@@ -245,6 +246,15 @@ fn expectations(model: &mut Model, state: &mut State, frames: &[Frame]) -> Vec<E
             continue;
         }
         let e = match (f.accepted, *state) {
+            // Before a Hello the server reads a frame's header alone (an unauthenticated peer
+            // gets no payload allocated), so a first frame that is not a Hello is answered
+            // Invalid whatever its payload holds.
+            (None, State::AwaitingHello) => match FrameHeader::decode(&f.bytes) {
+                Ok(h) if h.op != Op::Hello || h.is_reply() => {
+                    Expect::ReplyThenClose(Status::Invalid)
+                }
+                _ => Expect::Close,
+            },
             (None, _) => Expect::Close,
             (Some(h), State::AwaitingHello) => {
                 let hello = HelloRequest::decode(&f.payload);
@@ -383,7 +393,10 @@ fn settle(
             }
             (Expect::Reply(_), None) | (Expect::Close | Expect::Unread, None) => {}
             (Expect::Reply(s) | Expect::ReplyThenClose(s), Some(r)) => {
-                let h = f.accepted.expect("only accepted frames are answered");
+                let h = f
+                    .accepted
+                    .or_else(|| FrameHeader::decode(&f.bytes).ok())
+                    .expect("only frames with a valid header are answered");
                 let got = r.header;
                 if known_deviation(&h, got.status, *s) {
                     continue;
