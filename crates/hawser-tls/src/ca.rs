@@ -1,0 +1,216 @@
+//! The cluster's certificate authority: made once when the cluster is created, kept (with
+//! its key) in the cluster's store so that every controller sharing the store issues for
+//! the same cluster, and used to issue the controller's and each node's certificate.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use rand::RngCore;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType, SerialNumber, SubjectPublicKeyInfo,
+    PKCS_ECDSA_P256_SHA256,
+};
+use rustls_pki_types::CertificateDer;
+use time::OffsetDateTime;
+
+use crate::peer::{valid_node_name, Peer};
+
+/// How long the CA is valid. Replacing it means issuing every certificate anew (see
+/// docs/security.md); ten years keeps that an exceptional event.
+pub const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// How long a node's or a controller's certificate is valid. Holders renew at two thirds
+/// of it, so a certificate taken from a retired node stops working within this time.
+pub const NODE_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Certificates are valid from a little before they are made: clocks of a cluster differ.
+const CLOCK_SKEW: Duration = Duration::from_secs(300);
+
+pub struct Ca {
+    cert_der: CertificateDer<'static>,
+    cert_pem: String,
+    key: KeyPair,
+}
+
+/// A certificate the CA issued.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    /// The certificate, then the CA's (the chain a TLS peer presents).
+    pub chain_pem: String,
+    /// When it expires, in seconds since the Unix epoch.
+    pub not_after_unix: u64,
+}
+
+impl Ca {
+    /// A new CA for the cluster `cluster_id` (a P-256 key: every TLS stack speaks it).
+    pub fn generate(cluster_id: &str) -> anyhow::Result<Ca> {
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("make the CA key")?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = name(&format!("Hawser cluster {cluster_id}"));
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let (not_before, not_after) = validity(CA_LIFETIME);
+        params.not_before = not_before;
+        params.not_after = not_after;
+        params.serial_number = Some(serial());
+        let cert = params
+            .self_signed(&key)
+            .context("sign the CA certificate")?;
+        Ok(Ca {
+            cert_der: cert.der().clone(),
+            cert_pem: cert.pem(),
+            key,
+        })
+    }
+
+    /// The CA as kept: its certificate and its key, both PEM.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> anyhow::Result<Ca> {
+        let key = KeyPair::from_pem(key_pem).context("the CA key is not a PEM private key")?;
+        let cert_der = crate::config::certs_from_pem(cert_pem)?
+            .into_iter()
+            .next()
+            .context("no certificate in the CA's PEM")?;
+        anyhow::ensure!(
+            Issuer::from_ca_cert_der(&cert_der, &key).is_ok(),
+            "the CA certificate cannot be read as a CA"
+        );
+        Ok(Ca {
+            cert_der,
+            cert_pem: cert_pem.to_string(),
+            key,
+        })
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    pub fn cert_der(&self) -> &CertificateDer<'static> {
+        &self.cert_der
+    }
+
+    /// The key, PEM (PKCS#8): for the store only.
+    pub fn key_pem(&self) -> String {
+        self.key.serialize_pem()
+    }
+
+    /// A certificate naming `peer` for the public key `spki_der` (a DER SubjectPublicKeyInfo,
+    /// as a joining agent sends it), usable by servers and clients, valid for `lifetime`.
+    pub fn issue(
+        &self,
+        peer: &Peer,
+        spki_der: &[u8],
+        lifetime: Duration,
+    ) -> anyhow::Result<Issued> {
+        if let Peer::Node(n) = peer {
+            anyhow::ensure!(valid_node_name(n), "invalid node name {n:?}");
+        }
+        let public =
+            SubjectPublicKeyInfo::from_der(spki_der).context("the public key is not valid")?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = name(&peer.to_string());
+        params.subject_alt_names = vec![SanType::URI(
+            peer.uri().try_into().context("the principal's URI")?,
+        )];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let (not_before, not_after) = validity(lifetime);
+        params.not_before = not_before;
+        params.not_after = not_after;
+        params.serial_number = Some(serial());
+        let issuer = Issuer::from_ca_cert_der(&self.cert_der, &self.key)
+            .context("read the CA certificate")?;
+        let cert = params
+            .signed_by(&public, &issuer)
+            .context("sign the certificate")?;
+        Ok(Issued {
+            chain_pem: format!("{}{}", cert.pem(), self.cert_pem),
+            not_after_unix: u64::try_from(not_after.unix_timestamp()).unwrap_or(0),
+        })
+    }
+
+    /// A new key and a certificate for it naming `peer`: the controller's own, made at
+    /// start and renewed while it runs (it never leaves the process).
+    pub fn issue_with_key(
+        &self,
+        peer: &Peer,
+        lifetime: Duration,
+    ) -> anyhow::Result<(Issued, String)> {
+        let (key_pem, spki) = new_key()?;
+        Ok((self.issue(peer, &spki, lifetime)?, key_pem))
+    }
+}
+
+/// A new P-256 key: its PEM (PKCS#8) and its public key (DER SubjectPublicKeyInfo).
+pub fn new_key() -> anyhow::Result<(String, Vec<u8>)> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("make a key")?;
+    Ok((key.serialize_pem(), key.subject_public_key_info()))
+}
+
+fn name(common_name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "Hawser");
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+fn serial() -> SerialNumber {
+    let mut bytes = [0u8; 16];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes[0] &= 0x7f; // positive
+    SerialNumber::from_slice(&bytes)
+}
+
+fn validity(lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let at = |d: Duration| {
+        OffsetDateTime::from_unix_timestamp(i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+    };
+    (
+        at(now.saturating_sub(CLOCK_SKEW)),
+        at(now.saturating_add(lifetime)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::peer_of;
+
+    #[test]
+    fn issued_certificates_name_their_peer_and_chain_to_the_ca() {
+        let ca = Ca::generate("c1").expect("ca");
+        let again = Ca::from_pem(ca.cert_pem(), &ca.key_pem()).expect("reload");
+        let (_, spki) = new_key().expect("key");
+        let issued = again
+            .issue(&Peer::Node("n1".into()), &spki, NODE_CERT_LIFETIME)
+            .expect("issue");
+        let chain = crate::config::certs_from_pem(&issued.chain_pem).expect("pem");
+        assert_eq!(chain.len(), 2);
+        assert_eq!(chain[1], *ca.cert_der());
+        assert_eq!(peer_of(&chain[0]), Ok(Peer::Node("n1".into())));
+        assert!(peer_of(&chain[1]).is_err(), "the CA names nobody");
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        let ca = Ca::generate("c1").expect("ca");
+        let (_, spki) = new_key().expect("key");
+        assert!(ca
+            .issue(&Peer::Node("A.b".into()), &spki, NODE_CERT_LIFETIME)
+            .is_err());
+        assert!(ca
+            .issue(&Peer::Controller, b"garbage", NODE_CERT_LIFETIME)
+            .is_err());
+        assert!(Ca::from_pem("nope", &ca.key_pem()).is_err());
+        assert!(Ca::from_pem(ca.cert_pem(), "nope").is_err());
+    }
+}

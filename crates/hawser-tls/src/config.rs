@@ -1,0 +1,206 @@
+//! rustls configurations for every link between Hawser processes: servers that require (or
+//! accept) a client certificate of the cluster, and clients that accept only the peer they
+//! dial. Both check chains against the cluster's CA alone (no system roots).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::verify_server_cert_signed_by_trust_anchor;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+
+use crate::peer::{peer_of, Peer};
+use crate::slot::CertSlot;
+
+/// Every certificate in a PEM text (at least one).
+pub fn certs_from_pem(pem: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .context("malformed PEM certificate")?;
+    anyhow::ensure!(!certs.is_empty(), "no certificate in the PEM text");
+    Ok(certs)
+}
+
+fn roots(ca_pem: &str) -> anyhow::Result<Arc<RootCertStore>> {
+    let mut roots = RootCertStore::empty();
+    for c in certs_from_pem(ca_pem)? {
+        roots.add(c).context("the CA certificate is not usable")?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// Whether a server demands a client certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Every client presents a certificate of the cluster (agents' admin API, replica port).
+    Required,
+    /// Clients may come without one and authenticate otherwise (the controller's REST API,
+    /// where the CLI brings the admin token); a certificate that is presented must verify.
+    Optional,
+}
+
+/// A server presenting the certificate in `slot` and checking clients against the CA.
+pub fn server_config(
+    ca_pem: &str,
+    slot: Arc<CertSlot>,
+    auth: ClientAuth,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let builder = WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, crate::provider());
+    let verifier = match auth {
+        ClientAuth::Required => builder.build(),
+        ClientAuth::Optional => builder.allow_unauthenticated().build(),
+    }
+    .context("build the client verifier")?;
+    let config = rustls::ServerConfig::builder_with_provider(crate::provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(slot);
+    Ok(Arc::new(config))
+}
+
+/// A client that accepts only a server whose certificate the CA issued to `expect`
+/// (whatever host or address it dials), presenting the certificate in `slot` if any.
+pub fn client_config(
+    ca_pem: &str,
+    expect: Peer,
+    slot: Option<Arc<CertSlot>>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let verifier = PeerVerifier {
+        roots: Trust::Roots(roots(ca_pem)?),
+        expect,
+        algs: crate::provider().signature_verification_algorithms,
+    };
+    build_client(verifier, slot)
+}
+
+/// A client for a node joining the cluster: it knows the CA only by its fingerprint (from
+/// the join token), and accepts a controller whose presented chain holds that CA.
+pub fn pinned_client_config(ca_sha256: [u8; 32]) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let verifier = PeerVerifier {
+        roots: Trust::Pinned(ca_sha256),
+        expect: Peer::Controller,
+        algs: crate::provider().signature_verification_algorithms,
+    };
+    build_client(verifier, None)
+}
+
+fn build_client(
+    verifier: PeerVerifier,
+    slot: Option<Arc<CertSlot>>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let builder = rustls::ClientConfig::builder_with_provider(crate::provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier));
+    let config = match slot {
+        Some(s) => builder.with_client_cert_resolver(s),
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+#[derive(Debug)]
+enum Trust {
+    Roots(Arc<RootCertStore>),
+    /// The CA whose DER has this SHA-256, found among the certificates the server presents.
+    Pinned([u8; 32]),
+}
+
+/// Checks the chain against the cluster's CA and the principal against the expected one;
+/// the name the client dialled is ignored.
+#[derive(Debug)]
+struct PeerVerifier {
+    roots: Trust,
+    expect: Peer,
+    algs: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for PeerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let pinned;
+        let roots = match &self.roots {
+            Trust::Roots(r) => r.as_ref(),
+            Trust::Pinned(pin) => {
+                let ca = intermediates
+                    .iter()
+                    .find(|c| crate::join::ca_fingerprint(c) == *pin)
+                    .ok_or(rustls::Error::InvalidCertificate(
+                        CertificateError::UnknownIssuer,
+                    ))?;
+                let mut r = RootCertStore::empty();
+                r.add(ca.clone().into_owned()).map_err(|_| {
+                    rustls::Error::InvalidCertificate(CertificateError::BadEncoding)
+                })?;
+                pinned = r;
+                &pinned
+            }
+        };
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        verify_server_cert_signed_by_trust_anchor(
+            &parsed,
+            roots,
+            intermediates,
+            now,
+            self.algs.all,
+        )?;
+        match peer_of(end_entity) {
+            Ok(p) if p == self.expect => Ok(ServerCertVerified::assertion()),
+            Ok(p) => Err(rustls::Error::InvalidCertificate(CertificateError::Other(
+                rustls::OtherError(Arc::new(WrongPeer {
+                    expected: self.expect.clone(),
+                    found: p,
+                })),
+            ))),
+            Err(_) => Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName,
+            )),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algs.supported_schemes()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the server is {found}, not {expected}")]
+struct WrongPeer {
+    expected: Peer,
+    found: Peer,
+}
+
+/// The principal of a verified client, from the connection's peer certificates.
+pub fn client_peer(certs: Option<&[CertificateDer<'_>]>) -> Option<Peer> {
+    peer_of(certs?.first()?).ok()
+}

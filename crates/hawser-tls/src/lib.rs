@@ -1,0 +1,41 @@
+//! Mutual TLS between Hawser processes.
+//!
+//! The controller is the cluster's certificate authority ([`Ca`]): it makes the CA when the
+//! cluster is created and keeps it in the cluster's store, next to the grant key. Every
+//! certificate it issues names exactly one principal ([`Peer`]) in a URI subject alternative
+//! name: `hawser://controller` or `hawser://node/<name>`. Agents get theirs by joining with a
+//! one-time [`JoinToken`], which also carries the CA's fingerprint so that a new agent can
+//! tell the real controller from anyone else before it sends the token.
+//!
+//! Both sides of every connection present a certificate, and both check the other's: the
+//! chain must end at the cluster's CA, and the name must be the one expected (a client knows
+//! whom it dials; a server learns whom it serves and the caller decides what that peer may
+//! do). Host names and addresses in certificates play no part: nodes move between addresses,
+//! and an address says nothing about who holds the key.
+//!
+//! Certificates expire ([`NODE_CERT_LIFETIME`]) and are replaced while connections stay up:
+//! configurations built here read the current certificate from a [`CertSlot`] at every
+//! handshake.
+
+mod ca;
+mod config;
+mod join;
+mod peer;
+mod slot;
+
+pub use ca::new_key;
+pub use ca::{Ca, Issued, CA_LIFETIME, NODE_CERT_LIFETIME};
+pub use config::{
+    certs_from_pem, client_config, client_peer, pinned_client_config, server_config, ClientAuth,
+};
+pub use join::{ca_fingerprint, JoinToken};
+pub use peer::{peer_of, Peer, PeerError};
+pub use slot::{CertSlot, Credentials};
+
+pub use rustls;
+pub use rustls_pki_types::CertificateDer;
+
+/// The crypto provider every configuration here uses.
+pub fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+    std::sync::Arc::new(rustls::crypto::ring::default_provider())
+}
