@@ -15,6 +15,10 @@ use hawser_api::agent::{
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
 
+use hawser_listen::Transport;
+use hawser_tls::Peer;
+
+use crate::controller_link::LinkAuth;
 use crate::engines::Engines;
 use crate::node_storage::{status, NodeStorage};
 use crate::rate_limit::ResyncRates;
@@ -24,9 +28,11 @@ pub struct AdminState {
     pub node: String,
     pub storage: Arc<NodeStorage>,
     pub engines: Arc<Engines>,
-    /// The cluster's agent token: the controller sends it on every admin call, and engines
-    /// send it with their reports to the controller.
-    pub token: Arc<str>,
+    /// Without TLS, the cluster's agent token: the controller sends it on every admin call.
+    /// With TLS (`None`), only a client whose certificate names the controller gets in.
+    pub token: Option<Arc<str>>,
+    /// How engines authenticate their reports to the controller.
+    pub link: LinkAuth,
     /// Resync rate of the engines it starts, bytes per second (0: unlimited).
     pub resync_rate: ResyncRates,
 }
@@ -50,14 +56,33 @@ pub fn router(state: AdminState) -> Router {
 /// starts engines, so anyone who can reach the port could otherwise destroy data. Digests
 /// are compared in constant time.
 async fn require_token(State(s): State<AdminState>, req: Request, next: Next) -> Response {
+    let Some(token) = &s.token else {
+        let peer = match req.extensions().get::<Transport>() {
+            Some(Transport::Tls { peer }) => peer.clone(),
+            _ => None,
+        };
+        if peer == Some(Peer::Controller) {
+            return match misdirected(&s.node, &req) {
+                None => next.run(req).await,
+                Some(e) => Failure(e).into_response(),
+            };
+        }
+        let who = peer.map_or("a client without a certificate".to_string(), |p| {
+            p.to_string()
+        });
+        let e = ApiError::new(
+            ErrorCode::Forbidden,
+            format!("forbidden: only the controller calls the agent admin API, not {who}"),
+        );
+        return Failure(e).into_response();
+    };
     let presented = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(auth::bearer_token)
         .filter(|t| t.len() <= auth::MAX_TOKEN_CHARS);
-    let ok =
-        presented.is_some_and(|t| auth::digests_equal(&auth::digest(t), &auth::digest(&s.token)));
+    let ok = presented.is_some_and(|t| auth::digests_equal(&auth::digest(t), &auth::digest(token)));
     if ok {
         return match misdirected(&s.node, &req) {
             None => next.run(req).await,
@@ -252,7 +277,7 @@ async fn start_engine(
     }
     let engine = s
         .engines
-        .start(&req, &s.node, &s.storage, s.resync_rate, Some(&s.token))
+        .start(&req, &s.node, &s.storage, s.resync_rate, &s.link)
         .await
         .map_err(|e| {
             Failure(ApiError::new(

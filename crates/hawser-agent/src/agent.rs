@@ -13,9 +13,10 @@ use tokio::sync::watch;
 
 use crate::admin_api::{self, AdminState};
 use crate::constants::{DEFAULT_RESYNC_BUSY_RATE, DEFAULT_RESYNC_RATE, HEARTBEAT_INTERVAL};
-use crate::controller_link::ControllerLink;
+use crate::controller_link::{ControllerLink, LinkAuth};
 use crate::engines::Engines;
 use crate::node_storage::NodeStorage;
+use crate::node_tls::NodeTls;
 use crate::rate_limit::{parse_rate, ResyncRates};
 use crate::{nbd_server, replica_server};
 
@@ -64,9 +65,14 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = 86_400)]
     pub trash_keep_secs: u64,
     /// The cluster's agent token (the controller writes it to `<its data-dir>/agent.token`
-    /// at cluster init). Sent on every call to the controller; the admin API requires it.
+    /// at cluster init), for a controller without TLS (an `http://` URL). Sent on every
+    /// call to the controller; the admin API requires it.
     #[arg(long, env = "HAWSER_AGENT_TOKEN_FILE", value_name = "PATH")]
-    pub token_file: PathBuf,
+    pub token_file: Option<PathBuf>,
+    /// A join token (`hawser cluster join-token`), for a controller with TLS (an `https://`
+    /// URL): used once, when the node has no certificate yet (`<data-dir>/tls/`).
+    #[arg(long, env = "HAWSER_JOIN_TOKEN_FILE", value_name = "PATH")]
+    pub join_token_file: Option<PathBuf>,
     /// Resync copy rate of each volume engine, bytes per second ("200MiB", "1GiB/s"); 0 means
     /// unlimited. Bounds how much of the disks and network a resync takes from client I/O.
     #[arg(long, env = "HAWSER_RESYNC_RATE", default_value_t = DEFAULT_RESYNC_RATE,
@@ -144,11 +150,43 @@ pub fn parse_pool(spec: &str) -> anyhow::Result<PoolConfig> {
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let labels = labels(&args.labels)?;
-    let token: Arc<str> = hawser_api::auth::read_token_file(&args.token_file)
-        .context("read the agent token (--token-file)")?
-        .into();
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
+    let tls_cluster = args
+        .controller
+        .split(',')
+        .any(|u| u.trim().starts_with("https://"));
+    let (token, node_tls, link) = if tls_cluster {
+        let t = NodeTls::load_or_join(
+            &args.data_dir,
+            &args.node,
+            &args.controller,
+            args.join_token_file.as_deref(),
+        )
+        .await?;
+        let link = LinkAuth {
+            token: None,
+            tls: Some(t.controller_client()?),
+        };
+        (None, Some(Arc::new(t)), link)
+    } else {
+        let path = args
+            .token_file
+            .as_deref()
+            .context("a controller without TLS (http://) needs the agent token: --token-file")?;
+        let token: Arc<str> = hawser_api::auth::read_token_file(path)
+            .context("read the agent token (--token-file)")?
+            .into();
+        tracing::warn!(
+            "INSECURE: the controller link and the admin API are plaintext (http:// \
+             controller URL); use a TLS controller (https://) on any network you do not trust"
+        );
+        let link = LinkAuth {
+            token: Some(token.clone()),
+            tls: None,
+        };
+        (Some(token), None, link)
+    };
     let mut configs: Vec<PoolConfig> = args
         .pools
         .iter()
@@ -233,18 +271,34 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         node: args.node.clone(),
         storage: storage.clone(),
         engines: engines.clone(),
-        token: token.clone(),
+        token,
+        link: link.clone(),
         resync_rate: ResyncRates {
             max: args.resync_rate,
             busy: args.resync_busy_rate,
         },
     };
     let mut admin_stop = stop_rx.clone();
+    let admin_tls = match &node_tls {
+        Some(t) => Some(t.admin_server()?),
+        None => None,
+    };
+    if let Some(t) = node_tls.clone() {
+        let controllers = args.controller.clone();
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                () = t.renew_forever(controllers) => {}
+                _ = stop.changed() => {}
+            }
+        });
+    }
     tasks.spawn(async move {
         let serve = hawser_listen::serve(
             admin_l,
             admin_api::router(state),
             hawser_listen::HttpLimits::default(),
+            admin_tls,
             async move {
                 let _ = admin_stop.changed().await;
             },
@@ -271,7 +325,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.node.clone(),
         args.controller.clone(),
         register,
-        token,
+        link,
         storage.clone(),
         stop_rx.clone(),
     ));
@@ -293,11 +347,11 @@ async fn heartbeat(
     node: String,
     controller: String,
     mut body: RegisterNode,
-    token: Arc<str>,
+    auth: LinkAuth,
     storage: Arc<NodeStorage>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let link = ControllerLink::new(&controller).with_token(Some(&token));
+    let link = ControllerLink::new(&controller).with_auth(&auth);
     let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
     let mut failing = false;
     loop {

@@ -26,6 +26,22 @@ pub enum OutdateOutcome {
     GaveUp,
 }
 
+/// How an agent and its engines authenticate to the controller.
+#[derive(Clone, Default)]
+pub struct LinkAuth {
+    /// The agent token (clusters without TLS).
+    pub token: Option<Arc<str>>,
+    /// A client configuration that presents the node's certificate and accepts only the
+    /// cluster's controllers.
+    pub tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
+}
+
+fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .timeout(CONTROLLER_CALL_TIMEOUT)
+        .pool_idle_timeout(hawser_api::CLIENT_POOL_IDLE_TIMEOUT)
+}
+
 pub struct ControllerLink {
     targets: Mutex<Targets>,
     http: reqwest::Client,
@@ -68,9 +84,7 @@ const MAX_KNOWN_CONTROLLERS: usize = 16;
 impl ControllerLink {
     /// `base` is one controller URL or several, comma-separated.
     pub fn new(base: &str) -> ControllerLink {
-        let http = reqwest::Client::builder()
-            .timeout(CONTROLLER_CALL_TIMEOUT)
-            .pool_idle_timeout(hawser_api::CLIENT_POOL_IDLE_TIMEOUT)
+        let http = client_builder()
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
         let mut urls: Vec<String> = Vec::new();
@@ -91,9 +105,21 @@ impl ControllerLink {
         }
     }
 
-    /// Sends `token` (the agent token) as the bearer token on every call.
-    pub fn with_token(mut self, token: Option<&str>) -> ControllerLink {
-        self.authorization = token.map(|t| format!("Bearer {t}"));
+    /// Authenticates as `auth` says: over TLS with the node's certificate (no token), else
+    /// with the agent token as the bearer token on every call.
+    pub fn with_auth(mut self, auth: &LinkAuth) -> ControllerLink {
+        match &auth.tls {
+            Some(tls) => {
+                if let Ok(http) = client_builder()
+                    .use_preconfigured_tls((**tls).clone())
+                    .build()
+                {
+                    self.http = http;
+                }
+                self.authorization = None;
+            }
+            None => self.authorization = auth.token.as_ref().map(|t| format!("Bearer {t}")),
+        }
         self
     }
 

@@ -8,6 +8,7 @@
 //! journal says so: the new engine's recovery compares nothing), the new one starts, and the
 //! requests that arrived meanwhile run on it. Clients see a pause, never an error.
 
+use crate::controller_link::LinkAuth;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -126,12 +127,12 @@ impl Engines {
         node: &str,
         storage: &NodeStorage,
         resync_rate: ResyncRates,
-        controller_token: Option<&str>,
+        controller_auth: &LinkAuth,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         let existing = self.lock().get(&req.volume).cloned();
         let Some(export) = existing else {
             let engine =
-                VolumeEngine::start_with_token(req, node, storage, resync_rate, controller_token)
+                VolumeEngine::start_with_auth(req, node, storage, resync_rate, controller_auth)
                     .await?;
             let export = Arc::new(Export::new(engine.clone(), req.export));
             let replaced = self.lock().insert(req.volume.clone(), export);
@@ -156,8 +157,7 @@ impl Engines {
             old.stop().await;
         }
         let engine =
-            VolumeEngine::start_with_token(req, node, storage, resync_rate, controller_token)
-                .await?;
+            VolumeEngine::start_with_auth(req, node, storage, resync_rate, controller_auth).await?;
         export.set(Some(engine.clone()));
         export.nbd.store(req.export, Ordering::Release);
         drop(closed);

@@ -16,6 +16,7 @@ pub mod nbd_handshake;
 pub mod nbd_server;
 pub mod nbd_transmission;
 pub mod node_storage;
+pub mod node_tls;
 pub mod outbox;
 pub mod rate_limit;
 pub mod recovery;

@@ -39,7 +39,7 @@ use crate::constants::{
     ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX,
     RECONNECT_BACKOFF_MIN,
 };
-use crate::controller_link::{ControllerLink, OutdateOutcome};
+use crate::controller_link::{ControllerLink, LinkAuth, OutdateOutcome};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
 use crate::rate_limit::{self, RateLimiter, ResyncRates};
@@ -126,17 +126,17 @@ impl VolumeEngine {
         storage: &NodeStorage,
         resync_rate: ResyncRates,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
-        Self::start_with_token(req, node, storage, resync_rate, None).await
+        Self::start_with_auth(req, node, storage, resync_rate, &LinkAuth::default()).await
     }
 
-    /// [`VolumeEngine::start`] whose reports to the controller carry `controller_token` (the
-    /// agent token; the controller refuses reports without it).
-    pub async fn start_with_token(
+    /// [`VolumeEngine::start`] whose reports to the controller authenticate as `controller_auth`
+    /// says (the controller refuses reports without credentials).
+    pub async fn start_with_auth(
         req: &StartEngine,
         node: &str,
         storage: &NodeStorage,
         resync_rate: ResyncRates,
-        controller_token: Option<&str>,
+        controller_auth: &LinkAuth,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         let mut handles = Vec::new();
         let mut specs = Vec::new();
@@ -204,7 +204,7 @@ impl VolumeEngine {
                 next_tag: 1,
             }),
             inflight: Semaphore::new(ENGINE_MAX_INFLIGHT),
-            controller: ControllerLink::new(&req.controller_url).with_token(controller_token),
+            controller: ControllerLink::new(&req.controller_url).with_auth(controller_auth),
             fenced: AtomicBool::new(false),
             local_inflight: AtomicUsize::new(0),
             local_gen: AtomicU64::new(0),

@@ -22,7 +22,8 @@ async fn admin_calls_need_the_agent_token() {
         node: "a".into(),
         storage: storage.clone(),
         engines: Arc::new(Engines::default()),
-        token: TOKEN.into(),
+        token: Some(TOKEN.into()),
+        link: Default::default(),
         resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -88,7 +89,8 @@ async fn calls_meant_for_another_node_are_refused() {
         node: "a".into(),
         storage: storage.clone(),
         engines: Arc::new(Engines::default()),
-        token: TOKEN.into(),
+        token: Some(TOKEN.into()),
+        link: Default::default(),
         resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -32,7 +32,8 @@ async fn bad_engine_requests_are_refused_and_change_nothing() {
         node: "a".into(),
         storage: storage.clone(),
         engines: engines.clone(),
-        token: TOKEN.into(),
+        token: Some(TOKEN.into()),
+        link: Default::default(),
         resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

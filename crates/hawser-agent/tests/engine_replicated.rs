@@ -68,7 +68,7 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
     };
     let engines = Arc::new(Engines::default());
     let engine = engines
-        .start(&req, "a", &a, ResyncRates::default(), None)
+        .start(&req, "a", &a, ResyncRates::default(), &Default::default())
         .await
         .expect("start engine");
     assert_eq!(engine.status().in_sync.len(), 2);
@@ -88,7 +88,7 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
                 while swapping.load(std::sync::atomic::Ordering::Acquire) {
                     req.epoch += 1;
                     engines
-                        .start(&req, "a", &a, ResyncRates::default(), None)
+                        .start(&req, "a", &a, ResyncRates::default(), &Default::default())
                         .await
                         .expect("swap engine");
                     swaps += 1;

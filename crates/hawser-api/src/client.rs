@@ -59,10 +59,29 @@ enum Attempt {
 impl Client {
     /// `base` is one controller URL or several, comma-separated (controllers sharing etcd).
     pub fn new(base: &str, token: &str) -> Result<Client, ClientError> {
-        let http = reqwest::blocking::Client::builder()
+        Client::with_ca(base, token, None)
+    }
+
+    /// A client that also speaks TLS to `https://` controllers, accepting only a controller
+    /// of the cluster whose CA certificate (PEM) is `ca_pem`.
+    pub fn with_ca(base: &str, token: &str, ca_pem: Option<&str>) -> Result<Client, ClientError> {
+        let mut builder = reqwest::blocking::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .pool_idle_timeout(crate::CLIENT_POOL_IDLE_TIMEOUT)
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(ca) = ca_pem {
+            let config = hawser_tls::client_config(ca, hawser_tls::Peer::Controller, None)
+                .map_err(|e| ClientError::Client(format!("the cluster CA: {e:#}")))?;
+            builder = builder.use_preconfigured_tls((*config).clone());
+        } else if base.contains("https://") {
+            return Err(ClientError::Client(
+                "an https:// controller needs the cluster's CA certificate: pass --ca-file \
+                 (or set HAWSER_CA_FILE, or copy the controller's <data-dir>/ca.pem to \
+                 ~/.config/hawser/ca.pem)"
+                    .into(),
+            ));
+        }
+        let http = builder
             .build()
             .map_err(|e| ClientError::Client(error_chain(&e)))?;
         let bases: Vec<String> = base

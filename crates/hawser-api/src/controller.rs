@@ -566,3 +566,53 @@ pub struct RecoverReport {
     /// Volumes or replicas left alone, with why.
     pub skipped: Vec<String>,
 }
+
+/// `POST /v1/join-tokens` (admin): a token that lets new nodes join (TLS clusters).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateJoinToken {
+    /// How long the token is valid, in seconds (default 3600, at most 7 days).
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+    /// How many nodes may join with it (default 1, at most 1000).
+    #[serde(default)]
+    pub uses: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinTokenCreated {
+    /// `hjt1.<id>.<secret>.<CA fingerprint>`: give it to the agent (`--join-token-file`).
+    pub token: String,
+    pub expires_ms: u64,
+    pub uses: u32,
+}
+
+/// `POST /v1/join` (the join token authenticates): a node's first certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinNode {
+    pub node: String,
+    pub token: String,
+    /// The node's public key: DER SubjectPublicKeyInfo, base64. The key never leaves it.
+    pub public_key: String,
+}
+
+/// `POST /v1/nodes/{node}/certificate` (the node's current certificate authenticates): a
+/// renewed certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewCertificate {
+    /// As in [`JoinNode`].
+    pub public_key: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeCertificate {
+    /// The node's certificate then the CA's, PEM.
+    pub chain_pem: String,
+    /// The cluster's CA certificate, PEM.
+    pub ca_pem: String,
+    pub not_after_unix: u64,
+}

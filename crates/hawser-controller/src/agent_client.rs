@@ -9,7 +9,11 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use crate::constants::{AGENT_CONNECT_TIMEOUT, AGENT_REQUEST_TIMEOUT};
+use crate::tls::ControllerTls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -72,25 +76,50 @@ impl crate::model::NodeRecord {
     }
 }
 
-/// One shared connection pool for all agents.
+/// One shared connection pool for all agents; over TLS, one per agent (each accepts only
+/// the node it calls).
 #[derive(Clone)]
 pub struct AgentClient {
     http: reqwest::Client,
-    /// `Bearer <agent token>`: agents refuse admin calls without it.
+    /// `Bearer <agent token>`: agents without TLS refuse admin calls without it.
     authorization: String,
+    tls: Option<Arc<ControllerTls>>,
+    per_node: Arc<Mutex<HashMap<String, reqwest::Client>>>,
+}
+
+fn builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(AGENT_CONNECT_TIMEOUT)
+        .timeout(AGENT_REQUEST_TIMEOUT)
+        .pool_idle_timeout(hawser_api::CLIENT_POOL_IDLE_TIMEOUT)
 }
 
 impl AgentClient {
-    pub fn new(agent_token: &str) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(AGENT_CONNECT_TIMEOUT)
-            .timeout(AGENT_REQUEST_TIMEOUT)
-            .pool_idle_timeout(hawser_api::CLIENT_POOL_IDLE_TIMEOUT)
-            .build()?;
+    pub fn new(agent_token: &str, tls: Option<Arc<ControllerTls>>) -> anyhow::Result<Self> {
         Ok(AgentClient {
-            http,
+            http: builder().build()?,
             authorization: format!("Bearer {agent_token}"),
+            tls,
+            per_node: Default::default(),
         })
+    }
+
+    /// The client and URL scheme for calling `node`.
+    fn client_for(&self, node: &str) -> Result<(reqwest::Client, &'static str), String> {
+        let Some(tls) = &self.tls else {
+            return Ok((self.http.clone(), "http"));
+        };
+        let mut map = self.per_node.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(node) {
+            return Ok((c.clone(), "https"));
+        }
+        let config = tls.client_for(node).map_err(|e| format!("{e:#}"))?;
+        let c = builder()
+            .use_preconfigured_tls((*config).clone())
+            .build()
+            .map_err(|e| error_chain(&e))?;
+        map.insert(node.into(), c.clone());
+        Ok((c, "https"))
     }
 
     pub async fn create_replica(
@@ -189,9 +218,15 @@ impl AgentClient {
         body: Option<&B>,
     ) -> Result<reqwest::Response, AgentError> {
         let addr = to.addr;
-        let mut req = self
-            .http
-            .request(method, format!("http://{addr}{path}"))
+        let (http, scheme) =
+            self.client_for(to.node)
+                .map_err(|reason| AgentError::Unreachable {
+                    addr: addr.into(),
+                    connect: true,
+                    reason,
+                })?;
+        let mut req = http
+            .request(method, format!("{scheme}://{addr}{path}"))
             .header(reqwest::header::AUTHORIZATION, &self.authorization)
             .header(NODE_HEADER, to.node);
         if let Some(body) = body {

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
+use crate::auth::Principal;
 use axum::extract::State;
+use axum::Extension;
 use axum::Json;
 use hawser_api::controller::{validate_labels, Node, RegisterNode};
 use hawser_api::validate_name;
@@ -14,9 +16,11 @@ use crate::state::AppState;
 
 pub async fn register(
     State(st): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<RegisterNode>,
 ) -> Result<Json<Node>, ControllerError> {
+    principal.may_act_as(&name)?;
     validate(&name, &req)?;
     let join =
         crate::cluster::admit(&st, &name, &req.admin_addr, req.cluster_id.as_deref()).await?;

@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use crate::auth::Principal;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::Extension;
 use axum::Json;
 use hawser_api::controller::{Attach, CreateVolume, ExpandVolume, MarkInSync, Outdate, Volume};
 
@@ -128,18 +130,43 @@ pub async fn expand(
 
 pub async fn outdate(
     State(st): Shared,
+    Extension(principal): Extension<Principal>,
     ApiPath((name, id)): ApiPath<(String, String)>,
     ApiJson(req): ApiJson<Outdate>,
 ) -> Result<Json<Volume>, ControllerError> {
+    engine_node_only(&st, &principal, &name).await?;
     let rec = volume_outdate::outdate_replica(&st, &name, &id, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }
 
 pub async fn mark_in_sync(
     State(st): Shared,
+    Extension(principal): Extension<Principal>,
     ApiPath((name, id)): ApiPath<(String, String)>,
     ApiJson(req): ApiJson<MarkInSync>,
 ) -> Result<Json<Volume>, ControllerError> {
+    engine_node_only(&st, &principal, &name).await?;
     let rec = volume_outdate::mark_in_sync(&st, &name, &id, req).await?;
     Ok(Json(view(&st, &rec).await?))
+}
+
+/// A node reports on a volume's replicas only while the volume is attached to it (its
+/// engine runs there); the epoch in the report binds it to that engine.
+async fn engine_node_only(
+    st: &AppState,
+    principal: &Principal,
+    volume: &str,
+) -> Result<(), ControllerError> {
+    if !matches!(principal, Principal::Node(_)) {
+        return Ok(());
+    }
+    let attached = st
+        .records
+        .volume(volume)
+        .await?
+        .and_then(|v| v.attached_node);
+    match attached {
+        Some(node) => principal.may_act_as(&node),
+        None => principal.may_act_as(""),
+    }
 }

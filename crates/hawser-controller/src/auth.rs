@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use axum::http::HeaderMap;
 use hawser_api::auth::{self, TokenDigest};
+use hawser_listen::Transport;
 use hawser_store::{get_json, put_json, Expect, Store};
+use hawser_tls::Peer;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
@@ -35,9 +37,40 @@ const TOKEN_BYTES: usize = 32;
 pub enum Caller {
     /// The admin token only.
     Admin,
-    /// The agent token or the admin token: the routes agents call (register/heartbeat,
-    /// outdate, in-sync).
+    /// The routes agents call (register/heartbeat, outdate, in-sync, certificate renewal):
+    /// over TLS a node certificate (the handler checks the node may act on what it names),
+    /// in plaintext the agent token; the admin token always.
     Agent,
+    /// Nobody is checked by the guard: the join token in the body is (`POST /v1/join`).
+    Joining,
+}
+
+/// Who made a request, as the guard established it; in the request's extensions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    Admin,
+    /// The agent token (plaintext clusters): any node.
+    AgentToken,
+    /// A node certificate: this node only.
+    Node(String),
+    /// Not authenticated yet (the join route).
+    Joining,
+}
+
+impl Principal {
+    /// Whether the caller may act as `node` (register it, report for its engine).
+    pub fn may_act_as(&self, node: &str) -> Result<(), ControllerError> {
+        match self {
+            Principal::Admin | Principal::AgentToken => Ok(()),
+            Principal::Node(n) if n == node => Ok(()),
+            Principal::Node(n) => Err(ControllerError::ForbiddenFor {
+                reason: format!("node {n} cannot act as node {node}"),
+            }),
+            Principal::Joining => Err(ControllerError::ForbiddenFor {
+                reason: "not authenticated".into(),
+            }),
+        }
+    }
 }
 
 /// The token digests as stored.
@@ -110,9 +143,48 @@ impl ClusterTokens {
         &self.agent_token
     }
 
-    /// Checks a request's bearer token against what `caller` allows: 401 without a valid
-    /// token, 403 for the agent token on an admin route.
-    pub fn check(&self, headers: &HeaderMap, caller: Caller) -> Result<(), ControllerError> {
+    /// Who made a request, and whether `caller` allows it: 401 without valid credentials,
+    /// 403 for agent credentials on an admin route. Over TLS (`transport`), a node
+    /// certificate stands for the agent token, which is then refused.
+    pub fn check(
+        &self,
+        headers: &HeaderMap,
+        transport: Option<&Transport>,
+        caller: Caller,
+    ) -> Result<Principal, ControllerError> {
+        if caller == Caller::Joining {
+            return Ok(Principal::Joining);
+        }
+        let tls = matches!(transport, Some(Transport::Tls { .. }));
+        let node = match transport {
+            Some(Transport::Tls {
+                peer: Some(Peer::Node(n)),
+            }) => Some(n.clone()),
+            _ => None,
+        };
+        if headers.get(axum::http::header::AUTHORIZATION).is_none() {
+            if let Some(n) = node {
+                return match caller {
+                    Caller::Agent => Ok(Principal::Node(n)),
+                    _ => Err(ControllerError::Forbidden),
+                };
+            }
+        }
+        match self.check_token(headers, caller)? {
+            Principal::AgentToken if tls => Err(ControllerError::Unauthorized {
+                reason: "over TLS an agent authenticates with its node certificate, not the \
+                         agent token"
+                    .into(),
+            }),
+            p => Ok(p),
+        }
+    }
+
+    fn check_token(
+        &self,
+        headers: &HeaderMap,
+        caller: Caller,
+    ) -> Result<Principal, ControllerError> {
         let unauthorized = |reason: &str| ControllerError::Unauthorized {
             reason: reason.to_string(),
         };
@@ -132,8 +204,9 @@ impl ClusterTokens {
         let is_admin = auth::digests_equal(&d, &self.admin);
         let is_agent = auth::digests_equal(&d, &self.agent);
         match (is_admin, is_agent, caller) {
-            (true, _, _) | (_, true, Caller::Agent) => Ok(()),
-            (_, true, Caller::Admin) => Err(ControllerError::Forbidden),
+            (true, _, _) => Ok(Principal::Admin),
+            (_, true, Caller::Agent) => Ok(Principal::AgentToken),
+            (_, true, _) => Err(ControllerError::Forbidden),
             _ => Err(unauthorized("the token is not valid for this cluster")),
         }
     }

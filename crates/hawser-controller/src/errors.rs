@@ -23,8 +23,10 @@ pub enum ControllerError {
              created at cluster init"
     )]
     Unauthorized { reason: String },
-    #[error("the agent token may only call the agent routes (register, outdate, in-sync)")]
+    #[error("agent credentials may only call the agent routes (register, outdate, in-sync)")]
     Forbidden,
+    #[error("forbidden: {reason}")]
+    ForbiddenFor { reason: String },
     #[error("no route for {method} {path}")]
     NoRoute { method: String, path: String },
     #[error("volume {volume:?} not found")]
@@ -137,7 +139,7 @@ impl ControllerError {
             | E::Contention { .. } => ErrorCode::Conflict,
             E::StaleEpoch { .. } => ErrorCode::StaleEpoch,
             E::Unauthorized { .. } => ErrorCode::Unauthorized,
-            E::Forbidden => ErrorCode::Forbidden,
+            E::Forbidden | E::ForbiddenFor { .. } => ErrorCode::Forbidden,
             E::Placement(_) => ErrorCode::InsufficientCapacity,
             E::NodeOffline { .. } => ErrorCode::Unavailable,
             E::Agent { source, .. } => match source.api_code() {

@@ -35,6 +35,7 @@ mod self_heal;
 mod server;
 mod state;
 mod store_retry;
+mod tls;
 mod volume_attach;
 mod volume_create;
 mod volume_delete;
@@ -126,6 +127,14 @@ pub struct ControllerArgs {
     /// copy [default: <data-dir>/agent.token].
     #[arg(long, value_name = "PATH")]
     pub agent_token_file: Option<PathBuf>,
+    /// Serve the API over mutual TLS as the cluster's certificate authority (CA in
+    /// <data-dir>/ca.pem and ca.key, made at first start): nodes join with a join token
+    /// (`hawser cluster join-token`) and authenticate with their certificate.
+    #[arg(long)]
+    pub tls: bool,
+    /// How long the certificates the CA issues are valid; holders renew at two thirds.
+    #[arg(long, default_value_t = hawser_tls::NODE_CERT_LIFETIME.as_secs(), hide = true)]
+    pub cert_lifetime_secs: u64,
 }
 
 impl ControllerArgs {
@@ -243,6 +252,21 @@ impl Controller {
             _ => None,
         };
         let tokens = ClusterTokens::init(&*store, &args.token_files()).await?;
+        let tls = if args.tls {
+            let lifetime = std::time::Duration::from_secs(args.cert_lifetime_secs.max(3));
+            Some(Arc::new(tls::ControllerTls::load_or_create(
+                &args.data_dir,
+                &args.data_dir.display().to_string(),
+                lifetime,
+            )?))
+        } else {
+            tracing::warn!(
+                "running without TLS (no --tls): the API and the agents' tokens cross the \
+                 network in clear; use only on a trusted network"
+            );
+            None
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listen on {}", args.listen))?;
@@ -263,7 +287,7 @@ impl Controller {
                          told to report to an unspecified address"
                     );
                 }
-                format!("http://{addr}")
+                format!("{scheme}://{addr}")
             }
         };
         let (election, leadership) = if shared {
@@ -282,8 +306,9 @@ impl Controller {
         );
         let state = AppState {
             records: Records::new(Arc::new(retrying)),
-            agents: AgentClient::new(tokens.agent_token())
+            agents: AgentClient::new(tokens.agent_token(), tls.clone())
                 .context("build the agent HTTP client")?,
+            tls,
             tokens,
             volume_locks: Default::default(),
             reservations: Default::default(),
@@ -331,13 +356,28 @@ impl Controller {
         let failover = self
             .ha
             .map(|(k, c)| tokio::spawn(ha::run(self.state.clone(), k, c)));
+        let renew = self
+            .state
+            .tls
+            .clone()
+            .map(|t| tokio::spawn(t.renew_forever()));
+        let server_tls = self.state.tls.as_ref().map(|t| t.server_config());
         let app = server::router(self.state);
-        let result = hawser_listen::serve(self.listener, app, HttpLimits::default(), shutdown)
-            .await
-            .context("serve the controller API");
+        let result = hawser_listen::serve(
+            self.listener,
+            app,
+            HttpLimits::default(),
+            server_tls,
+            shutdown,
+        )
+        .await
+        .context("serve the controller API");
         watch.abort();
         heal.abort();
         reconcile.abort();
+        if let Some(r) = renew {
+            r.abort();
+        }
         if let Some(f) = failover {
             f.abort();
         }

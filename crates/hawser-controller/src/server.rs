@@ -13,12 +13,15 @@ use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::Router;
 use serde::de::DeserializeOwned;
 
+use axum::Extension;
+use hawser_listen::Transport;
+
 use crate::auth::Caller;
 use crate::constants::MAX_BODY_BYTES;
 use crate::errors::ControllerError;
 use crate::leader::Role;
 use crate::state::AppState;
-use crate::{api_nodes, api_pools, api_replicas, api_status, api_volumes, cluster};
+use crate::{api_nodes, api_pools, api_replicas, api_status, api_volumes, cluster, tls};
 
 /// One route of the API: method, path (axum syntax), who may call it, and its handler.
 struct Route {
@@ -45,7 +48,7 @@ fn route(
 /// Every route the API serves: the router is built from this list, and `docs/openapi.json`
 /// is tested against it ([`route_table`]).
 fn routes() -> Vec<Route> {
-    use Caller::{Admin, Agent};
+    use Caller::{Admin, Agent, Joining};
     use Method as M;
     vec![
         route(M::GET, "/v1/nodes", Admin, get(api_nodes::list)),
@@ -64,6 +67,19 @@ fn routes() -> Vec<Route> {
             post(api_nodes::restore),
         ),
         route(M::GET, "/v1/cluster", Admin, get(cluster::show)),
+        route(
+            M::POST,
+            "/v1/join-tokens",
+            Admin,
+            post(tls::create_join_token),
+        ),
+        route(M::POST, "/v1/join", Joining, post(tls::join)),
+        route(
+            M::POST,
+            "/v1/nodes/{node}/certificate",
+            Agent,
+            post(tls::renew),
+        ),
         route(
             M::POST,
             "/v1/cluster/recover",
@@ -149,8 +165,13 @@ async fn guard(
     req: Request,
     next: Next,
 ) -> Response {
-    if let Err(e) = st.tokens.check(req.headers(), caller) {
-        return e.into_response();
+    let mut req = req;
+    let transport = req.extensions().get::<Transport>().cloned();
+    match st.tokens.check(req.headers(), transport.as_ref(), caller) {
+        Ok(p) => {
+            req.extensions_mut().insert(p);
+        }
+        Err(e) => return e.into_response(),
     }
     match st.leadership.role() {
         Role::Follower { leader_url } => ControllerError::NotLeader { leader_url }.into_response(),
@@ -161,11 +182,15 @@ async fn guard(
 /// Unknown paths and methods need the admin token too: without it, 401 like everywhere.
 async fn no_route(
     State(st): State<Arc<AppState>>,
+    transport: Option<Extension<Transport>>,
     headers: HeaderMap,
     method: Method,
     uri: Uri,
 ) -> ControllerError {
-    if let Err(e) = st.tokens.check(&headers, Caller::Admin) {
+    if let Err(e) = st
+        .tokens
+        .check(&headers, transport.as_deref(), Caller::Admin)
+    {
         return e;
     }
     ControllerError::NoRoute {
@@ -176,11 +201,15 @@ async fn no_route(
 
 async fn method_not_allowed(
     State(st): State<Arc<AppState>>,
+    transport: Option<Extension<Transport>>,
     headers: HeaderMap,
     method: Method,
     uri: Uri,
 ) -> ControllerError {
-    if let Err(e) = st.tokens.check(&headers, Caller::Admin) {
+    if let Err(e) = st
+        .tokens
+        .check(&headers, transport.as_deref(), Caller::Admin)
+    {
         return e;
     }
     ControllerError::BadBody {

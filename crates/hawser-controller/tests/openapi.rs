@@ -270,6 +270,32 @@ async fn real_responses_validate_against_the_document() {
         (200, &json!(false), &c["id"]),
         "{r}"
     );
+    // Joining and renewing certificates: refused by a controller without TLS (the TLS
+    // answers are checked end to end by hawser-e2e's tls_identity).
+    let (s, e) = p
+        .call(
+            a,
+            (Method::POST, "/v1/join-tokens"),
+            "/v1/join-tokens",
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
+    let join = json!({"node": "n9", "token": "x", "public_key": ""});
+    let (s, e) = p
+        .call(None, (Method::POST, "/v1/join"), "/v1/join", Some(join))
+        .await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
+    let renew = (Method::POST, "/v1/nodes/{node}/certificate");
+    let (s, e) = p
+        .call(
+            g,
+            renew,
+            "/v1/nodes/n1/certificate",
+            Some(json!({"public_key": ""})),
+        )
+        .await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
     // Authentication errors.
     let (s, e) = p
         .call(None, (Method::GET, "/v1/volumes"), "/v1/volumes", None)

@@ -11,6 +11,10 @@
 //!   otherwise.
 //!
 //! Refusals are the APIs' JSON error bodies (`hawser_api::error::ApiError`).
+//!
+//! With a TLS configuration the handshake must also finish within the header-read timeout,
+//! and every request carries the [`Transport`] it came over (the peer its certificate names)
+//! in its extensions, for the API to decide what that peer may do.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -32,6 +36,15 @@ use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 use crate::conns::ConnLimits;
+
+/// How a request reached the server; in every request's extensions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Plain TCP (`--insecure`).
+    Plain,
+    /// TLS; the principal the client's verified certificate names, if it sent one.
+    Tls { peer: Option<hawser_tls::Peer> },
+}
 
 #[derive(Clone, Debug)]
 pub struct HttpLimits {
@@ -58,12 +71,13 @@ impl Default for HttpLimits {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` completes; then stops accepting and gives the
-/// open connections up to `drain` to finish their requests.
+/// Serves `app` on `listener` (over TLS with `tls`) until `shutdown` completes; then stops
+/// accepting and gives the open connections up to 10 s to finish their requests.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<Arc<hawser_tls::rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let conns = ConnLimits::new(limits.max_connections, limits.max_per_peer);
@@ -91,19 +105,37 @@ pub async fn serve(
                 continue;
             }
         };
-        let svc = {
-            let (app, limits, bodies) = (app.clone(), limits.clone(), bodies.clone());
-            hyper::service::service_fn(move |req| {
-                handle(app.clone(), limits.clone(), bodies.clone(), peer, req)
-            })
+        let (app, limits, bodies) = (app.clone(), limits.clone(), bodies.clone());
+        let Some(tls) = tls.clone() else {
+            let conn = connection(app, limits, bodies, peer, Transport::Plain, stream);
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(%peer, error = %e, "HTTP connection ended");
+                }
+                drop(permit);
+            });
+            continue;
         };
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(TokioIo::new(stream), svc);
-        let conn = graceful.watch(conn);
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+            let stream = match tokio::time::timeout(limits.header_read_timeout, handshake).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let transport = Transport::Tls {
+                peer: hawser_tls::client_peer(stream.get_ref().1.peer_certificates()),
+            };
+            let conn = connection(app, limits, bodies, peer, transport, stream);
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(%peer, error = %e, "HTTP connection ended");
             }
             drop(permit);
@@ -119,11 +151,41 @@ pub async fn serve(
     Ok(())
 }
 
+/// One HTTP/1.1 connection over `stream`.
+fn connection<S>(
+    app: Router,
+    limits: Arc<HttpLimits>,
+    bodies: Arc<Semaphore>,
+    peer: SocketAddr,
+    transport: Transport,
+    stream: S,
+) -> impl hyper_util::server::graceful::GracefulConnection<Error = hyper::Error> + Send
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let header_read_timeout = limits.header_read_timeout;
+    let svc = hyper::service::service_fn(move |req| {
+        handle(
+            app.clone(),
+            limits.clone(),
+            bodies.clone(),
+            peer,
+            transport.clone(),
+            req,
+        )
+    });
+    hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .serve_connection(TokioIo::new(stream), svc)
+}
+
 async fn handle(
     app: Router,
     limits: Arc<HttpLimits>,
     bodies: Arc<Semaphore>,
     peer: SocketAddr,
+    transport: Transport,
     req: hyper::Request<Incoming>,
 ) -> Result<Response, Infallible> {
     let (parts, body) = req.into_parts();
@@ -142,6 +204,7 @@ async fn handle(
     let mut req = axum::extract::Request::from_parts(parts, Body::from(bytes));
     req.extensions_mut()
         .insert(axum::extract::ConnectInfo(peer));
+    req.extensions_mut().insert(transport);
     Ok(app.oneshot(req).await.unwrap_or_else(|e| match e {}))
 }
 

@@ -8,4 +8,4 @@ pub mod conns;
 pub mod http;
 
 pub use conns::{ConnLimits, ConnPermit, Refused};
-pub use http::{serve, HttpLimits};
+pub use http::{serve, HttpLimits, Transport};

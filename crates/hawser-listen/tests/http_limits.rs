@@ -23,7 +23,7 @@ async fn start(limits: HttpLimits) -> (SocketAddr, tokio::sync::oneshot::Sender<
         post(|b: String| async move { b.len().to_string() }),
     );
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(l, app, limits, async move {
+    tokio::spawn(serve(l, app, limits, None, async move {
         let _ = rx.await;
     }));
     (addr, tx)

@@ -25,7 +25,7 @@ pub const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub const NODE_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Certificates are valid from a little before they are made: clocks of a cluster differ.
-const CLOCK_SKEW: Duration = Duration::from_secs(300);
+pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(300);
 
 pub struct Ca {
     cert_der: CertificateDer<'static>,

@@ -12,6 +12,7 @@ use rustls::SignatureScheme;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::PrivateKeyDer;
 
+use crate::ca::CLOCK_SKEW;
 use crate::config::certs_from_pem;
 use crate::peer::{peer_of, Peer};
 
@@ -32,6 +33,7 @@ impl std::fmt::Debug for Credentials {
 struct Current {
     key: Arc<CertifiedKey>,
     peer: Peer,
+    not_before_unix: u64,
     not_after_unix: u64,
 }
 
@@ -78,6 +80,20 @@ impl CertSlot {
             .clone()
     }
 
+    /// How long to wait before renewing: until two thirds of the current certificate's
+    /// life have passed (at least a second).
+    pub fn renew_in(&self) -> std::time::Duration {
+        let (from, to) = {
+            let c = self.current.read().unwrap_or_else(|p| p.into_inner());
+            (c.not_before_unix, c.not_after_unix)
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        std::time::Duration::from_secs(renew_at(from, to).saturating_sub(now).max(1))
+    }
+
     /// When the current certificate expires (seconds since the Unix epoch).
     pub fn not_after_unix(&self) -> u64 {
         self.current
@@ -99,7 +115,7 @@ fn load(creds: &Credentials) -> anyhow::Result<Current> {
     let chain = certs_from_pem(&creds.chain_pem)?;
     let leaf = chain.first().context("no certificate in the chain")?;
     let peer = peer_of(leaf).context("the certificate")?;
-    let not_after_unix = not_after(leaf)?;
+    let (not_before_unix, not_after_unix) = validity(leaf)?;
     let key = PrivateKeyDer::from_pem_slice(creds.key_pem.as_bytes())
         .context("the key is not a PEM private key")?;
     let signing = crate::provider()
@@ -112,16 +128,33 @@ fn load(creds: &Credentials) -> anyhow::Result<Current> {
     Ok(Current {
         key: Arc::new(key),
         peer,
+        not_before_unix,
         not_after_unix,
     })
 }
 
-/// When a certificate expires (seconds since the Unix epoch).
-pub(crate) fn not_after(cert_der: &[u8]) -> anyhow::Result<u64> {
+/// When a certificate valid from `not_before` to `not_after` is renewed: at two thirds of
+/// its life, which began [`CLOCK_SKEW`] after `not_before` (the CA backdates certificates
+/// for clocks that lag; counting that as life would renew short-lived ones at once).
+fn renew_at(not_before: u64, not_after: u64) -> u64 {
+    let issued = not_before
+        .saturating_add(CLOCK_SKEW.as_secs())
+        .min(not_after);
+    let life = not_after.saturating_sub(issued);
+    issued.saturating_add(life.saturating_mul(2) / 3)
+}
+
+/// When a certificate becomes valid and when it expires (seconds since the Unix epoch).
+fn validity(cert_der: &[u8]) -> anyhow::Result<(u64, u64)> {
     use x509_parser::prelude::{FromDer, X509Certificate};
     let (_, cert) = X509Certificate::from_der(cert_der)
         .map_err(|_| anyhow::anyhow!("malformed certificate"))?;
-    Ok(u64::try_from(cert.validity().not_after.timestamp()).unwrap_or(0))
+    let v = cert.validity();
+    let secs = |t: i64| u64::try_from(t).unwrap_or(0);
+    Ok((
+        secs(v.not_before.timestamp()),
+        secs(v.not_after.timestamp()),
+    ))
 }
 
 impl ResolvesServerCert for CertSlot {
@@ -141,5 +174,38 @@ impl ResolvesClientCert for CertSlot {
 
     fn has_certs(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_comes_at_two_thirds_of_the_life_not_counting_the_backdating() {
+        let skew = CLOCK_SKEW.as_secs();
+        // Issued at 1000 for 6 s: valid from 1000 - skew to 1006; renewed at 1004.
+        assert_eq!(renew_at(1000 - skew, 1006), 1004);
+        assert_eq!(renew_at(1000 - skew, 1000 + 30 * 86400), 1000 + 20 * 86400);
+        // A certificate that does not look like ours: never past its end.
+        assert_eq!(renew_at(0, 10), 10);
+    }
+
+    #[test]
+    fn a_fresh_certificate_is_renewed_later_not_now() {
+        let ca = crate::Ca::generate("c").expect("ca");
+        for lifetime in [6, 3600] {
+            let (issued, key_pem) = ca
+                .issue_with_key(&Peer::Controller, std::time::Duration::from_secs(lifetime))
+                .expect("issue");
+            let slot = CertSlot::new(&Credentials {
+                chain_pem: issued.chain_pem,
+                key_pem,
+            })
+            .expect("slot");
+            let wait = slot.renew_in().as_secs();
+            let want = lifetime * 2 / 3;
+            assert!(wait + 2 >= want && wait <= want, "{lifetime}: {wait}");
+        }
     }
 }

@@ -34,6 +34,10 @@ struct Cli {
     /// cluster init.
     #[arg(long, env = "HAWSER_TOKEN_FILE", value_name = "PATH", global = true)]
     token_file: Option<std::path::PathBuf>,
+    /// The cluster's CA certificate, to check an https:// controller [default:
+    /// ~/.config/hawser/ca.pem when it exists]. The controller writes it to <data-dir>/ca.pem.
+    #[arg(long, env = "HAWSER_CA_FILE", value_name = "PATH", global = true)]
+    ca_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -77,7 +81,11 @@ fn main() -> ExitCode {
         Command::Controller(_) | Command::Agent(_) | Command::Csi(_)
     );
     init_logging(if daemon { "info" } else { "warn" });
-    let conn = (cli.controller, cli.token_file);
+    let conn = Conn {
+        url: cli.controller,
+        token_file: cli.token_file,
+        ca_file: cli.ca_file,
+    };
     match cli.command {
         Command::Controller(args) => daemon_exit(run_async(hawser_controller::run(args))),
         Command::Agent(args) => daemon_exit(run_async(hawser_agent::run(args))),
@@ -94,12 +102,8 @@ fn main() -> ExitCode {
 
 /// `hawser csi`: the controller client is made (and dropped) outside the async runtime, as
 /// the blocking HTTP client requires.
-fn run_csi(
-    args: hawser_csi::CsiArgs,
-    (url, token_file): &(String, Option<std::path::PathBuf>),
-) -> anyhow::Result<()> {
-    let token = cli::token::resolve(token_file.as_deref())?;
-    let client = std::sync::Arc::new(Client::new(url, &token)?);
+fn run_csi(args: hawser_csi::CsiArgs, conn: &Conn) -> anyhow::Result<()> {
+    let client = std::sync::Arc::new(conn.client()?);
     let result = run_async(hawser_csi::run(args, client.clone()));
     drop(client);
     result
@@ -131,14 +135,27 @@ fn daemon_exit(result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-/// Runs a client command against `(controller URLs, --token-file)`.
+/// How client commands reach the controller.
+struct Conn {
+    url: String,
+    token_file: Option<std::path::PathBuf>,
+    ca_file: Option<std::path::PathBuf>,
+}
+
+impl Conn {
+    fn client(&self) -> Result<Client, cli::client::CliError> {
+        let token = cli::token::resolve(self.token_file.as_deref())?;
+        let ca = cli::token::resolve_ca(self.ca_file.as_deref())?;
+        Client::with_ca(&self.url, &token, ca.as_deref())
+    }
+}
+
+/// Runs a client command against the controller(s) `conn` names.
 fn client_exit(
-    (url, token_file): &(String, Option<std::path::PathBuf>),
+    conn: &Conn,
     f: impl FnOnce(&Client) -> Result<(), cli::client::CliError>,
 ) -> ExitCode {
-    let client =
-        cli::token::resolve(token_file.as_deref()).and_then(|token| Client::new(url, &token));
-    match client.and_then(|c| f(&c)) {
+    match conn.client().and_then(|c| f(&c)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -49,6 +49,8 @@ impl Env {
             heal_check_secs: 0,
             admin_token_file: None,
             agent_token_file: None,
+            tls: false,
+            cert_lifetime_secs: 3600,
             failover_after_secs: 10,
             csi_driver: "csi.hawser.dev".into(),
         };

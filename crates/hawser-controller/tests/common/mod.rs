@@ -162,6 +162,8 @@ pub fn controller_args(
         heal_check_secs: 0,
         admin_token_file: tokens_dir.map(|d| d.join("admin.token")),
         agent_token_file: tokens_dir.map(|d| d.join("agent.token")),
+        tls: false,
+        cert_lifetime_secs: 3600,
         failover_after_secs: hawser_controller::DEFAULT_FAILOVER_AFTER_SECS,
         csi_driver: "csi.hawser.dev".into(),
     }

@@ -1,7 +1,9 @@
 //! `hawser cluster show|recover`: the cluster's identity, the nodes refused as of another
 //! cluster, and getting the volumes back after the store was lost.
 
-use hawser_api::controller::{ClusterInfo, RecoverCluster, RecoverReport};
+use hawser_api::controller::{
+    ClusterInfo, CreateJoinToken, JoinTokenCreated, RecoverCluster, RecoverReport,
+};
 
 use crate::cli::client::{CliError, Client};
 use crate::cli::output::{print_json, Format, OutputArg, Table};
@@ -23,6 +25,16 @@ pub enum ClusterCmd {
         wait_secs: u64,
         #[command(flatten)]
         out: OutputArg,
+    },
+    /// Make a join token for new nodes (a controller with --tls): an agent given it with
+    /// --join-token-file gets its node certificate at first start. Prints the token only.
+    JoinToken {
+        /// Seconds the token stays valid.
+        #[arg(long, default_value_t = 3600)]
+        ttl_secs: u64,
+        /// How many nodes may join with it.
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
     },
 }
 
@@ -53,6 +65,14 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
                     }
                 }
             }
+        }
+        ClusterCmd::JoinToken { ttl_secs, uses } => {
+            let req = CreateJoinToken {
+                ttl_secs: Some(ttl_secs),
+                uses: Some(uses),
+            };
+            let t: JoinTokenCreated = client.post("/v1/join-tokens", &req)?;
+            println!("{}", t.token);
         }
         ClusterCmd::Recover { wait_secs, out } => {
             let req = RecoverCluster {

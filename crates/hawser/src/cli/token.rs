@@ -11,11 +11,30 @@ use crate::cli::client::CliError;
 
 /// The default token file, when a config directory can be found.
 pub fn default_token_file() -> Option<PathBuf> {
+    Some(config_dir()?.join("admin.token"))
+}
+
+fn config_dir() -> Option<PathBuf> {
     let config = match std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME")?).join(".config"),
     };
-    Some(config.join("hawser").join("admin.token"))
+    Some(config.join("hawser"))
+}
+
+/// The cluster's CA certificate (PEM): `--ca-file`, else `ca.pem` in the config directory
+/// when it exists, else none (then only http:// controllers can be reached).
+pub fn resolve_ca(ca_file: Option<&Path>) -> Result<Option<String>, CliError> {
+    let path = match ca_file {
+        Some(p) => p.to_path_buf(),
+        None => match config_dir().map(|d| d.join("ca.pem")) {
+            Some(p) if p.exists() => p,
+            _ => return Ok(None),
+        },
+    };
+    std::fs::read_to_string(&path)
+        .map(Some)
+        .map_err(|e| CliError::Token(format!("read the CA certificate {}: {e}", path.display())))
 }
 
 /// The token to send, by the precedence above; a clear error if none is found.

@@ -1,0 +1,247 @@
+//! The node's identity in a TLS cluster (issue 16.a): its key and certificate, got by
+//! joining with a one-time join token and renewed with the current certificate, kept in
+//! `<data-dir>/tls/` (`node.key` mode 0600, `node.pem`, `ca.pem`).
+//!
+//! A joining node knows the CA only by the fingerprint in its join token: it accepts a
+//! controller only if the controller's chain holds that CA, so the token is never sent to
+//! an impostor. The key is made on the node and never leaves it; the controller signs its
+//! public half.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use hawser_api::controller::{JoinNode, NodeCertificate, RenewCertificate};
+use hawser_tls::rustls::{ClientConfig, ServerConfig};
+use hawser_tls::{CertSlot, ClientAuth, Credentials, JoinToken, Peer};
+
+const KEY_FILE: &str = "node.key";
+const CERT_FILE: &str = "node.pem";
+const CA_FILE: &str = "ca.pem";
+
+pub struct NodeTls {
+    node: String,
+    dir: PathBuf,
+    ca_pem: String,
+    slot: Arc<CertSlot>,
+}
+
+impl NodeTls {
+    /// The node's certificate from `<data_dir>/tls`, or a new one got by joining through
+    /// `controllers` (comma-separated URLs) with the token in `join_token_file`.
+    pub async fn load_or_join(
+        data_dir: &Path,
+        node: &str,
+        controllers: &str,
+        join_token_file: Option<&Path>,
+    ) -> anyhow::Result<NodeTls> {
+        let dir = data_dir.join("tls");
+        let files = [KEY_FILE, CERT_FILE, CA_FILE].map(|f| dir.join(f));
+        let tls = if files.iter().all(|f| f.exists()) {
+            let read = |p: &Path| {
+                std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))
+            };
+            let creds = Credentials {
+                chain_pem: read(&files[1])?,
+                key_pem: read(&files[0])?,
+            };
+            let slot = CertSlot::new(&creds)
+                .with_context(|| format!("the node certificate in {}", dir.display()))?;
+            NodeTls {
+                node: node.into(),
+                ca_pem: read(&files[2])?,
+                dir,
+                slot,
+            }
+        } else {
+            let path = join_token_file.context(
+                "this node has no certificate yet: give it a join token (--join-token-file; \
+                 `hawser cluster join-token` makes one)",
+            )?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("read the join token {}", path.display()))?;
+            let token = JoinToken::parse(&text).with_context(|| {
+                format!("{} does not hold a join token (hjt1.…)", path.display())
+            })?;
+            join(&dir, node, controllers, &token).await?
+        };
+        anyhow::ensure!(
+            tls.slot.peer() == Peer::Node(node.into()),
+            "the certificate in {} is {}'s, not node {node}'s",
+            tls.dir.display(),
+            tls.slot.peer()
+        );
+        Ok(tls)
+    }
+
+    /// Presents this node's certificate; accepts only the cluster's controllers.
+    pub fn controller_client(&self) -> anyhow::Result<Arc<ClientConfig>> {
+        hawser_tls::client_config(&self.ca_pem, Peer::Controller, Some(self.slot.clone()))
+    }
+
+    /// The admin API: only clients with a certificate of the cluster get in (the API then
+    /// admits the controller alone).
+    pub fn admin_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
+        hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Required)
+    }
+
+    /// Renews the certificate at two thirds of its life, forever; a failed renewal is
+    /// retried every minute (the old certificate stays valid meanwhile).
+    pub async fn renew_forever(self: Arc<Self>, controllers: String) {
+        loop {
+            tokio::time::sleep(self.slot.renew_in()).await;
+            loop {
+                match self.renew(&controllers).await {
+                    Ok(()) => {
+                        tracing::info!("renewed the node's certificate");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "cannot renew the node's certificate; retrying in a minute");
+                        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn renew(&self, controllers: &str) -> anyhow::Result<()> {
+        let (key_pem, spki) = hawser_tls::new_key()?;
+        let body = RenewCertificate {
+            public_key: b64(&spki),
+        };
+        let path = format!("/v1/nodes/{}/certificate", self.node);
+        let cert: NodeCertificate =
+            post_any(controllers, self.controller_client()?, &path, &body).await?;
+        let creds = Credentials {
+            chain_pem: cert.chain_pem,
+            key_pem,
+        };
+        // Check before writing: a bad answer must not replace a working certificate.
+        CertSlot::new(&creds)?;
+        save(&self.dir, &creds, &self.ca_pem)?;
+        self.slot.replace(&creds)
+    }
+}
+
+async fn join(
+    dir: &Path,
+    node: &str,
+    controllers: &str,
+    token: &JoinToken,
+) -> anyhow::Result<NodeTls> {
+    let (key_pem, spki) = hawser_tls::new_key()?;
+    let body = JoinNode {
+        node: node.into(),
+        token: token.to_string(),
+        public_key: b64(&spki),
+    };
+    let config = hawser_tls::pinned_client_config(token.ca_sha256)?;
+    let cert: NodeCertificate = post_any(controllers, config, "/v1/join", &body)
+        .await
+        .context("join the cluster")?;
+    let ca_der = hawser_tls::certs_from_pem(&cert.ca_pem)?
+        .into_iter()
+        .next()
+        .context("no CA certificate in the answer")?;
+    anyhow::ensure!(
+        hawser_tls::ca_fingerprint(&ca_der) == token.ca_sha256,
+        "the controller sent a CA other than the join token's"
+    );
+    let creds = Credentials {
+        chain_pem: cert.chain_pem,
+        key_pem,
+    };
+    let slot = CertSlot::new(&creds)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    save(dir, &creds, &cert.ca_pem)?;
+    tracing::info!(%node, dir = %dir.display(), "joined the cluster: certificate saved");
+    Ok(NodeTls {
+        node: node.into(),
+        dir: dir.into(),
+        ca_pem: cert.ca_pem,
+        slot,
+    })
+}
+
+/// POSTs `body` to each controller in turn until one answers 2xx.
+async fn post_any<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+    controllers: &str,
+    config: Arc<ClientConfig>,
+    path: &str,
+    body: &B,
+) -> anyhow::Result<R> {
+    let http = reqwest::Client::builder()
+        .use_preconfigured_tls((*config).clone())
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .context("build the HTTP client")?;
+    let mut last = None;
+    for base in controllers
+        .split(',')
+        .map(|u| u.trim().trim_end_matches('/'))
+    {
+        if base.is_empty() {
+            continue;
+        }
+        let url = format!("{base}{path}");
+        match http.post(&url).json(body).send().await {
+            Ok(r) if r.status().is_success() => {
+                return r
+                    .json()
+                    .await
+                    .with_context(|| format!("read the answer of {url}"))
+            }
+            Ok(r) => {
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                let message = serde_json::from_str::<hawser_api::ApiError>(&text)
+                    .map(|e| e.message)
+                    .unwrap_or(text);
+                last = Some(anyhow::anyhow!("{url}: {status}: {message}"));
+            }
+            Err(e) => {
+                last = Some(anyhow::anyhow!(
+                    "{url}: {}",
+                    hawser_api::error::error_chain(&e)
+                ))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no controller URL")))
+}
+
+/// Writes the key, certificate and CA, each to a new file renamed into place.
+fn save(dir: &Path, creds: &Credentials, ca_pem: &str) -> anyhow::Result<()> {
+    write_replace(&dir.join(KEY_FILE), &creds.key_pem, 0o600)?;
+    write_replace(&dir.join(CERT_FILE), &creds.chain_pem, 0o644)?;
+    write_replace(&dir.join(CA_FILE), ca_pem, 0o644)
+}
+
+fn write_replace(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+    let tmp = path.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("create {}", tmp.display()))?;
+    f.write_all(text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replace {}", path.display()))?;
+    if let Some(d) = path.parent() {
+        if let Ok(d) = std::fs::File::open(d) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}

@@ -1,0 +1,303 @@
+//! The controller as the cluster's certificate authority (issue 16.a): the CA's files, the
+//! controller's own certificate (made at start, renewed while it runs, never written down),
+//! join tokens, and the certificates nodes get by joining and renew with their current one.
+//!
+//! The CA lives in the controller's data directory (`ca.pem`, `ca.key`, mode 0600), not in
+//! the store: a wiped or rolled-back store must not cost the nodes their identity (they
+//! could not reach the controller to be recovered), and controllers that share a store are
+//! given the same files, as they are given the same agent token. Join tokens live in the
+//! store (`auth/join/<id>`), which keeps only their secret's digest.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::{Extension, Json};
+use hawser_api::auth;
+use hawser_api::controller::{
+    CreateJoinToken, JoinNode, JoinTokenCreated, NodeCertificate, RenewCertificate,
+};
+use hawser_listen::Transport;
+use hawser_store::{get_json, put_json, Expect, StoreError};
+use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, JoinToken, Peer};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Principal;
+use crate::errors::ControllerError;
+use crate::model::now_ms;
+use crate::server::{ApiJson, ApiPath};
+use crate::state::AppState;
+
+const CA_CERT_FILE: &str = "ca.pem";
+const CA_KEY_FILE: &str = "ca.key";
+const JOIN_PREFIX: &str = "auth/join/";
+const DEFAULT_JOIN_TTL_SECS: u64 = 3600;
+const MAX_JOIN_TTL_SECS: u64 = 7 * 24 * 3600;
+const MAX_JOIN_USES: u32 = 1000;
+
+/// The controller's TLS state.
+pub struct ControllerTls {
+    ca: Ca,
+    slot: Arc<CertSlot>,
+    server: Arc<hawser_tls::rustls::ServerConfig>,
+    lifetime: Duration,
+    /// Client configurations for calling each node's admin API (each accepts that node only).
+    to_nodes: Mutex<std::collections::HashMap<String, Arc<hawser_tls::rustls::ClientConfig>>>,
+}
+
+impl ControllerTls {
+    /// Loads the CA from `data_dir`, making it if neither file exists, and issues this
+    /// controller's certificate (valid for `lifetime`).
+    pub fn load_or_create(
+        data_dir: &Path,
+        cluster_hint: &str,
+        lifetime: Duration,
+    ) -> anyhow::Result<ControllerTls> {
+        let (cert_path, key_path) = (data_dir.join(CA_CERT_FILE), data_dir.join(CA_KEY_FILE));
+        let ca = match (cert_path.exists(), key_path.exists()) {
+            (true, true) => {
+                let read = |p: &Path| {
+                    std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))
+                };
+                Ca::from_pem(&read(&cert_path)?, &read(&key_path)?)
+                    .with_context(|| format!("the cluster CA in {}", data_dir.display()))?
+            }
+            (false, false) => {
+                let ca = Ca::generate(cluster_hint)?;
+                write_new(&key_path, &ca.key_pem(), 0o600)?;
+                write_new(&cert_path, ca.cert_pem(), 0o644)?;
+                tracing::info!(
+                    ca = %cert_path.display(),
+                    "made the cluster's certificate authority; give {CA_CERT_FILE} to the CLI \
+                     and the CSI driver, and both files to any other controller of this cluster"
+                );
+                ca
+            }
+            _ => anyhow::bail!(
+                "{} and {} must both exist or both be absent: restore the missing one (a new \
+                 CA would lock every node out)",
+                cert_path.display(),
+                key_path.display()
+            ),
+        };
+        let (issued, key_pem) = ca.issue_with_key(&Peer::Controller, lifetime)?;
+        let slot = CertSlot::new(&Credentials {
+            chain_pem: issued.chain_pem,
+            key_pem,
+        })?;
+        let server = hawser_tls::server_config(ca.cert_pem(), slot.clone(), ClientAuth::Optional)?;
+        Ok(ControllerTls {
+            ca,
+            slot,
+            server,
+            lifetime,
+            to_nodes: Default::default(),
+        })
+    }
+
+    pub fn server_config(&self) -> Arc<hawser_tls::rustls::ServerConfig> {
+        self.server.clone()
+    }
+
+    /// A client configuration that presents this controller's certificate and accepts only
+    /// `node`'s agent.
+    pub fn client_for(&self, node: &str) -> anyhow::Result<Arc<hawser_tls::rustls::ClientConfig>> {
+        let mut map = self.to_nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(node) {
+            return Ok(c.clone());
+        }
+        let c = hawser_tls::client_config(
+            self.ca.cert_pem(),
+            Peer::Node(node.into()),
+            Some(self.slot.clone()),
+        )?;
+        map.insert(node.into(), c.clone());
+        Ok(c)
+    }
+
+    /// Renews this controller's certificate at two thirds of its life, forever.
+    pub async fn renew_forever(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(self.slot.renew_in()).await;
+            let renewed = self
+                .ca
+                .issue_with_key(&Peer::Controller, self.lifetime)
+                .and_then(|(issued, key_pem)| {
+                    self.slot.replace(&Credentials {
+                        chain_pem: issued.chain_pem,
+                        key_pem,
+                    })
+                });
+            match renewed {
+                Ok(()) => tracing::info!("renewed the controller's certificate"),
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "cannot renew the controller's certificate")
+                }
+            }
+        }
+    }
+
+    fn issue_node(
+        &self,
+        node: &str,
+        public_key_b64: &str,
+    ) -> Result<NodeCertificate, ControllerError> {
+        use base64::Engine as _;
+        hawser_api::validate_name("node", node)?;
+        let spki = base64::engine::general_purpose::STANDARD
+            .decode(public_key_b64.trim())
+            .map_err(|_| ControllerError::invalid("public_key is not base64"))?;
+        let issued = self
+            .ca
+            .issue(&Peer::Node(node.into()), &spki, self.lifetime)
+            .map_err(|e| ControllerError::invalid(format!("cannot issue a certificate: {e:#}")))?;
+        Ok(NodeCertificate {
+            chain_pem: issued.chain_pem,
+            ca_pem: self.ca.cert_pem().to_string(),
+            not_after_unix: issued.not_after_unix,
+        })
+    }
+}
+
+fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("write {}", path.display()))
+}
+
+/// A join token as the store keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JoinRecord {
+    secret_sha256: String,
+    expires_ms: u64,
+    uses_left: u32,
+}
+
+fn tls_of(st: &AppState) -> Result<&Arc<ControllerTls>, ControllerError> {
+    st.tls.as_ref().ok_or_else(|| ControllerError::Refused {
+        message: "this controller runs without TLS (--insecure): nodes do not join, they use \
+                  the agent token"
+            .into(),
+    })
+}
+
+/// `POST /v1/join-tokens`.
+pub async fn create_join_token(
+    State(st): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<CreateJoinToken>,
+) -> Result<Json<JoinTokenCreated>, ControllerError> {
+    let tls = tls_of(&st)?;
+    let ttl = req.ttl_secs.unwrap_or(DEFAULT_JOIN_TTL_SECS);
+    let uses = req.uses.unwrap_or(1);
+    if ttl == 0 || ttl > MAX_JOIN_TTL_SECS {
+        return Err(ControllerError::invalid(format!(
+            "ttl_secs {ttl}: use 1 to {MAX_JOIN_TTL_SECS}"
+        )));
+    }
+    if uses == 0 || uses > MAX_JOIN_USES {
+        return Err(ControllerError::invalid(format!(
+            "uses {uses}: use 1 to {MAX_JOIN_USES}"
+        )));
+    }
+    let token = JoinToken::generate(tls.ca.cert_der());
+    let record = JoinRecord {
+        secret_sha256: auth::digest_hex(&auth::digest(&token.secret)),
+        expires_ms: now_ms().saturating_add(ttl.saturating_mul(1000)),
+        uses_left: uses,
+    };
+    let store = st.records.store();
+    put_json(
+        &*store,
+        &format!("{JOIN_PREFIX}{}", token.id),
+        &record,
+        Expect::Absent,
+    )
+    .await?;
+    tracing::info!(id = %token.id, ttl, uses, "join token created");
+    Ok(Json(JoinTokenCreated {
+        token: token.to_string(),
+        expires_ms: record.expires_ms,
+        uses,
+    }))
+}
+
+/// `POST /v1/join`: one use of a join token buys a certificate for the named node.
+pub async fn join(
+    State(st): State<Arc<AppState>>,
+    transport: Option<Extension<Transport>>,
+    ApiJson(req): ApiJson<JoinNode>,
+) -> Result<Json<NodeCertificate>, ControllerError> {
+    let tls = tls_of(&st)?;
+    if !matches!(transport.as_deref(), Some(Transport::Tls { .. })) {
+        return Err(ControllerError::invalid("join over TLS only"));
+    }
+    hawser_api::validate_name("node", &req.node)?;
+    // Every failure of the token itself says the same: nothing to probe.
+    let refused = || ControllerError::Unauthorized {
+        reason: "the join token is not valid (unknown, used up or expired)".into(),
+    };
+    let token = JoinToken::parse(&req.token).ok_or_else(refused)?;
+    let store = st.records.store();
+    let key = format!("{JOIN_PREFIX}{}", token.id);
+    for _ in 0..5 {
+        let Some((mut rec, version)) = get_json::<JoinRecord>(&*store, &key).await? else {
+            return Err(refused());
+        };
+        let stored = auth::parse_digest_hex(&rec.secret_sha256).ok_or_else(refused)?;
+        let matches = auth::digests_equal(&auth::digest(&token.secret), &stored);
+        if !matches || rec.expires_ms < now_ms() || rec.uses_left == 0 {
+            return Err(refused());
+        }
+        // Issue first (it can fail on a bad key), then spend the use.
+        let cert = tls.issue_node(&req.node, &req.public_key)?;
+        rec.uses_left -= 1;
+        let spent = if rec.uses_left == 0 {
+            store
+                .delete(&key, Expect::Version(version))
+                .await
+                .map(|_| ())
+        } else {
+            put_json(&*store, &key, &rec, Expect::Version(version))
+                .await
+                .map(|_| ())
+        };
+        match spent {
+            Ok(()) => {
+                tracing::info!(node = %req.node, token = %token.id, "node joined the cluster");
+                return Ok(Json(cert));
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ControllerError::Contention { key, retries: 5 })
+}
+
+/// `POST /v1/nodes/{node}/certificate`: a node renews its certificate with its current one.
+pub async fn renew(
+    State(st): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(node): ApiPath<String>,
+    ApiJson(req): ApiJson<RenewCertificate>,
+) -> Result<Json<NodeCertificate>, ControllerError> {
+    let tls = tls_of(&st)?;
+    if !matches!(&principal, Principal::Node(n) if *n == node) {
+        return Err(ControllerError::ForbiddenFor {
+            reason: format!("only node {node}, with its current certificate, renews it"),
+        });
+    }
+    let cert = tls.issue_node(&node, &req.public_key)?;
+    tracing::info!(%node, "renewed the node's certificate");
+    Ok(Json(cert))
+}

@@ -1,0 +1,459 @@
+//! "Secure by default", acceptance a (the HTTP half; the replica port's sessions are bound to
+//! the controller's signed grants, `epoch_grants`): a controller started with `--tls` is the
+//! cluster's CA; agents join with a join token and from then on every call between the
+//! processes is mutual TLS. A client without a certificate, with another node's, or with one
+//! of another CA cannot call the controller's agent routes or an agent's admin API; no
+//! replica changes; certificates renew while the volume serves I/O.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use std::time::Duration;
+
+use hawser_e2e::cluster::{free_port, hawser_bin};
+use hawser_e2e::{have, qemu_io, wait_until, TempDir, TokenFiles};
+use hawser_tls::{CertSlot, Credentials, Peer};
+use serde_json::{json, Value};
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: plain libc call on a child we started.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(dir: &Path, log: &str, args: &[String]) -> Proc {
+    let err = std::fs::File::create(dir.join(format!("{log}.log"))).expect("log file");
+    Proc(
+        Command::new(hawser_bin())
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("start hawser"),
+    )
+}
+
+fn s(v: &str) -> String {
+    v.to_string()
+}
+
+/// A blocking client trusting `ca_pem`, expecting `expect`, presenting `creds` if any.
+fn client(ca_pem: &str, expect: Peer, creds: Option<&Credentials>) -> reqwest::blocking::Client {
+    let slot = creds.map(|c| CertSlot::new(c).expect("credentials"));
+    let config = hawser_tls::client_config(ca_pem, expect, slot).expect("client config");
+    reqwest::blocking::Client::builder()
+        .use_preconfigured_tls((*config).clone())
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client")
+}
+
+fn node_creds(data_dir: &Path) -> Credentials {
+    let read = |f: &str| std::fs::read_to_string(data_dir.join("tls").join(f)).expect("tls file");
+    Credentials {
+        chain_pem: read("node.pem"),
+        key_pem: read("node.key"),
+    }
+}
+
+/// (status, JSON body) of a call; `Err` when no HTTP answer came (TLS refused).
+fn call(
+    http: &reqwest::blocking::Client,
+    method: reqwest::Method,
+    url: &str,
+    bearer: Option<&str>,
+    body: Option<Value>,
+) -> Result<(u16, Value), String> {
+    let mut req = http.request(method, url);
+    if let Some(t) = bearer {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().map_err(|e| format!("{e:?}"))?;
+    let status = resp.status().as_u16();
+    let text = resp.text().unwrap_or_default();
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+}
+
+struct TlsCluster {
+    dir: TempDir,
+    url: String,
+    ca_pem: String,
+    admin: String,
+    agents: Vec<(String, PathBuf, String)>, // (node, data dir, admin addr)
+    _procs: Vec<Proc>,
+}
+
+impl TlsCluster {
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(hawser_bin())
+            .args(["--controller", &self.url, "--ca-file"])
+            .arg(self.dir.path().join("controller").join("ca.pem"))
+            .arg("--token-file")
+            .arg(self.dir.path().join("admin.token"))
+            .args(args)
+            .output()
+            .expect("run the CLI");
+        assert!(
+            out.status.success(),
+            "hawser {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn admin_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let http = client(&self.ca_pem, Peer::Controller, None);
+        let (status, v) = call(
+            &http,
+            method,
+            &format!("{}{path}", self.url),
+            Some(&self.admin),
+            body,
+        )
+        .expect("the controller answers");
+        assert!((200..300).contains(&status), "{path}: {status} {v}");
+        v
+    }
+}
+
+fn start(name: &str, nodes: usize, cert_lifetime_secs: u64) -> TlsCluster {
+    let dir = TempDir::new(name);
+    let tokens = TokenFiles::seed(dir.path());
+    let port = free_port();
+    let url = format!("https://127.0.0.1:{port}");
+    let mut args = vec![
+        s("controller"),
+        s("--tls"),
+        s("--listen"),
+        format!("127.0.0.1:{port}"),
+        s("--data-dir"),
+        dir.path().join("controller").display().to_string(),
+        s("--cert-lifetime-secs"),
+        cert_lifetime_secs.to_string(),
+    ];
+    args.extend(tokens.controller_args());
+    let mut procs = vec![spawn(dir.path(), "controller", &args)];
+    let ca_path = dir.path().join("controller").join("ca.pem");
+    wait_until("the controller's CA", Duration::from_secs(20), || {
+        ca_path.exists()
+    });
+    let ca_pem = std::fs::read_to_string(&ca_path).expect("ca.pem");
+    let admin = std::fs::read_to_string(&tokens.admin)
+        .expect("admin token")
+        .trim()
+        .to_string();
+    let mut c = TlsCluster {
+        dir,
+        url,
+        ca_pem,
+        admin,
+        agents: vec![],
+        _procs: vec![],
+    };
+    wait_until(
+        "the controller to answer over TLS",
+        Duration::from_secs(20),
+        || {
+            let http = client(&c.ca_pem, Peer::Controller, None);
+            call(
+                &http,
+                reqwest::Method::GET,
+                &format!("{}/v1/nodes", c.url),
+                Some(&c.admin),
+                None,
+            )
+            .is_ok_and(|(s, _)| s == 200)
+        },
+    );
+    let token = c.cli(&["cluster", "join-token", "--uses", &nodes.to_string()]);
+    let token_file = c.dir.path().join("join.token");
+    std::fs::write(&token_file, format!("{token}\n")).expect("write the join token");
+    for i in 1..=nodes {
+        let node = format!("n{i}");
+        let data = c.dir.path().join(&node);
+        let admin_addr = format!("127.0.0.1:{}", free_port());
+        let args = vec![
+            s("agent"),
+            s("--node"),
+            node.clone(),
+            s("--controller"),
+            c.url.clone(),
+            s("--join-token-file"),
+            token_file.display().to_string(),
+            s("--data-dir"),
+            data.display().to_string(),
+            s("--admin-listen"),
+            admin_addr.clone(),
+            s("--replica-listen"),
+            format!("127.0.0.1:{}", free_port()),
+            s("--nbd-listen"),
+            format!("127.0.0.1:{}", free_port()),
+        ];
+        procs.push(spawn(c.dir.path(), &node, &args));
+        c.agents.push((node, data, admin_addr));
+    }
+    wait_until("every node online", Duration::from_secs(30), || {
+        let v = c.admin_call(reqwest::Method::GET, "/v1/nodes", None);
+        v.as_array()
+            .is_some_and(|a| a.len() == nodes && a.iter().all(|n| n["state"] == json!("online")))
+    });
+    c._procs = procs;
+    c
+}
+
+#[test]
+fn only_the_clusters_certificates_open_the_apis_and_nothing_changes_otherwise() {
+    if !have("qemu-io") {
+        eprintln!("SKIP: qemu-io missing (make test installs it)");
+        return;
+    }
+    let c = start("tls", 2, 3600);
+    let v = c.admin_call(
+        reqwest::Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "t", "size_bytes": 64u64 << 20, "replicas": 2})),
+    );
+    assert_eq!(v["replicas"].as_array().map(Vec::len), Some(2), "{v}");
+    let a = c.admin_call(
+        reqwest::Method::POST,
+        "/v1/volumes/t/attach",
+        Some(json!({"node": "n1"})),
+    );
+    let uri = a["nbd_uri"].as_str().expect("an NBD URI").to_string();
+    qemu_io(&uri, &["write -P 0x5c 0 4M", "flush"]);
+    let before = c.admin_call(reqwest::Method::GET, "/v1/volumes/t", None);
+    let replica = before["replicas"][1]["id"]
+        .as_str()
+        .expect("replica id")
+        .to_string();
+
+    let (n1, n2) = (&c.agents[0], &c.agents[1]);
+    let n2_creds = node_creds(&n2.1);
+    let other_ca = hawser_tls::Ca::generate("other").expect("another CA");
+    let (issued, key_pem) = other_ca
+        .issue_with_key(&Peer::Node("n1".into()), hawser_tls::NODE_CERT_LIFETIME)
+        .expect("a foreign certificate");
+    let foreign = Credentials {
+        chain_pem: issued.chain_pem,
+        key_pem,
+    };
+    let register = json!({"admin_addr": n1.2, "replica_addr": "127.0.0.1:1", "pools": []});
+    let outdate = json!({"epoch": before["epoch"], "reason": "x"});
+    let agent_token = std::fs::read_to_string(c.dir.path().join("agent.token")).expect("token");
+    let agent_token = agent_token.trim();
+    let put = reqwest::Method::PUT;
+    let post = reqwest::Method::POST;
+
+    // The controller: no certificate and the agent token (what every agent used to send)
+    // is refused over TLS; node n2's certificate cannot act as n1 or report on n1's engine.
+    let bare = client(&c.ca_pem, Peer::Controller, None);
+    let as_n2 = client(&c.ca_pem, Peer::Controller, Some(&n2_creds));
+    let node_url = format!("{}/v1/nodes/n1", c.url);
+    let outdate_url = format!("{}/v1/volumes/t/replicas/{replica}/outdate", c.url);
+    assert_eq!(
+        call(&bare, put.clone(), &node_url, None, Some(register.clone())).map(|r| r.0),
+        Ok(401)
+    );
+    assert_eq!(
+        call(
+            &bare,
+            put.clone(),
+            &node_url,
+            Some(agent_token),
+            Some(register.clone())
+        )
+        .map(|r| r.0),
+        Ok(401)
+    );
+    let (status, e) =
+        call(&as_n2, put.clone(), &node_url, None, Some(register.clone())).expect("answer");
+    assert_eq!((status, &e["code"]), (403, &json!("forbidden")), "{e}");
+    let (status, e) = call(
+        &as_n2,
+        post.clone(),
+        &outdate_url,
+        None,
+        Some(outdate.clone()),
+    )
+    .expect("answer");
+    assert_eq!((status, &e["code"]), (403, &json!("forbidden")), "{e}");
+    let (status, _) = call(
+        &as_n2,
+        reqwest::Method::GET,
+        &format!("{}/v1/volumes", c.url),
+        None,
+        None,
+    )
+    .expect("answer");
+    assert_eq!(status, 403, "a node certificate is not the admin token");
+    // A certificate of another CA does not even finish the handshake.
+    let stranger = client(&c.ca_pem, Peer::Controller, Some(&foreign));
+    assert!(call(
+        &stranger,
+        put.clone(),
+        &node_url,
+        None,
+        Some(register.clone())
+    )
+    .is_err());
+    // Join tokens: used up, garbage, or someone else's node name with a used-up token.
+    let join = json!({"node": "n3", "token": std::fs::read_to_string(c.dir.path().join("join.token")).expect("token").trim(), "public_key": "AA=="});
+    let (status, _) = call(
+        &bare,
+        post.clone(),
+        &format!("{}/v1/join", c.url),
+        None,
+        Some(join),
+    )
+    .expect("answer");
+    assert_eq!(status, 401, "a used-up join token");
+    let garbage = json!({"node": "n3", "token": "hjt1.x", "public_key": "AA=="});
+    let (status, _) = call(
+        &bare,
+        post.clone(),
+        &format!("{}/v1/join", c.url),
+        None,
+        Some(garbage),
+    )
+    .expect("answer");
+    assert_eq!(status, 401);
+
+    // An agent's admin API: only the controller. No certificate or a foreign one: no
+    // handshake; node n2's certificate: 403; plain HTTP: no answer.
+    let admin_url = format!("https://{}/v1/replicas/{replica}", n2.2);
+    let to_n2 = |creds: Option<&Credentials>| client(&c.ca_pem, Peer::Node("n2".into()), creds);
+    let del = reqwest::Method::DELETE;
+    assert!(call(
+        &to_n2(None),
+        del.clone(),
+        &admin_url,
+        Some(agent_token),
+        None
+    )
+    .is_err());
+    assert!(call(
+        &to_n2(Some(&foreign)),
+        del.clone(),
+        &admin_url,
+        Some(agent_token),
+        None
+    )
+    .is_err());
+    let n1_creds = node_creds(&n1.1);
+    let (status, e) = call(
+        &to_n2(Some(&n1_creds)),
+        del.clone(),
+        &admin_url,
+        Some(agent_token),
+        None,
+    )
+    .expect("answer");
+    assert_eq!((status, &e["code"]), (403, &json!("forbidden")), "{e}");
+    let plain = reqwest::blocking::Client::new();
+    assert!(call(
+        &plain,
+        del,
+        &format!("http://{}/v1/replicas/{replica}", n2.2),
+        Some(agent_token),
+        None
+    )
+    .is_err());
+
+    // Nothing changed: the same replicas, in sync, same epoch; the data reads back.
+    let after = c.admin_call(reqwest::Method::GET, "/v1/volumes/t", None);
+    assert_eq!(after["epoch"], before["epoch"]);
+    let summary = |v: &Value| -> Vec<(Value, Value, Value)> {
+        v["replicas"]
+            .as_array()
+            .expect("replicas")
+            .iter()
+            .map(|r| (r["id"].clone(), r["node"].clone(), r["state"].clone()))
+            .collect()
+    };
+    assert_eq!(summary(&after), summary(&before));
+    assert!(
+        summary(&after).iter().all(|r| r.2 == json!("in_sync")),
+        "{after}"
+    );
+    let out = qemu_io(&uri, &["read -P 0x5c 0 4M"]);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+}
+
+#[test]
+fn certificates_renew_while_the_volume_serves() {
+    if !have("qemu-io") {
+        eprintln!("SKIP: qemu-io missing (make test installs it)");
+        return;
+    }
+    // Certificates live 6 s: the agents renew at 4 s, several times during the test.
+    let c = start("tls-renew", 2, 6);
+    c.admin_call(
+        reqwest::Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "r", "size_bytes": 64u64 << 20, "replicas": 2})),
+    );
+    let a = c.admin_call(
+        reqwest::Method::POST,
+        "/v1/volumes/r/attach",
+        Some(json!({"node": "n1"})),
+    );
+    let uri = a["nbd_uri"].as_str().expect("an NBD URI").to_string();
+    let first: Vec<String> = c
+        .agents
+        .iter()
+        .map(|(_, d, _)| node_creds(d).chain_pem)
+        .collect();
+    for round in 0..3u8 {
+        let pattern = format!("write -P 0x{:02x} 0 1M", 0x30 + round);
+        qemu_io(&uri, &[pattern.as_str(), "flush"]);
+        // Each node's certificate file is replaced in time.
+        let seen: Vec<String> = c
+            .agents
+            .iter()
+            .map(|(_, d, _)| node_creds(d).chain_pem)
+            .collect();
+        wait_until(
+            "every node renews its certificate",
+            Duration::from_secs(20),
+            || {
+                c.agents
+                    .iter()
+                    .zip(&seen)
+                    .all(|((_, d, _), old)| node_creds(d).chain_pem != *old)
+            },
+        );
+    }
+    let now: Vec<String> = c
+        .agents
+        .iter()
+        .map(|(_, d, _)| node_creds(d).chain_pem)
+        .collect();
+    assert!(now.iter().zip(&first).all(|(a, b)| a != b));
+    // Past two whole lifetimes of the first certificates, the nodes are online (heartbeats
+    // and the controller's calls use the renewed ones) and the volume is whole.
+    let nodes = c.admin_call(reqwest::Method::GET, "/v1/nodes", None);
+    assert!(
+        nodes
+            .as_array()
+            .is_some_and(|a| a.iter().all(|n| n["state"] == json!("online"))),
+        "{nodes}"
+    );
+    let v = c.admin_call(reqwest::Method::GET, "/v1/volumes/r", None);
+    assert!(
+        v["replicas"]
+            .as_array()
+            .is_some_and(|r| r.iter().all(|x| x["state"] == json!("in_sync"))),
+        "{v}"
+    );
+    let out = qemu_io(&uri, &["read -P 0x32 0 1M"]);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+}
