@@ -94,7 +94,7 @@ fn env() -> &'static Env {
             let (stop, stopped) = tokio::sync::watch::channel(false);
             // The server runs for the life of the process.
             std::mem::forget(stop);
-            tokio::spawn(replica_server::serve(listener, storage.clone(), stopped));
+            tokio::spawn(replica_server::serve(listener, storage.clone(), None, stopped));
             addr
         });
         Env {

@@ -164,11 +164,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             args.join_token_file.as_deref(),
         )
         .await?;
+        let t = Arc::new(t);
         let link = LinkAuth {
             token: None,
             tls: Some(t.controller_client()?),
+            node: Some(t.clone()),
         };
-        (None, Some(Arc::new(t)), link)
+        (None, Some(t), link)
     } else {
         let path = args
             .token_file
@@ -184,6 +186,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let link = LinkAuth {
             token: Some(token.clone()),
             tls: None,
+            node: None,
         };
         (Some(token), None, link)
     };
@@ -254,9 +257,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
 
     let mut tasks = tokio::task::JoinSet::new();
+    let replica_tls = match &node_tls {
+        Some(t) => Some(t.replica_server()?),
+        None => None,
+    };
     tasks.spawn(replica_server::serve(
         replica_l,
         storage.clone(),
+        replica_tls,
         stop_rx.clone(),
     ));
     if let Some(l) = nbd_l {

@@ -26,7 +26,8 @@ pub enum OutdateOutcome {
     GaveUp,
 }
 
-/// How an agent and its engines authenticate to the controller.
+/// How an agent and its engines authenticate to the controller (and engines to the replica
+/// ports of other nodes).
 #[derive(Clone, Default)]
 pub struct LinkAuth {
     /// The agent token (clusters without TLS).
@@ -34,6 +35,8 @@ pub struct LinkAuth {
     /// A client configuration that presents the node's certificate and accepts only the
     /// cluster's controllers.
     pub tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
+    /// The node's certificate, for replica connections (clusters with TLS).
+    pub node: Option<Arc<crate::node_tls::NodeTls>>,
 }
 
 fn client_builder() -> reqwest::ClientBuilder {

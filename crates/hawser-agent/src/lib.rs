@@ -23,6 +23,7 @@ pub mod recovery;
 pub mod replica_access;
 pub mod replica_client;
 pub mod replica_server;
+pub mod tls_conn;
 pub mod volume_engine;
 
 pub use agent::{run, AgentArgs};

@@ -26,6 +26,8 @@ pub struct NodeTls {
     dir: PathBuf,
     ca_pem: String,
     slot: Arc<CertSlot>,
+    /// Client configurations for the replica ports of other nodes (each accepts that node).
+    to_nodes: std::sync::Mutex<std::collections::HashMap<String, Arc<ClientConfig>>>,
 }
 
 impl NodeTls {
@@ -54,6 +56,7 @@ impl NodeTls {
                 ca_pem: read(&files[2])?,
                 dir,
                 slot,
+                to_nodes: Default::default(),
             }
         } else {
             let path = join_token_file.context(
@@ -85,6 +88,27 @@ impl NodeTls {
     /// admits the controller alone).
     pub fn admin_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
         hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Required)
+    }
+
+    /// The replica port: only clients with a node certificate of the cluster get in (the
+    /// server then opens sessions only for grants naming that node).
+    pub fn replica_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
+        self.admin_server()
+    }
+
+    /// Presents this node's certificate to `node`'s replica port and accepts only `node`.
+    pub fn replica_client(&self, node: &str) -> anyhow::Result<Arc<ClientConfig>> {
+        let mut map = self.to_nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(node) {
+            return Ok(c.clone());
+        }
+        let c = hawser_tls::client_config(
+            &self.ca_pem,
+            Peer::Node(node.into()),
+            Some(self.slot.clone()),
+        )?;
+        map.insert(node.into(), c.clone());
+        Ok(c)
     }
 
     /// Renews the certificate at two thirds of its life, forever; a failed renewal is
@@ -163,6 +187,7 @@ async fn join(
         dir: dir.into(),
         ca_pem: cert.ca_pem,
         slot,
+        to_nodes: Default::default(),
     })
 }
 

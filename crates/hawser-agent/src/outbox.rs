@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 use bytes::{Buf, Bytes};
 use tokio::sync::Notify;
 
+use crate::tls_conn::Sealer;
+
 /// The non-blocking half of a stream socket that an [`Outbox`] writes to.
 pub trait TryWrite: Send + Sync + 'static {
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
@@ -57,6 +59,8 @@ struct Queue {
 
 pub struct Outbox<W: TryWrite> {
     socket: W,
+    /// A TLS connection: frames are sealed into records as they are queued.
+    tls: Option<Arc<Sealer>>,
     queue: Mutex<Queue>,
     /// Wakes the drain task: something is queued that the socket did not take.
     more: Notify,
@@ -66,8 +70,18 @@ pub struct Outbox<W: TryWrite> {
 
 impl<W: TryWrite> Outbox<W> {
     pub fn new(socket: W) -> Arc<Outbox<W>> {
+        Self::build(socket, None)
+    }
+
+    /// An outbox whose frames go out as TLS records of `tls` (see `tls_conn`).
+    pub fn with_tls(socket: W, tls: Arc<Sealer>) -> Arc<Outbox<W>> {
+        Self::build(socket, Some(tls))
+    }
+
+    fn build(socket: W, tls: Option<Arc<Sealer>>) -> Arc<Outbox<W>> {
         Arc::new(Outbox {
             socket,
+            tls,
             queue: Mutex::new(Queue {
                 segments: VecDeque::new(),
                 bytes: 0,
@@ -84,14 +98,47 @@ impl<W: TryWrite> Outbox<W> {
     /// `writev` for many frames). Empty segments are skipped. `Err(Closed)`: the connection
     /// has failed; the frame was not sent.
     pub fn push(&self, segments: impl IntoIterator<Item = Bytes>, now: bool) -> Result<(), Closed> {
+        self.push_with(now, |tls, q| {
+            match tls {
+                None => segments.into_iter().for_each(|s| q.add(s)),
+                Some(t) => q.add(t.seal(segments)?),
+            }
+            Ok(())
+        })
+    }
+
+    /// Queue and write the records a TLS connection wants to send of its own accord (taken
+    /// under the queue lock: in the stream they follow everything sealed before them).
+    pub fn push_pending_tls(&self) {
+        if self.tls.is_some() {
+            let _ = self.push_with(true, |tls, q| {
+                if let Some(t) = tls {
+                    q.add(t.pending()?);
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Queues what `make` adds (with the queue locked), then writes as [`Outbox::push`] says.
+    /// A failure of `make` (TLS) fails the connection.
+    fn push_with(
+        &self,
+        now: bool,
+        make: impl FnOnce(Option<&Sealer>, &mut Queue) -> io::Result<()>,
+    ) -> Result<(), Closed> {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.failed {
             return Err(Closed);
         }
         let was_empty = q.segments.is_empty();
-        for s in segments.into_iter().filter(|s| !s.is_empty()) {
-            q.bytes += s.len();
-            q.segments.push_back(s);
+        if let Err(e) = make(self.tls.as_deref(), &mut q) {
+            tracing::debug!(error = %e, "TLS records could not be made");
+            fail(&mut q);
+            drop(q);
+            self.more.notify_one();
+            self.less.notify_waiters();
+            return Ok(());
         }
         if !was_empty || q.segments.is_empty() {
             // The drain task (or whoever queued before us) is responsible for what is queued.
@@ -204,6 +251,15 @@ impl<W: TryWrite> Outbox<W> {
         fail(&mut self.queue.lock().unwrap_or_else(|p| p.into_inner()));
         self.more.notify_one();
         self.less.notify_waiters();
+    }
+}
+
+impl Queue {
+    fn add(&mut self, s: Bytes) {
+        if !s.is_empty() {
+            self.bytes += s.len();
+            self.segments.push_back(s);
+        }
     }
 }
 

@@ -22,8 +22,9 @@ use crate::constants::{
     REPLICA_CONNECT_TIMEOUT, REPLICA_PING_INTERVAL, REPLICA_REQUEST_TIMEOUT,
     REPLICA_SILENCE_TIMEOUT, REPLICA_WATCHDOG_INTERVAL,
 };
-use crate::frame_io::{read_frame, write_frame, FrameIoError};
+use crate::frame_io::{read_frame, FrameIoError};
 use crate::outbox::Outbox;
+use crate::tls_conn::{self, ReadSide};
 
 /// Where replies go.
 pub trait ReplySink: Send + Sync + 'static {
@@ -112,23 +113,23 @@ pub struct ReplicaClient {
 }
 
 impl ReplicaClient {
-    /// Connect and say Hello. The caller's sink starts receiving after this returns.
+    /// Connect (over TLS with `tls`, which accepts only the replica's node) and say Hello.
+    /// The caller's sink starts receiving after this returns.
     pub async fn connect(
         addr: &str,
+        tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
         hello: &HelloRequest,
         epoch: u64,
         sink: Arc<dyn ReplySink>,
     ) -> Result<(ReplicaClient, HelloInfo), ConnectError> {
         let replica = hello.replica.as_str();
-        let fut = Self::hello(addr, hello, epoch);
-        let (stream, info) = tokio::time::timeout(REPLICA_CONNECT_TIMEOUT, fut)
+        let fut = Self::hello(addr, tls, hello, epoch);
+        let (rd, out, drain, info) = tokio::time::timeout(REPLICA_CONNECT_TIMEOUT, fut)
             .await
             .map_err(|_| ConnectError::Timeout {
                 replica: replica.into(),
                 addr: addr.into(),
             })??;
-        let (rd, wr) = stream.into_split();
-        let out = Outbox::new(wr);
         let shared = Arc::new(Shared {
             outstanding: Mutex::new(HashMap::new()),
             last_rx: Mutex::new(Instant::now()),
@@ -139,7 +140,7 @@ impl ReplicaClient {
             next_call: std::sync::atomic::AtomicU64::new(CALL_ID_BASE),
         });
         let tasks = vec![
-            tokio::spawn(writer(out.clone(), shared.clone())),
+            tokio::spawn(writer(drain, shared.clone())),
             tokio::spawn(reader(rd, shared.clone())),
             tokio::spawn(watchdog(shared.clone(), out.clone(), epoch)),
         ];
@@ -154,45 +155,73 @@ impl ReplicaClient {
         ))
     }
 
+    /// Connects, says Hello and reads the answer; the outbox's drain task runs from the
+    /// start (a Hello, like any frame, may find the socket full).
     async fn hello(
         addr: &str,
+        tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
         hello: &HelloRequest,
         epoch: u64,
-    ) -> Result<(TcpStream, HelloInfo), ConnectError> {
+    ) -> Result<(ReadSide, Arc<Outbox<OwnedWriteHalf>>, Drain, HelloInfo), ConnectError> {
         let replica = hello.replica.as_str();
         let ctx = |source| ConnectError::Io {
             replica: replica.into(),
             addr: addr.into(),
             source,
         };
-        let mut stream = TcpStream::connect(addr).await.map_err(ctx)?;
+        let stream = TcpStream::connect(addr).await.map_err(ctx)?;
         stream.set_nodelay(true).map_err(ctx)?;
-        let payload = hello.encode();
-        let h = FrameHeader::request(Op::Hello, 0, epoch, 0, 0).with_payload(&payload);
-        write_frame(&mut stream, &h, Some(&payload))
-            .await
-            .map_err(ctx)?;
-        let proto = |source| ConnectError::Protocol {
-            replica: replica.into(),
-            addr: addr.into(),
-            source,
+        let (stream, conn) = match tls {
+            None => (stream, None),
+            Some(cfg) => {
+                let (s, c) = tls_conn::connect(stream, cfg).await.map_err(ctx)?;
+                (s, Some(c))
+            }
         };
-        let (reply, payload) = read_frame(&mut stream).await.map_err(proto)?;
-        if !reply.is_reply() || reply.op != Op::Hello {
-            return Err(proto(FrameIoError::Closed));
-        }
-        if reply.status != Status::Ok {
-            return Err(ConnectError::Refused {
+        let (mut rd, out, _) = tls_conn::split(stream, conn);
+        let drain = tokio::spawn({
+            let out = out.clone();
+            async move { out.drain().await }
+        });
+        let result = async {
+            let payload = Bytes::from(hello.encode());
+            let h = FrameHeader::request(Op::Hello, 0, epoch, 0, 0).with_payload(&payload);
+            push_frame(&out, &h, Some(payload), true).map_err(|_| {
+                ctx(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the connection failed before Hello",
+                ))
+            })?;
+            let proto = |source| ConnectError::Protocol {
                 replica: replica.into(),
                 addr: addr.into(),
-                status: reply.status,
-            });
+                source,
+            };
+            let (reply, payload) = read_frame(&mut rd).await.map_err(proto)?;
+            if !reply.is_reply() || reply.op != Op::Hello {
+                return Err(proto(FrameIoError::Closed));
+            }
+            if reply.status != Status::Ok {
+                return Err(ConnectError::Refused {
+                    replica: replica.into(),
+                    addr: addr.into(),
+                    status: reply.status,
+                });
+            }
+            payload
+                .as_deref()
+                .and_then(HelloInfo::decode)
+                .ok_or_else(|| proto(FrameIoError::Closed))
         }
-        let info = payload
-            .as_deref()
-            .and_then(HelloInfo::decode)
-            .ok_or_else(|| proto(FrameIoError::Closed))?;
-        Ok((stream, info))
+        .await;
+        match result {
+            Ok(info) => Ok((rd, out, drain, info)),
+            Err(e) => {
+                out.close();
+                let _ = drain.await;
+                Err(e)
+            }
+        }
     }
 
     /// Queue a request. If the connection is already gone the request fails at once (the
@@ -319,14 +348,17 @@ fn push_frame(
     out.push(std::iter::once(header).chain(payload), now)
 }
 
-/// Finishes the writes the socket could not take at once; ends the connection when a write
-/// fails.
-async fn writer(out: Arc<Outbox<OwnedWriteHalf>>, shared: Arc<Shared>) {
-    out.drain().await;
+/// The outbox's drain task: it finishes the writes the socket could not take at once and
+/// ends when a write fails (or the outbox is closed).
+type Drain = tokio::task::JoinHandle<()>;
+
+/// Ends the connection when the drain task ends.
+async fn writer(drain: Drain, shared: Arc<Shared>) {
+    let _ = drain.await;
     shared.close();
 }
 
-async fn reader(mut rd: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
+async fn reader(mut rd: ReadSide, shared: Arc<Shared>) {
     loop {
         let (h, payload) = match read_frame(&mut rd).await {
             Ok(f) => f,

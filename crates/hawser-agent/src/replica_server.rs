@@ -45,6 +45,8 @@ use crate::grants::{self, Expected};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
 use crate::outbox::Outbox;
+use crate::tls_conn;
+use hawser_tls::Peer;
 
 type Reply = (FrameHeader, Option<Bytes>);
 
@@ -110,9 +112,14 @@ pub use hawser_storage::node_boot_id as boot_id;
 /// [`REPLICA_PAYLOAD_TIMEOUT`]; and payloads held at once, over all connections, stay within
 /// [`REPLICA_SERVER_MEMORY_BUDGET`]. A session's connection may stay idle: an idle engine
 /// does not ping, and only an engine the controller granted an epoch gets that far.
+///
+/// With `tls`, every connection starts with a TLS handshake (within the Hello timeout) in
+/// which the client presents a node certificate of the cluster, and a session opens only for
+/// a grant naming that node as the engine's.
 pub async fn serve(
     listener: TcpListener,
     storage: Arc<NodeStorage>,
+    tls: Option<Arc<hawser_tls::rustls::ServerConfig>>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let conns = ConnLimits::new(REPLICA_SERVER_MAX_CONNS, REPLICA_SERVER_MAX_CONNS_PER_PEER);
@@ -148,10 +155,30 @@ pub async fn serve(
         let storage = storage.clone();
         let sessions = sessions.clone();
         let budget = budget.clone();
+        let tls = tls.clone();
         let span = tracing::info_span!("replica_conn", %peer);
         tokio::spawn(
             async move {
-                match serve_conn(stream, storage, &sessions, boot, greeting, budget).await {
+                let conn = match tls {
+                    None => Ok((stream, None)),
+                    Some(cfg) => {
+                        let shake = tls_conn::accept(stream, cfg);
+                        match tokio::time::timeout(REPLICA_HELLO_TIMEOUT, shake).await {
+                            Ok(Ok((s, c))) => Ok((s, Some(c))),
+                            Ok(Err(e)) => Err(e.to_string()),
+                            Err(_) => Err("no TLS handshake in time".to_string()),
+                        }
+                    }
+                };
+                let (stream, conn) = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Anyone can cause this: debug, not warn.
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        return;
+                    }
+                };
+                match serve_conn(stream, conn, storage, &sessions, boot, greeting, budget).await {
                     Ok(()) | Err(FrameIoError::Closed) => tracing::debug!("closed"),
                     Err(e) => tracing::warn!(error = %e, "replica connection dropped"),
                 }
@@ -164,14 +191,26 @@ pub async fn serve(
 
 async fn serve_conn(
     stream: TcpStream,
+    tls: Option<hawser_tls::rustls::Connection>,
     storage: Arc<NodeStorage>,
     sessions: &Sessions,
     boot: u64,
     greeting: ConnPermit,
     budget: Arc<Semaphore>,
 ) -> Result<(), FrameIoError> {
-    let (mut rd, wr) = stream.into_split();
-    let out = Outbox::new(wr);
+    let (mut rd, out, sealer) = tls_conn::split(stream, tls);
+    // Over TLS, the node the client's certificate names: only its engines get sessions.
+    let client = match &sealer {
+        None => None,
+        Some(s) => match s.peer() {
+            Some(Peer::Node(n)) => Some(n),
+            _ => {
+                tracing::debug!("a replica client whose certificate names no node");
+                out.close();
+                return Err(FrameIoError::Closed);
+            }
+        },
+    };
     let writer = tokio::spawn({
         let out = out.clone();
         async move { out.drain().await }
@@ -179,7 +218,7 @@ async fn serve_conn(
     let result = async {
         // Before a session, failures are a peer's business, logged at debug: anyone who
         // reaches the port can cause them, and must not be able to flood the logs.
-        let (replica, session) = hello(&mut rd, &storage, sessions, boot, &out)
+        let (replica, session) = hello(&mut rd, &storage, sessions, boot, &out, client.as_deref())
             .await
             .map_err(|e| {
                 tracing::debug!(error = %e, "no session opened");
@@ -235,6 +274,7 @@ async fn hello(
     sessions: &Sessions,
     boot: u64,
     out: &Replies,
+    client: Option<&str>,
 ) -> Result<(Arc<Replica>, Session), FrameIoError> {
     let (h, req) = read_hello(rd, out).await?;
     let id = req.replica.as_str();
@@ -253,7 +293,7 @@ async fn hello(
             cluster: &cluster,
             volume: volume.as_deref().unwrap_or(""),
             epoch: h.epoch,
-            node: None,
+            node: client,
         };
         if let Err(e) = grants::check(key, req.grant.as_deref(), &want) {
             tracing::debug!(replica = id, epoch = h.epoch, error = %e, "Hello refused");

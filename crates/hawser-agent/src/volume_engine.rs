@@ -49,6 +49,8 @@ enum Handle {
     Local(Arc<Replica>),
     Remote {
         addr: String,
+        /// TLS to the replica's node (clusters with TLS).
+        tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
         client: Mutex<Option<Arc<ReplicaClient>>>,
         /// Generation of the current connection: a late `on_lost` of an older one is ignored.
         gen: AtomicU64,
@@ -166,8 +168,13 @@ impl VolumeEngine {
                 }
                 handles.push(Handle::Local(replica));
             } else {
+                let tls = match &controller_auth.node {
+                    Some(n) => Some(n.replica_client(&r.node)?),
+                    None => None,
+                };
                 handles.push(Handle::Remote {
                     addr: r.replica_addr.clone(),
+                    tls,
                     client: Mutex::new(None),
                     gen: AtomicU64::new(0),
                     boot: Mutex::new(None),
@@ -407,7 +414,11 @@ impl VolumeEngine {
     /// Open a new session with remote replica `idx` (Hello) and install it.
     async fn connect_remote(&self, idx: ReplicaIdx) -> Result<(), ConnectError> {
         let Handle::Remote {
-            addr, gen, boot, ..
+            addr,
+            tls,
+            gen,
+            boot,
+            ..
         } = &self.handles[usize::from(idx.0)]
         else {
             return Ok(());
@@ -423,7 +434,8 @@ impl VolumeEngine {
             replica: id.clone(),
             grant: self.grant.clone(),
         };
-        let (client, info) = ReplicaClient::connect(addr, &hello, self.epoch, sink).await?;
+        let (client, info) =
+            ReplicaClient::connect(addr, tls.clone(), &hello, self.epoch, sink).await?;
         *boot.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.boot_id);
         self.set_client(idx, Some(Arc::new(client)));
         Ok(())

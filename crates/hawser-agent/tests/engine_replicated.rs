@@ -39,7 +39,7 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
         .await
         .expect("bind replica");
     let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica_server::serve(rl, b.clone(), stop_rx.clone()));
+    tokio::spawn(replica_server::serve(rl, b.clone(), None, stop_rx.clone()));
 
     let req = StartEngine {
         volume: "vol".into(),

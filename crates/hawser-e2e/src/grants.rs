@@ -29,11 +29,7 @@ impl Cluster {
                 .value
             }
             None => {
-                let path = self.dir.path().join("controller").join("store.json");
-                EmbeddedStore::read_file(&path)
-                    .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-                    .remove(CLUSTER_KEY)
-                    .expect("a cluster record in the embedded store")
+                return embedded_cluster_record(&self.dir.path().join("controller"));
             }
         };
         serde_json::from_slice(&bytes).expect("cluster record JSON")
@@ -41,21 +37,7 @@ impl Cluster {
 
     /// A grant for an engine of `volume` on `node` at `epoch`, signed with the cluster's key.
     pub fn grant(&self, volume: &str, node: &str, epoch: u64) -> Vec<u8> {
-        let record = self.cluster_record();
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let pkcs8 = b64
-            .decode(record["grant_key"].as_str().expect("a grant key"))
-            .expect("base64 grant key");
-        let key = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).expect("Ed25519 key");
-        let grant = Grant {
-            cluster: record["id"].as_str().expect("a cluster id").into(),
-            volume: volume.into(),
-            node: node.into(),
-            epoch,
-        };
-        let mut signed = grant.body().expect("grant body");
-        signed.extend_from_slice(key.sign(&signed).as_ref());
-        signed
+        sign_grant(&self.cluster_record(), volume, node, epoch)
     }
 
     /// The payload of a Hello to `replica` carrying [`Cluster::grant`].
@@ -66,4 +48,32 @@ impl Cluster {
         }
         .encode()
     }
+}
+
+/// The cluster record of the embedded store of the controller whose data dir is `dir`.
+pub fn embedded_cluster_record(dir: &std::path::Path) -> serde_json::Value {
+    let path = dir.join("store.json");
+    let bytes = EmbeddedStore::read_file(&path)
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+        .remove(CLUSTER_KEY)
+        .expect("a cluster record in the embedded store");
+    serde_json::from_slice(&bytes).expect("cluster record JSON")
+}
+
+/// A grant signed with the key in the cluster record `record`.
+pub fn sign_grant(record: &serde_json::Value, volume: &str, node: &str, epoch: u64) -> Vec<u8> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let pkcs8 = b64
+        .decode(record["grant_key"].as_str().expect("a grant key"))
+        .expect("base64 grant key");
+    let key = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).expect("Ed25519 key");
+    let grant = Grant {
+        cluster: record["id"].as_str().expect("a cluster id").into(),
+        volume: volume.into(),
+        node: node.into(),
+        epoch,
+    };
+    let mut signed = grant.body().expect("grant body");
+    signed.extend_from_slice(key.sign(&signed).as_ref());
+    signed
 }

@@ -259,8 +259,12 @@ fn garbage_and_slowloris_on_every_listener_leave_every_process_serving() {
             "{name} grew from {before} KiB to {after} KiB"
         );
     }
-    // Still serving, with the data intact.
+    // Still serving, with the data intact. The garbage includes Hellos with valid grants at
+    // the volume's epoch before the detach: one that lands before the detach opens a session
+    // that replaces the engine's (as an engine's reconnect would), so the replica may be
+    // outdated and resynced by the next engine; it must be back in sync, not stuck.
     qemu_io(&uri, &["read -P 0x17 0 4M", "read -P 0x18 4M 1M"]);
+    hawser_e2e::wait_volumes_whole(&c, Duration::from_secs(60));
     let v = c.volume("a");
     assert!(
         v.replicas

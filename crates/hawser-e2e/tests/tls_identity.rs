@@ -1,9 +1,9 @@
-//! "Secure by default", acceptance a (the HTTP half; the replica port's sessions are bound to
-//! the controller's signed grants, `epoch_grants`): a controller started with `--tls` is the
-//! cluster's CA; agents join with a join token and from then on every call between the
-//! processes is mutual TLS. A client without a certificate, with another node's, or with one
-//! of another CA cannot call the controller's agent routes or an agent's admin API; no
-//! replica changes; certificates renew while the volume serves I/O.
+//! "Secure by default", acceptance a: a controller started with `--tls` is the cluster's CA;
+//! agents join with a join token and from then on every link between the processes is mutual
+//! TLS (REST, admin API, replica port). A client without a certificate, with another node's,
+//! or with one of another CA cannot call the controller's agent routes or an agent's admin
+//! API, nor open a replica session (even with a valid grant for another node); no replica
+//! changes; certificates renew while the volume serves I/O.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -12,8 +12,12 @@ use std::time::Duration;
 
 use hawser_e2e::cluster::{free_port, hawser_bin};
 use hawser_e2e::{have, qemu_io, wait_until, TempDir, TokenFiles};
+use hawser_tls::rustls;
 use hawser_tls::{CertSlot, Credentials, Peer};
+use hawser_wire::frame::{FrameHeader, Op, Status, HEADER_LEN};
+use hawser_wire::grant::HelloRequest;
 use serde_json::{json, Value};
+use std::io::{Read, Write};
 
 struct Proc(Child);
 
@@ -81,6 +85,59 @@ fn call(
     let status = resp.status().as_u16();
     let text = resp.text().unwrap_or_default();
     Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+}
+
+/// The replica address node `node` registered.
+fn replica_port(c: &TlsCluster, node: &str) -> String {
+    let n = c.admin_call(reqwest::Method::GET, &format!("/v1/nodes/{node}"), None);
+    n["replica_addr"]
+        .as_str()
+        .expect("replica_addr")
+        .to_string()
+}
+
+fn hello_frame(epoch: u64, payload: &[u8]) -> Vec<u8> {
+    let h = FrameHeader::request(Op::Hello, 1, epoch, 0, 0).with_payload(payload);
+    let mut f = h.encode().to_vec();
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A Hello in plaintext: the status of the answer, if any came.
+fn plain_hello(addr: &str, epoch: u64, payload: &[u8]) -> Option<Status> {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let _ = s.write_all(&hello_frame(epoch, payload));
+    let mut reply = [0u8; HEADER_LEN];
+    s.read_exact(&mut reply).ok()?;
+    FrameHeader::decode(&reply).ok().map(|h| h.status)
+}
+
+/// A Hello over TLS with `creds`: the status of the answer, or why none came.
+fn tls_hello(
+    addr: &str,
+    ca_pem: &str,
+    creds: &Credentials,
+    epoch: u64,
+    payload: &[u8],
+) -> Result<Status, String> {
+    let slot = CertSlot::new(creds).expect("credentials");
+    let config = hawser_tls::client_config(ca_pem, Peer::Node("n2".into()), Some(slot))
+        .expect("client config");
+    let name = rustls::pki_types::ServerName::try_from("replica").expect("name");
+    let conn = rustls::ClientConnection::new(config, name).expect("client connection");
+    let tcp = std::net::TcpStream::connect(addr).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(&hello_frame(epoch, payload))
+        .map_err(|e| e.to_string())?;
+    let mut reply = [0u8; HEADER_LEN];
+    tls.read_exact(&mut reply).map_err(|e| e.to_string())?;
+    FrameHeader::decode(&reply)
+        .map(|h| h.status)
+        .map_err(|e| e.to_string())
 }
 
 struct TlsCluster {
@@ -367,6 +424,31 @@ fn only_the_clusters_certificates_open_the_apis_and_nothing_changes_otherwise() 
         None
     )
     .is_err());
+
+    // The replica port: plaintext, another CA's certificate, or node n1's grant presented
+    // with node n2's certificate: no session.
+    let replica_addr = replica_port(&c, "n2");
+    let epoch = before["epoch"].as_u64().expect("epoch");
+    let record = hawser_e2e::grants::embedded_cluster_record(&c.dir.path().join("controller"));
+    let hello = HelloRequest {
+        replica: replica.clone(),
+        grant: Some(hawser_e2e::grants::sign_grant(&record, "t", "n1", epoch)),
+    }
+    .encode();
+    assert_eq!(
+        plain_hello(&replica_addr, epoch, &hello),
+        None,
+        "plaintext Hello answered"
+    );
+    assert!(
+        tls_hello(&replica_addr, &c.ca_pem, &foreign, epoch, &hello).is_err(),
+        "a certificate of another CA was accepted"
+    );
+    assert_eq!(
+        tls_hello(&replica_addr, &c.ca_pem, &n2_creds, epoch, &hello),
+        Ok(Status::Denied),
+        "n1's grant with n2's certificate"
+    );
 
     // Nothing changed: the same replicas, in sync, same epoch; the data reads back.
     let after = c.admin_call(reqwest::Method::GET, "/v1/volumes/t", None);
