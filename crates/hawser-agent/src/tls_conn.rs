@@ -148,6 +148,11 @@ impl AsyncRead for TlsRead {
                     let mut rd = &this.buf[this.start..this.end];
                     let n = c.read_tls(&mut rd)?;
                     this.start += n;
+                } else {
+                    // Past the handshake rustls stops reading only with plaintext to give
+                    // (read above) or after close_notify (an end, above): anything else
+                    // would spin here.
+                    return Poll::Ready(Err(io::Error::other("TLS connection stalled")));
                 }
                 c.process_new_packets()
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;

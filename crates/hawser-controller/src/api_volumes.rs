@@ -167,6 +167,8 @@ async fn engine_node_only(
         .and_then(|v| v.attached_node);
     match attached {
         Some(node) => principal.may_act_as(&node),
-        None => principal.may_act_as(""),
+        None => Err(ControllerError::ForbiddenFor {
+            reason: format!("volume {volume:?} is not attached: no engine reports on it"),
+        }),
     }
 }

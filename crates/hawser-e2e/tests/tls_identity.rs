@@ -538,4 +538,27 @@ fn certificates_renew_while_the_volume_serves() {
     );
     let out = qemu_io(&uri, &["read -P 0x32 0 1M"]);
     assert!(!out.contains("Pattern verification failed"), "{out}");
+
+    // The engine's report to the controller goes over TLS too: with n2 gone, a write is
+    // acknowledged only after the engine has outdated n2's replica through the controller.
+    let n2 = c._procs.len() - 1;
+    // SAFETY: plain libc call on a child this test started.
+    unsafe {
+        libc::kill(c._procs[n2].0.id() as i32, libc::SIGKILL);
+    }
+    qemu_io(&uri, &["write -P 0x40 0 1M", "flush"]);
+    let v = c.admin_call(reqwest::Method::GET, "/v1/volumes/r", None);
+    let states: Vec<(Value, Value)> = v["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .map(|r| (r["node"].clone(), r["state"].clone()))
+        .collect();
+    assert!(
+        states.contains(&(json!("n1"), json!("in_sync")))
+            && states.contains(&(json!("n2"), json!("outdated"))),
+        "{v}"
+    );
+    let out = qemu_io(&uri, &["read -P 0x40 0 1M"]);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
 }
