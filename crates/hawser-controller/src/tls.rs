@@ -11,7 +11,7 @@
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -45,8 +45,6 @@ pub struct ControllerTls {
     slot: Arc<CertSlot>,
     server: Arc<hawser_tls::rustls::ServerConfig>,
     lifetime: Duration,
-    /// Client configurations for calling each node's admin API (each accepts that node only).
-    to_nodes: Mutex<std::collections::HashMap<String, Arc<hawser_tls::rustls::ClientConfig>>>,
 }
 
 impl ControllerTls {
@@ -95,7 +93,6 @@ impl ControllerTls {
             slot,
             server,
             lifetime,
-            to_nodes: Default::default(),
         })
     }
 
@@ -104,19 +101,13 @@ impl ControllerTls {
     }
 
     /// A client configuration that presents this controller's certificate and accepts only
-    /// `node`'s agent.
+    /// `node`'s agent (`AgentClient` keeps one HTTP client per node built from it).
     pub fn client_for(&self, node: &str) -> anyhow::Result<Arc<hawser_tls::rustls::ClientConfig>> {
-        let mut map = self.to_nodes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = map.get(node) {
-            return Ok(c.clone());
-        }
-        let c = hawser_tls::client_config(
+        hawser_tls::client_config(
             self.ca.cert_pem(),
             Peer::Node(node.into()),
             Some(self.slot.clone()),
-        )?;
-        map.insert(node.into(), c.clone());
-        Ok(c)
+        )
     }
 
     /// Renews this controller's certificate at two thirds of its life, forever.

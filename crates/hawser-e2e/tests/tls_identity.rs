@@ -146,7 +146,7 @@ struct TlsCluster {
     ca_pem: String,
     admin: String,
     agents: Vec<(String, PathBuf, String)>, // (node, data dir, admin addr)
-    _procs: Vec<Proc>,
+    procs: Vec<Proc>,
 }
 
 impl TlsCluster {
@@ -214,7 +214,7 @@ fn start(name: &str, nodes: usize, cert_lifetime_secs: u64) -> TlsCluster {
         ca_pem,
         admin,
         agents: vec![],
-        _procs: vec![],
+        procs: vec![],
     };
     wait_until(
         "the controller to answer over TLS",
@@ -263,7 +263,7 @@ fn start(name: &str, nodes: usize, cert_lifetime_secs: u64) -> TlsCluster {
         v.as_array()
             .is_some_and(|a| a.len() == nodes && a.iter().all(|n| n["state"] == json!("online")))
     });
-    c._procs = procs;
+    c.procs = procs;
     c
 }
 
@@ -541,10 +541,10 @@ fn certificates_renew_while_the_volume_serves() {
 
     // The engine's report to the controller goes over TLS too: with n2 gone, a write is
     // acknowledged only after the engine has outdated n2's replica through the controller.
-    let n2 = c._procs.len() - 1;
+    let n2 = c.procs.len() - 1;
     // SAFETY: plain libc call on a child this test started.
     unsafe {
-        libc::kill(c._procs[n2].0.id() as i32, libc::SIGKILL);
+        libc::kill(c.procs[n2].0.id() as i32, libc::SIGKILL);
     }
     qemu_io(&uri, &["write -P 0x40 0 1M", "flush"]);
     let v = c.admin_call(reqwest::Method::GET, "/v1/volumes/r", None);
