@@ -150,8 +150,9 @@ pub async fn mark_in_sync(
     Ok(Json(view(&st, &rec).await?))
 }
 
-/// A node reports on a volume's replicas only while the volume is attached to it (its
-/// engine runs there); the epoch in the report binds it to that engine.
+/// A node reports on a volume's replicas only while the volume's engine runs there: the
+/// volume is attached to it, or (detached) the controller runs a sync engine there for new
+/// replicas; the epoch in the report binds it to that engine.
 async fn engine_node_only(
     st: &AppState,
     principal: &Principal,
@@ -160,15 +161,15 @@ async fn engine_node_only(
     if !matches!(principal, Principal::Node(_)) {
         return Ok(());
     }
-    let attached = st
+    let engine_node = st
         .records
         .volume(volume)
         .await?
-        .and_then(|v| v.attached_node);
-    match attached {
+        .and_then(|v| v.attached_node.or(v.sync_node));
+    match engine_node {
         Some(node) => principal.may_act_as(&node),
         None => Err(ControllerError::ForbiddenFor {
-            reason: format!("volume {volume:?} is not attached: no engine reports on it"),
+            reason: format!("volume {volume:?} has no engine: nothing reports on it"),
         }),
     }
 }
