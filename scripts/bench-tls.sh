@@ -4,7 +4,7 @@
 #
 #   scripts/bench-tls.sh [rounds] [seconds]      (default 2 rounds of 15 s per job)
 #
-# Each round starts a controller (plaintext, then --tls) and two agents on loopback, creates
+# Each round starts a controller (plaintext with --insecure, then TLS, the default) and two agents on loopback, creates
 # and attaches a 1 GiB volume with 2 replicas, and runs fio's nbd engine against it:
 # randwrite with an fsync after every write, then randread (served by the local replica).
 # Needs fio with the nbd engine (make deps) and target/release/hawser (make build).
@@ -25,7 +25,8 @@ one() { # mode round
     local mode=$1 d="$BASE/$1-$2" port=$((29400 + RANDOM % 500)) scheme=http cli auth
     mkdir -p "$d"
     local tls=()
-    [ "$mode" = tls ] && tls=(--tls) && scheme=https
+    [ "$mode" = tls ] && scheme=https
+    [ "$mode" = plain ] && tls=(--insecure)
     "$B" controller "${tls[@]}" --listen 127.0.0.1:$port --data-dir "$d/c" \
         --admin-token-file "$d/admin.token" --agent-token-file "$d/agent.token" 2>"$d/c.log" &
     PIDS+=($!)
@@ -36,7 +37,7 @@ one() { # mode round
         "${cli[@]}" cluster join-token --uses 2 >"$d/join.token"
         auth=(--join-token-file "$d/join.token")
     else
-        auth=(--token-file "$d/agent.token")
+        auth=(--insecure --token-file "$d/agent.token")
     fi
     for n in 1 2; do
         "$B" agent --node n$n --controller "$scheme://127.0.0.1:$port" "${auth[@]}" \

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 HAWSER="$PWD/target/release/hawser"
 DEMO="$PWD/.demo"
-export HAWSER_CONTROLLER="http://127.0.0.1:9400"
+export HAWSER_CONTROLLER="https://127.0.0.1:9400"
 pids=()
 
 cleanup() {
@@ -34,13 +34,19 @@ mkdir -p "$DEMO/logs"
 setsid "$HAWSER" controller --listen 127.0.0.1:9400 --data-dir "$DEMO/controller" \
   >"$DEMO/logs/controller.log" 2>&1 &
 pids+=($!)
-# Cluster init: the controller writes the API tokens to its data dir (mode 0600) at first start.
-for _ in $(seq 1 100); do [ -s "$DEMO/controller/agent.token" ] && break; sleep 0.1; done
-[ -s "$DEMO/controller/agent.token" ] || { echo "the controller wrote no tokens; see its log" >&2; exit 1; }
+# Cluster init: at its first start the controller makes the cluster CA (ca.pem, ca.key) and
+# the API tokens in its data dir (keys and tokens mode 0600); it serves mutual TLS only.
 export HAWSER_TOKEN_FILE="$DEMO/controller/admin.token"
+export HAWSER_CA_FILE="$DEMO/controller/ca.pem"
+for _ in $(seq 1 100); do "$HAWSER" node list >/dev/null 2>&1 && break; sleep 0.1; done
+"$HAWSER" node list >/dev/null || { echo "the controller does not answer; see $DEMO/logs/controller.log" >&2; exit 1; }
+# Each node joins once with a join token (one-time by default; here one for all three) and
+# keeps its own certificate in <data-dir>/tls/; a restarted demo needs none.
+"$HAWSER" cluster join-token --uses 3 --ttl-secs 600 >"$DEMO/join.token"
+chmod 600 "$DEMO/join.token"
 for i in 1 2 3; do
   setsid "$HAWSER" agent --node "n$i" --data-dir "$DEMO/n$i" \
-    --token-file "$DEMO/controller/agent.token" \
+    --join-token-file "$DEMO/join.token" \
     --admin-listen "127.0.0.1:950$i" --replica-listen "127.0.0.1:960$i" \
     --nbd-listen "127.0.0.1:$((10808 + i))" >"$DEMO/logs/n$i.log" 2>&1 &
   pids+=($!)
@@ -72,11 +78,14 @@ Try it (in another terminal):
     nbdinfo $uri
     fio --name=try --ioengine=nbd --uri=$uri --rw=randwrite --bs=4k --size=256M \\
         --iodepth=32 --verify=crc32c
-    $HAWSER volume list        # with HAWSER_CONTROLLER=$HAWSER_CONTROLLER
-                               # and HAWSER_TOKEN_FILE=$HAWSER_TOKEN_FILE
+    $HAWSER volume list        # with HAWSER_CONTROLLER=$HAWSER_CONTROLLER,
+                               # HAWSER_TOKEN_FILE=$HAWSER_TOKEN_FILE
+                               # and HAWSER_CA_FILE=$HAWSER_CA_FILE
 
-Every API request needs a token, created at cluster init: the admin token (CLI) is
-$DEMO/controller/admin.token, the agents' token $DEMO/controller/agent.token.
+The processes talk mutual TLS with certificates of the cluster's CA, made at cluster init
+($DEMO/controller/ca.pem; its key beside it): each agent holds its own node certificate
+in its data dir. The CLI sends the admin token ($DEMO/controller/admin.token) and trusts
+only that CA. NBD is served on loopback only.
 
 Logs: $DEMO/logs/. Press Ctrl-C to stop the cluster.
 MSG

@@ -56,8 +56,10 @@ pub struct AgentArgs {
     /// agent's user) may connect.
     #[arg(long)]
     pub nbd_socket: Option<PathBuf>,
-    /// Serve what is refused by default because nothing authenticates it on the network:
-    /// NBD on a non-loopback address. Logged as a warning at every start.
+    /// Allow what is refused by default because nothing authenticates it on the network: a
+    /// plaintext controller (an `http://` URL, a controller run with `--insecure`; the
+    /// admin API is then plaintext too, guarded by the shared agent token) and NBD on a
+    /// non-loopback address. Logged as a warning at every start.
     #[arg(long)]
     pub insecure: bool,
     /// How long a replica moved to a pool's trash (an orphan, by the controller's word) is
@@ -65,14 +67,19 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = 86_400)]
     pub trash_keep_secs: u64,
     /// The cluster's agent token (the controller writes it to `<its data-dir>/agent.token`
-    /// at cluster init), for a controller without TLS (an `http://` URL). Sent on every
-    /// call to the controller; the admin API requires it.
+    /// at cluster init). With an `--insecure` controller (`http://`) it is sent on every
+    /// call and the admin API requires it; with TLS it serves only to join (with --ca-file).
     #[arg(long, env = "HAWSER_AGENT_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// A join token (`hawser cluster join-token`), for a controller with TLS (an `https://`
-    /// URL): used once, when the node has no certificate yet (`<data-dir>/tls/`).
+    /// URL): used once, when the node has no certificate yet (`<data-dir>/tls/`). Without
+    /// one, a node joins with the agent token (--token-file) and the CA (--ca-file).
     #[arg(long, env = "HAWSER_JOIN_TOKEN_FILE", value_name = "PATH")]
     pub join_token_file: Option<PathBuf>,
+    /// The cluster CA's certificate, for joining with the agent token rather than a join
+    /// token: the global `--ca-file` (`hawser --ca-file PATH agent ...`, or HAWSER_CA_FILE).
+    #[arg(skip)]
+    pub ca_file: Option<PathBuf>,
     /// Resync copy rate of each volume engine, bytes per second ("200MiB", "1GiB/s"); 0 means
     /// unlimited. Bounds how much of the disks and network a resync takes from client I/O.
     #[arg(long, env = "HAWSER_RESYNC_RATE", default_value_t = DEFAULT_RESYNC_RATE,
@@ -157,13 +164,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .split(',')
         .any(|u| u.trim().starts_with("https://"));
     let (token, node_tls, link) = if tls_cluster {
-        let t = NodeTls::load_or_join(
-            &args.data_dir,
-            &args.node,
-            &args.controller,
-            args.join_token_file.as_deref(),
-        )
-        .await?;
+        let with = crate::node_tls::JoinWith {
+            join_token_file: args.join_token_file.as_deref(),
+            agent_token_file: args.token_file.as_deref(),
+            ca_file: args.ca_file.as_deref(),
+        };
+        let t = NodeTls::load_or_join(&args.data_dir, &args.node, &args.controller, &with).await?;
         let t = Arc::new(t);
         let link = LinkAuth {
             token: None,
@@ -172,6 +178,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         };
         (None, Some(t), link)
     } else {
+        if !args.insecure {
+            anyhow::bail!(
+                "--controller {}: a plaintext (http://) controller is refused without \
+                 --insecure; use the controller's https:// URL with a join token \
+                 (--join-token-file), or pass --insecure to run without TLS",
+                args.controller
+            );
+        }
         let path = args
             .token_file
             .as_deref()
@@ -180,8 +194,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .context("read the agent token (--token-file)")?
             .into();
         tracing::warn!(
-            "INSECURE: the controller link and the admin API are plaintext (http:// \
-             controller URL); use a TLS controller (https://) on any network you do not trust"
+            "INSECURE (--insecure): the controller link, the admin API and the replica port \
+             are plaintext (http:// controller URL); use a TLS controller (https://) on any \
+             network you do not trust entirely"
         );
         let link = LinkAuth {
             token: Some(token.clone()),

@@ -30,14 +30,65 @@ pub struct NodeTls {
     to_nodes: std::sync::Mutex<std::collections::HashMap<String, Arc<ClientConfig>>>,
 }
 
+/// What a node without a certificate joins with.
+pub struct JoinWith<'a> {
+    /// A join token (`hawser cluster join-token`): the CA is known by its fingerprint.
+    pub join_token_file: Option<&'a Path>,
+    /// Else the cluster's agent token with the CA's certificate (the Helm chart's way:
+    /// every node gets the same Secret).
+    pub agent_token_file: Option<&'a Path>,
+    pub ca_file: Option<&'a Path>,
+}
+
+/// A joining node's credential and how it knows the controller's CA.
+struct Bootstrap {
+    token: String,
+    ca: KnownCa,
+}
+
+enum KnownCa {
+    Fingerprint([u8; 32]),
+    Pem(String),
+}
+
+impl JoinWith<'_> {
+    fn bootstrap(&self) -> anyhow::Result<Bootstrap> {
+        let read = |p: &Path, what: &str| {
+            std::fs::read_to_string(p).with_context(|| format!("read the {what} {}", p.display()))
+        };
+        if let Some(path) = self.join_token_file {
+            let text = read(path, "join token")?;
+            let token = JoinToken::parse(&text).with_context(|| {
+                format!("{} does not hold a join token (hjt1.…)", path.display())
+            })?;
+            return Ok(Bootstrap {
+                token: token.to_string(),
+                ca: KnownCa::Fingerprint(token.ca_sha256),
+            });
+        }
+        match (self.agent_token_file, self.ca_file) {
+            (Some(token), Some(ca)) => Ok(Bootstrap {
+                token: hawser_api::auth::read_token_file(token)
+                    .with_context(|| format!("read the agent token {}", token.display()))?,
+                ca: KnownCa::Pem(read(ca, "cluster CA")?),
+            }),
+            _ => anyhow::bail!(
+                "this node has no certificate yet: give it a join token (--join-token-file; \
+                 `hawser cluster join-token` makes one), or the agent token and the cluster's \
+                 CA (--token-file and --ca-file)"
+            ),
+        }
+    }
+}
+
 impl NodeTls {
     /// The node's certificate from `<data_dir>/tls`, or a new one got by joining through
-    /// `controllers` (comma-separated URLs) with the token in `join_token_file`.
+    /// `controllers` (comma-separated URLs) with what `with` names.
     pub async fn load_or_join(
         data_dir: &Path,
         node: &str,
         controllers: &str,
-        join_token_file: Option<&Path>,
+        with: &JoinWith<'_>,
     ) -> anyhow::Result<NodeTls> {
         let dir = data_dir.join("tls");
         let files = [KEY_FILE, CERT_FILE, CA_FILE].map(|f| dir.join(f));
@@ -59,16 +110,7 @@ impl NodeTls {
                 to_nodes: Default::default(),
             }
         } else {
-            let path = join_token_file.context(
-                "this node has no certificate yet: give it a join token (--join-token-file; \
-                 `hawser cluster join-token` makes one)",
-            )?;
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("read the join token {}", path.display()))?;
-            let token = JoinToken::parse(&text).with_context(|| {
-                format!("{} does not hold a join token (hjt1.…)", path.display())
-            })?;
-            join(&dir, node, controllers, &token).await?
+            join(&dir, node, controllers, &with.bootstrap()?).await?
         };
         anyhow::ensure!(
             tls.slot.peer() == Peer::Node(node.into()),
@@ -154,25 +196,34 @@ async fn join(
     dir: &Path,
     node: &str,
     controllers: &str,
-    token: &JoinToken,
+    with: &Bootstrap,
 ) -> anyhow::Result<NodeTls> {
     let (key_pem, spki) = hawser_tls::new_key()?;
     let body = JoinNode {
         node: node.into(),
-        token: token.to_string(),
+        token: with.token.clone(),
         public_key: b64(&spki),
     };
-    let config = hawser_tls::pinned_client_config(token.ca_sha256)?;
+    let first_der = |pem: &str| -> anyhow::Result<Vec<u8>> {
+        Ok(hawser_tls::certs_from_pem(pem)?
+            .into_iter()
+            .next()
+            .context("no certificate in the CA's PEM")?
+            .to_vec())
+    };
+    let (config, ca_sha256) = match &with.ca {
+        KnownCa::Fingerprint(f) => (hawser_tls::pinned_client_config(*f)?, *f),
+        KnownCa::Pem(pem) => (
+            hawser_tls::client_config(pem, Peer::Controller, None)?,
+            hawser_tls::ca_fingerprint(&first_der(pem)?),
+        ),
+    };
     let cert: NodeCertificate = post_any(controllers, config, "/v1/join", &body)
         .await
         .context("join the cluster")?;
-    let ca_der = hawser_tls::certs_from_pem(&cert.ca_pem)?
-        .into_iter()
-        .next()
-        .context("no CA certificate in the answer")?;
     anyhow::ensure!(
-        hawser_tls::ca_fingerprint(&ca_der) == token.ca_sha256,
-        "the controller sent a CA other than the join token's"
+        hawser_tls::ca_fingerprint(&first_der(&cert.ca_pem)?) == ca_sha256,
+        "the controller sent a CA other than the one this node trusts"
     );
     let creds = Credentials {
         chain_pem: cert.chain_pem,

@@ -19,8 +19,8 @@ pub use size::{format_size, parse_bytes, parse_size, SizeError};
 /// server closes it.
 pub const CLIENT_POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Default controller address (loopback only).
-pub const DEFAULT_CONTROLLER_URL: &str = "http://127.0.0.1:9400";
+/// Default controller address (loopback only; TLS, as a controller serves by default).
+pub const DEFAULT_CONTROLLER_URL: &str = "https://127.0.0.1:9400";
 
 /// Checks a user-chosen name (volume, node, pool): 1-63 characters of `[a-z0-9-]`, starting
 /// with a letter or digit, like a Kubernetes DNS label, so it is safe in paths and URIs.

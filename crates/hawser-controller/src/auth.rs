@@ -139,6 +139,11 @@ impl ClusterTokens {
         }
     }
 
+    /// Whether `token` is the cluster's agent token (a constant-time comparison of digests).
+    pub fn is_agent_token(&self, token: &str) -> bool {
+        auth::digests_equal(&auth::digest(token.trim()), &self.agent)
+    }
+
     pub fn agent_token(&self) -> &str {
         &self.agent_token
     }

@@ -362,4 +362,69 @@ impl Kube {
             .map(|_| ())
             .map_err(|e| failed("create event", e))
     }
+
+    /// The data of Secret `namespace/name` (decoded to text), if it exists.
+    pub async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> KResult<Option<HashMap<String, String>>> {
+        use base64::Engine as _;
+        let path = format!("/api/v1/namespaces/{namespace}/secrets/{name}");
+        let obj = match self.api.get(&path).await {
+            Ok(v) => v,
+            Err(ApiError::NotFound) => return Ok(None),
+            Err(e) => return Err(failed(&format!("read secret {namespace}/{name}"), e)),
+        };
+        let mut out = HashMap::new();
+        if let Some(data) = obj.get("data").and_then(Value::as_object) {
+            for (k, v) in data {
+                let text = v
+                    .as_str()
+                    .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .ok_or_else(|| format!("secret {namespace}/{name}: {k} is not base64 text"))?;
+                out.insert(k.clone(), text);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Creates Secret `namespace/name` holding `data`; `false` if one of that name exists
+    /// already (it is left alone).
+    pub async fn create_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        data: &[(&str, &str)],
+    ) -> KResult<bool> {
+        use base64::Engine as _;
+        let data: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(k, v)| {
+                let b64 = base64::engine::general_purpose::STANDARD.encode(v.as_bytes());
+                ((*k).to_string(), Value::String(b64))
+            })
+            .collect();
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/part-of": "hawser"},
+            },
+            "data": data,
+        });
+        match self
+            .api
+            .post(&format!("/api/v1/namespaces/{namespace}/secrets"), &body)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(ApiError::Conflict) => Ok(false),
+            Err(e) => Err(failed(&format!("create secret {namespace}/{name}"), e)),
+        }
+    }
 }

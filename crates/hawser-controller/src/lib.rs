@@ -73,9 +73,8 @@ pub const STORE_FILE: &str = "store.json";
 /// Arguments of `hawser controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ControllerArgs {
-    /// Address to listen on. Loopback by default; every request needs a cluster token
-    /// (see --admin-token-file), but the API is plain HTTP: put TLS in front of it before
-    /// exposing it.
+    /// Address to listen on (loopback by default). Every request needs a cluster token or
+    /// a node certificate (see --admin-token-file, --insecure).
     #[arg(long, default_value = "127.0.0.1:9400")]
     pub listen: SocketAddr,
     /// Directory for the controller's state (the cluster store file); created if missing.
@@ -127,11 +126,19 @@ pub struct ControllerArgs {
     /// copy [default: <data-dir>/agent.token].
     #[arg(long, value_name = "PATH")]
     pub agent_token_file: Option<PathBuf>,
-    /// Serve the API over mutual TLS as the cluster's certificate authority (CA in
-    /// <data-dir>/ca.pem and ca.key, made at first start): nodes join with a join token
-    /// (`hawser cluster join-token`) and authenticate with their certificate.
+    /// Serve the API in plaintext, without the cluster CA: agents then authenticate with
+    /// the shared agent token (--agent-token-file) and every token crosses the network in
+    /// clear. Only for a network you trust entirely; logged as a warning at every start.
+    /// Without it (the default) the controller is the cluster's certificate authority (CA
+    /// in <data-dir>/ca.pem and ca.key, made at first start), serves mutual TLS, and nodes
+    /// join with a join token (`hawser cluster join-token`).
     #[arg(long)]
-    pub tls: bool,
+    pub insecure: bool,
+    /// Keep the cluster CA in this Secret of the store's namespace (a `k8s://` store only)
+    /// instead of <data-dir>: the first controller makes it, every controller loads it, and
+    /// it outlives pods and `helm uninstall`. The Helm chart sets it.
+    #[arg(long, value_name = "NAME")]
+    pub ca_secret: Option<String>,
     /// How long the certificates the CA issues are valid; holders renew at two thirds.
     #[arg(long, default_value_t = hawser_tls::NODE_CERT_LIFETIME.as_secs(), hide = true)]
     pub cert_lifetime_secs: u64,
@@ -172,6 +179,33 @@ struct OpenedStore {
     store: Arc<dyn Store>,
     shared: bool,
     kube: Option<hawser_store::KubeConfig>,
+    /// The namespace of a `k8s://` store.
+    namespace: Option<String>,
+}
+
+/// The Kubernetes client and namespace for `--ca-secret`: the store's when it is Kubernetes,
+/// else the pod's own (in-cluster credentials, else $KUBECONFIG).
+fn secret_access(
+    kube: Option<Arc<kube::Kube>>,
+    namespace: Option<String>,
+    args: &ControllerArgs,
+) -> anyhow::Result<(Arc<kube::Kube>, String)> {
+    let no_ns = || {
+        anyhow::anyhow!("--ca-secret: no namespace (set one in the kubeconfig, or run in a pod)")
+    };
+    if let Some(k) = kube {
+        return Ok((k, namespace.ok_or_else(no_ns)?));
+    }
+    let target = KubeStoreUrl::parse("k8s://").map_err(|e| anyhow::anyhow!(e))?;
+    let cfg = target
+        .config()
+        .map_err(|e| anyhow::anyhow!("--ca-secret needs access to Kubernetes: {e}"))?;
+    let ns = target
+        .namespace
+        .or(cfg.namespace.clone())
+        .ok_or_else(no_ns)?;
+    let k = kube::Kube::new(&cfg, &args.csi_driver).map_err(|e| anyhow::anyhow!(e))?;
+    Ok((Arc::new(k), ns))
 }
 
 /// Opens the store `args.store` names (default: the file in the data directory).
@@ -186,6 +220,7 @@ async fn open_store(args: &ControllerArgs) -> anyhow::Result<OpenedStore> {
                 store: Arc::new(store),
                 shared: true,
                 kube: None,
+                namespace: None,
             })
         }
         Some(url) if url.starts_with("k8s://") => {
@@ -206,6 +241,7 @@ async fn open_store(args: &ControllerArgs) -> anyhow::Result<OpenedStore> {
             Ok(OpenedStore {
                 store: Arc::new(store),
                 shared: true,
+                namespace: target.namespace.clone().or(cfg.namespace.clone()),
                 kube: Some(cfg),
             })
         }
@@ -220,6 +256,7 @@ async fn open_store(args: &ControllerArgs) -> anyhow::Result<OpenedStore> {
                 store: Arc::new(store),
                 shared: false,
                 kube: None,
+                namespace: None,
             })
         }
     }
@@ -235,6 +272,7 @@ impl Controller {
             store,
             shared,
             kube,
+            namespace,
         } = open_store(&args).await?;
         let kube = match kube {
             Some(cfg) => Some(Arc::new(
@@ -252,17 +290,25 @@ impl Controller {
             _ => None,
         };
         let tokens = ClusterTokens::init(&*store, &args.token_files()).await?;
-        let tls = if args.tls {
+        let tls = if !args.insecure {
             let lifetime = std::time::Duration::from_secs(args.cert_lifetime_secs.max(3));
-            Some(Arc::new(tls::ControllerTls::load_or_create(
-                &args.data_dir,
-                &args.data_dir.display().to_string(),
-                lifetime,
-            )?))
+            let t = match &args.ca_secret {
+                None => tls::ControllerTls::load_or_create(
+                    &args.data_dir,
+                    &args.data_dir.display().to_string(),
+                    lifetime,
+                )?,
+                Some(name) => {
+                    let (k, ns) = secret_access(kube.clone(), namespace.clone(), &args)?;
+                    tls::ControllerTls::from_secret(&k, &ns, name, &args.data_dir, lifetime).await?
+                }
+            };
+            Some(Arc::new(t))
         } else {
             tracing::warn!(
-                "running without TLS (no --tls): the API and the agents' tokens cross the \
-                 network in clear; use only on a trusted network"
+                "INSECURE (--insecure): the API is plaintext HTTP without the cluster CA; \
+                 tokens and volume metadata cross the network in clear and any holder of the \
+                 agent token can act as any node; use only on a network you trust entirely"
             );
             None
         };

@@ -25,7 +25,7 @@ pub struct AppState {
     pub events: crate::events::VolumeEvents,
     /// Nodes refused as of another cluster (`cluster.rs`).
     pub waiting: crate::cluster::Waiting,
-    /// The CA and this controller's certificate; `None` without `--tls`.
+    /// The CA and this controller's certificate; `None` with `--insecure`.
     pub tls: Option<std::sync::Arc<crate::tls::ControllerTls>>,
 }
 

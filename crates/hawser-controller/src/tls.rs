@@ -82,6 +82,72 @@ impl ControllerTls {
                 key_path.display()
             ),
         };
+        Self::with_ca(ca, lifetime)
+    }
+
+    /// Loads the CA from Secret `namespace/name`, making it (and the Secret) if the Secret
+    /// does not exist; controllers starting together agree on the one that was created.
+    /// The CA's certificate (public) is also written to `<data_dir>/ca.pem`, for the
+    /// processes beside this one (the chart's CSI controller in the same pod, which cannot
+    /// mount a Secret that does not exist before this pod starts).
+    pub async fn from_secret(
+        kube: &crate::kube::Kube,
+        namespace: &str,
+        name: &str,
+        data_dir: &Path,
+        lifetime: Duration,
+    ) -> anyhow::Result<ControllerTls> {
+        let tls = Self::load_or_make_secret(kube, namespace, name, lifetime).await?;
+        let path = data_dir.join(CA_CERT_FILE);
+        let tmp = data_dir.join(format!(".{CA_CERT_FILE}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        write_new(&tmp, tls.ca.cert_pem(), 0o644)?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("write {}", path.display()))?;
+        Ok(tls)
+    }
+
+    async fn load_or_make_secret(
+        kube: &crate::kube::Kube,
+        namespace: &str,
+        name: &str,
+        lifetime: Duration,
+    ) -> anyhow::Result<ControllerTls> {
+        let what = format!("the cluster CA in Secret {namespace}/{name}");
+        for _ in 0..3 {
+            if let Some(data) = kube
+                .secret(namespace, name)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?
+            {
+                let (Some(cert), Some(key)) = (data.get(CA_CERT_FILE), data.get(CA_KEY_FILE))
+                else {
+                    anyhow::bail!(
+                        "{what} lacks {CA_CERT_FILE} or {CA_KEY_FILE}: restore it (a new CA \
+                         would lock every node out)"
+                    );
+                };
+                let ca = Ca::from_pem(cert, key).with_context(|| what.clone())?;
+                return Self::with_ca(ca, lifetime);
+            }
+            let ca = Ca::generate(&format!("{namespace}/{name}"))?;
+            let created = kube
+                .create_secret(
+                    namespace,
+                    name,
+                    &[(CA_CERT_FILE, ca.cert_pem()), (CA_KEY_FILE, &ca.key_pem())],
+                )
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?;
+            if created {
+                tracing::info!(secret = %format!("{namespace}/{name}"), "made the cluster's certificate authority");
+                return Self::with_ca(ca, lifetime);
+            }
+            // Another controller made it first: read theirs.
+        }
+        anyhow::bail!("{what}: created and deleted under us; check who deletes it")
+    }
+
+    fn with_ca(ca: Ca, lifetime: Duration) -> anyhow::Result<ControllerTls> {
         let (issued, key_pem) = ca.issue_with_key(&Peer::Controller, lifetime)?;
         let slot = CertSlot::new(&Credentials {
             chain_pem: issued.chain_pem,
@@ -223,7 +289,10 @@ pub async fn create_join_token(
     }))
 }
 
-/// `POST /v1/join`: one use of a join token buys a certificate for the named node.
+/// `POST /v1/join`: one use of a join token buys a certificate for the named node. The
+/// cluster's agent token is also taken, and not used up: it is the standing bootstrap
+/// secret of installations that hand every node the same credentials (the Helm chart's
+/// Secret, as k3s's node token), where the node learns the CA from a file, not the token.
 pub async fn join(
     State(st): State<Arc<AppState>>,
     transport: Option<Extension<Transport>>,
@@ -238,7 +307,14 @@ pub async fn join(
     let refused = || ControllerError::Unauthorized {
         reason: "the join token is not valid (unknown, used up or expired)".into(),
     };
-    let token = JoinToken::parse(&req.token).ok_or_else(refused)?;
+    let Some(token) = JoinToken::parse(&req.token) else {
+        if st.tokens.is_agent_token(&req.token) {
+            let cert = tls.issue_node(&req.node, &req.public_key)?;
+            tracing::info!(node = %req.node, "node joined the cluster with the agent token");
+            return Ok(Json(cert));
+        }
+        return Err(refused());
+    };
     let store = st.records.store();
     let key = format!("{JOIN_PREFIX}{}", token.id);
     for _ in 0..5 {

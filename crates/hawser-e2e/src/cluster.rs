@@ -40,8 +40,10 @@ pub struct Cluster {
     pub agents: Vec<AgentProc>,
     /// Dropped after the processes that use it.
     pub etcd: Option<EtcdProcess>,
-    /// The cluster's token files, shared by every controller, agent and CLI run.
+    /// The cluster's tokens and CA, shared by every controller, agent and CLI run.
     pub tokens: TokenFiles,
+    /// Plaintext (`--insecure`) rather than mutual TLS.
+    pub insecure: bool,
 }
 
 #[derive(Default)]
@@ -51,6 +53,8 @@ pub struct ClusterOptions {
     /// When > 0: start a real etcd and this many controllers on it (leader election);
     /// else one controller on the store [`STORE_ENV`] selects (embedded by default).
     pub etcd_controllers: usize,
+    /// Run the cluster in plaintext (`--insecure` controller and agents, agent token).
+    pub insecure: bool,
 }
 
 /// Environment variable that selects the store of clusters that do not ask for etcd
@@ -117,7 +121,7 @@ impl Cluster {
                 } else {
                     format!("controller-{}", i + 1)
                 };
-                spawn_controller(dir.path(), &name, store.as_deref(), &tokens)
+                spawn_controller(dir.path(), &name, store.as_deref(), &tokens, opts.insecure)
             })
             .collect();
         let url = controllers
@@ -132,10 +136,15 @@ impl Cluster {
             agents: Vec::new(),
             etcd,
             tokens,
+            insecure: opts.insecure,
         };
-        if c.etcd.is_some() {
-            // Until one leads, every API call (agent registrations included) is refused.
-            c.wait_leader(Duration::from_secs(20));
+        // Until one leads, every API call (agent registrations included) is refused.
+        c.wait_leader(Duration::from_secs(20));
+        if !c.insecure {
+            // One token for every agent of the cluster (restarted agents keep their
+            // certificates and do not use it again).
+            let token = c.cli_ok(&["cluster", "join-token", "--uses", "100"]);
+            std::fs::write(&c.tokens.join, token.trim()).expect("write the join token");
         }
         for i in 0..agents {
             let pools = opts.pools.get(i).cloned().unwrap_or_default();
@@ -194,9 +203,14 @@ impl Cluster {
                 &nbd,
             ])
             .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("--token-file")
-            .arg(&self.tokens.agent);
+            .arg(&data_dir);
+        if self.insecure {
+            cmd.arg("--insecure")
+                .arg("--token-file")
+                .arg(&self.tokens.agent);
+        } else {
+            cmd.arg("--join-token-file").arg(&self.tokens.join);
+        }
         for p in pools {
             cmd.args(["--pool", p]);
         }
@@ -220,10 +234,7 @@ impl Cluster {
     /// The index of the controller that leads now (the only one that serves the API), if
     /// exactly one does.
     pub fn leader(&self) -> Option<usize> {
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            .ok()?;
+        let http = self.controller_http();
         let serving: Vec<usize> = self
             .controllers
             .iter()
@@ -276,7 +287,14 @@ impl Cluster {
             .and_then(|p| p.parse().ok())
             .expect("controller port");
         let name = c.name.clone();
-        self.controllers[0] = spawn_controller_on(self.dir.path(), &name, None, &self.tokens, port);
+        self.controllers[0] = spawn_controller_on(
+            self.dir.path(),
+            &name,
+            None,
+            &self.tokens,
+            self.insecure,
+            port,
+        );
     }
 
     /// SIGSTOP agent `name` (by the PID this fixture started): it keeps its connections but
@@ -299,6 +317,7 @@ impl Cluster {
         Command::new(hawser_bin())
             .env("HAWSER_CONTROLLER", &self.url)
             .env("HAWSER_TOKEN_FILE", &self.tokens.admin)
+            .env("HAWSER_CA_FILE", &self.tokens.ca_file)
             .args(args)
             .output()
             .expect("run hawser")
@@ -357,13 +376,46 @@ impl Cluster {
     }
 
     pub fn agent_status(&self, name: &str) -> AgentStatus {
-        let a = self.agent(name);
-        reqwest::blocking::Client::new()
-            .get(format!("http://{}/v1/status", a.admin))
-            .header("authorization", self.tokens.agent_bearer())
+        self.agent_request(reqwest::Method::GET, name, "/v1/status")
             .send()
             .and_then(|r| r.json())
             .expect("agent status")
+    }
+
+    /// A request to agent `name`'s admin API at `path`, as the controller makes it (its
+    /// certificate; the agent token in an `--insecure` cluster).
+    pub fn agent_request(
+        &self,
+        method: reqwest::Method,
+        name: &str,
+        path: &str,
+    ) -> reqwest::blocking::RequestBuilder {
+        let a = self.agent(name);
+        if self.insecure {
+            reqwest::blocking::Client::new()
+                .request(method, format!("http://{}{path}", a.admin))
+                .header("authorization", self.tokens.agent_bearer())
+        } else {
+            self.tokens
+                .http(hawser_tls::Peer::Node(name.into()))
+                .request(method, format!("https://{}{path}", a.admin))
+        }
+    }
+
+    /// An HTTP client for the controllers' API (send the admin token with it). Calls time
+    /// out after 5 s: a controller that still leads but cannot reach its store holds a call
+    /// for its store retries (20 s), and a probe must not wait that out.
+    pub fn controller_http(&self) -> reqwest::blocking::Client {
+        let timeout = Duration::from_secs(5);
+        if self.insecure {
+            reqwest::blocking::Client::builder()
+                .timeout(timeout)
+                .build()
+                .expect("HTTP client")
+        } else {
+            self.tokens
+                .http_within(hawser_tls::Peer::Controller, timeout)
+        }
     }
 
     /// The data file of replica `id`, wherever it lives.
@@ -400,8 +452,9 @@ fn spawn_controller(
     name: &str,
     store: Option<&str>,
     tokens: &TokenFiles,
+    insecure: bool,
 ) -> ControllerProc {
-    spawn_controller_on(dir, name, store, tokens, free_port())
+    spawn_controller_on(dir, name, store, tokens, insecure, free_port())
 }
 
 fn spawn_controller_on(
@@ -409,14 +462,22 @@ fn spawn_controller_on(
     name: &str,
     store: Option<&str>,
     tokens: &TokenFiles,
+    insecure: bool,
     port: u16,
 ) -> ControllerProc {
-    let url = format!("http://127.0.0.1:{port}");
+    let scheme = if insecure { "http" } else { "https" };
+    let url = format!("{scheme}://127.0.0.1:{port}");
+    let data_dir = dir.join(name);
     let mut cmd = Command::new(hawser_bin());
     cmd.args(["controller", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--data-dir")
-        .arg(dir.join(name))
+        .arg(&data_dir)
         .args(tokens.controller_args());
+    if insecure {
+        cmd.arg("--insecure");
+    } else {
+        tokens.install_ca(&data_dir);
+    }
     if let Some(s) = store {
         cmd.args(["--store", s]);
     }

@@ -43,6 +43,8 @@ pub struct CsiOptions {
     pub register: bool,
     /// Run inside this network namespace (a node of its own).
     pub netns: Option<String>,
+    /// The cluster CA (`--ca-file`), for a controller with TLS.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for CsiOptions {
@@ -53,6 +55,7 @@ impl Default for CsiOptions {
             endpoint: None,
             register: false,
             netns: None,
+            ca_file: None,
         }
     }
 }
@@ -79,6 +82,10 @@ impl CsiProc {
     }
 
     pub fn start_with(cluster: &Cluster, node: &str, dir: &Path, opts: CsiOptions) -> CsiProc {
+        let opts = CsiOptions {
+            ca_file: opts.ca_file.or(Some(cluster.tokens.ca_file.clone())),
+            ..opts
+        };
         Self::start_for(&cluster.url, &cluster.tokens.admin, node, dir, opts)
     }
 
@@ -126,6 +133,9 @@ impl CsiProc {
             }
             None => Command::new(hawser_bin()),
         };
+        if let Some(ca) = &self.opts.ca_file {
+            cmd.arg("--ca-file").arg(ca);
+        }
         let mut child = cmd
             .args(["--controller", &self.url, "--token-file"])
             .arg(&self.token)

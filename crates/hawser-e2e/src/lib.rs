@@ -16,6 +16,7 @@ pub mod k8s_sidecars;
 pub mod mounts;
 pub mod nbd_client;
 pub mod netns;
+pub mod peer_conn;
 pub mod run;
 pub mod tokens;
 pub mod write_log;

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use hawser_e2e::peer_conn::{Conn, ReplicaPort};
 use hawser_e2e::{have, qemu_io, Cluster, ClusterOptions, SmallFs, TempDir};
 use rand::{Rng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -103,15 +104,16 @@ fn garbage_on_nbd_and_replica_ports_changes_nothing() {
         .unwrap_or(seed);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let nbd = c.agent("n1").nbd.clone();
-    let replica_port = c.agent("n2").replica.clone();
+    let replica_port = c.replica_port("n2", "n1");
     let replica_id = c.replica_on("g", "n2").id;
     assert!(v.epoch >= 1, "an attached volume has an epoch: {v:?}");
     let hellos = Hellos::new(&c, "g", &replica_id, v.epoch);
     for trial in 0..1000 {
         send_garbage(&nbd, &nbd_garbage(&mut rng));
-        send_garbage(
+        let _ = exchange_replica(
             &replica_port,
             &replica_garbage(&mut rng, &hellos, v.epoch, trial),
+            Duration::from_millis(200),
         );
     }
     assert!(c.agent_alive("n1") && c.agent_alive("n2"), "an agent died");
@@ -169,7 +171,11 @@ fn garbage_and_slowloris_on_every_listener_leave_every_process_serving() {
     let v = c.volume("a");
     let replica_id = c.replica_on("a", "n2").id;
     let hellos = Hellos::new(&c, "a", &replica_id, v.epoch);
-    let rest = c.url.trim_start_matches("http://").to_string();
+    let rest = c
+        .url
+        .split_once("://")
+        .map_or(&*c.url, |(_, a)| a)
+        .to_string();
     let listeners = [
         ("controller REST", rest),
         ("admin API", c.agent("n1").admin.clone()),
@@ -206,6 +212,7 @@ fn garbage_and_slowloris_on_every_listener_leave_every_process_serving() {
     eprintln!("garbage seed {seed} (replay: HAWSER_GARBAGE_SEED={seed})");
     let hellos = &hellos;
     let epoch = v.epoch;
+    let replica_port = &c.replica_port("n2", "n1");
     std::thread::scope(|scope| {
         for (i, (name, addr)) in listeners.iter().enumerate() {
             scope.spawn(move || {
@@ -216,7 +223,14 @@ fn garbage_and_slowloris_on_every_listener_leave_every_process_serving() {
                         "NBD" => nbd_garbage(&mut rng),
                         _ => http_garbage(&mut rng),
                     };
-                    let _ = exchange(addr, &bytes, Duration::from_secs(2));
+                    let wait = Duration::from_secs(2);
+                    // Replica trials: half inside an authenticated session (the replica
+                    // protocol's decoders), half raw on the port (its TLS layer's).
+                    if *name == "replica port" && (trial / 4) % 2 == 0 {
+                        let _ = exchange_replica(replica_port, &bytes, wait);
+                    } else {
+                        let _ = exchange(addr, &bytes, wait);
+                    }
                 }
                 eprintln!("{name}: {TRIALS} garbage inputs sent");
             });
@@ -401,12 +415,23 @@ fn send_garbage(addr: &str, bytes: &[u8]) {
 /// Send `bytes`, close the sending side, and return what came back until the server closed
 /// (or `wait` passed without a byte).
 fn exchange(addr: &str, bytes: &[u8], wait: Duration) -> Vec<u8> {
-    let Ok(mut s) = TcpStream::connect(addr) else {
+    exchange_on(TcpStream::connect(addr).map(Conn::Plain), addr, bytes, wait)
+}
+
+/// [`exchange`] inside an authenticated session of the replica port (TLS with a node's
+/// certificate unless the cluster is `--insecure`): what reaches the replica protocol's
+/// decoders rather than TLS's.
+fn exchange_replica(port: &ReplicaPort, bytes: &[u8], wait: Duration) -> Vec<u8> {
+    exchange_on(port.connect(), &port.addr, bytes, wait)
+}
+
+fn exchange_on(conn: std::io::Result<Conn>, addr: &str, bytes: &[u8], wait: Duration) -> Vec<u8> {
+    let Ok(mut s) = conn else {
         panic!("{addr} stopped accepting")
     };
     let _ = s.set_read_timeout(Some(wait));
     let _ = s.write_all(bytes);
-    let _ = s.shutdown(std::net::Shutdown::Write);
+    let _ = s.close_write();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while let Ok(n) = s.read(&mut buf) {
@@ -496,7 +521,7 @@ struct SessionTrial {
 /// Every reply must decode; the Hello must be accepted and every request of an older epoch
 /// refused.
 fn session_trial(
-    addr: &str,
+    port: &ReplicaPort,
     rng: &mut impl RngCore,
     hello_payload: &[u8],
     epoch: u64,
@@ -562,7 +587,7 @@ fn session_trial(
             break;
         }
     }
-    let replies = exchange(addr, &bytes, Duration::from_secs(5));
+    let replies = exchange_replica(port, &bytes, Duration::from_secs(5));
     let mut at = 0;
     let mut hello_ok = false;
     let mut stale_refused = 0;

@@ -98,10 +98,8 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         thin: true,
         cluster_id: Some(first.id.clone()),
     };
-    let a = c.agent("n1");
-    let resp = reqwest::blocking::Client::new()
-        .post(format!("http://{}/v1/replicas", a.admin))
-        .header("authorization", c.tokens.agent_bearer())
+    let resp = c
+        .agent_request(reqwest::Method::POST, "n1", "/v1/replicas")
         .json(&stray)
         .send()
         .expect("create a stray replica");

@@ -150,7 +150,7 @@ fn pods_on_a_real_kubelet_use_hawser_volumes() {
             kubelet_dir: Some(k.kubelet_root.clone()),
             endpoint: Some(k.kubelet_root.join("plugins/csi.hawser.dev/csi.sock")),
             register: true,
-            netns: None,
+            ..Default::default()
         },
     );
     let ctl = CsiProc::start_with(

@@ -5,17 +5,18 @@
 //! the volume stays usable.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use hawser_api::controller::ReplicaState;
+use hawser_e2e::peer_conn::ReplicaPort;
 use hawser_e2e::{have, qemu_io, Cluster};
 use hawser_wire::frame::{FrameHeader, Op, Status, HEADER_LEN};
 use hawser_wire::grant::{Grant, HelloRequest, SIGNATURE_BYTES};
 
-/// Says Hello at `epoch` with `payload` and returns the status of the answer.
-fn hello(addr: &str, epoch: u64, payload: &[u8]) -> Status {
-    let mut s = TcpStream::connect(addr).expect("connect to the replica port");
+/// Says Hello at `epoch` with `payload` and returns the status of the answer: inside an
+/// authenticated session (TLS with node n1's certificate), so the grant is what is checked.
+fn hello(port: &ReplicaPort, epoch: u64, payload: &[u8]) -> Status {
+    let mut s = port.connect().expect("connect to the replica port");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
     let h = FrameHeader::request(Op::Hello, 1, epoch, 0, 0).with_payload(payload);
@@ -63,7 +64,8 @@ fn hellos_without_the_controllers_grant_are_refused_and_change_nothing() {
         .agent_status("n2")
         .cluster_id
         .expect("n2 joined the cluster");
-    let addr = c.agent("n2").replica.clone();
+    let port = c.replica_port("n2", "n1");
+    let addr = port.addr.clone();
     let with = |grant: Vec<u8>| {
         HelloRequest {
             replica: r2.id.clone(),
@@ -92,19 +94,19 @@ fn hellos_without_the_controllers_grant_are_refused_and_change_nothing() {
         ("unknown replica", v.epoch, b"g-r9-ffffff".to_vec()),
     ];
     for (what, epoch, payload) in cases {
-        assert_eq!(hello(&addr, epoch, &payload), Status::Denied, "{what}");
+        assert_eq!(hello(&port, epoch, &payload), Status::Denied, "{what}");
     }
     assert_eq!(epoch_of(), before, "no refused Hello raised the epoch");
 
-    // The agent token alone cannot start an engine (raise an epoch) either.
+    // Access to the admin API (here the controller's own certificate) without a grant
+    // cannot start an engine (raise an epoch) either.
     let start = serde_json::json!({
         "volume": "g", "size_bytes": 64 << 20, "epoch": u64::MAX - 1,
         "replicas": [{"replica_id": r2.id, "node": "n2", "replica_addr": addr}],
         "controller_url": c.url.split(',').next().expect("url"),
     });
-    let resp = reqwest::blocking::Client::new()
-        .post(format!("http://{}/v1/engines", c.agent("n2").admin))
-        .header("authorization", c.tokens.agent_bearer())
+    let resp = c
+        .agent_request(reqwest::Method::POST, "n2", "/v1/engines")
         .json(&start)
         .send()
         .expect("start engine call");

@@ -58,6 +58,7 @@ struct OpsLoop {
     url: String,
     /// The admin token file the CLI reads.
     token_file: std::path::PathBuf,
+    ca_file: std::path::PathBuf,
     stop: AtomicBool,
     /// The subcommand (`create`, `attach`, ...) of the CLI call running now.
     in_flight: Mutex<Option<String>>,
@@ -66,10 +67,11 @@ struct OpsLoop {
 }
 
 impl OpsLoop {
-    fn new(url: &str, token_file: &std::path::Path) -> OpsLoop {
+    fn new(c: &Cluster) -> OpsLoop {
         OpsLoop {
-            url: url.to_string(),
-            token_file: token_file.to_path_buf(),
+            url: c.url.clone(),
+            token_file: c.tokens.admin.clone(),
+            ca_file: c.tokens.ca_file.clone(),
             stop: AtomicBool::new(false),
             in_flight: Mutex::new(None),
             succeeded: AtomicUsize::new(0),
@@ -106,6 +108,7 @@ impl OpsLoop {
         let out = Command::new(hawser_bin())
             .env("HAWSER_CONTROLLER", &self.url)
             .env("HAWSER_TOKEN_FILE", &self.token_file)
+            .env("HAWSER_CA_FILE", &self.ca_file)
             .args(args)
             .output()
             .expect("run hawser");
@@ -155,13 +158,7 @@ impl Drop for StopOnDrop<'_> {
 }
 
 /// Whether the controller at `url` answers with `not_leader` (it has stepped down).
-fn answers_not_leader(url: &str, bearer: &str) -> bool {
-    let Ok(http) = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-    else {
-        return false;
-    };
+fn answers_not_leader(http: &reqwest::blocking::Client, url: &str, bearer: &str) -> bool {
     http.get(format!("{url}/v1/nodes"))
         .header("authorization", bearer)
         .send()
@@ -185,10 +182,11 @@ fn outage(c: &mut Cluster, ops: &OpsLoop, verb: &str, long: bool) -> Instant {
     if long {
         let url = c.controllers[0].url.clone();
         let bearer = c.tokens.admin_bearer();
+        let http = c.controller_http();
         wait_until(
             "the controller to step down",
             Duration::from_secs(30),
-            || answers_not_leader(&url, &bearer),
+            || answers_not_leader(&http, &url, &bearer),
         );
         let t = Instant::now();
         let out = c.cli(&["volume", "list"]);
@@ -236,7 +234,7 @@ fn etcd_killed_and_restarted_mid_operation_controller_finishes_them() {
         ..ClusterOptions::default()
     };
     let mut c = Cluster::start_with("etcd-restart", 3, opts);
-    let ops = OpsLoop::new(&c.url, &c.tokens.admin);
+    let ops = OpsLoop::new(&c);
     let kills = std::thread::scope(|s| {
         let _stop = StopOnDrop(&ops.stop);
         let worker = s.spawn(|| ops.run());

@@ -4,8 +4,9 @@
 //! kube-apiserver creates every object, the CRDs of the cluster state among them;
 //! `helm uninstall` removes them, keeping only the token Secret (agents hold the tokens; a
 //! reinstall must find the same ones) and the CRDs (Helm never deletes them: the state
-//! survives). The chart's controller runs in the cluster on its service account and keeps its
-//! state in the CRDs.
+//! survives). The chart's controller runs in the cluster on its service account, keeps its
+//! state in the CRDs, makes the cluster CA in a Secret of its own (also kept: nodes hold
+//! certificates it issued) and serves its API over TLS only.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -333,7 +334,7 @@ fn controller_runs_in_the_cluster_on_its_crds(k: &KubeCluster) {
             out.status.success() && !leader.is_empty()
         },
     );
-    let url = format!("http://{node_ip}:29400");
+    let url = format!("https://{node_ip}:29400");
     assert_eq!(leader, url, "the leader advertises its pod's address");
     let records = k.kubectl_ok(&["get", "hawserrecords", "-n", ns]);
     assert!(records.contains("auth/tokens"), "{records}");
@@ -348,22 +349,41 @@ fn controller_runs_in_the_cluster_on_its_crds(k: &KubeCluster) {
         "jsonpath={.items[*].spec.holderIdentity}",
     ]);
     assert!(lease_holder.starts_with("t-controller-"), "{lease_holder}");
-    // The API answers with the admin token from the Secret.
-    let token = k.kubectl_ok(&[
-        "get",
-        "secret",
-        "t-tokens",
-        "-n",
-        ns,
-        "-o",
-        "jsonpath={.data.admin\\.token}",
-    ]);
-    use base64::Engine as _;
-    let token = base64::engine::general_purpose::STANDARD
-        .decode(token.trim())
-        .expect("token is base64");
-    let token = String::from_utf8(token).expect("token is text");
-    let resp = reqwest::blocking::Client::new()
+    // The API answers over TLS, checked against the CA the controller made in its Secret,
+    // with the admin token from the chart's Secret; plaintext gets no answer.
+    let secret = |name: &str, key: &str| {
+        let b64 = k.kubectl_ok(&[
+            "get",
+            "secret",
+            name,
+            "-n",
+            ns,
+            "-o",
+            &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
+        ]);
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .expect("secret data is base64");
+        String::from_utf8(bytes).expect("secret data is text")
+    };
+    let token = secret("t-tokens", "admin.token");
+    let ca_pem = secret("t-ca", "ca.pem");
+    let config = hawser_tls::client_config(&ca_pem, hawser_tls::Peer::Controller, None)
+        .expect("client config");
+    let http = reqwest::blocking::Client::builder()
+        .use_preconfigured_tls((*config).clone())
+        .build()
+        .expect("HTTPS client");
+    let plain = reqwest::blocking::Client::new()
+        .get(format!("http://{node_ip}:29400/v1/nodes"))
+        .bearer_auth(token.trim())
+        .send();
+    assert!(
+        plain.as_ref().map_or(true, |r| !r.status().is_success()),
+        "the API answered plaintext: {plain:?}"
+    );
+    let resp = http
         .get(format!("{url}/v1/nodes"))
         .bearer_auth(token.trim())
         .send()

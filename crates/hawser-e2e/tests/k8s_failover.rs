@@ -325,15 +325,16 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
 
     // The Hawser controller on node 1's address, its state in the CRDs.
     let tokens = TokenFiles::seed(dir.path());
-    let url = format!("http://{ip1}:{}", free_port());
+    let url = format!("https://{ip1}:{}", free_port());
     let store = format!("k8s://{NS}?kubeconfig={}", k.kubeconfig().display());
     let cdir = dir.path().join("controller");
+    tokens.install_ca(&cdir);
     let _controller = spawn(
         None,
         &[
             "controller",
             "--listen",
-            url.trim_start_matches("http://"),
+            url.trim_start_matches("https://"),
             "--advertise-url",
             &url,
             "--data-dir",
@@ -364,13 +365,37 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
             "none",
             "--data-dir",
             &data.display().to_string(),
-            "--token-file",
-            &tokens.agent.display().to_string(),
+            "--join-token-file",
+            &tokens.join.display().to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
         .collect()
     };
+    let ca = tokens.ca_file.display().to_string();
+    let cli = |args: &[&str]| -> String {
+        let admin = tokens.admin.display().to_string();
+        let mut a = vec![
+            "--controller",
+            url.as_str(),
+            "--ca-file",
+            &ca,
+            "--token-file",
+        ];
+        a.push(&admin);
+        a.extend_from_slice(args);
+        run_ok(&hawser_bin().display().to_string(), &a)
+    };
+    wait_until("the controller to serve", Duration::from_secs(60), || {
+        Command::new(hawser_bin())
+            .args(["--controller", &url, "--ca-file", &ca, "--token-file"])
+            .arg(&tokens.admin)
+            .args(["node", "list"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let join = cli(&["cluster", "join-token", "--uses", "2"]);
+    std::fs::write(&tokens.join, join.trim()).expect("write the join token");
     let _agent1 = Agent::start(
         None,
         agent_args(&node1, &ip1),
@@ -381,16 +406,9 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         agent_args(&node2, &ip2),
         dir.path().join("agent2.log"),
     );
-    let cli = |args: &[&str]| -> String {
-        let mut a = vec!["--controller", url.as_str(), "--token-file"];
-        let admin = tokens.admin.display().to_string();
-        a.push(&admin);
-        a.extend_from_slice(args);
-        run_ok(&hawser_bin().display().to_string(), &a)
-    };
     wait_until("both agents to register", Duration::from_secs(60), || {
         let out = Command::new(hawser_bin())
-            .args(["--controller", &url, "--token-file"])
+            .args(["--controller", &url, "--ca-file", &ca, "--token-file"])
             .arg(&tokens.admin)
             .args(["node", "list", "-o", "json"])
             .output()
@@ -411,6 +429,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
             endpoint: Some(k.kubelet_root.join("plugins/csi.hawser.dev/csi.sock")),
             register: true,
             netns: None,
+            ca_file: Some(tokens.ca_file.clone()),
         },
     );
     let mut csi2 = CsiProc::start_for(
@@ -424,6 +443,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
             endpoint: Some(kubelet2.join("plugins/csi.hawser.dev/csi.sock")),
             register: true,
             netns: Some(netns2.clone()),
+            ca_file: Some(tokens.ca_file.clone()),
         },
     );
     let ctl = CsiProc::start_for(
@@ -433,6 +453,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         &dir.path().join("csi-controller"),
         CsiOptions {
             mode: "controller",
+            ca_file: Some(tokens.ca_file.clone()),
             ..Default::default()
         },
     );
@@ -605,10 +626,9 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         export: true,
         grant: None,
     };
-    let token = std::fs::read_to_string(&tokens.agent).expect("agent token");
-    let resp = reqwest::blocking::Client::new()
-        .post(format!("http://{admin2}/v1/engines"))
-        .bearer_auth(token.trim())
+    let resp = tokens
+        .http(hawser_tls::Peer::Node(node2.clone()))
+        .post(format!("https://{admin2}/v1/engines"))
         .json(&start)
         .send()
         .expect("start the old engine");

@@ -42,6 +42,7 @@ struct CreateDeleteLoop {
     url: String,
     /// The admin token file the CLI reads.
     token_file: std::path::PathBuf,
+    ca_file: std::path::PathBuf,
     iteration: AtomicUsize,
     /// Set by the loop when it reaches [`KILL_AT`]; it waits there for `go`.
     at_kill: AtomicBool,
@@ -75,6 +76,7 @@ impl CreateDeleteLoop {
         let out = Command::new(hawser_bin())
             .env("HAWSER_CONTROLLER", &self.url)
             .env("HAWSER_TOKEN_FILE", &self.token_file)
+            .env("HAWSER_CA_FILE", &self.ca_file)
             .args(args)
             .output()
             .expect("run hawser");
@@ -107,6 +109,7 @@ fn leader_killed_during_create_delete_loop_leaves_whole_volumes_and_no_orphans()
     let ops = CreateDeleteLoop {
         url: c.url.clone(),
         token_file: c.tokens.admin.clone(),
+        ca_file: c.tokens.ca_file.clone(),
         iteration: AtomicUsize::new(0),
         at_kill: AtomicBool::new(false),
         go: AtomicBool::new(false),

@@ -1,4 +1,4 @@
-//! "Secure by default", acceptance a: a controller started with `--tls` is the cluster's CA;
+//! "Secure by default", acceptance a: a controller (TLS is its default) is the cluster's CA;
 //! agents join with a join token and from then on every link between the processes is mutual
 //! TLS (REST, admin API, replica port). A client without a certificate, with another node's,
 //! or with one of another CA cannot call the controller's agent routes or an agent's admin
@@ -189,7 +189,6 @@ fn start(name: &str, nodes: usize, cert_lifetime_secs: u64) -> TlsCluster {
     let url = format!("https://127.0.0.1:{port}");
     let mut args = vec![
         s("controller"),
-        s("--tls"),
         s("--listen"),
         format!("127.0.0.1:{port}"),
         s("--data-dir"),
@@ -561,4 +560,80 @@ fn certificates_renew_while_the_volume_serves() {
     );
     let out = qemu_io(&uri, &["read -P 0x40 0 1M"]);
     assert!(!out.contains("Pattern verification failed"), "{out}");
+}
+
+/// Waits until the process exits (it must, by itself) and returns its log.
+fn exits_with_log(dir: &Path, log: &str, p: &mut Proc) -> String {
+    wait_until(&format!("{log} to exit"), Duration::from_secs(30), || {
+        matches!(p.0.try_wait(), Ok(Some(_)))
+    });
+    std::fs::read_to_string(dir.join(format!("{log}.log"))).unwrap_or_default()
+}
+
+/// The Helm chart's way in: every node gets the same Secret (the agent token and the CA's
+/// certificate), joins with the agent token, and from then on holds its own certificate. A
+/// node with another CA's certificate does not send the token to the controller; an agent
+/// given a plaintext controller without `--insecure` refuses to start.
+#[test]
+fn a_node_joins_with_the_agent_token_and_the_ca_and_not_otherwise() {
+    let c = start("tlsjoin", 1, 3600);
+    let ca_file = c.dir.path().join("controller").join("ca.pem");
+    let agent_token = c.dir.path().join("agent.token");
+    let agent = |node: &str, ca: &Path, url: &str| -> Vec<String> {
+        vec![
+            s("--ca-file"),
+            ca.display().to_string(),
+            s("agent"),
+            s("--node"),
+            s(node),
+            s("--controller"),
+            s(url),
+            s("--token-file"),
+            agent_token.display().to_string(),
+            s("--data-dir"),
+            c.dir.path().join(node).display().to_string(),
+            s("--admin-listen"),
+            format!("127.0.0.1:{}", free_port()),
+            s("--replica-listen"),
+            format!("127.0.0.1:{}", free_port()),
+            s("--nbd-listen"),
+            s("none"),
+        ]
+    };
+    let _n2 = spawn(c.dir.path(), "n2", &agent("n2", &ca_file, &c.url));
+    wait_until("n2 online", Duration::from_secs(30), || {
+        let v = c.admin_call(reqwest::Method::GET, "/v1/nodes", None);
+        v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|n| n["name"] == json!("n2") && n["state"] == json!("online"))
+        })
+    });
+    let creds = node_creds(&c.dir.path().join("n2"));
+    assert_eq!(
+        CertSlot::new(&creds).expect("n2's certificate").peer(),
+        Peer::Node("n2".into())
+    );
+
+    // Another CA: the controller's certificate is not trusted, the token never sent.
+    let other = hawser_tls::Ca::generate("other").expect("another CA");
+    let other_file = c.dir.path().join("other-ca.pem");
+    std::fs::write(&other_file, other.cert_pem()).expect("write the other CA");
+    let mut n3 = spawn(c.dir.path(), "n3", &agent("n3", &other_file, &c.url));
+    let log = exits_with_log(c.dir.path(), "n3", &mut n3);
+    assert!(log.contains("join the cluster"), "{log}");
+    assert!(!c.dir.path().join("n3/tls/node.pem").exists());
+
+    // A plaintext controller URL without --insecure.
+    let plain = c.url.replacen("https://", "http://", 1);
+    let mut n4 = spawn(c.dir.path(), "n4", &agent("n4", &ca_file, &plain));
+    let log = exits_with_log(c.dir.path(), "n4", &mut n4);
+    assert!(log.contains("--insecure"), "{log}");
+    let nodes = c.admin_call(reqwest::Method::GET, "/v1/nodes", None);
+    let names: Vec<&str> = nodes
+        .as_array()
+        .expect("node list")
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert_eq!(names, ["n1", "n2"], "only the nodes that joined are known");
 }

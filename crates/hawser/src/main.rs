@@ -36,6 +36,7 @@ struct Cli {
     token_file: Option<std::path::PathBuf>,
     /// The cluster's CA certificate, to check an https:// controller [default:
     /// ~/.config/hawser/ca.pem when it exists]. The controller writes it to <data-dir>/ca.pem.
+    /// The agent takes it to join with the agent token instead of a join token.
     #[arg(long, env = "HAWSER_CA_FILE", value_name = "PATH", global = true)]
     ca_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
@@ -88,7 +89,10 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Controller(args) => daemon_exit(run_async(hawser_controller::run(args))),
-        Command::Agent(args) => daemon_exit(run_async(hawser_agent::run(args))),
+        Command::Agent(mut args) => {
+            args.ca_file = conn.ca_file.clone();
+            daemon_exit(run_async(hawser_agent::run(args)))
+        }
         Command::Bench(args) => daemon_exit(hawser_bench::run(args)),
         Command::Csi(args) => daemon_exit(run_csi(args, &conn)),
         Command::Volume(cmd) => client_exit(&conn, |c| volume::run(c, cmd)),
@@ -103,10 +107,33 @@ fn main() -> ExitCode {
 /// `hawser csi`: the controller client is made (and dropped) outside the async runtime, as
 /// the blocking HTTP client requires.
 fn run_csi(args: hawser_csi::CsiArgs, conn: &Conn) -> anyhow::Result<()> {
+    if let Some(ca) = &conn.ca_file {
+        wait_for_file(ca, std::time::Duration::from_secs(600))?;
+    }
     let client = std::sync::Arc::new(conn.client()?);
     let result = run_async(hawser_csi::run(args, client.clone()));
     drop(client);
     result
+}
+
+/// Waits (bounded) for a file another process writes at its start: the cluster CA's
+/// certificate, which the controller beside the CSI controller writes once it has it.
+fn wait_for_file(path: &std::path::Path, limit: std::time::Duration) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
+    let mut said = false;
+    while !path.exists() {
+        anyhow::ensure!(
+            start.elapsed() < limit,
+            "{} did not appear within {limit:?}",
+            path.display()
+        );
+        if !said {
+            tracing::info!(path = %path.display(), "waiting for the cluster CA's certificate");
+            said = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    Ok(())
 }
 
 /// Logs go to stderr; `RUST_LOG` overrides the default level.

@@ -21,6 +21,7 @@ fn hawser_cmd() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hawser"));
     cmd.env_remove("HAWSER_TOKEN")
         .env_remove("HAWSER_TOKEN_FILE")
+        .env_remove("HAWSER_CA_FILE")
         .env("XDG_CONFIG_HOME", "/nonexistent/hawser-test-config");
     cmd
 }
@@ -49,7 +50,8 @@ impl Env {
             heal_check_secs: 0,
             admin_token_file: None,
             agent_token_file: None,
-            tls: false,
+            insecure: true,
+            ca_secret: None,
             cert_lifetime_secs: 3600,
             failover_after_secs: 10,
             csi_driver: "csi.hawser.dev".into(),
@@ -426,7 +428,9 @@ fn unreachable_controller_is_exit_1() {
     );
 }
 
-/// `hawser controller` itself: starts, answers, and stops on SIGTERM with its state saved.
+/// `hawser controller` itself: starts with TLS by default (its CA made at first start),
+/// answers over HTTPS a client that trusts that CA, refuses plaintext, and stops on SIGTERM
+/// with its state saved.
 #[test]
 fn controller_subcommand_serves_and_stops() {
     let dir = tempfile::tempdir().unwrap();
@@ -443,12 +447,14 @@ fn controller_subcommand_serves_and_stops() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let url = format!("http://{listen}");
+    let url = format!("https://{listen}");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let out = hawser_cmd()
             .arg("--token-file")
             .arg(dir.path().join("admin.token"))
+            .arg("--ca-file")
+            .arg(dir.path().join("ca.pem"))
             .args(["--controller", &url, "node", "list", "-o", "json"])
             .output()
             .unwrap();
@@ -465,8 +471,16 @@ fn controller_subcommand_serves_and_stops() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Cluster init wrote both tokens, readable by the owner only.
-    for file in ["admin.token", "agent.token"] {
+    // Plain HTTP is not served.
+    let plain = hawser_cmd()
+        .arg("--token-file")
+        .arg(dir.path().join("admin.token"))
+        .args(["--controller", &format!("http://{listen}"), "node", "list"])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "plaintext answered");
+    // Cluster init wrote both tokens and the CA key, readable by the owner only.
+    for file in ["admin.token", "agent.token", "ca.key"] {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join(file))
             .unwrap()

@@ -127,7 +127,7 @@ impl NetCluster {
         let mut c = NetCluster {
             tokens,
             dir: TempDir(dir),
-            url: format!("http://{ctl_addr}:{CONTROLLER_PORT}"),
+            url: format!("https://{ctl_addr}:{CONTROLLER_PORT}"),
             ctl_ns,
             controller: None,
             hosts: Vec::new(),
@@ -135,12 +135,19 @@ impl NetCluster {
             topology,
         };
         let listen = format!("{ctl_addr}:{CONTROLLER_PORT}");
-        let data = c.dir.path().join("controller").display().to_string();
+        let data_dir = c.dir.path().join("controller");
+        c.tokens.install_ca(&data_dir);
+        let data = data_dir.display().to_string();
         let mut args = vec!["controller", "--listen", &listen, "--data-dir", &data];
         let token_args = c.tokens.controller_args();
         args.extend(token_args.iter().map(String::as_str));
         args.extend_from_slice(controller_args);
         c.controller = Some(c.spawn_in(&c.ctl_ns, "controller", &args));
+        wait_until("the controller to serve", Duration::from_secs(30), || {
+            c.cli(&["node", "list"]).status.success()
+        });
+        let join = c.cli_ok(&["cluster", "join-token", "--uses", "100"]);
+        std::fs::write(&c.tokens.join, join.trim()).expect("write the join token");
         for i in 1..=hosts {
             let octet = FIRST_HOST_OCTET + u8::try_from(i).expect("at most 200 hosts");
             let name = format!("n{i}");
@@ -186,7 +193,7 @@ impl NetCluster {
         let admin = format!("{}:{ADMIN_PORT}", h.addr);
         let replica = format!("{}:{REPLICA_PORT}", h.addr);
         let data = h.data_dir.display().to_string();
-        let token = self.tokens.agent.display().to_string();
+        let join = self.tokens.join.display().to_string();
         let args = [
             "agent",
             "--node",
@@ -201,8 +208,8 @@ impl NetCluster {
             "none",
             "--data-dir",
             &data,
-            "--token-file",
-            &token,
+            "--join-token-file",
+            &join,
         ];
         let child = self.spawn_in(&h.netns, &h.name, &args);
         self.hosts[i].agent = Some(child);
@@ -281,6 +288,7 @@ impl NetCluster {
             .arg(&self.bin)
             .env("HAWSER_CONTROLLER", &self.url)
             .env("HAWSER_TOKEN_FILE", &self.tokens.admin)
+            .env("HAWSER_CA_FILE", &self.tokens.ca_file)
             .args(args)
             .output()
             .expect("run hawser in the controller namespace")

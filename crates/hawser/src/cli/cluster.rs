@@ -26,7 +26,7 @@ pub enum ClusterCmd {
         #[command(flatten)]
         out: OutputArg,
     },
-    /// Make a join token for new nodes (a controller with --tls): an agent given it with
+    /// Make a join token for new nodes (a controller without --insecure): an agent given it with
     /// --join-token-file gets its node certificate at first start. Prints the token only.
     JoinToken {
         /// Seconds the token stays valid.

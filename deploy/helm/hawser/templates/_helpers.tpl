@@ -13,5 +13,5 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 
 {{/* The controller's URL as agents and engines (host network) reach it. */}}
 {{- define "hawser.controllerURL" -}}
-http://{{ .Release.Name }}-controller.{{ .Release.Namespace }}.svc:{{ .Values.controller.port }}
+https://{{ .Release.Name }}-controller.{{ .Release.Namespace }}.svc:{{ .Values.controller.port }}
 {{- end -}}
