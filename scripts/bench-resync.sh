@@ -23,7 +23,7 @@ R2_DIR="${BENCH_RESYNC_R2_DIR:-$B}"
 RUNTIME="${BENCH_RUNTIME:-10}"
 GIB="${BENCH_RESYNC_GIB:-2}"
 DIRTY="${GIB}GiB"
-export HAWSER_CONTROLLER="http://127.0.0.1:9411"
+export HAWSER_CONTROLLER="https://127.0.0.1:9411"
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -81,10 +81,12 @@ echo "  $((copy_kib / 1024)) MiB/s written while reading"
 
 "$HAWSER" controller --listen 127.0.0.1:9411 --data-dir "$B/controller" >"$B/logs/controller.log" 2>&1 &
 pids+=($!)
-# Cluster init: the controller writes the API tokens to its data dir (mode 0600) at first start.
-for _ in $(seq 1 100); do [ -s "$B/controller/agent.token" ] && break; sleep 0.1; done
-[ -s "$B/controller/agent.token" ] || { echo "the controller wrote no tokens; see its log" >&2; exit 1; }
+# Cluster init: the controller makes the cluster CA and the API tokens in its data dir at first
+# start. Agents (several per phase) join with the agent token and the CA, then talk TLS.
 export HAWSER_TOKEN_FILE="$B/controller/admin.token"
+export HAWSER_CA_FILE="$B/controller/ca.pem"
+for _ in $(seq 1 100); do "$HAWSER" node list >/dev/null 2>&1 && break; sleep 0.1; done
+"$HAWSER" node list >/dev/null || { echo "the controller does not answer; see its log" >&2; exit 1; }
 
 phase() { # rate, label; writes "healthy-iops during-iops resync-ms" to $B/result
   local rate="$1" label="$2" p="${2:0:1}" v="rs-$2"

@@ -17,7 +17,7 @@ RUNTIME="${BENCH_RUNTIME:-10}"
 VOLUME_FLAGS="${BENCH_VOLUME_FLAGS:-}"
 TESTS="${BENCH_TESTS:-randwrite_fsync,randwrite_jobs4,randwrite,write,randread_fsync,randread_jobs4,randread,read}"
 SIZE="${BENCH_SIZE:-1GiB}"
-export HAWSER_CONTROLLER="http://127.0.0.1:9410"
+export HAWSER_CONTROLLER="https://127.0.0.1:9410"
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -29,13 +29,15 @@ rm -rf "$B" && mkdir -p "$B/logs"
 
 "$HAWSER" controller --listen 127.0.0.1:9410 --data-dir "$B/controller" >"$B/logs/controller.log" 2>&1 &
 pids+=($!)
-# Cluster init: the controller writes the API tokens to its data dir (mode 0600) at first start.
-for _ in $(seq 1 100); do [ -s "$B/controller/agent.token" ] && break; sleep 0.1; done
-[ -s "$B/controller/agent.token" ] || { echo "the controller wrote no tokens; see its log" >&2; exit 1; }
+# Cluster init: the controller makes the cluster CA and the API tokens in its data dir at first
+# start; the agents join with a join token and talk TLS, as a default cluster does.
 export HAWSER_TOKEN_FILE="$B/controller/admin.token"
+export HAWSER_CA_FILE="$B/controller/ca.pem"
+for _ in $(seq 1 100); do "$HAWSER" node list >/dev/null 2>&1 && break; sleep 0.1; done
+"$HAWSER" cluster join-token --uses 2 >"$B/join.token"
 for i in 1 2; do
   "$HAWSER" agent --node "b$i" --data-dir "$B/b$i" --controller "$HAWSER_CONTROLLER" \
-    --token-file "$B/controller/agent.token" \
+    --join-token-file "$B/join.token" \
     --admin-listen "127.0.0.1:952$i" --replica-listen "127.0.0.1:962$i" --nbd-listen none \
     >"$B/logs/b$i.log" 2>&1 &
   pids+=($!)
