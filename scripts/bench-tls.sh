@@ -53,7 +53,7 @@ one() { # mode round
     "${cli[@]}" volume create v --size 1GiB --replicas 2 >/dev/null
     "${cli[@]}" volume attach v --node n1 >/dev/null
     local uri
-    uri=$("${cli[@]}" volume show v -o json | python3 -c 'import json,sys;print(json.load(sys.stdin)["nbd_uri"])')
+    uri=$("${cli[@]}" volume show v -o json | python3 -c 'import json,sys;print(json.load(sys.stdin)["nbd_unix_uri"])')
     for job in "randwrite --fsync=1" "randread"; do
         # shellcheck disable=SC2086
         set -- $job

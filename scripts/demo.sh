@@ -65,7 +65,9 @@ if ! "$HAWSER" volume show demo >/dev/null 2>&1; then
 fi
 "$HAWSER" volume attach demo --node n1 >/dev/null
 "$HAWSER" volume show demo
-uri="nbd://127.0.0.1:10809/demo"
+# The node's unix socket (mode 0600): local clients need no certificate. Over TCP the
+# volume is nbds://127.0.0.1:10809/demo, which needs a certificate of the cluster's CA.
+uri="nbd+unix:///demo?socket=$DEMO/n1/nbd.sock"
 cat <<MSG
 
 Hawser is serving the replicated volume "demo" at:
@@ -85,7 +87,8 @@ Try it (in another terminal):
 The processes talk mutual TLS with certificates of the cluster's CA, made at cluster init
 ($DEMO/controller/ca.pem; its key beside it): each agent holds its own node certificate
 in its data dir. The CLI sends the admin token ($DEMO/controller/admin.token) and trusts
-only that CA. NBD is served on loopback only.
+only that CA. NBD over TCP needs a certificate of that CA too (STARTTLS); the unix socket
+above is for the node's own users.
 
 Logs: $DEMO/logs/. Press Ctrl-C to stop the cluster.
 MSG

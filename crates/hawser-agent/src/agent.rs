@@ -47,9 +47,9 @@ pub struct AgentArgs {
     /// Replica server listen address.
     #[arg(long, default_value = "127.0.0.1:9600")]
     pub replica_listen: String,
-    /// NBD TCP listen address ("none" to disable). A loopback address: NBD has no
-    /// authentication here (NBD TLS is not implemented yet), so another address needs
-    /// `--insecure`.
+    /// NBD TCP listen address ("none" to disable). In a TLS cluster it requires NBD TLS
+    /// (STARTTLS with a certificate of the cluster's CA; `nbds://` URIs) on any address; local
+    /// clients without one use the unix socket.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub nbd_listen: String,
     /// NBD unix socket path (default `<data-dir>/nbd.sock`), mode 0600: only root (or the
@@ -58,8 +58,9 @@ pub struct AgentArgs {
     pub nbd_socket: Option<PathBuf>,
     /// Allow what is refused by default because nothing authenticates it on the network: a
     /// plaintext controller (an `http://` URL, a controller run with `--insecure`; the
-    /// admin API is then plaintext too, guarded by the shared agent token) and NBD on a
-    /// non-loopback address. Logged as a warning at every start.
+    /// admin API, the replica port and NBD over TCP are then plaintext too, guarded by the
+    /// shared agent token and epoch grants, NBD by nothing). Logged as a warning at every
+    /// start.
     #[arg(long)]
     pub insecure: bool,
     /// How long a replica moved to a pool's trash (an orphan, by the controller's word) is
@@ -242,15 +243,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("bind NBD to {}", args.nbd_listen))?;
         let ip = l.local_addr().context("NBD listen address")?.ip();
-        if !ip.is_loopback() {
-            if !args.insecure {
-                anyhow::bail!(
-                    "--nbd-listen {}: NBD on a non-loopback address would serve every volume \
-                     attached here to anyone who reaches it (no NBD TLS yet); use the unix \
-                     socket or a loopback address, or --insecure to serve it anyway",
-                    args.nbd_listen
-                );
-            }
+        // In a TLS cluster the TCP listener requires NBD TLS with a cluster certificate,
+        // whatever its address; plaintext NBD exists only in an --insecure agent.
+        if node_tls.is_none() && !ip.is_loopback() {
             tracing::warn!(
                 addr = %args.nbd_listen,
                 "INSECURE: NBD serves this node's volumes unauthenticated on a non-loopback address"
@@ -283,7 +278,16 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         stop_rx.clone(),
     ));
     if let Some(l) = nbd_l {
-        tasks.spawn(nbd_server::serve_tcp(l, engines.clone(), stop_rx.clone()));
+        let nbd_tls = match &node_tls {
+            Some(t) => Some(t.nbd_server()?),
+            None => None,
+        };
+        tasks.spawn(nbd_server::serve_tcp(
+            l,
+            engines.clone(),
+            nbd_tls,
+            stop_rx.clone(),
+        ));
     }
     tasks.spawn(nbd_server::serve_unix(
         unix_l,
@@ -335,6 +339,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         replica_addr: args.replica_listen.clone(),
         nbd_addr: (args.nbd_listen != "none").then(|| args.nbd_listen.clone()),
         nbd_socket: Some(sock.display().to_string()),
+        nbd_tls: node_tls.is_some(),
         pools: vec![],
         labels,
         cluster_id: None,

@@ -392,6 +392,7 @@ mod tests {
             replica_addr: "a:2".into(),
             nbd_addr: None,
             nbd_socket: None,
+            nbd_tls: false,
             pools: vec![],
             labels: Default::default(),
             cluster_id: None,

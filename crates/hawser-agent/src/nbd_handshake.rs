@@ -1,9 +1,14 @@
 //! Fixed newstyle NBD option haggling: from the server greeting to the export a client chose.
 //!
 //! Hawser speaks only fixed newstyle and only simple replies. Understood options are
-//! `EXPORT_NAME`, `ABORT`, `LIST`, `INFO` and `GO`; everything else (STARTTLS, structured
-//! replies, metadata contexts, extended headers) is answered with `NBD_REP_ERR_UNSUP` and the
-//! client may carry on. Malformed framing (bad magic, oversized option, bad client flags)
+//! `EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO` and, on a listener with TLS, `STARTTLS`;
+//! everything else (structured replies, metadata contexts, extended headers) is answered with
+//! `NBD_REP_ERR_UNSUP` and the client may carry on.
+//!
+//! A listener with TLS requires it (the spec's "forced TLS"): before `STARTTLS`, `LIST`,
+//! `INFO` and `GO` get `NBD_REP_ERR_TLS_REQD` (no export is named to an unauthenticated
+//! client) and `EXPORT_NAME` closes the connection. After `STARTTLS` is acknowledged the
+//! caller runs the TLS handshake and haggling goes on inside it, without a new greeting. Malformed framing (bad magic, oversized option, bad client flags)
 //! ends the connection, as does `EXPORT_NAME` for an unknown export, which cannot carry an
 //! error reply.
 //!
@@ -58,6 +63,10 @@ pub enum HandshakeError {
     TooManyOptions,
     #[error("NBD_OPT_EXPORT_NAME for unknown export {name:?}")]
     UnknownExport { name: String },
+    #[error("NBD_OPT_EXPORT_NAME before STARTTLS on a listener that requires TLS")]
+    TlsRequired,
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
 }
 
 /// The export a client entered transmission with.
@@ -71,13 +80,49 @@ enum Step {
     Continue,
     Transmission(Negotiated),
     Aborted,
+    StartTls,
 }
 
-/// Run the handshake on `stream`. `Ok(None)` means the client aborted politely.
+/// Where a connection stands as to TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Security {
+    /// A listener without TLS: every option but STARTTLS.
+    Plain,
+    /// A listener with TLS, before STARTTLS: STARTTLS and ABORT only.
+    TlsRequired,
+    /// Inside TLS: every option; STARTTLS again is invalid.
+    Tls,
+}
+
+/// How haggling ended.
+pub enum Haggled {
+    Export(Negotiated),
+    Aborted,
+    /// STARTTLS was acknowledged: the TLS handshake comes next, then [`haggle`] again.
+    StartTls,
+}
+
+/// Run the whole handshake of a listener without TLS. `Ok(None)` means the client aborted
+/// politely.
 pub async fn negotiate<S>(
     stream: &mut S,
     registry: &dyn ExportRegistry,
 ) -> Result<Option<Negotiated>, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let no_zeroes = greet(stream).await?;
+    match haggle(stream, registry, Security::Plain, no_zeroes).await? {
+        Haggled::Export(n) => Ok(Some(n)),
+        Haggled::Aborted => Ok(None),
+        // A plain listener answers STARTTLS with ERR_UNSUP; it never gets here.
+        Haggled::StartTls => Ok(None),
+    }
+}
+
+/// The server greeting and the client's flags; returns whether the client asked for no
+/// zero padding.
+pub async fn greet<S>(stream: &mut S) -> Result<bool, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -88,8 +133,20 @@ where
     let mut flags = [0u8; nbd::CLIENT_FLAGS_LEN];
     stream.read_exact(&mut flags).await?;
     let client_flags = nbd::decode_client_flags(&flags)?;
-    let no_zeroes = client_flags & nbd::CLIENT_NO_ZEROES != 0;
+    Ok(client_flags & nbd::CLIENT_NO_ZEROES != 0)
+}
 
+/// Option haggling, until an export is chosen, the client aborts, or (`TlsRequired`) STARTTLS
+/// is acknowledged.
+pub async fn haggle<S>(
+    stream: &mut S,
+    registry: &dyn ExportRegistry,
+    security: Security,
+    no_zeroes: bool,
+) -> Result<Haggled, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     for _ in 0..MAX_OPTIONS_PER_HANDSHAKE {
         let mut header = [0u8; nbd::OPTION_HEADER_LEN];
         stream.read_exact(&mut header).await?;
@@ -97,15 +154,63 @@ where
         // `decode` bounded the length by MAX_OPTION_PAYLOAD_BYTES, so this allocation is too.
         let mut payload = vec![0u8; usize::try_from(header.len).unwrap_or(0)];
         stream.read_exact(&mut payload).await?;
-        let step = handle_option(stream, registry, header.option, &payload, no_zeroes).await?;
+        let step = match security {
+            Security::TlsRequired => before_tls(stream, header.option, &payload).await?,
+            Security::Plain | Security::Tls if header.option == nbd::OPT_STARTTLS => {
+                let (kind, msg): (u32, &[u8]) = if security == Security::Tls {
+                    (nbd::REP_ERR_INVALID, b"TLS is already on")
+                } else {
+                    (nbd::REP_ERR_UNSUP, b"this listener has no TLS")
+                };
+                send_reply(stream, header.option, kind, msg).await?;
+                Step::Continue
+            }
+            Security::Plain | Security::Tls => {
+                handle_option(stream, registry, header.option, &payload, no_zeroes).await?
+            }
+        };
         stream.flush().await?;
         match step {
             Step::Continue => {}
-            Step::Transmission(n) => return Ok(Some(n)),
-            Step::Aborted => return Ok(None),
+            Step::Transmission(n) => return Ok(Haggled::Export(n)),
+            Step::Aborted => return Ok(Haggled::Aborted),
+            Step::StartTls => return Ok(Haggled::StartTls),
         }
     }
     Err(HandshakeError::TooManyOptions)
+}
+
+/// An option before STARTTLS on a listener that requires TLS.
+async fn before_tls<S>(stream: &mut S, option: u32, payload: &[u8]) -> Result<Step, HandshakeError>
+where
+    S: AsyncWrite + Unpin,
+{
+    match option {
+        nbd::OPT_STARTTLS if payload.is_empty() => {
+            send_reply(stream, option, nbd::REP_ACK, &[]).await?;
+            Ok(Step::StartTls)
+        }
+        nbd::OPT_STARTTLS => {
+            send_reply(stream, option, nbd::REP_ERR_INVALID, b"STARTTLS takes no data").await?;
+            Ok(Step::Continue)
+        }
+        nbd::OPT_ABORT => {
+            let _ = send_reply(stream, option, nbd::REP_ACK, &[]).await;
+            Ok(Step::Aborted)
+        }
+        // It cannot carry an error reply; the spec says to close.
+        nbd::OPT_EXPORT_NAME => Err(HandshakeError::TlsRequired),
+        _ => {
+            send_reply(
+                stream,
+                option,
+                nbd::REP_ERR_TLS_REQD,
+                b"TLS required: STARTTLS with a certificate of the cluster",
+            )
+            .await?;
+            Ok(Step::Continue)
+        }
+    }
 }
 
 async fn handle_option<S>(

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, error, field, info, info_span, warn, Instrument, Span};
 
 use crate::block::ExportRegistry;
-use crate::nbd_handshake::{negotiate, HandshakeError};
+use crate::nbd_handshake::{greet, haggle, negotiate, Haggled, HandshakeError, Negotiated, Security};
 use crate::nbd_transmission::{self, TransmissionError};
 
 /// Connections one listener serves at once. At the bound it stops accepting, and new clients
@@ -43,10 +43,12 @@ pub enum ConnectionError {
     Transmission(#[from] TransmissionError),
 }
 
-/// Serve NBD on a bound TCP listener until `shutdown`.
+/// Serve NBD on a bound TCP listener until `shutdown`. With `tls`, the listener requires it:
+/// a client must STARTTLS and present a certificate `tls` accepts before anything else.
 pub async fn serve_tcp(
     listener: TcpListener,
     registry: Arc<dyn ExportRegistry>,
+    tls: Option<Arc<hawser_tls::rustls::ServerConfig>>,
     shutdown: watch::Receiver<bool>,
 ) {
     let listener = &listener;
@@ -56,7 +58,8 @@ pub async fn serve_tcp(
         stream.set_nodelay(true)?;
         Ok((stream, peer.to_string()))
     };
-    accept_loop(accept, registry, shutdown).await;
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    accept_loop(accept, registry, tls, shutdown).await;
 }
 
 /// Serve NBD on a bound unix-domain listener until `shutdown`.
@@ -75,7 +78,7 @@ pub async fn serve_unix(
         };
         Ok((stream, peer))
     };
-    accept_loop(accept, registry, shutdown).await;
+    accept_loop(accept, registry, None, shutdown).await;
 }
 
 /// Resolves once shutdown is requested. A dropped sender counts as a request: nobody could
@@ -87,6 +90,7 @@ pub(crate) async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
 async fn accept_loop<S, F, Fut>(
     mut accept: F,
     registry: Arc<dyn ExportRegistry>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -120,11 +124,11 @@ async fn accept_loop<S, F, Fut>(
             }
         };
         let span = info_span!("nbd", peer = %peer, export = field::Empty);
-        let (registry, shutdown) = (Arc::clone(&registry), shutdown.clone());
+        let (registry, shutdown, tls) = (Arc::clone(&registry), shutdown.clone(), tls.clone());
         connections.spawn(
             async move {
                 debug!("NBD client connected");
-                match serve_connection(stream, registry, shutdown).await {
+                match serve_connection(stream, registry, tls, shutdown).await {
                     Ok(()) => debug!("NBD client disconnected"),
                     Err(e) => debug!(error = %e, "NBD connection closed"),
                 }
@@ -150,26 +154,77 @@ fn report_task_end(done: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// Serve one NBD client on an already connected stream: handshake, then transmission.
-/// Exposed so that other transports (a socketpair, a test duplex) can reuse it.
+/// A connection once an export is chosen: on the stream it was accepted on, or inside TLS.
+enum Chosen<S> {
+    Plain(S, Negotiated),
+    Tls(Box<tokio_rustls::server::TlsStream<S>>, Negotiated),
+}
+
+/// Serve one NBD client on an already connected stream: handshake (with STARTTLS when `tls`
+/// is given, which the client must then use), then transmission. Exposed so that other
+/// transports (a socketpair, a test duplex) can reuse it.
 pub async fn serve_connection<S>(
-    mut stream: S,
+    stream: S,
     registry: Arc<dyn ExportRegistry>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut stream, &*registry));
-    let negotiated = tokio::select! {
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(stream, &*registry, tls));
+    let chosen = tokio::select! {
         biased;
         () = shutdown_requested(&mut shutdown) => return Ok(()),
         r = handshake => r.map_err(|_| ConnectionError::HandshakeTimeout)??,
     };
-    let Some(negotiated) = negotiated else {
+    let Some(chosen) = chosen else {
         debug!("client aborted the handshake");
         return Ok(());
     };
+    match chosen {
+        Chosen::Plain(stream, n) => transmit(stream, n, shutdown).await,
+        Chosen::Tls(stream, n) => transmit(*stream, n, shutdown).await,
+    }
+}
+
+async fn handshake<S>(
+    mut stream: S,
+    registry: &dyn ExportRegistry,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Result<Option<Chosen<S>>, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let Some(acceptor) = tls else {
+        return Ok(negotiate(&mut stream, registry)
+            .await?
+            .map(|n| Chosen::Plain(stream, n)));
+    };
+    let no_zeroes = greet(&mut stream).await?;
+    match haggle(&mut stream, registry, Security::TlsRequired, no_zeroes).await? {
+        Haggled::StartTls => {}
+        Haggled::Aborted | Haggled::Export(_) => return Ok(None),
+    }
+    let mut stream = acceptor.accept(stream).await.map_err(HandshakeError::Tls)?;
+    let peer = hawser_tls::client_peer(stream.get_ref().1.peer_certificates());
+    debug!(peer = ?peer, "NBD client authenticated");
+    Ok(
+        match haggle(&mut stream, registry, Security::Tls, no_zeroes).await? {
+            Haggled::Export(n) => Some(Chosen::Tls(Box::new(stream), n)),
+            Haggled::Aborted | Haggled::StartTls => None,
+        },
+    )
+}
+
+async fn transmit<S>(
+    stream: S,
+    negotiated: Negotiated,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     Span::current().record("export", negotiated.name.as_str());
     debug!(size = negotiated.device.size(), "NBD transmission started");
     let (reader, writer) = tokio::io::split(stream);

@@ -138,6 +138,12 @@ impl NodeTls {
         self.admin_server()
     }
 
+    /// NBD over TCP: only clients with a certificate of the cluster (any principal: the
+    /// CLI's machines get node or controller certificates from the CA) open a session.
+    pub fn nbd_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
+        self.admin_server()
+    }
+
     /// Presents this node's certificate to `node`'s replica port and accepts only `node`.
     pub fn replica_client(&self, node: &str) -> anyhow::Result<Arc<ClientConfig>> {
         let mut map = self.to_nodes.lock().unwrap_or_else(|p| p.into_inner());

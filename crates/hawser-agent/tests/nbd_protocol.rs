@@ -508,3 +508,61 @@ async fn garbage_trials() {
     within("fresh client I/O", assert_usable(&mut c, 1, 0)).await;
     server.shutdown().await;
 }
+
+/// A listener with TLS requires it: before STARTTLS no export is named or served (LIST, INFO
+/// and GO get ERR_TLS_REQD, EXPORT_NAME closes the connection), STARTTLS with data is
+/// invalid, and STARTTLS is acknowledged (the TLS handshake would follow).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_listener_names_and_serves_nothing_before_starttls() {
+    use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, Peer};
+    let ca = Ca::generate("t").expect("CA");
+    let (issued, key_pem) = ca
+        .issue_with_key(&Peer::Node("n1".into()), hawser_tls::NODE_CERT_LIFETIME)
+        .expect("certificate");
+    let slot = CertSlot::new(&Credentials {
+        chain_pem: issued.chain_pem,
+        key_pem,
+    })
+    .expect("slot");
+    let config = hawser_tls::server_config(ca.cert_pem(), slot, ClientAuth::Required)
+        .expect("server config");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let device = MemDevice::new(SIZE);
+    let registry: std::sync::Arc<dyn hawser_agent::block::ExportRegistry> =
+        std::sync::Arc::new(nbd_support::OneExport(device));
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(hawser_agent::nbd_server::serve_tcp(
+        listener,
+        registry,
+        Some(config),
+        rx,
+    ));
+    let flags = nbd::CLIENT_FIXED_NEWSTYLE | nbd::CLIENT_NO_ZEROES;
+    let mut c = within("connect", RawClient::connect(addr, flags)).await;
+    within("haggle", async {
+        c.send_option(nbd::OPT_LIST, &[]).await;
+        let r = c.replies_until_done(nbd::OPT_LIST).await;
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].reply_type, nbd::REP_ERR_TLS_REQD);
+        for option in [nbd::OPT_GO, nbd::OPT_INFO] {
+            let r = c.info(option, EXPORT, &[]).await;
+            assert_eq!(r.len(), 1, "{r:?}");
+            assert_eq!(r[0].reply_type, nbd::REP_ERR_TLS_REQD, "option {option}");
+        }
+        c.send_option(nbd::OPT_STARTTLS, b"x").await;
+        let r = c.replies_until_done(nbd::OPT_STARTTLS).await;
+        assert_eq!(r[0].reply_type, nbd::REP_ERR_INVALID);
+        c.send_option(nbd::OPT_STARTTLS, &[]).await;
+        let r = c.replies_until_done(nbd::OPT_STARTTLS).await;
+        assert_eq!(r[0].reply_type, nbd::REP_ACK);
+    })
+    .await;
+    let mut c = within("connect", RawClient::connect(addr, flags)).await;
+    c.send_option(nbd::OPT_EXPORT_NAME, EXPORT.as_bytes()).await;
+    assert!(within("close", c.closed_by_server()).await);
+    stop.send_replace(true);
+    within("server stop", server).await.expect("server task");
+}

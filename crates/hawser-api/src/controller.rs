@@ -44,6 +44,10 @@ pub struct RegisterNode {
     pub nbd_addr: Option<String>,
     /// NBD unix socket path, if any.
     pub nbd_socket: Option<String>,
+    /// The NBD TCP listener requires TLS (STARTTLS with a certificate of the cluster): its
+    /// URIs are `nbds://`.
+    #[serde(default)]
+    pub nbd_tls: bool,
     pub pools: Vec<PoolInfo>,
     /// The agent's `--label`s, e.g. `zone=a`; see [`validate_labels`].
     #[serde(default)]

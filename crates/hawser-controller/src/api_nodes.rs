@@ -30,6 +30,7 @@ pub async fn register(
         replica_addr: req.replica_addr,
         nbd_addr: req.nbd_addr,
         nbd_socket: req.nbd_socket,
+        nbd_tls: req.nbd_tls,
         last_seen_ms: now_ms(),
         pools: req.pools,
         labels: req.labels,

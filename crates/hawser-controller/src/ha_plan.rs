@@ -103,6 +103,7 @@ mod tests {
             replica_addr: String::new(),
             nbd_addr: None,
             nbd_socket: None,
+            nbd_tls: false,
             last_seen_ms,
             pools: vec![],
             labels: Default::default(),

@@ -46,6 +46,9 @@ pub struct NodeRecord {
     pub replica_addr: String,
     pub nbd_addr: Option<String>,
     pub nbd_socket: Option<String>,
+    /// The NBD TCP listener requires TLS (absent in records written before it could).
+    #[serde(default)]
+    pub nbd_tls: bool,
     /// Unix milliseconds of the last registration or heartbeat.
     pub last_seen_ms: u64,
     pub pools: Vec<PoolInfo>,
@@ -143,9 +146,11 @@ impl VolumeRecord {
             }
             _ => None,
         };
-        let nbd_uri = node
-            .and_then(|n| n.nbd_addr.as_ref())
-            .map(|addr| format!("nbd://{addr}/{}", self.name));
+        let nbd_uri = node.and_then(|n| {
+            let scheme = if n.nbd_tls { "nbds" } else { "nbd" };
+            let addr = n.nbd_addr.as_ref()?;
+            Some(format!("{scheme}://{addr}/{}", self.name))
+        });
         let nbd_unix_uri = node
             .and_then(|n| n.nbd_socket.as_ref())
             .map(|sock| format!("nbd+unix:///{}?socket={sock}", self.name));

@@ -104,16 +104,20 @@ impl TokenFiles {
     /// A TLS client configuration that presents a certificate of this cluster naming
     /// `me` (issued now, valid a day) and accepts only a server that is `expect`.
     pub fn tls_client(&self, expect: Peer, me: &Peer) -> Arc<hawser_tls::rustls::ClientConfig> {
+        let slot = CertSlot::new(&self.credentials(me)).expect("certificate slot");
+        hawser_tls::client_config(&self.ca_pem, expect, Some(slot)).expect("client config")
+    }
+
+    /// A new key and a certificate of this cluster naming `me`, valid a day.
+    pub fn credentials(&self, me: &Peer) -> Credentials {
         let ca = Ca::from_pem(&self.ca_pem, &self.ca_key_pem).expect("the cluster CA");
         let (issued, key_pem) = ca
             .issue_with_key(me, Duration::from_secs(24 * 3600))
             .expect("issue a certificate");
-        let slot = CertSlot::new(&Credentials {
+        Credentials {
             chain_pem: issued.chain_pem,
             key_pem,
-        })
-        .expect("certificate slot");
-        hawser_tls::client_config(&self.ca_pem, expect, Some(slot)).expect("client config")
+        }
     }
 }
 

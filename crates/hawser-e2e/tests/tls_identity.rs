@@ -284,7 +284,7 @@ fn only_the_clusters_certificates_open_the_apis_and_nothing_changes_otherwise() 
         "/v1/volumes/t/attach",
         Some(json!({"node": "n1"})),
     );
-    let uri = a["nbd_uri"].as_str().expect("an NBD URI").to_string();
+    let uri = a["nbd_unix_uri"].as_str().expect("an NBD URI").to_string();
     qemu_io(&uri, &["write -P 0x5c 0 4M", "flush"]);
     let before = c.admin_call(reqwest::Method::GET, "/v1/volumes/t", None);
     let replica = before["replicas"][1]["id"]
@@ -487,7 +487,7 @@ fn certificates_renew_while_the_volume_serves() {
         "/v1/volumes/r/attach",
         Some(json!({"node": "n1"})),
     );
-    let uri = a["nbd_uri"].as_str().expect("an NBD URI").to_string();
+    let uri = a["nbd_unix_uri"].as_str().expect("an NBD URI").to_string();
     let first: Vec<String> = c
         .agents
         .iter()
