@@ -191,7 +191,13 @@ where
             Ok(Step::StartTls)
         }
         nbd::OPT_STARTTLS => {
-            send_reply(stream, option, nbd::REP_ERR_INVALID, b"STARTTLS takes no data").await?;
+            send_reply(
+                stream,
+                option,
+                nbd::REP_ERR_INVALID,
+                b"STARTTLS takes no data",
+            )
+            .await?;
             Ok(Step::Continue)
         }
         nbd::OPT_ABORT => {

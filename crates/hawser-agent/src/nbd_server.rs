@@ -18,7 +18,9 @@ use tokio::task::JoinSet;
 use tracing::{debug, error, field, info, info_span, warn, Instrument, Span};
 
 use crate::block::ExportRegistry;
-use crate::nbd_handshake::{greet, haggle, negotiate, Haggled, HandshakeError, Negotiated, Security};
+use crate::nbd_handshake::{
+    greet, haggle, negotiate, Haggled, HandshakeError, Negotiated, Security,
+};
 use crate::nbd_transmission::{self, TransmissionError};
 
 /// Connections one listener serves at once. At the bound it stops accepting, and new clients

@@ -74,7 +74,12 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
     assert_eq!(engine.status().in_sync.len(), 2);
     let nl = TcpListener::bind("127.0.0.1:0").await.expect("bind nbd");
     let port = nl.local_addr().expect("addr").port();
-    tokio::spawn(nbd_server::serve_tcp(nl, engines.clone(), None, stop_rx.clone()));
+    tokio::spawn(nbd_server::serve_tcp(
+        nl,
+        engines.clone(),
+        None,
+        stop_rx.clone(),
+    ));
 
     for iodepth in [1, 32] {
         // At queue depth 32 the engine is swapped for one of a newer epoch again and again

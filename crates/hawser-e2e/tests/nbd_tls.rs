@@ -53,7 +53,11 @@ fn nbd_over_tcp_needs_a_certificate_of_the_cluster() {
 
     // No TLS: no export, and no list of them.
     let plain = run("nbdinfo", &[&format!("nbd://{tcp}/secret")]);
-    assert!(!plain.status.success(), "plaintext opened: {}", text(&plain));
+    assert!(
+        !plain.status.success(),
+        "plaintext opened: {}",
+        text(&plain)
+    );
     let list = run("nbdinfo", &["--list", &format!("nbd://{tcp}")]);
     assert!(!list.status.success(), "plaintext listed: {}", text(&list));
     assert!(!text(&list).contains("secret"), "{}", text(&list));

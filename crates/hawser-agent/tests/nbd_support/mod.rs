@@ -228,7 +228,12 @@ impl TestServer {
         let registry: Arc<dyn ExportRegistry> = Arc::new(OneExport(Arc::clone(&device)));
         let (shutdown, rx) = watch::channel(false);
         let tasks = vec![
-            tokio::spawn(serve_tcp(tcp_listener, Arc::clone(&registry), None, rx.clone())),
+            tokio::spawn(serve_tcp(
+                tcp_listener,
+                Arc::clone(&registry),
+                None,
+                rx.clone(),
+            )),
             tokio::spawn(serve_unix(unix_listener, registry, rx)),
         ];
         TestServer {
