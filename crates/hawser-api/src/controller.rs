@@ -620,3 +620,22 @@ pub struct NodeCertificate {
     pub ca_pem: String,
     pub not_after_unix: u64,
 }
+
+/// `POST /v1/cluster/admin-token`: replace the admin token.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateAdminToken {
+    /// How long the previous token still works, in seconds (default 3600, at most 7 days;
+    /// 0: not at all).
+    #[serde(default)]
+    pub grace_secs: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminTokenRotated {
+    /// The new admin token (shown once; the store keeps its digest).
+    pub token: String,
+    /// When the previous token stops working, Unix milliseconds.
+    pub previous_valid_until_ms: u64,
+}

@@ -79,12 +79,54 @@ impl Principal {
 struct TokenRecord {
     admin_sha256: String,
     agent_sha256: String,
+    /// After a rotation: the previous admin token's digest, still taken until
+    /// `admin_previous_until_ms`, so the CLIs and CSI drivers holding it can be given the new
+    /// one without an outage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    admin_previous_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    admin_previous_until_ms: Option<u64>,
+}
+
+/// The admin tokens a request may carry: the current one, and after a rotation the previous
+/// one until its grace period ends.
+#[derive(Clone, Copy)]
+struct AdminDigests {
+    current: TokenDigest,
+    previous: Option<(TokenDigest, u64)>,
+}
+
+impl AdminDigests {
+    fn of(record: &TokenRecord) -> anyhow::Result<AdminDigests> {
+        let previous = match (
+            &record.admin_previous_sha256,
+            record.admin_previous_until_ms,
+        ) {
+            (Some(hex), Some(until)) => Some((parse_digest(hex)?, until)),
+            _ => None,
+        };
+        Ok(AdminDigests {
+            current: parse_digest(&record.admin_sha256)?,
+            previous,
+        })
+    }
+
+    /// Constant-time comparisons (the previous token's only while there is one).
+    fn admits(&self, d: &TokenDigest, now_ms: u64) -> bool {
+        let current = auth::digests_equal(d, &self.current);
+        let previous = match self.previous {
+            Some((p, until)) => auth::digests_equal(d, &p) && now_ms < until,
+            None => false,
+        };
+        current | previous
+    }
 }
 
 /// What the controller needs to check requests and to call agents.
 #[derive(Clone)]
 pub struct ClusterTokens {
-    admin: TokenDigest,
+    /// Shared by every clone, replaced by a rotation or a refresh from the store.
+    admin: std::sync::Arc<std::sync::RwLock<AdminDigests>>,
     agent: TokenDigest,
     /// The agent token itself, sent to agents' admin API.
     agent_token: String,
@@ -108,7 +150,7 @@ impl ClusterTokens {
             Some((r, _)) => r,
             None => create_tokens(store, files).await?,
         };
-        let admin = parse_digest(&record.admin_sha256)?;
+        let admin = AdminDigests::of(&record)?;
         let agent = parse_digest(&record.agent_sha256)?;
         let agent_token = auth::read_token_file(&files.agent).with_context(|| {
             format!(
@@ -123,9 +165,61 @@ impl ClusterTokens {
             files.agent.display()
         );
         Ok(ClusterTokens {
-            admin,
+            admin: std::sync::Arc::new(std::sync::RwLock::new(admin)),
             agent,
             agent_token,
+        })
+    }
+
+    /// Takes the admin token digests from the store again: another controller of the
+    /// cluster may have rotated the token.
+    pub async fn refresh(&self, store: &dyn Store) -> anyhow::Result<()> {
+        let (record, _) = get_json::<TokenRecord>(store, TOKENS_KEY)
+            .await
+            .context("read the cluster tokens")?
+            .context("the cluster tokens are gone from the store")?;
+        let admin = AdminDigests::of(&record)?;
+        *self.admin.write().unwrap_or_else(|p| p.into_inner()) = admin;
+        Ok(())
+    }
+
+    /// Replaces the admin token with a new random one; the old one is still taken for
+    /// `grace_ms`. Returns the new token and when the old one stops working.
+    pub async fn rotate_admin(
+        &self,
+        store: &dyn Store,
+        grace_ms: u64,
+    ) -> Result<(String, u64), ControllerError> {
+        let mut bytes = [0u8; TOKEN_BYTES];
+        rand::rng().fill_bytes(&mut bytes);
+        let token = auth::digest_hex(&bytes);
+        for _ in 0..5 {
+            let Some((mut record, version)) = get_json::<TokenRecord>(store, TOKENS_KEY).await?
+            else {
+                return Err(ControllerError::Refused {
+                    message: "the cluster tokens are gone from the store".into(),
+                });
+            };
+            let until = crate::model::now_ms().saturating_add(grace_ms);
+            record.admin_previous_sha256 = Some(record.admin_sha256.clone());
+            record.admin_previous_until_ms = Some(until);
+            record.admin_sha256 = auth::digest_hex(&auth::digest(&token));
+            match put_json(store, TOKENS_KEY, &record, Expect::Version(version)).await {
+                Ok(_) => {
+                    let admin =
+                        AdminDigests::of(&record).map_err(|e| ControllerError::Refused {
+                            message: format!("{e:#}"),
+                        })?;
+                    *self.admin.write().unwrap_or_else(|p| p.into_inner()) = admin;
+                    return Ok((token, until));
+                }
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ControllerError::Contention {
+            key: TOKENS_KEY.into(),
+            retries: 5,
         })
     }
 
@@ -133,7 +227,10 @@ impl ClusterTokens {
     #[cfg(test)]
     pub fn for_tests(admin: &str, agent: &str) -> ClusterTokens {
         ClusterTokens {
-            admin: auth::digest(admin),
+            admin: std::sync::Arc::new(std::sync::RwLock::new(AdminDigests {
+                current: auth::digest(admin),
+                previous: None,
+            })),
             agent: auth::digest(agent),
             agent_token: agent.to_string(),
         }
@@ -206,7 +303,8 @@ impl ClusterTokens {
         }
         let d = auth::digest(token);
         // Both comparisons always run, so timing does not say which token was close.
-        let is_admin = auth::digests_equal(&d, &self.admin);
+        let admin = *self.admin.read().unwrap_or_else(|p| p.into_inner());
+        let is_admin = admin.admits(&d, crate::model::now_ms());
         let is_agent = auth::digests_equal(&d, &self.agent);
         match (is_admin, is_agent, caller) {
             (true, _, _) => Ok(Principal::Admin),
@@ -230,6 +328,8 @@ async fn create_tokens(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<
     let record = TokenRecord {
         admin_sha256: auth::digest_hex(&auth::digest(&admin)),
         agent_sha256: auth::digest_hex(&auth::digest(&agent)),
+        admin_previous_sha256: None,
+        admin_previous_until_ms: None,
     };
     match put_json(store, TOKENS_KEY, &record, Expect::Absent).await {
         Ok(_) => {

@@ -13,6 +13,7 @@ mod api_nodes;
 mod api_pools;
 mod api_replicas;
 mod api_status;
+mod api_tokens;
 mod api_volumes;
 mod auth;
 mod cluster;
@@ -399,6 +400,7 @@ impl Controller {
             self.heal,
         ));
         let reconcile = tokio::spawn(reconcile::run(self.state.clone()));
+        let tokens = tokio::spawn(api_tokens::refresh_forever(self.state.clone()));
         let failover = self
             .ha
             .map(|(k, c)| tokio::spawn(ha::run(self.state.clone(), k, c)));
@@ -421,6 +423,7 @@ impl Controller {
         watch.abort();
         heal.abort();
         reconcile.abort();
+        tokens.abort();
         if let Some(r) = renew {
             r.abort();
         }

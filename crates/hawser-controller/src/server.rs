@@ -69,6 +69,12 @@ fn routes() -> Vec<Route> {
         route(M::GET, "/v1/cluster", Admin, get(cluster::show)),
         route(
             M::POST,
+            "/v1/cluster/admin-token",
+            Admin,
+            post(crate::api_tokens::rotate_admin_token),
+        ),
+        route(
+            M::POST,
             "/v1/join-tokens",
             Admin,
             post(tls::create_join_token),

@@ -308,6 +308,35 @@ async fn real_responses_validate_against_the_document() {
     let wrong = "x".repeat(64);
     let (s, _) = p.call(Some(&wrong), del, "/v1/volumes/v", None).await;
     assert_eq!(s, 401);
+    // Admin token rotation: a bad grace, then a rotation whose old token keeps working.
+    let rotate = (Method::POST, "/v1/cluster/admin-token");
+    let (s, e) = p
+        .call(
+            a,
+            rotate.clone(),
+            "/v1/cluster/admin-token",
+            Some(json!({"grace_secs": 999_999_999})),
+        )
+        .await;
+    assert_eq!((s, code(&e)), (400, "invalid_argument"), "{e}");
+    let (s, r) = p
+        .call(a, rotate, "/v1/cluster/admin-token", Some(json!({})))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let new = r["token"].as_str().expect("a new token").to_string();
+    let (s, _) = p
+        .call(
+            Some(&new),
+            (Method::GET, "/v1/volumes"),
+            "/v1/volumes",
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "the new token works");
+    let (s, _) = p
+        .call(a, (Method::GET, "/v1/volumes"), "/v1/volumes", None)
+        .await;
+    assert_eq!(s, 200, "the old token works during the grace period");
     // Every documented operation was exercised at least once.
     let exercised: BTreeSet<(String, String)> = p
         .seen

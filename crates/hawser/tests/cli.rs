@@ -629,3 +629,65 @@ fn token_sources_and_refusals() {
         .arg(&file));
     assert_eq!(code, Some(0), "--token-file wins: {stderr}");
 }
+
+/// `hawser cluster rotate-admin-token`: the new token is written (mode 0600) and works; with
+/// no grace period the old one is refused at once; with one, both work.
+#[test]
+fn the_admin_token_rotates_without_an_outage() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::start();
+    let old = std::fs::read_to_string(env.token_file()).unwrap();
+    let new_file = env._dir.path().join("rotated.token");
+    let with = |file: &std::path::Path, args: &[&str]| {
+        hawser_cmd()
+            .args(args)
+            .env("HAWSER_CONTROLLER", &env.url)
+            .env("HAWSER_TOKEN_FILE", file)
+            .output()
+            .unwrap()
+    };
+    // A grace period: both tokens work.
+    let out = with(
+        &env.token_file(),
+        &[
+            "cluster",
+            "rotate-admin-token",
+            "--write",
+            &new_file.display().to_string(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = std::fs::metadata(&new_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let new = std::fs::read_to_string(&new_file).unwrap();
+    assert_ne!(new.trim(), old.trim());
+    assert!(with(&new_file, &["volume", "list"]).status.success());
+    assert!(with(&env.token_file(), &["volume", "list"])
+        .status
+        .success());
+    // No grace: the token that asked is refused from then on, the newest works.
+    let out = with(
+        &new_file,
+        &["cluster", "rotate-admin-token", "--grace-secs", "0"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let newest = String::from_utf8(out.stdout).unwrap();
+    let newest_file = env._dir.path().join("newest.token");
+    std::fs::write(&newest_file, &newest).unwrap();
+    let refused = with(&new_file, &["volume", "list"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("not valid"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(with(&newest_file, &["volume", "list"]).status.success());
+}

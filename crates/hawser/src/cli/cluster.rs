@@ -2,7 +2,8 @@
 //! cluster, and getting the volumes back after the store was lost.
 
 use hawser_api::controller::{
-    ClusterInfo, CreateJoinToken, JoinTokenCreated, RecoverCluster, RecoverReport,
+    AdminTokenRotated, ClusterInfo, CreateJoinToken, JoinTokenCreated, RecoverCluster,
+    RecoverReport, RotateAdminToken,
 };
 
 use crate::cli::client::{CliError, Client};
@@ -35,6 +36,17 @@ pub enum ClusterCmd {
         /// How many nodes may join with it.
         #[arg(long, default_value_t = 1)]
         uses: u32,
+    },
+    /// Replace the admin token with a new random one. The previous token keeps working for
+    /// --grace-secs, while you hand the new one to the CLIs and CSI drivers that use it.
+    RotateAdminToken {
+        /// Seconds the previous token still works (0: not at all).
+        #[arg(long, default_value_t = 3600)]
+        grace_secs: u64,
+        /// Write the new token to this file (mode 0600, replaced atomically) instead of
+        /// printing it.
+        #[arg(long, value_name = "PATH")]
+        write: Option<std::path::PathBuf>,
     },
 }
 
@@ -74,6 +86,22 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
             let t: JoinTokenCreated = client.post("/v1/join-tokens", &req)?;
             println!("{}", t.token);
         }
+        ClusterCmd::RotateAdminToken { grace_secs, write } => {
+            let req = RotateAdminToken {
+                grace_secs: Some(grace_secs),
+            };
+            let r: AdminTokenRotated = client.post("/v1/cluster/admin-token", &req)?;
+            match write {
+                Some(path) => {
+                    write_private(&path, &r.token)?;
+                    eprintln!(
+                        "new admin token written to {}; the previous one works for {grace_secs} s",
+                        path.display()
+                    );
+                }
+                None => println!("{}", r.token),
+            }
+        }
         ClusterCmd::Recover { wait_secs, out } => {
             let req = RecoverCluster {
                 wait_secs: Some(wait_secs),
@@ -107,4 +135,24 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// Writes `token` to `path` (mode 0600) through a temporary file and a rename, so a reader
+/// never sees half a token.
+fn write_private(path: &std::path::Path, token: &str) -> Result<(), CliError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let fail = |e: std::io::Error| CliError::Token(format!("write {}: {e}", path.display()));
+    let tmp = path.with_extension("tmp-rotate");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(fail)?;
+    writeln!(f, "{token}")
+        .and_then(|()| f.sync_all())
+        .map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(fail)
 }
