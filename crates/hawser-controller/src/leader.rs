@@ -13,6 +13,7 @@
 //! With the embedded store there is one controller (the file lock ensures it) and it is
 //! always the leader: [`Role::Sole`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,24 +45,42 @@ pub enum Role {
 #[derive(Clone)]
 pub struct Leadership {
     rx: watch::Receiver<Role>,
+    /// When this controller last began to lead (Unix ms; the start for the sole one).
+    since_ms: Arc<AtomicU64>,
 }
 
 impl Leadership {
     /// Always the leader: the embedded store has one controller.
     pub fn sole() -> Leadership {
         let (_tx, rx) = watch::channel(Role::Sole);
-        Leadership { rx }
+        Leadership {
+            rx,
+            since_ms: Arc::new(AtomicU64::new(crate::model::now_ms())),
+        }
     }
 
     pub fn role(&self) -> Role {
         self.rx.borrow().clone()
     }
 
+    /// When this controller began to lead, Unix ms. Heartbeats sent before then went to
+    /// another controller or were lost in an outage: a node is not offline for silence this
+    /// controller could not have heard (see `AppState::is_online`).
+    pub fn since_ms(&self) -> u64 {
+        self.since_ms.load(Ordering::Relaxed)
+    }
+
     /// A leadership whose role a test sets through the returned sender.
     #[cfg(test)]
     pub(crate) fn for_test(role: Role) -> (watch::Sender<Role>, Leadership) {
         let (tx, rx) = watch::channel(role);
-        (tx, Leadership { rx })
+        (
+            tx,
+            Leadership {
+                rx,
+                since_ms: Arc::new(AtomicU64::new(0)),
+            },
+        )
     }
 
     /// The fence every write must carry, or `Fenced` when this controller does not lead.
@@ -153,11 +172,13 @@ impl Election {
     pub fn start(store: Arc<dyn Store>, url: String) -> (Election, Leadership) {
         let (role_tx, role_rx) = watch::channel(Role::Follower { leader_url: None });
         let (lease_tx, lease_rx) = watch::channel(None);
+        let since_ms = Arc::new(AtomicU64::new(0));
         let campaign = Campaign {
             store: store.clone(),
             url,
             role: role_tx,
             lease: lease_tx,
+            since_ms: since_ms.clone(),
         };
         let task = tokio::spawn(campaign.run());
         let election = Election {
@@ -165,7 +186,13 @@ impl Election {
             store,
             lease: lease_rx,
         };
-        (election, Leadership { rx: role_rx })
+        (
+            election,
+            Leadership {
+                rx: role_rx,
+                since_ms,
+            },
+        )
     }
 
     /// Stops campaigning and revokes the lease, so another controller can lead at once.
@@ -192,6 +219,7 @@ struct Campaign {
     url: String,
     role: watch::Sender<Role>,
     lease: watch::Sender<Option<LeaseId>>,
+    since_ms: Arc<AtomicU64>,
 }
 
 impl Campaign {
@@ -323,6 +351,10 @@ impl Campaign {
             }
             if let (Role::Leader { .. }, Role::Follower { .. }) = (&*r, &role) {
                 tracing::warn!("no longer the leader");
+            }
+            if matches!(role, Role::Leader { .. }) && !matches!(&*r, Role::Leader { .. }) {
+                self.since_ms
+                    .store(crate::model::now_ms(), Ordering::Relaxed);
             }
             *r = role;
             true

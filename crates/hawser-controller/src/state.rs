@@ -48,8 +48,13 @@ impl AppState {
         urls.join(",")
     }
 
+    /// Whether `node` heartbeated within the node timeout, counting only time this
+    /// controller has led: after a takeover or a store outage, the heartbeats the nodes sent
+    /// meanwhile could not be heard, so silence counts from when leading began.
     pub fn is_online(&self, node: &NodeRecord) -> bool {
-        node.is_online(now_ms(), self.node_timeout_ms)
+        let now = now_ms();
+        let heard_since = node.last_seen_ms.max(self.leadership.since_ms());
+        now.saturating_sub(heard_since) <= self.node_timeout_ms
     }
 
     pub fn candidates(&self, nodes: &[NodeRecord]) -> Vec<Candidate> {
