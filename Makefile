@@ -10,7 +10,7 @@ HAWSER := target/release/hawser
 # CNI plugins and busybox for the real kubelet the CSI tests run.
 APT_PACKAGES := fio libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static
 # Commands whose absence means a package above is missing.
-NEEDED_CMDS := fio nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd protoc containerd runc busybox
+NEEDED_CMDS := fio nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox
 # Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
 # by scripts/k8s/build.sh into one cache (a second run is quick).
 K8S_CACHE ?= $(HOME)/.cache/hawser-k8s

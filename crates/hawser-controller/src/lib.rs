@@ -20,6 +20,8 @@ mod cluster;
 mod constants;
 mod engine_watch;
 mod errors;
+mod etcd_access;
+pub use etcd_access::EtcdArgs;
 mod events;
 mod ha;
 mod ha_plan;
@@ -50,7 +52,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, KubeStore, KubeStoreUrl, Store};
+use hawser_store::{EmbeddedStore, EtcdStore, KubeStore, KubeStoreUrl, Store};
 
 pub use constants::{
     DEFAULT_ENGINE_CHECK_SECS, DEFAULT_FAILOVER_AFTER_SECS, DEFAULT_HEAL_CHECK_SECS,
@@ -87,6 +89,8 @@ pub struct ControllerArgs {
     /// service account, else $KUBECONFIG) [default: <data-dir>/store.json].
     #[arg(long, value_name = "PATH|URL")]
     pub store: Option<String>,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
     /// Seconds without a heartbeat after which a node is offline.
     #[arg(long, default_value_t = DEFAULT_NODE_TIMEOUT_SECS)]
     pub node_timeout_secs: u64,
@@ -211,9 +215,16 @@ fn secret_access(
 
 /// Opens the store `args.store` names (default: the file in the data directory).
 async fn open_store(args: &ControllerArgs) -> anyhow::Result<OpenedStore> {
+    if !args
+        .store
+        .as_deref()
+        .is_some_and(|u| u.starts_with("etcd://"))
+    {
+        args.etcd.check_unused(args.store.as_deref())?;
+    }
     match args.store.as_deref() {
         Some(url) if url.starts_with("etcd://") => {
-            let cfg = EtcdConfig::parse(url).map_err(|e| anyhow::anyhow!(e))?;
+            let cfg = args.etcd.config(url, args.insecure)?;
             let store = EtcdStore::connect(cfg)
                 .await
                 .context("connect to the etcd cluster store")?;

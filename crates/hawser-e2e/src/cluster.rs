@@ -104,13 +104,22 @@ impl Cluster {
     pub fn start_with(name: &str, agents: usize, opts: ClusterOptions) -> Cluster {
         let dir = TempDir::new(name);
         let on_etcd = etcd_controllers(&opts);
-        let etcd = (on_etcd > 0)
-            .then(|| EtcdProcess::start(dir.path()).unwrap_or_else(|e| panic!("start etcd: {e}")));
-        let store = etcd.as_ref().map(|e| e.store_url("hawser"));
+        // etcd as production runs it: TLS, client certificates, authentication.
+        let etcd = (on_etcd > 0).then(|| {
+            EtcdProcess::start_secure(dir.path()).unwrap_or_else(|e| panic!("start etcd: {e}"))
+        });
+        let store: Vec<String> = etcd
+            .as_ref()
+            .map(|e| {
+                let mut a = vec!["--store".to_string(), e.store_url("hawser")];
+                a.extend(e.controller_args());
+                a
+            })
+            .unwrap_or_default();
         eprintln!(
             "cluster {name}: {} controller(s) on {}",
             on_etcd.max(1),
-            store.as_deref().unwrap_or("the embedded store")
+            store.get(1).map_or("the embedded store", String::as_str)
         );
         let tokens = TokenFiles::seed(dir.path());
         let count = on_etcd.max(1);
@@ -121,7 +130,7 @@ impl Cluster {
                 } else {
                     format!("controller-{}", i + 1)
                 };
-                spawn_controller(dir.path(), &name, store.as_deref(), &tokens, opts.insecure)
+                spawn_controller(dir.path(), &name, &store, &tokens, opts.insecure)
             })
             .collect();
         let url = controllers
@@ -290,7 +299,7 @@ impl Cluster {
         self.controllers[0] = spawn_controller_on(
             self.dir.path(),
             &name,
-            None,
+            &[],
             &self.tokens,
             self.insecure,
             port,
@@ -445,22 +454,22 @@ impl Cluster {
     }
 }
 
-/// Starts `hawser controller` named `name` on a free port, on `store` (etcd URL) or its own
-/// embedded store.
+/// Starts `hawser controller` named `name` on a free port, on the store `store_args` name
+/// (`--store` and its flags) or, with none, its own embedded store.
 fn spawn_controller(
     dir: &Path,
     name: &str,
-    store: Option<&str>,
+    store_args: &[String],
     tokens: &TokenFiles,
     insecure: bool,
 ) -> ControllerProc {
-    spawn_controller_on(dir, name, store, tokens, insecure, free_port())
+    spawn_controller_on(dir, name, store_args, tokens, insecure, free_port())
 }
 
 fn spawn_controller_on(
     dir: &Path,
     name: &str,
-    store: Option<&str>,
+    store_args: &[String],
     tokens: &TokenFiles,
     insecure: bool,
     port: u16,
@@ -478,10 +487,8 @@ fn spawn_controller_on(
     } else {
         tokens.install_ca(&data_dir);
     }
-    if let Some(s) = store {
-        cmd.args(["--store", s]);
-    }
     let child = cmd
+        .args(store_args)
         .stdout(Stdio::null())
         .stderr(log_file(dir, name))
         .spawn()

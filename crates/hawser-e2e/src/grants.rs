@@ -4,7 +4,8 @@
 //! server under test checks real grants with the real key.
 
 use base64::Engine as _;
-use hawser_store::{EmbeddedStore, EtcdConfig, EtcdStore, Store};
+use hawser_store::etcd_process::SECURE_USER;
+use hawser_store::{EmbeddedStore, EtcdStore, Store};
 use hawser_wire::grant::{Grant, HelloRequest};
 
 use crate::cluster::Cluster;
@@ -16,7 +17,9 @@ impl Cluster {
     fn cluster_record(&self) -> serde_json::Value {
         let bytes = match &self.etcd {
             Some(etcd) => {
-                let cfg = EtcdConfig::parse(&etcd.store_url("hawser")).expect("etcd URL");
+                let cfg = etcd
+                    .client_config("hawser", Some(SECURE_USER))
+                    .expect("etcd client configuration");
                 let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
                 rt.block_on(async {
                     let store = EtcdStore::connect(cfg).await.expect("connect to etcd");

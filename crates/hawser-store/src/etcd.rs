@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions,
-    Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    KeyValue, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use tokio::sync::mpsc;
 
@@ -33,12 +33,58 @@ pub const MAX_WATCH_BACKLOG: usize = 4096;
 /// Where the etcd cluster is and how to talk to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdConfig {
-    /// `host:port` or `http://host:port`, one per member.
+    /// `http://host:port`, or `https://host:port` with [`Self::tls`], one per member.
     pub endpoints: Vec<String>,
     /// Prepended to every key; ends with `/`.
     pub prefix: String,
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
+    /// TLS to etcd; `None` is plaintext.
+    pub tls: Option<EtcdTls>,
+    /// etcd's own user and password authentication (with a client certificate, etcd takes
+    /// the certificate's common name as the user instead).
+    pub user: Option<EtcdUser>,
+}
+
+/// TLS to etcd: the CA whose certificates etcd's members present, and the certificate this
+/// client presents (etcd's `--client-cert-auth`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca_pem: Vec<u8>,
+    pub client: Option<EtcdIdentity>,
+}
+
+/// A client certificate and its private key, PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdIdentity {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+/// An etcd user and its password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdUser {
+    pub name: String,
+    pub password: String,
+}
+
+// Keys and passwords never reach a log line through `{:?}`.
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_pem", &format_args!("{} bytes", self.ca_pem.len()))
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for EtcdUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUser")
+            .field("name", &self.name)
+            .field("password", &"<redacted>")
+            .finish()
+    }
 }
 
 impl EtcdConfig {
@@ -71,7 +117,59 @@ impl EtcdConfig {
             prefix,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tls: None,
+            user: None,
         })
+    }
+
+    /// Talks TLS to every endpoint (`https://`), checking etcd's certificates against `tls`.
+    pub fn with_tls(mut self, tls: EtcdTls) -> EtcdConfig {
+        for e in &mut self.endpoints {
+            if let Some(rest) = e.strip_prefix("http://") {
+                *e = format!("https://{rest}");
+            }
+        }
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Whether every endpoint is a loopback address (`127.0.0.0/8`, `::1`, `localhost`):
+    /// traffic that never leaves this host.
+    pub fn all_loopback(&self) -> bool {
+        self.endpoints.iter().all(|e| {
+            let host_port = e.split_once("://").map_or(e.as_str(), |(_, r)| r);
+            let host = host_port
+                .rsplit_once(':')
+                .map_or(host_port, |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            host == "localhost"
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        })
+    }
+
+    fn connect_options(&self) -> ConnectOptions {
+        let mut opts = ConnectOptions::new()
+            .with_timeout(self.request_timeout)
+            .with_connect_timeout(self.connect_timeout)
+            .with_keep_alive(Duration::from_secs(2), self.request_timeout);
+        if let Some(tls) = &self.tls {
+            let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some(id) = &tls.client {
+                t = t.identity(Identity::from_pem(&id.cert_pem, &id.key_pem));
+            }
+            opts = opts.with_tls(t);
+        }
+        if let Some(u) = &self.user {
+            // etcd's tokens expire (`--auth-token-ttl`, 5 minutes by default): take a new
+            // one when a call is refused for an expired token.
+            opts = opts
+                .with_user(u.name.clone(), u.password.clone())
+                .with_auto_token_refresh(true);
+        }
+        opts
     }
 }
 
@@ -84,22 +182,24 @@ pub struct EtcdStore {
 }
 
 impl EtcdStore {
-    /// Creates the client. It connects lazily, so this succeeds while etcd is down; the
-    /// first call then fails with `Unavailable`.
+    /// Creates the client. Without a user it connects lazily, so this succeeds while etcd is
+    /// down and the first call then fails with `Unavailable`; with a user it must get a
+    /// token first, so etcd has to answer within the request deadline.
     pub async fn connect(cfg: EtcdConfig) -> Result<EtcdStore> {
         let name = format!("etcd {} (prefix {})", cfg.endpoints.join(","), cfg.prefix);
-        let opts = ConnectOptions::new()
-            .with_timeout(cfg.request_timeout)
-            .with_connect_timeout(cfg.connect_timeout)
-            .with_keep_alive(Duration::from_secs(2), cfg.request_timeout);
-        let client = Client::connect(&cfg.endpoints, Some(opts))
-            .await
-            .map_err(|e| StoreError::Unavailable {
-                endpoint: name.clone(),
-                op: "connect",
-                key: String::new(),
-                reason: e.to_string(),
-            })?;
+        let unavailable = |reason: String| StoreError::Unavailable {
+            endpoint: name.clone(),
+            op: "connect",
+            key: String::new(),
+            reason,
+        };
+        let deadline = cfg.connect_timeout + cfg.request_timeout;
+        let connect = Client::connect(&cfg.endpoints, Some(cfg.connect_options()));
+        let client = match tokio::time::timeout(deadline, connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(unavailable(e.to_string())),
+            Err(_) => return Err(unavailable(format!("no answer within {deadline:?}"))),
+        };
         Ok(EtcdStore { client, cfg, name })
     }
 

@@ -7,12 +7,13 @@
 pub mod apiserver_process;
 mod embedded;
 mod etcd;
+pub mod etcd_pki;
 pub mod etcd_process;
 pub mod k8s;
 mod store;
 
 pub use embedded::EmbeddedStore;
-pub use etcd::{EtcdConfig, EtcdStore};
+pub use etcd::{EtcdConfig, EtcdIdentity, EtcdStore, EtcdTls, EtcdUser};
 pub use k8s::{KubeConfig, KubeStore, KubeStoreUrl};
 pub use store::{
     get_json, list_json, put_json, Expect, Fence, LeaseId, Result, Store, StoreError, Versioned,

@@ -42,6 +42,7 @@ impl Env {
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().to_path_buf(),
             store: None,
+            etcd: Default::default(),
             node_timeout_secs: 60,
             advertise_url: None,
             engine_check_secs: 0,
@@ -494,6 +495,41 @@ fn controller_subcommand_serves_and_stops() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+/// The controller never reaches etcd off loopback in plaintext unless told `--insecure`, and
+/// refuses etcd flags it would ignore or that are half given.
+#[test]
+fn controller_refuses_plaintext_etcd_off_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        hawser_cmd()
+            .args(["controller", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // 192.0.2.0/24 is TEST-NET-1: never routed, so nothing is sent anywhere.
+    let out = run(&["--store", "etcd://192.0.2.1:2379"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("plaintext") && stderr.contains("--etcd-ca-file"),
+        "{stderr}"
+    );
+    let out = run(&["--etcd-ca-file", "/nonexistent"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("need an etcd:// store"), "{stderr}");
+    // A certificate without its key, a user without a password: usage errors.
+    for half in [
+        &["--etcd-cert-file", "c.pem", "--etcd-ca-file", "ca.pem"][..],
+        &["--etcd-user", "hawser"][..],
+    ] {
+        let out = run(half);
+        assert_eq!(out.status.code(), Some(2), "{half:?}");
+    }
 }
 
 /// A follower controller: answers everything with `not_leader`, naming `leader`. Counts the

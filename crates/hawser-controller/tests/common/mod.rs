@@ -154,6 +154,7 @@ pub fn controller_args(
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: data_dir.to_path_buf(),
         store,
+        etcd: Default::default(),
         node_timeout_secs: 15,
         advertise_url: None,
         engine_check_secs: 0,
