@@ -621,10 +621,10 @@ pub struct NodeCertificate {
     pub not_after_unix: u64,
 }
 
-/// `POST /v1/cluster/admin-token`: replace the admin token.
+/// `POST /v1/cluster/admin-token` and `/v1/cluster/agent-token`: replace a cluster token.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RotateAdminToken {
+pub struct RotateToken {
     /// How long the previous token still works, in seconds (default 3600, at most 7 days;
     /// 0: not at all).
     #[serde(default)]
@@ -633,8 +633,8 @@ pub struct RotateAdminToken {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AdminTokenRotated {
-    /// The new admin token (shown once; the store keeps its digest).
+pub struct TokenRotated {
+    /// The new token (shown once; the store keeps its digest).
     pub token: String,
     /// When the previous token stops working, Unix milliseconds.
     pub previous_valid_until_ms: u64,

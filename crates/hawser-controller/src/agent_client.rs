@@ -82,7 +82,9 @@ impl crate::model::NodeRecord {
 pub struct AgentClient {
     http: reqwest::Client,
     /// `Bearer <agent token>`: agents without TLS refuse admin calls without it.
-    authorization: String,
+    /// `Bearer <agent token>`, plaintext clusters only: over TLS the controller's
+    /// certificate authenticates it, and the agent token (a node's way in) is never sent.
+    authorization: Option<String>,
     tls: Option<Arc<ControllerTls>>,
     per_node: Arc<Mutex<HashMap<String, reqwest::Client>>>,
 }
@@ -95,10 +97,17 @@ fn builder() -> reqwest::ClientBuilder {
 }
 
 impl AgentClient {
-    pub fn new(agent_token: &str, tls: Option<Arc<ControllerTls>>) -> anyhow::Result<Self> {
+    pub fn new(agent_token: Option<&str>, tls: Option<Arc<ControllerTls>>) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            tls.is_some() || agent_token.is_some(),
+            "a plaintext controller needs the agent token to call agents"
+        );
         Ok(AgentClient {
             http: builder().build()?,
-            authorization: format!("Bearer {agent_token}"),
+            authorization: match tls {
+                Some(_) => None,
+                None => agent_token.map(|t| format!("Bearer {t}")),
+            },
             tls,
             per_node: Default::default(),
         })
@@ -227,8 +236,10 @@ impl AgentClient {
                 })?;
         let mut req = http
             .request(method, format!("{scheme}://{addr}{path}"))
-            .header(reqwest::header::AUTHORIZATION, &self.authorization)
             .header(NODE_HEADER, to.node);
+        if let Some(a) = &self.authorization {
+            req = req.header(reqwest::header::AUTHORIZATION, a);
+        }
         if let Some(body) = body {
             req = req.json(body);
         }

@@ -1,16 +1,18 @@
-//! `POST /v1/cluster/admin-token`: rotating the admin token without an outage. The new
-//! token is random, shown once, and its digest replaces the old in the store by
-//! compare-and-swap; the old digest stays valid for a grace period, so the CLIs and CSI
-//! drivers that hold it can be given the new one. Other controllers of the cluster take the
-//! new digests from the store within seconds (`refresh_forever`).
+//! `POST /v1/cluster/admin-token` and `/v1/cluster/agent-token`: rotating a cluster token
+//! without an outage. The new token is random, shown once, and its digest replaces the old in
+//! the store by compare-and-swap; the old digest stays valid for a grace period, so the CLIs
+//! and CSI drivers (admin token) or the node installers (agent token: nodes join with it)
+//! that hold it can be given the new one. Other controllers of the cluster take the new
+//! digests from the store within seconds (`refresh_forever`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
-use hawser_api::controller::{AdminTokenRotated, RotateAdminToken};
+use hawser_api::controller::{RotateToken, TokenRotated};
 
+use crate::auth::TokenKind;
 use crate::errors::ControllerError;
 use crate::server::ApiJson;
 use crate::state::AppState;
@@ -22,8 +24,23 @@ const REFRESH: Duration = Duration::from_secs(5);
 
 pub async fn rotate_admin_token(
     State(st): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<RotateAdminToken>,
-) -> Result<Json<AdminTokenRotated>, ControllerError> {
+    ApiJson(req): ApiJson<RotateToken>,
+) -> Result<Json<TokenRotated>, ControllerError> {
+    rotate(&st, TokenKind::Admin, req).await
+}
+
+pub async fn rotate_agent_token(
+    State(st): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<RotateToken>,
+) -> Result<Json<TokenRotated>, ControllerError> {
+    rotate(&st, TokenKind::Agent, req).await
+}
+
+async fn rotate(
+    st: &AppState,
+    kind: TokenKind,
+    req: RotateToken,
+) -> Result<Json<TokenRotated>, ControllerError> {
     let grace = req.grace_secs.unwrap_or(DEFAULT_GRACE_SECS);
     if grace > MAX_GRACE_SECS {
         return Err(ControllerError::invalid(format!(
@@ -33,13 +50,14 @@ pub async fn rotate_admin_token(
     let store = st.records.store();
     let (token, until) = st
         .tokens
-        .rotate_admin(&*store, grace.saturating_mul(1000))
+        .rotate(&*store, kind, grace.saturating_mul(1000))
         .await?;
     tracing::warn!(
+        token = ?kind,
         grace_secs = grace,
-        "admin token rotated; the previous one works until the grace period ends"
+        "token rotated; the previous one works until the grace period ends"
     );
-    Ok(Json(AdminTokenRotated {
+    Ok(Json(TokenRotated {
         token,
         previous_valid_until_ms: until,
     }))

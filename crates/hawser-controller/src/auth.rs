@@ -86,29 +86,76 @@ struct TokenRecord {
     admin_previous_sha256: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     admin_previous_until_ms: Option<u64>,
+    /// The same for the agent token (TLS clusters: the token nodes join with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    agent_previous_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    agent_previous_until_ms: Option<u64>,
 }
 
-/// The admin tokens a request may carry: the current one, and after a rotation the previous
-/// one until its grace period ends.
+/// Which of the two cluster tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenKind {
+    Admin,
+    Agent,
+}
+
+impl TokenRecord {
+    /// The current digest and the previous one with its end, of `kind`.
+    fn fields(&mut self, kind: TokenKind) -> (&mut String, &mut Option<String>, &mut Option<u64>) {
+        match kind {
+            TokenKind::Admin => (
+                &mut self.admin_sha256,
+                &mut self.admin_previous_sha256,
+                &mut self.admin_previous_until_ms,
+            ),
+            TokenKind::Agent => (
+                &mut self.agent_sha256,
+                &mut self.agent_previous_sha256,
+                &mut self.agent_previous_until_ms,
+            ),
+        }
+    }
+
+    fn digests(&self, kind: TokenKind) -> anyhow::Result<Digests> {
+        let (current, previous, until) = match kind {
+            TokenKind::Admin => (
+                &self.admin_sha256,
+                &self.admin_previous_sha256,
+                self.admin_previous_until_ms,
+            ),
+            TokenKind::Agent => (
+                &self.agent_sha256,
+                &self.agent_previous_sha256,
+                self.agent_previous_until_ms,
+            ),
+        };
+        let previous = match (previous.as_deref(), until) {
+            (Some(hex), Some(until)) => Some((parse_digest(hex)?, until)),
+            _ => None,
+        };
+        Ok(Digests {
+            current: parse_digest(current)?,
+            previous,
+        })
+    }
+}
+
+/// The tokens of one kind a request may carry: the current one, and after a rotation the
+/// previous one until its grace period ends.
 #[derive(Clone, Copy)]
-struct AdminDigests {
+struct Digests {
     current: TokenDigest,
     previous: Option<(TokenDigest, u64)>,
 }
 
-impl AdminDigests {
-    fn of(record: &TokenRecord) -> anyhow::Result<AdminDigests> {
-        let previous = match (
-            &record.admin_previous_sha256,
-            record.admin_previous_until_ms,
-        ) {
-            (Some(hex), Some(until)) => Some((parse_digest(hex)?, until)),
-            _ => None,
-        };
-        Ok(AdminDigests {
-            current: parse_digest(&record.admin_sha256)?,
-            previous,
-        })
+impl Digests {
+    #[cfg(test)]
+    fn only(current: TokenDigest) -> Digests {
+        Digests {
+            current,
+            previous: None,
+        }
     }
 
     /// Constant-time comparisons (the previous token's only while there is one).
@@ -122,14 +169,30 @@ impl AdminDigests {
     }
 }
 
+type Shared<T> = std::sync::Arc<std::sync::RwLock<T>>;
+
+fn shared<T>(v: T) -> Shared<T> {
+    std::sync::Arc::new(std::sync::RwLock::new(v))
+}
+
+fn read<T: Copy>(s: &Shared<T>) -> T {
+    *s.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(s: &Shared<T>, v: T) {
+    *s.write().unwrap_or_else(|p| p.into_inner()) = v;
+}
+
 /// What the controller needs to check requests and to call agents.
 #[derive(Clone)]
 pub struct ClusterTokens {
     /// Shared by every clone, replaced by a rotation or a refresh from the store.
-    admin: std::sync::Arc<std::sync::RwLock<AdminDigests>>,
-    agent: TokenDigest,
-    /// The agent token itself, sent to agents' admin API.
-    agent_token: String,
+    admin: Shared<Digests>,
+    agent: Shared<Digests>,
+    /// The agent token itself, sent to agents' admin API: plaintext clusters only. Over TLS
+    /// the controller's certificate is its credential, and the agent token (which lets a
+    /// node join) is never sent to a node.
+    agent_token: Option<String>,
 }
 
 /// Where the token files are.
@@ -141,8 +204,14 @@ pub struct TokenFiles {
 
 impl ClusterTokens {
     /// Creates the cluster's tokens if the store has none (adopting existing token files,
-    /// generating missing ones), else loads them; checks that the local agent token matches.
-    pub async fn init(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<ClusterTokens> {
+    /// generating missing ones), else loads them. A plaintext (`insecure`) controller needs
+    /// the current agent token in its file: it calls agents with it. Over TLS the file is
+    /// only what cluster init wrote, and may be stale after a rotation.
+    pub async fn init(
+        store: &dyn Store,
+        files: &TokenFiles,
+        insecure: bool,
+    ) -> anyhow::Result<ClusterTokens> {
         let record = match get_json::<TokenRecord>(store, TOKENS_KEY)
             .await
             .context("read the cluster tokens")?
@@ -150,49 +219,71 @@ impl ClusterTokens {
             Some((r, _)) => r,
             None => create_tokens(store, files).await?,
         };
-        let admin = AdminDigests::of(&record)?;
-        let agent = parse_digest(&record.agent_sha256)?;
-        let agent_token = auth::read_token_file(&files.agent).with_context(|| {
-            format!(
-                "the cluster already has tokens: copy agent.token from the controller that \
-                 created them to {}",
+        let admin = record.digests(TokenKind::Admin)?;
+        let agent = record.digests(TokenKind::Agent)?;
+        let agent_token = if insecure {
+            let token = auth::read_token_file(&files.agent).with_context(|| {
+                format!(
+                    "the cluster already has tokens: copy agent.token from the controller \
+                     that created them to {}",
+                    files.agent.display()
+                )
+            })?;
+            anyhow::ensure!(
+                auth::digests_equal(&auth::digest(&token), &agent.current),
+                "{} is not this cluster's agent token (with --insecure every controller \
+                 needs the current one)",
                 files.agent.display()
-            )
-        })?;
-        anyhow::ensure!(
-            auth::digests_equal(&auth::digest(&agent_token), &agent),
-            "{} is not this cluster's agent token",
-            files.agent.display()
-        );
+            );
+            Some(token)
+        } else {
+            None
+        };
         Ok(ClusterTokens {
-            admin: std::sync::Arc::new(std::sync::RwLock::new(admin)),
-            agent,
+            admin: shared(admin),
+            agent: shared(agent),
             agent_token,
         })
     }
 
-    /// Takes the admin token digests from the store again: another controller of the
-    /// cluster may have rotated the token.
+    /// Takes the token digests from the store again: another controller of the cluster may
+    /// have rotated a token.
     pub async fn refresh(&self, store: &dyn Store) -> anyhow::Result<()> {
         let (record, _) = get_json::<TokenRecord>(store, TOKENS_KEY)
             .await
             .context("read the cluster tokens")?
             .context("the cluster tokens are gone from the store")?;
-        let admin = AdminDigests::of(&record)?;
-        *self.admin.write().unwrap_or_else(|p| p.into_inner()) = admin;
+        let admin = record.digests(TokenKind::Admin)?;
+        let agent = record.digests(TokenKind::Agent)?;
+        write(&self.admin, admin);
+        write(&self.agent, agent);
         Ok(())
     }
 
-    /// Replaces the admin token with a new random one; the old one is still taken for
-    /// `grace_ms`. Returns the new token and when the old one stops working.
-    pub async fn rotate_admin(
+    /// Replaces the `kind` token with a new random one; the old one is still taken for
+    /// `grace_ms`. Returns the new token and when the old one stops working. The agent
+    /// token of a plaintext cluster does not rotate: it is also what agents check the
+    /// controller's calls against.
+    pub async fn rotate(
         &self,
         store: &dyn Store,
+        kind: TokenKind,
         grace_ms: u64,
     ) -> Result<(String, u64), ControllerError> {
+        if kind == TokenKind::Agent && self.agent_token.is_some() {
+            return Err(ControllerError::Refused {
+                message: "with --insecure the agent token is also the controller's credential \
+                          with every agent: it cannot rotate without restarting them all; \
+                          run the cluster with TLS"
+                    .into(),
+            });
+        }
         let mut bytes = [0u8; TOKEN_BYTES];
         rand::rng().fill_bytes(&mut bytes);
         let token = auth::digest_hex(&bytes);
+        let refused = |e: anyhow::Error| ControllerError::Refused {
+            message: format!("{e:#}"),
+        };
         for _ in 0..5 {
             let Some((mut record, version)) = get_json::<TokenRecord>(store, TOKENS_KEY).await?
             else {
@@ -201,16 +292,19 @@ impl ClusterTokens {
                 });
             };
             let until = crate::model::now_ms().saturating_add(grace_ms);
-            record.admin_previous_sha256 = Some(record.admin_sha256.clone());
-            record.admin_previous_until_ms = Some(until);
-            record.admin_sha256 = auth::digest_hex(&auth::digest(&token));
+            let (current, previous, previous_until) = record.fields(kind);
+            *previous = Some(std::mem::replace(
+                current,
+                auth::digest_hex(&auth::digest(&token)),
+            ));
+            *previous_until = Some(until);
             match put_json(store, TOKENS_KEY, &record, Expect::Version(version)).await {
                 Ok(_) => {
-                    let admin =
-                        AdminDigests::of(&record).map_err(|e| ControllerError::Refused {
-                            message: format!("{e:#}"),
-                        })?;
-                    *self.admin.write().unwrap_or_else(|p| p.into_inner()) = admin;
+                    let digests = record.digests(kind).map_err(refused)?;
+                    match kind {
+                        TokenKind::Admin => write(&self.admin, digests),
+                        TokenKind::Agent => write(&self.agent, digests),
+                    }
                     return Ok((token, until));
                 }
                 Err(e) if e.is_conflict() => continue,
@@ -227,22 +321,21 @@ impl ClusterTokens {
     #[cfg(test)]
     pub fn for_tests(admin: &str, agent: &str) -> ClusterTokens {
         ClusterTokens {
-            admin: std::sync::Arc::new(std::sync::RwLock::new(AdminDigests {
-                current: auth::digest(admin),
-                previous: None,
-            })),
-            agent: auth::digest(agent),
-            agent_token: agent.to_string(),
+            admin: shared(Digests::only(auth::digest(admin))),
+            agent: shared(Digests::only(auth::digest(agent))),
+            agent_token: Some(agent.to_string()),
         }
     }
 
-    /// Whether `token` is the cluster's agent token (a constant-time comparison of digests).
+    /// Whether `token` is the cluster's agent token, or the previous one in its grace
+    /// period (constant-time comparisons of digests).
     pub fn is_agent_token(&self, token: &str) -> bool {
-        auth::digests_equal(&auth::digest(token.trim()), &self.agent)
+        read(&self.agent).admits(&auth::digest(token.trim()), crate::model::now_ms())
     }
 
-    pub fn agent_token(&self) -> &str {
-        &self.agent_token
+    /// The agent token the controller sends to agents (plaintext clusters only).
+    pub fn agent_token(&self) -> Option<&str> {
+        self.agent_token.as_deref()
     }
 
     /// Who made a request, and whether `caller` allows it: 401 without valid credentials,
@@ -303,9 +396,9 @@ impl ClusterTokens {
         }
         let d = auth::digest(token);
         // Both comparisons always run, so timing does not say which token was close.
-        let admin = *self.admin.read().unwrap_or_else(|p| p.into_inner());
-        let is_admin = admin.admits(&d, crate::model::now_ms());
-        let is_agent = auth::digests_equal(&d, &self.agent);
+        let now = crate::model::now_ms();
+        let is_admin = read(&self.admin).admits(&d, now);
+        let is_agent = read(&self.agent).admits(&d, now);
         match (is_admin, is_agent, caller) {
             (true, _, _) => Ok(Principal::Admin),
             (_, true, Caller::Agent) => Ok(Principal::AgentToken),
@@ -330,6 +423,8 @@ async fn create_tokens(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<
         agent_sha256: auth::digest_hex(&auth::digest(&agent)),
         admin_previous_sha256: None,
         admin_previous_until_ms: None,
+        agent_previous_sha256: None,
+        agent_previous_until_ms: None,
     };
     match put_json(store, TOKENS_KEY, &record, Expect::Absent).await {
         Ok(_) => {
@@ -370,4 +465,59 @@ fn existing_or_new_token(path: &Path) -> anyhow::Result<String> {
         .and_then(|_| f.sync_all())
         .with_context(|| format!("write token file {}", path.display()))?;
     Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use hawser_store::EmbeddedStore;
+
+    /// After the agent token rotated, a TLS controller still starts with the token file
+    /// cluster init wrote (it is stale now), and takes the new token and the old one only
+    /// within the grace; a plaintext controller refuses a stale file, and cannot rotate the
+    /// agent token at all.
+    #[tokio::test]
+    async fn the_agent_token_rotates_in_tls_clusters_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("store.json")).unwrap();
+        let files = TokenFiles {
+            admin: dir.path().join("admin.token"),
+            agent: dir.path().join("agent.token"),
+        };
+        let tls = ClusterTokens::init(&store, &files, false).await.unwrap();
+        assert!(tls.agent_token().is_none(), "never sent over TLS");
+        let old = auth::read_token_file(&files.agent).unwrap();
+        assert!(tls.is_agent_token(&old));
+
+        let (new, _) = tls.rotate(&store, TokenKind::Agent, 60_000).await.unwrap();
+        assert!(tls.is_agent_token(&new) && tls.is_agent_token(&old));
+        let (newer, _) = tls.rotate(&store, TokenKind::Agent, 0).await.unwrap();
+        assert!(tls.is_agent_token(&newer));
+        assert!(!tls.is_agent_token(&new) && !tls.is_agent_token(&old));
+
+        // Another controller of the cluster, started now with the stale file.
+        let restarted = ClusterTokens::init(&store, &files, false).await.unwrap();
+        assert!(restarted.is_agent_token(&newer) && !restarted.is_agent_token(&old));
+        let err = ClusterTokens::init(&store, &files, true)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            format!("{err:#}").contains("not this cluster's agent token"),
+            "{err:#}"
+        );
+
+        // A plaintext cluster's agent token does not rotate.
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("store.json")).unwrap();
+        let files = TokenFiles {
+            admin: dir.path().join("admin.token"),
+            agent: dir.path().join("agent.token"),
+        };
+        let plain = ClusterTokens::init(&store, &files, true).await.unwrap();
+        let err = plain.rotate(&store, TokenKind::Agent, 0).await.unwrap_err();
+        assert!(matches!(err, ControllerError::Refused { .. }), "{err:?}");
+        assert!(plain.is_agent_token(&auth::read_token_file(&files.agent).unwrap()));
+    }
 }

@@ -301,7 +301,7 @@ impl Controller {
             }
             _ => None,
         };
-        let tokens = ClusterTokens::init(&*store, &args.token_files()).await?;
+        let tokens = ClusterTokens::init(&*store, &args.token_files(), args.insecure).await?;
         let tls = if !args.insecure {
             let lifetime = std::time::Duration::from_secs(args.cert_lifetime_secs.max(3));
             let t = match &args.ca_secret {

@@ -75,6 +75,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             M::POST,
+            "/v1/cluster/agent-token",
+            Admin,
+            post(crate::api_tokens::rotate_agent_token),
+        ),
+        route(
+            M::POST,
             "/v1/join-tokens",
             Admin,
             post(tls::create_join_token),

@@ -399,7 +399,7 @@ mod tests {
             .unwrap();
         let st = Arc::new(AppState {
             records: crate::records::Records::new(Arc::new(store)),
-            agents: crate::agent_client::AgentClient::new("t", None).unwrap(),
+            agents: crate::agent_client::AgentClient::new(Some("t"), None).unwrap(),
             tls: None,
             tokens: crate::auth::ClusterTokens::for_tests("admin", "agent"),
             volume_locks: Default::default(),

@@ -337,6 +337,17 @@ async fn real_responses_validate_against_the_document() {
         .call(a, (Method::GET, "/v1/volumes"), "/v1/volumes", None)
         .await;
     assert_eq!(s, 200, "the old token works during the grace period");
+    // The agent token does not rotate in a plaintext cluster (agents check the controller's
+    // calls against it); tls_identity shows it rotating over TLS.
+    let (s, e) = p
+        .call(
+            Some(&new),
+            (Method::POST, "/v1/cluster/agent-token"),
+            "/v1/cluster/agent-token",
+            Some(json!({"grace_secs": 0})),
+        )
+        .await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
     // Every documented operation was exercised at least once.
     let exercised: BTreeSet<(String, String)> = p
         .seen

@@ -600,14 +600,17 @@ fn a_node_joins_with_the_agent_token_and_the_ca_and_not_otherwise() {
             s("none"),
         ]
     };
-    let _n2 = spawn(c.dir.path(), "n2", &agent("n2", &ca_file, &c.url));
-    wait_until("n2 online", Duration::from_secs(30), || {
-        let v = c.admin_call(reqwest::Method::GET, "/v1/nodes", None);
-        v.as_array().is_some_and(|a| {
-            a.iter()
-                .any(|n| n["name"] == json!("n2") && n["state"] == json!("online"))
-        })
-    });
+    let online = |node: &str| {
+        wait_until(&format!("{node} online"), Duration::from_secs(30), || {
+            let v = c.admin_call(reqwest::Method::GET, "/v1/nodes", None);
+            v.as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|n| n["name"] == json!(node) && n["state"] == json!("online"))
+            })
+        });
+    };
+    let n2 = spawn(c.dir.path(), "n2", &agent("n2", &ca_file, &c.url));
+    online("n2");
     let creds = node_creds(&c.dir.path().join("n2"));
     assert_eq!(
         CertSlot::new(&creds).expect("n2's certificate").peer(),
@@ -636,4 +639,45 @@ fn a_node_joins_with_the_agent_token_and_the_ca_and_not_otherwise() {
         .filter_map(|n| n["name"].as_str())
         .collect();
     assert_eq!(names, ["n1", "n2"], "only the nodes that joined are known");
+
+    // The agent token rotates (no grace): the new token is written for the installer, the
+    // old one no longer lets a node join, joined nodes keep working with their certificates.
+    let new_token = c.dir.path().join("agent.token.new");
+    c.cli(&[
+        "cluster",
+        "rotate-agent-token",
+        "--grace-secs",
+        "0",
+        "--write",
+        &new_token.display().to_string(),
+    ]);
+    let mut n5 = spawn(c.dir.path(), "n5", &agent("n5", &ca_file, &c.url));
+    let log = exits_with_log(c.dir.path(), "n5", &mut n5);
+    assert!(log.contains("join token is not valid"), "{log}");
+    assert!(!c.dir.path().join("n5/tls/node.pem").exists());
+    let with_new = |node: &str| {
+        let mut a = agent(node, &ca_file, &c.url);
+        let i = a
+            .iter()
+            .position(|x| x == "--token-file")
+            .expect("token flag");
+        a[i + 1] = new_token.display().to_string();
+        a
+    };
+    let _n6 = spawn(c.dir.path(), "n6", &with_new("n6"));
+    online("n6");
+    drop(n2);
+    let _n2 = spawn(c.dir.path(), "n2-again", &agent("n2", &ca_file, &c.url));
+    let before = c.admin_call(reqwest::Method::GET, "/v1/nodes/n2", None)["last_seen_ms"].clone();
+    wait_until("n2 registers again", Duration::from_secs(30), || {
+        c.admin_call(reqwest::Method::GET, "/v1/nodes/n2", None)["last_seen_ms"] != before
+    });
+    assert_eq!(
+        std::fs::read_to_string(c.dir.path().join("n2-again.log"))
+            .unwrap_or_default()
+            .matches("joined")
+            .count(),
+        0,
+        "n2 did not join again"
+    );
 }

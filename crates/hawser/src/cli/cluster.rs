@@ -2,8 +2,8 @@
 //! cluster, and getting the volumes back after the store was lost.
 
 use hawser_api::controller::{
-    AdminTokenRotated, ClusterInfo, CreateJoinToken, JoinTokenCreated, RecoverCluster,
-    RecoverReport, RotateAdminToken,
+    ClusterInfo, CreateJoinToken, JoinTokenCreated, RecoverCluster, RecoverReport, RotateToken,
+    TokenRotated,
 };
 
 use crate::cli::client::{CliError, Client};
@@ -48,6 +48,43 @@ pub enum ClusterCmd {
         #[arg(long, value_name = "PATH")]
         write: Option<std::path::PathBuf>,
     },
+    /// Replace the agent token (what nodes join with when they are not given a join token,
+    /// e.g. the Helm chart's Secret) with a new random one; joined nodes keep their
+    /// certificates. The previous token still lets nodes join for --grace-secs. TLS clusters
+    /// only.
+    RotateAgentToken {
+        /// Seconds the previous token still works (0: not at all).
+        #[arg(long, default_value_t = 3600)]
+        grace_secs: u64,
+        /// Write the new token to this file (mode 0600, replaced atomically) instead of
+        /// printing it.
+        #[arg(long, value_name = "PATH")]
+        write: Option<std::path::PathBuf>,
+    },
+}
+
+/// Rotates the `kind` (admin or agent) token; prints the new one or writes it to `write`.
+fn rotate(
+    client: &Client,
+    kind: &str,
+    grace_secs: u64,
+    write: Option<std::path::PathBuf>,
+) -> Result<(), CliError> {
+    let req = RotateToken {
+        grace_secs: Some(grace_secs),
+    };
+    let r: TokenRotated = client.post(&format!("/v1/cluster/{kind}-token"), &req)?;
+    match write {
+        Some(path) => {
+            write_private(&path, &r.token)?;
+            eprintln!(
+                "new {kind} token written to {}; the previous one works for {grace_secs} s",
+                path.display()
+            );
+        }
+        None => println!("{}", r.token),
+    }
+    Ok(())
 }
 
 pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
@@ -87,20 +124,10 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
             println!("{}", t.token);
         }
         ClusterCmd::RotateAdminToken { grace_secs, write } => {
-            let req = RotateAdminToken {
-                grace_secs: Some(grace_secs),
-            };
-            let r: AdminTokenRotated = client.post("/v1/cluster/admin-token", &req)?;
-            match write {
-                Some(path) => {
-                    write_private(&path, &r.token)?;
-                    eprintln!(
-                        "new admin token written to {}; the previous one works for {grace_secs} s",
-                        path.display()
-                    );
-                }
-                None => println!("{}", r.token),
-            }
+            rotate(client, "admin", grace_secs, write)?;
+        }
+        ClusterCmd::RotateAgentToken { grace_secs, write } => {
+            rotate(client, "agent", grace_secs, write)?;
         }
         ClusterCmd::Recover { wait_secs, out } => {
             let req = RecoverCluster {
