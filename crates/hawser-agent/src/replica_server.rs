@@ -288,6 +288,16 @@ async fn hello(
             .ok(),
         None => None,
     };
+    if key.is_none() && client.is_some() {
+        // A TLS node always belongs to a cluster, whose grants it can check once its first
+        // registration answer gave it the key; until then no Hello is good enough.
+        tracing::debug!(
+            replica = id,
+            "Hello refused: no grant key yet (not registered)"
+        );
+        reply(out, (h.reply(Status::Denied), None));
+        return Err(FrameIoError::Closed);
+    }
     if let Some(key) = &key {
         let want = Expected {
             cluster: &cluster,

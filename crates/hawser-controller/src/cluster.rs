@@ -39,10 +39,13 @@ pub struct ClusterRecord {
     /// When `hawser cluster recover` adopted this id into the store.
     #[serde(default)]
     pub adopted_ms: Option<u64>,
-    /// The Ed25519 key (PKCS#8, base64) that signs epoch grants (`hawser_wire::grant`).
-    /// Kept in the store so that every controller signs with it; agents learn the public
-    /// half when they register. Absent in records of older controllers: added at first use.
-    #[serde(default)]
+    /// Plaintext (`--insecure`) clusters only: the Ed25519 key (PKCS#8, base64) that signs
+    /// epoch grants (`hawser_wire::grant`), kept in the store so that every controller signs
+    /// with it. A TLS cluster derives its grant key from the CA's key instead
+    /// (`hawser_wire::grant::GRANT_KEY_PURPOSE`), which every controller holds and the store never sees: a
+    /// copy of the store (an etcd backup) cannot sign grants. Agents learn the public half
+    /// when they register.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant_key: Option<String>,
 }
 
@@ -53,11 +56,24 @@ pub struct Signer {
 }
 
 impl Signer {
-    fn new(record: &ClusterRecord) -> Result<Signer, ControllerError> {
+    fn new(st: &AppState, record: &ClusterRecord) -> Result<Signer, ControllerError> {
         use base64::Engine as _;
         let bad = |what: &str| ControllerError::Refused {
-            message: format!("the cluster record's grant key is unusable: {what}"),
+            message: format!("the cluster's grant key is unusable: {what}"),
         };
+        if let Some(tls) = &st.tls {
+            // Derived for the cluster id: adopting another id gives another key.
+            let seed = tls
+                .ca()
+                .derive_secret(hawser_wire::grant::GRANT_KEY_PURPOSE, &record.id)
+                .map_err(|e| bad(&format!("{e:#}")))?;
+            let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
+                .map_err(|_| bad("not an Ed25519 seed"))?;
+            return Ok(Signer {
+                cluster: record.id.clone(),
+                key,
+            });
+        }
         let pkcs8 = base64::engine::general_purpose::STANDARD
             .decode(record.grant_key.as_deref().unwrap_or(""))
             .map_err(|_| bad("not base64"))?;
@@ -107,19 +123,34 @@ fn new_grant_key() -> Result<String, ControllerError> {
 
 /// The cluster's signer (its record, made or given a key now if needed).
 pub async fn signer(st: &AppState) -> Result<Signer, ControllerError> {
-    Signer::new(&identity(st).await?)
+    Signer::new(st, &identity(st).await?)
 }
 
-/// The store's cluster record, made now if the store has none (or given a grant key if it
-/// has none).
+/// A grant key for a new cluster record: in the store for plaintext clusters only.
+fn stored_grant_key(st: &AppState) -> Result<Option<String>, ControllerError> {
+    match st.tls {
+        Some(_) => Ok(None),
+        None => new_grant_key().map(Some),
+    }
+}
+
+/// The store's cluster record, made now if the store has none. A plaintext cluster's record
+/// is given a grant key if it has none; a TLS cluster's loses the one it has (a cluster that
+/// was plaintext, or written by an older controller): the key is derived from the CA.
 pub async fn identity(st: &AppState) -> Result<ClusterRecord, ControllerError> {
     let store = st.records.store();
     for _ in 0..3 {
         if let Some((mut c, version)) = get_json::<ClusterRecord>(&*store, CLUSTER_KEY).await? {
-            if c.grant_key.is_some() {
+            let wanted = st.tls.is_none();
+            if c.grant_key.is_some() == wanted {
                 return Ok(c);
             }
-            c.grant_key = Some(new_grant_key()?);
+            c.grant_key = stored_grant_key(st)?;
+            if !wanted {
+                tracing::warn!(
+                    "removing the grant key from the store: a TLS cluster derives it from its CA"
+                );
+            }
             match put_json(&*store, CLUSTER_KEY, &c, Expect::Version(version)).await {
                 Ok(_) => return Ok(c),
                 Err(StoreError::Conflict { .. }) => continue,
@@ -130,7 +161,7 @@ pub async fn identity(st: &AppState) -> Result<ClusterRecord, ControllerError> {
             id: new_id(),
             created_ms: now_ms(),
             adopted_ms: None,
-            grant_key: Some(new_grant_key()?),
+            grant_key: stored_grant_key(st)?,
         };
         match put_json(&*store, CLUSTER_KEY, &new, Expect::Absent).await {
             Ok(_) => {
@@ -211,7 +242,7 @@ pub async fn admit(
         }
         _ => {
             st.waiting.remove(node);
-            let signer = Signer::new(&ours)?;
+            let signer = Signer::new(st, &ours)?;
             Ok(hawser_api::controller::ClusterJoin {
                 id: ours.id,
                 grant_key: signer.public_key(),
@@ -282,13 +313,13 @@ pub async fn recover(
 /// Replaces the store's cluster id with `id` (the store holds no volumes).
 async fn adopt(st: &AppState, id: &str) -> Result<(), ControllerError> {
     let store = st.records.store();
-    // A new grant key: the old one was lost with the store. The agents learn it at their
-    // next registration.
+    // A new grant key (plaintext: the old one was lost with the store; TLS: it is derived
+    // for the adopted id). The agents learn it at their next registration.
     let record = ClusterRecord {
         id: id.into(),
         created_ms: now_ms(),
         adopted_ms: Some(now_ms()),
-        grant_key: Some(new_grant_key()?),
+        grant_key: stored_grant_key(st)?,
     };
     let expect = match get_json::<ClusterRecord>(&*store, CLUSTER_KEY).await? {
         Some((_, version)) => Expect::Version(version),

@@ -48,6 +48,11 @@ pub struct ControllerTls {
 }
 
 impl ControllerTls {
+    /// The cluster's CA.
+    pub fn ca(&self) -> &Ca {
+        &self.ca
+    }
+
     /// Loads the CA from `data_dir`, making it if neither file exists, and issues this
     /// controller's certificate (valid for `lifetime`).
     pub fn load_or_create(

@@ -1,12 +1,13 @@
 //! Epoch grants made the controller's way, for tests that must open replica sessions
-//! themselves (garbage after a good Hello): the fixture reads the cluster's grant key from
-//! the controller's store (its embedded file, or etcd) and signs with it, so the replica
-//! server under test checks real grants with the real key.
+//! themselves (garbage after a good Hello): the fixture reads the cluster id from the
+//! controller's store (its embedded file, or etcd) and signs with the cluster's grant key,
+//! derived from the CA as the controller does (a plaintext cluster's is in the store), so
+//! the replica server under test checks real grants with the real key.
 
 use base64::Engine as _;
 use hawser_store::etcd_process::SECURE_USER;
 use hawser_store::{EmbeddedStore, EtcdStore, Store};
-use hawser_wire::grant::{Grant, HelloRequest};
+use hawser_wire::grant::{Grant, HelloRequest, GRANT_KEY_PURPOSE};
 
 use crate::cluster::Cluster;
 
@@ -40,7 +41,8 @@ impl Cluster {
 
     /// A grant for an engine of `volume` on `node` at `epoch`, signed with the cluster's key.
     pub fn grant(&self, volume: &str, node: &str, epoch: u64) -> Vec<u8> {
-        sign_grant(&self.cluster_record(), volume, node, epoch)
+        let ca = (!self.insecure).then(|| self.tokens.ca());
+        sign_grant(&self.cluster_record(), ca.as_ref(), volume, node, epoch)
     }
 
     /// The payload of a Hello to `replica` carrying [`Cluster::grant`].
@@ -63,15 +65,36 @@ pub fn embedded_cluster_record(dir: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&bytes).expect("cluster record JSON")
 }
 
-/// A grant signed with the key in the cluster record `record`.
-pub fn sign_grant(record: &serde_json::Value, volume: &str, node: &str, epoch: u64) -> Vec<u8> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let pkcs8 = b64
-        .decode(record["grant_key"].as_str().expect("a grant key"))
-        .expect("base64 grant key");
-    let key = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).expect("Ed25519 key");
+/// A grant signed with the key of the cluster `record` names: derived from `ca` (a TLS
+/// cluster), else the one in the record.
+pub fn sign_grant(
+    record: &serde_json::Value,
+    ca: Option<&hawser_tls::Ca>,
+    volume: &str,
+    node: &str,
+    epoch: u64,
+) -> Vec<u8> {
+    let cluster = record["id"].as_str().expect("a cluster id");
+    let key = match ca {
+        Some(ca) => {
+            assert!(
+                record.get("grant_key").is_none(),
+                "a TLS cluster's grant key is in its store: {record}"
+            );
+            let seed = ca
+                .derive_secret(GRANT_KEY_PURPOSE, cluster)
+                .expect("derive the grant key");
+            ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).expect("Ed25519 seed")
+        }
+        None => {
+            let pkcs8 = base64::engine::general_purpose::STANDARD
+                .decode(record["grant_key"].as_str().expect("a grant key"))
+                .expect("base64 grant key");
+            ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).expect("Ed25519 key")
+        }
+    };
     let grant = Grant {
-        cluster: record["id"].as_str().expect("a cluster id").into(),
+        cluster: cluster.into(),
         volume: volume.into(),
         node: node.into(),
         epoch,

@@ -79,6 +79,11 @@ impl TokenFiles {
         bearer(&self.agent)
     }
 
+    /// The cluster CA, key included (what a controller's data dir holds).
+    pub fn ca(&self) -> Ca {
+        Ca::from_pem(&self.ca_pem, &self.ca_key_pem).expect("the cluster CA")
+    }
+
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
     }
@@ -110,7 +115,7 @@ impl TokenFiles {
 
     /// A new key and a certificate of this cluster naming `me`, valid a day.
     pub fn credentials(&self, me: &Peer) -> Credentials {
-        let ca = Ca::from_pem(&self.ca_pem, &self.ca_key_pem).expect("the cluster CA");
+        let ca = self.ca();
         let (issued, key_pem) = ca
             .issue_with_key(me, Duration::from_secs(24 * 3600))
             .expect("issue a certificate");

@@ -429,9 +429,21 @@ fn only_the_clusters_certificates_open_the_apis_and_nothing_changes_otherwise() 
     let replica_addr = replica_port(&c, "n2");
     let epoch = before["epoch"].as_u64().expect("epoch");
     let record = hawser_e2e::grants::embedded_cluster_record(&c.dir.path().join("controller"));
+    let read = |f: &str| std::fs::read_to_string(c.dir.path().join("controller").join(f));
+    let ca = hawser_tls::Ca::from_pem(
+        &read("ca.pem").expect("ca.pem"),
+        &read("ca.key").expect("ca.key"),
+    )
+    .expect("the cluster CA");
     let hello = HelloRequest {
         replica: replica.clone(),
-        grant: Some(hawser_e2e::grants::sign_grant(&record, "t", "n1", epoch)),
+        grant: Some(hawser_e2e::grants::sign_grant(
+            &record,
+            Some(&ca),
+            "t",
+            "n1",
+            epoch,
+        )),
     }
     .encode();
     assert_eq!(

@@ -95,6 +95,26 @@ impl Ca {
         self.key.serialize_pem()
     }
 
+    /// A 32-byte secret derived from the CA's private key for `purpose` and `context`
+    /// (HKDF-SHA256): keys that must be the same on every controller that holds the CA,
+    /// and must not be in the cluster store (the epoch grant key).
+    pub fn derive_secret(&self, purpose: &str, context: &str) -> anyhow::Result<[u8; 32]> {
+        struct Len32;
+        impl ring::hkdf::KeyType for Len32 {
+            fn len(&self) -> usize {
+                32
+            }
+        }
+        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, purpose.as_bytes());
+        let prk = salt.extract(&self.key.serialize_der());
+        let info = [context.as_bytes()];
+        let mut out = [0u8; 32];
+        prk.expand(&info, Len32)
+            .and_then(|okm| okm.fill(&mut out))
+            .map_err(|_| anyhow::anyhow!("derive a secret from the CA key"))?;
+        Ok(out)
+    }
+
     /// A certificate naming `peer` for the public key `spki_der` (a DER SubjectPublicKeyInfo,
     /// as a joining agent sends it), usable by servers and clients, valid for `lifetime`.
     pub fn issue(
@@ -184,6 +204,23 @@ fn validity(lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
 mod tests {
     use super::*;
     use crate::peer::peer_of;
+
+    #[test]
+    fn derived_secrets_are_the_cas_own() {
+        let ca = Ca::generate("c").expect("test");
+        let again = Ca::from_pem(ca.cert_pem(), &ca.key_pem()).expect("test");
+        let other = Ca::generate("c").expect("test");
+        let s = ca.derive_secret("p", "x").expect("test");
+        assert_eq!(
+            s,
+            again.derive_secret("p", "x").expect("test"),
+            "same CA, same secret"
+        );
+        assert_ne!(s, other.derive_secret("p", "x").expect("test"));
+        assert_ne!(s, ca.derive_secret("p", "y").expect("test"));
+        assert_ne!(s, ca.derive_secret("q", "x").expect("test"));
+        assert_ne!(s, [0u8; 32]);
+    }
 
     #[test]
     fn issued_certificates_name_their_peer_and_chain_to_the_ca() {

@@ -14,6 +14,11 @@
 //! Hello payload: either the replica id alone (a node that has not joined a cluster), or
 //! id_len u16 (so the second byte is 0, which no id's second byte is) | id | signed grant.
 
+/// The purpose a TLS cluster derives its grant key for from the CA's key (HKDF, with the
+/// cluster id as context): the key every controller holding the CA signs with, which no
+/// store holds.
+pub const GRANT_KEY_PURPOSE: &str = "hawser epoch grant key v1";
+
 use crate::constants::MAX_ID_BYTES;
 
 pub const GRANT_MAGIC: u64 = u64::from_le_bytes(*b"HWSRGRNT");

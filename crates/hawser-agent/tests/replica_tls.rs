@@ -1,0 +1,112 @@
+//! The replica port of a TLS node that has not registered yet (it holds a certificate but not
+//! the cluster's grant key) opens no session, whatever the Hello: before, it took Hellos
+//! without a grant. Once a registration answer gave it the key, the same granted Hello opens
+//! the session.
+#![allow(clippy::unwrap_used)]
+
+mod node_support;
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use hawser_agent::replica_server;
+use hawser_api::controller::ClusterJoin;
+use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, Peer};
+use hawser_wire::frame::{FrameHeader, Op, Status, HEADER_LEN};
+use hawser_wire::grant::{Grant, HelloRequest};
+use node_support::{node, TempDir};
+use ring::signature::KeyPair as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn slot(ca: &Ca, node: &str) -> std::sync::Arc<CertSlot> {
+    let (issued, key_pem) = ca
+        .issue_with_key(&Peer::Node(node.into()), Duration::from_secs(3600))
+        .unwrap();
+    CertSlot::new(&Credentials {
+        chain_pem: issued.chain_pem,
+        key_pem,
+    })
+    .unwrap()
+}
+
+/// Node a says Hello over TLS with `payload` at `epoch`; the status of the answer.
+async fn hello(
+    addr: &str,
+    client: std::sync::Arc<hawser_tls::rustls::ClientConfig>,
+    epoch: u64,
+    payload: &[u8],
+) -> Status {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = hawser_tls::rustls::pki_types::ServerName::try_from("b").unwrap();
+    let mut s = tokio_rustls::TlsConnector::from(client)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let h = FrameHeader::request(Op::Hello, 1, epoch, 0, 0).with_payload(payload);
+    s.write_all(&h.encode()).await.unwrap();
+    s.write_all(payload).await.unwrap();
+    s.flush().await.unwrap();
+    let mut reply = [0u8; HEADER_LEN];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
+    FrameHeader::decode(&reply).unwrap().status
+}
+
+#[tokio::test]
+async fn a_tls_node_without_the_grant_key_opens_no_session() {
+    let dir = TempDir::new("replica-tls");
+    let b = node(&dir.0, "b", 1 << 20);
+    let ca = Ca::generate("c1").unwrap();
+    let server =
+        hawser_tls::server_config(ca.cert_pem(), slot(&ca, "b"), ClientAuth::Required).unwrap();
+    let client =
+        hawser_tls::client_config(ca.cert_pem(), Peer::Node("b".into()), Some(slot(&ca, "a")))
+            .unwrap();
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let rl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = rl.local_addr().unwrap().to_string();
+    tokio::spawn(replica_server::serve(rl, b.clone(), Some(server), stop_rx));
+
+    let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7u8; 32]).unwrap();
+    let grant = Grant {
+        cluster: "c1".into(),
+        volume: "vol".into(),
+        node: "a".into(),
+        epoch: 5,
+    };
+    let mut signed = grant.body().unwrap();
+    signed.extend_from_slice(key.sign(&signed).as_ref());
+    let granted = HelloRequest {
+        replica: "vol-b".into(),
+        grant: Some(signed),
+    }
+    .encode();
+    let bare = HelloRequest {
+        replica: "vol-b".into(),
+        grant: None,
+    }
+    .encode();
+
+    for (what, payload) in [("no grant", &bare), ("a grant", &granted)] {
+        let status = hello(&addr, client.clone(), 5, payload).await;
+        assert_eq!(status, Status::Denied, "{what} before the key is known");
+    }
+    let epoch = || {
+        b.replica_statuses()
+            .into_iter()
+            .find(|r| r.replica_id == "vol-b")
+            .unwrap()
+            .epoch
+    };
+    assert_eq!(epoch(), 0, "no Hello raised the epoch");
+
+    b.learn_cluster(&ClusterJoin {
+        id: "c1".into(),
+        grant_key: base64::engine::general_purpose::STANDARD.encode(key.public_key().as_ref()),
+    });
+    assert_eq!(hello(&addr, client.clone(), 5, &bare).await, Status::Denied);
+    assert_eq!(hello(&addr, client, 5, &granted).await, Status::Ok);
+    assert_eq!(epoch(), 5);
+}
