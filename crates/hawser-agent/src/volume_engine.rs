@@ -24,11 +24,10 @@ use hawser_wire::grant::HelloRequest;
 use hawser_wire::journal::ACTIVITY_EXTENT_BYTES;
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::recovery::{self, Plan};
+use crate::recovery;
 use crate::replica_access::Access;
-use hawser_core::recovery_plan::{is_whole, source_order};
+use hawser_core::driver::recovery::{decide, Decision, Found, Member, Stored};
 use hawser_core::ActivityLog;
-use hawser_wire::journal::StoredReport;
 use journal::{JournalState, ResyncSave};
 
 use crate::block::BlockDevice;
@@ -272,90 +271,64 @@ impl VolumeEngine {
         cfg: EngineConfig,
         unreachable: &[ReplicaIdx],
     ) -> anyhow::Result<()> {
-        let mut candidates: Vec<(ReplicaIdx, Access)> = Vec::new();
+        // What the attach finds of each replica; the decision is `hawser_core::driver`'s,
+        // the one the simulator runs.
+        let mut members = Vec::with_capacity(req.replicas.len());
+        let mut access: Vec<Option<Access>> = Vec::with_capacity(req.replicas.len());
         for (i, r) in req.replicas.iter().enumerate() {
-            if r.state != ReplicaState::InSync || unreachable.contains(&Self::idx(i)) {
-                continue;
-            }
-            let Some(a) = self.access(i) else { continue };
-            // The local replica is the source when it can be: its reads are the cheapest.
-            if matches!(a, Access::Local(_)) {
-                candidates.insert(0, (Self::idx(i), a));
-            } else {
-                candidates.push((Self::idx(i), a));
-            }
+            let stored = match r.state {
+                ReplicaState::InSync => Stored::InSync,
+                ReplicaState::Outdated => Stored::Outdated { blank: r.blank },
+                ReplicaState::Failed => Stored::Failed,
+            };
+            let a = self.access(i);
+            let found = match (&a, stored) {
+                (_, Stored::Outdated { .. } | Stored::Failed) => Found::NotAsked,
+                _ if unreachable.contains(&Self::idx(i)) => Found::Unreachable,
+                (None, _) => Found::Unreachable,
+                (Some(a), _) => match a.get_journal(self.epoch).await {
+                    Ok(j) => Found::Journal {
+                        rebooted: j.as_ref().is_none_or(|j| j.rebooted),
+                        journal: j.map(|s| s.journal),
+                    },
+                    Err(e) if e.is_stale_epoch() => anyhow::bail!("fenced: {e}"),
+                    // A replica whose disk fails its journal read is failed, not waited for:
+                    // one broken disk must not keep the volume from attaching.
+                    Err(e) if e.is_disk_error() => {
+                        tracing::error!(volume = %req.volume, error = %e, "in-sync replica failed at attach; it will be marked failed");
+                        Found::DiskError
+                    }
+                    Err(e) => anyhow::bail!("crash recovery: {e}"),
+                },
+            };
+            members.push(Member {
+                id: r.replica_id.clone(),
+                local: specs[i].local,
+                stored,
+                found,
+            });
+            access.push(a);
         }
-        // A replica whose disk fails its journal read is failed (below), not waited for: one
-        // broken disk must not keep the volume from attaching.
-        let (mut reach, mut journals, mut broken) = (Vec::new(), Vec::new(), Vec::new());
-        for (idx, a) in candidates {
-            match a.get_journal(self.epoch).await {
-                Ok(j) => {
-                    journals.push(j);
-                    reach.push(a);
-                }
-                Err(e) if e.is_stale_epoch() => anyhow::bail!("fenced: {e}"),
-                Err(e) if e.is_disk_error() => {
-                    tracing::error!(volume = %req.volume, error = %e, "in-sync replica failed at attach; it will be marked failed");
-                    broken.push(idx);
-                }
-                Err(e) => anyhow::bail!("crash recovery: {e}"),
+        let start = match decide(self.epoch, self.size, cfg.chunk_bytes, &members) {
+            Decision::Start(s) => s,
+            Decision::Refuse(why) => {
+                anyhow::bail!("crash recovery of volume {}: {why}", req.volume)
             }
-        }
-        if reach.is_empty() {
-            anyhow::bail!(
-                "no in-sync replica of volume {} is reachable; attach again when one is back",
-                req.volume
-            );
-        }
-        // The source is a whole replica when one is reachable (`source_order`); with none,
-        // an unreachable in-sync replica may hold writes the reachable ones lost, and copying
-        // over it later would lose them for good: wait for it (or for its replacement).
-        let whole: Vec<bool> = journals
+        };
+        let reach: Vec<Access> = start
+            .sources
             .iter()
-            .zip(&reach)
-            .map(|(j, a): (&Option<StoredReport>, &Access)| {
-                let rebooted = j.as_ref().is_none_or(|j| j.rebooted);
-                is_whole(j.as_ref().map(|j| &j.journal), a.id(), rebooted)
-            })
+            .filter_map(|&i| access[i].clone())
             .collect();
-        let local: Vec<bool> = reach
-            .iter()
-            .map(|a| matches!(a, Access::Local(_)))
-            .collect();
-        let order = source_order(&whole, &local);
-        if !whole[order[0]] {
-            let missing: Vec<&str> = unreachable
-                .iter()
-                .map(|&i| self.replica_ids[usize::from(i.0)].as_str())
-                .collect();
-            if !missing.is_empty() {
-                anyhow::bail!(
-                    "crash recovery: no reachable in-sync replica of volume {} is known to hold \
-                     every acknowledged write (their nodes rebooted since their last journal, \
-                     or they were being resynced); in-sync replica(s) {} may hold them but \
-                     cannot be reached. Attach again when one is back, or once it is no longer \
-                     in sync (self-healing replaces the replicas of a node offline for long on \
-                     a detached volume)",
-                    req.volume,
-                    missing.join(", ")
-                );
-            }
-            if reach.len() > 1 {
-                tracing::warn!(volume = %req.volume, "no in-sync replica is known to be whole (every node rebooted?); writes none of them had flushed may be lost");
-            }
-        } else if order[0] != 0 {
-            tracing::info!(volume = %req.volume, source = reach[order[0]].id(), "crash recovery source: a whole replica rather than the local one");
+        if start.source_not_whole && reach.len() > 1 {
+            tracing::warn!(volume = %req.volume, "no in-sync replica is known to be whole (every node rebooted?); writes none of them had flushed may be lost");
+        } else if !members[start.sources[0]].local
+            && start.sources.iter().any(|&i| members[i].local)
+        {
+            tracing::info!(volume = %req.volume, source = reach[0].id(), "crash recovery source: a whole replica rather than the local one");
         }
-        let reach: Vec<Access> = order.iter().map(|&i| reach[i].clone()).collect();
-        let journals: Vec<_> = order
-            .iter()
-            .map(|&i| journals[i].clone().map(|s| s.journal))
-            .collect();
-        let ids: Vec<&str> = reach.iter().map(Access::id).collect();
-        let plan = Plan::new(self.epoch, self.size, cfg.chunk_bytes, journals, &ids);
         let started = Instant::now();
-        let done = recovery::reconcile(self.epoch, &reach, &plan)
+        let done = recovery::reconcile(self.epoch, &reach, &start.plan)
             .await
             .map_err(|e| anyhow::anyhow!("crash recovery: {e}"))?;
         let report = RecoveryReport {
@@ -366,44 +339,16 @@ impl VolumeEngine {
         };
         tracing::info!(volume = %self.volume, ?report, "crash recovery done");
         *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-        let specs: Vec<ReplicaSpec> = specs
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| match spec.initial {
-                // A blank replica lacks everything unless the journal of its build says
-                // what is left (a rebuild resumes after an engine restart).
-                Initial::Outdated { .. } if req.replicas[i].blank => ReplicaSpec {
-                    local: spec.local,
-                    initial: Initial::Outdated {
-                        dirty: plan.blank_dirty(&self.replica_ids[i]),
-                    },
-                },
-                Initial::Outdated { .. } => ReplicaSpec {
-                    local: spec.local,
-                    initial: Initial::Outdated {
-                        dirty: plan.outdated_dirty(&self.replica_ids[i]),
-                    },
-                },
-                _ => spec.clone(),
-            })
-            .collect();
-        {
-            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            inner.engine = Engine::with_config(self.size, &specs, cfg);
-            for &idx in unreachable {
-                let suspect = plan.suspect_for(&self.replica_ids[usize::from(idx.0)]);
-                inner.engine.add_dirty(idx, &suspect);
-            }
-        }
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).engine = start.engine(self.size, cfg);
         {
             let mut js = self.journal.lock().await;
-            js.seq = plan.next_seq - 1;
-            js.first_seq = plan.next_seq;
+            js.seq = start.plan.next_seq - 1;
+            js.first_seq = start.plan.next_seq;
         }
-        for &idx in unreachable {
+        for &idx in &start.unreachable {
             self.run(|e, out| e.on_replica_lost(idx, out));
         }
-        for &idx in &broken {
+        for &idx in &start.broken {
             // What it lacks does not matter: it is never resynced, only replaced.
             self.run(|e, out| e.on_replica_disk_error(idx, out));
         }

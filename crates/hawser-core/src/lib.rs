@@ -7,6 +7,7 @@
 pub mod activity;
 pub mod bitmap;
 pub mod constants;
+pub mod driver;
 pub mod engine;
 pub mod io_error;
 mod membership;

@@ -28,8 +28,8 @@
 
 use std::collections::BTreeSet;
 
-use hawser_core::recovery_plan::{is_whole, source_order};
-use hawser_core::{Engine, Initial, IoError, Plan, ReplicaSpec};
+use hawser_core::driver::recovery::{decide, Decision, Found, Member, Stored};
+use hawser_core::{IoError, Plan};
 use rand::Rng;
 
 use super::{replica_id, ri, Conn, EngineState, Event, Phase, World};
@@ -152,41 +152,40 @@ impl World {
     fn finish_start(&mut self) {
         let n = self.p.replicas;
         let (size, chunk) = (self.p.size, self.p.engine.chunk_bytes);
-        let in_store = |w: &World, r: usize| w.control.store[r] == StoreState::InSync;
-        // Reachable and unreachable in-sync replicas.
-        let open: Vec<usize> = (0..n)
-            .filter(|&r| in_store(self, r) && matches!(self.drivers[r].conn, Conn::Open(_)))
-            .collect();
-        let unreachable: Vec<usize> = (0..n)
-            .filter(|&r| in_store(self, r) && !open.contains(&r))
-            .collect();
-        // A replica whose disk fails its journal read is failed, not waited for.
-        let (broken, reach): (Vec<usize>, Vec<usize>) = open
-            .into_iter()
-            .partition(|&r| matches!(self.replicas[r].fault, DiskFault::Io(_)));
-        if reach.is_empty() {
-            return self.start_failed("no in-sync replica reachable");
-        }
-        // The source first, and no recovery from replicas none of which is whole while an
-        // in-sync one that may be is unreachable (`source_order`, the agent's rules).
-        let whole: Vec<bool> = reach
-            .iter()
-            .map(|&r| {
+        // What the attach finds of each replica; the decision is `hawser_core::driver`'s,
+        // the one the agent runs.
+        let members: Vec<Member> = (0..n)
+            .map(|r| {
                 let rep = &self.replicas[r];
-                is_whole(
-                    rep.journal.as_ref(),
-                    &replica_id(r),
-                    rep.journal_boot != rep.boot,
-                )
+                let stored = match self.control.store[r] {
+                    StoreState::InSync => Stored::InSync,
+                    StoreState::Outdated => Stored::Outdated { blank: false },
+                    StoreState::Failed => Stored::Failed,
+                };
+                let found = match stored {
+                    Stored::InSync if !matches!(self.drivers[r].conn, Conn::Open(_)) => {
+                        Found::Unreachable
+                    }
+                    Stored::InSync if matches!(rep.fault, DiskFault::Io(_)) => Found::DiskError,
+                    Stored::InSync => Found::Journal {
+                        journal: rep.journal.clone(),
+                        rebooted: rep.journal_boot != rep.boot,
+                    },
+                    _ => Found::NotAsked,
+                };
+                Member {
+                    id: replica_id(r),
+                    local: self.p.local && r == 0,
+                    stored,
+                    found,
+                }
             })
             .collect();
-        let local: Vec<bool> = reach.iter().map(|&r| self.p.local && r == 0).collect();
-        let order = source_order(&whole, &local);
-        if !whole[order[0]] && !unreachable.is_empty() {
-            return self
-                .start_failed("no reachable in-sync replica is whole; waiting for the others");
-        }
-        let reach: Vec<usize> = order.into_iter().map(|i| reach[i]).collect();
+        let start = match decide(self.engine_epoch, size, chunk, &members) {
+            Decision::Start(s) => s,
+            Decision::Refuse(why) => return self.start_failed(&why.to_string()),
+        };
+        let reach = start.sources.clone();
         if reach
             .iter()
             .any(|&r| self.replicas[r].fault != DiskFault::None)
@@ -194,50 +193,28 @@ impl World {
             // A copy to a full disk fails the start (a retry comes when it has room).
             return self.start_failed("a full disk on an in-sync replica");
         }
-        let journals = reach
-            .iter()
-            .map(|&r| self.replicas[r].journal.clone())
-            .collect();
-        let ids: Vec<String> = reach.iter().map(|&r| replica_id(r)).collect();
-        let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let plan = Plan::new(self.engine_epoch, size, chunk, journals, &id_refs);
         trace!(
             self,
-            "  recovery: reach {reach:?}, unreachable {unreachable:?}, reconcile {:?}",
-            plan.reconcile.runs()
+            "  recovery: reach {reach:?}, unreachable {:?}, reconcile {:?}",
+            start.unreachable,
+            start.plan.reconcile.runs()
         );
-        self.reconcile(&reach, &plan);
+        self.reconcile(&reach, &start.plan);
         if self.failure.is_some() {
             return;
         }
-        let specs: Vec<ReplicaSpec> = (0..n)
-            .map(|r| ReplicaSpec {
-                local: self.p.local && r == 0,
-                initial: match self.control.store[r] {
-                    StoreState::InSync => Initial::InSync,
-                    StoreState::Outdated => Initial::Outdated {
-                        dirty: plan.outdated_dirty(&replica_id(r)),
-                    },
-                    StoreState::Failed => Initial::Failed,
-                },
-            })
-            .collect();
-        self.engine = Engine::with_config(size, &specs, self.p.engine);
-        for &r in &unreachable {
-            let suspect = plan.suspect_for(&replica_id(r));
-            self.engine.add_dirty(ri(r), &suspect);
-        }
+        self.engine = start.engine(size, self.p.engine);
         self.engine_state = EngineState::Up;
         self.seen_membership = vec![None; n];
         self.dirty_seen = vec![0; n];
-        self.reset_journal(self.engine_epoch, plan.next_seq);
+        self.reset_journal(self.engine_epoch, start.plan.next_seq);
         self.observe();
-        for &r in &unreachable {
-            self.step(|e, out| e.on_replica_lost(ri(r), out));
+        for &r in &start.unreachable {
+            self.step(|e, out| e.on_replica_lost(r, out));
         }
-        for &r in &broken {
-            trace!(self, "  recovery: r{r} failed its journal read");
-            self.step(|e, out| e.on_replica_disk_error(ri(r), out));
+        for &r in &start.broken {
+            trace!(self, "  recovery: r{} failed its journal read", r.0);
+            self.step(|e, out| e.on_replica_disk_error(r, out));
         }
         self.start_commit(0);
     }
