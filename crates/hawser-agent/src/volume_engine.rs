@@ -26,9 +26,8 @@ use tokio::sync::{oneshot, Semaphore};
 
 use crate::recovery;
 use crate::replica_access::Access;
+use hawser_core::driver::journal::{self as keeper, Act, Keeper};
 use hawser_core::driver::recovery::{decide, Decision, Found, Member, Stored};
-use hawser_core::ActivityLog;
-use journal::{JournalState, ResyncSave};
 
 use crate::block::BlockDevice;
 mod journal;
@@ -36,7 +35,7 @@ mod journal;
 use crate::constants::{
     ACTIVITY_IDLE_TICKS, ACTIVITY_MAX_EXTENTS, BACKGROUND_FLUSH_INTERVAL, ENGINE_MAX_INFLIGHT,
     ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, INLINE_IO_MAX_BYTES, RECONNECT_BACKOFF_MAX,
-    RECONNECT_BACKOFF_MIN,
+    RECONNECT_BACKOFF_MIN, RESYNC_SAVE_INTERVAL,
 };
 use crate::controller_link::{ControllerLink, LinkAuth, OutdateOutcome};
 use crate::io_pool;
@@ -65,8 +64,10 @@ struct Reconnect {
     backoff: Duration,
 }
 
+/// The driver's state: the engine and its journal keeper, under one lock.
 struct Inner {
     engine: Engine,
+    keeper: Keeper,
     waiters: HashMap<Tag, oneshot::Sender<Result<Option<Bytes>, IoError>>>,
     next_tag: Tag,
 }
@@ -79,7 +80,6 @@ pub struct VolumeEngine {
     /// Fixed for the engine's life; read on every request, so kept outside the lock.
     size: u64,
     epoch: u64,
-    chunk_bytes: u64,
     replica_ids: Vec<String>,
     handles: Vec<Handle>,
     inner: Mutex<Inner>,
@@ -94,20 +94,16 @@ pub struct VolumeEngine {
     last_flush: Mutex<Instant>,
     resync_rate: Option<Arc<RateLimiter>>,
     stopped: AtomicBool,
-    /// The activity log (see `hawser_core::activity` and `journal.rs`).
-    activity: Mutex<ActivityLog>,
-    journal: tokio::sync::Mutex<JournalState>,
-    /// Bumped after every journal commit (requests waiting for the log watch it).
+    /// The sequence number of the last journal commit done (`journal.rs`).
     commits: tokio::sync::watch::Sender<u64>,
-    committing: AtomicBool,
-    /// Per replica, the membership and dirty bytes the last commit saw.
-    out_sig: Mutex<Vec<(Membership, u64)>>,
+    /// The keeper finished the journal for a clean stop.
+    finished: tokio::sync::watch::Sender<bool>,
+    /// Per replica, the reconnect waiting for its join.
+    joins: Mutex<Vec<Option<oneshot::Sender<bool>>>>,
     recovery: Mutex<Option<RecoveryReport>>,
     /// Per replica, when its current resync began and the bytes copied to it by then (for
     /// the rate `status` reports); updated by the maintenance task.
     sync_began: Mutex<Vec<Option<(Instant, u64)>>>,
-    /// Per replica while it resyncs, its last resync save (`journal.rs`, `save_resync`).
-    resync_saves: Mutex<Vec<Option<ResyncSave>>>,
     /// Tasks are spawned here: commands may be carried out on I/O pool threads, outside the
     /// runtime.
     rt: tokio::runtime::Handle,
@@ -201,11 +197,18 @@ impl VolumeEngine {
             grant,
             size: req.size_bytes,
             epoch: req.epoch,
-            chunk_bytes: cfg.chunk_bytes,
             replica_ids: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
             handles,
             inner: Mutex::new(Inner {
                 engine: Engine::with_config(req.size_bytes, &specs, cfg),
+                keeper: Keeper::new(
+                    keeper_params(),
+                    req.epoch,
+                    req.size_bytes,
+                    cfg.chunk_bytes,
+                    req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
+                    1,
+                ),
                 waiters: HashMap::new(),
                 next_tag: 1,
             }),
@@ -226,18 +229,11 @@ impl VolumeEngine {
             last_flush: Mutex::new(Instant::now()),
             resync_rate: rate_limit::limiter(resync_rate),
             stopped: AtomicBool::new(false),
-            activity: Mutex::new(ActivityLog::new(
-                req.size_bytes,
-                ACTIVITY_EXTENT_BYTES,
-                ACTIVITY_MAX_EXTENTS,
-            )),
-            journal: tokio::sync::Mutex::new(JournalState::default()),
             commits: tokio::sync::watch::Sender::new(0),
-            committing: AtomicBool::new(false),
-            out_sig: Mutex::new(Vec::new()),
+            finished: tokio::sync::watch::Sender::new(false),
+            joins: Mutex::new((0..n).map(|_| None).collect()),
             recovery: Mutex::new(None),
             sync_began: Mutex::new(vec![None; n]),
-            resync_saves: Mutex::new(vec![None; n]),
             rt: tokio::runtime::Handle::current(),
             me: me.clone(),
         });
@@ -339,11 +335,17 @@ impl VolumeEngine {
         };
         tracing::info!(volume = %self.volume, ?report, "crash recovery done");
         *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).engine = start.engine(self.size, cfg);
         {
-            let mut js = self.journal.lock().await;
-            js.seq = start.plan.next_seq - 1;
-            js.first_seq = start.plan.next_seq;
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            inner.engine = start.engine(self.size, cfg);
+            inner.keeper = Keeper::new(
+                keeper_params(),
+                self.epoch,
+                self.size,
+                cfg.chunk_bytes,
+                self.replica_ids.clone(),
+                start.plan.next_seq,
+            );
         }
         for &idx in &start.unreachable {
             self.run(|e, out| e.on_replica_lost(idx, out));
@@ -435,7 +437,7 @@ impl VolumeEngine {
     /// One maintenance round: reconnects and a background flush.
     fn tick(&self) {
         let Some(me) = self.me.upgrade() else { return };
-        let (wanted, wants_flush, saves) = {
+        let (wanted, wants_flush) = {
             let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             let e = &inner.engine;
             self.note_resyncs(e);
@@ -443,19 +445,10 @@ impl VolumeEngine {
                 .map(|i| ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS")))
                 .filter(|&r| e.wants_connection(r))
                 .collect();
-            (wanted, e.wants_flush(), self.due_resync_saves(e))
+            (wanted, e.wants_flush())
         };
-        for i in saves {
-            self.rt.spawn(me.clone().save_resync_due(i));
-        }
-        let evict = {
-            let mut al = self.activity.lock().unwrap_or_else(|p| p.into_inner());
-            al.advance();
-            al.wants_commit(ACTIVITY_IDLE_TICKS)
-        };
-        if evict || self.out_changed() {
-            self.kick_commit(ACTIVITY_IDLE_TICKS);
-        }
+        // The journal's clock: commits when extents may leave or maps are behind, saves.
+        self.drive(|k, e, acts| k.tick(e, acts));
         let now = Instant::now();
         for idx in wanted {
             let mut rc = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
@@ -557,12 +550,7 @@ impl VolumeEngine {
                 })
                 .collect(),
             recovery: *self.recovery.lock().unwrap_or_else(|p| p.into_inner()),
-            active_extents: self
-                .activity
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .active()
-                .len() as u64,
+            active_extents: inner.keeper.active_extents() as u64,
         }
     }
 
@@ -570,36 +558,58 @@ impl VolumeEngine {
         self.fenced.load(Ordering::Acquire)
     }
 
-    /// Run the state machine under the lock, complete waiters, then carry out the rest.
+    /// Run an engine step (see `drive`).
     fn run(&self, f: impl FnOnce(&mut Engine, &mut Vec<Command>)) {
-        let mut out = Vec::new();
+        self.drive(|_, e, acts| {
+            let mut out = Vec::new();
+            f(e, &mut out);
+            acts.extend(out.into_iter().map(Act::Engine));
+        });
+    }
+
+    /// Run the driver's state machines (engine and journal keeper) under the lock, complete
+    /// waiters, then carry out the rest in order.
+    fn drive(&self, f: impl FnOnce(&mut Keeper, &mut Engine, &mut Vec<Act>)) {
+        let mut acts = Vec::new();
         let mut rest = Vec::new();
         let quiet;
         {
-            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut inner.engine, &mut out);
+            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let inner = &mut *guard;
+            f(&mut inner.keeper, &mut inner.engine, &mut acts);
             // At most one client request in flight: the queue-depth-1 case.
             quiet = inner.engine.in_flight() <= 1;
-            for c in out.drain(..) {
-                match c {
-                    Command::Complete { tag, result } => {
+            let mut queue = std::collections::VecDeque::from(acts);
+            while let Some(a) = queue.pop_front() {
+                match a {
+                    Act::Engine(Command::Complete { tag, result }) => {
+                        inner.keeper.completed(tag, result.is_ok());
                         if let Some(w) = inner.waiters.remove(&tag) {
                             let _ = w.send(result);
                         }
+                    }
+                    Act::Engine(Command::Fenced) => {
+                        let mut failed = Vec::new();
+                        inner.keeper.fail_waiting(&mut failed);
+                        queue.extend(failed);
+                        rest.push(Act::Engine(Command::Fenced));
                     }
                     other => rest.push(other),
                 }
             }
         }
         // Remote sends first: a local request may run inline (see `send`), and the network
-        // round trip should overlap it, not follow it.
-        let is_local = |c: &Command| {
-            matches!(c, Command::Send { replica, .. }
+        // round trip should overlap it, not follow it. Journal acts keep their place.
+        let is_local = |a: &Act| {
+            matches!(a, Act::Engine(Command::Send { replica, .. })
                 if matches!(self.handles[usize::from(replica.0)], Handle::Local(_)))
         };
-        let (local, other): (Vec<Command>, Vec<Command>) = rest.into_iter().partition(is_local);
-        for c in other.into_iter().chain(local) {
-            self.dispatch(c, quiet);
+        let (local, other): (Vec<Act>, Vec<Act>) = rest.into_iter().partition(is_local);
+        for a in other.into_iter().chain(local) {
+            match a {
+                Act::Engine(c) => self.dispatch(c, quiet),
+                other => self.journal_act(other),
+            }
         }
     }
 
@@ -761,37 +771,9 @@ impl VolumeEngine {
         self.submit(op).await
     }
 
-    /// A request, under the activity log's rules: a modifying one waits until its extents
-    /// are in the committed log; a successful flush lets extents leave it.
+    /// A request, under the activity log's rules (the keeper's): a modifying one waits until
+    /// its extents are in the committed log; a successful flush lets extents leave it.
     async fn submit(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
-        if let Some((offset, len)) = op.write_range() {
-            self.admit(offset, len).await?;
-            let result = self.submit_engine(op).await;
-            self.activity
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .end(offset, len);
-            return result;
-        }
-        if matches!(op, ClientOp::Flush) {
-            let mark = self
-                .activity
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .flush_mark();
-            let result = self.submit_engine(op).await;
-            if result.is_ok() {
-                self.activity
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .flush_done(mark);
-            }
-            return result;
-        }
-        self.submit_engine(op).await
-    }
-
-    async fn submit_engine(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
         let _permit = self
             .inflight
             .acquire()
@@ -805,7 +787,7 @@ impl VolumeEngine {
             inner.waiters.insert(tag, tx);
             tag
         };
-        self.run(|e, out| e.submit(tag, op, out));
+        self.drive(|k, e, acts| k.submit(e, tag, op, acts));
         rx.await.unwrap_or(Err(IoError::ShutDown))
     }
 
@@ -818,10 +800,9 @@ impl VolumeEngine {
             // Everything is flushed: an empty log lets the next attach skip recovery, and a
             // resync under way resumes where it stopped.
             Ok(Ok(_)) => {
-                for i in 0..self.handles.len() {
-                    self.save_resync(i, 0).await;
+                if let Some(me) = self.me.upgrade() {
+                    me.finish_journal().await;
                 }
-                self.commit(0).await;
             }
             Ok(Err(e)) => tracing::warn!(volume = %self.volume, error = %e, "final flush failed"),
             Err(_) => tracing::error!(
@@ -830,9 +811,16 @@ impl VolumeEngine {
             ),
         }
         self.stopped.store(true, Ordering::Release);
-        self.commits.send_modify(|c| *c += 1); // wakes requests waiting for the log
         self.controller.stop();
-        self.run(|e, out| e.shutdown(out));
+        self.drive(|k, e, acts| {
+            let mut out = Vec::new();
+            e.shutdown(&mut out);
+            acts.extend(out.into_iter().map(Act::Engine));
+            k.fail_waiting(acts);
+        });
+        journal::drop_joins(&mut self.joins.lock().unwrap_or_else(|p| p.into_inner()));
+        // Wakes anything waiting for a commit that will not come.
+        self.commits.send_replace(u64::MAX);
         for i in 0..self.handles.len() {
             // i < MAX_REPLICAS, so it fits in u8.
             let idx = ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS"));
@@ -911,6 +899,18 @@ impl ReplySink for Sink {
                 e.run(|en, out| en.on_replica_lost(r, out));
             }
         }
+    }
+}
+
+/// The journal keeper's tunables in the agent (`constants.rs`).
+fn keeper_params() -> keeper::Params {
+    keeper::Params {
+        extent_bytes: ACTIVITY_EXTENT_BYTES,
+        max_extents: ACTIVITY_MAX_EXTENTS,
+        idle_ticks: ACTIVITY_IDLE_TICKS,
+        save_ticks: (RESYNC_SAVE_INTERVAL.as_millis() / ENGINE_TICK.as_millis().max(1))
+            .try_into()
+            .unwrap_or(u64::MAX),
     }
 }
 

@@ -87,10 +87,12 @@ impl Engine {
     /// new session since (the flush reached the replica as it was at the point, not one
     /// that came back, perhaps rebooted, in between), and nothing was added to its dirty map
     /// (a chunk marked and copied again after `p` would be in neither, with its copy not
-    /// flushed).
+    /// flushed). It must also still be connected: a driver opens a new session only after
+    /// the engine heard of the old one's loss, so a flush that went out on a later session
+    /// than the point's is caught here or by the session number.
     pub fn resync_point_holds(&self, r: ReplicaIdx, p: &ResyncPoint) -> bool {
         let s = self.slot(r);
-        s.session == p.session && s.dirty_marks == p.marks
+        s.connected && s.session == p.session && s.dirty_marks == p.marks
     }
 
     /// `r` is connected again and starts receiving writes while its dirty chunks are copied.

@@ -99,6 +99,8 @@ pub struct JournalParams {
     pub idle_ticks: u64,
     /// Most time between a crash and the next engine's start.
     pub restart_us: u64,
+    /// Driver ticks between two resync saves of a replica.
+    pub save_ticks: u64,
 }
 
 impl JournalParams {
@@ -109,6 +111,17 @@ impl JournalParams {
             max_extents: [1usize, 2, 4, 1024][rng.random_range(0..4)],
             idle_ticks: [1u64, 3, 10][rng.random_range(0..3)],
             restart_us: rng.random_range(1_000..=50_000),
+            save_ticks: [1u64, 5, 25][rng.random_range(0..3)],
+        }
+    }
+
+    /// The journal keeper's share.
+    pub fn keeper(&self) -> hawser_core::driver::journal::Params {
+        hawser_core::driver::journal::Params {
+            extent_bytes: self.extent_bytes,
+            max_extents: self.max_extents,
+            idle_ticks: self.idle_ticks,
+            save_ticks: self.save_ticks,
         }
     }
 }

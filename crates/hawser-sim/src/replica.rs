@@ -41,6 +41,8 @@ pub enum Op {
     Client(SubId, ClientOp),
     PutJournal(u64, Journal),
     GetJournal(u64),
+    /// A flush the journal keeper asks for (a resync save); answered like a journal put.
+    SaveFlush(u64),
 }
 
 struct Exec {
@@ -192,6 +194,19 @@ impl Replica {
                 let outcome = Finished::Journal { jid, result };
                 return Some(Done { session, outcome });
             }
+            Op::SaveFlush(jid) => {
+                let result = match self.fault {
+                    DiskFault::Io(p) if rng.random_bool(p) => Err(ReplicaFailure::Io),
+                    _ => {
+                        if !self.forget_flushes {
+                            self.disk.flush();
+                        }
+                        Ok(None)
+                    }
+                };
+                let outcome = Finished::Journal { jid, result };
+                return Some(Done { session, outcome });
+            }
         };
         let fail = match (self.fault, &op) {
             (DiskFault::Io(p), _) if rng.random_bool(p) => Some(ReplicaFailure::Io),
@@ -253,7 +268,7 @@ impl Replica {
                     }
                     continue;
                 }
-                Op::GetJournal(_) => continue,
+                Op::GetJournal(_) | Op::SaveFlush(_) => continue,
             };
             let (offset, len, data) = match &op {
                 ClientOp::Write { offset, data, .. } => (*offset, data.len() as u64, Some(data)),

@@ -156,6 +156,8 @@ struct Driver {
     /// Incarnation of the replica process the session talks to.
     inc: u64,
     last_boot: u64,
+    /// The boot id of the node of a session that is joining.
+    join_boot: u64,
     next_try: u64,
     backoff: u64,
 }
@@ -191,6 +193,8 @@ pub struct Stats {
     pub engine_moves: u64,
     pub recovery_compared: u64,
     pub recovery_copied: u64,
+    /// Resync saves the journal keeper started (a flush, then a commit of the point).
+    pub resync_saves: u64,
 }
 
 /// Whether the engine runs.
@@ -395,6 +399,7 @@ impl World {
                 conn: Conn::Idle,
                 inc: w.replicas[r].incarnation,
                 last_boot: boot,
+                join_boot: boot,
                 next_try: 0,
                 backoff: RECONNECT_BACKOFF_MIN_US,
             };
@@ -536,7 +541,7 @@ impl World {
             }
             Event::SessionTimeout { r, session } => match self.drivers[r].conn {
                 Conn::Open(s) if s == session => self.session_closed(r),
-                Conn::Joining(s) if s == session => self.join_failed(r, session),
+                Conn::Joining(s) if s == session => self.join_failed(r),
                 _ => {}
             },
             Event::ReportLost { r, session } => {
@@ -917,10 +922,7 @@ impl World {
             return;
         }
         if self.jd.is_some() {
-            // Like the agent's driver: into the journal's set first, then the engine. The
-            // boot id counts as seen only once it joined: a join that fails must not hide a
-            // reboot from the next attempt.
-            self.drivers[r].conn = Conn::Joining(session);
+            // Like the agent's driver: into the journal's set first, then the engine.
             self.join(r, session, rebooted, boot);
             return;
         }

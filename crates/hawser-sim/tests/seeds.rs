@@ -24,11 +24,12 @@ fn shard_with(i: u64, opts: RunOptions) {
     let mut failures: Vec<Failure> = Vec::new();
     let (mut copied, mut dirtied, mut missed, mut events) = (0u64, 0u64, 0u64, 0u64);
     let (mut faults, mut writes, mut reads) = (0u64, 0u64, 0u64);
-    let (mut crashes, mut moves, mut recovery) = (0u64, 0u64, 0u64);
+    let (mut crashes, mut moves, mut recovery, mut saves) = (0u64, 0u64, 0u64, 0u64);
     for seed in base..base + n {
         match run_seed(seed, opts) {
             Ok(s) => {
                 crashes += s.engine_crashes;
+                saves += s.resync_saves;
                 moves += s.engine_moves;
                 recovery += s.recovery_compared;
                 copied += s.copied.iter().sum::<u64>();
@@ -46,7 +47,7 @@ fn shard_with(i: u64, opts: RunOptions) {
         "seeds {base}..{}: {} failed; {events} events, {faults} faults, {writes} writes \
          acknowledged, {reads} reads checked; resync copied {copied} bytes, chunks dirtied \
          {dirtied} bytes, written while out {missed} bytes; {crashes} engine crashes \
-         ({moves} restarted elsewhere), recovery compared {recovery} bytes",
+         ({moves} restarted elsewhere), recovery compared {recovery} bytes; {saves} resync saves",
         base + n,
         failures.len()
     );

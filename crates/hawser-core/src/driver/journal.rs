@@ -1,0 +1,772 @@
+//! The journal keeper: the part of the engine's driver that keeps every replica's journal
+//! (format: `hawser_wire::journal`) in step with the engine, as a state machine without I/O.
+//! The agent carries out its acts with sockets and files; the simulator with simulated ones.
+//! Both run this code, so what the simulator checks is what ships.
+//!
+//! Rules (what crash recovery relies on, see docs/protocol.md):
+//! - A modifying client request reaches the engine only once every extent it touches is in
+//!   the committed activity log (`hawser_core::activity`); otherwise it waits for a commit.
+//! - A commit writes the next journal (the log, plus what every replica out of sync may lack)
+//!   to every replica requests go to, and is done once each of them stored it or left (a
+//!   failed put closes the replica's session).
+//! - One operation holds the journal at a time (a commit or a join). A returning replica
+//!   joins under it: its own journal is read (a previous engine's log there is added to what
+//!   it lacks; no journal means it lacks everything), it is given the last committed journal,
+//!   and only then is the engine told it is connected, so no commit misses a replica that
+//!   gets requests.
+//! - A resyncing replica's persisted map shrinks only by a resync save: take the engine's
+//!   resync point, flush the replica, then commit the point as its map if the point still
+//!   holds (`Engine::resync_point_holds`).
+//!
+//! The executor answers every `PutJournal`, `GetJournal` and `SaveFlush` exactly once
+//! (`stored`, `read`, `save_flushed`), or says the replica's session ended (`replica_gone`).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use hawser_wire::journal::{Journal, JournalError, OutReplica};
+
+use crate::activity::to_runs;
+use crate::recovery_plan::{add_out, out_entry, returning_lacks};
+use crate::{
+    ActivityLog, ChunkMap, ClientOp, Command, Engine, IoError, Membership, ReplicaFailure,
+    ReplicaIdx, ResyncPoint, Tag,
+};
+
+/// Identifies one journal operation of a keeper (unique for its life).
+pub type OpId = u64;
+
+/// The keeper's tunables.
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    pub extent_bytes: u64,
+    /// The activity log's soft cap, in extents.
+    pub max_extents: usize,
+    /// Ticks an extent stays idle before it may leave the log.
+    pub idle_ticks: u64,
+    /// Ticks between two resync saves of a replica.
+    pub save_ticks: u64,
+}
+
+/// What the keeper asks of its executor, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// Carry out an engine command.
+    Engine(Command),
+    /// Store `journal` on `replica` (answer: `stored`).
+    PutJournal {
+        op: OpId,
+        replica: ReplicaIdx,
+        journal: Journal,
+    },
+    /// Read `replica`'s journal (answer: `read`).
+    GetJournal { op: OpId, replica: ReplicaIdx },
+    /// Flush `replica` on its current session (answer: `save_flushed`).
+    SaveFlush { op: OpId, replica: ReplicaIdx },
+    /// Close `replica`'s session: it failed a journal put.
+    Disconnect { replica: ReplicaIdx },
+    /// A join ended: `ok`, the engine was told the replica is connected (its commands follow
+    /// this act); otherwise the executor closes the session and retries later.
+    Joined { replica: ReplicaIdx, ok: bool },
+    /// The commit of `seq` is done (on every replica requests go to).
+    Committed { seq: u64 },
+    /// `finish` is done: saves taken and a last commit made.
+    Finished,
+}
+
+/// The operation holding the journal.
+enum Busy {
+    Commit {
+        op: OpId,
+        log: BTreeSet<u64>,
+        journal: Journal,
+        /// Replicas that have not stored it yet.
+        pending: BTreeSet<usize>,
+    },
+    Join {
+        op: OpId,
+        r: usize,
+        rebooted: bool,
+        /// Its journal was read; the put of the last committed one is under way.
+        putting: bool,
+    },
+}
+
+/// A resyncing replica's saves.
+struct Save {
+    /// Tick of the last save's start, and the bytes copied to it at the last saved point.
+    at: u64,
+    copied: u64,
+    stage: SaveStage,
+}
+
+enum SaveStage {
+    Idle,
+    /// The flush `op` was asked for after `point` was taken (`copied`: bytes copied then).
+    Flushing {
+        op: OpId,
+        point: ResyncPoint,
+        copied: u64,
+    },
+    /// Flushed; the next commit takes the point (a `Shrink`).
+    Committing,
+}
+
+/// A resync point whose replica was flushed since, waiting for the next commit.
+struct Shrink {
+    r: usize,
+    point: ResyncPoint,
+    copied: u64,
+}
+
+pub struct Keeper {
+    p: Params,
+    al: ActivityLog,
+    epoch: u64,
+    size: u64,
+    chunk_bytes: u64,
+    /// Replica ids, as journals name them.
+    ids: Vec<String>,
+    /// Sequence number of the last commit, and the first of this keeper's life (a replica
+    /// whose journal is older holds a previous engine's log).
+    seq: u64,
+    first_seq: u64,
+    /// Persisted dirty maps of replicas not in sync (`None`: unknown). A map grows with the
+    /// engine's and shrinks only by a resync save.
+    out: BTreeMap<usize, Option<ChunkMap>>,
+    last: Option<Journal>,
+    busy: Option<Busy>,
+    /// A commit was asked for while the journal was held: the smallest idle time asked.
+    wanted: Option<u64>,
+    joins: VecDeque<(usize, bool)>,
+    /// Modifying requests waiting for their extents to be committed.
+    waiting: VecDeque<(Tag, ClientOp)>,
+    /// Modifying requests in the engine: their range.
+    admitted: BTreeMap<Tag, (u64, u64)>,
+    /// Flushes in the engine: their mark.
+    flush_marks: BTreeMap<Tag, u64>,
+    /// Per replica, membership and dirty bytes when the last commit started.
+    out_sig: Vec<(Membership, u64)>,
+    next_op: OpId,
+    ticks: u64,
+    saves: Vec<Option<Save>>,
+    shrinks: Vec<Shrink>,
+    /// `finish` was called and waits for save flushes; then for the commit of this seq.
+    finishing: bool,
+    finish_commit: Option<u64>,
+}
+
+impl Keeper {
+    /// The keeper of a new engine of `epoch` over replicas `ids`, whose first commit is
+    /// `first_seq` (after crash recovery, `Plan::next_seq`).
+    pub fn new(
+        p: Params,
+        epoch: u64,
+        size: u64,
+        chunk_bytes: u64,
+        ids: Vec<String>,
+        first_seq: u64,
+    ) -> Keeper {
+        assert!(first_seq >= 1, "journal sequence numbers start at 1");
+        let n = ids.len();
+        Keeper {
+            al: ActivityLog::new(size, p.extent_bytes, p.max_extents),
+            p,
+            epoch,
+            size,
+            chunk_bytes,
+            ids,
+            seq: first_seq - 1,
+            first_seq,
+            out: BTreeMap::new(),
+            last: None,
+            busy: None,
+            wanted: None,
+            joins: VecDeque::new(),
+            waiting: VecDeque::new(),
+            admitted: BTreeMap::new(),
+            flush_marks: BTreeMap::new(),
+            out_sig: Vec::new(),
+            next_op: 1,
+            ticks: 0,
+            saves: (0..n).map(|_| None).collect(),
+            shrinks: Vec::new(),
+            finishing: false,
+            finish_commit: None,
+        }
+    }
+
+    pub fn params(&self) -> Params {
+        self.p
+    }
+
+    /// Extents in the committed activity log.
+    pub fn active_extents(&self) -> usize {
+        self.al.active().len()
+    }
+
+    /// Nothing of the journal under way or waiting.
+    pub fn quiet(&self) -> bool {
+        self.busy.is_none()
+            && self.waiting.is_empty()
+            && self.joins.is_empty()
+            && self.shrinks.is_empty()
+            && self
+                .saves
+                .iter()
+                .flatten()
+                .all(|s| matches!(s.stage, SaveStage::Idle))
+    }
+
+    /// Requests waiting for a commit.
+    pub fn waiting_tags(&self) -> Vec<Tag> {
+        self.waiting.iter().map(|(t, _)| *t).collect()
+    }
+
+    /// The sequence number of the last commit done.
+    pub fn committed_seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// A client request, under the activity log's rules.
+    pub fn submit(&mut self, e: &mut Engine, tag: Tag, op: ClientOp, out: &mut Vec<Act>) {
+        if matches!(op, ClientOp::Flush) {
+            self.flush_marks.insert(tag, self.al.flush_mark());
+        } else if let Some((offset, len)) = op.write_range() {
+            if !e.is_fenced() {
+                if !self.al.try_begin(offset, len) {
+                    self.waiting.push_back((tag, op));
+                    self.commit(e, self.p.idle_ticks, out);
+                    return;
+                }
+                self.admitted.insert(tag, (offset, len));
+            }
+        }
+        engine(out, |c| e.submit(tag, op, c));
+    }
+
+    /// A client request completed (every `Command::Complete` the engine emits).
+    pub fn completed(&mut self, tag: Tag, ok: bool) {
+        if let Some((offset, len)) = self.admitted.remove(&tag) {
+            self.al.end(offset, len);
+        }
+        if let Some(mark) = self.flush_marks.remove(&tag) {
+            if ok {
+                self.al.flush_done(mark);
+            }
+        }
+    }
+
+    /// Fail the requests waiting for a commit (the engine is fenced or shut down).
+    pub fn fail_waiting(&mut self, out: &mut Vec<Act>) {
+        for (tag, _) in std::mem::take(&mut self.waiting) {
+            out.push(Act::Engine(Command::Complete {
+                tag,
+                result: Err(IoError::ShutDown),
+            }));
+        }
+    }
+
+    /// The driver's clock: extents age, a commit starts when extents may leave or the
+    /// journal's dirty maps are behind the engine, and resync saves fall due.
+    pub fn tick(&mut self, e: &mut Engine, out: &mut Vec<Act>) {
+        self.ticks += 1;
+        self.al.advance();
+        if e.is_fenced() {
+            return;
+        }
+        for r in 0..self.ids.len() {
+            self.maybe_save(e, r, false, out);
+        }
+        if self.al.wants_commit(self.p.idle_ticks) || self.out_changed(e) {
+            self.commit(e, self.p.idle_ticks, out);
+        }
+    }
+
+    /// Ask for a commit whose log keeps extents idle fewer than `min_idle` ticks. Returns the
+    /// sequence number of the commit that will carry everything asked for so far.
+    pub fn commit(&mut self, e: &mut Engine, min_idle: u64, out: &mut Vec<Act>) -> u64 {
+        if let Some(busy) = &self.busy {
+            self.wanted = Some(self.wanted.map_or(min_idle, |w| w.min(min_idle)));
+            return match busy {
+                Busy::Commit { journal, .. } => journal.seq + 1,
+                Busy::Join { .. } => self.seq + 1,
+            };
+        }
+        self.wanted = None;
+        self.start_commit(e, min_idle, out)
+    }
+
+    fn start_commit(&mut self, e: &mut Engine, min_idle: u64, out: &mut Vec<Act>) -> u64 {
+        let shrinks = std::mem::take(&mut self.shrinks);
+        let mut targets = BTreeSet::new();
+        for r in 0..self.ids.len() {
+            let idx = ri(r);
+            let restart = shrinks
+                .iter()
+                .find(|s| s.r == r && e.resync_point_holds(idx, &s.point));
+            if let Some(entry) =
+                out_entry(e, idx, self.out.remove(&r), restart.map(|s| &s.point.lacks))
+            {
+                self.out.insert(r, entry);
+            }
+            let v = e.replica_view(idx);
+            let writes_go_there = matches!(
+                v.membership,
+                Membership::InSync | Membership::Syncing | Membership::Marking
+            );
+            if writes_go_there && v.connected {
+                targets.insert(r);
+            }
+        }
+        for s in &shrinks {
+            let saved = e.resync_point_holds(ri(s.r), &s.point);
+            if let Some(Some(save)) = self.saves.get_mut(s.r) {
+                save.stage = SaveStage::Idle;
+                if saved {
+                    save.copied = s.copied;
+                }
+            }
+        }
+        self.out_sig = signature(e);
+        let log = self.al.next(min_idle);
+        self.al.commit_started(&log);
+        let mut outs: Vec<OutReplica> = self
+            .out
+            .iter()
+            .map(|(&r, m)| OutReplica {
+                replica: self.ids[r].clone(),
+                dirty: m.as_ref().map(ChunkMap::runs),
+            })
+            .collect();
+        outs.sort_by(|a, b| a.replica.cmp(&b.replica));
+        let journal = bounded(Journal {
+            epoch: self.epoch,
+            seq: self.seq + 1,
+            size: self.size,
+            extent_bytes: self.p.extent_bytes,
+            chunk_bytes: self.chunk_bytes,
+            active: to_runs(log.iter().copied()),
+            out: outs,
+        });
+        let op = self.op();
+        let seq = journal.seq;
+        for &r in &targets {
+            out.push(Act::PutJournal {
+                op,
+                replica: ri(r),
+                journal: journal.clone(),
+            });
+        }
+        self.busy = Some(Busy::Commit {
+            op,
+            log,
+            journal,
+            pending: targets,
+        });
+        self.maybe_commit_done(e, out);
+        seq
+    }
+
+    fn op(&mut self) -> OpId {
+        self.next_op += 1;
+        self.next_op - 1
+    }
+
+    fn maybe_commit_done(&mut self, e: &mut Engine, out: &mut Vec<Act>) {
+        let Some(Busy::Commit { pending, .. }) = &self.busy else {
+            return;
+        };
+        if !pending.is_empty() {
+            return;
+        }
+        let Some(Busy::Commit { log, journal, .. }) = self.busy.take() else {
+            unreachable!("checked above")
+        };
+        self.seq = journal.seq;
+        self.last = Some(journal);
+        self.al.committed(log);
+        out.push(Act::Committed { seq: self.seq });
+        if self.finish_commit.is_some_and(|s| s <= self.seq) {
+            self.finish_commit = None;
+            out.push(Act::Finished);
+        }
+        self.next(e, out);
+    }
+
+    /// The journal was released: admit what waits, then the next join or commit.
+    fn next(&mut self, e: &mut Engine, out: &mut Vec<Act>) {
+        for (tag, op) in std::mem::take(&mut self.waiting) {
+            let (offset, len) = op.write_range().expect("only modifying requests wait");
+            if e.is_fenced() {
+                out.push(Act::Engine(Command::Complete {
+                    tag,
+                    result: Err(IoError::ShutDown),
+                }));
+            } else if self.al.try_begin(offset, len) {
+                self.admitted.insert(tag, (offset, len));
+                engine(out, |c| e.submit(tag, op, c));
+            } else {
+                self.waiting.push_back((tag, op));
+            }
+        }
+        if self.busy.is_some() {
+            return;
+        }
+        if let Some((r, rebooted)) = self.joins.pop_front() {
+            let op = self.op();
+            self.busy = Some(Busy::Join {
+                op,
+                r,
+                rebooted,
+                putting: false,
+            });
+            out.push(Act::GetJournal { op, replica: ri(r) });
+            return;
+        }
+        if let Some(min_idle) = self.wanted.take() {
+            self.start_commit(e, min_idle, out);
+        } else if !self.waiting.is_empty() {
+            self.start_commit(e, self.p.idle_ticks, out);
+        }
+    }
+
+    /// Replica `r` is connected again (its node `rebooted` since the engine last had it, or
+    /// unknown): bring it into the set of replicas requests go to.
+    pub fn join(&mut self, e: &mut Engine, r: ReplicaIdx, rebooted: bool, out: &mut Vec<Act>) {
+        self.joins.push_back((usize::from(r.0), rebooted));
+        if self.busy.is_none() {
+            self.next(e, out);
+        }
+    }
+
+    /// Replica `r`'s session ended: a commit stops waiting for it; its join, if any, is
+    /// dropped (the executor retries with a new session).
+    pub fn replica_gone(&mut self, e: &mut Engine, r: ReplicaIdx, out: &mut Vec<Act>) {
+        let r = usize::from(r.0);
+        self.joins.retain(|&(j, _)| j != r);
+        match &mut self.busy {
+            Some(Busy::Commit { pending, .. }) => {
+                pending.remove(&r);
+                self.maybe_commit_done(e, out);
+            }
+            Some(Busy::Join { r: jr, .. }) if *jr == r => {
+                self.busy = None;
+                self.next(e, out);
+            }
+            _ => {}
+        }
+        if let Some(Some(save)) = self.saves.get_mut(r) {
+            if matches!(save.stage, SaveStage::Flushing { .. }) {
+                save.stage = SaveStage::Idle;
+                self.save_ended(e, out);
+            }
+        }
+    }
+
+    /// The answer to a `PutJournal`.
+    pub fn stored(
+        &mut self,
+        e: &mut Engine,
+        op: OpId,
+        r: ReplicaIdx,
+        result: Result<(), ReplicaFailure>,
+        out: &mut Vec<Act>,
+    ) {
+        let i = usize::from(r.0);
+        match &mut self.busy {
+            Some(Busy::Commit {
+                op: cop, pending, ..
+            }) if *cop == op && pending.contains(&i) => {
+                pending.remove(&i);
+                match result {
+                    Ok(()) => {}
+                    Err(ReplicaFailure::StaleEpoch) => engine(out, |c| e.on_fenced(c)),
+                    Err(_) => out.push(Act::Disconnect { replica: r }),
+                }
+                self.maybe_commit_done(e, out);
+            }
+            Some(Busy::Join {
+                op: jop,
+                r: jr,
+                putting: true,
+                ..
+            }) if *jop == op && *jr == i => match result {
+                Ok(()) => self.joined(e, out),
+                Err(f) => self.join_failed(e, f, out),
+            },
+            _ => {} // a duplicate, or of an operation that ended
+        }
+    }
+
+    /// The answer to a `GetJournal`: `Ok(None)` when the replica has no readable journal.
+    pub fn read(
+        &mut self,
+        e: &mut Engine,
+        op: OpId,
+        r: ReplicaIdx,
+        result: Result<Option<Journal>, ReplicaFailure>,
+        out: &mut Vec<Act>,
+    ) {
+        let i = usize::from(r.0);
+        let Some(&Busy::Join {
+            op: jop,
+            r: jr,
+            putting: false,
+            ..
+        }) = self.busy.as_ref()
+        else {
+            return;
+        };
+        if jop != op || jr != i {
+            return;
+        }
+        let j = match result {
+            Ok(j) => j,
+            Err(f) => return self.join_failed(e, f, out),
+        };
+        let own = self.own_lacks(e, i, j);
+        let Some(mut last) = self.last.clone() else {
+            return self.joined(e, out);
+        };
+        if let Some(own) = &own {
+            add_out(&mut last, &self.ids[i], own.as_ref());
+        }
+        if let Some(Busy::Join { putting, .. }) = &mut self.busy {
+            *putting = true;
+        }
+        out.push(Act::PutJournal {
+            op,
+            replica: r,
+            journal: bounded(last),
+        });
+    }
+
+    /// What a joining replica's own journal `j` adds to what it lacks (added to the engine
+    /// and to the keeper's maps, since that journal is about to be overwritten); `None`:
+    /// nothing, it is this engine's own.
+    fn own_lacks(
+        &mut self,
+        e: &mut Engine,
+        r: usize,
+        j: Option<Journal>,
+    ) -> Option<Option<ChunkMap>> {
+        let (size, chunk) = (self.size, self.chunk_bytes);
+        let (m, own) = match j {
+            Some(j) if j.epoch == self.epoch && j.seq >= self.first_seq => return None,
+            Some(j) => {
+                let ids: Vec<&str> = e
+                    .may_be_reference()
+                    .iter()
+                    .map(|x| self.ids[usize::from(x.0)].as_str())
+                    .collect();
+                match returning_lacks(&j, &self.ids[r], &ids, size, chunk) {
+                    Some(m) => (m.clone(), Some(m)),
+                    None => (ChunkMap::full(size, chunk), None),
+                }
+            }
+            None => (ChunkMap::full(size, chunk), None),
+        };
+        e.add_dirty(ri(r), &m);
+        match (self.out.get_mut(&r), &own) {
+            (Some(Some(x)), Some(own)) => x.union(own),
+            (Some(entry @ Some(_)), None) => *entry = None,
+            (Some(None), _) => {}
+            (None, own) => {
+                self.out.insert(r, own.clone());
+            }
+        }
+        Some(own)
+    }
+
+    fn joined(&mut self, e: &mut Engine, out: &mut Vec<Act>) {
+        let Some(Busy::Join { r, rebooted, .. }) = self.busy.take() else {
+            unreachable!("only a join joins")
+        };
+        out.push(Act::Joined {
+            replica: ri(r),
+            ok: true,
+        });
+        engine(out, |c| e.on_replica_connected(ri(r), rebooted, c));
+        self.next(e, out);
+    }
+
+    /// A join's journal operation failed: a disk error fails the replica for good (never
+    /// retried); anything else is retried by the executor's next reconnect.
+    fn join_failed(&mut self, e: &mut Engine, f: ReplicaFailure, out: &mut Vec<Act>) {
+        let Some(Busy::Join { r, .. }) = self.busy.take() else {
+            unreachable!("only a join fails to join")
+        };
+        match f {
+            ReplicaFailure::Io => engine(out, |c| e.on_replica_disk_error(ri(r), c)),
+            ReplicaFailure::StaleEpoch => engine(out, |c| e.on_fenced(c)),
+            ReplicaFailure::Lost | ReplicaFailure::NoSpace => {}
+        }
+        out.push(Act::Joined {
+            replica: ri(r),
+            ok: false,
+        });
+        self.next(e, out);
+    }
+
+    /// Start a save of replica `r`'s resync when one is due (`now`: whenever it copied
+    /// anything since the last). Its point is taken here, before the flush is asked for.
+    fn maybe_save(&mut self, e: &Engine, r: usize, now: bool, out: &mut Vec<Act>) {
+        let v = e.replica_view(ri(r));
+        let resyncing = matches!(v.membership, Membership::Syncing | Membership::Marking);
+        let ticks = self.ticks;
+        let due = match &self.saves[r] {
+            None if resyncing => {
+                self.saves[r] = Some(Save {
+                    at: ticks,
+                    copied: v.copied_bytes,
+                    stage: SaveStage::Idle,
+                });
+                now
+            }
+            Some(_) if !resyncing => {
+                self.saves[r] = None;
+                false
+            }
+            Some(s) => {
+                matches!(s.stage, SaveStage::Idle)
+                    && v.connected
+                    && v.copied_bytes > s.copied
+                    && (now || ticks >= s.at + self.p.save_ticks)
+            }
+            None => false,
+        };
+        let Some(point) = due.then(|| e.resync_point(ri(r))).flatten() else {
+            return;
+        };
+        let op = self.op();
+        if let Some(Some(s)) = self.saves.get_mut(r) {
+            s.at = ticks;
+            s.stage = SaveStage::Flushing {
+                op,
+                point,
+                copied: v.copied_bytes,
+            };
+        }
+        out.push(Act::SaveFlush { op, replica: ri(r) });
+    }
+
+    /// The answer to a `SaveFlush`: on success its point is committed as the replica's map
+    /// by the next commit, if it still holds then.
+    pub fn save_flushed(
+        &mut self,
+        e: &mut Engine,
+        op: OpId,
+        r: ReplicaIdx,
+        result: Result<(), ReplicaFailure>,
+        out: &mut Vec<Act>,
+    ) {
+        let i = usize::from(r.0);
+        let Some(Some(save)) = self.saves.get_mut(i) else {
+            return;
+        };
+        if !matches!(save.stage, SaveStage::Flushing { op: sop, .. } if sop == op) {
+            return;
+        }
+        let SaveStage::Flushing { point, copied, .. } =
+            std::mem::replace(&mut save.stage, SaveStage::Idle)
+        else {
+            unreachable!("matched above")
+        };
+        match result {
+            Ok(()) => {
+                save.stage = SaveStage::Committing;
+                self.shrinks.push(Shrink {
+                    r: i,
+                    point,
+                    copied,
+                });
+                self.commit(e, self.p.idle_ticks, out);
+            }
+            Err(ReplicaFailure::StaleEpoch) => engine(out, |c| e.on_fenced(c)),
+            Err(_) => {}
+        }
+        self.save_ended(e, out);
+    }
+
+    /// Finish the engine's journal before a clean stop (after a successful flush): save every
+    /// resync under way, then commit with a log of only what is still in flight (none after
+    /// that flush, so the next engine skips recovery). `Finished` follows.
+    pub fn finish(&mut self, e: &mut Engine, out: &mut Vec<Act>) {
+        for r in 0..self.ids.len() {
+            self.maybe_save(e, r, true, out);
+        }
+        self.finishing = true;
+        self.save_ended(e, out);
+    }
+
+    fn save_ended(&mut self, e: &mut Engine, out: &mut Vec<Act>) {
+        let flushing = self
+            .saves
+            .iter()
+            .flatten()
+            .any(|s| matches!(s.stage, SaveStage::Flushing { .. }));
+        if !self.finishing || flushing {
+            return;
+        }
+        self.finishing = false;
+        let seq = self.commit(e, 0, out);
+        if self.seq >= seq {
+            out.push(Act::Finished);
+        } else {
+            self.finish_commit = Some(seq);
+        }
+    }
+
+    fn out_changed(&self, e: &Engine) -> bool {
+        let now = signature(e);
+        self.out_sig.len() != now.len()
+            || self
+                .out_sig
+                .iter()
+                .zip(&now)
+                .any(|(a, b)| a.0 != b.0 || b.1 > a.1)
+    }
+}
+
+/// Per replica, membership and dirty bytes now.
+fn signature(e: &Engine) -> Vec<(Membership, u64)> {
+    (0..e.replicas())
+        .map(|r| {
+            let v = e.replica_view(ri(r));
+            (v.membership, v.dirty_bytes)
+        })
+        .collect()
+}
+
+fn ri(r: usize) -> ReplicaIdx {
+    ReplicaIdx(u8::try_from(r).expect("at most MAX_REPLICAS"))
+}
+
+/// Run an engine step and pass its commands on.
+fn engine(out: &mut Vec<Act>, f: impl FnOnce(&mut Vec<Command>)) {
+    let mut c = Vec::new();
+    f(&mut c);
+    out.extend(c.into_iter().map(Act::Engine));
+}
+
+/// The journal as it will be encoded: coarser when too large for one record (dirty maps
+/// become unknown, full copies; then the log covers the whole volume). Both only cost
+/// copying, and the keeper remembers what was actually stored.
+pub fn bounded(mut j: Journal) -> Journal {
+    if !matches!(j.encode(), Err(JournalError::TooLarge { .. })) {
+        return j;
+    }
+    for o in &mut j.out {
+        o.dirty = None;
+    }
+    if !matches!(j.encode(), Err(JournalError::TooLarge { .. })) {
+        return j;
+    }
+    let extents = j.size.div_ceil(j.extent_bytes);
+    j.active = if extents == 0 {
+        vec![]
+    } else {
+        vec![(0, extents)]
+    };
+    j
+}

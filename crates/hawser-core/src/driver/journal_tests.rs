@@ -1,0 +1,364 @@
+//! The journal keeper's rules, one test each. The seeded runs of the simulator drive the same
+//! keeper through crashes and partitions.
+
+use bytes::Bytes;
+use hawser_wire::journal::Journal;
+
+use super::journal::{Act, Keeper, OpId, Params};
+use crate::{
+    ChunkMap, ClientOp, Command, Engine, EngineConfig, Initial, Membership, ReplicaFailure,
+    ReplicaIdx, ReplicaSpec,
+};
+
+const SIZE: u64 = 8 << 20;
+const CHUNK: u64 = 64 << 10;
+const R0: ReplicaIdx = ReplicaIdx(0);
+const R1: ReplicaIdx = ReplicaIdx(1);
+
+fn params() -> Params {
+    Params {
+        extent_bytes: CHUNK,
+        max_extents: 1024,
+        idle_ticks: 1,
+        save_ticks: 2,
+    }
+}
+
+/// Replica 0 local and in sync; replica 1 in sync, or out of date lacking `r1_lacks`.
+fn setup(r1_lacks: Option<ChunkMap>) -> (Engine, Keeper) {
+    let cfg = EngineConfig {
+        chunk_bytes: CHUNK,
+        resync_unit_bytes: CHUNK,
+        resync_parallel: 1,
+        ..EngineConfig::default()
+    };
+    let r1 = match r1_lacks {
+        None => Initial::InSync,
+        Some(m) => Initial::Outdated { dirty: Some(m) },
+    };
+    let specs = [
+        ReplicaSpec::in_sync(true),
+        ReplicaSpec {
+            local: false,
+            initial: r1,
+        },
+    ];
+    let e = Engine::with_config(SIZE, &specs, cfg);
+    let k = Keeper::new(params(), 5, SIZE, CHUNK, vec!["a".into(), "b".into()], 1);
+    (e, k)
+}
+
+fn write(offset: u64) -> ClientOp {
+    ClientOp::Write {
+        offset,
+        data: Bytes::from(vec![7u8; 4096]),
+        fua: false,
+    }
+}
+
+fn puts(acts: &[Act]) -> Vec<(OpId, ReplicaIdx, Journal)> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Act::PutJournal {
+                op,
+                replica,
+                journal,
+            } => Some((*op, *replica, journal.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn sends(acts: &[Act]) -> usize {
+    acts.iter()
+        .filter(|a| matches!(a, Act::Engine(Command::Send { .. })))
+        .count()
+}
+
+/// Answer every put of `acts` with success; returns the acts that follows.
+fn store_all(k: &mut Keeper, e: &mut Engine, acts: &[Act]) -> Vec<Act> {
+    let mut out = Vec::new();
+    for (op, r, _) in puts(acts) {
+        k.stored(e, op, r, Ok(()), &mut out);
+    }
+    out
+}
+
+/// Answer up to `limit` engine sends found in `acts` (and in what they lead to) with success,
+/// feeding completions to the keeper; returns the other acts seen.
+fn answer_sends(k: &mut Keeper, e: &mut Engine, acts: Vec<Act>, limit: usize) -> Vec<Act> {
+    let mut queue = std::collections::VecDeque::from(acts);
+    let (mut rest, mut answered) = (Vec::new(), 0);
+    while let Some(a) = queue.pop_front() {
+        match a {
+            Act::Engine(Command::Send { sub, op, .. }) if answered < limit => {
+                answered += 1;
+                let result = match op {
+                    ClientOp::Read { len, .. } => Ok(Some(Bytes::from(vec![0; len as usize]))),
+                    _ => Ok(None),
+                };
+                let mut cmds = Vec::new();
+                e.on_reply(sub, result, &mut cmds);
+                queue.extend(cmds.into_iter().map(Act::Engine));
+            }
+            Act::Engine(Command::Complete { tag, result }) => k.completed(tag, result.is_ok()),
+            other => rest.push(other),
+        }
+    }
+    rest
+}
+
+fn out_of(j: &Journal, id: &str) -> Option<Option<Vec<(u64, u64)>>> {
+    j.out
+        .iter()
+        .find(|o| o.replica == id)
+        .map(|o| o.dirty.clone())
+}
+
+#[test]
+fn a_write_reaches_the_engine_only_once_its_extent_is_committed_everywhere() {
+    let (mut e, mut k) = setup(None);
+    let mut acts = Vec::new();
+    k.submit(&mut e, 1, write(3 * CHUNK), &mut acts);
+    let p = puts(&acts);
+    assert_eq!(p.len(), 2, "the journal goes to both replicas");
+    assert_eq!(
+        p[0].2.active,
+        vec![(3, 4)],
+        "the log names the write's extent"
+    );
+    assert_eq!(
+        sends(&acts),
+        0,
+        "the write went out before its log was durable"
+    );
+    let mut after = Vec::new();
+    k.stored(&mut e, p[0].0, p[0].1, Ok(()), &mut after);
+    assert_eq!(
+        sends(&after),
+        0,
+        "the write went out with the log on one replica of two"
+    );
+    k.stored(&mut e, p[1].0, p[1].1, Ok(()), &mut after);
+    assert!(after.contains(&Act::Committed { seq: 1 }));
+    assert_eq!(sends(&after), 2, "the write did not go out once committed");
+    // Another write into the same extent needs no commit.
+    let mut more = Vec::new();
+    k.submit(&mut e, 2, write(3 * CHUNK + 4096), &mut more);
+    assert!(puts(&more).is_empty());
+    assert_eq!(sends(&more), 2);
+}
+
+#[test]
+fn a_failed_journal_put_drops_that_replica_and_the_commit_completes() {
+    let (mut e, mut k) = setup(None);
+    let mut acts = Vec::new();
+    k.submit(&mut e, 1, write(0), &mut acts);
+    let p = puts(&acts);
+    let mut after = Vec::new();
+    k.stored(&mut e, p[1].0, R1, Err(ReplicaFailure::Lost), &mut after);
+    assert_eq!(after, vec![Act::Disconnect { replica: R1 }]);
+    after.clear();
+    k.stored(&mut e, p[0].0, R0, Ok(()), &mut after);
+    assert!(after.contains(&Act::Committed { seq: 1 }));
+    // A late or duplicate answer changes nothing.
+    let mut late = Vec::new();
+    k.stored(&mut e, p[1].0, R1, Ok(()), &mut late);
+    assert!(late.is_empty());
+}
+
+#[test]
+fn a_returning_replica_takes_on_its_old_log_and_gets_the_journal_before_the_engine_hears() {
+    let (mut e, mut k) = setup(Some(ChunkMap::new(SIZE, CHUNK)));
+    let mut acts = Vec::new();
+    k.commit(&mut e, 0, &mut acts);
+    assert_eq!(
+        puts(&acts).len(),
+        1,
+        "only the in-sync replica gets requests"
+    );
+    store_all(&mut k, &mut e, &acts);
+    let mut acts = Vec::new();
+    k.join(&mut e, R1, false, &mut acts);
+    let [Act::GetJournal { op, replica: R1 }] = acts[..] else {
+        panic!("a join starts by reading the replica's journal: {acts:?}")
+    };
+    // Its own journal, of an older engine, logged extent 9: it may hold a write there that
+    // the others lack.
+    let old = Journal {
+        epoch: 4,
+        seq: 17,
+        size: SIZE,
+        extent_bytes: CHUNK,
+        chunk_bytes: CHUNK,
+        active: vec![(9, 10)],
+        out: vec![],
+    };
+    let mut acts = Vec::new();
+    k.read(&mut e, op, R1, Ok(Some(old)), &mut acts);
+    assert!(
+        e.dirty(R1).is_set(9),
+        "what its old log covers must be recopied"
+    );
+    let p = puts(&acts);
+    assert_eq!(p.len(), 1);
+    assert_eq!(
+        out_of(&p[0].2, "b"),
+        Some(Some(vec![(9, 10)])),
+        "the journal it is given must keep what its own said"
+    );
+    assert!(
+        !acts
+            .iter()
+            .any(|a| matches!(a, Act::Joined { .. } | Act::Engine(_))),
+        "the engine heard of it before it had the journal"
+    );
+    let after = store_all(&mut k, &mut e, &acts);
+    assert_eq!(
+        after.first(),
+        Some(&Act::Joined {
+            replica: R1,
+            ok: true
+        })
+    );
+    assert_eq!(e.membership(R1), Membership::Syncing);
+}
+
+#[test]
+fn a_join_whose_journal_read_hits_a_disk_error_fails_the_replica() {
+    let (mut e, mut k) = setup(Some(ChunkMap::new(SIZE, CHUNK)));
+    let mut acts = Vec::new();
+    k.join(&mut e, R1, false, &mut acts);
+    let [Act::GetJournal { op, .. }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    let mut acts = Vec::new();
+    k.read(&mut e, op, R1, Err(ReplicaFailure::Io), &mut acts);
+    assert!(acts.contains(&Act::Joined {
+        replica: R1,
+        ok: false
+    }));
+    assert!(
+        acts.contains(&Act::Engine(Command::Outdate {
+            replica: R1,
+            failed: true
+        })),
+        "a disk error must fail the replica for good: {acts:?}"
+    );
+    assert!(k.quiet());
+}
+
+/// Joins replica 1 (lacking all of `lacks`), lets the resync copy `copies` units, and ticks
+/// until a resync save asks for a flush.
+fn resync_until_a_save(lacks: &ChunkMap, copies: usize) -> (Engine, Keeper, OpId) {
+    let (mut e, mut k) = setup(Some(lacks.clone()));
+    let mut acts = Vec::new();
+    k.commit(&mut e, 0, &mut acts);
+    store_all(&mut k, &mut e, &acts);
+    let mut acts = Vec::new();
+    k.join(&mut e, R1, false, &mut acts);
+    let [Act::GetJournal { op, .. }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    let mut acts = Vec::new();
+    let own = Journal {
+        epoch: 5,
+        seq: 1,
+        size: SIZE,
+        extent_bytes: CHUNK,
+        chunk_bytes: CHUNK,
+        active: vec![],
+        out: vec![],
+    };
+    k.read(&mut e, op, R1, Ok(Some(own)), &mut acts);
+    let acts = store_all(&mut k, &mut e, &acts);
+    // The first tick of its resync is where saves count from.
+    let mut ticked = Vec::new();
+    k.tick(&mut e, &mut ticked);
+    assert!(!ticked.iter().any(|a| matches!(a, Act::SaveFlush { .. })));
+    store_all(&mut k, &mut e, &ticked);
+    let rest = answer_sends(&mut k, &mut e, acts, copies);
+    assert!(rest
+        .iter()
+        .any(|a| matches!(a, Act::Joined { ok: true, .. })));
+    assert!(e.replica_view(R1).copied_bytes > 0, "nothing was copied");
+    for _ in 0..params().save_ticks + 1 {
+        let mut acts = Vec::new();
+        k.tick(&mut e, &mut acts);
+        let stored = store_all(&mut k, &mut e, &acts);
+        assert!(!stored.iter().any(|a| matches!(a, Act::PutJournal { .. })));
+        if let Some(op) = acts.iter().find_map(|a| match a {
+            Act::SaveFlush { op, replica: R1 } => Some(*op),
+            _ => None,
+        }) {
+            return (e, k, op);
+        }
+    }
+    panic!("no resync save fell due")
+}
+
+#[test]
+fn a_resync_save_shrinks_the_persisted_map_after_its_flush() {
+    let mut lacks = ChunkMap::new(SIZE, CHUNK);
+    lacks.set_chunks(0, 8);
+    let (mut e, mut k, op) = resync_until_a_save(&lacks, 6);
+    let mut acts = Vec::new();
+    k.save_flushed(&mut e, op, R1, Ok(()), &mut acts);
+    let p = puts(&acts);
+    assert!(!p.is_empty(), "a flushed save must be committed");
+    let saved = out_of(&p[0].2, "b")
+        .expect("an entry")
+        .expect("a known map");
+    let saved_chunks: u64 = saved.iter().map(|(a, b)| b - a).sum();
+    assert!(
+        saved_chunks < 8,
+        "the save kept everything: {saved:?} (copied {} bytes)",
+        e.replica_view(R1).copied_bytes
+    );
+    store_all(&mut k, &mut e, &acts);
+    assert!(k.quiet());
+}
+
+#[test]
+fn a_save_whose_replica_was_lost_before_the_commit_keeps_the_old_map() {
+    let mut lacks = ChunkMap::new(SIZE, CHUNK);
+    lacks.set_chunks(0, 8);
+    let (mut e, mut k, op) = resync_until_a_save(&lacks, 6);
+    // The session ends (its node may have rebooted); the flush answer came on it anyway.
+    let mut cmds = Vec::new();
+    e.on_replica_lost(R1, &mut cmds);
+    let mut acts = Vec::new();
+    k.save_flushed(&mut e, op, R1, Ok(()), &mut acts);
+    for (_, _, j) in puts(&acts) {
+        let kept = out_of(&j, "b").expect("an entry").expect("a known map");
+        let kept_chunks: u64 = kept.iter().map(|(a, b)| b - a).sum();
+        assert_eq!(
+            kept_chunks, 8,
+            "a save of a lost session shrank the map: {kept:?}"
+        );
+    }
+}
+
+#[test]
+fn finish_commits_an_empty_log_once_everything_is_flushed() {
+    let (mut e, mut k) = setup(None);
+    let mut acts = Vec::new();
+    k.submit(&mut e, 1, write(0), &mut acts);
+    let after = store_all(&mut k, &mut e, &acts);
+    let rest = answer_sends(&mut k, &mut e, after, usize::MAX);
+    assert!(rest.iter().all(|a| !matches!(a, Act::Engine(_))));
+    let mut acts = Vec::new();
+    k.submit(&mut e, 2, ClientOp::Flush, &mut acts);
+    answer_sends(&mut k, &mut e, acts, usize::MAX);
+    let mut acts = Vec::new();
+    k.finish(&mut e, &mut acts);
+    let p = puts(&acts);
+    assert_eq!(p.len(), 2);
+    assert!(
+        p[0].2.active.is_empty(),
+        "a flushed, idle volume keeps a log"
+    );
+    assert!(!acts.contains(&Act::Finished));
+    let after = store_all(&mut k, &mut e, &acts);
+    assert!(after.contains(&Act::Finished));
+}
