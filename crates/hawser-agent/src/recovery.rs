@@ -34,11 +34,13 @@ pub struct Reconciled {
     pub copied_bytes: u64,
 }
 
-/// Make `reach` (source first) equal over `plan.reconcile`, then flush them all.
+/// Make `reach` equal over `plan.reconcile`, each chunk copied from `reach[source_of(chunk)]`
+/// (crash recovery's per-chunk choice, `hawser_core::driver::recovery`), then flush them all.
 pub async fn reconcile(
     epoch: u64,
     reach: &[Access],
     plan: &Plan,
+    source_of: &(dyn Fn(u64) -> usize + Sync),
 ) -> Result<Reconciled, AccessError> {
     let mut total = Reconciled::default();
     let chunk = plan.chunk_bytes;
@@ -76,16 +78,17 @@ pub async fn reconcile(
         for b in 0..len.div_ceil(block) {
             let d = usize::try_from(b).expect("at most 64 blocks per piece");
             let at = d * CHECKSUM_DIGEST_BYTES..(d + 1) * CHECKSUM_DIGEST_BYTES;
-            let differs: Vec<usize> = (1..reach.len())
-                .filter(|&i| digests[i].get(at.clone()) != digests[0].get(at.clone()))
+            let boff = offset + b * block;
+            let src = source_of(boff / chunk).min(reach.len() - 1);
+            let differs: Vec<usize> = (0..reach.len())
+                .filter(|&i| i != src && digests[i].get(at.clone()) != digests[src].get(at.clone()))
                 .collect();
             if differs.is_empty() {
                 continue;
             }
-            let boff = offset + b * block;
             let blen = block.min(offset + len - boff);
             let blen32 = u32::try_from(blen).expect("one block");
-            let data = reach[0].read(epoch, boff, blen32).await?;
+            let data = reach[src].read(epoch, boff, blen32).await?;
             for i in differs {
                 reach[i].write(epoch, boff, data.clone()).await?;
                 total.copied_bytes += blen;

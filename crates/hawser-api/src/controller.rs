@@ -13,6 +13,7 @@
 //! | POST   | /v1/volumes/{name}/attach              | `Attach` → `Volume`             |
 //! | POST   | /v1/volumes/{name}/detach              | → `Volume`                      |
 //! | POST   | /v1/volumes/{name}/expand              | `ExpandVolume` → `Volume`       |
+//! | POST   | /v1/volumes/{name}/force-promote       | `ForcePromote` → `Volume`       |
 //! | POST   | /v1/volumes/{name}/replicas/{id}/outdate | `Outdate` → `Volume`          |
 //! | POST   | /v1/volumes/{name}/replicas/{id}/in-sync | `MarkInSync` → `Volume`       |
 
@@ -373,6 +374,22 @@ pub struct Attach {
 #[serde(deny_unknown_fields)]
 pub struct ExpandVolume {
     pub size_bytes: u64,
+}
+
+/// `POST /v1/volumes/{name}/force-promote`: let a detached volume attach without the in-sync
+/// replicas it would wait for (DRBD's `--force primary`). Crash recovery refuses to start when
+/// no reachable replica is sure to hold every acknowledged write and an in-sync one cannot be
+/// reached, since that one may hold them. Forcing outdates every in-sync replica but the
+/// kept ones, as blank (copied in full when they return): writes only they held are lost.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForcePromote {
+    /// The in-sync replica to keep; none: every in-sync replica whose node is online.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// Must be true: the operator accepts that acknowledged writes held only by the
+    /// outdated replicas are lost.
+    pub accept_data_loss: bool,
 }
 
 /// `GET /v1/replicas[/{id}]`: one replica with its volume.

@@ -8,13 +8,18 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Extension;
 use axum::Json;
-use hawser_api::controller::{Attach, CreateVolume, ExpandVolume, MarkInSync, Outdate, Volume};
+use hawser_api::controller::{
+    Attach, CreateVolume, ExpandVolume, ForcePromote, MarkInSync, Outdate, Volume,
+};
 
 use crate::errors::ControllerError;
 use crate::model::VolumeRecord;
 use crate::server::{ApiJson, ApiPath};
 use crate::state::AppState;
-use crate::{volume_attach, volume_create, volume_delete, volume_expand, volume_outdate};
+use crate::{
+    volume_attach, volume_create, volume_delete, volume_expand, volume_force_promote,
+    volume_outdate,
+};
 
 type Shared = State<Arc<AppState>>;
 
@@ -125,6 +130,15 @@ pub async fn expand(
     ApiJson(req): ApiJson<ExpandVolume>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = volume_expand::expand_volume(&st, &name, req).await?;
+    Ok(Json(view(&st, &rec).await?))
+}
+
+pub async fn force_promote(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<ForcePromote>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = volume_force_promote::force_promote(&st, &name, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }
 

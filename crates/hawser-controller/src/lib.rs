@@ -43,6 +43,7 @@ mod volume_attach;
 mod volume_create;
 mod volume_delete;
 mod volume_expand;
+mod volume_force_promote;
 mod volume_outdate;
 
 use hawser_listen::HttpLimits;

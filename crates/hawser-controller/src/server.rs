@@ -132,6 +132,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             M::POST,
+            "/v1/volumes/{name}/force-promote",
+            Admin,
+            post(api_volumes::force_promote),
+        ),
+        route(
+            M::POST,
             "/v1/volumes/{name}/replicas/{id}/outdate",
             Agent,
             post(api_volumes::outdate),

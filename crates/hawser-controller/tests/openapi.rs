@@ -250,6 +250,35 @@ async fn real_responses_validate_against_the_document() {
         .call(a, expand, "/v1/volumes/nope/expand", Some(huge))
         .await;
     assert_eq!(nope.0, 404);
+    // Forcing it up from one replica: refused unless the loss is accepted.
+    let force = (Method::POST, "/v1/volumes/{name}/force-promote");
+    let timid = json!({"replica": replica, "accept_data_loss": false});
+    let (s, e) = p
+        .call(a, force.clone(), "/v1/volumes/v/force-promote", Some(timid))
+        .await;
+    assert_eq!((s, code(&e)), (400, "invalid_argument"), "{e}");
+    let keep = json!({"replica": replica, "accept_data_loss": true});
+    let (s, v) = p
+        .call(
+            a,
+            force.clone(),
+            "/v1/volumes/v/force-promote",
+            Some(keep.clone()),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let blank = v["replicas"].as_array().map_or(0, |rs| {
+        rs.iter()
+            .filter(|r| r["blank"] == json!(true) && r["state"] == json!("outdated"))
+            .count()
+    });
+    assert_eq!(blank, 1, "the other replica is outdated as blank: {v}");
+    assert_eq!(
+        p.call(a, force, "/v1/volumes/nope/force-promote", Some(keep))
+            .await
+            .0,
+        404
+    );
     assert_eq!(p.call(a, del.clone(), "/v1/volumes/v", None).await.0, 204);
     // The cluster's identity, the trash, a recovery with nothing to recover.
     let (s, c) = p

@@ -153,6 +153,21 @@ impl ChunkMap {
         self.set = set;
     }
 
+    /// Clear every chunk set in `other` (same geometry).
+    pub fn subtract(&mut self, other: &ChunkMap) {
+        assert_eq!(
+            (self.chunk, self.chunks),
+            (other.chunk, other.chunks),
+            "bitmaps of different geometry"
+        );
+        let mut set = 0;
+        for (a, b) in self.words.iter_mut().zip(&other.words) {
+            *a &= !*b;
+            set += u64::from(a.count_ones());
+        }
+        self.set = set;
+    }
+
     /// Runs of set chunks as `(first, end)`, in order (for persisting and reporting).
     pub fn runs(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();

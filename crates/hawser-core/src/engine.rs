@@ -406,6 +406,22 @@ impl Engine {
     /// Replicas that are, or may become without a resync, the reference others are copied
     /// from: those the store calls in-sync (in sync, or `Down`, or resyncing after `Down`),
     /// not failed.
+    /// `r` may lack acknowledged writes (its node lost power with writes not yet durable, or
+    /// a journal said so, and no resync has copied them back): never promoted to reference,
+    /// and journals say `lost` for it.
+    pub fn may_lack_acknowledged(&self, r: ReplicaIdx) -> bool {
+        self.slot(r).reboot_lost
+    }
+
+    /// A journal said `r` may lack acknowledged writes (`OutReplica::lost`): until a resync
+    /// copied its dirty chunks it is treated like a replica whose node lost power.
+    pub fn note_lost(&mut self, r: ReplicaIdx) {
+        let s = self.slot_mut(r);
+        if s.membership != Membership::InSync || !s.dirty.is_empty() {
+            s.reboot_lost = true;
+        }
+    }
+
     pub fn may_be_reference(&self) -> Vec<ReplicaIdx> {
         self.indices()
             .filter(|&r| {

@@ -174,15 +174,12 @@ impl Engine {
         s.session += 1;
         // Flushes to its old session were all answered when it was lost.
         debug_assert!(s.unflushed_flushing.is_empty());
-        // Until a resync has copied them back, whatever the sessions after this one.
-        s.reboot_lost |= rebooted && (!s.unflushed_at_loss.is_empty() || s.journal_lacks);
         if rebooted {
-            // Its node lost power: what it had not made durable is gone; copy it. Otherwise
-            // those chunks stay pending until a flush sent to it from now on succeeds.
-            for (first, end) in std::mem::take(&mut s.unflushed_at_loss) {
-                s.mark_dirty(|d| d.set_chunks(first, end));
-            }
+            self.note_rebooted(r);
         }
+        // Otherwise the chunks it had not made durable stay pending until a flush sent to it
+        // from now on succeeds.
+        let s = self.slot_mut(r);
         match s.membership {
             Membership::Down => self.begin_sync(r, true, out),
             Membership::Outdated => self.begin_sync(r, false, out),
@@ -190,6 +187,18 @@ impl Engine {
             Membership::Outdating => {}
             Membership::InSync | Membership::Syncing | Membership::Marking | Membership::Failed => {
             }
+        }
+    }
+
+    /// `r`'s node restarted since this engine last had it (known from a new session's boot
+    /// id, or from its journal before it is connected): what it had not made durable is
+    /// gone and is copied again, and until a resync has copied it back it may lack
+    /// acknowledged writes, whatever the sessions after this one.
+    pub fn note_rebooted(&mut self, r: ReplicaIdx) {
+        let s = self.slot_mut(r);
+        s.reboot_lost |= !s.unflushed_at_loss.is_empty() || s.journal_lacks;
+        for (first, end) in std::mem::take(&mut s.unflushed_at_loss) {
+            s.mark_dirty(|d| d.set_chunks(first, end));
         }
     }
 

@@ -34,6 +34,12 @@ pub fn returning_lacks(
     Some(m)
 }
 
+/// Whether `j` says replica `me` may lack acknowledged writes (`OutReplica::lost`): its node
+/// lost power and no resync has copied back what it lost since.
+pub fn said_lost(j: &Journal, me: &str) -> bool {
+    j.out.iter().any(|o| o.replica == me && o.lost)
+}
+
 /// A journal's entry for replica `r` at a commit, from its entry at the last one (`prev`;
 /// `None`: no entry, `Some(None)`: unknown). In sync: only what it may not have made durable
 /// since it last left (until a flush reaches it), or no entry. Failed: unknown. Otherwise the
@@ -69,17 +75,16 @@ pub fn out_entry(
     }
 }
 
-/// Record in `j` that `replica` lacks `lacks` too (`None`: anything). Used when a replica
-/// returns: the log of its own older journal says where it may differ, and that journal is
-/// about to be overwritten by the current one, so the current one must carry it, or a crash
-/// before the next commit forgets it (found by the simulator).
-pub fn add_out(j: &mut Journal, replica: &str, lacks: Option<&ChunkMap>) {
+/// Record in `j` that `replica` lacks `lacks` too (`None`: anything; `lost`: acknowledged
+/// writes may be among them). Used when a replica returns: the log of its own older journal
+/// says where it may differ, and that journal is about to be overwritten by the current one,
+/// so the current one must carry it, or a crash before the next commit forgets it (found by
+/// the simulator).
+pub fn add_out(j: &mut Journal, replica: &str, lacks: Option<&ChunkMap>, lost: bool) {
     let (size, chunk) = (j.size, j.chunk_bytes);
-    let had = j
-        .out
-        .iter()
-        .find(|o| o.replica == replica)
-        .map(|o| o.dirty.clone());
+    let old = j.out.iter().find(|o| o.replica == replica);
+    let was_lost = old.is_some_and(|o| o.lost);
+    let had = old.map(|o| o.dirty.clone());
     let merged = match (had, lacks) {
         (Some(None), _) | (_, None) => None,
         (Some(Some(runs)), Some(m)) => {
@@ -93,6 +98,7 @@ pub fn add_out(j: &mut Journal, replica: &str, lacks: Option<&ChunkMap>) {
     j.out.retain(|o| o.replica != replica);
     j.out.push(OutReplica {
         replica: replica.to_owned(),
+        lost: lost || was_lost || merged.is_none(),
         dirty: merged,
     });
     j.out.sort_by(|a, b| a.replica.cmp(&b.replica));
@@ -106,6 +112,40 @@ pub fn is_whole(j: Option<&Journal>, me: &str, rebooted: bool) -> bool {
     let Some(j) = j else { return false };
     let lacks = |o: &OutReplica| o.replica == me && o.dirty.as_ref().is_none_or(|d| !d.is_empty());
     !rebooted && !j.out.iter().any(lacks)
+}
+
+/// The chunks in-sync replica `me` may lack acknowledged writes in, by its own newest journal
+/// `j` (`None`: anything, it has no journal or the journal does not know). An in-sync replica
+/// misses an acknowledged write only to a power loss (every other write it missed was held
+/// up until it was resynced or outdated). So: the chunks that journal names it as lacking if
+/// it says `lost` (its node lost power before, and no resync has copied them back), and when
+/// its node `rebooted` since the journal, those chunks (resync copies not yet flushed are
+/// inside them: a save shrinks the map only after a flush) and the journal's log (a write
+/// reaches a replica only inside the log of a journal it holds, and its extent leaves the
+/// log only after a flush made it durable there).
+pub fn own_suspect(
+    j: Option<&Journal>,
+    me: &str,
+    rebooted: bool,
+    size: u64,
+    chunk_bytes: u64,
+) -> Option<ChunkMap> {
+    let j = j?;
+    let mut m = ChunkMap::new(size, chunk_bytes);
+    for o in j
+        .out
+        .iter()
+        .filter(|o| o.replica == me && (o.lost || rebooted))
+    {
+        match &o.dirty {
+            Some(runs) => runs_to_chunks(runs, j.chunk_bytes, size, &mut m),
+            None => return None,
+        }
+    }
+    if rebooted {
+        m.union(&log_chunks(j, size, chunk_bytes));
+    }
+    Some(m)
 }
 
 /// The order in which crash recovery takes the reachable in-sync replicas, source first
@@ -212,6 +252,14 @@ impl Plan {
         m
     }
 
+    /// Whether any journal says `replica` may lack acknowledged writes (`said_lost`).
+    pub fn lost_for(&self, replica: &str) -> bool {
+        self.journals
+            .iter()
+            .flatten()
+            .any(|j| said_lost(j, replica))
+    }
+
     /// What a blank replica (one being built from nothing) still lacks: the map the newest
     /// journal gives it plus what the logs cover (`outdated_dirty`). A newest journal that does
     /// not name it (one from before its build started; replica ids are never reused) or names
@@ -280,6 +328,7 @@ mod tests {
     fn out(id: &str, dirty: Option<Runs>) -> OutReplica {
         OutReplica {
             replica: id.into(),
+            lost: dirty.is_none(),
             dirty,
         }
     }
@@ -312,13 +361,13 @@ mod tests {
         let mut jj = j(4, 9, vec![], vec![out("b", Some(vec![(0, 2)]))]).unwrap();
         let mut m = ChunkMap::new(SIZE, CHUNK);
         m.set_chunks(10, 12);
-        add_out(&mut jj, "b", Some(&m));
-        add_out(&mut jj, "a", Some(&m));
+        add_out(&mut jj, "b", Some(&m), false);
+        add_out(&mut jj, "a", Some(&m), false);
         assert_eq!(jj.out[0], out("a", Some(vec![(10, 12)])));
         assert_eq!(jj.out[1], out("b", Some(vec![(0, 2), (10, 12)])));
-        add_out(&mut jj, "b", None);
+        add_out(&mut jj, "b", None, false);
         assert_eq!(jj.out[1], out("b", None), "unknown stays unknown");
-        add_out(&mut jj, "b", Some(&m));
+        add_out(&mut jj, "b", Some(&m), false);
         assert_eq!(jj.out[1], out("b", None));
     }
 
@@ -384,6 +433,24 @@ mod tests {
             "a restart replaces what it had"
         );
         assert_eq!(out_entry(&e, r1, Some(None), None), Some(None));
+    }
+
+    #[test]
+    fn only_power_loss_makes_an_in_sync_replica_suspect() {
+        let named = |lost| OutReplica {
+            replica: "a".into(),
+            dirty: Some(vec![(100, 101)]),
+            lost,
+        };
+        let jj = |lost| j(4, 9, vec![(0, 1)], vec![named(lost)]).unwrap();
+        let suspect = |lost, rebooted| own_suspect(Some(&jj(lost)), "a", rebooted, SIZE, CHUNK);
+        // Named lacking only writes it held up (never acknowledged): sure to hold the rest.
+        assert_eq!(suspect(false, false).unwrap().count(), 0);
+        // Its node lost power once and the resync had not copied chunk 100 back.
+        assert_eq!(suspect(true, false).unwrap().runs(), [(100, 101)]);
+        // Rebooted since the journal: the log (extent 0: 64 chunks) and what it is named with.
+        assert_eq!(suspect(false, true).unwrap().runs(), [(0, 64), (100, 101)]);
+        assert!(own_suspect(None, "a", false, SIZE, CHUNK).is_none());
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum Broken {
 
 pub struct Control {
     pub store: Vec<StoreState>,
+    /// Outdated replicas being built from nothing (`EngineReplica::blank`): cleared by the
+    /// in-sync CAS, as the controller does.
+    pub blank: Vec<bool>,
     pub epoch: u64,
     /// Unreachable (an outage): every attempt fails and is retried.
     pub down: bool,
@@ -64,6 +67,7 @@ pub struct Control {
 impl Control {
     pub fn new(store: Vec<StoreState>, broken: Broken) -> Control {
         Control {
+            blank: vec![false; store.len()],
             store,
             epoch: 1,
             down: false,
@@ -116,6 +120,7 @@ impl Control {
                 StoreState::InSync => Outcome::Done,
                 StoreState::Outdated => {
                     self.store[r] = StoreState::InSync;
+                    self.blank[r] = false;
                     Outcome::Done
                 }
                 StoreState::Failed => Outcome::Refused,

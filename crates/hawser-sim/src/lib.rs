@@ -45,6 +45,33 @@ pub enum Mutation {
     WritesSkipTheLog,
     /// Crash recovery compares but copies nothing.
     RecoveryCopiesNothing,
+    /// Crash recovery takes every chunk from the first reachable replica, local first,
+    /// whatever the journals say it may lack (`Rules::source_choice` off).
+    RecoveryIgnoresSuspects,
+    /// Crash recovery forgets that a journal said a replica lost power
+    /// (`Rules::power_loss_suspect` off).
+    RecoveryForgetsPowerLoss,
+    /// Crash recovery starts instead of waiting for an unreachable in-sync replica
+    /// (`Rules::refusal` off).
+    RecoveryNeverWaits,
+    /// A blank replica is taken for an ordinary outdated one at crash recovery
+    /// (`Rules::blank_needs_naming_journal` off).
+    BlankTrustsAnyJournal,
+}
+
+impl Mutation {
+    /// The crash recovery rules a run decides with.
+    pub fn rules(self) -> hawser_core::driver::recovery::Rules {
+        let mut r = hawser_core::driver::recovery::Rules::ALL;
+        match self {
+            Mutation::RecoveryIgnoresSuspects => r.source_choice = false,
+            Mutation::RecoveryForgetsPowerLoss => r.power_loss_suspect = false,
+            Mutation::RecoveryNeverWaits => r.refusal = false,
+            Mutation::BlankTrustsAnyJournal => r.blank_needs_naming_journal = false,
+            _ => {}
+        }
+        r
+    }
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -367,15 +367,28 @@ impl World {
             trace!(w, "journal {jp:?}");
             w.jd = Some(journal::JournalDriver::new(&w.p, jp, 1, 1));
             // Every replica was created with an empty journal; the outdated one is said out.
+            // One lacking everything is a blank replica (added to the volume by self-healing,
+            // `EngineReplica::blank`): no journal names it, and it has none of its own.
+            let blank = w.p.initial_outdated.as_ref().filter(|o| o.dirty.is_none());
             let out: Vec<OutReplica> =
                 w.p.initial_outdated
                     .iter()
+                    .filter(|o| o.dirty.is_some())
                     .map(|o| OutReplica {
                         replica: replica_id(o.replica),
                         dirty: o.dirty.as_ref().map(ChunkMap::runs),
+                        lost: false,
                     })
                     .collect();
-            for rep in &mut w.replicas {
+            let blank = blank.map(|o| o.replica);
+            if let Some(b) = blank {
+                w.control.blank[b] = true;
+            }
+            for (r, rep) in w.replicas.iter_mut().enumerate() {
+                if Some(r) == blank {
+                    rep.journal = None;
+                    continue;
+                }
                 rep.journal = Some(Journal {
                     epoch: 0,
                     seq: 0,
@@ -915,7 +928,8 @@ impl World {
         d.conn = Conn::Open(session);
         d.inc = inc;
         d.backoff = RECONNECT_BACKOFF_MIN_US;
-        let rebooted = d.last_boot != boot;
+        // A new engine knows no boot id of it yet (`UNKNOWN_BOOT`): the journal tells.
+        let rebooted = (d.last_boot != restart::UNKNOWN_BOOT).then_some(d.last_boot != boot);
         if self.engine_state != EngineState::Up {
             d.last_boot = boot;
             self.start_hello_settled(r);
@@ -927,6 +941,7 @@ impl World {
             return;
         }
         self.drivers[r].last_boot = boot;
+        let rebooted = rebooted.unwrap_or(true);
         self.step(|e, out| e.on_replica_connected(ri(r), rebooted, out));
         if !self.engine.replica_view(ri(r)).connected {
             self.drivers[r].conn = Conn::Idle;

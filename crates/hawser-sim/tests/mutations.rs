@@ -58,3 +58,37 @@ fn a_recovery_that_copies_nothing_is_caught() {
     );
     assert!(m.contains("after crash recovery"), "{m}");
 }
+
+/// `HAWSER_MUTATION=<name> HAWSER_SEED_BASE=<first> HAWSER_SEEDS=<n> cargo test --release -p
+/// hawser-sim --test mutations scan -- --ignored --nocapture`: list the seeds of a range that
+/// fail under a mutation (with engine crashes), to pin one.
+#[test]
+#[ignore = "a tool, run by hand"]
+fn scan() {
+    let name = std::env::var("HAWSER_MUTATION").unwrap_or_default();
+    let mutation = [
+        Mutation::RecoveryIgnoresSuspects,
+        Mutation::RecoveryForgetsPowerLoss,
+        Mutation::RecoveryNeverWaits,
+        Mutation::BlankTrustsAnyJournal,
+        Mutation::WritesSkipTheLog,
+        Mutation::RecoveryCopiesNothing,
+    ]
+    .into_iter()
+    .find(|m| format!("{m:?}") == name)
+    .expect("HAWSER_MUTATION names a recovery mutation");
+    let base = hawser_sim::seed_base();
+    let n: u64 = std::env::var("HAWSER_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    let opts = RunOptions {
+        faults: FaultMix::ALL_WITH_ENGINE_CRASHES,
+        mutation,
+    };
+    for seed in base..base + n {
+        if let Err(f) = run_seed(seed, opts) {
+            println!("{mutation:?}: seed {seed} fails: {}", f.message);
+        }
+    }
+}

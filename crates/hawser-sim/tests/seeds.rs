@@ -93,10 +93,35 @@ fn engine_crash_seeds_1() {
     shard_with(1, RunOptions::with_engine_crashes());
 }
 
+#[test]
+fn engine_crash_seeds_2() {
+    shard_with(2, RunOptions::with_engine_crashes());
+}
+
+#[test]
+fn engine_crash_seeds_3() {
+    shard_with(3, RunOptions::with_engine_crashes());
+}
+
+#[test]
+fn engine_crash_seeds_4() {
+    shard_with(4, RunOptions::with_engine_crashes());
+}
+
+#[test]
+fn engine_crash_seeds_5() {
+    shard_with(5, RunOptions::with_engine_crashes());
+}
+
 /// And with engines that restart on a node without a replica.
 #[test]
 fn engine_move_seeds_0() {
     shard_with(0, RunOptions::with_engine_moves());
+}
+
+#[test]
+fn engine_move_seeds_1() {
+    shard_with(1, RunOptions::with_engine_moves());
 }
 
 /// Seeds that found engine bugs once the simulator stopped steering around them. Each fails
@@ -161,6 +186,26 @@ const PINNED_ENGINE_CRASH: &[(u64, &str)] = &[
     (
         3592,
         "7: a replica given chunks by the journals was promoted to reference after a reboot",
+    ),
+    (
+        143,
+        "8: a new engine took its first session with a replica as not rebooted",
+    ),
+    (
+        2937,
+        "9: one source for every chunk, though another replica was sure of those it lost",
+    ),
+    (
+        1253,
+        "10: journals could not tell writes a replica held up from writes it lost",
+    ),
+    (
+        1859,
+        "11: a failed join forgot the reboot it read from the journal it then overwrote",
+    ),
+    (
+        3493,
+        "11: ... and an engine trusted its own stale journal over what it knew since",
     ),
 ];
 

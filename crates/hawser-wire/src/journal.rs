@@ -6,11 +6,17 @@
 //!   to, before it sends the first write into it, and drops it only after a flush covered every
 //!   write into it. After a crash, only these extents can differ between in-sync replicas.
 //! - `out`: the dirty map of every replica that was not receiving writes (or was being
-//!   resynced): the chunks it lacks, or `None` when unknown (it is copied in full).
+//!   resynced): the chunks it lacks, or `None` when unknown (it is copied in full); and
+//!   whether it may lack *acknowledged* writes there (`lost`: its node lost power before they
+//!   were durable on it, and no resync has copied them back since). Without `lost` it lacks
+//!   only writes that were never acknowledged while it was missing them (it held them up),
+//!   so crash recovery may still take those chunks from it.
 //!
 //! Encoding (little endian): magic u64 | version u32 | flags u32 (0) | epoch u64 | seq u64 |
 //! size u64 | extent_bytes u64 | chunk_bytes u64 | active runs | out count u32 | per out:
-//! id_len u16, id, known u8, runs | crc32c u32 of everything before it.
+//! id_len u16, id, kind u8 (0: unknown; 1: runs, lost; 2: runs, not lost), runs | crc32c u32
+//! of everything before it. Kind 2 came later: a journal without it reads the same in older
+//! agents, and kind 1 is the conservative meaning for journals written before.
 //! Runs: count u32, then (first u64, end u64) pairs, sorted, disjoint, non-empty, in bounds.
 
 use crate::constants::MAX_ID_BYTES;
@@ -30,6 +36,8 @@ pub struct OutReplica {
     pub replica: String,
     /// Chunks it lacks; `None`: unknown, copy everything.
     pub dirty: Option<Runs>,
+    /// It may lack acknowledged writes in those chunks (always so when `dirty` is unknown).
+    pub lost: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,7 +105,7 @@ impl Journal {
             b.extend_from_slice(id);
             match &o.dirty {
                 Some(runs) => {
-                    b.push(1);
+                    b.push(if o.lost { 1 } else { 2 });
                     put_runs(&mut b, runs)?;
                 }
                 None => b.push(0),
@@ -147,9 +155,10 @@ impl Journal {
             let id = std::str::from_utf8(r.bytes(len)?).map_err(|_| JournalError::BadField {
                 field: "replica id",
             })?;
-            let dirty = match r.u8()? {
-                0 => None,
-                1 => Some(r.runs()?),
+            let (dirty, lost) = match r.u8()? {
+                0 => (None, true),
+                1 => (Some(r.runs()?), true),
+                2 => (Some(r.runs()?), false),
                 _ => {
                     return Err(JournalError::BadField {
                         field: "dirty kind",
@@ -159,6 +168,7 @@ impl Journal {
             out.push(OutReplica {
                 replica: id.to_owned(),
                 dirty,
+                lost,
             });
         }
         if r.at != body.len() {
@@ -205,6 +215,8 @@ impl Journal {
                 if !runs_ok(runs, chunks) {
                     return Err(JournalError::BadField { field: "dirty" });
                 }
+            } else if !o.lost {
+                return Err(JournalError::BadField { field: "lost" });
             }
         }
         Ok(())
@@ -341,10 +353,17 @@ mod tests {
                 OutReplica {
                     replica: "r-1".into(),
                     dirty: Some(vec![(3, 9), (16383, 16384)]),
+                    lost: false,
                 },
                 OutReplica {
                     replica: "r-2".into(),
                     dirty: None,
+                    lost: true,
+                },
+                OutReplica {
+                    replica: "r-3".into(),
+                    dirty: Some(vec![(0, 1)]),
+                    lost: true,
                 },
             ],
         }

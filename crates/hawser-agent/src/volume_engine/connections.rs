@@ -48,13 +48,15 @@ impl VolumeEngine {
     /// Reconnect a replica the engine wants back, and tell the engine.
     pub(super) async fn reconnect(self: Arc<Self>, idx: ReplicaIdx) {
         let ok = match &self.handles[usize::from(idx.0)] {
-            Handle::Local(r) => !r.is_failed() && self.join(usize::from(idx.0), false).await,
+            Handle::Local(r) => !r.is_failed() && self.join(usize::from(idx.0), None).await,
             Handle::Remote { boot, .. } => {
                 let before = *boot.lock().unwrap_or_else(|p| p.into_inner());
                 match self.connect_remote(idx).await {
                     Ok(()) => {
                         let after = *boot.lock().unwrap_or_else(|p| p.into_inner());
-                        let rebooted = before.is_none() || before != after;
+                        // No boot id yet: this engine never had the replica; its journal
+                        // tells whether the node rebooted since (the keeper's join).
+                        let rebooted = before.map(|b| Some(b) != after);
                         tracing::info!(volume = %self.volume, replica = %self.replica_ids[usize::from(idx.0)], rebooted, "replica reconnected");
                         let joined = self.join(usize::from(idx.0), rebooted).await;
                         if !joined {

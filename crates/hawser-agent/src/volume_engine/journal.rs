@@ -51,7 +51,7 @@ impl VolumeEngine {
                         Some(a) => a
                             .get_journal(me.epoch)
                             .await
-                            .map(|s| s.map(|s| s.journal))
+                            .map(|s| s.map(|s| (s.journal, s.rebooted)))
                             .map_err(|e| {
                                 me.failure("reading the journal of a returning replica", &e)
                             }),
@@ -137,7 +137,7 @@ impl VolumeEngine {
 
     /// Replica `i` is connected again (a new session): bring it into the set of replicas
     /// requests go to (the keeper's join). False if that failed; the caller retries.
-    pub(super) async fn join(&self, i: usize, rebooted: bool) -> bool {
+    pub(super) async fn join(&self, i: usize, rebooted: Option<bool>) -> bool {
         let (tx, rx) = oneshot::channel();
         self.joins.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(tx);
         self.drive(|k, e, acts| k.join(e, Self::idx(i), rebooted, acts));

@@ -82,7 +82,13 @@ impl VolumeEngine {
             tracing::info!(volume = %req.volume, source = reach[0].id(), "crash recovery source: a whole replica rather than the local one");
         }
         let started = Instant::now();
-        let done = recovery::reconcile(self.epoch, &reach, &start.plan)
+        anyhow::ensure!(
+            reach.len() == start.sources.len(),
+            "crash recovery of volume {}: an in-sync replica's session closed during recovery",
+            req.volume
+        );
+        let source_of = |c: u64| start.source_of(c);
+        let done = recovery::reconcile(self.epoch, &reach, &start.plan, &source_of)
             .await
             .map_err(|e| anyhow::anyhow!("crash recovery: {e}"))?;
         let report = RecoveryReport {

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use hawser_wire::journal::{Journal, JournalError, OutReplica};
 
 use crate::activity::to_runs;
-use crate::recovery_plan::{add_out, out_entry, returning_lacks};
+use crate::recovery_plan::{add_out, out_entry, returning_lacks, said_lost};
 use crate::{
     ActivityLog, ChunkMap, ClientOp, Command, Engine, IoError, Membership, ReplicaFailure,
     ReplicaIdx, ResyncPoint, Tag,
@@ -85,7 +85,9 @@ enum Busy {
     Join {
         op: OpId,
         r: usize,
-        rebooted: bool,
+        /// Whether its node rebooted since this engine last had it (`None`: this engine
+        /// never had it; the journal read tells).
+        rebooted: Option<bool>,
         /// Its journal was read; the put of the last committed one is under way.
         putting: bool,
     },
@@ -133,11 +135,14 @@ pub struct Keeper {
     /// Persisted dirty maps of replicas not in sync (`None`: unknown). A map grows with the
     /// engine's and shrinks only by a resync save.
     out: BTreeMap<usize, Option<ChunkMap>>,
+    /// Replicas of `out` that may lack acknowledged writes (`OutReplica::lost`): set while
+    /// the engine says so, kept while the entry lasts.
+    lost: BTreeSet<usize>,
     last: Option<Journal>,
     busy: Option<Busy>,
     /// A commit was asked for while the journal was held: the smallest idle time asked.
     wanted: Option<u64>,
-    joins: VecDeque<(usize, bool)>,
+    joins: VecDeque<(usize, Option<bool>)>,
     /// Modifying requests waiting for their extents to be committed.
     waiting: VecDeque<(Tag, ClientOp)>,
     /// Modifying requests in the engine: their range.
@@ -178,6 +183,7 @@ impl Keeper {
             seq: first_seq - 1,
             first_seq,
             out: BTreeMap::new(),
+            lost: BTreeSet::new(),
             last: None,
             busy: None,
             wanted: None,
@@ -304,10 +310,20 @@ impl Keeper {
             let restart = shrinks
                 .iter()
                 .find(|s| s.r == r && e.resync_point_holds(idx, &s.point));
-            if let Some(entry) =
-                out_entry(e, idx, self.out.remove(&r), restart.map(|s| &s.point.lacks))
-            {
-                self.out.insert(r, entry);
+            let restart = restart.map(|s| &s.point.lacks);
+            match out_entry(e, idx, self.out.remove(&r), restart) {
+                Some(entry) => {
+                    self.out.insert(r, entry);
+                    if e.may_lack_acknowledged(idx) {
+                        self.lost.insert(r);
+                    } else if e.membership(idx) == Membership::InSync {
+                        // Resynced since: it lacks no acknowledged write now.
+                        self.lost.remove(&r);
+                    }
+                }
+                None => {
+                    self.lost.remove(&r);
+                }
             }
             let v = e.replica_view(idx);
             let writes_go_there = matches!(
@@ -336,6 +352,7 @@ impl Keeper {
             .map(|(&r, m)| OutReplica {
                 replica: self.ids[r].clone(),
                 dirty: m.as_ref().map(ChunkMap::runs),
+                lost: m.is_none() || self.lost.contains(&r),
             })
             .collect();
         outs.sort_by(|a, b| a.replica.cmp(&b.replica));
@@ -430,9 +447,18 @@ impl Keeper {
         }
     }
 
-    /// Replica `r` is connected again (its node `rebooted` since the engine last had it, or
-    /// unknown): bring it into the set of replicas requests go to.
-    pub fn join(&mut self, e: &mut Engine, r: ReplicaIdx, rebooted: bool, out: &mut Vec<Act>) {
+    /// Replica `r` is connected again: bring it into the set of replicas requests go to.
+    /// `rebooted`: whether its node restarted since this engine's last session with it, or
+    /// `None` when this engine had none; then the journal read tells whether the node
+    /// rebooted since that journal was stored (as at crash recovery), and no journal counts
+    /// as rebooted.
+    pub fn join(
+        &mut self,
+        e: &mut Engine,
+        r: ReplicaIdx,
+        rebooted: Option<bool>,
+        out: &mut Vec<Act>,
+    ) {
         self.joins.push_back((usize::from(r.0), rebooted));
         if self.busy.is_none() {
             self.next(e, out);
@@ -498,13 +524,14 @@ impl Keeper {
         }
     }
 
-    /// The answer to a `GetJournal`: `Ok(None)` when the replica has no readable journal.
+    /// The answer to a `GetJournal`: the journal and whether the replica's node rebooted
+    /// since it was stored; `Ok(None)` when the replica has no readable journal.
     pub fn read(
         &mut self,
         e: &mut Engine,
         op: OpId,
         r: ReplicaIdx,
-        result: Result<Option<Journal>, ReplicaFailure>,
+        result: Result<Option<(Journal, bool)>, ReplicaFailure>,
         out: &mut Vec<Act>,
     ) {
         let i = usize::from(r.0);
@@ -520,16 +547,45 @@ impl Keeper {
         if jop != op || jr != i {
             return;
         }
-        let j = match result {
-            Ok(j) => j,
+        let found = match result {
+            Ok(found) => found,
             Err(f) => return self.join_failed(e, f, out),
         };
+        let mut rebooted = false;
+        if let Some(Busy::Join {
+            rebooted: known, ..
+        }) = &mut self.busy
+        {
+            rebooted = *known.get_or_insert(found.as_ref().is_none_or(|(_, since)| *since));
+        }
+        let j = found.map(|(j, _)| j);
+        // What an earlier engine's journal says; this engine's own journals say what it
+        // knew then, and it knows better now (the replica may have been resynced since).
+        let earlier = |j: &Journal| j.epoch != self.epoch || j.seq < self.first_seq;
+        let said = j
+            .as_ref()
+            .is_some_and(|j| earlier(j) && said_lost(j, &self.ids[i]));
         let own = self.own_lacks(e, i, j);
+        if rebooted {
+            // Known now, kept even if the join fails: the next try may not see it (its
+            // journal is about to be overwritten under the new boot).
+            e.note_rebooted(r);
+        }
+        if said {
+            // A journal said it lost acknowledged writes: so must this engine.
+            e.note_lost(r);
+        }
+        if e.may_lack_acknowledged(r) {
+            self.lost.insert(i);
+        }
         let Some(mut last) = self.last.clone() else {
             return self.joined(e, out);
         };
-        if let Some(own) = &own {
-            add_out(&mut last, &self.ids[i], own.as_ref());
+        let lost = self.lost.contains(&i);
+        if own.is_some() || lost {
+            let empty = ChunkMap::new(self.size, self.chunk_bytes);
+            let own = own.as_ref().map_or(Some(&empty), Option::as_ref);
+            add_out(&mut last, &self.ids[i], own, lost);
         }
         if let Some(Busy::Join { putting, .. }) = &mut self.busy {
             *putting = true;
@@ -586,6 +642,7 @@ impl Keeper {
             replica: ri(r),
             ok: true,
         });
+        let rebooted = rebooted.unwrap_or(true);
         engine(out, |c| e.on_replica_connected(ri(r), rebooted, c));
         self.next(e, out);
     }

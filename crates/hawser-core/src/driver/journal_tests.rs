@@ -179,7 +179,7 @@ fn a_returning_replica_takes_on_its_old_log_and_gets_the_journal_before_the_engi
     );
     store_all(&mut k, &mut e, &acts);
     let mut acts = Vec::new();
-    k.join(&mut e, R1, false, &mut acts);
+    k.join(&mut e, R1, Some(false), &mut acts);
     let [Act::GetJournal { op, replica: R1 }] = acts[..] else {
         panic!("a join starts by reading the replica's journal: {acts:?}")
     };
@@ -195,7 +195,7 @@ fn a_returning_replica_takes_on_its_old_log_and_gets_the_journal_before_the_engi
         out: vec![],
     };
     let mut acts = Vec::new();
-    k.read(&mut e, op, R1, Ok(Some(old)), &mut acts);
+    k.read(&mut e, op, R1, Ok(Some((old, false))), &mut acts);
     assert!(
         e.dirty(R1).is_set(9),
         "what its old log covers must be recopied"
@@ -228,7 +228,7 @@ fn a_returning_replica_takes_on_its_old_log_and_gets_the_journal_before_the_engi
 fn a_join_whose_journal_read_hits_a_disk_error_fails_the_replica() {
     let (mut e, mut k) = setup(Some(ChunkMap::new(SIZE, CHUNK)));
     let mut acts = Vec::new();
-    k.join(&mut e, R1, false, &mut acts);
+    k.join(&mut e, R1, Some(false), &mut acts);
     let [Act::GetJournal { op, .. }] = acts[..] else {
         panic!("{acts:?}")
     };
@@ -256,7 +256,7 @@ fn resync_until_a_save(lacks: &ChunkMap, copies: usize) -> (Engine, Keeper, OpId
     k.commit(&mut e, 0, &mut acts);
     store_all(&mut k, &mut e, &acts);
     let mut acts = Vec::new();
-    k.join(&mut e, R1, false, &mut acts);
+    k.join(&mut e, R1, Some(false), &mut acts);
     let [Act::GetJournal { op, .. }] = acts[..] else {
         panic!("{acts:?}")
     };
@@ -270,7 +270,7 @@ fn resync_until_a_save(lacks: &ChunkMap, copies: usize) -> (Engine, Keeper, OpId
         active: vec![],
         out: vec![],
     };
-    k.read(&mut e, op, R1, Ok(Some(own)), &mut acts);
+    k.read(&mut e, op, R1, Ok(Some((own, false))), &mut acts);
     let acts = store_all(&mut k, &mut e, &acts);
     // The first tick of its resync is where saves count from.
     let mut ticked = Vec::new();
@@ -361,4 +361,82 @@ fn finish_commits_an_empty_log_once_everything_is_flushed() {
     assert!(!acts.contains(&Act::Finished));
     let after = store_all(&mut k, &mut e, &acts);
     assert!(after.contains(&Act::Finished));
+}
+
+#[test]
+fn a_replica_whose_own_journal_says_it_lost_writes_stays_lost_in_the_next_journals() {
+    let (mut e, mut k) = setup(Some(ChunkMap::new(SIZE, CHUNK)));
+    let mut acts = Vec::new();
+    k.commit(&mut e, 0, &mut acts);
+    store_all(&mut k, &mut e, &acts);
+    let mut acts = Vec::new();
+    k.join(&mut e, R1, Some(false), &mut acts);
+    let [Act::GetJournal { op, .. }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    // An earlier engine knew its node had lost power before it copied chunk 4 back.
+    let old = Journal {
+        epoch: 4,
+        seq: 2,
+        size: SIZE,
+        extent_bytes: CHUNK,
+        chunk_bytes: CHUNK,
+        active: vec![],
+        out: vec![hawser_wire::journal::OutReplica {
+            replica: "b".into(),
+            dirty: Some(vec![(4, 5)]),
+            lost: true,
+        }],
+    };
+    let mut acts = Vec::new();
+    k.read(&mut e, op, R1, Ok(Some((old, false))), &mut acts);
+    assert!(
+        e.may_lack_acknowledged(R1),
+        "the engine must not promote it"
+    );
+    let p = puts(&acts);
+    let entry = p[0].2.out.iter().find(|o| o.replica == "b").expect("named");
+    assert!(
+        entry.lost,
+        "the journal it is given forgot it may lack acknowledged writes"
+    );
+    store_all(&mut k, &mut e, &acts);
+    let mut acts = Vec::new();
+    k.commit(&mut e, 0, &mut acts);
+    let p = puts(&acts);
+    let entry = p[0].2.out.iter().find(|o| o.replica == "b").expect("named");
+    assert!(entry.lost && entry.dirty.is_some());
+}
+
+#[test]
+fn a_first_join_takes_the_reboot_from_the_journal_read() {
+    for since_boot in [false, true] {
+        let (mut e, mut k) = setup(Some(ChunkMap::new(SIZE, CHUNK)));
+        let mut acts = Vec::new();
+        k.join(&mut e, R1, None, &mut acts);
+        let [Act::GetJournal { op, .. }] = acts[..] else {
+            panic!("{acts:?}")
+        };
+        // Its own journal, of an older engine, logged extent 2.
+        let old = Journal {
+            epoch: 4,
+            seq: 2,
+            size: SIZE,
+            extent_bytes: CHUNK,
+            chunk_bytes: CHUNK,
+            active: vec![(2, 3)],
+            out: vec![],
+        };
+        let mut acts = Vec::new();
+        k.read(&mut e, op, R1, Ok(Some((old, since_boot))), &mut acts);
+        assert!(acts.contains(&Act::Joined {
+            replica: R1,
+            ok: true
+        }));
+        assert_eq!(
+            e.may_lack_acknowledged(R1),
+            since_boot,
+            "a node that rebooted after its journal may have lost the writes of its log"
+        );
+    }
 }

@@ -185,7 +185,7 @@ impl World {
     /// Replica `r`'s Hello was answered (session `session`, its node's boot id `boot`):
     /// bring it into the journal's set before the engine hears of it. The boot id counts as
     /// seen only once it joined: a join that fails must not hide a reboot from the next try.
-    pub(super) fn join(&mut self, r: usize, session: u64, rebooted: bool, boot: u64) {
+    pub(super) fn join(&mut self, r: usize, session: u64, rebooted: Option<bool>, boot: u64) {
         self.drivers[r].conn = Conn::Joining(session);
         self.drivers[r].join_boot = boot;
         self.keep(|k, e, acts| k.join(e, ri(r), rebooted, acts));
@@ -236,9 +236,17 @@ impl World {
         }
         jd.ops.remove(&(jid, r));
         let joining = matches!(self.drivers[r].conn, Conn::Joining(_));
+        // As the agent's journal file reports it: stored before the node's last boot.
+        let since_boot = self.replicas[r].journal_boot != self.replicas[r].boot;
         self.keep(|k, e, acts| match kind {
             JOp::Put => k.stored(e, jid, ri(r), result.map(|_| ()), acts),
-            JOp::Get => k.read(e, jid, ri(r), result, acts),
+            JOp::Get => k.read(
+                e,
+                jid,
+                ri(r),
+                result.map(|j| j.map(|j| (j, since_boot))),
+                acts,
+            ),
             JOp::SaveFlush => k.save_flushed(e, jid, ri(r), result.map(|_| ()), acts),
         });
         // Told it is connected, the engine may still not take it (it failed meanwhile).

@@ -28,7 +28,7 @@
 
 use std::collections::BTreeSet;
 
-use hawser_core::driver::recovery::{decide, Decision, Found, Member, Stored};
+use hawser_core::driver::recovery::{decide_with, Decision, Found, Member, Stored};
 use hawser_core::{IoError, Plan};
 use rand::Rng;
 
@@ -39,6 +39,9 @@ use crate::pattern::SECTOR;
 use crate::replica::DiskFault;
 use crate::Mutation;
 
+/// The boot id a driver has seen before its first session with a replica.
+pub(super) const UNKNOWN_BOOT: u64 = u64::MAX;
+
 /// A start that found no in-sync replica (or one with a full disk) is tried again after this.
 const START_RETRY_US: u64 = 10_000;
 
@@ -48,9 +51,7 @@ impl World {
     /// replica is not; runs that allow these crashes still fail in about 1 seed of 6,000
     /// (docs/protocol.md, "Noticed, not fully handled").
     pub(super) fn may_crash_engine(&self) -> bool {
-        self.jd.is_some()
-            && self.engine_state == EngineState::Up
-            && !self.volatile_lost.iter().any(|&l| l)
+        self.jd.is_some() && self.engine_state == EngineState::Up
     }
 
     pub(super) fn crash_engine(&mut self) {
@@ -71,6 +72,9 @@ impl World {
             self.copied_before[r] += self.engine.replica_view(ri(r)).copied_bytes;
             let d = &mut self.drivers[r];
             d.conn = Conn::Idle;
+            // A new engine knows no boot id yet: its first session with a replica counts as
+            // after a reboot, as in the agent (`reconnect`: no boot id seen means rebooted).
+            d.last_boot = UNKNOWN_BOOT;
             d.next_try = 0;
             d.backoff = RECONNECT_BACKOFF_MIN_US;
             self.doomed[r] = None;
@@ -159,7 +163,9 @@ impl World {
                 let rep = &self.replicas[r];
                 let stored = match self.control.store[r] {
                     StoreState::InSync => Stored::InSync,
-                    StoreState::Outdated => Stored::Outdated { blank: false },
+                    StoreState::Outdated => Stored::Outdated {
+                        blank: self.control.blank[r],
+                    },
                     StoreState::Failed => Stored::Failed,
                 };
                 let found = match stored {
@@ -181,7 +187,8 @@ impl World {
                 }
             })
             .collect();
-        let start = match decide(self.engine_epoch, size, chunk, &members) {
+        let rules = self.mutation.rules();
+        let start = match decide_with(rules, self.engine_epoch, size, chunk, &members) {
             Decision::Start(s) => s,
             Decision::Refuse(why) => return self.start_failed(&why.to_string()),
         };
@@ -199,7 +206,10 @@ impl World {
             start.unreachable,
             start.plan.reconcile.runs()
         );
-        self.reconcile(&reach, &start.plan);
+        let source_of: Vec<usize> = (0..start.plan.reconcile.chunks())
+            .map(|c| reach[start.source_of(c)])
+            .collect();
+        self.reconcile(&reach, &start.plan, &source_of);
         if self.failure.is_some() {
             return;
         }
@@ -219,19 +229,20 @@ impl World {
         self.start_commit(0);
     }
 
-    /// Make the reachable in-sync replicas equal over `plan.reconcile`, copying from
-    /// `reach[0]`, then flush them all; then check they are identical everywhere.
-    fn reconcile(&mut self, reach: &[usize], plan: &Plan) {
+    /// Make the reachable in-sync replicas equal over `plan.reconcile`, copying each chunk
+    /// `c` from replica `source_of[c]` (the driver's choice), then flush them all; then check
+    /// they are identical everywhere.
+    fn reconcile(&mut self, reach: &[usize], plan: &Plan, source_of: &[usize]) {
         let chunk = self.p.engine.chunk_bytes;
-        let src = reach[0];
         for c in 0..plan.reconcile.chunks() {
             if !plan.reconcile.is_set(c) {
                 continue;
             }
+            let src = source_of[usize::try_from(c).expect("few chunks")];
             let from = c * chunk;
             let to = (from + chunk).min(self.p.size);
             self.stats.recovery_compared += to - from;
-            for &r in &reach[1..] {
+            for &r in reach.iter().filter(|&&r| r != src) {
                 for s in from / SECTOR..to / SECTOR {
                     let (a, b) = (s * SECTOR, (s + 1) * SECTOR);
                     let data = self.replicas[src].disk.read(a, SECTOR);
@@ -249,6 +260,7 @@ impl World {
         for &r in reach {
             self.replicas[r].disk.flush();
         }
+        let src = reach[0];
         for &r in &reach[1..] {
             let (x, y) = (&self.replicas[src].disk, &self.replicas[r].disk);
             let differs = (0..self.p.size / SECTOR)

@@ -1,7 +1,7 @@
-//! `hawser volume ...`: create, list, show, attach, detach, expand and delete volumes.
+//! `hawser volume ...`: create, list, show, attach, detach, expand, force-promote and delete volumes.
 
 use hawser_api::controller::{
-    Attach, CreateVolume, ExpandVolume, QuorumLoss, ReplicaState, Volume, ZoneSpread,
+    Attach, CreateVolume, ExpandVolume, ForcePromote, QuorumLoss, ReplicaState, Volume, ZoneSpread,
 };
 use hawser_api::format_size;
 use serde_json::json;
@@ -80,6 +80,21 @@ pub enum VolumeCmd {
         /// The new size, e.g. 20GiB (a multiple of 4 KiB, not smaller than now).
         #[arg(long, value_parser = parse_volume_size, allow_hyphen_values = true)]
         size: u64,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Let a detached volume attach without the in-sync replicas crash recovery waits for
+    /// (DRBD's --force primary). Every in-sync replica but the kept ones is outdated and
+    /// copied in full when it returns: acknowledged writes only it held are LOST.
+    ForcePromote {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        /// The in-sync replica to keep (default: every in-sync replica on an online node).
+        #[arg(long)]
+        replica: Option<String>,
+        /// Required: you accept that writes held only by the replicas outdated are lost.
+        #[arg(long)]
+        accept_data_loss: bool,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -162,6 +177,20 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             let req = ExpandVolume { size_bytes: size };
             let v: Volume = client.post(&format!("/v1/volumes/{name}/expand"), &req)?;
             print_volume(&v, out.format, "expanded");
+        }
+        VolumeCmd::ForcePromote {
+            name,
+            replica,
+            accept_data_loss,
+            out,
+        } => {
+            // Without --accept-data-loss the controller refuses, naming the risk.
+            let req = ForcePromote {
+                replica,
+                accept_data_loss,
+            };
+            let v: Volume = client.post(&format!("/v1/volumes/{name}/force-promote"), &req)?;
+            print_volume(&v, out.format, "force-promoted");
         }
         VolumeCmd::Delete { name, out } => {
             client.delete(&format!("/v1/volumes/{name}"))?;
