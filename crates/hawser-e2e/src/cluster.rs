@@ -306,6 +306,18 @@ impl Cluster {
         );
     }
 
+    /// SIGKILL agent `name` (by the PID this fixture started) and reap it: to the others its
+    /// node is gone. [`Self::restart_agent`] starts it again.
+    pub fn kill_agent(&mut self, name: &str) {
+        let a = self
+            .agents
+            .iter_mut()
+            .find(|a| a.name == name)
+            .expect("agent by name");
+        signal(&a.child, libc::SIGKILL);
+        let _ = a.child.wait();
+    }
+
     /// SIGSTOP agent `name` (by the PID this fixture started): it keeps its connections but
     /// answers nothing, as a hung node would, until [`Self::resume_agent`].
     pub fn pause_agent(&self, name: &str) {
