@@ -59,6 +59,52 @@ fn a_recovery_that_copies_nothing_is_caught() {
     assert!(m.contains("after crash recovery"), "{m}");
 }
 
+/// The first seed of `seeds` that fails under `mutation` with engine crashes: the recovery
+/// rules matter only after a crash, so each is pinned to a seed found failing by `scan`
+/// (docs/protocol.md lists them).
+fn first_recovery_failure(mutation: Mutation, seeds: std::ops::Range<u64>) -> String {
+    let opts = RunOptions {
+        faults: FaultMix::ALL_WITH_ENGINE_CRASHES,
+        mutation,
+    };
+    for seed in seeds.clone() {
+        if let Err(f) = run_seed(seed, opts) {
+            println!("{mutation:?}: seed {} fails: {}", f.seed, f.message);
+            return f.message;
+        }
+    }
+    panic!("{mutation:?}: none of seeds {seeds:?} failed; the checkers miss this bug");
+}
+
+/// Recovery's source choice: every chunk from the first reachable replica, whatever the
+/// journals say it may lack.
+#[test]
+fn recovery_from_a_replica_that_may_lack_writes_is_caught() {
+    let m = first_recovery_failure(Mutation::RecoveryIgnoresSuspects, 200..300);
+    assert!(
+        m.contains("acknowledged write") || m.contains("version"),
+        "{m}"
+    );
+}
+
+/// Recovery's refusal: start without the unreachable in-sync replica that may hold the
+/// writes every reachable one lost.
+#[test]
+fn recovery_that_never_waits_is_caught() {
+    let m = first_recovery_failure(Mutation::RecoveryNeverWaits, 200..300);
+    assert!(
+        m.contains("acknowledged write") || m.contains("version"),
+        "{m}"
+    );
+}
+
+/// The `lost` bit: a replica a journal says lost power is taken as sure of its chunks.
+#[test]
+fn recovery_that_forgets_a_power_loss_is_caught() {
+    let m = first_recovery_failure(Mutation::RecoveryForgetsPowerLoss, 1770..1771);
+    assert!(m.contains("version"), "{m}");
+}
+
 /// `HAWSER_MUTATION=<name> HAWSER_SEED_BASE=<first> HAWSER_SEEDS=<n> cargo test --release -p
 /// hawser-sim --test mutations scan -- --ignored --nocapture`: list the seeds of a range that
 /// fail under a mutation (with engine crashes), to pin one.
