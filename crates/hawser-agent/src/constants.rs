@@ -74,7 +74,8 @@ pub const DEFAULT_RESYNC_RATE: u64 = 200 * 1024 * 1024;
 /// random writes during a resync kept 0.57 of their IOPS at 100 MiB/s and 0.27 at 200 MiB/s.
 pub const DEFAULT_RESYNC_BUSY_RATE: u64 = 100 * 1024 * 1024;
 /// While a replica resyncs, what it still lacks is saved this often (a flush of the replica,
-/// then a journal commit with its dirty map as it is now: `save_resync`), so an engine that
+/// then a journal commit with its dirty map as it is now: the journal keeper's resync save,
+/// `hawser_core::driver::journal`), so an engine that
 /// restarts in the middle (agent killed, detach and attach, engine swap) resumes the resync
 /// instead of copying the replica's whole map again. A time, not a byte count: a save costs
 /// the same whatever was copied (one fdatasync on the replica, one journal commit: an

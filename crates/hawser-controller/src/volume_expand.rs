@@ -15,6 +15,10 @@ use crate::model::{now_ms, VolumeRecord};
 use crate::state::AppState;
 use crate::volume_create::find_node;
 
+const ATTACHED_HINT: &str = "; an NBD client cannot be told that its export grew, so detach \
+     the volume, expand it and attach it again (Kubernetes does this for a CSI volume once no \
+     pod uses it)";
+
 /// Grows `name` to `req.size_bytes`; returns the record (unchanged when it has that size).
 pub async fn expand_volume(
     st: &AppState,
@@ -34,7 +38,7 @@ pub async fn expand_volume(
             current.size_bytes
         )));
     }
-    check_expandable(&current)?;
+    check_unused(&current, ATTACHED_HINT)?;
     let nodes = st.records.nodes().await?;
     // Every node first, so an offline one refuses the expand before any replica grows.
     let mut targets = Vec::new();
@@ -61,7 +65,7 @@ pub async fn expand_volume(
     let (rec, ()) = st
         .records
         .update_volume(name, |v| {
-            check_expandable(v)?;
+            check_unused(v, ATTACHED_HINT)?;
             if v.replicas
                 .iter()
                 .map(|r| &r.id)
@@ -79,17 +83,16 @@ pub async fn expand_volume(
     Ok(rec)
 }
 
-/// Only a detached volume whose replicas no engine uses can grow.
-fn check_expandable(v: &VolumeRecord) -> Result<(), ControllerError> {
+/// A detached volume whose replicas no engine uses (to grow it, or force it up); `hint` says
+/// what to do when it is attached.
+pub(crate) fn check_unused(v: &VolumeRecord, hint: &'static str) -> Result<(), ControllerError> {
     match v.state {
         VolumeState::Detached => {}
         VolumeState::Attached => {
             return Err(ControllerError::Attached {
                 volume: v.name.clone(),
                 node: v.attached_node.clone().unwrap_or_default(),
-                hint: "; an NBD client cannot be told that its export grew, so detach the \
-                       volume, expand it and attach it again (Kubernetes does this for a CSI \
-                       volume once no pod uses it)",
+                hint,
             })
         }
         state => {

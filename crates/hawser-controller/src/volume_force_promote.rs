@@ -7,11 +7,12 @@
 //! in one compare-and-swap that also raises the epoch. The next attach then recovers from the
 //! kept replicas, each chunk from the one most likely to hold it.
 
-use hawser_api::controller::{ForcePromote, ReplicaState, VolumeState};
+use hawser_api::controller::{ForcePromote, ReplicaState};
 
 use crate::errors::ControllerError;
 use crate::model::VolumeRecord;
 use crate::state::AppState;
+use crate::volume_expand::check_unused;
 
 /// Outdates the in-sync replicas of detached volume `name` that `req` does not keep.
 pub async fn force_promote(
@@ -61,28 +62,10 @@ pub async fn force_promote(
 /// The change to the record: every in-sync replica not in `keep` outdated and blank, the
 /// epoch raised. Returns the replicas outdated.
 fn plan(v: &mut VolumeRecord, keep: &[String]) -> Result<Vec<String>, ControllerError> {
-    match v.state {
-        VolumeState::Detached => {}
-        VolumeState::Attached => {
-            return Err(ControllerError::Attached {
-                volume: v.name.clone(),
-                node: v.attached_node.clone().unwrap_or_default(),
-                hint: "; detach it first (an attach that recovery refused leaves it detached)",
-            })
-        }
-        state => {
-            return Err(ControllerError::Busy {
-                volume: v.name.clone(),
-                state,
-            })
-        }
-    }
-    if let Some(node) = &v.sync_node {
-        return Err(ControllerError::Syncing {
-            volume: v.name.clone(),
-            node: node.clone(),
-        });
-    }
+    check_unused(
+        v,
+        "; detach it first (an attach that recovery refused leaves it detached)",
+    )?;
     if keep.is_empty() {
         return Err(ControllerError::invalid(format!(
             "no in-sync replica of {} is on an online node: nothing to promote",
@@ -128,7 +111,7 @@ fn plan(v: &mut VolumeRecord, keep: &[String]) -> Result<Vec<String>, Controller
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hawser_api::controller::{QuorumLoss, Replica, VolumePlacement};
+    use hawser_api::controller::{QuorumLoss, Replica, VolumePlacement, VolumeState};
 
     fn volume(states: &[ReplicaState]) -> VolumeRecord {
         VolumeRecord {

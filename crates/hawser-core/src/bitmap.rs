@@ -140,21 +140,15 @@ impl ChunkMap {
 
     /// Set every chunk set in `other` (same geometry).
     pub fn union(&mut self, other: &ChunkMap) {
-        assert_eq!(
-            (self.chunk, self.chunks),
-            (other.chunk, other.chunks),
-            "bitmaps of different geometry"
-        );
-        let mut set = 0;
-        for (a, b) in self.words.iter_mut().zip(&other.words) {
-            *a |= *b;
-            set += u64::from(a.count_ones());
-        }
-        self.set = set;
+        self.combine(other, |a, b| a | b);
     }
 
     /// Clear every chunk set in `other` (same geometry).
     pub fn subtract(&mut self, other: &ChunkMap) {
+        self.combine(other, |a, b| a & !b);
+    }
+
+    fn combine(&mut self, other: &ChunkMap, op: impl Fn(u64, u64) -> u64) {
         assert_eq!(
             (self.chunk, self.chunks),
             (other.chunk, other.chunks),
@@ -162,7 +156,7 @@ impl ChunkMap {
         );
         let mut set = 0;
         for (a, b) in self.words.iter_mut().zip(&other.words) {
-            *a &= !*b;
+            *a = op(*a, *b);
             set += u64::from(a.count_ones());
         }
         self.set = set;

@@ -30,9 +30,10 @@
 //! - The local replica (when there is one) lives in the engine's process: it has no network
 //!   faults and crashes only with the engine.
 //!
-//! Runs with engine crashes (`FaultMix::engine_crash`) also model the driver's journal
-//! (`world/journal.rs`): writes wait for their extents to be committed to the activity log on
-//! every replica they go to, and returning replicas join under the journal lock. An engine
+//! Runs with engine crashes (`FaultMix::engine_crash`) also run the driver's journal keeper
+//! (`hawser_core::driver::journal`, carried out by `world/journal.rs`): writes wait for their
+//! extents to be committed to the activity log on every replica they go to, returning
+//! replicas join one at a time, and resyncs are saved as the agent saves them. An engine
 //! crash (`world/restart.rs`) kills the engine and its local replica's process; a new engine
 //! then starts in a new epoch and runs crash recovery before it serves I/O.
 

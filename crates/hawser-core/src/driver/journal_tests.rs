@@ -108,6 +108,19 @@ fn answer_sends(k: &mut Keeper, e: &mut Engine, acts: Vec<Act>, limit: usize) ->
     rest
 }
 
+/// A journal of an older engine (epoch 4) with log `active` and entries `out`.
+fn older(active: Vec<(u64, u64)>, out: Vec<hawser_wire::journal::OutReplica>) -> Journal {
+    Journal {
+        epoch: 4,
+        seq: 2,
+        size: SIZE,
+        extent_bytes: CHUNK,
+        chunk_bytes: CHUNK,
+        active,
+        out,
+    }
+}
+
 fn out_of(j: &Journal, id: &str) -> Option<Option<Vec<(u64, u64)>>> {
     j.out
         .iter()
@@ -185,15 +198,7 @@ fn a_returning_replica_takes_on_its_old_log_and_gets_the_journal_before_the_engi
     };
     // Its own journal, of an older engine, logged extent 9: it may hold a write there that
     // the others lack.
-    let old = Journal {
-        epoch: 4,
-        seq: 17,
-        size: SIZE,
-        extent_bytes: CHUNK,
-        chunk_bytes: CHUNK,
-        active: vec![(9, 10)],
-        out: vec![],
-    };
+    let old = older(vec![(9, 10)], vec![]);
     let mut acts = Vec::new();
     k.read(&mut e, op, R1, Ok(Some((old, false))), &mut acts);
     assert!(
@@ -375,19 +380,14 @@ fn a_replica_whose_own_journal_says_it_lost_writes_stays_lost_in_the_next_journa
         panic!("{acts:?}")
     };
     // An earlier engine knew its node had lost power before it copied chunk 4 back.
-    let old = Journal {
-        epoch: 4,
-        seq: 2,
-        size: SIZE,
-        extent_bytes: CHUNK,
-        chunk_bytes: CHUNK,
-        active: vec![],
-        out: vec![hawser_wire::journal::OutReplica {
+    let old = older(
+        vec![],
+        vec![hawser_wire::journal::OutReplica {
             replica: "b".into(),
             dirty: Some(vec![(4, 5)]),
             lost: true,
         }],
-    };
+    );
     let mut acts = Vec::new();
     k.read(&mut e, op, R1, Ok(Some((old, false))), &mut acts);
     assert!(
@@ -418,15 +418,7 @@ fn a_first_join_takes_the_reboot_from_the_journal_read() {
             panic!("{acts:?}")
         };
         // Its own journal, of an older engine, logged extent 2.
-        let old = Journal {
-            epoch: 4,
-            seq: 2,
-            size: SIZE,
-            extent_bytes: CHUNK,
-            chunk_bytes: CHUNK,
-            active: vec![(2, 3)],
-            out: vec![],
-        };
+        let old = older(vec![(2, 3)], vec![]);
         let mut acts = Vec::new();
         k.read(&mut e, op, R1, Ok(Some((old, since_boot))), &mut acts);
         assert!(acts.contains(&Act::Joined {

@@ -46,10 +46,9 @@ pub(super) const UNKNOWN_BOOT: u64 = u64::MAX;
 const START_RETRY_US: u64 = 10_000;
 
 impl World {
-    /// An engine crash is injected only while no replica lost its power unnoticed. Recovery
-    /// prefers a whole source (`is_whole`) and waits while none is reachable but an in-sync
-    /// replica is not; runs that allow these crashes still fail in about 1 seed of 6,000
-    /// (docs/protocol.md, "Noticed, not fully handled").
+    /// An engine crash may come at any time, also while a replica has lost its power
+    /// unnoticed: recovery's decision (`hawser_core::driver::recovery`, per-chunk sources,
+    /// the refusal) must cope (docs/protocol.md, "Simulator runs").
     pub(super) fn may_crash_engine(&self) -> bool {
         self.jd.is_some() && self.engine_state == EngineState::Up
     }
