@@ -687,9 +687,13 @@ fn journal_payload(c: &mut Choices, epoch: u64) -> Vec<u8> {
         chunk_bytes: 64 << 10,
         active: if c.bool() { vec![(0, 1)] } else { vec![] },
         out: if c.bool() {
-            vec![OutReplica {
-                replica: "r-2".into(),
-                dirty: c.bool().then(|| runs(c, SIZE >> 16, false)),
+            vec![{
+                let dirty = c.bool().then(|| runs(c, SIZE >> 16, false));
+                OutReplica {
+                    replica: "r-2".into(),
+                    lost: dirty.is_none() || c.bool(),
+                    dirty,
+                }
             }]
         } else {
             vec![]

@@ -101,7 +101,13 @@ pub fn journal(c: &mut Choices) -> Journal {
             .map(|i| char::from(b'a' + (i % 26) as u8))
             .collect();
         let dirty = c.bool().then(|| runs(c, chunks, sloppy));
-        out.push(OutReplica { replica, dirty });
+        // An unknown map always says lost (the decoder reads it so).
+        let lost = dirty.is_none() || c.bool();
+        out.push(OutReplica {
+            replica,
+            dirty,
+            lost,
+        });
     }
     Journal {
         epoch: c.u64(),
@@ -141,10 +147,17 @@ pub fn sample_journal() -> Journal {
             OutReplica {
                 replica: "r-1".into(),
                 dirty: Some(vec![(3, 9), (100, 120)]),
+                lost: false,
             },
             OutReplica {
                 replica: "r-2".into(),
                 dirty: None,
+                lost: true,
+            },
+            OutReplica {
+                replica: "r-3".into(),
+                dirty: Some(vec![(0, 1)]),
+                lost: true,
             },
         ],
     }
