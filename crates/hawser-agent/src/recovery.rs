@@ -5,9 +5,10 @@
 //! places are in the activity logs of the journals it left (see `hawser_wire::journal` and
 //! `hawser_core::activity`). Recovery reads the journal of every reachable in-sync replica and makes them
 //! equal over the union of their logs (and over the dirty maps of any of them that a journal
-//! says was out), by comparing digests and copying the blocks that differ from one source.
-//! Any in-sync replica may be the source: each holds every acknowledged write, and the others
-//! in those ranges were never acknowledged, so any one value is correct.
+//! says was out), by comparing digests and copying the blocks that differ, each chunk from
+//! the replica `hawser_core::driver::recovery` chose for it: one that cannot lack an
+//! acknowledged write there (only a power loss takes one from an in-sync replica), so the
+//! other values in those ranges were never acknowledged and any sure one is correct.
 //!
 //! It also works out what the replicas it could not reconcile lack:
 //! - an unreachable in-sync replica: everything reconciled, plus what any journal says it

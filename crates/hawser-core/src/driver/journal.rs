@@ -201,10 +201,6 @@ impl Keeper {
         }
     }
 
-    pub fn params(&self) -> Params {
-        self.p
-    }
-
     /// Extents in the committed activity log.
     pub fn active_extents(&self) -> usize {
         self.al.active().len()
@@ -226,11 +222,6 @@ impl Keeper {
     /// Requests waiting for a commit.
     pub fn waiting_tags(&self) -> Vec<Tag> {
         self.waiting.iter().map(|(t, _)| *t).collect()
-    }
-
-    /// The sequence number of the last commit done.
-    pub fn committed_seq(&self) -> u64 {
-        self.seq
     }
 
     /// A client request, under the activity log's rules.
