@@ -326,6 +326,12 @@ impl VolumeEngine {
                             let _ = w.send(result);
                         }
                     }
+                    // Held by the keeper until a journal says the replica lacks nothing.
+                    Act::Engine(Command::MarkInSync { replica }) => {
+                        let mut more = Vec::new();
+                        inner.keeper.resynced(&mut inner.engine, replica, &mut more);
+                        queue.extend(more);
+                    }
                     Act::Engine(Command::Fenced) => {
                         let mut failed = Vec::new();
                         inner.keeper.fail_waiting(&mut failed);
@@ -421,6 +427,7 @@ fn keeper_params() -> keeper::Params {
         save_ticks: (RESYNC_SAVE_INTERVAL.as_millis() / ENGINE_TICK.as_millis().max(1))
             .try_into()
             .unwrap_or(u64::MAX),
+        in_sync_commit: true,
     }
 }
 

@@ -85,6 +85,12 @@ pub struct EngineConfig {
     pub no_quorum: NoQuorum,
     pub resync_unit_bytes: u64,
     pub resync_parallel: u32,
+    /// Confirm every resync through `Command::MarkInSync`, also of a replica the store never
+    /// stopped calling in-sync (it was `Down`): the driver's journal keeper commits a journal
+    /// saying it lacks nothing before the mark is asked for, so no engine acts on its
+    /// strength (acknowledging, outdating others) while the journals say it lacks chunks.
+    /// Off only in simulator runs without the journal.
+    pub mark_every_resync: bool,
 }
 
 impl Default for EngineConfig {
@@ -95,6 +101,7 @@ impl Default for EngineConfig {
             no_quorum: NoQuorum::default(),
             resync_unit_bytes: DEFAULT_RESYNC_UNIT_BYTES,
             resync_parallel: DEFAULT_RESYNC_PARALLEL,
+            mark_every_resync: true,
         }
     }
 }

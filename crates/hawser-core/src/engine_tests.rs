@@ -527,11 +527,18 @@ fn three_replicas_two_lost_suspend_writes_until_one_returns() {
     );
     g.run();
     assert_eq!(g.take_done().len(), 1);
-    // R2 comes back: the store never stopped calling it in-sync, so after its resync it is
-    // in sync without asking the control plane, and the suspended write completes.
+    // R2 comes back: the store never stopped calling it in-sync, but after its resync it is
+    // still marked (so the driver commits a journal saying it lacks nothing first), and the
+    // suspended write completes only then.
     g.reconnect(R2, false);
     g.run();
-    assert!(g.marks.is_empty());
+    assert_eq!(g.marks, vec![R2]);
+    assert_eq!(
+        g.take_done(),
+        vec![],
+        "acknowledged before the mark was confirmed"
+    );
+    g.confirm();
     assert_eq!(g.e.membership(R2), Membership::InSync);
     assert_eq!(g.take_done(), vec![(1, Ok(None))]);
     assert!(g.disks[0] == g.disks[2]);
@@ -559,6 +566,7 @@ fn fail_policy_fails_writes_without_quorum_and_never_diverges() {
     );
     g.reconnect(R2, false);
     g.run();
+    g.confirm();
     assert_eq!(g.e.membership(R2), Membership::InSync);
     assert!(g.disks[0] == g.disks[2], "in-sync replicas diverged");
 }
@@ -724,6 +732,7 @@ fn a_flush_is_not_parked_on_a_replica_resynced_through_a_new_session() {
     assert_eq!(g.e.membership(R1), Membership::Down);
     g.reconnect(R1, false);
     g.run();
+    g.confirm();
     assert_eq!(g.e.membership(R1), Membership::InSync);
     g.down[0] = false;
     g.run();
@@ -781,6 +790,7 @@ fn with_no_replica_in_sync_a_returning_down_replica_becomes_the_source() {
     assert_eq!(g.take_done(), vec![(1, Ok(None))], "w2 waits for R2");
     g.reconnect(R2, false);
     g.run();
+    g.confirm();
     assert_eq!(
         g.e.membership(R2),
         Membership::InSync,
@@ -822,6 +832,7 @@ fn a_replica_that_lost_unflushed_writes_is_not_promoted() {
     // resynced from it.
     g.reconnect(R0, false);
     g.run();
+    g.confirm();
     assert_eq!(g.e.membership(R0), Membership::InSync);
     assert_eq!(g.e.membership(R2), Membership::InSync);
     assert_eq!(g.take_done(), vec![(2, Ok(None))]);

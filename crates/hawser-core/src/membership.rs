@@ -233,6 +233,28 @@ impl Engine {
         self.became_in_sync(r, out);
     }
 
+    /// The driver will not ask the store to mark `r` in sync after all: `r` was lost before
+    /// a journal saying it lacks nothing was committed (the keeper's in-sync commit). The
+    /// store still says what it said before the resync; `r` leaves by the usual rule and is
+    /// resynced when it returns.
+    pub fn on_mark_abandoned(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {
+        let s = self.slot_mut(r);
+        if s.membership != Membership::Marking {
+            return;
+        }
+        s.membership = Membership::Syncing;
+        s.lost_while_marking = false;
+        let failed = s.failed;
+        self.leave(r, failed, out);
+        if matches!(
+            self.membership(r),
+            Membership::Outdated | Membership::Failed
+        ) {
+            // The store does not call it in-sync: it holds up nothing.
+            self.resolve(r, out);
+        }
+    }
+
     /// `r` is in sync again (resynced): requests parked on it finish, and replicas that were
     /// `Down` for want of a quorum may now be outdated.
     pub(crate) fn became_in_sync(&mut self, r: ReplicaIdx, out: &mut Vec<Command>) {

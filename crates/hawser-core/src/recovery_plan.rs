@@ -45,7 +45,7 @@ pub fn said_lost(j: &Journal, me: &str) -> bool {
 /// since it last left (until a flush reaches it), or no entry. Failed: unknown. Otherwise the
 /// previous map, which only grows while it is out (`restart` replaces it first: a resync
 /// save whose copies are durable), plus its dirty chunks and what it may not have made
-/// durable. An unknown map stays unknown.
+/// durable. An unknown map stays unknown until a resync point replaces it.
 pub fn out_entry(
     e: &Engine,
     r: ReplicaIdx,
@@ -60,14 +60,14 @@ pub fn out_entry(
         Membership::Failed => Some(None),
         _ => {
             let fresh = || ChunkMap::new(e.size(), e.config().chunk_bytes);
-            let mut m = match prev {
-                Some(None) => return Some(None),
-                Some(Some(m)) => m,
-                None => fresh(),
+            // A holding resync point bounds everything it may lack (the engine was told all
+            // of it, an unknown map as everything), so it replaces even an unknown map.
+            let mut m = match (prev, restart) {
+                (_, Some(restart)) => restart.clone(),
+                (Some(None), None) => return Some(None),
+                (Some(Some(m)), None) => m,
+                (None, None) => fresh(),
             };
-            if let Some(restart) = restart {
-                m = restart.clone();
-            }
             m.union(e.dirty(r));
             m.union(&e.unflushed_at_loss(r));
             Some(Some(m))

@@ -401,7 +401,7 @@ impl Engine {
             self.pump_resync(out);
             return;
         }
-        if s.store_in_sync {
+        if s.store_in_sync && !self.cfg.mark_every_resync {
             self.slot_mut(r).membership = Membership::InSync;
             self.became_in_sync(r, out);
         } else {

@@ -101,6 +101,8 @@ pub struct JournalParams {
     pub restart_us: u64,
     /// Driver ticks between two resync saves of a replica.
     pub save_ticks: u64,
+    /// The keeper's in-sync commit (off only for `Mutation::MarkWithoutCommit`).
+    pub in_sync_commit: bool,
 }
 
 impl JournalParams {
@@ -112,6 +114,7 @@ impl JournalParams {
             idle_ticks: [1u64, 3, 10][rng.random_range(0..3)],
             restart_us: rng.random_range(1_000..=50_000),
             save_ticks: [1u64, 5, 25][rng.random_range(0..3)],
+            in_sync_commit: true,
         }
     }
 
@@ -122,6 +125,7 @@ impl JournalParams {
             max_extents: self.max_extents,
             idle_ticks: self.idle_ticks,
             save_ticks: self.save_ticks,
+            in_sync_commit: self.in_sync_commit,
         }
     }
 }
@@ -185,6 +189,9 @@ impl Params {
             },
             resync_unit_bytes: chunk * [1u64, 2, 4, 16][rng.random_range(0..4)],
             resync_parallel: rng.random_range(1..=4),
+            // With the journal, as the agent runs it; runs without keep the path their
+            // pinned seeds were found with.
+            mark_every_resync: faults.engine_crash > 0,
         };
         let net = NetParams {
             delay_min: rng.random_range(5..=50),

@@ -57,6 +57,9 @@ pub enum Mutation {
     /// A blank replica is taken for an ordinary outdated one at crash recovery
     /// (`Rules::blank_needs_naming_journal` off).
     BlankTrustsAnyJournal,
+    /// The keeper asks the store to mark a resynced replica in sync at once, before a
+    /// journal says it lacks nothing (`Params::in_sync_commit` off).
+    MarkWithoutCommit,
 }
 
 impl Mutation {

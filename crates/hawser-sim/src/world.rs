@@ -364,7 +364,8 @@ impl World {
             p,
         };
         if faults.engine_crash > 0 {
-            let jp = JournalParams::draw(seed, w.p.engine.chunk_bytes);
+            let mut jp = JournalParams::draw(seed, w.p.engine.chunk_bytes);
+            jp.in_sync_commit = mutation != Mutation::MarkWithoutCommit;
             trace!(w, "journal {jp:?}");
             w.jd = Some(journal::JournalDriver::new(&w.p, jp, 1, 1));
             // Every replica was created with an empty journal; the outdated one is said out.
@@ -683,6 +684,11 @@ impl World {
                 r: usize::from(replica.0),
                 failed,
             }),
+            // With the journal, the keeper holds it until a journal says the replica lacks
+            // nothing (its `Act::MarkInSync`).
+            Command::MarkInSync { replica } if self.jd.is_some() => {
+                self.keep(|k, e, acts| k.resynced(e, replica, acts))
+            }
             Command::MarkInSync { replica } => self.call(Call::Mark {
                 r: usize::from(replica.0),
             }),
@@ -1113,11 +1119,14 @@ impl World {
         };
         let n = self.p.replicas;
         let last_healthy = healthy(r) && !(0..n).any(|o| o != r && healthy(o));
-        // A `Marking` replica counts too (the store may confirm it any moment, and the engine
-        // then outdates `r` on its strength) in runs with the journal; runs without it keep
-        // the rule their pinned seeds were found with, so those replay the same.
-        let marking =
-            |o: usize| self.jd.is_some() && self.engine.membership(ri(o)) == Membership::Marking;
+        // A `Marking` replica counts too: the store may confirm it any moment, and the engine
+        // then outdates `r` on its strength. In runs without the journal only one whose disk
+        // failed (it never comes back, so I/O would rightly wait forever); they keep the rest
+        // of the rule their pinned seeds were found with, so those replay the same.
+        let marking = |o: usize| {
+            self.engine.membership(ri(o)) == Membership::Marking
+                && (self.jd.is_some() || self.disk_failed[o])
+        };
         let unhealthy_quorum = |o: usize| {
             o != r
                 && !healthy(o)

@@ -119,6 +119,7 @@ fn scan() {
         Mutation::BlankTrustsAnyJournal,
         Mutation::WritesSkipTheLog,
         Mutation::RecoveryCopiesNothing,
+        Mutation::MarkWithoutCommit,
     ]
     .into_iter()
     .find(|m| format!("{m:?}") == name)

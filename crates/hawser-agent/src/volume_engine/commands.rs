@@ -33,7 +33,7 @@ impl VolumeEngine {
                 _ => self.send(replica, sub, op, quiet && !background),
             },
             Command::Outdate { replica, failed } => self.outdate(replica, failed),
-            Command::MarkInSync { replica } => self.mark_in_sync(replica),
+            Command::MarkInSync { .. } => unreachable!("the keeper holds marks (`drive`)"),
             Command::Disconnect { replica } => self.disconnect(replica),
             Command::Fenced => {
                 self.fenced.store(true, Ordering::Release);
@@ -119,7 +119,7 @@ impl VolumeEngine {
     }
 
     /// Ask the controller to make a resynced `replica` in-sync again.
-    fn mark_in_sync(&self, replica: ReplicaIdx) {
+    pub(super) fn mark_in_sync(&self, replica: ReplicaIdx) {
         let Some(me) = self.me.upgrade() else { return };
         let id = self.replica_ids[usize::from(replica.0)].clone();
         self.rt.spawn(async move {

@@ -86,6 +86,7 @@ impl VolumeEngine {
                     let _ = w.send(ok);
                 }
             }
+            Act::MarkInSync { replica } => self.mark_in_sync(replica),
             Act::Committed { seq } => {
                 self.commits.send_replace(seq);
             }

@@ -17,6 +17,13 @@
 //! - A resyncing replica's persisted map shrinks only by a resync save: take the engine's
 //!   resync point, flush the replica, then commit the point as its map if the point still
 //!   holds (`Engine::resync_point_holds`).
+//! - A resynced replica counts as in sync only once a journal says it lacks nothing: the
+//!   engine's `MarkInSync` (it copied everything and flushed the replica) is held; the next
+//!   commit records the replica's final resync point (nothing) as its map, and only when
+//!   the replica itself stored that journal, with the point still holding, is the store
+//!   asked (`Act::MarkInSync`). Otherwise the engine hears `on_mark_abandoned`. So no
+//!   engine acknowledges a write, or outdates another replica, on the strength of a replica
+//!   the journals still say lacks chunks.
 //!
 //! The executor answers every `PutJournal`, `GetJournal` and `SaveFlush` exactly once
 //! (`stored`, `read`, `save_flushed`), or says the replica's session ended (`replica_gone`).
@@ -45,6 +52,9 @@ pub struct Params {
     pub idle_ticks: u64,
     /// Ticks between two resync saves of a replica.
     pub save_ticks: u64,
+    /// The in-sync commit (see the module's rules). Off only in the simulator's mutation
+    /// test, which shows a pinned seed failing without it.
+    pub in_sync_commit: bool,
 }
 
 /// What the keeper asks of its executor, in order.
@@ -64,6 +74,9 @@ pub enum Act {
     SaveFlush { op: OpId, replica: ReplicaIdx },
     /// Close `replica`'s session: it failed a journal put.
     Disconnect { replica: ReplicaIdx },
+    /// Ask the store to mark `replica` in sync (the engine's `MarkInSync`, passed on once a
+    /// journal says it lacks nothing); answer with `Engine::on_mark_in_sync_done`.
+    MarkInSync { replica: ReplicaIdx },
     /// A join ended: `ok`, the engine was told the replica is connected (its commands follow
     /// this act); otherwise the executor closes the session and retries later.
     Joined { replica: ReplicaIdx, ok: bool },
@@ -79,8 +92,11 @@ enum Busy {
         op: OpId,
         log: BTreeSet<u64>,
         journal: Journal,
-        /// Replicas that have not stored it yet.
+        /// Replicas that have not stored it yet, and those that have.
         pending: BTreeSet<usize>,
+        stored: BTreeSet<usize>,
+        /// Resynced replicas this commit says lack nothing, with their final resync point.
+        marks: Vec<(usize, ResyncPoint)>,
     },
     Join {
         op: OpId,
@@ -155,6 +171,8 @@ pub struct Keeper {
     ticks: u64,
     saves: Vec<Option<Save>>,
     shrinks: Vec<Shrink>,
+    /// Resynced replicas whose `MarkInSync` waits for the next commit: their final point.
+    marks: BTreeMap<usize, ResyncPoint>,
     /// `finish` was called and waits for save flushes; then for the commit of this seq.
     finishing: bool,
     finish_commit: Option<u64>,
@@ -196,6 +214,7 @@ impl Keeper {
             ticks: 0,
             saves: (0..n).map(|_| None).collect(),
             shrinks: Vec::new(),
+            marks: BTreeMap::new(),
             finishing: false,
             finish_commit: None,
         }
@@ -212,6 +231,7 @@ impl Keeper {
             && self.waiting.is_empty()
             && self.joins.is_empty()
             && self.shrinks.is_empty()
+            && self.marks.is_empty()
             && self
                 .saves
                 .iter()
@@ -295,17 +315,29 @@ impl Keeper {
 
     fn start_commit(&mut self, e: &mut Engine, min_idle: u64, out: &mut Vec<Act>) -> u64 {
         let shrinks = std::mem::take(&mut self.shrinks);
+        let mut marks = Vec::new();
+        for (r, point) in std::mem::take(&mut self.marks) {
+            if e.resync_point_holds(ri(r), &point) && point.lacks.is_empty() {
+                marks.push((r, point));
+            } else {
+                engine(out, |c| e.on_mark_abandoned(ri(r), c));
+            }
+        }
         let mut targets = BTreeSet::new();
         for r in 0..self.ids.len() {
             let idx = ri(r);
+            let marked = marks.iter().find(|m| m.0 == r).map(|m| &m.1.lacks);
             let restart = shrinks
                 .iter()
-                .find(|s| s.r == r && e.resync_point_holds(idx, &s.point));
-            let restart = restart.map(|s| &s.point.lacks);
-            match out_entry(e, idx, self.out.remove(&r), restart) {
+                .find(|s| s.r == r && e.resync_point_holds(idx, &s.point))
+                .map(|s| &s.point.lacks);
+            match out_entry(e, idx, self.out.remove(&r), marked.or(restart)) {
                 Some(entry) => {
                     self.out.insert(r, entry);
-                    if e.may_lack_acknowledged(idx) {
+                    if marked.is_some() {
+                        // Resynced and flushed: it lacks nothing, acknowledged or not.
+                        self.lost.remove(&r);
+                    } else if e.may_lack_acknowledged(idx) {
                         self.lost.insert(r);
                     } else if e.membership(idx) == Membership::InSync {
                         // Resynced since: it lacks no acknowledged write now.
@@ -370,6 +402,8 @@ impl Keeper {
             log,
             journal,
             pending: targets,
+            stored: BTreeSet::new(),
+            marks,
         });
         self.maybe_commit_done(e, out);
         seq
@@ -387,13 +421,30 @@ impl Keeper {
         if !pending.is_empty() {
             return;
         }
-        let Some(Busy::Commit { log, journal, .. }) = self.busy.take() else {
+        let Some(Busy::Commit {
+            log,
+            journal,
+            stored,
+            marks,
+            ..
+        }) = self.busy.take()
+        else {
             unreachable!("checked above")
         };
         self.seq = journal.seq;
         self.last = Some(journal);
         self.al.committed(log);
         out.push(Act::Committed { seq: self.seq });
+        for (r, point) in marks {
+            if e.is_fenced() {
+                break;
+            }
+            if stored.contains(&r) && e.resync_point_holds(ri(r), &point) {
+                out.push(Act::MarkInSync { replica: ri(r) });
+            } else {
+                engine(out, |c| e.on_mark_abandoned(ri(r), c));
+            }
+        }
         if self.finish_commit.is_some_and(|s| s <= self.seq) {
             self.finish_commit = None;
             out.push(Act::Finished);
@@ -492,11 +543,16 @@ impl Keeper {
         let i = usize::from(r.0);
         match &mut self.busy {
             Some(Busy::Commit {
-                op: cop, pending, ..
+                op: cop,
+                pending,
+                stored,
+                ..
             }) if *cop == op && pending.contains(&i) => {
                 pending.remove(&i);
                 match result {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        stored.insert(i);
+                    }
                     Err(ReplicaFailure::StaleEpoch) => engine(out, |c| e.on_fenced(c)),
                     Err(_) => out.push(Act::Disconnect { replica: r }),
                 }
@@ -654,6 +710,22 @@ impl Keeper {
             ok: false,
         });
         self.next(e, out);
+    }
+
+    /// The engine asked for `MarkInSync` of `r` (it copied everything to it and flushed it):
+    /// held until a commit records that `r` lacks nothing (see the module's rules).
+    pub fn resynced(&mut self, e: &mut Engine, r: ReplicaIdx, out: &mut Vec<Act>) {
+        if !self.p.in_sync_commit {
+            out.push(Act::MarkInSync { replica: r });
+            return;
+        }
+        match e.resync_point(r) {
+            Some(point) => {
+                self.marks.insert(usize::from(r.0), point);
+                self.commit(e, self.p.idle_ticks, out);
+            }
+            None => engine(out, |c| e.on_mark_abandoned(r, c)),
+        }
     }
 
     /// Start a save of replica `r`'s resync when one is due (`now`: whenever it copied

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use hawser_wire::journal::Journal;
 
 use super::journal::{Act, Keeper, OpId, Params};
+use super::recovery::{self, Decision, Found, Member, Refusal, Stored};
 use crate::{
     ChunkMap, ClientOp, Command, Engine, EngineConfig, Initial, Membership, ReplicaFailure,
     ReplicaIdx, ReplicaSpec,
@@ -21,6 +22,7 @@ fn params() -> Params {
         max_extents: 1024,
         idle_ticks: 1,
         save_ticks: 2,
+        in_sync_commit: true,
     }
 }
 
@@ -430,5 +432,177 @@ fn a_first_join_takes_the_reboot_from_the_journal_read() {
             since_boot,
             "a node that rebooted after its journal may have lost the writes of its log"
         );
+    }
+}
+
+/// Joins replica 1 (lacking chunks 0..4) and runs its resync to the end: returns the acts
+/// that followed, among them the engine's `MarkInSync`.
+fn resync_to_the_end() -> (Engine, Keeper, Vec<Act>) {
+    let (e, k, rest, _) = resync_to_the_end_with(params());
+    (e, k, rest)
+}
+
+/// As `resync_to_the_end` with keeper `p`; also returns the last journal replica 1 stored.
+fn resync_to_the_end_with(p: Params) -> (Engine, Keeper, Vec<Act>, Journal) {
+    let mut lacks = ChunkMap::new(SIZE, CHUNK);
+    lacks.set_chunks(0, 4);
+    let (mut e, _) = setup(Some(lacks));
+    let mut k = Keeper::new(p, 5, SIZE, CHUNK, vec!["a".into(), "b".into()], 1);
+    let mut acts = Vec::new();
+    k.commit(&mut e, 0, &mut acts);
+    store_all(&mut k, &mut e, &acts);
+    let mut acts = Vec::new();
+    k.join(&mut e, R1, Some(false), &mut acts);
+    let [Act::GetJournal { op, .. }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    let mut acts = Vec::new();
+    // No journal of its own: it lacks everything, and may lack acknowledged writes.
+    k.read(&mut e, op, R1, Ok(None), &mut acts);
+    let on_r1 = puts(&acts)
+        .into_iter()
+        .find(|p| p.1 == R1)
+        .expect("the join gives it the journal")
+        .2;
+    let acts = store_all(&mut k, &mut e, &acts);
+    let rest = answer_sends(&mut k, &mut e, acts, usize::MAX);
+    assert_eq!(e.membership(R1), Membership::Marking, "{rest:?}");
+    assert!(rest.contains(&Act::Engine(Command::MarkInSync { replica: R1 })));
+    (e, k, rest, on_r1)
+}
+
+#[test]
+fn a_resynced_replica_is_marked_in_sync_only_once_it_stored_a_journal_saying_it_lacks_nothing() {
+    let (mut e, mut k, _) = resync_to_the_end();
+    let mut acts = Vec::new();
+    k.resynced(&mut e, R1, &mut acts);
+    assert!(
+        !acts.iter().any(|a| matches!(a, Act::MarkInSync { .. })),
+        "marked before any journal said it lacks nothing"
+    );
+    let p = puts(&acts);
+    assert_eq!(p.len(), 2, "the commit goes to both replicas");
+    let entry = p[0]
+        .2
+        .out
+        .iter()
+        .find(|o| o.replica == "b")
+        .expect("an entry");
+    assert_eq!(entry.dirty, Some(vec![]), "it lacks nothing now");
+    assert!(!entry.lost, "resynced and flushed: it lost nothing");
+    let mut after = Vec::new();
+    let on = |r| p.iter().find(|x| x.1 == r).expect("a put").0;
+    k.stored(&mut e, on(R0), R0, Ok(()), &mut after);
+    assert!(
+        after.is_empty(),
+        "marked before it stored the journal: {after:?}"
+    );
+    k.stored(&mut e, on(R1), R1, Ok(()), &mut after);
+    assert!(
+        after.contains(&Act::MarkInSync { replica: R1 }),
+        "{after:?}"
+    );
+    let mut cmds = Vec::new();
+    e.on_mark_in_sync_done(R1, true, &mut cmds);
+    assert_eq!(e.membership(R1), Membership::InSync);
+    // The next commit drops its entry.
+    let mut acts = Vec::new();
+    k.commit(&mut e, 0, &mut acts);
+    assert_eq!(out_of(&puts(&acts)[0].2, "b"), None);
+}
+
+#[test]
+fn a_mark_whose_replica_did_not_store_the_journal_is_abandoned() {
+    let (mut e, mut k, _) = resync_to_the_end();
+    let mut acts = Vec::new();
+    k.resynced(&mut e, R1, &mut acts);
+    let p = puts(&acts);
+    let on = |r| p.iter().find(|x| x.1 == r).expect("a put").0;
+    let mut after = Vec::new();
+    k.stored(&mut e, on(R1), R1, Err(ReplicaFailure::Lost), &mut after);
+    let mut cmds = Vec::new();
+    e.on_replica_lost(R1, &mut cmds);
+    k.stored(&mut e, on(R0), R0, Ok(()), &mut after);
+    assert!(
+        !after.iter().any(|a| matches!(a, Act::MarkInSync { .. })),
+        "marked a replica that never stored the journal: {after:?}"
+    );
+    assert_eq!(e.membership(R1), Membership::Outdated);
+    assert!(e.wants_connection(R1), "an abandoned mark must be retried");
+    assert!(k.quiet());
+}
+
+#[test]
+fn without_the_in_sync_commit_the_mark_goes_out_at_once() {
+    let (mut e, _, _) = resync_to_the_end();
+    let mut k = Keeper::new(
+        Params {
+            in_sync_commit: false,
+            ..params()
+        },
+        5,
+        SIZE,
+        CHUNK,
+        vec!["a".into(), "b".into()],
+        1,
+    );
+    let mut acts = Vec::new();
+    k.resynced(&mut e, R1, &mut acts);
+    assert_eq!(acts, vec![Act::MarkInSync { replica: R1 }]);
+}
+
+/// The engine crashes right after the store confirmed replica 1's mark, with replica 0 out of
+/// reach of the next engine: what recovery decides from the journal replica 1 holds.
+fn recovery_right_after_the_mark(in_sync_commit: bool) -> Decision {
+    let p = Params {
+        in_sync_commit,
+        ..params()
+    };
+    let (mut e, mut k, _, mut on_r1) = resync_to_the_end_with(p);
+    let mut acts = Vec::new();
+    k.resynced(&mut e, R1, &mut acts);
+    while !acts.contains(&Act::MarkInSync { replica: R1 }) {
+        if let Some(j) = puts(&acts).into_iter().find(|p| p.1 == R1) {
+            on_r1 = j.2;
+        }
+        acts = store_all(&mut k, &mut e, &acts);
+        assert!(!acts.is_empty(), "the mark never went out");
+    }
+    let mut cmds = Vec::new();
+    e.on_mark_in_sync_done(R1, true, &mut cmds);
+    assert_eq!(e.membership(R1), Membership::InSync);
+    let members = [
+        Member {
+            id: "a".into(),
+            local: true,
+            stored: Stored::InSync,
+            found: Found::Unreachable,
+        },
+        Member {
+            id: "b".into(),
+            local: false,
+            stored: Stored::InSync,
+            found: Found::Journal {
+                journal: Some(on_r1),
+                rebooted: false,
+            },
+        },
+    ];
+    recovery::decide(6, SIZE, CHUNK, &members)
+}
+
+/// The in-sync commit: a replica the store calls in sync again is not left suspect by the
+/// journals. Without it the journal replica 1 holds still says it may lack everything, and a
+/// recovery that cannot reach replica 0 waits for it, though replica 1 holds every write.
+#[test]
+fn a_crash_right_after_a_mark_finds_the_resynced_replica_whole() {
+    match recovery_right_after_the_mark(true) {
+        Decision::Start(s) => assert!(!s.source_not_whole),
+        Decision::Refuse(r) => panic!("refused with the in-sync commit: {r}"),
+    }
+    match recovery_right_after_the_mark(false) {
+        Decision::Refuse(Refusal::WaitFor { waiting_for }) => assert_eq!(waiting_for, ["a"]),
+        Decision::Refuse(r) => panic!("{r}"),
+        Decision::Start(_) => panic!("the mutation went unnoticed: the scenario misses the rule"),
     }
 }

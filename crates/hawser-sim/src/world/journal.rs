@@ -60,7 +60,10 @@ impl JournalDriver {
 
 impl World {
     /// Run the keeper on the engine and carry out what it asks.
-    fn keep(&mut self, f: impl FnOnce(&mut Keeper, &mut hawser_core::Engine, &mut Vec<Act>)) {
+    pub(super) fn keep(
+        &mut self,
+        f: impl FnOnce(&mut Keeper, &mut hawser_core::Engine, &mut Vec<Act>),
+    ) {
         let Some(jd) = self.jd.as_mut() else { return };
         let mut acts = Vec::new();
         f(&mut jd.keeper, &mut self.engine, &mut acts);
@@ -122,6 +125,16 @@ impl World {
                         self.connect_failed(r);
                     }
                 }
+            }
+            Act::MarkInSync { replica } => {
+                trace!(
+                    self,
+                    "  journal: r{} lacks nothing; mark it in sync",
+                    replica.0
+                );
+                self.call(crate::control::Call::Mark {
+                    r: usize::from(replica.0),
+                });
             }
             Act::Committed { seq } => trace!(self, "  journal: {seq} committed"),
             Act::Finished => {}
