@@ -38,6 +38,10 @@ build() { # name, commit ("" for the work tree)
   else
     git worktree remove --force "$B/$1" >/dev/null 2>&1 || true
     git worktree add --detach "$B/$1" "$2" >/dev/null
+    # Its workspace crates get another version, so their artifacts in the shared target dir
+    # do not take the place of this tree's (cargo names a path crate's artifacts by its path
+    # relative to the workspace, the same in both); registry crates are built once for both.
+    sed -i '0,/^version = "/s/^version = "\([^"]*\)"/version = "\1-ab.old"/' "$B/$1/Cargo.toml"
     CARGO_TARGET_DIR="$PWD/target" cargo build --release -p hawser --quiet \
       --manifest-path "$B/$1/Cargo.toml"
   fi

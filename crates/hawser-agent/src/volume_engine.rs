@@ -3,13 +3,14 @@
 //! The engine state sits behind one mutex that is only held while the state machine runs,
 //! never across I/O; the commands it returns are carried out after the lock is released.
 //!
-//! A maintenance task per engine reconnects replicas the engine wants back (with backoff),
-//! telling it whether the replica's node rebooted meanwhile, and issues background flushes.
+//! A maintenance task per engine reconnects replicas the engine wants back and issues
+//! background flushes, when the sessions policy (`hawser_core::driver::links`, the code the
+//! simulator runs) says so.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use hawser_api::agent::{RecoveryReport, StartEngine};
@@ -23,6 +24,7 @@ use hawser_wire::journal::ACTIVITY_EXTENT_BYTES;
 use tokio::sync::{oneshot, Semaphore};
 
 use hawser_core::driver::journal::{self as keeper, Act, Keeper};
+use hawser_core::driver::links::{LinkParams, Links};
 
 mod commands;
 mod connections;
@@ -37,7 +39,8 @@ pub use status::membership_name;
 
 use crate::constants::{
     ACTIVITY_IDLE_TICKS, ACTIVITY_MAX_EXTENTS, BACKGROUND_FLUSH_INTERVAL, ENGINE_MAX_INFLIGHT,
-    ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, RECONNECT_BACKOFF_MIN, RESYNC_SAVE_INTERVAL,
+    ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
+    RESYNC_SAVE_INTERVAL,
 };
 use crate::controller_link::{ControllerLink, LinkAuth};
 use crate::node_storage::NodeStorage;
@@ -53,22 +56,14 @@ enum Handle {
         client: Mutex<Option<Arc<ReplicaClient>>>,
         /// Generation of the current connection: a late `on_lost` of an older one is ignored.
         gen: AtomicU64,
-        /// Boot id the replica's node reported at the last Hello.
-        boot: Mutex<Option<u64>>,
     },
 }
 
-/// Reconnect bookkeeping of one replica.
-struct Reconnect {
-    busy: bool,
-    next_try: Instant,
-    backoff: Duration,
-}
-
-/// The driver's state: the engine and its journal keeper, under one lock.
+/// The driver's state: the engine, its journal keeper and its sessions policy, under one lock.
 struct Inner {
     engine: Engine,
     keeper: Keeper,
+    links: Links,
     waiters: HashMap<Tag, oneshot::Sender<Result<Option<Bytes>, IoError>>>,
     next_tag: Tag,
 }
@@ -91,8 +86,8 @@ pub struct VolumeEngine {
     local_inflight: AtomicUsize,
     /// Generation of the local replica's session: raised when the engine disconnects it.
     local_gen: AtomicU64,
-    reconnect: Mutex<Vec<Reconnect>>,
-    last_flush: Mutex<Instant>,
+    /// The engine's clock starts here (`now_us`, the sessions policy's time).
+    born: Instant,
     resync_rate: Option<Arc<RateLimiter>>,
     stopped: AtomicBool,
     /// The sequence number of the last journal commit done (`journal.rs`).
@@ -173,7 +168,6 @@ impl VolumeEngine {
                     tls,
                     client: Mutex::new(None),
                     gen: AtomicU64::new(0),
-                    boot: Mutex::new(None),
                 });
             }
             specs.push(ReplicaSpec { local, initial });
@@ -210,6 +204,7 @@ impl VolumeEngine {
                     req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
                     1,
                 ),
+                links: Links::new(link_params(), vec![None; n], 0),
                 waiters: HashMap::new(),
                 next_tag: 1,
             }),
@@ -218,16 +213,7 @@ impl VolumeEngine {
             fenced: AtomicBool::new(false),
             local_inflight: AtomicUsize::new(0),
             local_gen: AtomicU64::new(0),
-            reconnect: Mutex::new(
-                (0..n)
-                    .map(|_| Reconnect {
-                        busy: false,
-                        next_try: Instant::now(),
-                        backoff: RECONNECT_BACKOFF_MIN,
-                    })
-                    .collect(),
-            ),
-            last_flush: Mutex::new(Instant::now()),
+            born: Instant::now(),
             resync_rate: rate_limit::limiter(resync_rate),
             stopped: AtomicBool::new(false),
             commits: tokio::sync::watch::Sender::new(0),
@@ -239,13 +225,14 @@ impl VolumeEngine {
             me: me.clone(),
         });
         let mut unreachable = Vec::new();
+        let mut boots = vec![None; n];
         for (i, r) in req.replicas.iter().enumerate() {
             if r.node == node || r.state != ReplicaState::InSync {
                 continue;
             }
             let idx = ReplicaIdx(u8::try_from(i)?);
             match ve.connect_remote(idx).await {
-                Ok(()) => {}
+                Ok(boot) => boots[i] = Some(boot),
                 Err(e) if e.is_stale_epoch() => anyhow::bail!("fenced: {e}"),
                 Err(e) => {
                     tracing::warn!(volume = %req.volume, error = %e, "replica unreachable at attach");
@@ -253,6 +240,7 @@ impl VolumeEngine {
                 }
             }
         }
+        ve.lock().links = Links::new(link_params(), boots, ve.now_us());
         ve.recover(req, &specs, cfg, &unreachable).await?;
         ve.rt.spawn(maintenance(Arc::downgrade(&ve)));
         Ok(ve)
@@ -261,32 +249,20 @@ impl VolumeEngine {
     /// One maintenance round: reconnects and a background flush.
     fn tick(&self) {
         let Some(me) = self.me.upgrade() else { return };
-        let (wanted, wants_flush) = {
-            let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            let e = &inner.engine;
-            self.note_resyncs(e);
-            let wanted: Vec<ReplicaIdx> = (0..self.handles.len())
-                .map(|i| ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS")))
-                .filter(|&r| e.wants_connection(r))
-                .collect();
-            (wanted, e.wants_flush())
+        let now = self.now_us();
+        let (due, flush) = {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            self.note_resyncs(&inner.engine);
+            let due = inner.links.due(&inner.engine, now);
+            (due, inner.links.flush_due(&inner.engine, now))
         };
         // The journal's clock: commits when extents may leave or maps are behind, saves.
         self.drive(|k, e, acts| k.tick(e, acts));
-        let now = Instant::now();
-        for idx in wanted {
-            let mut rc = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = &mut rc[usize::from(idx.0)];
-            if slot.busy || now < slot.next_try {
-                continue;
-            }
-            slot.busy = true;
-            drop(rc);
+        for idx in due {
             self.rt.spawn(me.clone().reconnect(idx));
         }
-        let mut last = self.last_flush.lock().unwrap_or_else(|p| p.into_inner());
-        if wants_flush && now.duration_since(*last) >= BACKGROUND_FLUSH_INTERVAL {
-            *last = now;
+        if flush {
             let me = me.clone();
             self.rt.spawn(async move {
                 if let Err(e) = me.submit(ClientOp::Flush).await {
@@ -294,6 +270,15 @@ impl VolumeEngine {
                 }
             });
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Microseconds since the engine was built: the sessions policy's clock.
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
     /// Run an engine step (see `drive`).
@@ -415,6 +400,16 @@ impl VolumeEngine {
                 c.close();
             }
         }
+    }
+}
+
+/// The sessions policy's tunables in the agent (`constants.rs`), in microseconds.
+fn link_params() -> LinkParams {
+    let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    LinkParams {
+        backoff_min: us(RECONNECT_BACKOFF_MIN),
+        backoff_max: us(RECONNECT_BACKOFF_MAX),
+        flush_interval: us(BACKGROUND_FLUSH_INTERVAL),
     }
 }
 

@@ -3,11 +3,13 @@
 //! `StdRng` seeded by the run's seed, and nothing depends on iteration order of hash maps, so a
 //! seed replays exactly.
 //!
-//! The driver is the simulated counterpart of `hawser-agent::volume_engine`: it turns the
+//! The driver's rules are `hawser_core::driver`'s, the code the agent runs: the journal keeper
+//! (`world/journal.rs` carries out its acts), crash recovery's decision (`world/restart.rs`),
+//! and the sessions policy (`driver::links`: when to reconnect a replica, whether its node
+//! rebooted, when to flush in the background). This file carries them out: it turns the
 //! engine's commands into messages and control-plane calls, answers every `Send` exactly once
-//! (a reply, or `on_replica_lost` for the whole session), reconnects replicas while
-//! `Engine::wants_connection` says so (telling the engine whether the replica's node rebooted,
-//! from its boot id), and issues background flushes while `Engine::wants_flush`.
+//! (a reply, or `on_replica_lost` for the whole session), and opens the sessions `Links` says
+//! are due.
 //!
 //! A run has two phases. In the random phase the client runs its workload and faults arrive at
 //! random times (`Fault`). Then everything heals: crashed replicas restart, partitions and the
@@ -40,6 +42,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
+use hawser_core::driver::links::{LinkParams, Links};
 use hawser_core::{
     ChunkMap, ClientOp, Command, Engine, Initial, IoError, Membership, Quorum, ReplicaFailure,
     ReplicaIdx, ReplicaResult, ReplicaSpec, SubId, Tag,
@@ -55,6 +58,13 @@ use crate::control::{Call, Control, Outcome, StoreState};
 use crate::net::{Fate, Net};
 use crate::replica::{Arrival, DiskFault, Finished, Op, Replica};
 use crate::{Mutation, RunOptions};
+
+/// The sessions policy's tunables in simulated microseconds (`config.rs`).
+pub(crate) const LINK_PARAMS: LinkParams = LinkParams {
+    backoff_min: RECONNECT_BACKOFF_MIN_US,
+    backoff_max: RECONNECT_BACKOFF_MAX_US,
+    flush_interval: BACKGROUND_FLUSH_US,
+};
 
 #[derive(Clone, Debug)]
 enum Event {
@@ -156,11 +166,8 @@ struct Driver {
     conn: Conn,
     /// Incarnation of the replica process the session talks to.
     inc: u64,
-    last_boot: u64,
-    /// The boot id of the node of a session that is joining.
-    join_boot: u64,
-    next_try: u64,
-    backoff: u64,
+    /// The boot id its node reported to a starting engine's Hello (`Links::new`).
+    start_boot: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,7 +231,8 @@ pub struct World {
     phase: Phase,
     next_session: u64,
     next_boot: u64,
-    last_bg_flush: u64,
+    /// The engine's sessions policy (`hawser_core::driver::links`), new with every engine.
+    links: Links,
     heal_started: u64,
     /// Node crashed while in sync (or about to be) in the store, not repaired since: may lack
     /// unflushed acknowledged writes, so exempt from the checks.
@@ -322,6 +330,8 @@ impl World {
         let dirty_seen: Vec<u64> = (0..n)
             .map(|r| engine.replica_view(ri(r)).dirty_bytes)
             .collect();
+        // The first engine created the replicas: it knows every node's boot id.
+        let boots = replicas.iter().map(|r| Some(r.boot)).collect();
         let mut w = World {
             rng,
             now: 0,
@@ -337,7 +347,7 @@ impl World {
             phase: Phase::Random,
             next_session: 1,
             next_boot: 1000,
-            last_bg_flush: 0,
+            links: Links::new(LINK_PARAMS, boots, 0),
             heal_started: 0,
             volatile_lost: vec![false; n],
             doomed: vec![None; n],
@@ -409,14 +419,10 @@ impl World {
         }
         // The engine takes in-sync replicas as connected: open their sessions.
         for r in 0..n {
-            let boot = w.replicas[r].boot;
             let mut d = Driver {
                 conn: Conn::Idle,
                 inc: w.replicas[r].incarnation,
-                last_boot: boot,
-                join_boot: boot,
-                next_try: 0,
-                backoff: RECONNECT_BACKOFF_MIN_US,
+                start_boot: None,
             };
             if w.engine.replica_view(ri(r)).connected {
                 let s = w.new_session();
@@ -843,18 +849,17 @@ impl World {
             return;
         }
         self.journal_tick();
-        for r in 0..self.p.replicas {
-            let d = &self.drivers[r];
-            if d.conn == Conn::Idle && self.now >= d.next_try && self.engine.wants_connection(ri(r))
-            {
-                self.connect(r);
+        for r in self.links.due(&self.engine, self.now) {
+            let r = usize::from(r.0);
+            if self.drivers[r].conn != Conn::Idle {
+                let conn = self.drivers[r].conn;
+                return self.fail(format!(
+                    "the sessions policy reconnects replica {r}, whose session is {conn:?}"
+                ));
             }
+            self.connect(r);
         }
-        if self.engine.wants_flush()
-            && self.now >= self.last_bg_flush + BACKGROUND_FLUSH_US
-            && self.phase != Phase::Done
-        {
-            self.last_bg_flush = self.now;
+        if self.phase != Phase::Done && self.links.flush_due(&self.engine, self.now) {
             self.submit(Kind::Flush, 0, 0, false, true);
         }
         match self.phase {
@@ -889,11 +894,12 @@ impl World {
         }
     }
 
+    /// An attempt to bring replica `r` back failed (its Hello timed out, or its join).
     fn connect_failed(&mut self, r: usize) {
-        let d = &mut self.drivers[r];
-        d.conn = Conn::Idle;
-        d.next_try = self.now + d.backoff;
-        d.backoff = (d.backoff * 2).min(RECONNECT_BACKOFF_MAX_US);
+        self.drivers[r].conn = Conn::Idle;
+        if self.engine_state == EngineState::Up {
+            self.links.ended(ri(r), false, self.now);
+        }
     }
 
     fn hello_arrives(&mut self, r: usize, inc: u64, session: u64) {
@@ -934,20 +940,19 @@ impl World {
         let d = &mut self.drivers[r];
         d.conn = Conn::Open(session);
         d.inc = inc;
-        d.backoff = RECONNECT_BACKOFF_MIN_US;
-        // A new engine knows no boot id of it yet (`UNKNOWN_BOOT`): the journal tells.
-        let rebooted = (d.last_boot != restart::UNKNOWN_BOOT).then_some(d.last_boot != boot);
         if self.engine_state != EngineState::Up {
-            d.last_boot = boot;
+            d.start_boot = Some(boot);
             self.start_hello_settled(r);
             return;
         }
+        // `None`: this engine never had a session with it; the journal tells.
+        let rebooted = self.links.opened(ri(r), Some(boot));
         if self.jd.is_some() {
             // Like the agent's driver: into the journal's set first, then the engine.
-            self.join(r, session, rebooted, boot);
+            self.join(r, session, rebooted);
             return;
         }
-        self.drivers[r].last_boot = boot;
+        self.links.ended(ri(r), true, self.now);
         let rebooted = rebooted.unwrap_or(true);
         self.step(|e, out| e.on_replica_connected(ri(r), rebooted, out));
         if !self.engine.replica_view(ri(r)).connected {

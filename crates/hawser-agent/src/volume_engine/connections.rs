@@ -5,27 +5,19 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
 
 use hawser_core::{ReplicaIdx, ReplicaResult, SubId};
 use hawser_wire::grant::HelloRequest;
 
 use super::{Handle, VolumeEngine};
-use crate::constants::{RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN};
 use crate::replica_client::{ConnectError, ReplicaClient, ReplySink};
 
 impl VolumeEngine {
-    /// Open a new session with remote replica `idx` (Hello) and install it.
-    pub(super) async fn connect_remote(&self, idx: ReplicaIdx) -> Result<(), ConnectError> {
-        let Handle::Remote {
-            addr,
-            tls,
-            gen,
-            boot,
-            ..
-        } = &self.handles[usize::from(idx.0)]
-        else {
-            return Ok(());
+    /// Open a new session with remote replica `idx` (Hello) and install it. Returns the boot
+    /// id its node reported.
+    pub(super) async fn connect_remote(&self, idx: ReplicaIdx) -> Result<u64, ConnectError> {
+        let Handle::Remote { addr, tls, gen, .. } = &self.handles[usize::from(idx.0)] else {
+            unreachable!("only remote replicas have sessions to open")
         };
         let g = gen.fetch_add(1, Ordering::AcqRel) + 1;
         let sink = Arc::new(Sink {
@@ -40,30 +32,28 @@ impl VolumeEngine {
         };
         let (client, info) =
             ReplicaClient::connect(addr, tls.clone(), &hello, self.epoch, sink).await?;
-        *boot.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.boot_id);
         self.set_client(idx, Some(Arc::new(client)));
-        Ok(())
+        Ok(info.boot_id)
     }
 
-    /// Reconnect a replica the engine wants back, and tell the engine.
+    /// Reconnect a replica the sessions policy says is due (`Links::due`), and tell the
+    /// engine; the policy hears how it ended.
     pub(super) async fn reconnect(self: Arc<Self>, idx: ReplicaIdx) {
-        let ok = match &self.handles[usize::from(idx.0)] {
-            Handle::Local(r) => !r.is_failed() && self.join(usize::from(idx.0), None).await,
-            Handle::Remote { boot, .. } => {
-                let before = *boot.lock().unwrap_or_else(|p| p.into_inner());
+        let i = usize::from(idx.0);
+        let ok = match &self.handles[i] {
+            Handle::Local(r) => {
+                // In the engine's process: no boot id; its journal tells (the keeper's join).
+                let rebooted = self.lock().links.opened(idx, None);
+                !r.is_failed() && self.join(i, rebooted).await
+            }
+            Handle::Remote { .. } => {
                 match self.connect_remote(idx).await {
-                    Ok(()) => {
-                        let after = *boot.lock().unwrap_or_else(|p| p.into_inner());
-                        // No boot id yet: this engine never had the replica; its journal
-                        // tells whether the node rebooted since (the keeper's join).
-                        let rebooted = before.map(|b| Some(b) != after);
-                        tracing::info!(volume = %self.volume, replica = %self.replica_ids[usize::from(idx.0)], rebooted, "replica reconnected");
-                        let joined = self.join(usize::from(idx.0), rebooted).await;
+                    Ok(boot) => {
+                        // `None`: this engine never had the replica; its journal tells.
+                        let rebooted = self.lock().links.opened(idx, Some(boot));
+                        tracing::info!(volume = %self.volume, replica = %self.replica_ids[i], rebooted, "replica reconnected");
+                        let joined = self.join(i, rebooted).await;
                         if !joined {
-                            // The engine was not told: the next attempt must still see the
-                            // reboot, or what the replica lost with its power is never
-                            // recopied (found by the simulator).
-                            *boot.lock().unwrap_or_else(|p| p.into_inner()) = before;
                             if let Some(c) = self.client(idx) {
                                 self.set_client(idx, None);
                                 c.close();
@@ -82,15 +72,8 @@ impl VolumeEngine {
                 }
             }
         };
-        let mut rc = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = &mut rc[usize::from(idx.0)];
-        slot.busy = false;
-        if ok {
-            slot.backoff = RECONNECT_BACKOFF_MIN;
-        } else {
-            slot.next_try = Instant::now() + slot.backoff;
-            slot.backoff = (slot.backoff * 2).min(RECONNECT_BACKOFF_MAX);
-        }
+        let now = self.now_us();
+        self.lock().links.ended(idx, ok, now);
     }
 
     pub(super) fn set_client(&self, idx: ReplicaIdx, client: Option<Arc<ReplicaClient>>) {

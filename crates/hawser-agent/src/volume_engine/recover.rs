@@ -111,13 +111,7 @@ impl VolumeEngine {
                 start.plan.next_seq,
             );
         }
-        for &idx in &start.unreachable {
-            self.run(|e, out| e.on_replica_lost(idx, out));
-        }
-        for &idx in &start.broken {
-            // What it lacks does not matter: it is never resynced, only replaced.
-            self.run(|e, out| e.on_replica_disk_error(idx, out));
-        }
+        self.run(|e, out| start.begin(e, out));
         self.commit(0).await;
         Ok(())
     }

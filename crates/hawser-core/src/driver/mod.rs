@@ -4,6 +4,7 @@
 //! replicas, resync saves) while it runs.
 
 pub mod journal;
+pub mod links;
 pub mod recovery;
 
 #[cfg(test)]

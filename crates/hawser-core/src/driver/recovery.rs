@@ -260,8 +260,8 @@ impl Start {
     }
 
     /// The new engine: the store's states, what the journals say the outdated ones lack,
-    /// and what the unreachable in-sync ones may lack. The caller then reports
-    /// [`Start::unreachable`] lost and [`Start::broken`] failed to it.
+    /// and what the unreachable in-sync ones may lack. The caller then runs [`Start::begin`]
+    /// on it.
     pub fn engine(&self, size: u64, cfg: EngineConfig) -> Engine {
         let mut e = Engine::with_config(size, &self.specs, cfg);
         for (r, suspect, lost) in &self.suspects {
@@ -271,6 +271,19 @@ impl Start {
             }
         }
         e
+    }
+
+    /// The new engine's first steps, once the reachable replicas were reconciled: the
+    /// unreachable in-sync replicas are lost to it (outdated, or `Down` under the quorum
+    /// rule), and those whose disk failed the journal read are failed (never resynced, only
+    /// replaced). The driver then commits its first journal before any I/O.
+    pub fn begin(&self, e: &mut Engine, out: &mut Vec<crate::Command>) {
+        for &r in &self.unreachable {
+            e.on_replica_lost(r, out);
+        }
+        for &r in &self.broken {
+            e.on_replica_disk_error(r, out);
+        }
     }
 }
 

@@ -115,7 +115,7 @@ impl World {
                 match (ok, self.drivers[r].conn) {
                     (true, Conn::Joining(s)) => {
                         self.drivers[r].conn = Conn::Open(s);
-                        self.drivers[r].last_boot = self.drivers[r].join_boot;
+                        self.links.ended(replica, true, self.now);
                     }
                     (true, other) => self.fail(format!(
                         "the keeper joined replica {r}, whose session is {other:?}"
@@ -195,12 +195,10 @@ impl World {
         });
     }
 
-    /// Replica `r`'s Hello was answered (session `session`, its node's boot id `boot`):
-    /// bring it into the journal's set before the engine hears of it. The boot id counts as
-    /// seen only once it joined: a join that fails must not hide a reboot from the next try.
-    pub(super) fn join(&mut self, r: usize, session: u64, rebooted: Option<bool>, boot: u64) {
+    /// Replica `r`'s Hello was answered (session `session`): bring it into the journal's set
+    /// before the engine hears of it (`Links::ended` hears how that went).
+    pub(super) fn join(&mut self, r: usize, session: u64, rebooted: Option<bool>) {
         self.drivers[r].conn = Conn::Joining(session);
-        self.drivers[r].join_boot = boot;
         self.keep(|k, e, acts| k.join(e, ri(r), rebooted, acts));
     }
 

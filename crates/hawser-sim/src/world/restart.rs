@@ -28,19 +28,16 @@
 
 use std::collections::BTreeSet;
 
+use hawser_core::driver::links::Links;
 use hawser_core::driver::recovery::{decide_with, Decision, Found, Member, Stored};
 use hawser_core::{IoError, Plan};
 use rand::Rng;
 
 use super::{replica_id, ri, Conn, EngineState, Event, Phase, World};
-use crate::config::RECONNECT_BACKOFF_MIN_US;
 use crate::control::StoreState;
 use crate::pattern::SECTOR;
 use crate::replica::DiskFault;
 use crate::Mutation;
-
-/// The boot id a driver has seen before its first session with a replica.
-pub(super) const UNKNOWN_BOOT: u64 = u64::MAX;
 
 /// A start that found no in-sync replica (or one with a full disk) is tried again after this.
 const START_RETRY_US: u64 = 10_000;
@@ -71,11 +68,8 @@ impl World {
             self.copied_before[r] += self.engine.replica_view(ri(r)).copied_bytes;
             let d = &mut self.drivers[r];
             d.conn = Conn::Idle;
-            // A new engine knows no boot id yet: its first session with a replica counts as
-            // after a reboot, as in the agent (`reconnect`: no boot id seen means rebooted).
-            d.last_boot = UNKNOWN_BOOT;
-            d.next_try = 0;
-            d.backoff = RECONNECT_BACKOFF_MIN_US;
+            // The next engine knows only the boot ids its start's Hellos report.
+            d.start_boot = None;
             self.doomed[r] = None;
         }
         if self.p.local && self.replicas[0].up {
@@ -214,17 +208,16 @@ impl World {
         }
         self.engine = start.engine(size, self.p.engine);
         self.engine_state = EngineState::Up;
+        let boots = self.drivers.iter().map(|d| d.start_boot).collect();
+        self.links = Links::new(super::LINK_PARAMS, boots, self.now);
         self.seen_membership = vec![None; n];
         self.dirty_seen = vec![0; n];
         self.reset_journal(self.engine_epoch, start.plan.next_seq);
         self.observe();
-        for &r in &start.unreachable {
-            self.step(|e, out| e.on_replica_lost(r, out));
-        }
         for &r in &start.broken {
             trace!(self, "  recovery: r{} failed its journal read", r.0);
-            self.step(|e, out| e.on_replica_disk_error(r, out));
         }
+        self.step(|e, out| start.begin(e, out));
         self.start_commit(0);
     }
 
