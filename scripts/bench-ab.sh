@@ -10,7 +10,8 @@
 # all on the same filesystem, NBD over unix sockets, printing new-2r's ratio to old-2r on every
 # test and each agent's RSS/CPU. Reported, never asserted: these machines are noisy, so only
 # ratios within one run mean much. Environment: BENCH_RUNTIME (s, default 10), BENCH_SIZE
-# (default 1GiB), BENCH_TESTS (a subset, comma separated).
+# (default 1GiB), BENCH_TESTS (a subset, comma separated), BENCH_AB_NEW_FIRST=1 (measure the
+# new build before the old one on every test: run both orders to see what order costs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD="${1:?usage: scripts/bench-ab.sh OLD-COMMIT [NEW-COMMIT]}"
@@ -81,12 +82,16 @@ start_cluster() { # name, port digit
 start_cluster old 1
 start_cluster new 2
 
+ab_targets=(--target "old-2r=nbd:nbd+unix:///ab?socket=$B/run/old/a1/nbd.sock"
+  --target "new-2r=nbd:nbd+unix:///ab?socket=$B/run/new/a1/nbd.sock")
+if [ "${BENCH_AB_NEW_FIRST:-0}" = 1 ]; then
+  ab_targets=("${ab_targets[@]:2:2}" "${ab_targets[@]:0:2}")
+fi
 # shellcheck disable=SC2154 # set by start_cluster's eval
 "$B/run/hawser-new" bench --runtime "$RUNTIME" --size "$SIZE" --tests "$TESTS" \
   --json "$B/bench-ab-results.json" \
   --target "baseline=file:$B/run/baseline.img" \
-  --target "old-2r=nbd:nbd+unix:///ab?socket=$B/run/old/a1/nbd.sock" \
-  --target "new-2r=nbd:nbd+unix:///ab?socket=$B/run/new/a1/nbd.sock" \
+  "${ab_targets[@]}" \
   --monitor-pid "old-a1=$old_agent1" --monitor-pid "old-a2=$old_agent2" \
   --monitor-pid "new-a1=$new_agent1" --monitor-pid "new-a2=$new_agent2" \
   --targets-ratio new-2r:old-2r
