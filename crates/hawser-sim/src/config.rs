@@ -52,6 +52,10 @@ pub struct FaultMix {
     /// Percent of engine starts after a crash that happen on another node, one without a
     /// replica (the volume attached elsewhere): the replica that was local becomes remote.
     pub engine_moves_pct: u32,
+    /// The first engine also crashes within its first 2 ms, while its first journal commit
+    /// is under way: the journals then do not name a blank replica yet (needs
+    /// `engine_crash`).
+    pub early_engine_crash: bool,
 }
 
 impl FaultMix {
@@ -64,6 +68,7 @@ impl FaultMix {
         disk_full: 1,
         engine_crash: 0,
         engine_moves_pct: 0,
+        early_engine_crash: false,
     };
     /// Every fault, engine crashes too.
     pub const ALL_WITH_ENGINE_CRASHES: FaultMix = FaultMix {
@@ -76,6 +81,11 @@ impl FaultMix {
         engine_moves_pct: 33,
         ..FaultMix::ALL
     };
+    /// Engine crashes, the first of them during the first engine's first commit.
+    pub const ALL_WITH_EARLY_ENGINE_CRASH: FaultMix = FaultMix {
+        early_engine_crash: true,
+        ..FaultMix::ALL_WITH_ENGINE_CRASHES
+    };
     pub const NONE: FaultMix = FaultMix {
         process_crash: 0,
         node_crash: 0,
@@ -85,6 +95,7 @@ impl FaultMix {
         disk_full: 0,
         engine_crash: 0,
         engine_moves_pct: 0,
+        early_engine_crash: false,
     };
 }
 

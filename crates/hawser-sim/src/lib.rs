@@ -130,6 +130,14 @@ impl RunOptions {
         }
     }
 
+    /// Engine crashes, the first during the first engine's first journal commit.
+    pub fn with_early_engine_crash() -> RunOptions {
+        RunOptions {
+            faults: FaultMix::ALL_WITH_EARLY_ENGINE_CRASH,
+            mutation: Mutation::None,
+        }
+    }
+
     /// Engine crashes, and restarts on another node.
     pub fn with_engine_moves() -> RunOptions {
         RunOptions {
@@ -144,7 +152,9 @@ impl RunOptions {
 
     /// What `replay_command` adds for this fault mix.
     pub fn mode(&self) -> &'static str {
-        if self.faults.engine_moves_pct > 0 {
+        if self.faults.early_engine_crash {
+            " HAWSER_EARLY_ENGINE_CRASH=1"
+        } else if self.faults.engine_moves_pct > 0 {
             " HAWSER_ENGINE_MOVES=1"
         } else if self.engine_crashes() {
             " HAWSER_ENGINE_CRASHES=1"

@@ -148,6 +148,8 @@ enum Event {
         r: usize,
     },
     EndRandomPhase,
+    /// `FaultMix::early_engine_crash`: the first engine crashes now.
+    EarlyEngineCrash,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -447,6 +449,10 @@ impl World {
         let gap = w.fault_gap();
         w.schedule(gap, Event::Fault);
         w.schedule(w.p.random_phase_us, Event::EndRandomPhase);
+        if faults.early_engine_crash && w.jd.is_some() {
+            let at = w.rng.random_range(0..=2_000);
+            w.schedule(at, Event::EarlyEngineCrash);
+        }
         w
     }
 
@@ -600,6 +606,12 @@ impl World {
                 }
             }
             Event::EndRandomPhase => self.begin_heal(),
+            Event::EarlyEngineCrash => {
+                if self.engine_state == EngineState::Up && self.phase == Phase::Random {
+                    self.stats.faults += 1;
+                    self.crash_engine();
+                }
+            }
         }
     }
 

@@ -129,10 +129,12 @@ fn scan() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1000);
-    let opts = RunOptions {
-        faults: FaultMix::ALL_WITH_ENGINE_CRASHES,
-        mutation,
+    let faults = if std::env::var_os("HAWSER_EARLY_ENGINE_CRASH").is_some() {
+        FaultMix::ALL_WITH_EARLY_ENGINE_CRASH
+    } else {
+        FaultMix::ALL_WITH_ENGINE_CRASHES
     };
+    let opts = RunOptions { faults, mutation };
     for seed in base..base + n {
         if let Err(f) = run_seed(seed, opts) {
             println!("{mutation:?}: seed {seed} fails: {}", f.message);

@@ -124,6 +124,13 @@ fn engine_move_seeds_1() {
     shard_with(1, RunOptions::with_engine_moves());
 }
 
+/// And with the first engine crashing during its first journal commit (no journal names a
+/// blank replica yet; nothing was committed anywhere).
+#[test]
+fn early_engine_crash_seeds_0() {
+    shard_with(0, RunOptions::with_early_engine_crash());
+}
+
 /// Seeds that found engine bugs once the simulator stopped steering around them. Each fails
 /// with its fix reverted (checked when it was pinned); keep them passing.
 const PINNED: &[(u64, &str)] = &[
@@ -238,7 +245,9 @@ fn replay() {
     else {
         return;
     };
-    let opts = if std::env::var_os("HAWSER_ENGINE_MOVES").is_some() {
+    let opts = if std::env::var_os("HAWSER_EARLY_ENGINE_CRASH").is_some() {
+        RunOptions::with_early_engine_crash()
+    } else if std::env::var_os("HAWSER_ENGINE_MOVES").is_some() {
         RunOptions::with_engine_moves()
     } else if std::env::var_os("HAWSER_ENGINE_CRASHES").is_some() {
         RunOptions::with_engine_crashes()
