@@ -405,7 +405,13 @@ impl Engine {
             self.slot_mut(r).membership = Membership::InSync;
             self.became_in_sync(r, out);
         } else {
-            self.slot_mut(r).membership = Membership::Marking;
+            // Everything it lacked was copied and flushed: it holds every acknowledged write
+            // (2. of the safety argument), whatever its node lost before; the journals say
+            // so from the in-sync commit on, and keep saying so while it is marking.
+            let s = self.slot_mut(r);
+            s.reboot_lost = false;
+            s.journal_lacks = false;
+            s.membership = Membership::Marking;
             out.push(Command::MarkInSync { replica: r });
         }
     }

@@ -9,6 +9,11 @@
 //! - `flushed`: when a flush is acknowledged, the durable layer of every store-in-sync replica
 //!   holds every write completed before the flush was submitted.
 //! - `marked`: when the store makes a replica in-sync again, it holds every acknowledged write.
+//! - `journals_at_crash`: when an engine crashes, the newest journal of the store's in-sync
+//!   replicas (the one crash recovery goes by) does not say that a replica this engine
+//!   resynced to in sync may lack acknowledged writes (`lost`): the in-sync commit
+//!   (docs/protocol.md). Otherwise recovery takes a whole replica for a suspect and may wait
+//!   for one it does not need.
 //! - `final_state`: after healing, every replica that did not get a disk error is in sync (in
 //!   the engine and the store); every in-sync replica holds exactly what the model allows;
 //!   in-sync replicas are byte-identical; nothing is left in flight; resync copied each dirty
@@ -45,6 +50,34 @@ fn holds(model: &Model, bytes: &[u8], first: u64, end: u64, full: bool) -> Resul
 
 fn exempt(volatile_lost: &[bool], r: usize) -> bool {
     volatile_lost[r]
+}
+
+/// An engine crashed; `resynced[r]`: replica `r` is in sync because that engine resynced it
+/// (and its node has not lost power since).
+pub fn journals_at_crash(
+    resynced: Vec<bool>,
+    replicas: &[Replica],
+    control: &Control,
+) -> Result<(), String> {
+    let newest = replicas
+        .iter()
+        .enumerate()
+        .filter(|(r, _)| control.store[*r] == StoreState::InSync)
+        .filter_map(|(_, rep)| rep.journal.as_ref())
+        .max_by_key(|j| (j.epoch, j.seq));
+    let Some(j) = newest else { return Ok(()) };
+    for (r, &whole) in resynced.iter().enumerate() {
+        let id = format!("r{r}");
+        let named = j.out.iter().find(|o| o.replica == id);
+        if whole && named.is_some_and(|o| o.lost) {
+            return Err(format!(
+                "replica {r} was resynced to in sync, yet the newest journal (epoch {}, seq {}) \
+                 says it may lack acknowledged writes",
+                j.epoch, j.seq
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A write (or trim) of `[offset, offset + len)` was acknowledged.

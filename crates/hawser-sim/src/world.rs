@@ -247,6 +247,8 @@ pub struct World {
     owed: Vec<std::collections::BTreeSet<u64>>,
     /// Memberships last seen.
     seen_membership: Vec<Option<Membership>>,
+    /// In sync because this engine resynced it (not taken as in sync at its start).
+    resynced: Vec<bool>,
     /// The session of each replica that is known to be broken (its timeout is pending).
     doomed: Vec<Option<u64>>,
     /// Given a disk error: failed for good, left out of "ends in sync".
@@ -360,6 +362,7 @@ impl World {
             volatile_lost: vec![false; n],
             doomed: vec![None; n],
             seen_membership: vec![None; n],
+            resynced: vec![false; n],
             lost_seen_out: vec![false; n],
             owed: vec![Default::default(); n],
             disk_failed: vec![false; n],
@@ -648,6 +651,7 @@ impl World {
                 let was = self.seen_membership[r];
                 repaired = m == Membership::InSync && was.is_some();
                 self.seen_membership[r] = Some(m);
+                self.resynced[r] = repaired;
                 trace!(self, "  r{r} is now {m:?}");
                 if m == Membership::InSync && was.is_some() {
                     self.became_in_sync(r);

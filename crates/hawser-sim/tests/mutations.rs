@@ -105,6 +105,17 @@ fn recovery_that_forgets_a_power_loss_is_caught() {
     assert!(m.contains("version"), "{m}");
 }
 
+/// The in-sync commit: a resynced replica marked in sync before a journal says it lacks
+/// nothing; an engine crash in between leaves journals that call it suspect.
+#[test]
+fn a_mark_before_the_in_sync_commit_is_caught() {
+    let m = first_recovery_failure(Mutation::MarkWithoutCommit, 258..259);
+    assert!(
+        m.contains("resynced to in sync, yet the newest journal"),
+        "{m}"
+    );
+}
+
 /// `HAWSER_MUTATION=<name> HAWSER_SEED_BASE=<first> HAWSER_SEEDS=<n> cargo test --release -p
 /// hawser-sim --test mutations scan -- --ignored --nocapture`: list the seeds of a range that
 /// fail under a mutation (with engine crashes), to pin one.

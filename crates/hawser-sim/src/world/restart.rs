@@ -34,6 +34,7 @@ use hawser_core::{IoError, Plan};
 use rand::Rng;
 
 use super::{replica_id, ri, Conn, EngineState, Event, Phase, World};
+use crate::check;
 use crate::control::StoreState;
 use crate::pattern::SECTOR;
 use crate::replica::DiskFault;
@@ -52,6 +53,10 @@ impl World {
 
     pub(super) fn crash_engine(&mut self) {
         trace!(self, "FAULT engine crash");
+        if let Err(e) = check::journals_at_crash(self.resynced_now(), &self.replicas, &self.control)
+        {
+            return self.fail(e);
+        }
         self.stats.engine_crashes += 1;
         let mut tags = self.client.outstanding_tags();
         if let Some(jd) = &self.jd {
@@ -80,6 +85,18 @@ impl World {
         let jp = self.jd.as_ref().expect("checked").params;
         let d = self.rng.random_range(1_000..=jp.restart_us);
         self.schedule(d, Event::EngineStart);
+    }
+
+    /// Replicas in sync now because this engine resynced them, whose node has not lost power
+    /// since: each holds every acknowledged write, and the journals must say so.
+    fn resynced_now(&self) -> Vec<bool> {
+        (0..self.p.replicas)
+            .map(|r| {
+                self.resynced[r]
+                    && self.engine.membership(ri(r)) == hawser_core::Membership::InSync
+                    && !self.volatile_lost[r]
+            })
+            .collect()
     }
 
     /// An attach: a new epoch, Hellos to the replicas the store calls in sync.
