@@ -255,18 +255,24 @@ fn a_join_whose_journal_read_hits_a_disk_error_fails_the_replica() {
     assert!(k.quiet());
 }
 
+/// Commits, then starts the join of replica 1: returns the op of its journal read.
+fn commit_and_join_r1(k: &mut Keeper, e: &mut Engine) -> OpId {
+    let mut acts = Vec::new();
+    k.commit(e, 0, &mut acts);
+    store_all(k, e, &acts);
+    let mut acts = Vec::new();
+    k.join(e, R1, Some(false), &mut acts);
+    let [Act::GetJournal { op, .. }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    op
+}
+
 /// Joins replica 1 (lacking all of `lacks`), lets the resync copy `copies` units, and ticks
 /// until a resync save asks for a flush.
 fn resync_until_a_save(lacks: &ChunkMap, copies: usize) -> (Engine, Keeper, OpId) {
     let (mut e, mut k) = setup(Some(lacks.clone()));
-    let mut acts = Vec::new();
-    k.commit(&mut e, 0, &mut acts);
-    store_all(&mut k, &mut e, &acts);
-    let mut acts = Vec::new();
-    k.join(&mut e, R1, Some(false), &mut acts);
-    let [Act::GetJournal { op, .. }] = acts[..] else {
-        panic!("{acts:?}")
-    };
+    let op = commit_and_join_r1(&mut k, &mut e);
     let mut acts = Vec::new();
     let own = Journal {
         epoch: 5,
@@ -448,14 +454,7 @@ fn resync_to_the_end_with(p: Params) -> (Engine, Keeper, Vec<Act>, Journal) {
     lacks.set_chunks(0, 4);
     let (mut e, _) = setup(Some(lacks));
     let mut k = Keeper::new(p, 5, SIZE, CHUNK, vec!["a".into(), "b".into()], 1);
-    let mut acts = Vec::new();
-    k.commit(&mut e, 0, &mut acts);
-    store_all(&mut k, &mut e, &acts);
-    let mut acts = Vec::new();
-    k.join(&mut e, R1, Some(false), &mut acts);
-    let [Act::GetJournal { op, .. }] = acts[..] else {
-        panic!("{acts:?}")
-    };
+    let op = commit_and_join_r1(&mut k, &mut e);
     let mut acts = Vec::new();
     // No journal of its own: it lacks everything, and may lack acknowledged writes.
     k.read(&mut e, op, R1, Ok(None), &mut acts);
