@@ -14,6 +14,9 @@
 //!   resynced to in sync may lack acknowledged writes (`lost`): the in-sync commit
 //!   (docs/protocol.md). Otherwise recovery takes a whole replica for a suspect and may wait
 //!   for one it does not need.
+//! - `outdated_lacks`: when an engine starts after a crash, every outdated replica holds what
+//!   the model allows outside the chunks crash recovery says it lacks (the journals' maps
+//!   cover all it lacks; a blank replica's junk is all lacking).
 //! - `final_state`: after healing, every replica that did not get a disk error is in sync (in
 //!   the engine and the store); every in-sync replica holds exactly what the model allows;
 //!   in-sync replicas are byte-identical; nothing is left in flight; resync copied each dirty
@@ -75,6 +78,28 @@ pub fn journals_at_crash(
                  says it may lack acknowledged writes",
                 j.epoch, j.seq
             ));
+        }
+    }
+    Ok(())
+}
+
+/// A new engine starts; `lacks[r]`: the chunks it takes outdated replica `r` to lack (`None`
+/// for the others).
+pub fn outdated_lacks(
+    model: &Model,
+    replicas: &[Replica],
+    lacks: &[Option<&hawser_core::ChunkMap>],
+) -> Result<(), String> {
+    for (r, m) in lacks.iter().enumerate() {
+        let Some(m) = m else { continue };
+        let chunk = m.chunk_bytes();
+        let view = replicas[r].disk.view();
+        for c in (0..m.chunks()).filter(|&c| !m.is_set(c)) {
+            let first = c * chunk / SECTOR;
+            let end = ((c + 1) * chunk).min(model.sectors() * SECTOR) / SECTOR;
+            holds(model, view, first, end, true).map_err(|e| {
+                format!("outdated replica {r} is taken to lack nothing in chunk {c}, but {e}")
+            })?;
         }
     }
     Ok(())

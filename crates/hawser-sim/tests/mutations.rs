@@ -42,10 +42,13 @@ fn writes_outside_the_activity_log_are_caught_after_an_engine_crash() {
         Mutation::WritesSkipTheLog,
         FaultMix::ALL_WITH_ENGINE_CRASHES,
     );
-    // Replicas left different outside the logs: seen at recovery, or when one of them is
-    // later resynced from its own log and made in-sync without a write it missed.
+    // Replicas left different outside the logs: seen at recovery, by an outdated replica's
+    // map that misses a write, or when one of them is later resynced from its own log and
+    // made in-sync without a write it missed.
     assert!(
-        m.contains("after crash recovery") || m.contains("lacks an acknowledged write"),
+        m.contains("after crash recovery")
+            || m.contains("is taken to lack nothing")
+            || m.contains("lacks an acknowledged write"),
         "{m}"
     );
 }
@@ -63,10 +66,11 @@ fn a_recovery_that_copies_nothing_is_caught() {
 /// rules matter only after a crash, so each is pinned to a seed found failing by `scan`
 /// (docs/protocol.md lists them).
 fn first_recovery_failure(mutation: Mutation, seeds: std::ops::Range<u64>) -> String {
-    let opts = RunOptions {
-        faults: FaultMix::ALL_WITH_ENGINE_CRASHES,
-        mutation,
-    };
+    first_failure_in(mutation, FaultMix::ALL_WITH_ENGINE_CRASHES, seeds)
+}
+
+fn first_failure_in(mutation: Mutation, faults: FaultMix, seeds: std::ops::Range<u64>) -> String {
+    let opts = RunOptions { faults, mutation };
     for seed in seeds.clone() {
         if let Err(f) = run_seed(seed, opts) {
             println!("{mutation:?}: seed {} fails: {}", f.seed, f.message);
@@ -103,6 +107,19 @@ fn recovery_that_never_waits_is_caught() {
 fn recovery_that_forgets_a_power_loss_is_caught() {
     let m = first_recovery_failure(Mutation::RecoveryForgetsPowerLoss, 1770..1771);
     assert!(m.contains("version"), "{m}");
+}
+
+/// A blank replica trusts only a journal that names it: a new engine that starts before the
+/// building engine committed anything takes the blank replica, full of junk, to lack only
+/// what the old journals say.
+#[test]
+fn a_blank_replica_taken_for_an_outdated_one_is_caught() {
+    let m = first_failure_in(
+        Mutation::BlankTrustsAnyJournal,
+        FaultMix::ALL_WITH_EARLY_ENGINE_CRASH,
+        451..452,
+    );
+    assert!(m.contains("is taken to lack nothing"), "{m}");
 }
 
 /// The in-sync commit: a resynced replica marked in sync before a journal says it lacks

@@ -224,6 +224,16 @@ impl World {
             return;
         }
         self.engine = start.engine(size, self.p.engine);
+        let lacks: Vec<_> = (0..n)
+            .map(|r| {
+                let outdated = self.control.store[r] == StoreState::Outdated
+                    && self.replicas[r].fault == DiskFault::None;
+                outdated.then(|| self.engine.dirty(ri(r)))
+            })
+            .collect();
+        if let Err(e) = check::outdated_lacks(&self.client.model, &self.replicas, &lacks) {
+            return self.fail(e);
+        }
         self.engine_state = EngineState::Up;
         let boots = self.drivers.iter().map(|d| d.start_boot).collect();
         self.links = Links::new(super::LINK_PARAMS, boots, self.now);
