@@ -135,12 +135,14 @@ fn a_mark_before_the_in_sync_commit_is_caught() {
 
 /// `HAWSER_MUTATION=<name> HAWSER_SEED_BASE=<first> HAWSER_SEEDS=<n> cargo test --release -p
 /// hawser-sim --test mutations scan -- --ignored --nocapture`: list the seeds of a range that
-/// fail under a mutation (with engine crashes), to pin one.
+/// fail under a mutation (with engine crashes), to pin one; `None` lists the seeds that fail
+/// as shipped, as they fail (`HAWSER_EARLY_ENGINE_CRASH=1` for that mode).
 #[test]
 #[ignore = "a tool, run by hand"]
 fn scan() {
     let name = std::env::var("HAWSER_MUTATION").unwrap_or_default();
     let mutation = [
+        Mutation::None,
         Mutation::RecoveryIgnoresSuspects,
         Mutation::RecoveryForgetsPowerLoss,
         Mutation::RecoveryNeverWaits,
@@ -151,7 +153,7 @@ fn scan() {
     ]
     .into_iter()
     .find(|m| format!("{m:?}") == name)
-    .expect("HAWSER_MUTATION names a recovery mutation");
+    .expect("HAWSER_MUTATION names a recovery mutation, or None");
     let base = hawser_sim::seed_base();
     let n: u64 = std::env::var("HAWSER_SEEDS")
         .ok()

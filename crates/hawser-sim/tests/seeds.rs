@@ -214,6 +214,10 @@ const PINNED_ENGINE_CRASH: &[(u64, &str)] = &[
         3493,
         "11: ... and an engine trusted its own stale journal over what it knew since",
     ),
+    (
+        44432,
+        "12: a rebooted replica joined with a journal naming it lost with an empty map",
+    ),
 ];
 
 /// Every pinned seed of `pinned` passes under `opts`.

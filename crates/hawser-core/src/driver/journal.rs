@@ -630,9 +630,23 @@ impl Keeper {
         };
         let lost = self.lost.contains(&i);
         if own.is_some() || lost {
-            let empty = ChunkMap::new(self.size, self.chunk_bytes);
-            let own = own.as_ref().map_or(Some(&empty), Option::as_ref);
-            add_out(&mut last, &self.ids[i], own, lost);
+            // What it lacks as the engine knows it now (with what its own journal said, and
+            // what a reboot just learnt took: `note_rebooted` made those chunks dirty), not
+            // only what its own journal said: the journal it is given is the one the next
+            // recovery reads of it (found by the simulator: an empty map with `lost` made a
+            // rebooted replica whole, and recovery copied its stale chunks everywhere).
+            let lacks = match own {
+                Some(None) => None,
+                own => {
+                    let mut m = e.dirty(r).clone();
+                    m.union(&e.unflushed_at_loss(r));
+                    if let Some(Some(o)) = &own {
+                        m.union(o);
+                    }
+                    Some(m)
+                }
+            };
+            add_out(&mut last, &self.ids[i], lacks.as_ref(), lost);
         }
         if let Some(Busy::Join { putting, .. }) = &mut self.busy {
             *putting = true;

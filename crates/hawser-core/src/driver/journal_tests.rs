@@ -605,3 +605,52 @@ fn a_crash_right_after_a_mark_finds_the_resynced_replica_whole() {
         Decision::Start(_) => panic!("the mutation went unnoticed: the scenario misses the rule"),
     }
 }
+
+/// A replica that comes back rebooted, holding a journal of this same engine, is given a
+/// journal naming the chunks it lost with its power (the engine's dirty map), not an empty
+/// map: an empty one with `lost` made it whole to the next recovery (seed 44432).
+#[test]
+fn a_rebooted_replica_is_given_a_journal_naming_what_it_lost() {
+    let (mut e, mut k) = setup(None);
+    let mut acts = Vec::new();
+    k.submit(&mut e, 1, write(3 * CHUNK), &mut acts);
+    let after = store_all(&mut k, &mut e, &acts);
+    answer_sends(&mut k, &mut e, after, usize::MAX);
+    let own = k_last(&mut k, &mut e);
+    // Replica 1 loses its session before any flush: chunk 3 may be gone if its node reboots.
+    let mut cmds = Vec::new();
+    e.on_replica_lost(R1, &mut cmds);
+    e.on_outdate_done(R1, &mut cmds);
+    let mut acts = Vec::new();
+    k.join(&mut e, R1, Some(true), &mut acts);
+    let [Act::GetJournal { op, .. }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    let mut acts = Vec::new();
+    k.read(&mut e, op, R1, Ok(Some((own, false))), &mut acts);
+    let given = puts(&acts)
+        .into_iter()
+        .find(|p| p.1 == R1)
+        .expect("the join gives it a journal")
+        .2;
+    let entry = given
+        .out
+        .iter()
+        .find(|o| o.replica == "b")
+        .expect("it is named");
+    assert!(entry.lost, "its reboot is forgotten");
+    let lacks = entry.dirty.clone().expect("a known map");
+    assert!(
+        lacks.iter().any(|&(a, b)| a <= 3 && 3 < b),
+        "the chunk it lost is not named: {lacks:?}"
+    );
+}
+
+/// The last journal the keeper committed (a commit now, with everything stored).
+fn k_last(k: &mut Keeper, e: &mut Engine) -> Journal {
+    let mut acts = Vec::new();
+    k.commit(e, 0, &mut acts);
+    let j = puts(&acts).first().expect("a commit").2.clone();
+    store_all(k, e, &acts);
+    j
+}

@@ -219,6 +219,7 @@ impl World {
         let source_of: Vec<usize> = (0..start.plan.reconcile.chunks())
             .map(|c| reach[start.source_of(c)])
             .collect();
+        trace!(self, "  recovery: source per chunk {source_of:?}");
         self.reconcile(&reach, &start.plan, &source_of);
         if self.failure.is_some() {
             return;
