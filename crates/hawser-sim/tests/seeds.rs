@@ -218,6 +218,11 @@ const PINNED_ENGINE_CRASH: &[(u64, &str)] = &[
         44432,
         "12: a rebooted replica joined with a journal naming it lost with an empty map",
     ),
+    (
+        91112,
+        "the simulator: a failed start left its boot ids to the next engine, which then took \
+         a rebooted replica for one that lost nothing and promoted it",
+    ),
 ];
 
 /// Every pinned seed of `pinned` passes under `opts`.

@@ -158,6 +158,10 @@ impl World {
         trace!(self, "  engine start failed: {why}");
         for r in 0..self.p.replicas {
             self.drivers[r].conn = Conn::Idle;
+            // The next attach is a new engine, as in the agent: it knows only the boot ids
+            // its own Hellos report (a stale one here made a rebooted replica look not
+            // rebooted, and promotable: seed 91112).
+            self.drivers[r].start_boot = None;
         }
         self.engine_state = EngineState::Down;
         self.schedule(START_RETRY_US, Event::EngineStart);
