@@ -158,6 +158,11 @@ const PINNED: &[(u64, &str)] = &[
         14,
         "a copy's read sent to an in-sync replica whose loss was being processed",
     ),
+    (
+        42546,
+        "the simulator: a process crash took the last healthy replica while the other, \
+         marking, had lost its page cache, so acknowledged writes were nowhere",
+    ),
 ];
 
 /// Seeds (with engine crashes) of bugs in the journal and crash recovery (docs/protocol.md
@@ -219,11 +224,23 @@ const PINNED_ENGINE_CRASH: &[(u64, &str)] = &[
         "12: a rebooted replica joined with a journal naming it lost with an empty map",
     ),
     (
+        40815,
+        "13: a second join of the same engine forgot what the first had learnt from the \
+         replica's older journal (an unacknowledged write), before a commit carried it",
+    ),
+    (
         91112,
         "the simulator: a failed start left its boot ids to the next engine, which then took \
          a rebooted replica for one that lost nothing and promoted it",
     ),
 ];
+
+/// Seeds with engines that move (restart on a node without a replica).
+const PINNED_ENGINE_MOVES: &[(u64, &str)] = &[(
+    12818,
+    "the simulator: a duplicated reply to a join's journal read passed for the reply to its \
+     put, and the put, arriving late, overwrote a newer journal",
+)];
 
 /// Every pinned seed of `pinned` passes under `opts`.
 fn check_pinned(pinned: &[(u64, &str)], opts: RunOptions) {
@@ -237,6 +254,11 @@ fn check_pinned(pinned: &[(u64, &str)], opts: RunOptions) {
 #[test]
 fn pinned_engine_crash_seeds() {
     check_pinned(PINNED_ENGINE_CRASH, RunOptions::with_engine_crashes());
+}
+
+#[test]
+fn pinned_engine_moves_seeds() {
+    check_pinned(PINNED_ENGINE_MOVES, RunOptions::with_engine_moves());
 }
 
 #[test]

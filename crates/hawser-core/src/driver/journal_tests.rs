@@ -231,6 +231,45 @@ fn a_returning_replica_takes_on_its_old_log_and_gets_the_journal_before_the_engi
     assert_eq!(e.membership(R1), Membership::Syncing);
 }
 
+/// What a returning replica's own journal (of an older engine) added to what it lacks is
+/// given to it again at its next join, even if no commit carried it yet: its journal is then
+/// this engine's and says nothing new, so the journal it is given is all that keeps it
+/// (seed 40815: the second join overwrote it with the last commit's, which knew less).
+#[test]
+fn what_a_join_learnt_is_given_again_at_the_next_join_before_any_commit() {
+    let (mut e, mut k) = setup(Some(ChunkMap::new(SIZE, CHUNK)));
+    let op = commit_and_join_r1(&mut k, &mut e);
+    let old = older(vec![(9, 10)], vec![]);
+    let mut acts = Vec::new();
+    k.read(&mut e, op, R1, Ok(Some((old, false))), &mut acts);
+    let (_, _, given) = puts(&acts).pop().expect("the join gives it a journal");
+    assert_eq!(out_of(&given, "b"), Some(Some(vec![(9, 10)])));
+    let after = store_all(&mut k, &mut e, &acts);
+    assert!(after.contains(&Act::Joined {
+        replica: R1,
+        ok: true
+    }));
+    // Its session ends before the next commit, and it comes back.
+    let mut acts = Vec::new();
+    let mut cmds = Vec::new();
+    e.on_replica_lost(R1, &mut cmds);
+    k.replica_gone(&mut e, R1, &mut acts);
+    assert_eq!(e.membership(R1), Membership::Outdated);
+    let mut acts = Vec::new();
+    k.join(&mut e, R1, Some(false), &mut acts);
+    let [Act::GetJournal { op, .. }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    let mut acts = Vec::new();
+    k.read(&mut e, op, R1, Ok(Some((given, false))), &mut acts);
+    let (_, _, again) = puts(&acts).pop().expect("the join gives it a journal");
+    assert_eq!(
+        out_of(&again, "b"),
+        Some(Some(vec![(9, 10)])),
+        "the second join forgot what the first learnt: {again:?}"
+    );
+}
+
 #[test]
 fn a_join_whose_journal_read_hits_a_disk_error_fails_the_replica() {
     let (mut e, mut k) = setup(Some(ChunkMap::new(SIZE, CHUNK)));

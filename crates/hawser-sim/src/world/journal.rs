@@ -25,8 +25,12 @@ pub(crate) enum JOp {
 pub(crate) struct JournalDriver {
     pub params: crate::config::JournalParams,
     pub keeper: Keeper,
-    /// Operations sent and not answered: (op, replica) -> (session, kind).
-    ops: BTreeMap<(OpId, usize), (u64, JOp)>,
+    /// Requests sent and not answered: (request id, replica) -> (keeper op, session, kind).
+    /// Each request has its own id: a join's read and put share the keeper's op, and a
+    /// duplicated reply to the read must not pass for the put's (seed 12818 of the
+    /// 208,000-seed run: it did, the late put then overwrote a newer journal).
+    ops: BTreeMap<(u64, usize), (OpId, u64, JOp)>,
+    next_request: u64,
 }
 
 impl JournalDriver {
@@ -49,6 +53,7 @@ impl JournalDriver {
             ),
             params,
             ops: BTreeMap::new(),
+            next_request: 1,
         }
     }
 
@@ -94,17 +99,17 @@ impl World {
                     journal.seq,
                     journal.active
                 );
-                self.journal_send(r, op, JOp::Put, Op::PutJournal(op, journal), more);
+                self.journal_send(r, op, JOp::Put, |id| Op::PutJournal(id, journal), more);
             }
             Act::GetJournal { op, replica } => {
                 let r = usize::from(replica.0);
-                self.journal_send(r, op, JOp::Get, Op::GetJournal(op), more);
+                self.journal_send(r, op, JOp::Get, Op::GetJournal, more);
             }
             Act::SaveFlush { op, replica } => {
                 let r = usize::from(replica.0);
                 trace!(self, "  journal: resync save of r{r}: flush");
                 self.stats.resync_saves += 1;
-                self.journal_send(r, op, JOp::SaveFlush, Op::SaveFlush(op), more);
+                self.journal_send(r, op, JOp::SaveFlush, Op::SaveFlush, more);
             }
             Act::Disconnect { replica } => {
                 trace!(self, "  journal: put on r{} failed; dropping it", replica.0);
@@ -143,7 +148,14 @@ impl World {
 
     /// Send a journal operation on replica `r`'s session (a join's, or the open one). With
     /// no such session it fails at once, as the agent's send on a closed connection does.
-    fn journal_send(&mut self, r: usize, op: OpId, kind: JOp, msg: Op, more: &mut Vec<Act>) {
+    fn journal_send(
+        &mut self,
+        r: usize,
+        op: OpId,
+        kind: JOp,
+        msg: impl FnOnce(u64) -> Op,
+        more: &mut Vec<Act>,
+    ) {
         let session = match (self.drivers[r].conn, kind) {
             (Conn::Open(s), JOp::Put | JOp::SaveFlush)
             | (Conn::Joining(s), JOp::Put | JOp::Get) => s,
@@ -159,10 +171,11 @@ impl World {
                 return;
             }
         };
-        if let Some(jd) = self.jd.as_mut() {
-            jd.ops.insert((op, r), (session, kind));
-        }
-        self.send(r, msg);
+        let jd = self.jd.as_mut().expect("the run models the journal");
+        let id = jd.next_request;
+        jd.next_request += 1;
+        jd.ops.insert((id, r), (op, session, kind));
+        self.send(r, msg(id));
     }
 
     /// A client request, under the activity log's rules (the keeper's).
@@ -235,7 +248,7 @@ impl World {
             return;
         }
         let Some(jd) = self.jd.as_mut() else { return };
-        let Some(&(sent_on, kind)) = jd.ops.get(&(jid, r)) else {
+        let Some(&(op, sent_on, kind)) = jd.ops.get(&(jid, r)) else {
             return; // a duplicate
         };
         let current = match self.drivers[r].conn {
@@ -250,15 +263,15 @@ impl World {
         // As the agent's journal file reports it: stored before the node's last boot.
         let since_boot = self.replicas[r].journal_boot != self.replicas[r].boot;
         self.keep(|k, e, acts| match kind {
-            JOp::Put => k.stored(e, jid, ri(r), result.map(|_| ()), acts),
+            JOp::Put => k.stored(e, op, ri(r), result.map(|_| ()), acts),
             JOp::Get => k.read(
                 e,
-                jid,
+                op,
                 ri(r),
                 result.map(|j| j.map(|j| (j, since_boot))),
                 acts,
             ),
-            JOp::SaveFlush => k.save_flushed(e, jid, ri(r), result.map(|_| ()), acts),
+            JOp::SaveFlush => k.save_flushed(e, op, ri(r), result.map(|_| ()), acts),
         });
         // Told it is connected, the engine may still not take it (it failed meanwhile).
         if joining
