@@ -226,7 +226,9 @@ const PINNED_ENGINE_CRASH: &[(u64, &str)] = &[
     (
         40815,
         "13: a second join of the same engine forgot what the first had learnt from the \
-         replica's older journal (an unacknowledged write), before a commit carried it",
+         replica's older journal (an unacknowledged write), before a commit carried it \
+         (failed without the fix when pinned; its trace changed with the simulator's request \
+         ids, and the unit test what_a_join_learnt_is_given_again_... now guards the rule)",
     ),
     (
         91112,
