@@ -6,7 +6,9 @@
 #   hawser-2r  a 2-replica Hawser volume (replicas on two agents)
 # all on the same filesystem, NBD over unix sockets. Prints IOPS, MiB/s, latency and ratios
 # (to the baseline; 1r to nbdkit; 2r to 1r, the cost of the second replica on this machine),
-# agent RSS/CPU idle and under load, and writes bench-results.json. Performance is reported,
+# agent RSS/CPU idle and under load, CPU time and context switches per request of the servers
+# (both agents + nbdkit, summed: only the tested target's server is busy) and of fio, and
+# writes bench-results.json. Performance is reported,
 # never asserted. Environment: BENCH_RUNTIME (s, default 10), BENCH_SIZE (default 1GiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +58,7 @@ done
 truncate -s "$SIZE" "$B/nbdkit.img"
 nbdkit -f -U "$B/nbdkit.sock" file "$B/nbdkit.img" cache=none >"$B/logs/nbdkit.log" 2>&1 &
 pids+=($!)
+nbdkit_pid=$!
 for _ in $(seq 1 100); do [ -S "$B/nbdkit.sock" ] && break; sleep 0.1; done
 
 sock="$B/b1/nbd.sock"
@@ -64,7 +67,7 @@ sock="$B/b1/nbd.sock"
   --target "nbdkit=nbd:nbd+unix:///?socket=$B/nbdkit.sock" \
   --target "hawser-1r=nbd:nbd+unix:///bench1?socket=$sock" \
   --target "hawser-2r=nbd:nbd+unix:///bench2?socket=$sock" \
-  --monitor-pid "agent-b1=$agent1" --monitor-pid "agent-b2=$agent2" \
+  --monitor-pid "agent-b1=$agent1" --monitor-pid "agent-b2=$agent2" --monitor-pid "nbdkit=$nbdkit_pid" \
   --targets-ratio hawser-1r:nbdkit --targets-ratio hawser-2r:hawser-1r \
   --expect hawser-2r:randwrite_fsync\>=0.65 --expect hawser-2r:randread_fsync\>=0.6 \
   --expect hawser-2r:randwrite\>=0.2 --expect hawser-2r:randwrite_jobs4\>=0.2 \

@@ -104,6 +104,11 @@ pub struct Measurement {
     pub lat_mean_ns: f64,
     /// Mean latency of the flushes `--fsync=1` adds, which `lat_mean_ns` leaves out.
     pub sync_lat_mean_ns: Option<f64>,
+    /// Requests completed: the data I/Os plus the flushes `--fsync=1` adds.
+    pub requests: u64,
+    /// What fio itself (the client) spent: CPU seconds (user + system) and context switches.
+    pub client_cpu_secs: f64,
+    pub client_ctx_switches: u64,
 }
 
 /// Runs `cmd`, killing it after `deadline`, and parses its JSON for `direction`. Errors carry
@@ -247,6 +252,9 @@ pub fn parse_output(stdout: &str, direction: Direction) -> anyhow::Result<Measur
 /// adds up, and each job's mean latency is weighted by its I/O count.
 #[derive(Default)]
 struct JobTotals {
+    requests: u64,
+    client_cpu_secs: f64,
+    client_ctx_switches: u64,
     iops: f64,
     bw_bytes_per_sec: f64,
     lat_weighted: f64,
@@ -277,6 +285,18 @@ impl JobTotals {
         let n = number(&["lat_ns", "N"]).unwrap_or(1.0);
         self.lat_weighted += mean * n;
         self.lat_count += n;
+        let count = |path: &[&str]| path.iter().try_fold(dir, |v, k| v.get(k))?.as_u64();
+        self.requests += count(&["total_ios"])
+            .or_else(|| count(&["lat_ns", "N"]))
+            .unwrap_or(0);
+        // usr_cpu and sys_cpu are percentages of job_runtime (milliseconds; summed over the
+        // jobs under group_reporting); older fio lacks job_runtime, and then counts nothing.
+        let job_number = |k: &str| job.get(k).and_then(Value::as_f64);
+        let cpu_percent =
+            job_number("usr_cpu").unwrap_or(0.0) + job_number("sys_cpu").unwrap_or(0.0);
+        let runtime_secs = job_number("job_runtime").unwrap_or(0.0) / 1000.0;
+        self.client_cpu_secs += cpu_percent / 100.0 * runtime_secs;
+        self.client_ctx_switches += job.get("ctx").and_then(Value::as_u64).unwrap_or(0);
         // Only present (and non-empty) when the job flushed: fsync=1 on writes.
         let sync = job.get("sync").and_then(|s| s.get("lat_ns"));
         let sync_mean = sync.and_then(|l| l.get("mean")).and_then(Value::as_f64);
@@ -287,6 +307,10 @@ impl JobTotals {
         if let Some(mean) = sync_mean.filter(|_| sync_n > 0.0) {
             self.sync_weighted += mean * sync_n;
             self.sync_count += sync_n;
+            self.requests += sync
+                .and_then(|l| l.get("N"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
         }
         Ok(())
     }
@@ -303,6 +327,9 @@ impl JobTotals {
                 0.0
             },
             sync_lat_mean_ns: (self.sync_count > 0.0).then(|| self.sync_weighted / self.sync_count),
+            requests: self.requests,
+            client_cpu_secs: self.client_cpu_secs,
+            client_ctx_switches: self.client_ctx_switches,
         })
     }
 }
@@ -338,6 +365,10 @@ mod tests {
         assert!(close(m.bw_bytes_per_sec, 586765272.0), "{m:?}");
         assert!(close(m.lat_mean_ns, 3554077.881788), "{m:?}");
         assert_eq!(m.sync_lat_mean_ns, None);
+        assert_eq!(m.requests, 143683);
+        // 20.754246 % of 4,004 ms (four jobs of about 1 s, group reported).
+        assert!(close(m.client_cpu_secs, 0.20754246 * 4.004), "{m:?}");
+        assert_eq!(m.client_ctx_switches, 3836);
         let err = parse_output(JOBS4, Direction::Read).expect_err("no reads happened");
         assert!(err.to_string().contains("no read I/O"), "{err}");
         Ok(())
@@ -351,6 +382,9 @@ mod tests {
         assert!(close(m.lat_mean_ns, 85378.33389), "{m:?}");
         let sync = m.sync_lat_mean_ns.expect("fsync=1 reports flush latency");
         assert!(close(sync, 1577214.307179), "{m:?}");
+        assert_eq!(m.requests, 599 * 2, "each write and its flush are requests");
+        assert!(close(m.client_cpu_secs, 0.041), "{m:?}");
+        assert_eq!(m.client_ctx_switches, 1284);
         Ok(())
     }
 
@@ -364,6 +398,8 @@ mod tests {
         );
         let lat = (87489150.52439 * 164.0 + 87661708.886792 * 159.0) / 323.0;
         assert!(close(m.lat_mean_ns, lat), "{m:?}");
+        assert_eq!(m.requests, 323);
+        assert_eq!(m.client_ctx_switches, 38 + 76);
         Ok(())
     }
 

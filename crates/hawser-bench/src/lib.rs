@@ -2,13 +2,15 @@
 //! each target's ratio to the baseline, plus the CPU and memory of monitored processes.
 //!
 //! `plan` checks the arguments, `target` and `suite` define what is measured, `fio` runs and
-//! parses fio, `procstat` samples processes, `ratio` compares targets, `runner` sequences a
-//! run and `report` prints and saves it.
+//! parses fio, `procstat` samples processes, `cost` divides their CPU and context switches
+//! by the requests of each test, `ratio` compares targets, `runner` sequences a run and
+//! `report` prints and saves it.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 
+mod cost;
 mod fio;
 mod plan;
 mod procstat;

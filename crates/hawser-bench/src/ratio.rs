@@ -117,6 +117,10 @@ pub(crate) mod tests {
             sync_lat_mean_us: None,
             ratio_metric: metric,
             ratio_to_baseline: None,
+            requests: 1000,
+            client_cpu_us_per_request: Some(5.0),
+            client_ctx_switches_per_request: Some(0.5),
+            server: None,
             command: vec!["fio".to_owned()],
         }
     }

@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::cost::ServerCost;
 use crate::procstat::PhaseStats;
 use crate::suite::RatioMetric;
 
@@ -58,6 +59,13 @@ pub struct TestResult {
     pub sync_lat_mean_us: Option<f64>,
     pub ratio_metric: RatioMetric,
     pub ratio_to_baseline: Option<f64>,
+    /// Requests completed (data I/Os and flushes).
+    pub requests: u64,
+    /// fio's own CPU (user + system) and context switches per request: the client's cost.
+    pub client_cpu_us_per_request: Option<f64>,
+    pub client_ctx_switches_per_request: Option<f64>,
+    /// The monitored processes' cost per request; `None` when none is monitored.
+    pub server: Option<ServerCost>,
     pub command: Vec<String>,
 }
 
@@ -97,6 +105,7 @@ pub fn write_json(report: &Report, path: &Path) -> anyhow::Result<()> {
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
     render_results(&mut out, report);
+    render_costs(&mut out, report);
     render_pairs(&mut out, report);
     render_processes(&mut out, report);
     render_expectations(&mut out, report);
@@ -139,6 +148,62 @@ fn render_results(out: &mut String, r: &Report) {
             fmt_opt(x.sync_lat_mean_us, 1),
             fmt_ratio(x.ratio_to_baseline),
             w = vs.len().max(9)
+        );
+    }
+}
+
+/// CPU time and context switches per request: of the monitored processes (`server`, summed;
+/// the servers of other targets idle meanwhile) and of fio itself (`client`).
+fn render_costs(out: &mut String, r: &Report) {
+    if r.results.is_empty() {
+        return;
+    }
+    let names: Vec<&str> = r.processes.iter().map(|p| p.name.as_str()).collect();
+    let servers = if names.is_empty() {
+        "none monitored".to_owned()
+    } else {
+        names.join(" + ")
+    };
+    let _ = writeln!(
+        out,
+        "\nCPU and context switches per request (server: {servers}; client: fio)"
+    );
+    let tw = width(r.results.iter().map(|x| x.test.as_str()), "test");
+    let nw = width(r.results.iter().map(|x| x.target.as_str()), "target");
+    let _ = writeln!(
+        out,
+        "{:<tw$}  {:<nw$}  {:>10}  {:>13}  {:>13}  {:>13}  {:>13}",
+        "test",
+        "target",
+        "requests",
+        "server us/req",
+        "server cs/req",
+        "client us/req",
+        "client cs/req"
+    );
+    let mut previous_test = "";
+    for x in &r.results {
+        let test = if x.test == previous_test {
+            ""
+        } else {
+            x.test.as_str()
+        };
+        previous_test = &x.test;
+        let server = x.server.as_ref();
+        let note = if server.is_some_and(|s| s.incomplete) {
+            "  (a monitored process was gone)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{test:<tw$}  {:<nw$}  {:>10}  {:>13}  {:>13}  {:>13}  {:>13}{note}",
+            x.target,
+            x.requests,
+            fmt_opt(server.and_then(|s| s.cpu_us_per_request), 1),
+            fmt_opt(server.and_then(|s| s.ctx_switches_per_request), 2),
+            fmt_opt(x.client_cpu_us_per_request, 1),
+            fmt_opt(x.client_ctx_switches_per_request, 2),
         );
     }
 }
@@ -258,6 +323,12 @@ mod tests {
         results[0].ratio_to_baseline = Some(1.0);
         results[1].sync_lat_mean_us = Some(1500.25);
         results[1].ratio_to_baseline = Some(0.25);
+        results[1].server = Some(ServerCost {
+            cpu_us_per_request: Some(42.54),
+            ctx_switches_per_request: Some(1.75),
+            processes: vec![],
+            incomplete: true,
+        });
         let phase = |cpu, rss| PhaseStats {
             secs: 5.0,
             samples: 25,
@@ -305,6 +376,11 @@ test             target        IOPS      MiB/s      lat us    fsync us     x fil
 randwrite_fsync  file          2000        7.8       500.0           -      1.000
                  nbdkit         500        2.0      2000.0      1500.2      0.250
 
+CPU and context switches per request (server: nbdkit; client: fio)
+test             target    requests  server us/req  server cs/req  client us/req  client cs/req
+randwrite_fsync  file          1000              -              -            5.0           0.50
+                 nbdkit        1000           42.5           1.75            5.0           0.50  (a monitored process was gone)
+
 target ratios (IOPS; bandwidth for 4M tests)
 randwrite_fsync  nbdkit/file  0.250
 
@@ -316,7 +392,11 @@ expectations (reported, not enforced)
 MISS  nbdkit:randwrite_fsync>=0.95  (measured 0.250)
 ";
         assert_eq!(text, expected, "got:\n{text}");
-        assert!(text.lines().all(|l| l.len() <= 100));
+        assert!(
+            text.lines()
+                .all(|l| l.len() <= 100 || l.ends_with("(a monitored process was gone)")),
+            "{text}"
+        );
     }
 
     #[test]

@@ -5,9 +5,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 
+use crate::cost;
 use crate::fio::{self, FioCommand, Measurement};
 use crate::plan::Plan;
-use crate::procstat::{PhaseStats, Sampler, SAMPLE_INTERVAL};
+use crate::procstat::{clock_ticks_per_sec, PhaseStats, Sampler, SAMPLE_INTERVAL};
 use crate::ratio;
 use crate::report::{
     rfc3339_utc, ExpectOutcome, PairRatio, PrefillRun, ProcessReport, Report, TargetInfo,
@@ -166,8 +167,23 @@ fn run_one(plan: &Plan, test: &TestDef, target: &Target) -> anyhow::Result<TestR
         plan.runtime_secs,
     );
     let deadline = Duration::from_secs(plan.runtime_secs) + TEST_DEADLINE_SLACK;
-    let m: Measurement = fio::measure(&cmd, test.direction, deadline)
+    let pids: Vec<u32> = plan.monitors.iter().map(|m| m.pid).collect();
+    let watch = cost::Watch::start(pids.clone(), cost::WATCH_INTERVAL)?;
+    let before = cost::cpu_snapshot(&pids);
+    let measured = fio::measure(&cmd, test.direction, deadline);
+    let after = cost::cpu_snapshot(&pids);
+    let switches = watch.stop()?;
+    let m: Measurement = measured
         .with_context(|| format!("run fio test {} on target {}", test.name, target.name))?;
+    let server = if pids.is_empty() {
+        None
+    } else {
+        let names: Vec<String> = plan.monitors.iter().map(|m| m.name.clone()).collect();
+        let hz = clock_ticks_per_sec()?;
+        let cpu = (before.as_slice(), after.as_slice());
+        Some(cost::between(&names, cpu, &switches, hz, m.requests)?)
+    };
+    let per_request = |total: f64| (m.requests > 0).then(|| total / m.requests as f64);
     Ok(TestResult {
         test: test.name.to_owned(),
         target: target.name.clone(),
@@ -178,6 +194,10 @@ fn run_one(plan: &Plan, test: &TestDef, target: &Target) -> anyhow::Result<TestR
         sync_lat_mean_us: m.sync_lat_mean_ns.map(|ns| ns / 1000.0),
         ratio_metric: test.ratio_metric(),
         ratio_to_baseline: None,
+        requests: m.requests,
+        client_cpu_us_per_request: per_request(m.client_cpu_secs * 1e6),
+        client_ctx_switches_per_request: per_request(m.client_ctx_switches as f64),
+        server,
         command: cmd.argv(),
     })
 }

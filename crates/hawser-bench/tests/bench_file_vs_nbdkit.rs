@@ -137,8 +137,25 @@ fn compares_a_file_with_nbdkit() -> anyhow::Result<()> {
                     "the baseline's ratio is 1: {r:#}"
                 );
             }
+            assert!(r["requests"].as_u64().is_some_and(|n| n > 0), "{r:#}");
+            assert!(r["client_cpu_us_per_request"].as_f64().is_some(), "{r:#}");
+            assert!(
+                r["server"]["cpu_us_per_request"].as_f64().is_some(),
+                "{r:#}"
+            );
         }
     }
+    // At queue depth 1 nbdkit sleeps in recv between requests: every request wakes it at
+    // least once, while the file target's tests leave it idle.
+    let switches = |target: &str| {
+        results
+            .iter()
+            .find(|r| r["target"] == target && r["test"] == "randwrite_fsync")
+            .and_then(|r| r["server"]["ctx_switches_per_request"].as_f64())
+    };
+    let (served, idle) = (switches("nbdkit"), switches("file"));
+    assert!(served.is_some_and(|s| s >= 0.5), "{served:?}: {report:#}");
+    assert!(idle.is_some_and(|i| i < 0.5), "{idle:?}: {report:#}");
     assert_eq!(report["baseline"], "file");
     assert_eq!(report["prefills"].as_array().map(Vec::len), Some(2));
     assert!(
