@@ -7,17 +7,18 @@ CARGO ?= cargo
 HAWSER := target/release/hawser
 # Debian packages the tests and the demo use: real NBD clients, fio, filesystems, etcd, protoc
 # (the etcd-client and hawser-csi crates generate gRPC code with it), and containerd, runc,
-# CNI plugins and busybox for the real kubelet the CSI tests run.
-APT_PACKAGES := fio libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static
+# CNI plugins and busybox for the real kubelet the CSI tests run; valgrind for
+# `make instructions`.
+APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static
 # Commands whose absence means a package above is missing.
-NEEDED_CMDS := fio nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox
+NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox
 # Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
 # by scripts/k8s/build.sh into one cache (a second run is quick).
 K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
 export HAWSER_K8S_CACHE := $(K8S_CACHE)
 export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 
-.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench fmt lint clean fuzz
+.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench instructions fmt lint clean fuzz
 
 all: build
 
@@ -60,6 +61,10 @@ demo: build
 bench: build k8s-tools
 	@scripts/bench.sh
 	@scripts/bench-resync.sh
+
+# Instructions per request under callgrind: a CPU-per-I/O figure a noisy machine cannot move.
+instructions: build
+	@scripts/instructions.sh
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
 		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
 	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere.
