@@ -202,12 +202,21 @@ where
 {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT_REQUESTS));
     let budget = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES as usize));
+    // One future for the whole connection, not two per request: building and dropping the
+    // shutdown and writer-gone waits around every read cost more than the read itself.
+    let stopped = async {
+        tokio::select! {
+            () = shutdown_requested(&mut shutdown) => {}
+            () = tx.closed() => {}
+        }
+    };
+    tokio::pin!(stopped);
     loop {
-        let slot = unless_stopped(slots.clone().acquire_owned(), &mut shutdown, &tx).await;
+        let slot = unless_stopped(slots.clone().acquire_owned(), stopped.as_mut()).await;
         // The semaphore is never closed, so only a stop ends the wait without a permit.
         let Some(Ok(slot)) = slot else { return Ok(()) };
         let mut header = [0u8; nbd::REQUEST_LEN];
-        match unless_stopped(reader.read_exact(&mut header), &mut shutdown, &tx).await {
+        match unless_stopped(reader.read_exact(&mut header), stopped.as_mut()).await {
             None => return Ok(()),
             Some(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 debug!("client closed the connection without NBD_CMD_DISC");
@@ -230,16 +239,15 @@ where
     }
 }
 
-/// Run `fut` unless the server shuts down or the reply writer has gone away first.
+/// Run `fut` unless `stopped` (the server shuts down, or the reply writer has gone away)
+/// resolves first. `stopped` must not be polled again once it resolved.
 async fn unless_stopped<F: Future>(
     fut: F,
-    shutdown: &mut watch::Receiver<bool>,
-    tx: &mpsc::Sender<Reply>,
+    stopped: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Option<F::Output> {
     tokio::select! {
         biased;
-        () = shutdown_requested(shutdown) => None,
-        () = tx.closed() => None,
+        () = stopped => None,
         out = fut => Some(out),
     }
 }

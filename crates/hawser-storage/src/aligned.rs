@@ -2,12 +2,15 @@
 //! aligned to the device's logical block size; allocating every payload page-aligned once, when
 //! it is read off a socket, lets it go to disk without another copy.
 //!
-//! Large buffers are recycled (see [`AlignedBuf::for_overwrite`]): a fresh 1 MiB allocation is
-//! an mmap, 256 page faults that each zero a page, a memset, and an munmap with a TLB shootdown
-//! when it is freed. Measured on a resync (1 MiB frames), that was the largest CPU cost of the
-//! receiving replica server, more than the socket copy and the checksum together.
+//! Buffers are recycled (see [`AlignedBuf::for_overwrite`]). A fresh 1 MiB allocation is an
+//! mmap, 256 page faults that each zero a page, a memset, and an munmap with a TLB shootdown
+//! when it is freed: measured on a resync (1 MiB frames), that was the largest CPU cost of the
+//! receiving replica server, more than the socket copy and the checksum together. A fresh 4 KiB
+//! one is a page-aligned malloc (glibc's slow memalign path) and a memset: 14% of the
+//! instructions an agent ran per 4k write (`make instructions`), more than the engine.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
@@ -16,47 +19,67 @@ use bytes::Bytes;
 /// Alignment of every buffer: a page, which satisfies any logical block size up to 4096.
 pub const ALIGN: usize = 4096;
 
-/// Buffers at least this large go back to the free list when dropped (smaller ones come from
-/// the allocator's own caches cheaply).
+/// Buffers at least this large count against `RECYCLE_MAX_BYTES`; smaller ones against
+/// `SMALL_RECYCLE_MAX_BYTES`, so a burst of large frames cannot crowd out the 4 KiB buffers
+/// every small request needs, nor the reverse.
 pub const RECYCLE_MIN_BYTES: usize = 64 * 1024;
 
-/// Most bytes the free list keeps; beyond this, dropped buffers are freed.
+/// Most bytes of large buffers the free list keeps; beyond this, dropped buffers are freed.
 pub const RECYCLE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
-/// Dropped large buffers waiting for reuse: (allocation size, pointer).
+/// Most bytes of small buffers the free list keeps: 1,024 of 4 KiB, more than the requests
+/// a few deep queues keep in flight.
+pub const SMALL_RECYCLE_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+/// Dropped buffers waiting for reuse, by allocation size (a size's buffers are used last in,
+/// first out, so the most recently touched memory goes first).
 struct FreeList {
-    bufs: Vec<(usize, NonNull<u8>)>,
-    bytes: usize,
+    bufs: BTreeMap<usize, Vec<NonNull<u8>>>,
+    large_bytes: usize,
+    small_bytes: usize,
 }
 
 // SAFETY: the list owns the allocations it holds exclusively (nothing else points to them).
 unsafe impl Send for FreeList {}
 
 static FREE: Mutex<FreeList> = Mutex::new(FreeList {
-    bufs: Vec::new(),
-    bytes: 0,
+    bufs: BTreeMap::new(),
+    large_bytes: 0,
+    small_bytes: 0,
 });
+
+impl FreeList {
+    fn bytes_of(&mut self, size: usize) -> &mut usize {
+        if size < RECYCLE_MIN_BYTES {
+            &mut self.small_bytes
+        } else {
+            &mut self.large_bytes
+        }
+    }
+}
 
 /// A recycled allocation of exactly `size` bytes, if one is free.
 fn take_free(size: usize) -> Option<NonNull<u8>> {
     let mut free = FREE.lock().unwrap_or_else(|p| p.into_inner());
-    let pos = free.bufs.iter().rposition(|&(s, _)| s == size)?;
-    let (_, ptr) = free.bufs.swap_remove(pos);
-    free.bytes -= size;
+    let ptr = free.bufs.get_mut(&size)?.pop()?;
+    *free.bytes_of(size) -= size;
     Some(ptr)
 }
 
 /// Keep an allocation of `size` bytes for reuse; false if the list is full (free it then).
 fn give_free(size: usize, ptr: NonNull<u8>) -> bool {
-    if size < RECYCLE_MIN_BYTES {
-        return false;
-    }
+    let cap = if size < RECYCLE_MIN_BYTES {
+        SMALL_RECYCLE_MAX_BYTES
+    } else {
+        RECYCLE_MAX_BYTES
+    };
     let mut free = FREE.lock().unwrap_or_else(|p| p.into_inner());
-    if free.bytes + size > RECYCLE_MAX_BYTES {
+    let bytes = free.bytes_of(size);
+    if *bytes + size > cap {
         return false;
     }
-    free.bytes += size;
-    free.bufs.push((size, ptr));
+    *bytes += size;
+    free.bufs.entry(size).or_default().push(ptr);
     true
 }
 
@@ -86,8 +109,8 @@ impl AlignedBuf {
 
     /// A buffer of `len` bytes whose contents are unspecified (zeroes, or what an earlier
     /// buffer held): for callers that overwrite all of it before reading any (a socket read or
-    /// a disk read of exactly `len` bytes) and drop it on failure. Large buffers come from the
-    /// free list when they can, which saves the page faults and zeroing of a fresh one.
+    /// a disk read of exactly `len` bytes) and drop it on failure. It comes from the free list
+    /// when it can, which saves the allocation and zeroing of a fresh one.
     pub fn for_overwrite(len: usize) -> AlignedBuf {
         let size = Self::layout(len).size();
         match take_free(size) {
@@ -199,8 +222,28 @@ mod tests {
     }
 
     #[test]
-    fn small_buffers_are_not_kept() {
-        assert!(!give_free(ALIGN, NonNull::dangling()));
+    fn small_buffers_are_recycled_too_up_to_their_own_cap() {
+        let len = 3 * ALIGN + 1; // a size no other test uses: 4 pages
+        let a = AlignedBuf::for_overwrite(len);
+        let ptr = a.as_slice().as_ptr();
+        drop(a);
+        let b = AlignedBuf::for_overwrite(len);
+        assert_eq!(
+            b.as_slice().as_ptr(),
+            ptr,
+            "the dropped allocation was not reused"
+        );
+        // The small cap holds whatever large buffers are kept: never more than it.
+        let n = SMALL_RECYCLE_MAX_BYTES / (4 * ALIGN) + 1;
+        let many: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::for_overwrite(len)).collect();
+        drop(many);
+        let free = FREE.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(
+            free.small_bytes <= SMALL_RECYCLE_MAX_BYTES,
+            "{}",
+            free.small_bytes
+        );
+        assert!(free.large_bytes <= RECYCLE_MAX_BYTES);
     }
 
     #[test]
