@@ -18,7 +18,7 @@ K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
 export HAWSER_K8S_CACHE := $(K8S_CACHE)
 export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 
-.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench instructions fmt lint clean fuzz
+.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench instructions miri fmt lint clean fuzz
 
 all: build
 
@@ -61,15 +61,23 @@ demo: build
 bench: build k8s-tools
 	@scripts/bench.sh
 	@scripts/bench-resync.sh
-
-# Instructions per request under callgrind: a CPU-per-I/O figure a noisy machine cannot move.
-instructions: build
-	@scripts/instructions.sh
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
 		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
 	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere.
 	@set -o pipefail; HAWSER_FAILOVER_TRIALS=10 HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q \
 		-p hawser-e2e --test k8s_failover -- --nocapture --test-threads=1 2>/dev/null | grep '^failover:'
+
+# Instructions per request under callgrind: a CPU-per-I/O figure a noisy machine cannot move.
+instructions: build
+	@scripts/instructions.sh
+
+# The data path's own unsafe code (page-aligned buffers and their free list) under Miri, which
+# needs a nightly toolchain with its miri component (installed when missing). The other
+# unsafe blocks are system calls (libc), which Miri cannot run.
+miri:
+	@rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^miri' || \
+		rustup toolchain install nightly --profile minimal --component miri,rust-src
+	$(CARGO) +nightly miri test -p hawser-storage --lib aligned
 
 fmt:
 	$(CARGO) fmt --all

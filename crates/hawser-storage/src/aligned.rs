@@ -8,6 +8,9 @@
 //! receiving replica server, more than the socket copy and the checksum together. A fresh 4 KiB
 //! one is a page-aligned malloc (glibc's slow memalign path) and a memset: 14% of the
 //! instructions an agent ran per 4k write (`make instructions`), more than the engine.
+//!
+//! The unsafe code here (raw allocation, the free list, slices over owned memory) is run
+//! under Miri by `make miri`.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::BTreeMap;
