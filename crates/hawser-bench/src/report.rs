@@ -130,14 +130,7 @@ fn render_results(out: &mut String, r: &Report) {
         "{:<tw$}  {:<nw$}  {:>10}  {:>9}  {:>10}  {:>10}  {vs:>9}",
         "test", "target", "IOPS", "MiB/s", "lat us", "fsync us"
     );
-    let mut previous_test = "";
-    for x in &r.results {
-        let test = if x.test == previous_test {
-            ""
-        } else {
-            x.test.as_str()
-        };
-        previous_test = &x.test;
+    for (test, x) in labelled(&r.results) {
         let _ = writeln!(
             out,
             "{test:<tw$}  {:<nw$}  {:>10.0}  {:>9.1}  {:>10.1}  {:>10}  {:>w$}",
@@ -181,14 +174,7 @@ fn render_costs(out: &mut String, r: &Report) {
         "client us/req",
         "client cs/req"
     );
-    let mut previous_test = "";
-    for x in &r.results {
-        let test = if x.test == previous_test {
-            ""
-        } else {
-            x.test.as_str()
-        };
-        previous_test = &x.test;
+    for (test, x) in labelled(&r.results) {
         let server = x.server.as_ref();
         let note = if server.is_some_and(|s| s.incomplete) {
             "  (a monitored process was gone)"
@@ -269,6 +255,14 @@ fn render_expectations(out: &mut String, r: &Report) {
             fmt_ratio(e.ratio)
         );
     }
+}
+
+/// Each result with the test name to print beside it: blank when it repeats the row above.
+fn labelled(results: &[TestResult]) -> impl Iterator<Item = (&str, &TestResult)> {
+    results.iter().enumerate().map(|(i, x)| {
+        let repeats = i > 0 && results[i - 1].test == x.test;
+        (if repeats { "" } else { x.test.as_str() }, x)
+    })
 }
 
 fn width<'a>(names: impl Iterator<Item = &'a str>, header: &str) -> usize {

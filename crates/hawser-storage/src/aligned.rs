@@ -199,9 +199,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn large_buffers_are_recycled_with_their_size() {
-        let len = RECYCLE_MIN_BYTES * 3 + 100; // a size no other test uses
+    /// A buffer of `len` bytes (a size no other test uses) is dropped, and the next one of
+    /// that size must be the same allocation; returns the second one.
+    fn reused_after_drop(len: usize) -> AlignedBuf {
         let mut a = AlignedBuf::for_overwrite(len);
         a.as_mut_slice().fill(9);
         let ptr = a.as_slice().as_ptr();
@@ -212,6 +212,14 @@ mod tests {
             ptr,
             "the dropped allocation was not reused"
         );
+        b
+    }
+
+    #[test]
+    fn large_buffers_are_recycled_with_their_size() {
+        let len = RECYCLE_MIN_BYTES * 3 + 100;
+        let b = reused_after_drop(len);
+        let ptr = b.as_slice().as_ptr();
         assert_eq!(b.len(), len);
         assert_eq!(b.as_slice().as_ptr() as usize % ALIGN, 0);
         // A different size never gets it.
@@ -226,17 +234,9 @@ mod tests {
 
     #[test]
     fn small_buffers_are_recycled_too_up_to_their_own_cap() {
-        let len = 3 * ALIGN + 1; // a size no other test uses: 4 pages
-        let a = AlignedBuf::for_overwrite(len);
-        let ptr = a.as_slice().as_ptr();
-        drop(a);
-        let b = AlignedBuf::for_overwrite(len);
-        assert_eq!(
-            b.as_slice().as_ptr(),
-            ptr,
-            "the dropped allocation was not reused"
-        );
-        // The small cap holds whatever large buffers are kept: never more than it.
+        let len = 3 * ALIGN + 1; // 4 pages
+        drop(reused_after_drop(len));
+        // However many are dropped at once, the list keeps no more than its cap.
         let n = SMALL_RECYCLE_MAX_BYTES / (4 * ALIGN) + 1;
         let many: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::for_overwrite(len)).collect();
         drop(many);
