@@ -229,7 +229,6 @@ where
 {
     Span::current().record("export", negotiated.name.as_str());
     debug!(size = negotiated.device.size(), "NBD transmission started");
-    let (reader, writer) = tokio::io::split(stream);
-    nbd_transmission::serve(reader, writer, negotiated.device, shutdown).await?;
+    nbd_transmission::serve(stream, negotiated.device, shutdown).await?;
     Ok(())
 }

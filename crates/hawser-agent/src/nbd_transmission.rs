@@ -1,34 +1,46 @@
-//! The NBD transmission phase of one connection: requests in, simple replies out.
+//! The NBD transmission phase of one connection: requests in, simple replies out, all on one
+//! task.
 //!
-//! Many requests are in flight at once. The reader validates each header, reads a write's
-//! payload and spawns one task per request; a single writer serialises the replies, each
-//! echoing its request's handle, in whatever order the requests finish. Back-pressure: the
-//! reader reads no new header while `MAX_IN_FLIGHT_REQUESTS` requests are unanswered, and
-//! holds a request back while `MAX_IN_FLIGHT_BYTES` of read or write data are outstanding.
+//! Many requests are in flight at once, and one task does everything for all of them: it reads
+//! headers (as many as one read brings in) and write payloads, starts each request on the
+//! device by polling its future for the first time right there (so the engine sends it to the
+//! replicas, and an idle engine may complete a small one, before the next header is looked
+//! at), collects the requests that finish, and writes their replies, all that are ready, with
+//! one write. Nothing is handed to another task or thread per request: no spawn, no channel,
+//! no semaphore. A completion that happens elsewhere (an I/O thread, a replica's reply) wakes
+//! this task, which then answers every request that finished meanwhile.
+//!
+//! Back-pressure: no new header is read while `MAX_IN_FLIGHT_REQUESTS` requests are
+//! unanswered (a reply counts as unanswered until its last byte is written), nor while a
+//! request's data would push the data held past `MAX_IN_FLIGHT_BYTES`. A client that stops
+//! reading replies therefore stops being read from, and memory stays bounded.
 //!
 //! A bad request (unknown command or flag, misaligned, out of range, too long a read) gets an
 //! error reply and the connection carries on. Broken framing (bad magic, or a write whose
-//! payload is too large to skip safely) ends the connection, as do `NBD_CMD_DISC` and server
-//! shutdown; in every case the requests already in flight are answered first.
-//!
-//! A data request of length 0 is refused with EINVAL: the spec leaves it unspecified, no real
-//! client sends it, and refusing it keeps every request the device sees non-empty.
+//! payload is too large to skip safely) ends the connection, as do `NBD_CMD_DISC`, end of
+//! stream and server shutdown; in every case the requests already in flight are answered
+//! first. If the socket fails, the requests in flight still run to completion (their replies
+//! are dropped): a write is never abandoned half-submitted.
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use hawser_core::IoError;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use hawser_storage::AlignedBuf;
-use hawser_wire::constants::{MAX_PAYLOAD_BYTES, SECTOR_BYTES};
-use hawser_wire::nbd::{self, Command, NbdError, Request, SimpleReply};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tracing::{debug, warn, Instrument};
+use hawser_wire::constants::MAX_PAYLOAD_BYTES;
+use hawser_wire::nbd::{self, Command, NbdError, Request};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tracing::debug;
 
 use crate::block::BlockDevice;
+use crate::nbd_buffers::{Input, Replies};
 use crate::nbd_errno::errno;
+use crate::nbd_request::{check_request, execute, Op};
 use crate::nbd_server::shutdown_requested;
 
 /// Requests one connection may have unanswered. Deep enough for fio/qemu queue depths of
@@ -36,10 +48,16 @@ use crate::nbd_server::shutdown_requested;
 pub const MAX_IN_FLIGHT_REQUESTS: usize = 128;
 /// Read and write data one connection may hold in memory at once.
 pub const MAX_IN_FLIGHT_BYTES: u32 = 128 * 1024 * 1024;
-/// Socket read buffer: many small headers per syscall; large payloads bypass it.
+/// Socket read buffer: many small headers and payloads per syscall.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
-/// Reply buffer: replies that are ready together go out in one syscall.
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
+/// A write payload with at least this much left to read is read straight into its own buffer
+/// rather than through the read buffer and a copy.
+const DIRECT_READ_MIN_BYTES: usize = 32 * 1024;
+/// Initial room for replies that go out together.
+const REPLY_BUFFER_BYTES: usize = 64 * 1024;
+/// Rounds of read, start, collect and write one wake-up may run before the task yields to
+/// others on its runtime thread (and is woken again at once).
+const MAX_ROUNDS_PER_WAKE: usize = 64;
 
 // A single maximal request must fit the budget, or it would wait forever.
 const _: () = assert!(MAX_IN_FLIGHT_BYTES >= MAX_PAYLOAD_BYTES);
@@ -57,470 +75,427 @@ pub enum TransmissionError {
     WriteTooLarge { handle: u64, length: u32 },
 }
 
-/// A request that passed validation, ready for the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Read {
-        offset: u64,
-        len: u32,
-    },
-    Write {
-        offset: u64,
-        len: u32,
-        fua: bool,
-    },
-    Flush,
-    Trim {
-        offset: u64,
-        len: u32,
-        fua: bool,
-    },
-    WriteZeroes {
-        offset: u64,
-        len: u32,
-        fua: bool,
-        may_trim: bool,
-    },
-}
-
-impl Op {
-    /// Bytes of data this request holds in memory while in flight.
-    fn data_bytes(&self) -> u32 {
-        match *self {
-            Op::Read { len, .. } | Op::Write { len, .. } => len,
-            _ => 0,
-        }
-    }
-}
-
-/// Validate a request against an export of `size` bytes; `Err` is the errno to reply with.
-///
-/// FUA is accepted on every command (the spec requires it once SEND_FUA is advertised);
-/// NO_HOLE only on WRITE_ZEROES; any other flag is EINVAL. Writes past the end get ENOSPC
-/// and other out-of-range requests EINVAL, as the spec recommends. FLUSH ignores its offset
-/// and length, which the spec reserves.
-pub fn check_request(req: &Request, size: u64) -> Result<Op, u32> {
-    let allowed = match req.command {
-        Command::WriteZeroes => nbd::CMD_FLAG_FUA | nbd::CMD_FLAG_NO_HOLE,
-        Command::Read | Command::Write | Command::Flush | Command::Trim => nbd::CMD_FLAG_FUA,
-        // DISC never reaches here; unknown commands carry no payload we could know about.
-        Command::Disc | Command::Unknown(_) => return Err(nbd::EINVAL),
-    };
-    if req.flags & !allowed != 0 {
-        return Err(nbd::EINVAL);
-    }
-    let fua = req.flags & nbd::CMD_FLAG_FUA != 0;
-    let (offset, len) = (req.offset, req.length);
-    match req.command {
-        Command::Read => {
-            if len > MAX_PAYLOAD_BYTES {
-                return Err(nbd::EOVERFLOW);
-            }
-            check_range(offset, len, size, nbd::EINVAL)?;
-            Ok(Op::Read { offset, len })
-        }
-        Command::Write => {
-            check_range(offset, len, size, nbd::ENOSPC)?;
-            Ok(Op::Write { offset, len, fua })
-        }
-        Command::Trim => {
-            check_range(offset, len, size, nbd::EINVAL)?;
-            Ok(Op::Trim { offset, len, fua })
-        }
-        Command::WriteZeroes => {
-            check_range(offset, len, size, nbd::ENOSPC)?;
-            let may_trim = req.flags & nbd::CMD_FLAG_NO_HOLE == 0;
-            Ok(Op::WriteZeroes {
-                offset,
-                len,
-                fua,
-                may_trim,
-            })
-        }
-        _ => Ok(Op::Flush),
-    }
-}
-
-fn check_range(offset: u64, len: u32, size: u64, beyond_end: u32) -> Result<(), u32> {
-    let len = u64::from(len);
-    if len == 0 || !offset.is_multiple_of(SECTOR_BYTES) || !len.is_multiple_of(SECTOR_BYTES) {
-        return Err(nbd::EINVAL);
-    }
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(beyond_end),
-    }
-}
-
-/// Capacity a request holds until its reply has been handed to the socket.
-struct Permits {
-    _slot: OwnedSemaphorePermit,
-    _bytes: Option<OwnedSemaphorePermit>,
-}
-
-/// One simple reply on its way to the writer. `data` is only set on a successful read.
-struct Reply {
-    handle: u64,
-    error: u32,
-    data: Option<Bytes>,
-    _permits: Permits,
-}
-
-/// Serve requests from `reader` until DISC, shutdown, EOF or a framing error, then wait for
-/// every request in flight to be answered on `writer` and shut the writer down.
-pub async fn serve<R, W>(
-    reader: R,
-    writer: W,
+/// Serve requests from `stream` until DISC, shutdown, end of stream or a framing error, then
+/// answer every request in flight and shut the stream's write side down.
+pub async fn serve<S>(
+    stream: S,
     device: Arc<dyn BlockDevice>,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), TransmissionError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT_REQUESTS);
-    let reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-    // The reader owns the only sender outside request tasks, so the writer ends exactly when
-    // the reader has stopped and every spawned request has sent its reply.
-    let (read, write) = tokio::join!(
-        read_requests(reader, device, tx, shutdown),
-        write_replies(writer, rx)
-    );
-    read?;
-    write.map_err(TransmissionError::Write)
-}
-
-/// The reader half: one header at a time, each turned into a spawned request or an error reply.
-async fn read_requests<R>(
-    mut reader: R,
-    device: Arc<dyn BlockDevice>,
-    tx: mpsc::Sender<Reply>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), TransmissionError>
 where
-    R: AsyncRead + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT_REQUESTS));
-    let budget = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES as usize));
-    // One future for the whole connection, not two per request: building and dropping the
-    // shutdown and writer-gone waits around every read cost more than the read itself.
-    let stopped = async {
-        tokio::select! {
-            () = shutdown_requested(&mut shutdown) => {}
-            () = tx.closed() => {}
+    let stop = shutdown_requested(&mut shutdown);
+    tokio::pin!(stop);
+    let mut conn = Connection::new(stream, device);
+    std::future::poll_fn(|cx| conn.poll(cx, stop.as_mut())).await
+}
+
+/// A request started on the device; resolves to its reply.
+type Running = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// A finished request: its reply, and the data budget it held.
+struct Done {
+    handle: u64,
+    error: u32,
+    data: Option<Bytes>,
+    holds: u32,
+}
+
+/// Where the reader is in the request stream.
+enum ReadState {
+    /// At a header boundary.
+    Header,
+    /// A valid request waiting for room in the data budget.
+    Admit { handle: u64, op: Op },
+    /// Reading a write's payload: `filled` of it so far.
+    Payload {
+        handle: u64,
+        op: Op,
+        buf: AlignedBuf,
+        filled: usize,
+    },
+    /// Skipping the payload of a refused write.
+    Skip { left: usize },
+}
+
+/// The reader's next state and what it did, or why reading ended: `None` for a clean end.
+type Next = Result<(ReadState, Step), Option<TransmissionError>>;
+
+/// What the reader did this round.
+enum Step {
+    /// Consumed input or started requests.
+    Progress,
+    /// Waits for the socket, a completion or a written reply.
+    Blocked,
+}
+
+struct Connection<S> {
+    stream: S,
+    device: Arc<dyn BlockDevice>,
+    size: u64,
+    input: Input,
+    state: ReadState,
+    running: FuturesUnordered<Running>,
+    /// Data bytes the running requests hold.
+    running_bytes: u64,
+    replies: Replies,
+    /// Whether requests are still read (not after DISC, end of stream, shutdown or an error).
+    reading: bool,
+    stopped: bool,
+    /// Why reading ended with an error, reported once everything in flight is answered.
+    failure: Option<TransmissionError>,
+    /// The socket failed writing: replies are dropped from then on.
+    write_failed: Option<io::Error>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
+    fn new(stream: S, device: Arc<dyn BlockDevice>) -> Connection<S> {
+        Connection {
+            stream,
+            size: device.size(),
+            device,
+            input: Input::with_capacity(READ_BUFFER_BYTES),
+            state: ReadState::Header,
+            running: FuturesUnordered::new(),
+            running_bytes: 0,
+            replies: Replies::new(REPLY_BUFFER_BYTES),
+            reading: true,
+            stopped: false,
+            failure: None,
+            write_failed: None,
         }
-    };
-    tokio::pin!(stopped);
-    loop {
-        let slot = unless_stopped(slots.clone().acquire_owned(), stopped.as_mut()).await;
-        // The semaphore is never closed, so only a stop ends the wait without a permit.
-        let Some(Ok(slot)) = slot else { return Ok(()) };
-        let mut header = [0u8; nbd::REQUEST_LEN];
-        match unless_stopped(reader.read_exact(&mut header), stopped.as_mut()).await {
-            None => return Ok(()),
-            Some(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                debug!("client closed the connection without NBD_CMD_DISC");
-                return Ok(());
+    }
+
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut stop: Pin<&mut impl Future<Output = ()>>,
+    ) -> Poll<Result<(), TransmissionError>> {
+        for _ in 0..MAX_ROUNDS_PER_WAKE {
+            if !self.stopped && stop.as_mut().poll(cx).is_ready() {
+                // Polled no more once resolved.
+                self.stopped = true;
+                if self.reading {
+                    debug!("server shutting down: no more requests on this connection");
+                    self.reading = false;
+                }
             }
-            Some(r) => r.map_err(TransmissionError::Read)?,
-        };
-        let req = Request::decode(&header)?;
+            let mut progress = false;
+            if self.reading {
+                progress |= matches!(self.read(cx), Step::Progress);
+            }
+            progress |= self.collect(cx);
+            progress |= self.write(cx);
+            let answered = self.write_failed.is_some() || self.replies.is_idle();
+            if !self.reading && self.running.is_empty() && answered {
+                return self.finish(cx);
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// Requests unanswered, and the data they hold.
+    fn held(&self) -> (usize, u64) {
+        (
+            self.running.len() + self.replies.held_requests(),
+            self.running_bytes + self.replies.held_bytes(),
+        )
+    }
+
+    /// Read and start requests until the socket has nothing more or a bound is reached.
+    fn read(&mut self, cx: &mut Context<'_>) -> Step {
+        let mut step = Step::Blocked;
+        loop {
+            let state = std::mem::replace(&mut self.state, ReadState::Header);
+            let next = match state {
+                ReadState::Header => self.header(cx),
+                ReadState::Admit { handle, op } => self.admit(handle, op),
+                ReadState::Payload {
+                    handle,
+                    op,
+                    buf,
+                    filled,
+                } => self.payload(cx, handle, op, buf, filled),
+                ReadState::Skip { left } => self.skip(cx, left),
+            };
+            match next {
+                Ok((state, Step::Progress)) => {
+                    self.state = state;
+                    step = Step::Progress;
+                }
+                Ok((state, Step::Blocked)) => {
+                    self.state = state;
+                    return step;
+                }
+                Err(end) => {
+                    self.reading = false;
+                    self.failure = end;
+                    return Step::Progress;
+                }
+            }
+            if !self.reading {
+                return Step::Progress;
+            }
+        }
+    }
+
+    /// The next header, if a request slot is free and the header has arrived.
+    fn header(&mut self, cx: &mut Context<'_>) -> Next {
+        if self.held().0 >= MAX_IN_FLIGHT_REQUESTS {
+            return Ok((ReadState::Header, Step::Blocked));
+        }
+        if self.input.len() < nbd::REQUEST_LEN {
+            return match self.fill(cx)? {
+                true => Ok((ReadState::Header, Step::Progress)),
+                false => Ok((ReadState::Header, Step::Blocked)),
+            };
+        }
+        let req =
+            Request::decode(&self.input.data()[..nbd::REQUEST_LEN]).map_err(|e| Some(e.into()))?;
+        self.input.consume(nbd::REQUEST_LEN);
         if req.command == Command::Disc {
             debug!("client sent NBD_CMD_DISC");
-            return Ok(());
+            self.reading = false;
+            return Ok((ReadState::Header, Step::Progress));
         }
         if req.payload_too_large() {
-            return Err(TransmissionError::WriteTooLarge {
+            return Err(Some(TransmissionError::WriteTooLarge {
                 handle: req.handle,
                 length: req.length,
-            });
+            }));
         }
-        dispatch(&mut reader, &device, &tx, &budget, req, slot).await?;
+        let state = match check_request(&req, self.size) {
+            Ok(op) => ReadState::Admit {
+                handle: req.handle,
+                op,
+            },
+            Err(error) => self.refuse(&req, error),
+        };
+        Ok((state, Step::Progress))
     }
-}
 
-/// Run `fut` unless `stopped` (the server shuts down, or the reply writer has gone away)
-/// resolves first. `stopped` must not be polled again once it resolved.
-async fn unless_stopped<F: Future>(
-    fut: F,
-    stopped: std::pin::Pin<&mut impl Future<Output = ()>>,
-) -> Option<F::Output> {
-    tokio::select! {
-        biased;
-        () = stopped => None,
-        out = fut => Some(out),
+    /// Answer a request that failed validation with `error`, without touching the device.
+    fn refuse(&mut self, req: &Request, error: u32) -> ReadState {
+        debug!(handle = req.handle, command = ?req.command, error, "refused NBD request");
+        self.reply(req.handle, error, None, 0);
+        match req.has_payload() {
+            // The payload of a refused write is still on the wire; skip it to stay in sync.
+            // (Its length is at most MAX_PAYLOAD_BYTES: `payload_too_large` came first.)
+            true => ReadState::Skip {
+                left: req.length as usize,
+            },
+            false => ReadState::Header,
+        }
     }
-}
 
-/// Validate one request, read its payload, and either spawn it or queue its error reply.
-async fn dispatch<R>(
-    reader: &mut R,
-    device: &Arc<dyn BlockDevice>,
-    tx: &mpsc::Sender<Reply>,
-    budget: &Arc<Semaphore>,
-    req: Request,
-    slot: OwnedSemaphorePermit,
-) -> Result<(), TransmissionError>
-where
-    R: AsyncRead + Unpin,
-{
-    let op = match check_request(&req, device.size()) {
-        Ok(op) => op,
-        Err(error) => return refuse(reader, tx, req, error, slot).await,
-    };
-    let bytes = match op.data_bytes() {
-        0 => None,
-        n => budget.clone().acquire_many_owned(n).await.ok(),
-    };
-    let payload = match op {
-        Op::Write { len, .. } => read_payload(reader, len)
-            .await
-            .map_err(TransmissionError::Read)?,
-        _ => Bytes::new(),
-    };
-    let permits = Permits {
-        _slot: slot,
-        _bytes: bytes,
-    };
-    let (device, tx, handle) = (Arc::clone(device), tx.clone(), req.handle);
-    let task = async move {
-        let (error, data) = match execute(device.as_ref(), op, payload).await {
-            Ok(data) => (0, data),
-            Err(e) => {
-                debug!(handle, ?op, error = %e, "NBD request failed");
-                (errno(e), None)
+    /// Start a valid request once its data fits the budget; a write reads its payload first.
+    fn admit(&mut self, handle: u64, op: Op) -> Next {
+        let want = u64::from(op.data_bytes());
+        if want > 0 && self.held().1 + want > u64::from(MAX_IN_FLIGHT_BYTES) {
+            return Ok((ReadState::Admit { handle, op }, Step::Blocked));
+        }
+        let state = match op {
+            Op::Write { len, .. } => ReadState::Payload {
+                handle,
+                op,
+                // Read straight into an aligned buffer: the replicas write with O_DIRECT, so
+                // the data reaches their disks without another copy.
+                buf: AlignedBuf::for_overwrite(len as usize),
+                filled: 0,
+            },
+            _ => {
+                self.start(handle, op, Bytes::new());
+                ReadState::Header
             }
         };
-        let _ = tx
-            .send(Reply {
+        Ok((state, Step::Progress))
+    }
+
+    fn payload(
+        &mut self,
+        cx: &mut Context<'_>,
+        handle: u64,
+        op: Op,
+        mut buf: AlignedBuf,
+        mut filled: usize,
+    ) -> Next {
+        let mut step = Step::Blocked;
+        loop {
+            let take = self.input.len().min(buf.len() - filled);
+            if take > 0 {
+                buf.as_mut_slice()[filled..filled + take]
+                    .copy_from_slice(&self.input.data()[..take]);
+                self.input.consume(take);
+                filled += take;
+                step = Step::Progress;
+            }
+            if filled == buf.len() {
+                self.start(handle, op, buf.into_bytes());
+                return Ok((ReadState::Header, Step::Progress));
+            }
+            let more = if buf.len() - filled >= DIRECT_READ_MIN_BYTES {
+                let mut tail = tokio::io::ReadBuf::new(&mut buf.as_mut_slice()[filled..]);
+                match Pin::new(&mut self.stream).poll_read(cx, &mut tail) {
+                    Poll::Ready(Ok(())) => {
+                        let n = tail.filled().len();
+                        filled += n;
+                        n > 0
+                    }
+                    Poll::Ready(Err(e)) => return Err(Some(TransmissionError::Read(e))),
+                    Poll::Pending => {
+                        return Ok((
+                            ReadState::Payload {
+                                handle,
+                                op,
+                                buf,
+                                filled,
+                            },
+                            step,
+                        ))
+                    }
+                }
+            } else {
+                match self.fill(cx) {
+                    Ok(true) => true,
+                    Ok(false) => {
+                        return Ok((
+                            ReadState::Payload {
+                                handle,
+                                op,
+                                buf,
+                                filled,
+                            },
+                            step,
+                        ))
+                    }
+                    Err(None) => false,
+                    Err(e) => return Err(e),
+                }
+            };
+            if !more {
+                return Err(Some(TransmissionError::Read(
+                    io::ErrorKind::UnexpectedEof.into(),
+                )));
+            }
+        }
+    }
+
+    fn skip(&mut self, cx: &mut Context<'_>, mut left: usize) -> Next {
+        let take = self.input.len().min(left);
+        self.input.consume(take);
+        left -= take;
+        if left == 0 {
+            return Ok((ReadState::Header, Step::Progress));
+        }
+        match self.fill(cx) {
+            Ok(true) => Ok((ReadState::Skip { left }, Step::Progress)),
+            Ok(false) => Ok((ReadState::Skip { left }, step_of(take > 0))),
+            Err(None) => Err(Some(TransmissionError::Read(
+                io::ErrorKind::UnexpectedEof.into(),
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Read more input: `Ok(true)` if some came, `Ok(false)` if the socket has none now,
+    /// `Err(None)` at end of stream (a clean end at a header boundary).
+    fn fill(&mut self, cx: &mut Context<'_>) -> Result<bool, Option<TransmissionError>> {
+        match self.input.poll_fill(cx, &mut self.stream) {
+            Poll::Pending => Ok(false),
+            Poll::Ready(Ok(0)) => {
+                debug!("client closed the connection without NBD_CMD_DISC");
+                Err(None)
+            }
+            Poll::Ready(Ok(_)) => Ok(true),
+            Poll::Ready(Err(e)) => Err(Some(TransmissionError::Read(e))),
+        }
+    }
+
+    /// Start `op` on the device. It is first polled by the next `collect`, on this task.
+    fn start(&mut self, handle: u64, op: Op, payload: Bytes) {
+        let holds = op.data_bytes();
+        self.running_bytes += u64::from(holds);
+        let device = Arc::clone(&self.device);
+        self.running.push(Box::pin(async move {
+            let (error, data) = match execute(device.as_ref(), op, payload).await {
+                Ok(data) => (0, data),
+                Err(e) => {
+                    debug!(handle, ?op, error = %e, "NBD request failed");
+                    (errno(e), None)
+                }
+            };
+            Done {
                 handle,
                 error,
                 data,
-                _permits: permits,
-            })
-            .await;
-    };
-    tokio::spawn(task.in_current_span());
-    Ok(())
-}
-
-/// Answer a request that failed validation with `error`, without touching the device.
-async fn refuse<R>(
-    reader: &mut R,
-    tx: &mpsc::Sender<Reply>,
-    req: Request,
-    error: u32,
-    slot: OwnedSemaphorePermit,
-) -> Result<(), TransmissionError>
-where
-    R: AsyncRead + Unpin,
-{
-    // The payload of a refused write is still on the wire; skip it to stay in sync.
-    if req.has_payload() {
-        discard(reader, req.length)
-            .await
-            .map_err(TransmissionError::Read)?;
-    }
-    debug!(handle = req.handle, command = ?req.command, error, "refused NBD request");
-    let permits = Permits {
-        _slot: slot,
-        _bytes: None,
-    };
-    let reply = Reply {
-        handle: req.handle,
-        error,
-        data: None,
-        _permits: permits,
-    };
-    // Fails only when the writer is gone, which the reader notices at its next wait.
-    let _ = tx.send(reply).await;
-    Ok(())
-}
-
-/// Read a write payload straight into an aligned buffer: the replicas write with O_DIRECT, so
-/// the data reaches their disks without another copy.
-async fn read_payload<R: AsyncRead + Unpin>(reader: &mut R, len: u32) -> io::Result<Bytes> {
-    let len = usize::try_from(len).map_err(io::Error::other)?;
-    let mut buf = AlignedBuf::for_overwrite(len);
-    reader.read_exact(buf.as_mut_slice()).await?;
-    Ok(buf.into_bytes())
-}
-
-async fn discard<R: AsyncRead + Unpin>(reader: &mut R, len: u32) -> io::Result<()> {
-    let len = u64::from(len);
-    let skipped = tokio::io::copy(&mut (&mut *reader).take(len), &mut tokio::io::sink()).await?;
-    if skipped < len {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(())
-}
-
-/// Perform one validated request. A successful read returns its data.
-async fn execute(
-    device: &dyn BlockDevice,
-    op: Op,
-    payload: Bytes,
-) -> Result<Option<Bytes>, IoError> {
-    match op {
-        Op::Read { offset, len } => {
-            let data = device.read(offset, len).await?;
-            // A short or long read would desynchronise the stream for every later reply.
-            if u32::try_from(data.len()) != Ok(len) {
-                warn!(
-                    offset,
-                    len,
-                    got = data.len(),
-                    "block device returned a wrong-sized read"
-                );
-                return Err(IoError::Io);
+                holds,
             }
-            Ok(Some(data))
+        }));
+    }
+
+    /// Poll the running requests; queue the replies of those that finished.
+    fn collect(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut any = false;
+        while let Poll::Ready(Some(done)) = self.running.poll_next_unpin(cx) {
+            self.running_bytes -= u64::from(done.holds);
+            self.reply(done.handle, done.error, done.data, done.holds);
+            any = true;
         }
-        Op::Write { offset, fua, .. } => device.write(offset, payload, fua).await.map(|()| None),
-        Op::Flush => device.flush().await.map(|()| None),
-        Op::Trim { offset, len, fua } => {
-            device.trim(offset, len).await?;
-            // TRIM has no FUA of its own on the device seam; a flush gives the same guarantee.
-            if fua {
-                device.flush().await?;
+        any
+    }
+
+    fn reply(&mut self, handle: u64, error: u32, data: Option<Bytes>, holds: u32) {
+        if self.write_failed.is_none() {
+            self.replies.push(handle, error, data, holds);
+        }
+    }
+
+    /// Write what replies are queued. True if that freed room for more requests.
+    fn write(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.write_failed.is_some() || self.replies.is_idle() {
+            return false;
+        }
+        let before = self.replies.held_requests();
+        match self.replies.poll_write(cx, &mut self.stream) {
+            Poll::Ready(Ok(())) => true,
+            Poll::Pending => self.replies.held_requests() < before,
+            Poll::Ready(Err(e)) => {
+                debug!(error = %e, "cannot write replies; finishing the requests in flight");
+                self.replies.discard();
+                self.write_failed = Some(e);
+                self.reading = false;
+                true
             }
-            Ok(None)
         }
-        Op::WriteZeroes {
-            offset,
-            len,
-            fua,
-            may_trim,
-        } => device
-            .write_zeroes(offset, len, fua, may_trim)
-            .await
-            .map(|()| None),
+    }
+
+    /// Everything is answered: shut the write side down and say how the connection ended.
+    fn finish(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), TransmissionError>> {
+        if self.write_failed.is_none() {
+            if let Err(e) = std::task::ready!(Pin::new(&mut self.stream).poll_shutdown(cx)) {
+                self.write_failed = Some(e);
+            }
+        }
+        Poll::Ready(match (self.failure.take(), self.write_failed.take()) {
+            (Some(e), _) => Err(e),
+            (None, Some(e)) => Err(TransmissionError::Write(e)),
+            (None, None) => Ok(()),
+        })
     }
 }
 
-/// The writer half: replies in completion order, batched while more are already waiting.
-async fn write_replies<W>(writer: W, mut rx: mpsc::Receiver<Reply>) -> io::Result<()>
-where
-    W: AsyncWrite + Unpin,
-{
-    let mut out = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
-    while let Some(reply) = rx.recv().await {
-        let header = SimpleReply {
-            error: reply.error,
-            handle: reply.handle,
-        }
-        .encode();
-        out.write_all(&header).await?;
-        if let Some(data) = &reply.data {
-            out.write_all(data).await?;
-        }
-        // The reply's data is buffered or sent: release its slot and budget now.
-        drop(reply);
-        if rx.is_empty() {
-            out.flush().await?;
-        }
+fn step_of(progress: bool) -> Step {
+    match progress {
+        true => Step::Progress,
+        false => Step::Blocked,
     }
-    out.shutdown().await
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SIZE: u64 = 1 << 20;
-
-    fn req(command: Command, flags: u16, offset: u64, length: u32) -> Request {
-        Request {
-            flags,
-            command,
-            handle: 9,
-            offset,
-            length,
-        }
-    }
-
-    #[test]
-    fn valid_requests_become_ops() {
-        let r = check_request(&req(Command::Read, 0, 512, 4096), SIZE);
-        assert_eq!(
-            r,
-            Ok(Op::Read {
-                offset: 512,
-                len: 4096
-            })
-        );
-        let w = check_request(&req(Command::Write, nbd::CMD_FLAG_FUA, 0, 512), SIZE);
-        assert_eq!(
-            w,
-            Ok(Op::Write {
-                offset: 0,
-                len: 512,
-                fua: true
-            })
-        );
-        let z = check_request(
-            &req(Command::WriteZeroes, nbd::CMD_FLAG_NO_HOLE, 0, 512),
-            SIZE,
-        );
-        assert_eq!(
-            z,
-            Ok(Op::WriteZeroes {
-                offset: 0,
-                len: 512,
-                fua: false,
-                may_trim: false
-            })
-        );
-        let t = check_request(
-            &req(Command::Trim, nbd::CMD_FLAG_FUA, SIZE - 512, 512),
-            SIZE,
-        );
-        assert_eq!(
-            t,
-            Ok(Op::Trim {
-                offset: SIZE - 512,
-                len: 512,
-                fua: true
-            })
-        );
-        // FLUSH ignores its reserved fields.
-        assert_eq!(
-            check_request(&req(Command::Flush, 0, 3, 7), SIZE),
-            Ok(Op::Flush)
-        );
-    }
-
-    #[test]
-    fn bad_requests_get_the_right_errno() {
-        let cases = [
-            (req(Command::Read, 0, 1, 512), nbd::EINVAL),
-            (req(Command::Read, 0, 0, 511), nbd::EINVAL),
-            (req(Command::Read, 0, 0, 0), nbd::EINVAL),
-            (req(Command::Read, 0, SIZE, 512), nbd::EINVAL),
-            (req(Command::Read, 0, u64::MAX - 511, 1024), nbd::EINVAL),
-            (
-                req(Command::Read, 0, 0, MAX_PAYLOAD_BYTES + 512),
-                nbd::EOVERFLOW,
-            ),
-            (
-                req(Command::Read, nbd::CMD_FLAG_NO_HOLE, 0, 512),
-                nbd::EINVAL,
-            ),
-            (req(Command::Read, nbd::CMD_FLAG_DF, 0, 512), nbd::EINVAL),
-            (req(Command::Write, 0, SIZE - 512, 1024), nbd::ENOSPC),
-            (req(Command::Write, 0, 0, 0), nbd::EINVAL),
-            (req(Command::WriteZeroes, 0, SIZE, 512), nbd::ENOSPC),
-            (
-                req(Command::WriteZeroes, nbd::CMD_FLAG_FAST_ZERO, 0, 512),
-                nbd::EINVAL,
-            ),
-            (req(Command::Trim, 0, SIZE, 512), nbd::EINVAL),
-            (req(Command::Flush, 1 << 15, 0, 0), nbd::EINVAL),
-            (req(Command::Unknown(5), 0, 0, 512), nbd::EINVAL),
-            (req(Command::Unknown(0xffff), 0, 0, 0), nbd::EINVAL),
-        ];
-        for (r, want) in cases {
-            assert_eq!(check_request(&r, SIZE), Err(want), "{r:?}");
-        }
-    }
-}
+#[path = "nbd_transmission_tests.rs"]
+mod tests;

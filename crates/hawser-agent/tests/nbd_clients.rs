@@ -142,7 +142,8 @@ async fn fio_randwrite_with_crc32c_verify() {
     if skip("fio") {
         return;
     }
-    let server = TestServer::start(MemDevice::new(128 * MIB)).await;
+    let device = MemDevice::with_latency(128 * MIB, std::time::Duration::from_millis(1));
+    let server = TestServer::start(device).await;
     let uri = server.tcp_uri();
     let uri_arg = format!("--uri={uri}");
     let args = [

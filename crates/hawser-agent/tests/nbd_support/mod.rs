@@ -48,6 +48,8 @@ pub struct MemDevice {
     in_flight: AtomicUsize,
     pub max_in_flight: AtomicUsize,
     gate: watch::Sender<bool>,
+    /// How long each request takes (`with_latency`); none by default.
+    latency: Option<std::time::Duration>,
 }
 
 impl MemDevice {
@@ -64,7 +66,17 @@ impl MemDevice {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             gate: watch::channel(true).0,
+            latency: None,
         })
+    }
+
+    /// A device whose every request takes `latency`, like a disk: the server runs a request
+    /// that completes in its first poll to its end before it reads the next header, so only
+    /// a device that makes requests wait shows whether the server keeps many in flight.
+    pub fn with_latency(size: u64, latency: std::time::Duration) -> Arc<MemDevice> {
+        let mut d = Arc::into_inner(MemDevice::new(size)).expect("just made");
+        d.latency = Some(latency);
+        Arc::new(d)
     }
 
     pub fn close_gate(&self) {
@@ -96,6 +108,9 @@ impl MemDevice {
         let guard = InFlight(self);
         let mut gate = self.gate.subscribe();
         let _ = gate.wait_for(|&open| open).await;
+        if let Some(latency) = self.latency {
+            tokio::time::sleep(latency).await;
+        }
         guard
     }
 
