@@ -6,12 +6,12 @@
 //! the sink hears `on_lost` exactly once; the engine then fails every request still in flight
 //! on it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
+use hawser_core::IdMap;
 use hawser_core::{ClientOp, ReplicaFailure, ReplicaResult, SubId};
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, FLAG_QUIET};
 use hawser_wire::grant::HelloRequest;
@@ -80,7 +80,7 @@ pub type CallReply = (Status, Option<Bytes>);
 
 struct Shared {
     /// Outstanding requests: sub -> (op, sent at). Pings included.
-    outstanding: Mutex<HashMap<SubId, (Op, Instant)>>,
+    outstanding: Mutex<IdMap<SubId, (Op, Instant)>>,
     /// When the last frame arrived from the replica.
     last_rx: Mutex<Instant>,
     closed: AtomicBool,
@@ -88,7 +88,7 @@ struct Shared {
     corrupt: AtomicBool,
     sink: Arc<dyn ReplySink>,
     /// Waiters of `call`s; dropped (the caller sees the connection lost) on close.
-    calls: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<CallReply>>>,
+    calls: Mutex<IdMap<u64, tokio::sync::oneshot::Sender<CallReply>>>,
     next_call: std::sync::atomic::AtomicU64,
 }
 
@@ -131,12 +131,12 @@ impl ReplicaClient {
                 addr: addr.into(),
             })??;
         let shared = Arc::new(Shared {
-            outstanding: Mutex::new(HashMap::new()),
+            outstanding: Mutex::new(IdMap::default()),
             last_rx: Mutex::new(Instant::now()),
             closed: AtomicBool::new(false),
             corrupt: AtomicBool::new(false),
             sink,
-            calls: Mutex::new(HashMap::new()),
+            calls: Mutex::new(IdMap::default()),
             next_call: std::sync::atomic::AtomicU64::new(CALL_ID_BASE),
         });
         let tasks = vec![

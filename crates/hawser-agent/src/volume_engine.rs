@@ -7,7 +7,6 @@
 //! background flushes, when the sessions policy (`hawser_core::driver::links`, the code the
 //! simulator runs) says so.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
@@ -15,6 +14,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use hawser_api::agent::{RecoveryReport, StartEngine};
 use hawser_api::controller::{QuorumLoss, ReplicaState};
+use hawser_core::IdMap;
 use hawser_core::{
     ClientOp, Command, Engine, EngineConfig, Initial, IoError, NoQuorum, ReplicaIdx, ReplicaSpec,
     Tag,
@@ -64,7 +64,7 @@ struct Inner {
     engine: Engine,
     keeper: Keeper,
     links: Links,
-    waiters: HashMap<Tag, oneshot::Sender<Result<Option<Bytes>, IoError>>>,
+    waiters: IdMap<Tag, oneshot::Sender<Result<Option<Bytes>, IoError>>>,
     next_tag: Tag,
 }
 
@@ -205,7 +205,7 @@ impl VolumeEngine {
                     1,
                 ),
                 links: Links::new(link_params(), vec![None; n], 0),
-                waiters: HashMap::new(),
+                waiters: IdMap::default(),
                 next_tag: 1,
             }),
             inflight: Semaphore::new(ENGINE_MAX_INFLIGHT),

@@ -23,7 +23,9 @@
 //! - A replica answering "stale epoch" means a newer engine exists: this engine fences itself
 //!   and fails everything with `IoError::ShutDown`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use crate::id_map::IdMap;
 
 use crate::bitmap::ChunkMap;
 use crate::constants::{
@@ -256,13 +258,13 @@ pub struct Engine {
     pub(crate) size: u64,
     pub(crate) cfg: EngineConfig,
     pub(crate) slots: Vec<Slot>,
-    pub(crate) pending: HashMap<Tag, Pending>,
-    pub(crate) subs: HashMap<SubId, (Tag, ReplicaIdx)>,
+    pub(crate) pending: IdMap<Tag, Pending>,
+    pub(crate) subs: IdMap<SubId, (Tag, ReplicaIdx)>,
     pub(crate) next_sub: SubId,
     pub(crate) locks: RangeLock<Work>,
     /// Parked requests, ordered for determinism.
     pub(crate) parked: BTreeSet<Tag>,
-    pub(crate) copies: HashMap<Tag, Copy>,
+    pub(crate) copies: IdMap<Tag, Copy>,
     pub(crate) next_internal: Tag,
     pub(crate) unflushed: Unflushed,
     pub(crate) fenced: bool,
@@ -330,12 +332,12 @@ impl Engine {
             size,
             cfg,
             slots,
-            pending: HashMap::new(),
-            subs: HashMap::new(),
+            pending: IdMap::default(),
+            subs: IdMap::default(),
             next_sub: 1,
             locks: RangeLock::default(),
             parked: BTreeSet::new(),
-            copies: HashMap::new(),
+            copies: IdMap::default(),
             next_internal: INTERNAL_TAG_BASE,
             unflushed: Unflushed::default(),
             fenced: false,

@@ -9,6 +9,7 @@ pub mod bitmap;
 pub mod constants;
 pub mod driver;
 pub mod engine;
+pub mod id_map;
 pub mod io_error;
 mod membership;
 pub mod range_lock;
@@ -22,6 +23,7 @@ pub use bitmap::ChunkMap;
 pub use engine::{
     Engine, EngineConfig, Initial, Membership, NoQuorum, Quorum, ReplicaSpec, ReplicaView,
 };
+pub use id_map::IdMap;
 pub use io_error::IoError;
 pub use recovery_plan::Plan;
 pub use resync::ResyncPoint;
