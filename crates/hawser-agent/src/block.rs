@@ -31,6 +31,28 @@ pub trait BlockDevice: Send + Sync + 'static {
     ) -> Result<(), IoError>;
 }
 
+tokio::task_local! {
+    /// Set by a frontend around each request it runs: whether the request is alone in its
+    /// connection's queue (nothing else of the connection running, no further request read
+    /// and waiting). A device may run a lone small request inline, which saves two thread
+    /// hops at queue depth 1; requests of a deeper queue run inline would be serialised.
+    static ALONE: bool;
+}
+
+/// Run `request` (a frontend's call into a device) knowing whether it is `alone`.
+pub fn with_queue_hint<F: std::future::Future>(
+    alone: bool,
+    request: F,
+) -> impl std::future::Future<Output = F::Output> {
+    ALONE.scope(alone, request)
+}
+
+/// Whether the request being polled is alone in its frontend's queue; true when no frontend
+/// said (callers inside the agent, tests), which leaves the choice to the device.
+pub fn request_is_alone() -> bool {
+    ALONE.try_with(|alone| *alone).unwrap_or(true)
+}
+
 /// Finds the device behind an NBD export name (a volume attached on this node).
 pub trait ExportRegistry: Send + Sync + 'static {
     fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>>;

@@ -37,7 +37,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::block::BlockDevice;
+use crate::block::{with_queue_hint, BlockDevice};
 use crate::nbd_buffers::{Input, Replies};
 use crate::nbd_errno::errno;
 use crate::nbd_request::{check_request, execute, Op};
@@ -421,21 +421,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         let holds = op.data_bytes();
         self.running_bytes += u64::from(holds);
         let device = Arc::clone(&self.device);
-        self.running.push(Box::pin(async move {
-            let (error, data) = match execute(device.as_ref(), op, payload).await {
-                Ok(data) => (0, data),
-                Err(e) => {
-                    debug!(handle, ?op, error = %e, "NBD request failed");
-                    (errno(e), None)
+        // Alone: nothing else running and no further header read. Only then may the device
+        // run it inline; otherwise this task would run a deep queue one request at a time.
+        let alone = self.running.is_empty() && self.input.len() < nbd::REQUEST_LEN;
+        self.running
+            .push(Box::pin(with_queue_hint(alone, async move {
+                let (error, data) = match execute(device.as_ref(), op, payload).await {
+                    Ok(data) => (0, data),
+                    Err(e) => {
+                        debug!(handle, ?op, error = %e, "NBD request failed");
+                        (errno(e), None)
+                    }
+                };
+                Done {
+                    handle,
+                    error,
+                    data,
+                    holds,
                 }
-            };
-            Done {
-                handle,
-                error,
-                data,
-                holds,
-            }
-        }));
+            })));
     }
 
     /// Poll the running requests; queue the replies of those that finished.

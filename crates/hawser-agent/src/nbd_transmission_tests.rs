@@ -36,6 +36,8 @@ struct MemDevice {
     finished: AtomicUsize,
     /// Requests whose future was dropped before it finished.
     abandoned: Arc<AtomicUsize>,
+    /// Per request started, whether the frontend said it was alone in its queue.
+    alone: Mutex<Vec<bool>>,
 }
 
 impl MemDevice {
@@ -55,6 +57,10 @@ impl MemDevice {
 
     async fn enter(&self) -> Finishing {
         self.started.fetch_add(1, Ordering::SeqCst);
+        self.alone
+            .lock()
+            .unwrap()
+            .push(crate::block::request_is_alone());
         let guard = Finishing {
             abandoned: Arc::clone(&self.abandoned),
             done: false,
@@ -425,6 +431,35 @@ async fn replies_that_finish_together_leave_in_one_write() {
         1,
         "16 replies ready at once took more than one write"
     );
+    drop(s.client);
+    s.server.await.unwrap().expect("a clean end");
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_a_request_alone_in_its_queue_is_called_alone() {
+    let mut s = start(MemDevice::new(), 1 << 20, 1 << 20);
+    let reads: HashMap<u64, u32> = (0..32).map(|h| (h, 4096)).collect();
+    // Queue depth 1: each request is sent after the previous reply.
+    for h in 0..4u64 {
+        s.client
+            .write_all(&request(Command::Read, h, h * 4096, 4096))
+            .await
+            .unwrap();
+        assert_eq!(reply(&mut s.client, &reads).await.0.error, 0);
+    }
+    // Sixteen at once: none is alone, though the device finishes each in its first poll
+    // (the engine would otherwise run them inline, one after another).
+    let mut wire = Vec::new();
+    for h in 16..32u64 {
+        wire.extend(request(Command::Read, h, h * 4096, 4096));
+    }
+    s.client.write_all(&wire).await.unwrap();
+    for _ in 16..32 {
+        assert_eq!(reply(&mut s.client, &reads).await.0.error, 0);
+    }
+    let alone = s.device.alone.lock().unwrap().clone();
+    assert_eq!(alone[..4], [true; 4]);
+    assert_eq!(alone[4..], [false; 16]);
     drop(s.client);
     s.server.await.unwrap().expect("a clean end");
 }

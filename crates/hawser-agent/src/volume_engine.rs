@@ -293,6 +293,18 @@ impl VolumeEngine {
     /// Run the driver's state machines (engine and journal keeper) under the lock, complete
     /// waiters, then carry out the rest in order.
     fn drive(&self, f: impl FnOnce(&mut Keeper, &mut Engine, &mut Vec<Act>)) {
+        self.drive_with(true, f)
+    }
+
+    /// `drive`, where `may_be_quiet` false rules out running anything inline (`send`): the
+    /// caller knows more requests follow. The engine alone cannot tell: a frontend that runs
+    /// each request to completion before it reads the next header would, at queue depth
+    /// 128, find the engine idle every time and run the whole queue inline, one at a time.
+    fn drive_with(
+        &self,
+        may_be_quiet: bool,
+        f: impl FnOnce(&mut Keeper, &mut Engine, &mut Vec<Act>),
+    ) {
         let mut acts = Vec::new();
         let mut rest = Vec::new();
         let quiet;
@@ -301,7 +313,7 @@ impl VolumeEngine {
             let inner = &mut *guard;
             f(&mut inner.keeper, &mut inner.engine, &mut acts);
             // At most one client request in flight: the queue-depth-1 case.
-            quiet = inner.engine.in_flight() <= 1;
+            quiet = may_be_quiet && inner.engine.in_flight() <= 1;
             let mut queue = std::collections::VecDeque::from(acts);
             while let Some(a) = queue.pop_front() {
                 match a {
@@ -358,7 +370,10 @@ impl VolumeEngine {
             inner.waiters.insert(tag, tx);
             tag
         };
-        self.drive(|k, e, acts| k.submit(e, tag, op, acts));
+        // A request its frontend knows has others queued behind it never runs inline, even
+        // if the engine has nothing else in flight yet (see `drive_with`).
+        let alone = crate::block::request_is_alone();
+        self.drive_with(alone, |k, e, acts| k.submit(e, tag, op, acts));
         rx.await.unwrap_or(Err(IoError::ShutDown))
     }
 
