@@ -338,49 +338,41 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 self.start(handle, op, buf.into_bytes());
                 return Ok((ReadState::Header, Step::Progress));
             }
+            // Some(true): bytes came; Some(false): end of stream; None: none yet.
             let more = if buf.len() - filled >= DIRECT_READ_MIN_BYTES {
                 let mut tail = tokio::io::ReadBuf::new(&mut buf.as_mut_slice()[filled..]);
                 match Pin::new(&mut self.stream).poll_read(cx, &mut tail) {
                     Poll::Ready(Ok(())) => {
                         let n = tail.filled().len();
                         filled += n;
-                        n > 0
+                        Some(n > 0)
                     }
                     Poll::Ready(Err(e)) => return Err(Some(TransmissionError::Read(e))),
-                    Poll::Pending => {
-                        return Ok((
-                            ReadState::Payload {
-                                handle,
-                                op,
-                                buf,
-                                filled,
-                            },
-                            step,
-                        ))
-                    }
+                    Poll::Pending => None,
                 }
             } else {
                 match self.fill(cx) {
-                    Ok(true) => true,
-                    Ok(false) => {
-                        return Ok((
-                            ReadState::Payload {
-                                handle,
-                                op,
-                                buf,
-                                filled,
-                            },
-                            step,
-                        ))
-                    }
-                    Err(None) => false,
+                    Ok(came) => came.then_some(true),
+                    Err(None) => Some(false),
                     Err(e) => return Err(e),
                 }
             };
-            if !more {
-                return Err(Some(TransmissionError::Read(
-                    io::ErrorKind::UnexpectedEof.into(),
-                )));
+            match more {
+                Some(true) => step = Step::Progress,
+                Some(false) => {
+                    return Err(Some(TransmissionError::Read(
+                        io::ErrorKind::UnexpectedEof.into(),
+                    )))
+                }
+                None => {
+                    let state = ReadState::Payload {
+                        handle,
+                        op,
+                        buf,
+                        filled,
+                    };
+                    return Ok((state, step));
+                }
             }
         }
     }
