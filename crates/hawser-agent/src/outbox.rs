@@ -22,6 +22,8 @@ use crate::tls_conn::Sealer;
 pub trait TryWrite: Send + Sync + 'static {
     fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
     fn writable(&self) -> impl std::future::Future<Output = io::Result<()>> + Send;
+    /// The socket's descriptor, for `shutdown(2)` (see [`Outbox::abort`]).
+    fn raw_fd(&self) -> std::os::fd::RawFd;
 }
 
 impl TryWrite for tokio::net::tcp::OwnedWriteHalf {
@@ -31,6 +33,9 @@ impl TryWrite for tokio::net::tcp::OwnedWriteHalf {
     async fn writable(&self) -> io::Result<()> {
         tokio::net::tcp::OwnedWriteHalf::writable(self).await
     }
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self.as_ref())
+    }
 }
 
 impl TryWrite for tokio::net::unix::OwnedWriteHalf {
@@ -39,6 +44,9 @@ impl TryWrite for tokio::net::unix::OwnedWriteHalf {
     }
     async fn writable(&self) -> io::Result<()> {
         tokio::net::unix::OwnedWriteHalf::writable(self).await
+    }
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self.as_ref())
     }
 }
 
@@ -251,6 +259,18 @@ impl<W: TryWrite> Outbox<W> {
         fail(&mut self.queue.lock().unwrap_or_else(|p| p.into_inner()));
         self.more.notify_one();
         self.less.notify_waiters();
+    }
+
+    /// End the connection now: refuse further pushes, drop what is queued, and shut the
+    /// socket down both ways, so the peer sees it end and a read on this side returns at
+    /// once. The descriptor itself closes when the last owner drops it, which may be much
+    /// later (a task still holding the read half, a request waiting for a reply that will
+    /// not come): until then the peer would otherwise keep its end, and what it holds, open.
+    pub fn abort(&self) {
+        self.close();
+        // SAFETY: shutdown(2) on the descriptor this outbox owns, open as long as `self` is;
+        // it changes the socket's state, not the descriptor, and touches no memory.
+        let _ = unsafe { libc::shutdown(self.socket.raw_fd(), libc::SHUT_RDWR) };
     }
 }
 

@@ -86,6 +86,8 @@ struct Shared {
     closed: AtomicBool,
     /// Set before closing when the replica sent a corrupt frame.
     corrupt: AtomicBool,
+    /// The connection's sending side, which `close` shuts down.
+    out: Arc<Outbox<OwnedWriteHalf>>,
     sink: Arc<dyn ReplySink>,
     /// Waiters of `call`s; dropped (the caller sees the connection lost) on close.
     calls: Mutex<IdMap<u64, tokio::sync::oneshot::Sender<CallReply>>>,
@@ -93,8 +95,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// The connection is over: the socket is shut down at once (see `Outbox::abort`), the
+    /// waiters are dropped and the sink hears of the loss, once.
     fn close(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
+            self.out.abort();
             self.outstanding
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -135,6 +140,7 @@ impl ReplicaClient {
             last_rx: Mutex::new(Instant::now()),
             closed: AtomicBool::new(false),
             corrupt: AtomicBool::new(false),
+            out: out.clone(),
             sink,
             calls: Mutex::new(IdMap::default()),
             next_call: std::sync::atomic::AtomicU64::new(CALL_ID_BASE),
@@ -261,9 +267,6 @@ impl ReplicaClient {
             h = h.with_payload(p);
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.shared.closed.load(Ordering::Acquire) {
-            return None;
-        }
         self.shared
             .calls
             .lock()
@@ -274,6 +277,16 @@ impl ReplicaClient {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, (op, Instant::now()));
+        // Checked after the waiter is in place: a close that ran before it could not have
+        // dropped it, and nothing would ever answer it.
+        if self.shared.closed.load(Ordering::Acquire) {
+            self.shared
+                .calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            return None;
+        }
         if push_frame(&self.out, &h, payload, true).is_err() {
             self.shared.close();
         }
@@ -473,3 +486,7 @@ async fn watchdog(shared: Arc<Shared>, out: Arc<Outbox<OwnedWriteHalf>>, epoch: 
         }
     }
 }
+
+#[cfg(test)]
+#[path = "replica_client_tests.rs"]
+mod tests;

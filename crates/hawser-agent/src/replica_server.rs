@@ -392,15 +392,8 @@ async fn request_loop(
             reply(out, (h.reply(Status::Unavailable), None));
             return Err(FrameIoError::Closed);
         };
-        // Nothing else in flight and a small request or a flush: run it here, saving the two
-        // thread wake-ups of the pool (the queue-depth-1 latency case; see `is_small` in the
-        // engine for why flushes too).
-        // Only on the engine's hint: a connection that looks idle may just be between frames
-        // of a deep queue, and running those inline would serialise them.
-        let small = (matches!(h.op, Op::Read | Op::Write) && h.length <= INLINE_IO_MAX_BYTES)
-            || h.op == Op::Flush;
         let idle = inflight.available_permits() == REPLICA_CONN_MAX_INFLIGHT - 1;
-        if small && h.is_quiet() && idle {
+        if runs_inline(&h, idle) {
             let r = execute(&replica, &h, payload);
             drop(entered);
             reply(out, r);
@@ -417,6 +410,20 @@ async fn request_loop(
             drop((permit, memory));
         });
     }
+}
+
+/// Whether a request runs on this connection's task rather than the I/O pool: a small read
+/// or write, nothing else in flight (`idle`), and the engine's hint that it has nothing else
+/// to send (a connection that looks idle may just be between frames of a deep queue, and
+/// running those inline would serialise them). That saves the two thread wake-ups of the
+/// pool at queue depth 1.
+///
+/// Never a flush: it takes as long as the disk wants (seconds on a busy one), and while a
+/// request runs inline the connection reads nothing, not even the client's pings, so the
+/// client would take a slow disk for a dead peer and drop a healthy replica.
+fn runs_inline(h: &FrameHeader, idle: bool) -> bool {
+    let small = matches!(h.op, Op::Read | Op::Write) && h.length <= INLINE_IO_MAX_BYTES;
+    small && h.is_quiet() && idle
 }
 
 /// Run one request against the replica (blocking) and build its reply.
@@ -470,5 +477,36 @@ pub fn status_of(e: ReplicaIoError) -> Status {
         ReplicaIoError::OutOfRange => Status::OutOfRange,
         ReplicaIoError::NoSpace => Status::NoSpace,
         ReplicaIoError::Io { .. } | ReplicaIoError::Failed => Status::IoError,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hawser_wire::frame::FLAG_QUIET;
+
+    use super::*;
+
+    fn quiet(op: Op, length: u32) -> FrameHeader {
+        let mut h = FrameHeader::request(op, 1, 1, 0, length);
+        h.flags |= FLAG_QUIET;
+        h
+    }
+
+    #[test]
+    fn only_small_quiet_reads_and_writes_of_an_idle_connection_run_inline() {
+        assert!(runs_inline(&quiet(Op::Write, 4096), true));
+        assert!(runs_inline(&quiet(Op::Read, INLINE_IO_MAX_BYTES), true));
+        assert!(!runs_inline(
+            &quiet(Op::Read, INLINE_IO_MAX_BYTES + 512),
+            true
+        ));
+        assert!(!runs_inline(&quiet(Op::Write, 4096), false));
+        assert!(!runs_inline(
+            &FrameHeader::request(Op::Write, 1, 1, 0, 4096),
+            true
+        ));
+        // A flush would stop the connection from answering pings for as long as it takes.
+        assert!(!runs_inline(&quiet(Op::Flush, 0), true));
+        assert!(!runs_inline(&quiet(Op::PutJournal, 0), true));
     }
 }

@@ -86,6 +86,11 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        // HAWSER_E2E_KEEP=1 keeps a failed test's directory (every log in full) for a look.
+        if std::thread::panicking() && std::env::var_os("HAWSER_E2E_KEEP").is_some() {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -1,0 +1,95 @@
+//! The connection's end as the replica sees it: against a peer that speaks the protocol by
+//! hand, over a real socket.
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+use super::*;
+
+/// Reports `on_lost`; replies are not expected.
+struct LossSink(mpsc::UnboundedSender<bool>);
+
+impl ReplySink for LossSink {
+    fn on_reply(&self, sub: SubId, result: ReplicaResult) {
+        panic!("a silent replica answered {sub}: {result:?}");
+    }
+    fn on_lost(&self, corrupt: bool) {
+        let _ = self.0.send(corrupt);
+    }
+}
+
+/// A replica that accepts one connection, answers its Hello, then reads requests and answers
+/// none. Resolves to the frames it read once the connection ends.
+async fn silent_replica() -> (String, tokio::task::JoinHandle<usize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let peer = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let (h, _) = read_frame(&mut s).await.expect("a Hello");
+        assert_eq!(h.op, Op::Hello);
+        let info = HelloInfo {
+            size: 1 << 20,
+            epoch: h.epoch,
+            generation: 1,
+            boot_id: 7,
+        }
+        .encode();
+        let reply = h.reply(Status::Ok).with_payload(&info);
+        s.write_all(&reply.encode()).await.expect("write");
+        s.write_all(&info).await.expect("write");
+        let mut frames = 0;
+        while read_frame(&mut s).await.is_ok() {
+            frames += 1;
+        }
+        frames
+    });
+    (addr, peer)
+}
+
+/// The watchdog gives up on a replica that stopped answering, and the replica sees the
+/// connection end at once, although the client object is still held (by a request waiting
+/// for a reply, say). Before, only dropping the last holder closed the socket: a replica
+/// whose client lingered kept its session, and with it the replica, open for good (a grow
+/// refused as "in use" until the engine's whole process exited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_given_up_on_sees_the_connection_end_while_the_client_is_held() {
+    let (addr, peer) = silent_replica().await;
+    let (tx, mut lost) = mpsc::unbounded_channel();
+    let hello = HelloRequest {
+        replica: "r".into(),
+        grant: None,
+    };
+    let (client, _) = ReplicaClient::connect(&addr, None, &hello, 1, Arc::new(LossSink(tx)))
+        .await
+        .expect("connect");
+    client.send(
+        1,
+        &ClientOp::Read {
+            offset: 0,
+            len: 4096,
+        },
+        false,
+    );
+    let wait = REPLICA_SILENCE_TIMEOUT + REPLICA_WATCHDOG_INTERVAL * 20;
+    let corrupt = timeout(wait, lost.recv())
+        .await
+        .expect("the watchdog gives up on a silent replica")
+        .expect("the sink is alive");
+    assert!(!corrupt);
+    let frames = timeout(Duration::from_secs(5), peer)
+        .await
+        .expect("the replica sees the connection end while the client is still held")
+        .expect("the peer task");
+    // The read, and the pings the watchdog sent before it gave up.
+    assert!(frames >= 2, "{frames} frames");
+    // A call on the dead connection fails at once rather than waiting for ever.
+    let answer = timeout(Duration::from_secs(5), client.call(Op::Flush, 0, 0, None))
+        .await
+        .expect("a call on a closed connection returns");
+    assert!(answer.is_none());
+    drop(client);
+}
