@@ -308,6 +308,10 @@ impl Drop for ReplicaClient {
         for t in &self.tasks {
             t.abort();
         }
+        // The outbox's drain task is not among them (aborting `writer` only detaches it),
+        // and it holds the socket until the outbox fails: without this a dropped client's
+        // connection stayed open, and the replica's session with it, for good.
+        self.out.abort();
     }
 }
 

@@ -52,9 +52,8 @@ async fn silent_replica() -> (String, tokio::task::JoinHandle<usize>) {
 
 /// The watchdog gives up on a replica that stopped answering, and the replica sees the
 /// connection end at once, although the client object is still held (by a request waiting
-/// for a reply, say). Before, only dropping the last holder closed the socket: a replica
-/// whose client lingered kept its session, and with it the replica, open for good (a grow
-/// refused as "in use" until the engine's whole process exited).
+/// for a reply, say): a replica whose connection lingers keeps its session, and with it the
+/// replica, open (a grow is refused as "in use").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_given_up_on_sees_the_connection_end_while_the_client_is_held() {
     let (addr, peer) = silent_replica().await;
@@ -92,4 +91,25 @@ async fn a_replica_given_up_on_sees_the_connection_end_while_the_client_is_held(
         .expect("a call on a closed connection returns");
     assert!(answer.is_none());
     drop(client);
+}
+
+/// Dropping the client ends the connection, whatever its tasks were doing: the outbox's drain
+/// task, which holds the socket, used to outlive it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_client_ends_its_connection() {
+    let (addr, peer) = silent_replica().await;
+    let (tx, _lost) = mpsc::unbounded_channel();
+    let hello = HelloRequest {
+        replica: "r".into(),
+        grant: None,
+    };
+    let (client, _) = ReplicaClient::connect(&addr, None, &hello, 1, Arc::new(LossSink(tx)))
+        .await
+        .expect("connect");
+    drop(client);
+    let frames = timeout(Duration::from_secs(5), peer)
+        .await
+        .expect("the replica sees the connection of a dropped client end")
+        .expect("the peer task");
+    assert_eq!(frames, 0);
 }
