@@ -191,16 +191,22 @@ impl Kubectl {
     }
 
     /// Waits until pod `name` has ended (Succeeded or Failed); returns the phase and logs.
+    /// Waits at most `timeout` for pod `name` to finish; returns its phase (whatever it is
+    /// then, so the caller can say more than "timed out": `describe` tells why a pod never
+    /// ran) and its stdout.
     pub fn wait_pod_done(&self, name: &str, timeout: Duration) -> (String, String) {
-        let mut phase = String::new();
-        wait_until(&format!("pod {name} to finish"), timeout, || {
-            phase = self
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let phase = self
                 .get_json(&["pod", name])
                 .and_then(|p| p["status"]["phase"].as_str().map(str::to_string))
                 .unwrap_or_default();
-            phase == "Succeeded" || phase == "Failed"
-        });
-        (phase, self.pod_stdout(name))
+            let done = phase == "Succeeded" || phase == "Failed";
+            if done || std::time::Instant::now() >= deadline {
+                return (phase, self.pod_stdout(name));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// What pod `name` (namespace default, container `c`) wrote to stdout.

@@ -97,6 +97,22 @@ fn run_pod(k: &KubeCluster, name: &str, claim: &str, block: bool, script: &str) 
     logs
 }
 
+/// Waits for a claim to be bound before a pod uses it. A pod created first is scheduled
+/// against an unbound claim, fails, and waits in the scheduler's unschedulable queue until an
+/// event it takes as a hint, or for up to 5 minutes. Once, a writer pod was never placed
+/// within the pod timeout (no attach was ever started for it) although its volume had been
+/// created at once: that is the scheduler's business, not what this test is about.
+fn wait_bound(k: &KubeCluster, claim: &str) {
+    wait_until(
+        &format!("claim {claim} to be bound"),
+        Duration::from_secs(60),
+        || {
+            k.get_json(&["pvc", claim])
+                .is_some_and(|p| p["status"]["phase"].as_str() == Some("Bound"))
+        },
+    );
+}
+
 const WRITE_FILES: &str = "mkdir -p /data/d && for i in 1 2 3 4 5; do \
     dd if=/dev/urandom of=/data/d/f$i bs=64k count=16 2>/dev/null || exit 1; done && \
     sync && sha256sum /data/d/* > /data/sums && cat /data/sums";
@@ -105,6 +121,7 @@ const READ_FILES: &str = "sha256sum -c /data/sums >&2 && cat /data/sums";
 fn files_survive_a_new_pod(k: &KubeCluster, claim: &str, class: &str, size: &str) {
     let start = Instant::now();
     k.apply(&pvc(claim, class, size, false));
+    wait_bound(k, claim);
     let written = run_pod(k, &format!("{claim}-writer"), claim, false, WRITE_FILES);
     eprintln!(
         "{claim}: PVC created to first pod done: {:?}",
@@ -189,6 +206,7 @@ fn pods_on_a_real_kubelet_use_hawser_volumes() {
 
     // Raw block: one pod writes a pattern to the device, another reads it back.
     k.apply(&pvc("data-block", "hawser-2r", "32Mi", true));
+    wait_bound(&k, "data-block");
     let wrote = run_pod(
         &k,
         "block-writer",
