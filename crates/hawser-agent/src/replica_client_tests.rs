@@ -50,6 +50,19 @@ async fn silent_replica() -> (String, tokio::task::JoinHandle<usize>) {
     (addr, peer)
 }
 
+/// A client of replica "r" at `addr`, and where its `on_lost` goes.
+async fn connect(addr: &str) -> (ReplicaClient, mpsc::UnboundedReceiver<bool>) {
+    let (tx, lost) = mpsc::unbounded_channel();
+    let hello = HelloRequest {
+        replica: "r".into(),
+        grant: None,
+    };
+    let (client, _) = ReplicaClient::connect(addr, None, &hello, 1, Arc::new(LossSink(tx)))
+        .await
+        .expect("connect");
+    (client, lost)
+}
+
 /// The watchdog gives up on a replica that stopped answering, and the replica sees the
 /// connection end at once, although the client object is still held (by a request waiting
 /// for a reply, say): a replica whose connection lingers keeps its session, and with it the
@@ -57,14 +70,7 @@ async fn silent_replica() -> (String, tokio::task::JoinHandle<usize>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_given_up_on_sees_the_connection_end_while_the_client_is_held() {
     let (addr, peer) = silent_replica().await;
-    let (tx, mut lost) = mpsc::unbounded_channel();
-    let hello = HelloRequest {
-        replica: "r".into(),
-        grant: None,
-    };
-    let (client, _) = ReplicaClient::connect(&addr, None, &hello, 1, Arc::new(LossSink(tx)))
-        .await
-        .expect("connect");
+    let (client, mut lost) = connect(&addr).await;
     client.send(
         1,
         &ClientOp::Read {
@@ -98,14 +104,7 @@ async fn a_replica_given_up_on_sees_the_connection_end_while_the_client_is_held(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_client_ends_its_connection() {
     let (addr, peer) = silent_replica().await;
-    let (tx, _lost) = mpsc::unbounded_channel();
-    let hello = HelloRequest {
-        replica: "r".into(),
-        grant: None,
-    };
-    let (client, _) = ReplicaClient::connect(&addr, None, &hello, 1, Arc::new(LossSink(tx)))
-        .await
-        .expect("connect");
+    let (client, _lost) = connect(&addr).await;
     drop(client);
     let frames = timeout(Duration::from_secs(5), peer)
         .await
