@@ -190,7 +190,6 @@ impl Kubectl {
         serde_json::from_slice(&out.stdout).ok()
     }
 
-    /// Waits until pod `name` has ended (Succeeded or Failed); returns the phase and logs.
     /// Waits at most `timeout` for pod `name` to finish; returns its phase (whatever it is
     /// then, so the caller can say more than "timed out": `describe` tells why a pod never
     /// ran) and its stdout.
