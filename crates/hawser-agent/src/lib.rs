@@ -20,6 +20,7 @@ pub mod nbd_transmission;
 pub mod node_storage;
 pub mod node_tls;
 pub mod outbox;
+mod own_wake;
 pub mod rate_limit;
 pub mod recovery;
 pub mod replica_access;

@@ -42,6 +42,7 @@ use crate::nbd_buffers::{Input, Replies};
 use crate::nbd_errno::errno;
 use crate::nbd_request::{check_request, execute, Op};
 use crate::nbd_server::shutdown_requested;
+use crate::own_wake::OwnWake;
 
 /// Requests one connection may have unanswered. Deep enough for fio/qemu queue depths of
 /// 32-64 plus slack; at the bound the reader stops reading, so the client's socket fills up.
@@ -147,6 +148,8 @@ struct Connection<S> {
     failure: Option<TransmissionError>,
     /// The socket failed writing: replies are dropped from then on.
     write_failed: Option<io::Error>,
+    /// The waker `running` gets (see `own_wake`).
+    own_wake: OwnWake,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
@@ -164,6 +167,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             stopped: false,
             failure: None,
             write_failed: None,
+            own_wake: OwnWake::default(),
         }
     }
 
@@ -434,15 +438,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             })));
     }
 
-    /// Poll the running requests; queue the replies of those that finished.
+    /// Poll the running requests; queue the replies of those that finished. True if any did,
+    /// or if one was woken meanwhile (another round then polls it).
     fn collect(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut any = false;
-        while let Poll::Ready(Some(done)) = self.running.poll_next_unpin(cx) {
-            self.running_bytes -= u64::from(done.holds);
-            self.reply(done.handle, done.error, done.data, done.holds);
-            any = true;
-        }
-        any
+        let Connection {
+            own_wake,
+            running,
+            running_bytes,
+            replies,
+            write_failed,
+            ..
+        } = self;
+        let (any, woken) = own_wake.poll(cx, |cx| {
+            let mut any = false;
+            while let Poll::Ready(Some(done)) = running.poll_next_unpin(cx) {
+                *running_bytes -= u64::from(done.holds);
+                if write_failed.is_none() {
+                    replies.push(done.handle, done.error, done.data, done.holds);
+                }
+                any = true;
+            }
+            any
+        });
+        any || woken
     }
 
     fn reply(&mut self, handle: u64, error: u32, data: Option<Bytes>, holds: u32) {

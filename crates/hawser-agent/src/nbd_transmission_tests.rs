@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -462,4 +463,67 @@ async fn only_a_request_alone_in_its_queue_is_called_alone() {
     assert_eq!(alone[4..], [false; 16]);
     drop(s.client);
     s.server.await.unwrap().expect("a clean end");
+}
+
+/// Polls `inner` and counts the wake-ups it gives its own task while being polled: tokio
+/// requeues a task woken while it runs and wakes another worker thread to no purpose.
+struct CountSelfWakes<F> {
+    inner: Pin<Box<F>>,
+    count: Arc<SelfWakes>,
+}
+
+#[derive(Default)]
+struct SelfWakes {
+    polling: std::sync::atomic::AtomicBool,
+    during: AtomicUsize,
+    task: futures_util::task::AtomicWaker,
+}
+
+impl futures_util::task::ArcWake for SelfWakes {
+    fn wake_by_ref(me: &Arc<Self>) {
+        if me.polling.load(Ordering::SeqCst) {
+            me.during.fetch_add(1, Ordering::SeqCst);
+        }
+        me.task.wake();
+    }
+}
+
+impl<F: Future> Future for CountSelfWakes<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.count.task.register(cx.waker());
+        self.count.polling.store(true, Ordering::SeqCst);
+        let waker = futures_util::task::waker(self.count.clone());
+        let out = self.inner.as_mut().poll(&mut Context::from_waker(&waker));
+        self.count.polling.store(false, Ordering::SeqCst);
+        out
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_request_in_flight_does_not_wake_its_own_task() {
+    let gate = Arc::new(Semaphore::new(0));
+    let device = Arc::new(MemDevice::gated(&gate));
+    let (mut client, server_end) = tokio::io::duplex(1 << 20);
+    let (_tx, rx) = watch::channel(false);
+    let dev: Arc<dyn BlockDevice> = device.clone();
+    let count = Arc::new(SelfWakes::default());
+    let server = tokio::spawn(CountSelfWakes {
+        inner: Box::pin(serve(server_end, dev, rx)),
+        count: count.clone(),
+    });
+    let reads: HashMap<u64, u32> = (0..4).map(|h| (h, 4096)).collect();
+    for h in 0..4u64 {
+        client
+            .write_all(&request(Command::Read, h, h * 4096, 4096))
+            .await
+            .unwrap();
+        settle().await;
+        assert_eq!(device.started.load(Ordering::SeqCst), h as usize + 1);
+        gate.add_permits(1);
+        assert_eq!(reply(&mut client, &reads).await.0.error, 0);
+    }
+    assert_eq!(count.during.load(Ordering::SeqCst), 0);
+    drop(client);
+    server.await.unwrap().expect("a clean end");
 }

@@ -402,11 +402,11 @@ async fn request_loop(
         }
         let replica = replica.clone();
         let out = out.clone();
+        let inflight = inflight.clone();
         io_pool::spawn(move || {
             let r = execute(&replica, &h, payload);
             drop(entered);
-            // Under load: the drain task batches replies into few writes.
-            reply_now(&out, r, false);
+            reply_now(&out, r, alone(inflight.available_permits()));
             drop((permit, memory));
         });
     }
@@ -424,6 +424,16 @@ async fn request_loop(
 fn runs_inline(h: &FrameHeader, idle: bool) -> bool {
     let small = matches!(h.op, Op::Read | Op::Write) && h.length <= INLINE_IO_MAX_BYTES;
     small && h.is_quiet() && idle
+}
+
+/// Whether a request that ran on the I/O pool is alone on its connection, given the in-flight
+/// permits left: then the pool thread writes its reply (a flush at queue depth 1), sparing the
+/// wake-up of the drain task through the runtime (an eventfd write, an epoll wake-up, and
+/// often a second runtime thread woken to take the I/O driver). Under load the drain task
+/// batches replies into few writes. Held when alone: this request's permit, and the one the
+/// loop takes before it reads the next header.
+fn alone(available_permits: usize) -> bool {
+    available_permits + 2 >= REPLICA_CONN_MAX_INFLIGHT
 }
 
 /// Run one request against the replica (blocking) and build its reply.
@@ -490,6 +500,15 @@ mod tests {
         let mut h = FrameHeader::request(op, 1, 1, 0, length);
         h.flags |= FLAG_QUIET;
         h
+    }
+
+    #[test]
+    fn a_pooled_request_is_alone_only_beside_the_loops_own_permit() {
+        let max = REPLICA_CONN_MAX_INFLIGHT;
+        assert!(alone(max - 1));
+        assert!(alone(max - 2));
+        assert!(!alone(max - 3));
+        assert!(!alone(0));
     }
 
     #[test]
