@@ -1,17 +1,24 @@
 //! A replicated volume without the control plane: two nodes' storage in one process, a replica
 //! server for the remote one, an engine with one local and one remote replica, exported over
 //! NBD; real fio writes and verifies through it, then the two replica files must be identical.
+//! Several NBD connections to the one volume (multi-conn): what one connection wrote, every
+//! other reads, and a flush on any of them covers it.
+#![allow(clippy::cast_possible_truncation)]
 
+mod nbd_support;
 mod node_support;
 
 use std::process::Command;
 use std::sync::Arc;
 
 use hawser_agent::engines::Engines;
+use hawser_agent::node_storage::NodeStorage;
 use hawser_agent::rate_limit::ResyncRates;
 use hawser_agent::{nbd_server, replica_server};
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::ReplicaState;
+use hawser_wire::nbd::{self, Command as NbdCommand};
+use nbd_support::raw_client::{export_info, RawClient};
 use node_support::{node, TempDir};
 use tokio::net::TcpListener;
 
@@ -25,13 +32,20 @@ fn have(bin: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fio_verify_on_two_replicas_and_files_identical() {
-    if !have("fio") {
-        eprintln!("SKIP: fio not installed (make test installs it)");
-        return;
-    }
-    let dir = TempDir::new("engine");
+/// Two nodes' storage, a replica server for b's, and an engine on a with one replica on each,
+/// exported over NBD on TCP.
+struct Replicated {
+    _dir: TempDir,
+    a: Arc<NodeStorage>,
+    b: Arc<NodeStorage>,
+    req: StartEngine,
+    engines: Arc<Engines>,
+    port: u16,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+async fn replicated(label: &str) -> Replicated {
+    let dir = TempDir::new(label);
     let a = node(&dir.0, "a", SIZE);
     let b = node(&dir.0, "b", SIZE);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -81,6 +95,43 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
         stop_rx.clone(),
     ));
 
+    Replicated {
+        _dir: dir,
+        a,
+        b,
+        req,
+        engines,
+        port,
+        stop: stop_tx,
+    }
+}
+
+impl Replicated {
+    /// Stop the engine and the servers; the two replica files.
+    async fn finish(self) -> (Vec<u8>, Vec<u8>) {
+        assert!(self.engines.stop("vol").await);
+        let _ = self.stop.send(true);
+        let fa = std::fs::read(self.a.replica("vol-a").expect("a").data_path()).expect("read a");
+        let fb = std::fs::read(self.b.replica("vol-b").expect("b").data_path()).expect("read b");
+        (fa, fb)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fio_verify_on_two_replicas_and_files_identical() {
+    if !have("fio") {
+        eprintln!("SKIP: fio not installed (make test installs it)");
+        return;
+    }
+    let r = replicated("engine-fio").await;
+    let Replicated {
+        a,
+        req,
+        engines,
+        port,
+        ..
+    } = &r;
+    let (a, req, engines, port) = (a.clone(), req.clone(), engines.clone(), *port);
     for iodepth in [1, 32] {
         // At queue depth 32 the engine is swapped for one of a newer epoch again and again
         // while fio runs (as a membership change does): fio must see no error.
@@ -130,11 +181,98 @@ async fn fio_verify_on_two_replicas_and_files_identical() {
         eprintln!("iodepth {iodepth}: {swaps} engine swaps under fio");
         assert!(iodepth == 1 || swaps > 0, "no swap happened while fio ran");
     }
-    assert!(engines.stop("vol").await);
-    let _ = stop_tx.send(true);
-    let fa = std::fs::read(a.replica("vol-a").expect("a").data_path()).expect("read a");
-    let fb = std::fs::read(b.replica("vol-b").expect("b").data_path()).expect("read b");
+    let (fa, fb) = r.finish().await;
     assert_eq!(fa.len(), fb.len());
     assert!(fa == fb, "replica files differ");
     assert!(fa.iter().any(|&x| x != 0), "nothing was written");
+}
+
+/// NBD_FLAG_CAN_MULTI_CONN promises that a client with several connections to an export sees
+/// one device: a write answered on one connection is read by every other, and a flush on any
+/// connection covers every write answered before it on all of them. Four connections each
+/// write a queue of requests at once; then each reads back what all four wrote, one flushes,
+/// and both replica files hold every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_conn_one_device_seen_from_every_connection() {
+    const CONNS: u64 = 4;
+    const WRITES: u64 = 32;
+    const BS: u64 = 4096;
+    let r = replicated("engine-multi-conn").await;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", r.port).parse().expect("addr");
+    let mut conns = Vec::new();
+    for _ in 0..CONNS {
+        let flags = nbd::CLIENT_FIXED_NEWSTYLE | nbd::CLIENT_NO_ZEROES;
+        let mut c = RawClient::connect(addr, flags).await;
+        let replies = c.info(nbd::OPT_GO, "vol", &[]).await;
+        assert_eq!(
+            replies.last().expect("GO answered").reply_type,
+            nbd::REP_ACK
+        );
+        let (size, tflags) = export_info(&replies).expect("GO gives NBD_INFO_EXPORT");
+        assert_eq!(size, SIZE);
+        assert_ne!(
+            tflags & nbd::TFLAG_CAN_MULTI_CONN,
+            0,
+            "multi-conn not offered"
+        );
+        conns.push(c);
+    }
+    // Block `w` of connection `c`: interleaved, so neighbours come from different connections.
+    let offset = |c: u64, w: u64| (w * CONNS + c) * BS * 3;
+    let data = |c: u64, w: u64| -> Vec<u8> {
+        (0..BS)
+            .map(|i| (i as u8) ^ (c as u8 * 61) ^ (w as u8))
+            .collect()
+    };
+    // Every connection sends its whole queue before any waits for a reply.
+    let writers = conns.into_iter().enumerate().map(|(c, mut conn)| {
+        let c = c as u64;
+        tokio::spawn(async move {
+            for w in 0..WRITES {
+                conn.write(w, offset(c, w), &data(c, w)).await;
+            }
+            for _ in 0..WRITES {
+                let (reply, _) = conn.reply(0).await;
+                assert_eq!(reply.error, 0, "write {} on connection {c}", reply.handle);
+            }
+            conn
+        })
+    });
+    let mut conns = Vec::new();
+    for w in writers {
+        conns.push(w.await.expect("writer"));
+    }
+    // Every connection reads every block, its own and the other three's.
+    for (reader, conn) in conns.iter_mut().enumerate() {
+        for c in 0..CONNS {
+            for w in 0..WRITES {
+                conn.request(NbdCommand::Read, 0, w, offset(c, w), BS as u32)
+                    .await;
+                let (reply, got) = conn.reply(BS as usize).await;
+                assert_eq!(reply.error, 0);
+                assert!(
+                    got == data(c, w),
+                    "connection {reader} read block {w} of connection {c} wrong"
+                );
+            }
+        }
+    }
+    // One flush, on a connection that wrote a quarter of it all.
+    conns[3].request(NbdCommand::Flush, 0, 99, 0, 0).await;
+    let (reply, _) = conns[3].reply(0).await;
+    assert_eq!((reply.handle, reply.error), (99, 0));
+    for mut conn in conns {
+        conn.request(NbdCommand::Disc, 0, 0, 0, 0).await;
+    }
+    let (fa, fb) = r.finish().await;
+    for c in 0..CONNS {
+        for w in 0..WRITES {
+            let at = offset(c, w) as usize..(offset(c, w) + BS) as usize;
+            assert!(
+                fa[at.clone()] == data(c, w)[..],
+                "replica a lacks block {w} of {c}"
+            );
+            assert!(fb[at] == data(c, w)[..], "replica b lacks block {w} of {c}");
+        }
+    }
 }

@@ -181,10 +181,17 @@ impl RawClient {
 
 /// The export size in the NBD_INFO_EXPORT reply, if there is one.
 pub fn export_size(replies: &[OptReply]) -> Option<u64> {
+    export_info(replies).map(|(size, _)| size)
+}
+
+/// The export's size and transmission flags, from NBD_INFO_EXPORT.
+pub fn export_info(replies: &[OptReply]) -> Option<(u64, u16)> {
     replies.iter().find_map(|r| {
         let p = &r.payload;
         let is_export = r.reply_type == nbd::REP_INFO && p.len() == nbd::INFO_EXPORT_LEN;
-        (is_export && p[0..2] == nbd::INFO_EXPORT.to_be_bytes())
-            .then(|| u64::from_be_bytes(p[2..10].try_into().expect("8 bytes")))
+        (is_export && p[0..2] == nbd::INFO_EXPORT.to_be_bytes()).then(|| {
+            let size = u64::from_be_bytes(p[2..10].try_into().expect("8 bytes"));
+            (size, u16::from_be_bytes([p[10], p[11]]))
+        })
     })
 }
