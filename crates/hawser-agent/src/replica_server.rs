@@ -31,7 +31,7 @@ use hawser_wire::grant::{HelloRequest, MAX_HELLO_BYTES};
 use hawser_wire::journal::StoredReport;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedRwLockReadGuard, RwLock, Semaphore};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedSemaphorePermit, RwLock, Semaphore};
 use tracing::Instrument;
 
 use crate::constants::{
@@ -400,15 +400,72 @@ async fn request_loop(
             drop((permit, memory));
             continue;
         }
-        let replica = replica.clone();
-        let out = out.clone();
-        let inflight = inflight.clone();
-        io_pool::spawn(move || {
-            let r = execute(&replica, &h, payload);
-            drop(entered);
-            reply_now(&out, r, alone(inflight.available_permits()));
-            drop((permit, memory));
-        });
+        let done = Done {
+            h,
+            replica: replica.clone(),
+            out: out.clone(),
+            inflight: inflight.clone(),
+            held: (entered, permit, memory),
+        };
+        start(&replica, h, payload, done);
+    }
+}
+
+/// What a request started off the connection's task holds until it is answered.
+struct Done {
+    h: FrameHeader,
+    replica: Arc<Replica>,
+    out: Replies,
+    inflight: Arc<Semaphore>,
+    held: (
+        OwnedRwLockReadGuard<()>,
+        OwnedSemaphorePermit,
+        OwnedSemaphorePermit,
+    ),
+}
+
+impl Done {
+    /// Answer with the request's result (on whichever thread finished it).
+    fn finish(self, result: Result<Option<Bytes>, ReplicaIoError>) {
+        let Done {
+            h,
+            replica,
+            out,
+            inflight,
+            held: (entered, permit, memory),
+        } = self;
+        let r = reply_of(&replica, &h, result);
+        drop(entered);
+        reply_now(&out, r, alone(inflight.available_permits()));
+        drop((permit, memory));
+    }
+}
+
+/// Start a request that does not run inline: reads and writes on the io_uring
+/// (`hawser_storage::ring`); everything else, and what the ring cannot take now, on the I/O
+/// pool. A flush too: the kernel runs an io_uring fsync on a worker thread of its own, which
+/// costs one more wake-up than a pool thread (measured at queue depth 1).
+fn start(replica: &Arc<Replica>, h: FrameHeader, payload: Option<Bytes>, done: Done) {
+    let r = replica.clone();
+    match h.op {
+        Op::Read if h.length <= MAX_PAYLOAD_BYTES => {
+            let ring = replica.start_read(h.epoch, h.offset, h.length, move |res| {
+                done.finish(res.map(Some));
+            });
+            if let Err(done) = ring {
+                io_pool::spawn(move || done(r.read(h.epoch, h.offset, h.length)));
+            }
+        }
+        Op::Write => {
+            let data = payload.unwrap_or_default();
+            let ring = replica.start_write(h.epoch, h.offset, data.clone(), h.is_fua(), {
+                move |res| done.finish(res.map(|()| None))
+            });
+            if let Err(done) = ring {
+                io_pool::spawn(move || done(r.write(h.epoch, h.offset, &data, h.is_fua())));
+            }
+        }
+        _ => io_pool::spawn(move || done.finish(run(&r, &h, payload))),
     }
 }
 
@@ -438,8 +495,17 @@ fn alone(available_permits: usize) -> bool {
 
 /// Run one request against the replica (blocking) and build its reply.
 fn execute(replica: &Replica, h: &FrameHeader, payload: Option<Bytes>) -> Reply {
+    reply_of(replica, h, run(replica, h, payload))
+}
+
+/// Run one request against the replica (blocking).
+fn run(
+    replica: &Replica,
+    h: &FrameHeader,
+    payload: Option<Bytes>,
+) -> Result<Option<Bytes>, ReplicaIoError> {
     let (epoch, offset, len) = (h.epoch, h.offset, h.length);
-    let result = match h.op {
+    match h.op {
         Op::Read if len > MAX_PAYLOAD_BYTES => Err(ReplicaIoError::OutOfRange),
         Op::Read => replica.read(epoch, offset, len).map(Some),
         Op::Write => {
@@ -467,7 +533,15 @@ fn execute(replica: &Replica, h: &FrameHeader, payload: Option<Bytes>) -> Reply 
         }),
         Op::Checksum => replica.checksum(epoch, offset, len).map(Some),
         Op::Hello | Op::Ping => Ok(None),
-    };
+    }
+}
+
+/// The reply to `h` carrying `result`.
+fn reply_of(
+    replica: &Replica,
+    h: &FrameHeader,
+    result: Result<Option<Bytes>, ReplicaIoError>,
+) -> Reply {
     match result {
         Ok(Some(data)) => (h.reply(Status::Ok).with_payload(&data), Some(data)),
         Ok(None) => (h.reply(Status::Ok), None),

@@ -4,9 +4,11 @@
 pub mod aligned;
 pub mod error;
 pub mod file_ops;
+pub mod gate;
 pub mod journal_file;
 pub mod pool;
 pub mod replica;
+pub mod ring;
 
 pub use aligned::AlignedBuf;
 pub use error::{ReplicaIoError, StorageError};

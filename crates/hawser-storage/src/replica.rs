@@ -2,14 +2,16 @@
 //! offsets, and a metadata record (`<id>.meta`) replaced atomically.
 //!
 //! Fencing lives here: every data operation carries the epoch of the engine that sent it, and
-//! is refused when that epoch is older than the replica's. Data operations hold `epoch_gate`
-//! for reading across the check *and* the I/O, and raising the epoch takes it for writing, so
-//! once a newer engine's Hello has been answered no write of an older engine can still land.
+//! is refused when that epoch is older than the replica's. Data operations hold a ticket of
+//! `epoch_gate` across the check *and* the I/O (on the io_uring, until its completion), and
+//! raising the epoch waits until no ticket is out, so once a newer engine's Hello has been
+//! answered no write of an older engine can still land.
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use hawser_wire::constants::SECTOR_BYTES;
@@ -21,7 +23,9 @@ use sha2::{Digest, Sha256};
 use crate::aligned::{is_aligned, AlignedBuf};
 use crate::error::{ReplicaIoError, StorageError};
 use crate::file_ops;
+use crate::gate::{EpochGate, Ticket};
 use crate::journal_file::{JournalFile, Stored};
+use crate::ring::{self, Kind, Op, Reserved};
 
 /// `CHECKSUM_BLOCK_BYTES` as a slice length (64 KiB fits any usize).
 #[allow(clippy::cast_possible_truncation)]
@@ -48,8 +52,8 @@ pub struct Replica {
     file: File,
     /// Highest epoch accepted; mirrors `meta.epoch` for lock-free reads.
     epoch: AtomicU64,
-    /// Readers: data operations. Writer: epoch changes. See the module doc.
-    epoch_gate: RwLock<()>,
+    /// Data operations against epoch changes. See the module doc.
+    epoch_gate: Arc<EpochGate>,
     meta: Mutex<ReplicaMeta>,
     /// The volume journal as the engines writing to this replica left it.
     journal: JournalFile,
@@ -197,7 +201,7 @@ impl Replica {
             meta_path,
             file,
             epoch: AtomicU64::new(meta.epoch),
-            epoch_gate: RwLock::new(()),
+            epoch_gate: Arc::default(),
             failed: AtomicBool::new(meta.state == ReplicaDiskState::Failed),
             allocated: if meta.thin {
                 let chunks = meta.size.div_ceil(THIN_ALLOC_CHUNK_BYTES);
@@ -283,7 +287,7 @@ impl Replica {
     /// Accept `epoch` as the newest: persist it if it is higher, refuse it if it is lower.
     /// Waits for in-flight data operations (of any epoch) to finish first.
     pub fn raise_epoch(&self, epoch: u64) -> Result<(), StorageError> {
-        let _gate = self.epoch_gate.write().unwrap_or_else(|p| p.into_inner());
+        let _gate = self.epoch_gate.raise();
         let current = self.epoch();
         if epoch < current {
             let e = std::io::Error::other(format!("epoch {epoch} is older than {current}"));
@@ -310,7 +314,14 @@ impl Replica {
         len: u64,
         op: impl FnOnce() -> Result<T, ReplicaIoError>,
     ) -> Result<T, ReplicaIoError> {
-        let _gate = self.epoch_gate.read().unwrap_or_else(|p| p.into_inner());
+        let _ticket = self.epoch_gate.enter();
+        self.check(epoch, offset, len)?;
+        op()
+    }
+
+    /// What every data operation checks, holding a ticket of the epoch gate: its epoch, the
+    /// replica's health, and its range.
+    fn check(&self, epoch: u64, offset: u64, len: u64) -> Result<(), ReplicaIoError> {
         let current = self.epoch();
         if epoch < current {
             return Err(ReplicaIoError::StaleEpoch {
@@ -326,7 +337,100 @@ impl Replica {
         if !aligned || end.is_none_or(|end| end > self.size) {
             return Err(ReplicaIoError::OutOfRange);
         }
-        op()
+        Ok(())
+    }
+
+    /// A slot on the process's io_uring and a ticket of the epoch gate, or `None` when the
+    /// ring cannot take an operation now: no ring, a full one, or an epoch change waiting.
+    fn ring_slot(&self) -> Option<(Reserved<'static>, Ticket)> {
+        let slot = ring::global()?.reserve()?;
+        let ticket = self.epoch_gate.try_enter()?;
+        Some((slot, ticket))
+    }
+
+    /// Submit a checked operation in `slot`, or answer its refusal at once.
+    fn submit(
+        self: &Arc<Self>,
+        (slot, ticket): (Reserved<'static>, Ticket),
+        offset: u64,
+        kind: Result<Kind, ReplicaIoError>,
+        done: impl FnOnce(Result<Option<AlignedBuf>, ReplicaIoError>) + Send + 'static,
+    ) {
+        match kind {
+            Err(e) => {
+                drop((slot, ticket));
+                done(Err(e));
+            }
+            Ok(kind) => slot.submit(Op {
+                fd: self.file.as_raw_fd(),
+                offset,
+                kind,
+                keep: self.clone(),
+                ticket,
+                finish: Box::new(move |o| done(o.map_err(|e| ReplicaIoError::from_io(&e)))),
+            }),
+        }
+    }
+
+    /// [`Replica::read`] on the io_uring: `done` gets the result on the ring's completion
+    /// thread (or at once on this one if the request is refused). `Err(done)`: the ring
+    /// cannot take it now (see `ring_slot`); run `read` elsewhere.
+    pub fn start_read<F>(
+        self: &Arc<Self>,
+        epoch: u64,
+        offset: u64,
+        len: u32,
+        done: F,
+    ) -> Result<(), F>
+    where
+        F: FnOnce(Result<Bytes, ReplicaIoError>) + Send + 'static,
+    {
+        let Some(held) = self.ring_slot() else {
+            return Err(done);
+        };
+        let kind = self
+            .check(epoch, offset, u64::from(len))
+            .map(|()| Kind::Read(AlignedBuf::for_overwrite(len as usize)));
+        self.submit(held, offset, kind, move |r| {
+            done(r.map(|b| b.map(AlignedBuf::into_bytes).unwrap_or_default()))
+        });
+        Ok(())
+    }
+
+    /// [`Replica::write`] on the io_uring; as [`Replica::start_read`].
+    pub fn start_write<F>(
+        self: &Arc<Self>,
+        epoch: u64,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+        done: F,
+    ) -> Result<(), F>
+    where
+        F: FnOnce(Result<(), ReplicaIoError>) + Send + 'static,
+    {
+        // A write into a chunk of a thin replica not yet allocated fallocates it first, which
+        // can wait for the filesystem's journal: not on the caller's thread (an async task
+        // that answers pings), but on the pool.
+        let len = data.len() as u64;
+        let in_range = offset.checked_add(len).is_some_and(|end| end <= self.size);
+        if in_range && !self.is_allocated(offset, len) {
+            return Err(done);
+        }
+        let Some(held) = self.ring_slot() else {
+            return Err(done);
+        };
+        let kind = self.check(epoch, offset, len).and_then(|()| {
+            let data = if is_aligned(&data) {
+                data
+            } else {
+                AlignedBuf::copy_from(&data).into_bytes()
+            };
+            self.ensure_allocated(offset, data.len() as u64)?;
+            Ok(Kind::Write { data, dsync: fua })
+        });
+        self.submit(held, offset, kind, move |r| done(r.map(|_| ())));
+        Ok(())
     }
 
     pub fn read(&self, epoch: u64, offset: u64, len: u32) -> Result<Bytes, ReplicaIoError> {
@@ -383,6 +487,20 @@ impl Replica {
             word.fetch_or(bit, Ordering::AcqRel);
         }
         Ok(())
+    }
+
+    /// Whether every chunk of [offset, offset+len) is known allocated (always, for a thick
+    /// replica). The range must be within the replica.
+    fn is_allocated(&self, offset: u64, len: u64) -> bool {
+        if self.allocated.is_empty() || len == 0 {
+            return true;
+        }
+        let first = offset / THIN_ALLOC_CHUNK_BYTES;
+        let last = (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES;
+        (first..=last).all(|chunk| {
+            let (word, bit) = self.chunk_bit(chunk);
+            word.load(Ordering::Acquire) & bit != 0
+        })
     }
 
     /// Forget the allocation of every chunk [offset, offset+len) touches (after a punch).

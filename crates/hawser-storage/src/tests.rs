@@ -505,3 +505,60 @@ fn trashed_replicas_leave_the_pool_keep_their_files_and_are_purged_after_the_gra
     assert_eq!(p.purge_trash(1000 + 60, 60), 1);
     assert!(p.trash().is_empty() && !data.exists());
 }
+
+/// The io_uring forms (`start_read`, `start_write`) check what the synchronous
+/// ones check, and their writes are what both forms read.
+#[test]
+fn ring_forms_check_epoch_and_range_and_round_trip() {
+    use std::sync::mpsc;
+    let dir = TempDir::new("ring");
+    let p = pool(&dir, 1.0, None);
+    let r = p.create_replica(&new("r1", 1 << 20, true)).expect("create");
+    r.raise_epoch(3).expect("epoch");
+    let (tx, rx) = mpsc::channel();
+    let send = |tx: &mpsc::Sender<Result<(), ReplicaIoError>>| {
+        let tx = tx.clone();
+        move |res| tx.send(res).expect("test waits")
+    };
+    let data = bytes::Bytes::from(vec![0x5a; 8192]); // not page-aligned: copied for O_DIRECT
+                                                     // The first write into a chunk of a thin replica allocates it: not on the ring (the
+                                                     // caller's thread would wait for the filesystem), so the caller runs it.
+    let Err(first) = r.start_write(3, 4096, data.clone(), false, send(&tx)) else {
+        panic!("a write into an unallocated chunk went to the ring");
+    };
+    first(r.write(3, 4096, &data, false));
+    rx.recv().expect("answer").expect("first write");
+    if r.start_write(2, 4096, data.clone(), false, send(&tx))
+        .is_err()
+    {
+        eprintln!("SKIP: no io_uring on this kernel");
+        return;
+    }
+    assert!(matches!(
+        rx.recv().expect("answer"),
+        Err(ReplicaIoError::StaleEpoch {
+            request: 2,
+            replica: 3
+        })
+    ));
+    assert!(r
+        .start_write(3, 1 << 20, data.clone(), false, send(&tx))
+        .is_ok());
+    assert!(matches!(
+        rx.recv().expect("answer"),
+        Err(ReplicaIoError::OutOfRange)
+    ));
+    assert!(r
+        .start_write(3, 4096, data.clone(), true, send(&tx))
+        .is_ok());
+    rx.recv().expect("answer").expect("write");
+    let (rtx, rrx) = mpsc::channel();
+    let read = move |res| rtx.send(res).expect("test waits");
+    assert!(r.start_read(3, 0, 16384, read).is_ok());
+    let got = rrx.recv().expect("answer").expect("read");
+    assert!(got[..4096].iter().all(|&b| b == 0));
+    assert!(got[4096..12288] == data[..]);
+    assert_eq!(r.read(3, 4096, 8192).expect("sync read"), data);
+    // Every ticket is back: the epoch can change.
+    r.raise_epoch(4).expect("raise");
+}

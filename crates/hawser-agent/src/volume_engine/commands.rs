@@ -5,8 +5,10 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use hawser_core::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId};
-use hawser_storage::{Replica, ReplicaIoError};
+use hawser_storage::{ring, Replica, ReplicaIoError};
 
 use super::{Handle, VolumeEngine};
 use crate::constants::INLINE_IO_MAX_BYTES;
@@ -70,8 +72,14 @@ impl VolumeEngine {
             Handle::Local(r) => {
                 // Idle engine, small request: do it here. Handing it to an I/O thread and back
                 // costs two thread wake-ups, which on a VM exceed a 4k O_DIRECT read or write.
-                // Under load (anything local in flight) requests go to the pool as usual.
-                if quiet && is_small(&op) && self.local_inflight.load(Ordering::Acquire) == 0 {
+                // Under load (anything local in flight) requests go to the ring or the pool.
+                // Never on the ring's completion thread: synchronous I/O waits for the epoch
+                // gate, and an epoch change waiting there would wait for this thread.
+                if quiet
+                    && is_small(&op)
+                    && self.local_inflight.load(Ordering::Acquire) == 0
+                    && !ring::on_completion_thread()
+                {
                     self.local_inflight.fetch_add(1, Ordering::AcqRel);
                     let result = run_local(r, self.epoch, &op);
                     self.local_inflight.fetch_sub(1, Ordering::AcqRel);
@@ -79,14 +87,14 @@ impl VolumeEngine {
                     return;
                 }
                 self.local_inflight.fetch_add(1, Ordering::AcqRel);
-                let (r, epoch, me) = (r.clone(), self.epoch, self.me.clone());
-                io_pool::spawn(move || {
-                    let result = run_local(&r, epoch, &op);
+                let me = self.me.clone();
+                let done = move |result: ReplicaResult| {
                     if let Some(me) = me.upgrade() {
                         me.local_inflight.fetch_sub(1, Ordering::AcqRel);
                         me.run(|e, out| e.on_reply(sub, result, out));
                     }
-                });
+                };
+                start_local(r, self.epoch, op, done);
             }
             Handle::Remote { .. } => match self.client(replica) {
                 Some(c) => c.send(sub, &op, quiet),
@@ -187,6 +195,45 @@ fn is_small(op: &ClientOp) -> bool {
     }
 }
 
+/// Start a request on the local replica off the caller's thread: reads and writes on the
+/// io_uring (`hawser_storage::ring`); the rest (flushes too: see `replica_server::start`), and
+/// what the ring cannot take now, on the I/O pool. `done` runs on the thread that finished it.
+fn start_local(
+    r: &Arc<Replica>,
+    epoch: u64,
+    op: ClientOp,
+    done: impl FnOnce(ReplicaResult) + Send + 'static,
+) {
+    let id = r.id().to_owned();
+    let failed = move |e| logged_failure(&id, e);
+    let pool = |op: ClientOp, done: Box<dyn FnOnce(ReplicaResult) + Send>| {
+        let r = r.clone();
+        io_pool::spawn(move || done(run_local(&r, epoch, &op)));
+    };
+    match op {
+        ClientOp::Read { offset, len } => {
+            let ring = r.start_read(epoch, offset, len, move |res| {
+                done(res.map(Some).map_err(failed));
+            });
+            if let Err(done) = ring {
+                let r = r.clone();
+                io_pool::spawn(move || done(r.read(epoch, offset, len)));
+            }
+        }
+        ClientOp::Write { offset, data, fua } => {
+            let copy = data.clone();
+            let ring = r.start_write(epoch, offset, data, fua, move |res| {
+                done(res.map(|()| None).map_err(failed));
+            });
+            if let Err(done) = ring {
+                let r = r.clone();
+                io_pool::spawn(move || done(r.write(epoch, offset, &copy, fua)));
+            }
+        }
+        other => pool(other, Box::new(done)),
+    }
+}
+
 /// Execute one request on the local replica (blocking).
 fn run_local(r: &Replica, epoch: u64, op: &ClientOp) -> ReplicaResult {
     let result = match op {
@@ -203,12 +250,14 @@ fn run_local(r: &Replica, epoch: u64, op: &ClientOp) -> ReplicaResult {
             .write_zeroes(epoch, *offset, *len, *fua, *may_trim)
             .map(|()| None),
     };
-    result.map_err(|e| {
-        if matches!(e, ReplicaIoError::Io { .. }) {
-            tracing::error!(replica = r.id(), error = %e, "local replica disk error");
-        }
-        failure_of(e)
-    })
+    result.map_err(|e| logged_failure(r.id(), e))
+}
+
+fn logged_failure(replica: &str, e: ReplicaIoError) -> ReplicaFailure {
+    if matches!(e, ReplicaIoError::Io { .. }) {
+        tracing::error!(replica, error = %e, "local replica disk error");
+    }
+    failure_of(e)
 }
 
 fn failure_of(e: ReplicaIoError) -> ReplicaFailure {
