@@ -18,7 +18,7 @@ K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
 export HAWSER_K8S_CACHE := $(K8S_CACHE)
 export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 
-.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench instructions miri fmt lint clean fuzz
+.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -78,6 +78,15 @@ miri:
 	@rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^miri' || \
 		rustup toolchain install nightly --profile minimal --component miri,rust-src
 	$(CARGO) +nightly miri test -p hawser-storage --lib aligned
+
+# The io_uring path's unsafe code (hawser-storage/src/ring.rs: entries pointing into buffers the
+# kernel reads or fills until their completion is reaped) and the epoch gate under
+# AddressSanitizer, since Miri cannot run io_uring's system calls. Needs a nightly toolchain
+# (installed when missing); builds into target/asan.
+asan:
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	RUSTFLAGS=-Zsanitizer=address $(CARGO) +nightly test --target x86_64-unknown-linux-gnu \
+		--target-dir target/asan -p hawser-storage --lib -- ring gate
 
 fmt:
 	$(CARGO) fmt --all
