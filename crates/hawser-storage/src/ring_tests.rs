@@ -36,8 +36,26 @@ fn an_error_or_a_zero_byte_completion_fails_the_operation() {
     assert!(matches!(advance(&mut done, 0, 0), Step::Done));
 }
 
-/// A file opened for O_DIRECT in the target directory (tmpfs would refuse O_DIRECT).
-fn direct_file(name: &str) -> (Arc<std::fs::File>, std::path::PathBuf) {
+/// A ring of `entries`, a file opened for O_DIRECT in the target directory (tmpfs would refuse
+/// O_DIRECT), removed on drop, and an epoch gate; `None` (the test skips) without io_uring.
+struct Fixture {
+    ring: &'static Ring,
+    file: Arc<std::fs::File>,
+    path: std::path::PathBuf,
+    gate: Arc<EpochGate>,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn fixture(entries: u32, name: &str) -> Option<Fixture> {
+    let Ok(ring) = Ring::start(entries) else {
+        eprintln!("SKIP: no io_uring on this kernel");
+        return None;
+    };
     let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
@@ -51,23 +69,30 @@ fn direct_file(name: &str) -> (Arc<std::fs::File>, std::path::PathBuf) {
         .open(&path)
         .expect("open O_DIRECT");
     f.set_len(1 << 20).expect("size");
-    (Arc::new(f), path)
+    Some(Fixture {
+        ring,
+        file: Arc::new(f),
+        path,
+        gate: Arc::new(EpochGate::default()),
+    })
 }
 
-fn op(
-    file: &Arc<std::fs::File>,
-    gate: &Arc<EpochGate>,
-    offset: u64,
-    kind: Kind,
-    tx: mpsc::Sender<Outcome>,
-) -> Op {
-    Op {
-        fd: file.as_raw_fd(),
-        offset,
-        kind,
-        keep: file.clone(),
-        ticket: gate.enter(),
-        finish: Box::new(move |o| tx.send(o).expect("test waits")),
+impl Fixture {
+    /// An operation on the file whose outcome goes to `tx`.
+    fn op(&self, offset: u64, kind: Kind, tx: mpsc::Sender<Outcome>) -> Op {
+        Op {
+            fd: self.file.as_raw_fd(),
+            offset,
+            kind,
+            keep: self.file.clone(),
+            ticket: self.gate.enter(),
+            finish: Box::new(move |o| tx.send(o).expect("test waits")),
+        }
+    }
+
+    /// Submit `op` in a free slot.
+    fn submit(&self, op: Op) {
+        self.ring.reserve().expect("room").submit(op);
     }
 }
 
@@ -82,36 +107,25 @@ fn pattern(seed: u8) -> Bytes {
 
 #[test]
 fn writes_reads_and_syncs_round_trip_through_a_ring() {
-    let Ok(ring) = Ring::start(8) else {
-        eprintln!("SKIP: no io_uring on this kernel");
+    let Some(f) = fixture(8, "roundtrip") else {
         return;
     };
-    let (file, path) = direct_file("roundtrip");
-    let gate = Arc::new(EpochGate::default());
     let (tx, rx) = mpsc::channel();
     for i in 0..4u8 {
         let kind = Kind::Write {
             data: pattern(i),
             dsync: i == 3,
         };
-        let offset = u64::from(i) * BLOCK as u64 * 3;
-        ring.reserve()
-            .expect("room")
-            .submit(op(&file, &gate, offset, kind, tx.clone()));
+        f.submit(f.op(u64::from(i) * BLOCK as u64 * 3, kind, tx.clone()));
     }
     for _ in 0..4 {
         assert!(rx.recv().expect("completion").expect("write").is_none());
     }
-    ring.reserve()
-        .expect("room")
-        .submit(op(&file, &gate, 0, Kind::SyncData, tx.clone()));
+    f.submit(f.op(0, Kind::SyncData, tx.clone()));
     assert!(rx.recv().expect("completion").expect("sync").is_none());
     for i in 0..4u8 {
-        let offset = u64::from(i) * BLOCK as u64 * 3;
         let kind = Kind::Read(AlignedBuf::for_overwrite(BLOCK));
-        ring.reserve()
-            .expect("room")
-            .submit(op(&file, &gate, offset, kind, tx.clone()));
+        f.submit(f.op(u64::from(i) * BLOCK as u64 * 3, kind, tx.clone()));
         let buf = rx
             .recv()
             .expect("completion")
@@ -123,72 +137,49 @@ fn writes_reads_and_syncs_round_trip_through_a_ring() {
         );
     }
     // Every ticket came back: an epoch change goes ahead.
-    drop(gate.raise());
-    let _ = std::fs::remove_file(path);
+    drop(f.gate.raise());
 }
 
 #[test]
 fn a_full_ring_refuses_until_a_completion_frees_a_slot() {
-    let Ok(ring) = Ring::start(1) else {
-        eprintln!("SKIP: no io_uring on this kernel");
-        return;
-    };
-    let held = ring.reserve().expect("one slot");
-    assert!(ring.reserve().is_none(), "a ring of one took two");
-    let (file, path) = direct_file("full");
-    let gate = Arc::new(EpochGate::default());
+    let Some(f) = fixture(1, "full") else { return };
+    let held = f.ring.reserve().expect("one slot");
+    assert!(f.ring.reserve().is_none(), "a ring of one took two");
     let (tx, rx) = mpsc::channel();
-    held.submit(op(&file, &gate, 0, Kind::SyncData, tx));
+    held.submit(f.op(0, Kind::SyncData, tx));
     rx.recv().expect("completion").expect("sync");
     // The slot is free again once the operation finished (it is freed before `finish`).
-    assert!(ring.reserve().is_some());
+    assert!(f.ring.reserve().is_some());
     // A reservation dropped unused gives its slot back too.
-    drop(ring.reserve().expect("free"));
-    assert!(ring.reserve().is_some());
-    let _ = std::fs::remove_file(path);
+    drop(f.ring.reserve().expect("free"));
+    assert!(f.ring.reserve().is_some());
 }
 
 #[test]
 fn a_failed_operation_reports_the_error_and_frees_its_ticket() {
-    let Ok(ring) = Ring::start(2) else {
-        eprintln!("SKIP: no io_uring on this kernel");
-        return;
-    };
-    let (file, path) = direct_file("error");
-    let gate = Arc::new(EpochGate::default());
+    let Some(f) = fixture(2, "error") else { return };
     let (tx, rx) = mpsc::channel();
     // O_DIRECT wants aligned offsets: 1 is refused by the kernel with EINVAL.
     let kind = Kind::Write {
         data: pattern(1),
         dsync: false,
     };
-    ring.reserve()
-        .expect("room")
-        .submit(op(&file, &gate, 1, kind, tx));
+    f.submit(f.op(1, kind, tx));
     let Err(err) = rx.recv().expect("completion") else {
         panic!("a misaligned O_DIRECT write succeeded");
     };
     assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
-    drop(gate.raise());
-    let _ = std::fs::remove_file(path);
+    drop(f.gate.raise());
 }
 
 #[test]
 fn a_panicking_callback_does_not_stop_the_completion_thread() {
-    let Ok(ring) = Ring::start(2) else {
-        eprintln!("SKIP: no io_uring on this kernel");
-        return;
-    };
-    let (file, path) = direct_file("panic");
-    let gate = Arc::new(EpochGate::default());
-    let mut first = op(&file, &gate, 0, Kind::SyncData, mpsc::channel().0);
+    let Some(f) = fixture(2, "panic") else { return };
+    let mut first = f.op(0, Kind::SyncData, mpsc::channel().0);
     first.finish = Box::new(|_| panic!("a callback that panics"));
-    ring.reserve().expect("room").submit(first);
+    f.submit(first);
     let (tx, rx) = mpsc::channel();
-    ring.reserve()
-        .expect("room")
-        .submit(op(&file, &gate, 0, Kind::SyncData, tx));
+    f.submit(f.op(0, Kind::SyncData, tx));
     rx.recv().expect("the second completion").expect("sync");
-    drop(gate.raise());
-    let _ = std::fs::remove_file(path);
+    drop(f.gate.raise());
 }
