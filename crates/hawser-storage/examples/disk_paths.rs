@@ -18,6 +18,10 @@
 //!
 //! For each it prints IOPS, CPU time (user + system, all threads of the process, from
 //! getrusage) per write, and context switches per write.
+//!
+//! With `DISK_PATHS_UNWRITTEN=1` every run starts on a file whose blocks are allocated but
+//! never written (punched, then fallocated: unwritten extents, as a replica's first writes
+//! into a chunk it just allocated find them).
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
@@ -49,9 +53,13 @@ fn main() {
         .open(&path)
         .unwrap_or_else(|e| panic!("open {path} with O_DIRECT: {e}"));
     let file = Arc::new(file);
+    let unwritten = std::env::var_os("DISK_PATHS_UNWRITTEN").is_some_and(|v| v == "1");
     println!("path   qd   IOPS     CPU us/write  switches/write");
     for qd in [1usize, 16, 128] {
         for (name, run) in [("pool", pool as Runner), ("uring", uring as Runner)] {
+            if unwritten {
+                make_unwritten(&file);
+            }
             let before = usage();
             let start = Instant::now();
             let writes = run(&file, qd, Duration::from_secs(secs));
@@ -87,6 +95,23 @@ fn prepare(path: &str) {
         f.write_all(&chunk).expect("fill the file");
     }
     f.sync_all().expect("sync the file");
+}
+
+/// Deallocate the whole file, then allocate it again without writing it.
+fn make_unwritten(file: &std::fs::File) {
+    let len = i64::try_from(FILE_BYTES).expect("file size");
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on a descriptor `file` owns, with no pointers involved.
+    let punched = unsafe { libc::fallocate(file.as_raw_fd(), mode, 0, len) };
+    assert_eq!(punched, 0, "punch: {}", std::io::Error::last_os_error());
+    // SAFETY: as above.
+    let allocated = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, len) };
+    assert_eq!(
+        allocated,
+        0,
+        "fallocate: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Process CPU seconds (user + system) and context switches (voluntary + not) so far.
