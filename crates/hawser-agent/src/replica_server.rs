@@ -458,9 +458,10 @@ fn start(replica: &Arc<Replica>, h: FrameHeader, payload: Option<Bytes>, done: D
         }
         Op::Write => {
             let data = payload.unwrap_or_default();
-            let ring = replica.start_write(h.epoch, h.offset, data.clone(), h.is_fua(), {
-                move |res| done.finish(res.map(|()| None))
-            });
+            let ring =
+                replica.start_write(h.epoch, h.offset, data.clone(), h.is_fua(), move |res| {
+                    done.finish(res.map(|()| None));
+                });
             if let Err(done) = ring {
                 io_pool::spawn(move || done(r.write(h.epoch, h.offset, &data, h.is_fua())));
             }

@@ -3,9 +3,8 @@
 //! outdates and in-sync marks asked of the controller, and ends of sessions.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use hawser_core::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId};
 use hawser_storage::{ring, Replica, ReplicaIoError};
@@ -206,10 +205,6 @@ fn start_local(
 ) {
     let id = r.id().to_owned();
     let failed = move |e| logged_failure(&id, e);
-    let pool = |op: ClientOp, done: Box<dyn FnOnce(ReplicaResult) + Send>| {
-        let r = r.clone();
-        io_pool::spawn(move || done(run_local(&r, epoch, &op)));
-    };
     match op {
         ClientOp::Read { offset, len } => {
             let ring = r.start_read(epoch, offset, len, move |res| {
@@ -230,7 +225,10 @@ fn start_local(
                 io_pool::spawn(move || done(r.write(epoch, offset, &copy, fua)));
             }
         }
-        other => pool(other, Box::new(done)),
+        other => {
+            let r = r.clone();
+            io_pool::spawn(move || done(run_local(&r, epoch, &other)));
+        }
     }
 }
 
