@@ -20,6 +20,7 @@ use hawser_tls::Peer;
 
 use crate::controller_link::LinkAuth;
 use crate::engines::Engines;
+use crate::metrics::AgentMetrics;
 use crate::node_storage::{status, NodeStorage};
 use crate::rate_limit::ResyncRates;
 
@@ -35,6 +36,7 @@ pub struct AdminState {
     pub link: LinkAuth,
     /// Resync rate of the engines it starts, bytes per second (0: unlimited).
     pub resync_rate: ResyncRates,
+    pub metrics: Arc<AgentMetrics>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -49,7 +51,66 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/engines", post(start_engine))
         .route("/v1/engines/{volume}", delete(stop_engine))
         .layer(auth)
+        .merge(Router::new().route("/metrics", get(get_metrics)).layer(
+            axum::middleware::from_fn_with_state(state.clone(), require_scrape_token),
+        ))
         .with_state(state)
+}
+
+/// `GET /metrics`: Prometheus metrics (see `metrics`), OpenMetrics text when the scrape
+/// accepts it, the classic text format otherwise.
+async fn get_metrics(State(s): State<AdminState>, headers: axum::http::HeaderMap) -> Response {
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // Pool usage reads the filesystems: not on a runtime thread.
+    let metrics = s.metrics.clone();
+    match tokio::task::spawn_blocking(move || metrics.render(accept.as_deref())).await {
+        Ok((content_type, body)) => {
+            ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
+        }
+        Err(e) => Failure(ApiError::new(
+            ErrorCode::Internal,
+            format!("metrics could not be gathered: {e}"),
+        ))
+        .into_response(),
+    }
+}
+
+/// A scrape needs the cluster's metrics token (read-only: it opens nothing but `/metrics`),
+/// or what the rest of the admin API takes (the controller's certificate or the agent token).
+async fn require_scrape_token(State(s): State<AdminState>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(auth::bearer_token)
+        .filter(|t| t.len() <= auth::MAX_TOKEN_CHARS);
+    if presented.is_some_and(|t| s.metrics.admits(t)) {
+        return next.run(req).await;
+    }
+    let controller = matches!(
+        req.extensions().get::<Transport>(),
+        Some(Transport::Tls {
+            peer: Some(Peer::Controller)
+        })
+    );
+    // Plaintext clusters: the agent token (checked there, 401 without it).
+    if controller || s.token.is_some() {
+        return require_token(State(s), req, next).await;
+    }
+    let e = ApiError::new(
+        ErrorCode::Unauthorized,
+        "unauthorized: /metrics needs `Authorization: Bearer <metrics token>` \
+         (the controller's data dir has it: metrics.token)",
+    );
+    let mut resp = Failure(e).into_response();
+    resp.headers_mut().insert(
+        axum::http::header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    resp
 }
 
 /// Every admin call needs the agent token: the admin API creates and deletes replicas and

@@ -15,6 +15,7 @@ use crate::admin_api::{self, AdminState};
 use crate::constants::{DEFAULT_RESYNC_BUSY_RATE, DEFAULT_RESYNC_RATE, HEARTBEAT_INTERVAL};
 use crate::controller_link::{ControllerLink, LinkAuth};
 use crate::engines::Engines;
+use crate::metrics::AgentMetrics;
 use crate::node_storage::NodeStorage;
 use crate::node_tls::NodeTls;
 use crate::rate_limit::{parse_rate, ResyncRates};
@@ -228,6 +229,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .with_context(|| format!("read {}", cluster_file.display()))?,
     );
     let engines = Arc::new(Engines::default());
+    let metrics = AgentMetrics::new(engines.clone(), storage.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let replica_l = TcpListener::bind(&args.replica_listen)
@@ -298,6 +300,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         node: args.node.clone(),
         storage: storage.clone(),
         engines: engines.clone(),
+        metrics: metrics.clone(),
         token,
         link: link.clone(),
         resync_rate: ResyncRates {
@@ -355,6 +358,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         register,
         link,
         storage.clone(),
+        metrics,
         stop_rx.clone(),
     ));
     tracing::info!(node = %args.node, replica = %args.replica_listen, nbd = %args.nbd_listen, socket = %sock.display(), labels = ?args.labels, "agent running");
@@ -377,6 +381,7 @@ async fn heartbeat(
     mut body: RegisterNode,
     auth: LinkAuth,
     storage: Arc<NodeStorage>,
+    metrics: Arc<AgentMetrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let link = ControllerLink::new(&controller).with_auth(&auth);
@@ -395,6 +400,7 @@ async fn heartbeat(
         let answer = link.register(&node, &body).await;
         if let Some(join) = answer.as_ref().ok().and_then(|n| n.cluster.as_ref()) {
             storage.learn_cluster(join);
+            metrics.set_scrape_tokens(&join.metrics_sha256);
         }
         match answer {
             Ok(_) if failing => {

@@ -20,6 +20,7 @@ use hawser_core::IoError;
 
 use crate::block::{BlockDevice, ExportRegistry};
 use crate::constants::ENGINE_SWAP_DRAIN_TIMEOUT;
+use crate::metrics::{IoMetrics, IoOp, VolumeIo};
 use crate::node_storage::NodeStorage;
 use crate::rate_limit::ResyncRates;
 use crate::volume_engine::VolumeEngine;
@@ -33,16 +34,36 @@ pub struct Export {
     /// Offered to NBD clients (`StartEngine::export`): not while the engine only syncs the
     /// new replicas of a detached volume.
     nbd: AtomicBool,
+    /// Its request metrics (see `metrics`).
+    io: VolumeIo,
 }
 
 impl Export {
-    fn new(engine: Arc<VolumeEngine>, nbd: bool) -> Export {
+    fn new(engine: Arc<VolumeEngine>, nbd: bool, io: VolumeIo) -> Export {
         Export {
             size: BlockDevice::size(&*engine),
             gate: tokio::sync::RwLock::new(()),
             engine: Mutex::new(Some(engine)),
             nbd: AtomicBool::new(nbd),
+            io,
         }
+    }
+
+    /// Runs `f` (a request of `op` moving `bytes` if it succeeds) with the gate open,
+    /// counted in the volume's request metrics.
+    async fn counted<T>(
+        &self,
+        op: IoOp,
+        bytes: u64,
+        f: impl std::future::Future<Output = Result<T, IoError>>,
+    ) -> Result<T, IoError> {
+        let started = self.io.start(op);
+        let result = {
+            let _open = self.gate.read().await;
+            f.await
+        };
+        self.io.done(started, bytes, result.is_ok());
+        result
     }
 
     pub fn engine(&self) -> Option<Arc<VolumeEngine>> {
@@ -73,20 +94,27 @@ impl BlockDevice for Export {
         self.size
     }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, IoError> {
-        let _open = self.gate.read().await;
-        self.current()?.read(offset, len).await
+        self.counted(IoOp::Read, u64::from(len), async {
+            self.current()?.read(offset, len).await
+        })
+        .await
     }
     async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
-        let _open = self.gate.read().await;
-        self.current()?.write(offset, data, fua).await
+        let len = data.len() as u64;
+        self.counted(IoOp::Write, len, async {
+            self.current()?.write(offset, data, fua).await
+        })
+        .await
     }
     async fn flush(&self) -> Result<(), IoError> {
-        let _open = self.gate.read().await;
-        self.current()?.flush().await
+        self.counted(IoOp::Flush, 0, async { self.current()?.flush().await })
+            .await
     }
     async fn trim(&self, offset: u64, len: u32) -> Result<(), IoError> {
-        let _open = self.gate.read().await;
-        self.current()?.trim(offset, len).await
+        self.counted(IoOp::Trim, u64::from(len), async {
+            self.current()?.trim(offset, len).await
+        })
+        .await
     }
     async fn write_zeroes(
         &self,
@@ -95,21 +123,29 @@ impl BlockDevice for Export {
         fua: bool,
         may_trim: bool,
     ) -> Result<(), IoError> {
-        let _open = self.gate.read().await;
-        self.current()?
-            .write_zeroes(offset, len, fua, may_trim)
-            .await
+        self.counted(IoOp::WriteZeroes, u64::from(len), async {
+            self.current()?
+                .write_zeroes(offset, len, fua, may_trim)
+                .await
+        })
+        .await
     }
 }
 
 #[derive(Default)]
 pub struct Engines {
     map: Mutex<HashMap<String, Arc<Export>>>,
+    io: IoMetrics,
 }
 
 impl Engines {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Export>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The request metrics of every export.
+    pub fn io(&self) -> &IoMetrics {
+        &self.io
     }
 
     pub fn get(&self, volume: &str) -> Option<Arc<VolumeEngine>> {
@@ -134,7 +170,8 @@ impl Engines {
             let engine =
                 VolumeEngine::start_with_auth(req, node, storage, resync_rate, controller_auth)
                     .await?;
-            let export = Arc::new(Export::new(engine.clone(), req.export));
+            let io = self.io.volume(&req.volume);
+            let export = Arc::new(Export::new(engine.clone(), req.export, io));
             let replaced = self.lock().insert(req.volume.clone(), export);
             if let Some(old) = replaced {
                 // A concurrent first start of the same volume; the controller serialises

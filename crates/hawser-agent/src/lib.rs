@@ -11,6 +11,7 @@ pub mod engines;
 pub mod frame_io;
 pub mod grants;
 pub mod io_pool;
+pub mod metrics;
 pub mod nbd_buffers;
 pub mod nbd_errno;
 pub mod nbd_handshake;

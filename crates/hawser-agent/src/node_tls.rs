@@ -126,16 +126,18 @@ impl NodeTls {
         hawser_tls::client_config(&self.ca_pem, Peer::Controller, Some(self.slot.clone()))
     }
 
-    /// The admin API: only clients with a certificate of the cluster get in (the API then
-    /// admits the controller alone).
+    /// The admin API. A client certificate is optional at the handshake so that Prometheus
+    /// can scrape `/metrics` with the metrics token alone; every other route admits the
+    /// controller's certificate and nothing else (`admin_api::require_token`), so a client
+    /// without one gets a 403 there.
     pub fn admin_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
-        hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Required)
+        hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Optional)
     }
 
     /// The replica port: only clients with a node certificate of the cluster get in (the
     /// server then opens sessions only for grants naming that node).
     pub fn replica_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
-        self.admin_server()
+        hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Required)
     }
 
     /// NBD over TCP: only clients with a certificate of the cluster (any principal: the

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use hawser_agent::admin_api::{self, AdminState};
 use hawser_agent::engines::Engines;
+use hawser_agent::metrics::AgentMetrics;
 use hawser_api::ApiError;
 use node_support::{node, TempDir};
 use serde_json::json;
@@ -18,10 +19,13 @@ const TOKEN: &str = "agent-token-for-the-admin-api-test-0123456789";
 async fn admin_calls_need_the_agent_token() {
     let dir = TempDir::new("admin-auth");
     let storage = node(&dir.0, "a", 1 << 20);
+    let engines = Arc::new(Engines::default());
+    let metrics = AgentMetrics::new(engines.clone(), storage.clone());
     let state = AdminState {
         node: "a".into(),
         storage: storage.clone(),
-        engines: Arc::new(Engines::default()),
+        engines,
+        metrics: metrics.clone(),
         token: Some(TOKEN.into()),
         link: Default::default(),
         resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
@@ -76,6 +80,48 @@ async fn admin_calls_need_the_agent_token() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(ids(&storage).len(), 2);
+
+    // Metrics: the scrape token the controller named, or the agent token; nothing else.
+    const SCRAPE: &str = "metrics-token-for-the-admin-api-test";
+    let scrape = |auth: Option<String>| {
+        let req = http.get(format!("{base}/metrics"));
+        let req = match auth {
+            Some(a) => req.header("authorization", a),
+            None => req,
+        };
+        async move {
+            let resp = req.send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
+    assert_eq!(scrape(None).await.0, 401);
+    assert_eq!(
+        scrape(Some(format!("Bearer {SCRAPE}"))).await.0,
+        401,
+        "not named yet"
+    );
+    metrics.set_scrape_tokens(&[hawser_api::auth::digest_hex(&hawser_api::auth::digest(
+        SCRAPE,
+    ))]);
+    let (status, body) = scrape(Some(format!("Bearer {SCRAPE}"))).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#"hawser_pool_replicas{pool="default"} 2"#),
+        "{body}"
+    );
+    assert!(body.contains("process_resident_memory_bytes "), "{body}");
+    assert_eq!(
+        scrape(Some(bearer.clone())).await.0,
+        200,
+        "the agent token scrapes too"
+    );
+    let resp = http
+        .get(format!("{base}/v1/status"))
+        .header("authorization", format!("Bearer {SCRAPE}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401, "the metrics token opens nothing else");
 }
 
 /// A call meant for another node (its `x-hawser-node` header names it) is refused with a
@@ -85,10 +131,13 @@ async fn admin_calls_need_the_agent_token() {
 async fn calls_meant_for_another_node_are_refused() {
     let dir = TempDir::new("admin-node");
     let storage = node(&dir.0, "a", 1 << 20);
+    let engines = Arc::new(Engines::default());
+    let metrics = AgentMetrics::new(engines.clone(), storage.clone());
     let state = AdminState {
         node: "a".into(),
         storage: storage.clone(),
-        engines: Arc::new(Engines::default()),
+        engines,
+        metrics: metrics.clone(),
         token: Some(TOKEN.into()),
         link: Default::default(),
         resync_rate: hawser_agent::rate_limit::ResyncRates::default(),

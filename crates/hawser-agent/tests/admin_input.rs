@@ -32,6 +32,7 @@ async fn bad_engine_requests_are_refused_and_change_nothing() {
         node: "a".into(),
         storage: storage.clone(),
         engines: engines.clone(),
+        metrics: hawser_agent::metrics::AgentMetrics::new(engines.clone(), storage.clone()),
         token: Some(TOKEN.into()),
         link: Default::default(),
         resync_rate: hawser_agent::rate_limit::ResyncRates::default(),

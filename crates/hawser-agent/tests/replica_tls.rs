@@ -103,6 +103,7 @@ async fn a_tls_node_without_the_grant_key_opens_no_session() {
     assert_eq!(epoch(), 0, "no Hello raised the epoch");
 
     b.learn_cluster(&ClusterJoin {
+        metrics_sha256: Vec::new(),
         id: "c1".into(),
         grant_key: base64::engine::general_purpose::STANDARD.encode(key.public_key().as_ref()),
     });

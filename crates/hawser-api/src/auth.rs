@@ -17,6 +17,8 @@ pub const MAX_TOKEN_CHARS: usize = 256;
 /// Default file names inside the controller's data directory.
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 pub const AGENT_TOKEN_FILE: &str = "agent.token";
+/// The metrics (scrape) token's file in the controller's data dir: read-only, `/metrics` only.
+pub const METRICS_TOKEN_FILE: &str = "metrics.token";
 
 /// The environment variable the CLI reads a token from.
 pub const TOKEN_ENV: &str = "HAWSER_TOKEN";

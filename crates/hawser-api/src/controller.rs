@@ -88,6 +88,10 @@ pub struct Node {
 pub struct ClusterJoin {
     pub id: String,
     pub grant_key: String,
+    /// SHA-256 digests (hex) of the metrics tokens valid now (the current one, and after a
+    /// rotation the previous one during its grace): the agent's `/metrics` takes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics_sha256: Vec<String>,
 }
 
 /// Checks node labels: at most [`MAX_NODE_LABELS`]; keys 1-63 characters of

@@ -8,6 +8,8 @@ pub mod auth;
 pub mod client;
 pub mod controller;
 pub mod error;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod size;
 
 pub use error::{ApiError, ErrorCode};

@@ -1,4 +1,4 @@
-//! `POST /v1/cluster/admin-token` and `/v1/cluster/agent-token`: rotating a cluster token
+//! `POST /v1/cluster/admin-token`, `/v1/cluster/agent-token` and `/v1/cluster/metrics-token`: rotating a cluster token
 //! without an outage. The new token is random, shown once, and its digest replaces the old in
 //! the store by compare-and-swap; the old digest stays valid for a grace period, so the CLIs
 //! and CSI drivers (admin token) or the node installers (agent token: nodes join with it)
@@ -34,6 +34,14 @@ pub async fn rotate_agent_token(
     ApiJson(req): ApiJson<RotateToken>,
 ) -> Result<Json<TokenRotated>, ControllerError> {
     rotate(&st, TokenKind::Agent, req).await
+}
+
+/// The metrics (scrape) token; agents learn its new digest with their next heartbeat.
+pub async fn rotate_metrics_token(
+    State(st): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<RotateToken>,
+) -> Result<Json<TokenRotated>, ControllerError> {
+    rotate(&st, TokenKind::Metrics, req).await
 }
 
 async fn rotate(

@@ -43,6 +43,9 @@ pub enum Caller {
     Agent,
     /// Nobody is checked by the guard: the join token in the body is (`POST /v1/join`).
     Joining,
+    /// The metrics token (a read-only scrape credential: `GET /metrics` only) or the admin
+    /// token.
+    Metrics,
 }
 
 /// Who made a request, as the guard established it; in the request's extensions.
@@ -55,6 +58,8 @@ pub enum Principal {
     Node(String),
     /// Not authenticated yet (the join route).
     Joining,
+    /// The metrics token: scrapes only.
+    Metrics,
 }
 
 impl Principal {
@@ -66,8 +71,8 @@ impl Principal {
             Principal::Node(n) => Err(ControllerError::ForbiddenFor {
                 reason: format!("node {n} cannot act as node {node}"),
             }),
-            Principal::Joining => Err(ControllerError::ForbiddenFor {
-                reason: "not authenticated".into(),
+            Principal::Joining | Principal::Metrics => Err(ControllerError::ForbiddenFor {
+                reason: "not authenticated as a node".into(),
             }),
         }
     }
@@ -91,6 +96,14 @@ struct TokenRecord {
     agent_previous_sha256: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     agent_previous_until_ms: Option<u64>,
+    /// The metrics (scrape) token, and its previous one after a rotation. Missing in a
+    /// store made before metrics existed: the first controller to start adds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metrics_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metrics_previous_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metrics_previous_until_ms: Option<u64>,
 }
 
 /// Which of the two cluster tokens.
@@ -98,12 +111,19 @@ struct TokenRecord {
 pub enum TokenKind {
     Admin,
     Agent,
+    Metrics,
 }
 
 impl TokenRecord {
     /// The current digest and the previous one with its end, of `kind`.
+    /// (Only called once the metrics token exists: `init` adds it to an older record.)
     fn fields(&mut self, kind: TokenKind) -> (&mut String, &mut Option<String>, &mut Option<u64>) {
         match kind {
+            TokenKind::Metrics => (
+                self.metrics_sha256.get_or_insert_with(String::new),
+                &mut self.metrics_previous_sha256,
+                &mut self.metrics_previous_until_ms,
+            ),
             TokenKind::Admin => (
                 &mut self.admin_sha256,
                 &mut self.admin_previous_sha256,
@@ -128,6 +148,13 @@ impl TokenRecord {
                 &self.agent_sha256,
                 &self.agent_previous_sha256,
                 self.agent_previous_until_ms,
+            ),
+            TokenKind::Metrics => (
+                self.metrics_sha256
+                    .as_ref()
+                    .context("the store has no metrics token")?,
+                &self.metrics_previous_sha256,
+                self.metrics_previous_until_ms,
             ),
         };
         let previous = match (previous.as_deref(), until) {
@@ -167,6 +194,17 @@ impl Digests {
         };
         current | previous
     }
+
+    /// The digests (hex) valid at `now_ms`: what agents are told to take.
+    fn valid_hex(&self, now_ms: u64) -> Vec<String> {
+        let mut v = vec![auth::digest_hex(&self.current)];
+        if let Some((p, until)) = self.previous {
+            if now_ms < until {
+                v.push(auth::digest_hex(&p));
+            }
+        }
+        v
+    }
 }
 
 type Shared<T> = std::sync::Arc<std::sync::RwLock<T>>;
@@ -189,6 +227,7 @@ pub struct ClusterTokens {
     /// Shared by every clone, replaced by a rotation or a refresh from the store.
     admin: Shared<Digests>,
     agent: Shared<Digests>,
+    metrics: Shared<Digests>,
     /// The agent token itself, sent to agents' admin API: plaintext clusters only. Over TLS
     /// the controller's certificate is its credential, and the agent token (which lets a
     /// node join) is never sent to a node.
@@ -200,6 +239,7 @@ pub struct ClusterTokens {
 pub struct TokenFiles {
     pub admin: PathBuf,
     pub agent: PathBuf,
+    pub metrics: PathBuf,
 }
 
 impl ClusterTokens {
@@ -219,8 +259,13 @@ impl ClusterTokens {
             Some((r, _)) => r,
             None => create_tokens(store, files).await?,
         };
+        let record = match record.metrics_sha256 {
+            Some(_) => record,
+            None => add_metrics_token(store, files).await?,
+        };
         let admin = record.digests(TokenKind::Admin)?;
         let agent = record.digests(TokenKind::Agent)?;
+        let metrics = record.digests(TokenKind::Metrics)?;
         let agent_token = if insecure {
             let token = auth::read_token_file(&files.agent).with_context(|| {
                 format!(
@@ -242,6 +287,7 @@ impl ClusterTokens {
         Ok(ClusterTokens {
             admin: shared(admin),
             agent: shared(agent),
+            metrics: shared(metrics),
             agent_token,
         })
     }
@@ -257,6 +303,10 @@ impl ClusterTokens {
         let agent = record.digests(TokenKind::Agent)?;
         write(&self.admin, admin);
         write(&self.agent, agent);
+        // A store written by a controller without metrics has none; keep ours then.
+        if let Ok(metrics) = record.digests(TokenKind::Metrics) {
+            write(&self.metrics, metrics);
+        }
         Ok(())
     }
 
@@ -304,6 +354,7 @@ impl ClusterTokens {
                     match kind {
                         TokenKind::Admin => write(&self.admin, digests),
                         TokenKind::Agent => write(&self.agent, digests),
+                        TokenKind::Metrics => write(&self.metrics, digests),
                     }
                     return Ok((token, until));
                 }
@@ -323,8 +374,14 @@ impl ClusterTokens {
         ClusterTokens {
             admin: shared(Digests::only(auth::digest(admin))),
             agent: shared(Digests::only(auth::digest(agent))),
+            metrics: shared(Digests::only(auth::digest("metrics"))),
             agent_token: Some(agent.to_string()),
         }
+    }
+
+    /// Digests (hex) of the metrics tokens valid now, for agents' `/metrics`.
+    pub fn metrics_digests_hex(&self) -> Vec<String> {
+        read(&self.metrics).valid_hex(crate::model::now_ms())
     }
 
     /// Whether `token` is the cluster's agent token, or the previous one in its grace
@@ -399,10 +456,12 @@ impl ClusterTokens {
         let now = crate::model::now_ms();
         let is_admin = read(&self.admin).admits(&d, now);
         let is_agent = read(&self.agent).admits(&d, now);
-        match (is_admin, is_agent, caller) {
-            (true, _, _) => Ok(Principal::Admin),
-            (_, true, Caller::Agent) => Ok(Principal::AgentToken),
-            (_, true, _) => Err(ControllerError::Forbidden),
+        let is_metrics = read(&self.metrics).admits(&d, now);
+        match (is_admin, is_agent, is_metrics, caller) {
+            (true, _, _, _) => Ok(Principal::Admin),
+            (_, true, _, Caller::Agent) => Ok(Principal::AgentToken),
+            (_, _, true, Caller::Metrics) => Ok(Principal::Metrics),
+            (_, true, _, _) | (_, _, true, _) => Err(ControllerError::Forbidden),
             _ => Err(unauthorized("the token is not valid for this cluster")),
         }
     }
@@ -418,6 +477,7 @@ fn parse_digest(hex: &str) -> anyhow::Result<TokenDigest> {
 async fn create_tokens(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<TokenRecord> {
     let admin = existing_or_new_token(&files.admin)?;
     let agent = existing_or_new_token(&files.agent)?;
+    let metrics = existing_or_new_token(&files.metrics)?;
     let record = TokenRecord {
         admin_sha256: auth::digest_hex(&auth::digest(&admin)),
         agent_sha256: auth::digest_hex(&auth::digest(&agent)),
@@ -425,6 +485,9 @@ async fn create_tokens(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<
         admin_previous_until_ms: None,
         agent_previous_sha256: None,
         agent_previous_until_ms: None,
+        metrics_sha256: Some(auth::digest_hex(&auth::digest(&metrics))),
+        metrics_previous_sha256: None,
+        metrics_previous_until_ms: None,
     };
     match put_json(store, TOKENS_KEY, &record, Expect::Absent).await {
         Ok(_) => {
@@ -445,6 +508,31 @@ async fn create_tokens(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<
         }
         Err(e) => Err(e).context("store the cluster token digests"),
     }
+}
+
+/// A store made before the metrics token existed: add one (adopting the token file if it
+/// exists), unless another controller did first (then its record is returned).
+async fn add_metrics_token(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<TokenRecord> {
+    let metrics = existing_or_new_token(&files.metrics)?;
+    for _ in 0..5 {
+        let (mut record, version) = get_json::<TokenRecord>(store, TOKENS_KEY)
+            .await
+            .context("read the cluster tokens")?
+            .context("the cluster tokens vanished from the store")?;
+        if record.metrics_sha256.is_some() {
+            return Ok(record);
+        }
+        record.metrics_sha256 = Some(auth::digest_hex(&auth::digest(&metrics)));
+        match put_json(store, TOKENS_KEY, &record, Expect::Version(version)).await {
+            Ok(_) => {
+                tracing::info!(file = %files.metrics.display(), "created the metrics token");
+                return Ok(record);
+            }
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(e).context("store the metrics token digest"),
+        }
+    }
+    anyhow::bail!("the cluster tokens kept changing while the metrics token was added")
 }
 
 /// The token in `path`, or a new random one written there (mode 0600, never overwriting).
@@ -484,6 +572,7 @@ mod tests {
         let files = TokenFiles {
             admin: dir.path().join("admin.token"),
             agent: dir.path().join("agent.token"),
+            metrics: dir.path().join("metrics.token"),
         };
         let tls = ClusterTokens::init(&store, &files, false).await.unwrap();
         assert!(tls.agent_token().is_none(), "never sent over TLS");
@@ -514,10 +603,77 @@ mod tests {
         let files = TokenFiles {
             admin: dir.path().join("admin.token"),
             agent: dir.path().join("agent.token"),
+            metrics: dir.path().join("metrics.token"),
         };
         let plain = ClusterTokens::init(&store, &files, true).await.unwrap();
         let err = plain.rotate(&store, TokenKind::Agent, 0).await.unwrap_err();
         assert!(matches!(err, ControllerError::Refused { .. }), "{err:?}");
         assert!(plain.is_agent_token(&auth::read_token_file(&files.agent).unwrap()));
+    }
+
+    /// A store from before metrics (no metrics token) gets one at the next start, from the
+    /// token file if there is one; the metrics token admits scrapes only, and agents are
+    /// told its digest (and the previous one's during a rotation's grace).
+    #[tokio::test]
+    async fn an_older_store_gains_a_metrics_token_that_opens_metrics_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path().join("store.json")).unwrap();
+        let files = TokenFiles {
+            admin: dir.path().join("admin.token"),
+            agent: dir.path().join("agent.token"),
+            metrics: dir.path().join("metrics.token"),
+        };
+        ClusterTokens::init(&store, &files, false).await.unwrap();
+        // Make it an older store: no metrics token in the record, and none on disk.
+        let (mut record, version) = get_json::<TokenRecord>(&store, TOKENS_KEY)
+            .await
+            .unwrap()
+            .unwrap();
+        record.metrics_sha256 = None;
+        put_json(&store, TOKENS_KEY, &record, Expect::Version(version))
+            .await
+            .unwrap();
+        std::fs::remove_file(&files.metrics).unwrap();
+
+        let tokens = ClusterTokens::init(&store, &files, false).await.unwrap();
+        let metrics = auth::read_token_file(&files.metrics).unwrap();
+        let admin = auth::read_token_file(&files.admin).unwrap();
+        let bearer = |t: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                axum::http::header::AUTHORIZATION,
+                format!("Bearer {t}").parse().unwrap(),
+            );
+            h
+        };
+        assert_eq!(
+            tokens.check(&bearer(&metrics), None, Caller::Metrics).unwrap(),
+            Principal::Metrics
+        );
+        assert!(matches!(
+            tokens.check(&bearer(&metrics), None, Caller::Admin),
+            Err(ControllerError::Forbidden)
+        ));
+        assert!(matches!(
+            tokens.check(&bearer(&metrics), None, Caller::Agent),
+            Err(ControllerError::Forbidden)
+        ));
+        assert_eq!(
+            tokens.check(&bearer(&admin), None, Caller::Metrics).unwrap(),
+            Principal::Admin
+        );
+        let digest = auth::digest_hex(&auth::digest(&metrics));
+        assert_eq!(tokens.metrics_digests_hex(), vec![digest.clone()]);
+
+        // A rotation with a grace: agents are told both digests; the new one is first.
+        let (new, _) = tokens
+            .rotate(&store, TokenKind::Metrics, 60_000)
+            .await
+            .unwrap();
+        let new_digest = auth::digest_hex(&auth::digest(&new));
+        assert_eq!(tokens.metrics_digests_hex(), vec![new_digest, digest]);
+        // Another controller reads the same record.
+        let other = ClusterTokens::init(&store, &files, false).await.unwrap();
+        assert!(other.check(&bearer(&new), None, Caller::Metrics).is_ok());
     }
 }

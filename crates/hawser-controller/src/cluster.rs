@@ -246,6 +246,7 @@ pub async fn admit(
             Ok(hawser_api::controller::ClusterJoin {
                 id: ours.id,
                 grant_key: signer.public_key(),
+                metrics_sha256: st.tokens.metrics_digests_hex(),
             })
         }
     }

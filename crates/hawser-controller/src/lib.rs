@@ -9,6 +9,7 @@
 //! serves the API; see `leader.rs`).
 
 mod agent_client;
+mod api_metrics;
 mod api_nodes;
 mod api_pools;
 mod api_replicas;
@@ -162,6 +163,7 @@ impl ControllerArgs {
                 .agent_token_file
                 .clone()
                 .unwrap_or_else(|| self.data_dir.join(hawser_api::auth::AGENT_TOKEN_FILE)),
+            metrics: self.data_dir.join(hawser_api::auth::METRICS_TOKEN_FILE),
         }
     }
 }
@@ -379,6 +381,7 @@ impl Controller {
                 None => events::VolumeEvents::none(),
             },
             waiting: Default::default(),
+            metrics: Default::default(),
         };
         Ok(Controller {
             listener,

@@ -48,7 +48,7 @@ fn route(
 /// Every route the API serves: the router is built from this list, and `docs/openapi.json`
 /// is tested against it ([`route_table`]).
 fn routes() -> Vec<Route> {
-    use Caller::{Admin, Agent, Joining};
+    use Caller::{Admin, Agent, Joining, Metrics};
     use Method as M;
     vec![
         route(M::GET, "/v1/nodes", Admin, get(api_nodes::list)),
@@ -79,6 +79,13 @@ fn routes() -> Vec<Route> {
             Admin,
             post(crate::api_tokens::rotate_agent_token),
         ),
+        route(
+            M::POST,
+            "/v1/cluster/metrics-token",
+            Admin,
+            post(crate::api_tokens::rotate_metrics_token),
+        ),
+        route(M::GET, "/metrics", Metrics, get(crate::api_metrics::scrape)),
         route(
             M::POST,
             "/v1/join-tokens",
@@ -192,6 +199,8 @@ async fn guard(
         Err(e) => return e.into_response(),
     }
     match st.leadership.role() {
+        // Every controller answers a scrape about itself.
+        _ if caller == Caller::Metrics => next.run(req).await,
         Role::Follower { leader_url } => ControllerError::NotLeader { leader_url }.into_response(),
         Role::Sole | Role::Leader { .. } => next.run(req).await,
     }

@@ -27,6 +27,8 @@ pub struct AppState {
     pub waiting: crate::cluster::Waiting,
     /// The CA and this controller's certificate; `None` with `--insecure`.
     pub tls: Option<std::sync::Arc<crate::tls::ControllerTls>>,
+    /// What `/metrics` counts as it happens.
+    pub metrics: crate::api_metrics::ControllerMetrics,
 }
 
 impl AppState {

@@ -112,6 +112,13 @@ fn check_epoch(v: &VolumeRecord, epoch: u64) -> Result<(), ControllerError> {
     Ok(())
 }
 
+/// Counts a report refused for a stale epoch (a fenced engine) in the metrics.
+fn count_refusal(st: &AppState, e: &ControllerError) {
+    if matches!(e, ControllerError::StaleEpoch { .. }) {
+        st.metrics.stale_epoch_reports.inc();
+    }
+}
+
 pub async fn outdate_replica(
     st: &AppState,
     name: &str,
@@ -124,11 +131,18 @@ pub async fn outdate_replica(
             let was = replica_state(v, replica);
             apply_outdate(v, replica, req.epoch, req.failed).map(|()| was)
         })
-        .await?;
+        .await
+        .inspect_err(|e| count_refusal(st, e))?;
     tracing::warn!(
         volume = %name, replica, epoch = req.epoch, reason = %req.reason, failed = req.failed,
         "replica outdated"
     );
+    if was == Some(ReplicaState::InSync) {
+        st.metrics.outdated.inc();
+    }
+    if req.failed && was != Some(ReplicaState::Failed) {
+        st.metrics.failed.inc();
+    }
     if was == Some(ReplicaState::InSync) {
         let (reason, what) = if req.failed {
             ("ReplicaFailed", "failed")
@@ -162,7 +176,11 @@ pub async fn mark_in_sync(
             let was = replica_state(v, replica);
             apply_mark_in_sync(v, replica, req.epoch).map(|()| was)
         })
-        .await?;
+        .await
+        .inspect_err(|e| count_refusal(st, e))?;
+    if was.is_some_and(|s| s != ReplicaState::InSync) {
+        st.metrics.resynced.inc();
+    }
     tracing::info!(volume = %name, replica, epoch = req.epoch, "replica resynced: in-sync");
     if was.is_some_and(|s| s != ReplicaState::InSync) {
         st.events.normal(
@@ -409,6 +427,7 @@ mod tests {
             leadership: crate::leader::Leadership::sole(),
             events: crate::events::VolumeEvents::none(),
             waiting: Default::default(),
+            metrics: Default::default(),
         });
         let report = |id: &'static str| {
             let st = st.clone();

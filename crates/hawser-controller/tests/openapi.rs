@@ -377,6 +377,63 @@ async fn real_responses_validate_against_the_document() {
         )
         .await;
     assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
+    // Metrics: refused without a token, served (as text) with the metrics token, which
+    // opens nothing else; the token rotates like the others.
+    let scrape = (Method::GET, "/metrics");
+    let (s, e) = p.call(None, scrape.clone(), "/metrics", None).await;
+    assert_eq!((s, code(&e)), (401, "unauthorized"), "{e}");
+    let (s, e) = p.call(g, scrape.clone(), "/metrics", None).await;
+    assert_eq!((s, code(&e)), (403, "forbidden"), "{e}");
+    let metrics_token = common::read_token(&p.c.dir.path().join("controller/metrics.token"));
+    let url = format!("{}/metrics", p.c.url);
+    let text = |token: String| {
+        let url = url.clone();
+        async move {
+            let resp = reqwest::Client::new()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            let ct = resp.headers()["content-type"].to_str().unwrap().to_string();
+            (resp.status().as_u16(), ct, resp.text().await.unwrap())
+        }
+    };
+    let (s, ct, body) = text(metrics_token.clone()).await;
+    assert_eq!(s, 200, "{body}");
+    assert!(ct.starts_with("text/plain"), "{ct}");
+    assert!(body.contains("hawser_controller_leader 1\n"), "{body}");
+    assert!(body.contains("process_resident_memory_bytes "), "{body}");
+    p.seen.insert(("GET".into(), "/metrics".into(), 200));
+    let (s, e) = p
+        .call(
+            Some(&metrics_token),
+            (Method::GET, "/v1/volumes"),
+            "/v1/volumes",
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (403, "forbidden"),
+        "the metrics token reads metrics only"
+    );
+    let (s, r) = p
+        .call(
+            Some(&new),
+            (Method::POST, "/v1/cluster/metrics-token"),
+            "/v1/cluster/metrics-token",
+            Some(json!({"grace_secs": 0})),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let rotated = r["token"].as_str().expect("a new token").to_string();
+    assert_eq!(text(rotated).await.0, 200);
+    assert_eq!(
+        text(metrics_token).await.0,
+        401,
+        "no grace asked: the old token is gone"
+    );
     // Every documented operation was exercised at least once.
     let exercised: BTreeSet<(String, String)> = p
         .seen

@@ -61,9 +61,21 @@ pub enum ClusterCmd {
         #[arg(long, value_name = "PATH")]
         write: Option<std::path::PathBuf>,
     },
+    /// Replace the metrics token (the read-only credential Prometheus scrapes `/metrics` of
+    /// the controllers and agents with) with a new random one. Agents take the new one with
+    /// their next heartbeat; the previous one works for --grace-secs.
+    RotateMetricsToken {
+        /// Seconds the previous token still works (0: not at all).
+        #[arg(long, default_value_t = 3600)]
+        grace_secs: u64,
+        /// Write the new token to this file (mode 0600, replaced atomically) instead of
+        /// printing it.
+        #[arg(long, value_name = "PATH")]
+        write: Option<std::path::PathBuf>,
+    },
 }
 
-/// Rotates the `kind` (admin or agent) token; prints the new one or writes it to `write`.
+/// Rotates the `kind` (admin, agent or metrics) token; prints the new one or writes it to `write`.
 fn rotate(
     client: &Client,
     kind: &str,
@@ -128,6 +140,9 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
         }
         ClusterCmd::RotateAgentToken { grace_secs, write } => {
             rotate(client, "agent", grace_secs, write)?;
+        }
+        ClusterCmd::RotateMetricsToken { grace_secs, write } => {
+            rotate(client, "metrics", grace_secs, write)?;
         }
         ClusterCmd::Recover { wait_secs, out } => {
             let req = RecoverCluster {

@@ -1,0 +1,582 @@
+//! The agent's Prometheus metrics (`GET /metrics` on the admin listener).
+//!
+//! Two kinds:
+//! - counted as requests run: per volume and operation, requests, bytes, errors and a latency
+//!   histogram, and requests in flight. Counted at the volume's NBD export, which outlives
+//!   engine swaps, so the series do not restart when a volume's replicas change. The handles
+//!   are made once per export: a request touches atomics and one histogram, no map lookup.
+//! - read at scrape time from what already exists: each engine's status (epoch, replica
+//!   states, resync progress, activity log) and each pool's usage, and the process's CPU
+//!   and memory.
+//!
+//! Labels are bounded: volume, operation, replica (at most 8 per volume), pool, state. Never
+//! a per-request or per-offset label.
+//!
+//! Scrapes need the cluster's metrics token (or the controller's credentials): the
+//! controller hands its digest to the agent with every heartbeat answer, so a rotation
+//! reaches every agent within a heartbeat.
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use hawser_api::auth::{self, TokenDigest};
+use hawser_api::metrics::{ProcessCollector, LATENCY_BUCKETS_SECS};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::engines::Engines;
+use crate::node_storage::NodeStorage;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The operations counted, as their `op` label says them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    WriteZeroes,
+}
+
+impl IoOp {
+    const ALL: [IoOp; 5] = [
+        IoOp::Read,
+        IoOp::Write,
+        IoOp::Flush,
+        IoOp::Trim,
+        IoOp::WriteZeroes,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            IoOp::Read => "read",
+            IoOp::Write => "write",
+            IoOp::Flush => "flush",
+            IoOp::Trim => "trim",
+            IoOp::WriteZeroes => "write_zeroes",
+        }
+    }
+}
+
+/// The families of the request metrics; one series per (volume, op). Clones share them.
+#[derive(Clone)]
+pub struct IoMetrics {
+    requests: Family<Labels, Counter>,
+    bytes: Family<Labels, Counter>,
+    errors: Family<Labels, Counter>,
+    latency: Family<Labels, Histogram, fn() -> Histogram>,
+    in_flight: Family<Labels, Gauge>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS_SECS)
+}
+
+impl Default for IoMetrics {
+    fn default() -> Self {
+        IoMetrics {
+            requests: Family::default(),
+            bytes: Family::default(),
+            errors: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            in_flight: Family::default(),
+        }
+    }
+}
+
+impl IoMetrics {
+    fn register(&self, h: &mut Registry) {
+        h.register(
+            "volume_requests",
+            "Requests answered, by volume and operation",
+            self.requests.clone(),
+        );
+        h.register_with_unit(
+            "volume_request",
+            "Bytes read or written by requests that succeeded",
+            Unit::Bytes,
+            self.bytes.clone(),
+        );
+        h.register(
+            "volume_request_errors",
+            "Requests answered with an error",
+            self.errors.clone(),
+        );
+        h.register_with_unit(
+            "volume_request_duration",
+            "Time from a request's arrival at the volume to its answer",
+            Unit::Seconds,
+            self.latency.clone(),
+        );
+        h.register(
+            "volume_requests_in_flight",
+            "Requests the volume is running now",
+            self.in_flight.clone(),
+        );
+    }
+
+    /// The request metrics of `volume`'s export (made now; their series go when it drops).
+    pub fn volume(&self, volume: &str) -> VolumeIo {
+        let op = |op: IoOp| {
+            let l = labels(volume, Some(op));
+            OpIo {
+                requests: self.requests.get_or_create(&l).clone(),
+                bytes: self.bytes.get_or_create(&l).clone(),
+                errors: self.errors.get_or_create(&l).clone(),
+                latency: self.latency.get_or_create(&l).clone(),
+            }
+        };
+        VolumeIo {
+            volume: volume.to_string(),
+            ops: IoOp::ALL.map(op),
+            in_flight: self.in_flight.get_or_create(&labels(volume, None)).clone(),
+            families: self.clone(),
+        }
+    }
+}
+
+/// One operation's handles.
+struct OpIo {
+    requests: Counter,
+    bytes: Counter,
+    errors: Counter,
+    latency: Histogram,
+}
+
+/// A volume's request metrics, held by its export.
+pub struct VolumeIo {
+    volume: String,
+    ops: [OpIo; 5],
+    in_flight: Gauge,
+    families: IoMetrics,
+}
+
+/// A request being counted: ends with [`VolumeIo::done`].
+pub struct Started {
+    op: IoOp,
+    at: Instant,
+}
+
+impl VolumeIo {
+    /// Counts the start of a request.
+    pub fn start(&self, op: IoOp) -> Started {
+        self.in_flight.inc();
+        Started {
+            op,
+            at: Instant::now(),
+        }
+    }
+
+    /// Counts the end of a request that moved `bytes` (or failed: `ok` false).
+    pub fn done(&self, s: Started, bytes: u64, ok: bool) {
+        self.in_flight.dec();
+        let m = &self.ops[IoOp::ALL.iter().position(|o| *o == s.op).unwrap_or(0)];
+        m.requests.inc();
+        if ok {
+            m.bytes.inc_by(bytes);
+        } else {
+            m.errors.inc();
+        }
+        m.latency.observe(s.at.elapsed().as_secs_f64());
+    }
+}
+
+impl Drop for VolumeIo {
+    /// A stopped export's series go with it: the label set stays bounded by the volumes
+    /// this node serves now.
+    fn drop(&mut self) {
+        for op in IoOp::ALL {
+            let l = labels(&self.volume, Some(op));
+            self.families.requests.remove(&l);
+            self.families.bytes.remove(&l);
+            self.families.errors.remove(&l);
+            self.families.latency.remove(&l);
+        }
+        self.families.in_flight.remove(&labels(&self.volume, None));
+    }
+}
+
+fn labels(volume: &str, op: Option<IoOp>) -> Labels {
+    let mut l = vec![("volume", volume.to_string())];
+    if let Some(op) = op {
+        l.push(("op", op.label().to_string()));
+    }
+    l
+}
+
+/// The agent's metrics registry and its scrape credential.
+pub struct AgentMetrics {
+    registry: Registry,
+    /// Digests of the metrics tokens the controller last said are valid.
+    scrape_tokens: RwLock<Vec<TokenDigest>>,
+}
+
+impl AgentMetrics {
+    /// The registry of the request metrics of `engines`' exports, and of the state of
+    /// `engines` and `storage`.
+    pub fn new(engines: Arc<Engines>, storage: Arc<NodeStorage>) -> Arc<AgentMetrics> {
+        let io = engines.io().clone();
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(ProcessCollector));
+        let h = registry.sub_registry_with_prefix("hawser");
+        io.register(h);
+        h.register_collector(Box::new(StateCollector { engines, storage }));
+        Arc::new(AgentMetrics {
+            registry,
+            scrape_tokens: RwLock::new(Vec::new()),
+        })
+    }
+
+    /// Everything, in the format `accept` asks for: (content type, body).
+    pub fn render(&self, accept: Option<&str>) -> (&'static str, String) {
+        hawser_api::metrics::render(&self.registry, accept)
+    }
+
+    /// The metrics tokens now valid, as hex digests from the controller (bad ones are
+    /// skipped: they would admit nobody).
+    pub fn set_scrape_tokens(&self, hex: &[String]) {
+        let digests = hex
+            .iter()
+            .filter_map(|h| auth::parse_digest_hex(h))
+            .collect();
+        *self
+            .scrape_tokens
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = digests;
+    }
+
+    /// Whether `token` is a valid metrics token (constant-time comparisons, all of them).
+    pub fn admits(&self, token: &str) -> bool {
+        let d = auth::digest(token);
+        let valid = self.scrape_tokens.read().unwrap_or_else(|p| p.into_inner());
+        valid
+            .iter()
+            .fold(false, |ok, v| ok | auth::digests_equal(&d, v))
+    }
+}
+
+/// Reads the engines' and pools' state at each scrape.
+struct StateCollector {
+    engines: Arc<Engines>,
+    storage: Arc<NodeStorage>,
+}
+
+impl fmt::Debug for StateCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StateCollector")
+    }
+}
+
+/// The engine states an engine reports for a replica (`EngineReplicaStatus::state`).
+const REPLICA_STATES: [&str; 7] = [
+    "in_sync",
+    "down",
+    "outdating",
+    "outdated",
+    "syncing",
+    "marking",
+    "failed",
+];
+
+/// One family of values: name, help, unit, type, and (labels, value) rows.
+fn family<V: Copy>(
+    enc: &mut DescriptorEncoder,
+    (name, help, unit): (&str, &str, Option<Unit>),
+    counter: bool,
+    rows: &[(Labels, V)],
+    encode: impl Fn(V, prometheus_client::encoding::MetricEncoder) -> fmt::Result,
+) -> fmt::Result {
+    let ty = if counter {
+        MetricType::Counter
+    } else {
+        MetricType::Gauge
+    };
+    let mut m = enc.encode_descriptor(name, help, unit.as_ref(), ty)?;
+    for (labels, v) in rows {
+        encode(*v, m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(v: i64, m: prometheus_client::encoding::MetricEncoder) -> fmt::Result {
+    ConstGauge::new(v).encode(m)
+}
+
+fn counter(v: u64, m: prometheus_client::encoding::MetricEncoder) -> fmt::Result {
+    ConstCounter::new(v).encode(m)
+}
+
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Collector for StateCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let statuses = self.engines.statuses();
+        let mut epoch = Vec::new();
+        let mut in_sync = Vec::new();
+        let mut extents = Vec::new();
+        let mut state = Vec::new();
+        let mut connected = Vec::new();
+        let mut copied = Vec::new();
+        let mut dirty = Vec::new();
+        let mut rate = Vec::new();
+        for s in &statuses {
+            let v = || vec![("volume", s.volume.clone())];
+            epoch.push((v(), int(s.epoch)));
+            in_sync.push((v(), s.in_sync.len() as i64));
+            extents.push((v(), int(s.active_extents)));
+            for r in &s.replicas {
+                let rl = || {
+                    vec![
+                        ("volume", s.volume.clone()),
+                        ("replica", r.replica_id.clone()),
+                    ]
+                };
+                for st in REPLICA_STATES {
+                    let mut l = rl();
+                    l.push(("state", st.to_string()));
+                    state.push((l, i64::from(r.state == st)));
+                }
+                connected.push((rl(), i64::from(r.connected)));
+                copied.push((rl(), r.copied_bytes));
+                dirty.push((rl(), int(r.dirty_bytes)));
+                rate.push((rl(), int(r.resync_bytes_per_sec)));
+            }
+        }
+        let e = &mut enc;
+        family(
+            e,
+            (
+                "volume_epoch",
+                "The epoch of the volume's engine on this node",
+                None,
+            ),
+            false,
+            &epoch,
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "volume_replicas_in_sync",
+                "Replicas in the engine's in-sync set",
+                None,
+            ),
+            false,
+            &in_sync,
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "volume_activity_log_extents",
+                "Extents (4 MiB) in the activity log: what crash recovery would compare",
+                None,
+            ),
+            false,
+            &extents,
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "volume_replica_state",
+                "1 for the state the engine sees the replica in, 0 for the others",
+                None,
+            ),
+            false,
+            &state,
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "volume_replica_connected",
+                "1 if the engine has a session with the replica",
+                None,
+            ),
+            false,
+            &connected,
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "volume_resync_copied",
+                "Bytes resync copied to the replica during this engine's life",
+                Some(Unit::Bytes),
+            ),
+            true,
+            &copied,
+            counter,
+        )?;
+        family(
+            e,
+            (
+                "volume_resync_remaining",
+                "Bytes of dirty chunks still to copy to the replica",
+                Some(Unit::Bytes),
+            ),
+            false,
+            &dirty,
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "volume_resync_rate",
+                "Copy rate of the replica's current resync, bytes per second",
+                None,
+            ),
+            false,
+            &rate,
+            gauge,
+        )?;
+
+        let pools = self.storage.pool_infos();
+        let rows = |f: fn(&hawser_api::controller::PoolInfo) -> u64| -> Vec<(Labels, i64)> {
+            pools
+                .iter()
+                .map(|p| (vec![("pool", p.name.clone())], int(f(p))))
+                .collect()
+        };
+        family(
+            e,
+            (
+                "pool_capacity",
+                "Size of the pool's filesystem (or its configured limit)",
+                Some(Unit::Bytes),
+            ),
+            false,
+            &rows(|p| p.capacity_bytes),
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "pool_used",
+                "Bytes used on the pool's filesystem",
+                Some(Unit::Bytes),
+            ),
+            false,
+            &rows(|p| p.capacity_bytes.saturating_sub(p.free_bytes)),
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "pool_provisioned",
+                "Sum of the sizes of the pool's replicas (thin ones at full size)",
+                Some(Unit::Bytes),
+            ),
+            false,
+            &rows(|p| p.provisioned_bytes),
+            gauge,
+        )?;
+        family(
+            e,
+            ("pool_replicas", "Replicas in the pool", None),
+            false,
+            &rows(|p| u64::from(p.replicas)),
+            gauge,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn scrape(io: &IoMetrics) -> String {
+        let mut r = Registry::default();
+        io.register(r.sub_registry_with_prefix("hawser"));
+        hawser_api::metrics::render(&r, None).1
+    }
+
+    fn value(body: &str, series: &str) -> Option<f64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn requests_are_counted_per_volume_and_op_and_their_series_go_with_the_export() {
+        let io = IoMetrics::default();
+        let v = io.volume("v1");
+        let w = v.start(IoOp::Write);
+        assert_eq!(
+            value(
+                &scrape(&io),
+                r#"hawser_volume_requests_in_flight{volume="v1"}"#
+            ),
+            Some(1.0)
+        );
+        v.done(w, 4096, true);
+        let r = v.start(IoOp::Read);
+        v.done(r, 8192, false);
+        let body = scrape(&io);
+        let series = |name: &str, op: &str| format!(r#"{name}{{volume="v1",op="{op}"}}"#);
+        assert_eq!(
+            value(&body, &series("hawser_volume_requests_total", "write")),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&body, &series("hawser_volume_request_bytes_total", "write")),
+            Some(4096.0)
+        );
+        // A failed read is a request and an error, and moved no bytes.
+        assert_eq!(
+            value(&body, &series("hawser_volume_requests_total", "read")),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&body, &series("hawser_volume_request_errors_total", "read")),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&body, &series("hawser_volume_request_bytes_total", "read")),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(
+                &body,
+                &series("hawser_volume_request_duration_seconds_count", "write")
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&body, r#"hawser_volume_requests_in_flight{volume="v1"}"#),
+            Some(0.0)
+        );
+        drop(v);
+        assert!(
+            !scrape(&io).contains("v1"),
+            "a dropped export's series are gone"
+        );
+    }
+
+    #[test]
+    fn only_the_tokens_the_controller_named_are_admitted() {
+        let m = AgentMetrics {
+            registry: Registry::default(),
+            scrape_tokens: RwLock::new(Vec::new()),
+        };
+        assert!(!m.admits("t1"), "no digest yet: nobody");
+        let hex = |t: &str| auth::digest_hex(&auth::digest(t));
+        m.set_scrape_tokens(&[hex("t1"), "not hex".into(), hex("t2")]);
+        assert!(m.admits("t1") && m.admits("t2"));
+        assert!(!m.admits("t3"));
+        m.set_scrape_tokens(&[hex("t2")]);
+        assert!(!m.admits("t1"), "a rotated-out token stops working");
+    }
+}
