@@ -8,8 +8,11 @@
 # (to the baseline; 1r to nbdkit; 2r to 1r, the cost of the second replica on this machine),
 # agent RSS/CPU idle and under load, CPU time and context switches per request of the servers
 # (both agents + nbdkit, summed: only the tested target's server is busy) and of fio, and
-# writes bench-results.json. Performance is reported,
-# never asserted. Environment: BENCH_RUNTIME (s, default 10), BENCH_SIZE (default 1GiB).
+# writes bench-results.json with SVG charts beside it: bench-results.<test>.svg per test and
+# bench-results.history.svg, every target's ratio to the baseline over the runs kept in
+# docs/bench/history (this one included), where the JSON is then copied for the next run.
+# Performance is reported, never asserted. Environment: BENCH_RUNTIME (s, default 10),
+# BENCH_SIZE (default 1GiB), BENCH_HISTORY (default docs/bench/history).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HAWSER="$PWD/target/release/hawser"
@@ -19,6 +22,8 @@ RUNTIME="${BENCH_RUNTIME:-10}"
 VOLUME_FLAGS="${BENCH_VOLUME_FLAGS:-}"
 TESTS="${BENCH_TESTS:-randwrite_fsync,randwrite_jobs4,randwrite,write,randread_fsync,randread_jobs4,randread,read}"
 SIZE="${BENCH_SIZE:-1GiB}"
+HISTORY="${BENCH_HISTORY:-$PWD/docs/bench/history}"
+mkdir -p "$HISTORY"
 export HAWSER_CONTROLLER="https://127.0.0.1:9410"
 pids=()
 cleanup() {
@@ -76,5 +81,11 @@ sock="$B/b1/nbd.sock"
   --expect hawser-1r/nbdkit:randwrite_fsync\>=0.95 --expect hawser-1r/nbdkit:randwrite\>=0.95 \
   --expect hawser-1r/nbdkit:randwrite_jobs4\>=0.95 --expect hawser-1r/nbdkit:write\>=0.95 \
   --expect hawser-1r/nbdkit:randread_fsync\>=0.95 --expect hawser-1r/nbdkit:randread\>=0.95 \
-  --expect hawser-1r/nbdkit:randread_jobs4\>=0.95 --expect hawser-1r/nbdkit:read\>=0.95
-echo "results: $PWD/bench-results.json"
+  --expect hawser-1r/nbdkit:randread_jobs4\>=0.95 --expect hawser-1r/nbdkit:read\>=0.95 \
+  --history "$HISTORY"
+echo "results: $PWD/bench-results.json, charts: $PWD/bench-results.*.svg"
+# Keep this run for the next run's history chart, named after its start (colons dropped).
+ts=$(sed -n 's/^  "timestamp": "\([^"]*\)",$/\1/p' bench-results.json | head -n 1)
+ts="${ts:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"
+cp bench-results.json "$HISTORY/bench-${ts//:/}.json"
+echo "kept in $HISTORY/bench-${ts//:/}.json"

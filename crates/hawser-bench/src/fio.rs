@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::suite::{Direction, TestDef};
@@ -104,11 +105,60 @@ pub struct Measurement {
     pub lat_mean_ns: f64,
     /// Mean latency of the flushes `--fsync=1` adds, which `lat_mean_ns` leaves out.
     pub sync_lat_mean_ns: Option<f64>,
+    /// Completion-latency percentiles of the data I/Os; `None` when fio printed none.
+    pub clat_percentiles_ns: Option<Percentiles>,
     /// Requests completed: the data I/Os plus the flushes `--fsync=1` adds.
     pub requests: u64,
     /// What fio itself (the client) spent: CPU seconds (user + system) and context switches.
     pub client_cpu_secs: f64,
     pub client_ctx_switches: u64,
+}
+
+/// Completion-latency (`clat`) percentiles: the ones of fio's default `percentile_list`
+/// that tell the typical request (p50) from the tail (p99, p99.9). fio times percentiles on
+/// completion latency only unless told otherwise, so they leave out submission time, which
+/// the mean latency (`lat`) includes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub p99_9: f64,
+}
+
+impl Percentiles {
+    /// The same percentiles in another unit, e.g. `scaled(1e-3)` for ns to us.
+    pub fn scaled(self, factor: f64) -> Percentiles {
+        Percentiles {
+            p50: self.p50 * factor,
+            p99: self.p99 * factor,
+            p99_9: self.p99_9 * factor,
+        }
+    }
+
+    /// Each percentile the larger of the two.
+    fn max(self, other: Percentiles) -> Percentiles {
+        Percentiles {
+            p50: self.p50.max(other.p50),
+            p99: self.p99.max(other.p99),
+            p99_9: self.p99_9.max(other.p99_9),
+        }
+    }
+
+    /// Reads fio's `"percentile": {"50.000000": 102912, ...}`; `None` unless all three are
+    /// there.
+    fn from_fio(map: &Value) -> Option<Percentiles> {
+        let map = map.as_object()?;
+        let at = |wanted: f64| {
+            map.iter()
+                .find(|(k, _)| k.parse::<f64>().is_ok_and(|p| (p - wanted).abs() < 1e-6))
+                .and_then(|(_, v)| v.as_f64())
+        };
+        Some(Percentiles {
+            p50: at(50.0)?,
+            p99: at(99.0)?,
+            p99_9: at(99.9)?,
+        })
+    }
 }
 
 /// Runs `cmd`, killing it after `deadline`, and parses its JSON for `direction`. Errors carry
@@ -249,7 +299,10 @@ pub fn parse_output(stdout: &str, direction: Direction) -> anyhow::Result<Measur
 }
 
 /// Sums per-job entries. With group_reporting there is one; without, one per job: throughput
-/// adds up, and each job's mean latency is weighted by its I/O count.
+/// adds up, and each job's mean latency is weighted by its I/O count. Percentiles cannot be
+/// combined from per-job percentiles, so each is the largest over the jobs: an upper bound of
+/// the combined one (no job has more than 1% of its I/Os above its own p99, so neither has
+/// the whole), exact under group_reporting, which every multi-job standard test uses.
 #[derive(Default)]
 struct JobTotals {
     requests: u64,
@@ -261,6 +314,9 @@ struct JobTotals {
     lat_count: f64,
     sync_weighted: f64,
     sync_count: f64,
+    clat: Option<Percentiles>,
+    /// A job printed no percentiles: then none are reported, as a partial max would flatter.
+    clat_missing: bool,
 }
 
 impl JobTotals {
@@ -285,6 +341,14 @@ impl JobTotals {
         let n = number(&["lat_ns", "N"]).unwrap_or(1.0);
         self.lat_weighted += mean * n;
         self.lat_count += n;
+        match dir
+            .get("clat_ns")
+            .and_then(|c| c.get("percentile"))
+            .and_then(Percentiles::from_fio)
+        {
+            Some(p) => self.clat = Some(self.clat.map_or(p, |c| c.max(p))),
+            None => self.clat_missing = true,
+        }
         let count = |path: &[&str]| path.iter().try_fold(dir, |v, k| v.get(k))?.as_u64();
         self.requests += count(&["total_ios"])
             .or_else(|| count(&["lat_ns", "N"]))
@@ -327,6 +391,7 @@ impl JobTotals {
                 0.0
             },
             sync_lat_mean_ns: (self.sync_count > 0.0).then(|| self.sync_weighted / self.sync_count),
+            clat_percentiles_ns: self.clat.filter(|_| !self.clat_missing),
             requests: self.requests,
             client_cpu_secs: self.client_cpu_secs,
             client_ctx_switches: self.client_ctx_switches,
@@ -353,6 +418,8 @@ mod tests {
     const JOBS4: &str = include_str!("../testdata/libaio_randwrite_jobs4.json");
     const NBD_FSYNC: &str = include_str!("../testdata/nbd_randwrite_fsync.txt");
     const UNGROUPED: &str = include_str!("../testdata/libaio_read_jobs2_ungrouped.json");
+    /// Untrimmed fio 3.33 output of two ungrouped 4k randread jobs, with `clat_ns` percentiles.
+    const PERCENTILES: &str = include_str!("../testdata/libaio_randread_jobs2_percentiles.json");
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-6 * b.abs().max(1.0)
@@ -400,6 +467,43 @@ mod tests {
         assert!(close(m.lat_mean_ns, lat), "{m:?}");
         assert_eq!(m.requests, 323);
         assert_eq!(m.client_ctx_switches, 38 + 76);
+        Ok(())
+    }
+
+    #[test]
+    fn reads_clat_percentiles_as_the_largest_over_ungrouped_jobs() -> anyhow::Result<()> {
+        let m = parse_output(PERCENTILES, Direction::Read)?;
+        let p = m
+            .clat_percentiles_ns
+            .context("fio printed clat percentiles")?;
+        // Job 0: 102912 / 232448 / 774144 ns; job 1: 103936 / 232448 / 806912 ns.
+        assert_eq!(
+            p,
+            Percentiles {
+                p50: 103936.0,
+                p99: 232448.0,
+                p99_9: 806912.0
+            }
+        );
+        assert_eq!(p.scaled(1e-3).p99_9, 806.912);
+        // One job without percentiles: a max over the other alone would understate the tail.
+        let root: Value = serde_json::from_str(PERCENTILES)?;
+        let mut partial = root.clone();
+        partial["jobs"][1]["read"]["clat_ns"]
+            .as_object_mut()
+            .context("clat_ns object")?
+            .remove("percentile");
+        let m = parse_output(&partial.to_string(), Direction::Read)?;
+        assert_eq!(m.clat_percentiles_ns, None);
+        let mut no_p999 = root;
+        no_p999["jobs"][0]["read"]["clat_ns"]["percentile"]["99.900000"] = Value::Null;
+        let m = parse_output(&no_p999.to_string(), Direction::Read)?;
+        assert_eq!(m.clat_percentiles_ns, None, "all three or none");
+        // The trimmed outputs carry no clat_ns at all.
+        assert_eq!(
+            parse_output(JOBS4, Direction::Write)?.clat_percentiles_ns,
+            None
+        );
         Ok(())
     }
 

@@ -4,12 +4,18 @@
 //! `plan` checks the arguments, `target` and `suite` define what is measured, `fio` runs and
 //! parses fio, `procstat` samples processes, `cost` divides their CPU and context switches
 //! by the requests of each test, `ratio` compares targets, `runner` sequences a run and
-//! `report` prints and saves it.
+//! `report` prints and saves it; `chart` draws SVG charts beside the JSON (`chart_by_test`,
+//! `chart_history`, from `chart_run`'s view of the JSON, on `chart_scale` axes, with `svg`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 
+mod chart;
+mod chart_by_test;
+mod chart_history;
+mod chart_run;
+mod chart_scale;
 mod cost;
 mod fio;
 mod plan;
@@ -18,6 +24,7 @@ mod ratio;
 mod report;
 mod runner;
 mod suite;
+mod svg;
 mod target;
 
 /// Arguments of `hawser bench`.
@@ -27,7 +34,11 @@ pub struct BenchArgs {
     /// preallocated to --size if missing, or a block device; libaio, O_DIRECT) or `nbd:URI`
     /// (fio's nbd engine, e.g. `nbd://127.0.0.1:10809/demo` or
     /// `nbd+unix:///demo?socket=/run/demo.sock`). Repeatable; the first is the baseline.
-    #[arg(long = "target", value_name = "NAME=SPEC", required = true)]
+    #[arg(
+        long = "target",
+        value_name = "NAME=SPEC",
+        required_unless_present = "chart_only"
+    )]
     pub targets: Vec<String>,
 
     /// Target the ratios are computed against [default: the first --target].
@@ -51,9 +62,25 @@ pub struct BenchArgs {
     )]
     pub tests: Vec<String>,
 
-    /// Where to write all numbers, command lines and settings as JSON.
+    /// Where to write all numbers, command lines and settings as JSON. The charts go beside
+    /// it: `<stem>.<test>.svg` per test, and `<stem>.history.svg` with --history.
     #[arg(long, value_name = "PATH", default_value = "bench-results.json")]
     pub json: PathBuf,
+
+    /// A directory of earlier results JSON files (`*.json`; others are ignored, and files
+    /// that do not parse are skipped with a warning): also chart every target's ratio to the
+    /// baseline run over run, this run included, as `<stem>.history.svg`.
+    #[arg(long, value_name = "DIR")]
+    pub history: Option<PathBuf>,
+
+    /// Write no SVG charts.
+    #[arg(long, conflicts_with_all = ["chart_only", "history"])]
+    pub no_charts: bool,
+
+    /// Run no test: redraw the charts of an earlier run's results JSON, beside it (with
+    /// --history, the run-over-run chart too), e.g. to regenerate the charts in docs/bench.
+    #[arg(long, value_name = "JSON", conflicts_with = "targets")]
+    pub chart_only: Option<PathBuf>,
 
     /// Report RSS and CPU of a process (e.g. a target's server) at rest before the tests and
     /// under load during them. Repeatable.
@@ -87,12 +114,23 @@ pub struct BenchArgs {
     pub fio: String,
 }
 
-/// Runs `hawser bench`: all tests on all targets, then prints the table and writes the JSON.
+/// Runs `hawser bench`: all tests on all targets, then prints the table and writes the JSON
+/// and the charts. With `--chart-only`, only redraws the charts of an earlier run.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(json) = &args.chart_only {
+        return chart::redraw(json, args.history.as_deref());
+    }
     let plan = plan::Plan::from_args(&args).context("check bench arguments")?;
     let report = runner::run(&plan)?;
     print!("{}", report::render(&report));
     report::write_json(&report, &plan.json_path)?;
     eprintln!("wrote {}", plan.json_path.display());
+    if plan.charts {
+        let run = chart_run::RunData::from_report(&report)?;
+        let history = plan.history_dir.as_deref();
+        for path in chart::write_charts(&run, &plan.json_path, history)? {
+            eprintln!("wrote {}", path.display());
+        }
+    }
     Ok(())
 }

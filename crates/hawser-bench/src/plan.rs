@@ -31,6 +31,10 @@ pub struct Plan {
     pub runtime_secs: u64,
     pub size_bytes: u64,
     pub json_path: PathBuf,
+    /// Draw SVG charts beside the JSON.
+    pub charts: bool,
+    /// Earlier results for the run-over-run chart.
+    pub history_dir: Option<PathBuf>,
     pub monitors: Vec<Monitor>,
     pub idle_secs: u64,
     pub prefill: bool,
@@ -55,6 +59,14 @@ impl Plan {
         let tests = suite::select(&args.tests)?;
         let (pairs, expectations) = parse_comparisons(args, &targets)?;
         let monitors = parse_all(&args.monitor_pids, parse_monitor)?;
+        if let Some(dir) = &args.history {
+            // Checked now: finding out after minutes of fio would lose the history chart.
+            ensure!(
+                dir.is_dir(),
+                "--history {} is not a directory",
+                dir.display()
+            );
+        }
         Ok(Plan {
             targets,
             baseline,
@@ -62,6 +74,8 @@ impl Plan {
             runtime_secs: args.runtime,
             size_bytes,
             json_path: args.json.clone(),
+            charts: !args.no_charts,
+            history_dir: args.history.clone(),
             monitors,
             idle_secs: args.idle_secs,
             prefill: !args.no_prefill,
@@ -210,6 +224,12 @@ mod tests {
         );
         assert_eq!((p.tests.len(), p.prefill, p.idle_secs), (8, true, 5));
         assert_eq!(p.json_path, PathBuf::from("bench-results.json"));
+        assert!(p.charts && p.history_dir.is_none());
+        let tmp = std::env::temp_dir();
+        let history = format!("--history={}", tmp.display());
+        let p = plan(&["--target=a=file:/tmp/a", &history])?;
+        assert_eq!(p.history_dir.as_deref(), Some(tmp.as_path()));
+        assert!(!plan(&["--target=a=file:/tmp/a", "--no-charts"])?.charts);
         let p = plan(&[
             "--target=a=file:/tmp/a",
             "--target=b=nbd:nbd://h/e",
@@ -231,6 +251,19 @@ mod tests {
     }
 
     #[test]
+    fn chart_only_needs_no_target() -> anyhow::Result<()> {
+        let cli = Cli::try_parse_from(["bench", "--chart-only=r.json", "--history=/tmp"])?;
+        assert_eq!(cli.args.chart_only, Some(PathBuf::from("r.json")));
+        assert!(cli.args.targets.is_empty());
+        assert!(
+            Cli::try_parse_from(["bench"]).is_err(),
+            "a run needs a target"
+        );
+        assert!(Cli::try_parse_from(["bench", "--chart-only=r.json", "--no-charts"]).is_err());
+        Ok(())
+    }
+
+    #[test]
     fn rejects_inconsistent_arguments() {
         let t = "--target=a=file:/tmp/a";
         for argv in [
@@ -243,6 +276,9 @@ mod tests {
             vec![t, "--expect=z:read>=1"],
             vec![t, "--runtime=0"],
             vec![t, "--monitor-pid=x=notapid"],
+            vec![t, "--history=/nonexistent/hawser-bench-history"],
+            vec![t, "--no-charts", "--history=/tmp"],
+            vec![t, "--chart-only=x.json"],
         ] {
             assert!(plan(&argv).is_err(), "{argv:?} must be rejected");
         }

@@ -115,6 +115,7 @@ pub(crate) mod tests {
             mib_per_sec: iops * 4096.0 / 1048576.0,
             lat_mean_us: 1e6 / iops,
             sync_lat_mean_us: None,
+            clat_percentiles_us: None,
             ratio_metric: metric,
             ratio_to_baseline: None,
             requests: 1000,

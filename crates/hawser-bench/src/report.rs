@@ -8,6 +8,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cost::ServerCost;
+use crate::fio::Percentiles;
 use crate::procstat::PhaseStats;
 use crate::suite::RatioMetric;
 
@@ -57,6 +58,8 @@ pub struct TestResult {
     pub lat_mean_us: f64,
     /// Mean flush latency of the `_fsync` write test, which `lat_mean_us` does not include.
     pub sync_lat_mean_us: Option<f64>,
+    /// p50 / p99 / p99.9 completion latency of the data I/Os (see `fio::Percentiles`).
+    pub clat_percentiles_us: Option<Percentiles>,
     pub ratio_metric: RatioMetric,
     pub ratio_to_baseline: Option<f64>,
     /// Requests completed (data I/Os and flushes).

@@ -192,6 +192,7 @@ fn run_one(plan: &Plan, test: &TestDef, target: &Target) -> anyhow::Result<TestR
         mib_per_sec: m.bw_bytes_per_sec / 1048576.0,
         lat_mean_us: m.lat_mean_ns / 1000.0,
         sync_lat_mean_us: m.sync_lat_mean_ns.map(|ns| ns / 1000.0),
+        clat_percentiles_us: m.clat_percentiles_ns.map(|p| p.scaled(1e-3)),
         ratio_metric: test.ratio_metric(),
         ratio_to_baseline: None,
         requests: m.requests,

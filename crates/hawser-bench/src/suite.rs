@@ -1,6 +1,6 @@
 //! The eight standard fio tests: the workload knobs that define each one, in the order they run.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which side of fio's per-job JSON (`read` or `write`) holds a test's numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -22,7 +22,7 @@ impl Direction {
 
 /// What a test's ratio compares. With one block size per test the two give the same number;
 /// naming it keeps the report honest about which figure was divided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RatioMetric {
     Iops,

@@ -1,5 +1,5 @@
 //! End to end: `hawser_bench::run` with real fio against a preallocated file and an nbdkit
-//! export over a Unix socket, checking the JSON report it writes.
+//! export over a Unix socket, checking the JSON report and the SVG charts it writes.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -99,6 +99,9 @@ fn compares_a_file_with_nbdkit() -> anyhow::Result<()> {
     let nbdkit_pid = start_nbdkit(&mut scratch, &socket, &served)?;
 
     let json = dir.join("results.json");
+    let history = dir.join("history");
+    fs::create_dir(&history)?;
+    fs::write(history.join("truncated.json"), "{\"timestamp\"")?;
     let argv: Vec<String> = vec![
         "bench".into(),
         format!("--target=file=file:{}", dir.join("local.img").display()),
@@ -114,8 +117,14 @@ fn compares_a_file_with_nbdkit() -> anyhow::Result<()> {
         "--idle-secs=1".into(),
         "--targets-ratio=nbdkit:file".into(),
         "--expect=nbdkit:read>=0.01".into(),
+        format!("--history={}", history.display()),
     ];
     hawser_bench::run(Cli::try_parse_from(argv)?.args)?;
+    for chart in ["randwrite_fsync", "read", "history"] {
+        let path = dir.join(format!("results.{chart}.svg"));
+        let svg = fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        roxmltree::Document::parse(&svg).with_context(|| format!("parse {}", path.display()))?;
+    }
 
     let report: Value = serde_json::from_str(&fs::read_to_string(&json)?)?;
     let results = report["results"].as_array().context("results array")?;
@@ -138,6 +147,12 @@ fn compares_a_file_with_nbdkit() -> anyhow::Result<()> {
                 );
             }
             assert!(r["requests"].as_u64().is_some_and(|n| n > 0), "{r:#}");
+            let p = &r["clat_percentiles_us"];
+            let (p50, p99, p999) = (p["p50"].as_f64(), p["p99"].as_f64(), p["p99_9"].as_f64());
+            assert!(
+                p50.is_some_and(|v| v > 0.0) && p50 <= p99 && p99 <= p999,
+                "percentiles ordered: {r:#}"
+            );
             assert!(r["client_cpu_us_per_request"].as_f64().is_some(), "{r:#}");
             assert!(
                 r["server"]["cpu_us_per_request"].as_f64().is_some(),
