@@ -12,6 +12,7 @@ pub mod frame_io;
 pub mod grants;
 pub mod io_pool;
 pub mod metrics;
+mod metrics_state;
 pub mod nbd_buffers;
 pub mod nbd_errno;
 pub mod nbd_handshake;

@@ -6,8 +6,8 @@
 //!   engine swaps, so the series do not restart when a volume's replicas change. The handles
 //!   are made once per export: a request touches atomics and one histogram, no map lookup.
 //! - read at scrape time from what already exists: each engine's status (epoch, replica
-//!   states, resync progress, activity log) and each pool's usage, and the process's CPU
-//!   and memory.
+//!   states, resync progress, activity log) and each pool's usage (`metrics_state`), and the
+//!   process's CPU and memory.
 //!
 //! Labels are bounded: volume, operation, replica (at most 8 per volume), pool, state. Never
 //! a per-request or per-offset label.
@@ -16,22 +16,19 @@
 //! controller hands its digest to the agent with every heartbeat answer, so a rotation
 //! reaches every agent within a heartbeat.
 
-use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use hawser_api::auth::{self, TokenDigest};
 use hawser_api::metrics::{ProcessCollector, LATENCY_BUCKETS_SECS};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::engines::Engines;
+use crate::metrics_state::StateCollector;
 use crate::node_storage::NodeStorage;
 
 type Labels = Vec<(&'static str, String)>;
@@ -260,236 +257,6 @@ impl AgentMetrics {
         valid
             .iter()
             .fold(false, |ok, v| ok | auth::digests_equal(&d, v))
-    }
-}
-
-/// Reads the engines' and pools' state at each scrape.
-struct StateCollector {
-    engines: Arc<Engines>,
-    storage: Arc<NodeStorage>,
-}
-
-impl fmt::Debug for StateCollector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("StateCollector")
-    }
-}
-
-/// The engine states an engine reports for a replica (`EngineReplicaStatus::state`).
-const REPLICA_STATES: [&str; 7] = [
-    "in_sync",
-    "down",
-    "outdating",
-    "outdated",
-    "syncing",
-    "marking",
-    "failed",
-];
-
-/// One family of values: name, help, unit, type, and (labels, value) rows.
-fn family<V: Copy>(
-    enc: &mut DescriptorEncoder,
-    (name, help, unit): (&str, &str, Option<Unit>),
-    counter: bool,
-    rows: &[(Labels, V)],
-    encode: impl Fn(V, prometheus_client::encoding::MetricEncoder) -> fmt::Result,
-) -> fmt::Result {
-    let ty = if counter {
-        MetricType::Counter
-    } else {
-        MetricType::Gauge
-    };
-    let mut m = enc.encode_descriptor(name, help, unit.as_ref(), ty)?;
-    for (labels, v) in rows {
-        encode(*v, m.encode_family(labels)?)?;
-    }
-    Ok(())
-}
-
-fn gauge(v: i64, m: prometheus_client::encoding::MetricEncoder) -> fmt::Result {
-    ConstGauge::new(v).encode(m)
-}
-
-fn counter(v: u64, m: prometheus_client::encoding::MetricEncoder) -> fmt::Result {
-    ConstCounter::new(v).encode(m)
-}
-
-fn int(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-impl Collector for StateCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        let statuses = self.engines.statuses();
-        let mut epoch = Vec::new();
-        let mut in_sync = Vec::new();
-        let mut extents = Vec::new();
-        let mut state = Vec::new();
-        let mut connected = Vec::new();
-        let mut copied = Vec::new();
-        let mut dirty = Vec::new();
-        let mut rate = Vec::new();
-        for s in &statuses {
-            let v = || vec![("volume", s.volume.clone())];
-            epoch.push((v(), int(s.epoch)));
-            in_sync.push((v(), s.in_sync.len() as i64));
-            extents.push((v(), int(s.active_extents)));
-            for r in &s.replicas {
-                let rl = || {
-                    vec![
-                        ("volume", s.volume.clone()),
-                        ("replica", r.replica_id.clone()),
-                    ]
-                };
-                for st in REPLICA_STATES {
-                    let mut l = rl();
-                    l.push(("state", st.to_string()));
-                    state.push((l, i64::from(r.state == st)));
-                }
-                connected.push((rl(), i64::from(r.connected)));
-                copied.push((rl(), r.copied_bytes));
-                dirty.push((rl(), int(r.dirty_bytes)));
-                rate.push((rl(), int(r.resync_bytes_per_sec)));
-            }
-        }
-        let e = &mut enc;
-        family(
-            e,
-            (
-                "volume_epoch",
-                "The epoch of the volume's engine on this node",
-                None,
-            ),
-            false,
-            &epoch,
-            gauge,
-        )?;
-        family(
-            e,
-            (
-                "volume_replicas_in_sync",
-                "Replicas in the engine's in-sync set",
-                None,
-            ),
-            false,
-            &in_sync,
-            gauge,
-        )?;
-        family(
-            e,
-            (
-                "volume_activity_log_extents",
-                "Extents (4 MiB) in the activity log: what crash recovery would compare",
-                None,
-            ),
-            false,
-            &extents,
-            gauge,
-        )?;
-        family(
-            e,
-            (
-                "volume_replica_state",
-                "1 for the state the engine sees the replica in, 0 for the others",
-                None,
-            ),
-            false,
-            &state,
-            gauge,
-        )?;
-        family(
-            e,
-            (
-                "volume_replica_connected",
-                "1 if the engine has a session with the replica",
-                None,
-            ),
-            false,
-            &connected,
-            gauge,
-        )?;
-        family(
-            e,
-            (
-                "volume_resync_copied",
-                "Bytes resync copied to the replica during this engine's life",
-                Some(Unit::Bytes),
-            ),
-            true,
-            &copied,
-            counter,
-        )?;
-        family(
-            e,
-            (
-                "volume_resync_remaining",
-                "Bytes of dirty chunks still to copy to the replica",
-                Some(Unit::Bytes),
-            ),
-            false,
-            &dirty,
-            gauge,
-        )?;
-        family(
-            e,
-            (
-                "volume_resync_rate",
-                "Copy rate of the replica's current resync, bytes per second",
-                None,
-            ),
-            false,
-            &rate,
-            gauge,
-        )?;
-
-        let pools = self.storage.pool_infos();
-        let rows = |f: fn(&hawser_api::controller::PoolInfo) -> u64| -> Vec<(Labels, i64)> {
-            pools
-                .iter()
-                .map(|p| (vec![("pool", p.name.clone())], int(f(p))))
-                .collect()
-        };
-        family(
-            e,
-            (
-                "pool_capacity",
-                "Size of the pool's filesystem (or its configured limit)",
-                Some(Unit::Bytes),
-            ),
-            false,
-            &rows(|p| p.capacity_bytes),
-            gauge,
-        )?;
-        family(
-            e,
-            (
-                "pool_used",
-                "Bytes used on the pool's filesystem",
-                Some(Unit::Bytes),
-            ),
-            false,
-            &rows(|p| p.capacity_bytes.saturating_sub(p.free_bytes)),
-            gauge,
-        )?;
-        family(
-            e,
-            (
-                "pool_provisioned",
-                "Sum of the sizes of the pool's replicas (thin ones at full size)",
-                Some(Unit::Bytes),
-            ),
-            false,
-            &rows(|p| p.provisioned_bytes),
-            gauge,
-        )?;
-        family(
-            e,
-            ("pool_replicas", "Replicas in the pool", None),
-            false,
-            &rows(|p| u64::from(p.replicas)),
-            gauge,
-        )?;
-        Ok(())
     }
 }
 

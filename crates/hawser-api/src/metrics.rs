@@ -20,8 +20,8 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 /// Latency buckets of request histograms, in seconds: 50 µs to 10 s. A 4k request on a
 /// local NVMe disk takes tens of microseconds, a flush on a busy disk can take seconds.
 pub const LATENCY_BUCKETS_SECS: [f64; 16] = [
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 10.0,
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 10.0,
 ];
 
 /// Whether a scrape with this `Accept` header takes OpenMetrics text.
@@ -38,7 +38,10 @@ pub fn render(registry: &Registry, accept: Option<&str>) -> (&'static str, Strin
         (OPENMETRICS_CONTENT_TYPE, body)
     } else {
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut body, registry);
-        (prometheus_client::encoding::prometheus_text::CONTENT_TYPE, body)
+        (
+            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            body,
+        )
     }
 }
 
@@ -138,7 +141,10 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap();
-        assert!(rss > 1e6, "a test process holds more than a megabyte: {rss}");
+        assert!(
+            rss > 1e6,
+            "a test process holds more than a megabyte: {rss}"
+        );
         assert!(body.contains("process_cpu_seconds_total "), "{body}");
     }
 }

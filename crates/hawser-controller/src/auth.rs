@@ -512,7 +512,10 @@ async fn create_tokens(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<
 
 /// A store made before the metrics token existed: add one (adopting the token file if it
 /// exists), unless another controller did first (then its record is returned).
+/// A token file made here for a race another controller won is removed again, so no file
+/// holds a token that opens nothing.
 async fn add_metrics_token(store: &dyn Store, files: &TokenFiles) -> anyhow::Result<TokenRecord> {
+    let existed = files.metrics.exists();
     let metrics = existing_or_new_token(&files.metrics)?;
     for _ in 0..5 {
         let (mut record, version) = get_json::<TokenRecord>(store, TOKENS_KEY)
@@ -520,6 +523,9 @@ async fn add_metrics_token(store: &dyn Store, files: &TokenFiles) -> anyhow::Res
             .context("read the cluster tokens")?
             .context("the cluster tokens vanished from the store")?;
         if record.metrics_sha256.is_some() {
+            if !existed {
+                let _ = std::fs::remove_file(&files.metrics);
+            }
             return Ok(record);
         }
         record.metrics_sha256 = Some(auth::digest_hex(&auth::digest(&metrics)));
@@ -647,7 +653,9 @@ mod tests {
             h
         };
         assert_eq!(
-            tokens.check(&bearer(&metrics), None, Caller::Metrics).unwrap(),
+            tokens
+                .check(&bearer(&metrics), None, Caller::Metrics)
+                .unwrap(),
             Principal::Metrics
         );
         assert!(matches!(
@@ -659,7 +667,9 @@ mod tests {
             Err(ControllerError::Forbidden)
         ));
         assert_eq!(
-            tokens.check(&bearer(&admin), None, Caller::Metrics).unwrap(),
+            tokens
+                .check(&bearer(&admin), None, Caller::Metrics)
+                .unwrap(),
             Principal::Admin
         );
         let digest = auth::digest_hex(&auth::digest(&metrics));

@@ -133,6 +133,12 @@ pub struct ControllerArgs {
     /// copy [default: <data-dir>/agent.token].
     #[arg(long, value_name = "PATH")]
     pub agent_token_file: Option<PathBuf>,
+    /// The metrics token file: the read-only credential for `GET /metrics` of controllers
+    /// and agents. Created at cluster init (or by the first controller with metrics); every
+    /// controller adopts it if it exists and the store has none [default:
+    /// <data-dir>/metrics.token].
+    #[arg(long, value_name = "PATH")]
+    pub metrics_token_file: Option<PathBuf>,
     /// Serve the API in plaintext, without the cluster CA: agents then authenticate with
     /// the shared agent token (--agent-token-file) and every token crosses the network in
     /// clear. Only for a network you trust entirely; logged as a warning at every start.
@@ -163,7 +169,10 @@ impl ControllerArgs {
                 .agent_token_file
                 .clone()
                 .unwrap_or_else(|| self.data_dir.join(hawser_api::auth::AGENT_TOKEN_FILE)),
-            metrics: self.data_dir.join(hawser_api::auth::METRICS_TOKEN_FILE),
+            metrics: self
+                .metrics_token_file
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join(hawser_api::auth::METRICS_TOKEN_FILE)),
         }
     }
 }

@@ -106,6 +106,36 @@ fn the_chart_lints_validates_strictly_installs_every_object_and_uninstalls() {
         summary.contains(&format!("Valid: {}, Invalid: 0", objs.len())),
         "{summary}"
     );
+    // Metrics: the Services are in every render (validated above); the ServiceMonitors and
+    // the Grafana dashboard's ConfigMap when asked (the Prometheus Operator's CRDs are not
+    // in this cluster to validate them against, so their fields are checked here).
+    let mut with_monitoring = template.clone();
+    with_monitoring.extend_from_slice(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.grafanaDashboard.enabled=true",
+    ]);
+    let monitored = run_ok(helm, &with_monitoring);
+    assert_eq!(
+        monitored.matches("kind: ServiceMonitor").count(),
+        2,
+        "{monitored}"
+    );
+    for needed in [
+        "serverName: controller.hawser.internal",
+        "serverName: node.hawser.internal",
+        "key: metrics.token",
+        "name: t-ca",
+        "hawser.json: |-",
+    ] {
+        assert!(monitored.contains(needed), "{needed} missing:\n{monitored}");
+    }
+    assert_eq!(
+        manifest.matches("hawser.dev/metrics: \"true\"").count(),
+        2,
+        "the two metrics Services"
+    );
     // The check can fail: a misspelt field is caught.
     let bad = dir.path().join("bad.yaml");
     std::fs::write(

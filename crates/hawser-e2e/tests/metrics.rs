@@ -41,15 +41,22 @@ struct Scraper {
 }
 
 impl Scraper {
-    /// GET https://`addr`/metrics as Prometheus would: trusting the cluster CA, with no
-    /// client certificate, the bearer `token` if any, and the Accept header `accept`.
+    /// GET https://`addr`/metrics as Prometheus would: ordinary hostname verification of
+    /// the role's DNS name (`tls_config.server_name`) against the cluster CA, no client
+    /// certificate, the bearer `token` if any, and the Accept header `accept`.
     fn get(&self, addr: &str, expect: Peer, token: Option<&str>, accept: &str) -> (u16, String) {
-        let config = hawser_tls::client_config(&self.ca_pem, expect, None).expect("TLS config");
+        let name = expect.role_dns_name();
+        let socket: std::net::SocketAddr = addr.parse().expect("a socket address");
         let http = reqwest::blocking::Client::builder()
-            .use_preconfigured_tls((*config).clone())
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).expect("the CA"),
+            )
+            .resolve(name, socket)
             .timeout(Duration::from_secs(10))
             .build()
             .expect("HTTPS client");
+        let addr = format!("{name}:{}", socket.port());
         let mut req = http
             .get(format!("https://{addr}/metrics"))
             .header("accept", accept);
@@ -220,6 +227,34 @@ fn scraped_metrics_match_a_workload_with_a_lost_replica_and_its_resync() {
         value(&k, r#"hawser_volume_replicas{volume="m",state="in_sync"}"#),
         2.0
     );
+
+    // Every series the chart's Grafana dashboard queries is one these scrapes have.
+    let dashboard = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/helm/hawser/dashboards/hawser.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&dashboard).expect("the dashboard"))
+            .expect("the dashboard is JSON");
+    let scraped: std::collections::BTreeSet<&str> = s
+        .keys()
+        .chain(k.keys())
+        .map(|series| series.split('{').next().unwrap_or(series))
+        .collect();
+    let mut queried = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("hawser_") || word.starts_with("process_") {
+                    queried += 1;
+                    assert!(
+                        scraped.contains(word),
+                        "the dashboard queries {word}, which no scrape has ({expr})"
+                    );
+                }
+            }
+        }
+    }
+    assert!(queried >= 15, "the dashboard queries {queried} series");
 
     promtool_clean("the agent's scrape", &agent);
     promtool_clean("the controller's scrape", &controller);

@@ -130,9 +130,14 @@ impl Ca {
             SubjectPublicKeyInfo::from_der(spki_der).context("the public key is not valid")?;
         let mut params = CertificateParams::default();
         params.distinguished_name = name(&peer.to_string());
-        params.subject_alt_names = vec![SanType::URI(
-            peer.uri().try_into().context("the principal's URI")?,
-        )];
+        params.subject_alt_names = vec![
+            SanType::URI(peer.uri().try_into().context("the principal's URI")?),
+            SanType::DnsName(
+                peer.role_dns_name()
+                    .try_into()
+                    .context("the role's DNS name")?,
+            ),
+        ];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,

@@ -29,7 +29,7 @@ pub use config::{
     certs_from_pem, client_config, client_peer, pinned_client_config, server_config, ClientAuth,
 };
 pub use join::{ca_fingerprint, JoinToken};
-pub use peer::{peer_of, Peer, PeerError};
+pub use peer::{peer_of, Peer, PeerError, CONTROLLER_DNS_NAME, NODE_DNS_NAME};
 pub use slot::{CertSlot, Credentials};
 
 pub use rustls;

@@ -1,12 +1,18 @@
 //! Who a certificate names. Every certificate the cluster's CA issues carries exactly one
 //! URI subject alternative name, `hawser://controller` or `hawser://node/<name>`; a
-//! certificate with none, several, or another URI names nobody.
+//! certificate with none, several, or another URI names nobody. It also carries its role's
+//! DNS name (`Peer::role_dns_name`) for clients that verify hostnames, which says less.
 
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 const CONTROLLER_URI: &str = "hawser://controller";
 const NODE_URI_PREFIX: &str = "hawser://node/";
+
+/// See [`Peer::role_dns_name`].
+pub const CONTROLLER_DNS_NAME: &str = "controller.hawser.internal";
+/// See [`Peer::role_dns_name`].
+pub const NODE_DNS_NAME: &str = "node.hawser.internal";
 
 /// A principal of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -23,6 +29,17 @@ impl Peer {
         match self {
             Peer::Controller => CONTROLLER_URI.to_string(),
             Peer::Node(n) => format!("{NODE_URI_PREFIX}{n}"),
+        }
+    }
+
+    /// The DNS name the certificate also carries, one per role (not per node): what a
+    /// client with ordinary hostname verification (Prometheus: `tls_config.server_name`)
+    /// checks to know it reaches a controller, or some agent, of the cluster. Hawser's own
+    /// connections check the URI, which names the node.
+    pub fn role_dns_name(&self) -> &'static str {
+        match self {
+            Peer::Controller => CONTROLLER_DNS_NAME,
+            Peer::Node(_) => NODE_DNS_NAME,
         }
     }
 

@@ -51,6 +51,7 @@ impl Env {
             heal_check_secs: 0,
             admin_token_file: None,
             agent_token_file: None,
+            metrics_token_file: None,
             insecure: true,
             ca_secret: None,
             cert_lifetime_secs: 3600,

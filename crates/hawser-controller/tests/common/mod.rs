@@ -163,6 +163,7 @@ pub fn controller_args(
         heal_check_secs: 0,
         admin_token_file: tokens_dir.map(|d| d.join("admin.token")),
         agent_token_file: tokens_dir.map(|d| d.join("agent.token")),
+        metrics_token_file: None,
         insecure: true,
         ca_secret: None,
         cert_lifetime_secs: 3600,
