@@ -1,24 +1,28 @@
 //! `GET /metrics`: the controller's Prometheus metrics.
 //!
 //! Counted as they happen ([`ControllerMetrics`]): replicas outdated and resynced back in,
-//! reports refused for a stale epoch (an engine fenced off by a newer one), store operations
-//! that failed. Read from the store at each scrape: nodes (online, heartbeat age), volumes
+//! reports refused for a stale epoch (an engine fenced off by a newer one), and the cluster
+//! store's calls (latency and failures). Read from the store at each scrape: nodes (online, heartbeat age), volumes
 //! and replicas by state, and whether this controller leads. Any controller answers, a
 //! follower too (its own process and leadership; the store as it reads it), so one scrape
 //! config covers all of them.
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use hawser_api::controller::{ReplicaState, VolumeState};
-use hawser_api::metrics::ProcessCollector;
+use hawser_api::metrics::{ProcessCollector, LATENCY_BUCKETS_SECS};
+use hawser_store::StoreError;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
@@ -37,14 +41,46 @@ pub struct ControllerMetrics {
     pub resynced: Counter,
     /// Outdate or in-sync reports refused for a stale epoch: a fenced engine.
     pub stale_epoch_reports: Counter,
-    /// Store operations that failed (after the store's own retries).
-    pub store_errors: Counter,
+    /// The cluster store's calls (see [`StoreMetrics`]).
+    pub store: StoreMetrics,
+}
+
+/// The cluster store's calls as the records make them (`store_retry`): latency, retries
+/// included, and failures other than a lost compare-and-swap (which is how concurrent
+/// updates are ordered, not an error of the store). Clones share the series.
+#[derive(Clone, Debug)]
+pub struct StoreMetrics {
+    latency: Family<Labels, Histogram, fn() -> Histogram>,
+    errors: Family<Labels, Counter>,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        StoreMetrics {
+            latency: Family::new_with_constructor(|| Histogram::new(LATENCY_BUCKETS_SECS)),
+            errors: Family::default(),
+        }
+    }
+}
+
+impl StoreMetrics {
+    /// One call of `op` (get, list, put, delete, ...) that took `took` and failed with
+    /// `error`, if it did.
+    pub fn observe(&self, op: &'static str, took: Duration, error: Option<&StoreError>) {
+        let labels = vec![("op", op.to_string())];
+        self.latency
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if error.is_some_and(|e| !e.is_conflict()) {
+            self.errors.get_or_create(&labels).inc();
+        }
+    }
 }
 
 type Labels = Vec<(&'static str, String)>;
 
 /// The store as read for one scrape.
-struct Snapshot {
+pub(crate) struct Snapshot {
     leader: bool,
     nodes: Vec<(NodeRecord, bool)>,
     volumes: Vec<VolumeRecord>,
@@ -183,7 +219,7 @@ impl Collector for Snapshot {
 }
 
 /// The registry of one scrape: the counters, the process, and `snapshot`.
-fn registry(m: &ControllerMetrics, snapshot: Option<Snapshot>) -> Registry {
+pub(crate) fn registry(m: &ControllerMetrics, snapshot: Option<Snapshot>) -> Registry {
     let mut r = Registry::default();
     r.register_collector(Box::new(ProcessCollector));
     let h = r.sub_registry_with_prefix("hawser");
@@ -207,10 +243,16 @@ fn registry(m: &ControllerMetrics, snapshot: Option<Snapshot>) -> Registry {
         "Reports from an engine of an older epoch, refused (the engine is fenced)",
         m.stale_epoch_reports.clone(),
     );
+    h.register_with_unit(
+        "store_request_duration",
+        "Cluster store calls by operation, retries included",
+        Unit::Seconds,
+        m.store.latency.clone(),
+    );
     h.register(
         "store_errors",
-        "Cluster store operations that failed after their retries",
-        m.store_errors.clone(),
+        "Cluster store calls that failed after their retries (lost compare-and-swaps aside)",
+        m.store.errors.clone(),
     );
     if let Some(s) = snapshot {
         h.register_collector(Box::new(s));
@@ -241,8 +283,8 @@ pub async fn scrape(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
         Err(e) => {
             // Still answer: the process metrics and counters say something, and the missing
             // store series (with store_errors) say the rest.
+            // Counted with the store's errors already.
             tracing::warn!(error = %e, "metrics: cannot read the store");
-            st.metrics.store_errors.inc();
             None
         }
     };

@@ -368,12 +368,14 @@ impl Controller {
         };
         tracing::info!(store = %store.describe(), "cluster store");
         let fenced = FencedStore::new(store, leadership.clone());
+        let metrics = api_metrics::ControllerMetrics::default();
         let retrying = RetryingStore::new(
             Arc::new(fenced),
             leadership.clone(),
             controller_url.clone(),
             RetryPolicy::STORE,
-        );
+        )
+        .with_metrics(metrics.store.clone());
         let state = AppState {
             records: Records::new(Arc::new(retrying)),
             agents: AgentClient::new(tokens.agent_token(), tls.clone())
@@ -390,7 +392,7 @@ impl Controller {
                 None => events::VolumeEvents::none(),
             },
             waiting: Default::default(),
-            metrics: Default::default(),
+            metrics,
         };
         Ok(Controller {
             listener,

@@ -28,6 +28,7 @@ use async_trait::async_trait;
 use hawser_store::{Expect, LeaseId, Result, Store, StoreError, Versioned, Watch, WriteOptions};
 use tokio::time::Instant;
 
+use crate::api_metrics::StoreMetrics;
 use crate::constants::{STORE_RETRY_DEADLINE, STORE_RETRY_FIRST_BACKOFF, STORE_RETRY_MAX_BACKOFF};
 use crate::leader::{Leadership, Role};
 
@@ -57,6 +58,7 @@ pub struct RetryingStore {
     /// This controller's URL: a follower whose known leader is itself holds a stale key.
     own_url: String,
     policy: RetryPolicy,
+    metrics: StoreMetrics,
 }
 
 impl RetryingStore {
@@ -71,7 +73,14 @@ impl RetryingStore {
             leadership,
             own_url,
             policy,
+            metrics: StoreMetrics::default(),
         }
+    }
+
+    /// Times every call (retries included) and counts the ones that fail into `metrics`.
+    pub fn with_metrics(mut self, metrics: StoreMetrics) -> RetryingStore {
+        self.metrics = metrics;
+        self
     }
 
     /// Whether a failed call may succeed later without anyone else's help.
@@ -90,12 +99,29 @@ impl RetryingStore {
     }
 
     /// Runs `call` until it succeeds, fails for good, or the deadline passes.
-    async fn retry<T, F, Fut>(&self, op: &'static str, key: &str, mut call: F) -> Result<T>
+    async fn retry<T, F, Fut>(&self, op: &'static str, key: &str, call: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
         let start = Instant::now();
+        let result = self.retry_loop(op, key, start, call).await;
+        self.metrics
+            .observe(op, start.elapsed(), result.as_ref().err());
+        result
+    }
+
+    async fn retry_loop<T, F, Fut>(
+        &self,
+        op: &'static str,
+        key: &str,
+        start: Instant,
+        mut call: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
         let mut backoff = self.policy.first_backoff;
         let mut attempts = 0u32;
         loop {

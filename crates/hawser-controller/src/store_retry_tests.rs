@@ -291,3 +291,35 @@ async fn fenced_writes_wait_only_while_no_other_controller_leads() {
     records.create_volume(&volume("v")).await.unwrap();
     assert!(records.volume("v").await.unwrap().is_some());
 }
+
+/// Every call is timed, retries included, and one that fails for good is counted; a lost
+/// compare-and-swap is not a failure of the store and is not counted.
+#[tokio::test]
+async fn store_calls_are_timed_and_failures_counted_but_not_lost_swaps() {
+    let store = FaultyStore::new();
+    let metrics = crate::api_metrics::ControllerMetrics::default();
+    let inner: Arc<dyn Store> = store.clone();
+    let retrying = RetryingStore::new(inner, Leadership::sole(), OWN_URL.into(), TEST_POLICY)
+        .with_metrics(metrics.store.clone());
+    retrying
+        .put("k", b"1".to_vec(), Expect::Absent)
+        .await
+        .unwrap();
+    let lost = retrying.put("k", b"2".to_vec(), Expect::Absent).await;
+    assert!(lost.unwrap_err().is_conflict());
+    store.down.store(true, Ordering::SeqCst);
+    assert!(retrying.get("k").await.is_err());
+    let r = crate::api_metrics::registry(&metrics, None);
+    let (_, body) = hawser_api::metrics::render(&r, None);
+    for line in [
+        r#"hawser_store_request_duration_seconds_count{op="put"} 2"#,
+        r#"hawser_store_request_duration_seconds_count{op="get"} 1"#,
+        r#"hawser_store_errors_total{op="get"} 1"#,
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line} not in:\n{body}");
+    }
+    assert!(
+        !body.contains(r#"hawser_store_errors_total{op="put"}"#),
+        "{body}"
+    );
+}

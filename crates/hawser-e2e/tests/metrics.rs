@@ -222,6 +222,12 @@ fn scraped_metrics_match_a_workload_with_a_lost_replica_and_its_resync() {
     assert_eq!(value(&k, "hawser_replica_resyncs_completed_total"), 1.0);
     assert_eq!(value(&k, "hawser_replica_failures_total"), 0.0);
     assert_eq!(value(&k, "hawser_controller_leader"), 1.0);
+    assert!(
+        value(
+            &k,
+            r#"hawser_store_request_duration_seconds_count{op="get"}"#
+        ) > 0.0
+    );
     assert_eq!(value(&k, r#"hawser_node_online{node="n2"}"#), 1.0);
     assert_eq!(
         value(&k, r#"hawser_volume_replicas{volume="m",state="in_sync"}"#),
