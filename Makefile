@@ -8,17 +8,21 @@ HAWSER := target/release/hawser
 # Debian packages the tests and the demo use: real NBD clients, fio, filesystems, etcd, protoc
 # (the etcd-client and hawser-csi crates generate gRPC code with it), and containerd, runc,
 # CNI plugins and busybox for the real kubelet the CSI tests run; valgrind for
-# `make instructions`; prometheus for `promtool check metrics` (the metrics test).
-APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus
+# `make instructions`; prometheus for `promtool check metrics` (the metrics test); chromium for
+# the dashboard's browser test.
+APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium
 # Commands whose absence means a package above is missing.
-NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool
+NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium
 # Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
 # by scripts/k8s/build.sh into one cache (a second run is quick).
 K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
 export HAWSER_K8S_CACHE := $(K8S_CACHE)
 export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 
-.PHONY: all deps build k8s-tools test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
+# The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
+UI_MODULES := ui/node_modules/.package-lock.json
+
+.PHONY: all deps build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -32,6 +36,13 @@ deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install rustup (https://rustup.rs)"; exit 1; }
 
 k8s-tools: deps
+
+$(UI_MODULES): ui/package-lock.json
+	cd ui && npm ci --ignore-scripts --no-audit --no-fund
+
+# Rebuild the dashboard's bundle (ui/dist, embedded in the controller) from ui/src.
+ui: $(UI_MODULES)
+	cd ui && npm run build
 	scripts/k8s/build.sh
 
 build: deps
@@ -43,7 +54,7 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 
 # Unit, simulation and integration tests, then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd).
-test: build lint k8s-tools
+test: build lint k8s-tools $(UI_MODULES)
 	$(CARGO) test --release --workspace --exclude hawser-e2e
 	scripts/fuzz.sh
 	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1

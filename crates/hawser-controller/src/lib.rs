@@ -40,6 +40,7 @@ mod server;
 mod state;
 mod store_retry;
 mod tls;
+mod ui;
 mod volume_attach;
 mod volume_create;
 mod volume_delete;

@@ -173,6 +173,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         router = router.route(r.path, r.handler.route_layer(guard));
     }
     router
+        .merge(crate::ui::router())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

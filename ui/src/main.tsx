@@ -1,0 +1,380 @@
+// Hawser's dashboard. Everything it shows comes from the controller's REST API with the
+// admin token; everything user-controlled (names, messages, labels) is rendered as text by
+// Preact, never as HTML. Polls every 2 s while the tab is visible.
+
+import { render } from "preact";
+import { useEffect, useState } from "preact/hooks";
+import {
+  ApiError,
+  bytes,
+  call,
+  Node,
+  parseSize,
+  Pool,
+  Resync,
+  setToken,
+  Status,
+  token,
+  Volume,
+} from "./api";
+
+const POLL_MS = 2000;
+
+interface Snapshot {
+  nodes: Node[];
+  pools: Pool[];
+  volumes: Volume[];
+  status: Status;
+  at: Date;
+}
+
+async function load(): Promise<Snapshot> {
+  const [nodes, pools, volumes, status] = await Promise.all([
+    call<Node[]>("GET", "/v1/nodes"),
+    call<Pool[]>("GET", "/v1/pools"),
+    call<Volume[]>("GET", "/v1/volumes"),
+    call<Status>("GET", "/v1/status"),
+  ]);
+  return { nodes, pools, volumes, status, at: new Date() };
+}
+
+function Login(props: { onDone: () => void; error: string | null }) {
+  const [value, setValue] = useState("");
+  const [error, setError] = useState<string | null>(props.error);
+  const submit = async (e: Event) => {
+    e.preventDefault();
+    setToken(value.trim());
+    try {
+      await call("GET", "/v1/status");
+      props.onDone();
+    } catch (err) {
+      setToken(null);
+      setError(err instanceof Error ? err.message : String(err));
+    }
+  };
+  return (
+    <form class="login" onSubmit={submit}>
+      <h1>Hawser</h1>
+      <label>
+        Admin token
+        <input
+          id="token"
+          type="password"
+          autocomplete="off"
+          value={value}
+          onInput={(e) => setValue((e.target as HTMLInputElement).value)}
+        />
+      </label>
+      <p class="hint">The controller wrote it to admin.token in its data directory.</p>
+      <button id="login" type="submit">
+        Log in
+      </button>
+      {error && <p class="error">{error}</p>}
+    </form>
+  );
+}
+
+function Bar(props: { used: number; total: number; label: string }) {
+  const pct = props.total > 0 ? Math.min(100, (100 * props.used) / props.total) : 0;
+  return (
+    <div class="bar" title={props.label}>
+      <div class="fill" style={{ width: `${pct.toFixed(1)}%` }} />
+      <span>{props.label}</span>
+    </div>
+  );
+}
+
+function Nodes(props: { s: Snapshot }) {
+  return (
+    <section>
+      <h2>Nodes</h2>
+      <table id="nodes">
+        <thead>
+          <tr>
+            <th>node</th>
+            <th>state</th>
+            <th>pools</th>
+          </tr>
+        </thead>
+        <tbody>
+          {props.s.nodes.map((n) => (
+            <tr key={n.name} data-node={n.name}>
+              <td>{n.name}</td>
+              <td class={`state ${n.state}`}>
+                {n.state}
+                {n.evacuating ? " (evacuating)" : ""}
+              </td>
+              <td>
+                {props.s.pools
+                  .filter((p) => p.node === n.name)
+                  .map((p) => (
+                    <Bar
+                      key={p.name}
+                      used={p.capacity_bytes - p.free_bytes}
+                      total={p.capacity_bytes}
+                      label={`${p.name}: ${bytes(p.capacity_bytes - p.free_bytes)} of ${bytes(p.capacity_bytes)}, ${p.replicas} replicas`}
+                    />
+                  ))}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
+function Resyncs(props: { resyncs: Resync[] }) {
+  if (props.resyncs.length === 0) return null;
+  return (
+    <section>
+      <h2>Resyncs</h2>
+      <table id="resyncs">
+        <tbody>
+          {props.resyncs.map((r) => {
+            const total = r.copied_bytes + r.remaining_bytes;
+            return (
+              <tr key={r.replica} data-volume={r.volume}>
+                <td>
+                  {r.volume} → {r.node}
+                </td>
+                <td>{r.state}</td>
+                <td>
+                  <Bar
+                    used={r.copied_bytes}
+                    total={total}
+                    label={`${bytes(r.copied_bytes)} of ${bytes(total)}${r.eta_secs !== null ? `, ${r.eta_secs} s left` : ""}`}
+                  />
+                </td>
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
+type Act = (what: string, run: () => Promise<unknown>, confirm?: string) => void;
+
+function Volumes(props: { s: Snapshot; act: Act }) {
+  const online = props.s.nodes.filter((n) => n.state === "online").map((n) => n.name);
+  return (
+    <section>
+      <h2>Volumes</h2>
+      <table id="volumes">
+        <thead>
+          <tr>
+            <th>volume</th>
+            <th>size</th>
+            <th>state</th>
+            <th>replicas</th>
+            <th>epoch</th>
+            <th />
+          </tr>
+        </thead>
+        <tbody>
+          {props.s.volumes.map((v) => {
+            const inSync = v.replicas.filter((r) => r.state === "in_sync").length;
+            const degraded = inSync < v.replica_count;
+            return (
+              <tr key={v.name} data-volume={v.name} class={degraded ? "degraded" : ""}>
+                <td>{v.name}</td>
+                <td>{bytes(v.size_bytes)}</td>
+                <td>
+                  {v.state}
+                  {v.attached_node ? ` on ${v.attached_node}` : ""}
+                </td>
+                <td>
+                  <span class="count">
+                    {inSync}/{v.replica_count} in sync
+                  </span>
+                  {v.replicas.map((r) => (
+                    <span key={r.id} class={`replica ${r.engine?.state ?? r.state}`}>
+                      {r.node}: {r.engine?.state ?? r.state}
+                    </span>
+                  ))}
+                </td>
+                <td>{v.epoch}</td>
+                <td class="actions">
+                  {v.state === "detached" &&
+                    online.map((n) => (
+                      <button
+                        key={n}
+                        onClick={() =>
+                          props.act(`attach ${v.name} on ${n}`, () =>
+                            call("POST", `/v1/volumes/${v.name}/attach`, { node: n }),
+                          )
+                        }
+                      >
+                        attach on {n}
+                      </button>
+                    ))}
+                  {v.state === "attached" && (
+                    <button
+                      onClick={() =>
+                        props.act(
+                          `detach ${v.name}`,
+                          () => call("POST", `/v1/volumes/${v.name}/detach`),
+                          `Detach ${v.name}? Clients using it lose it.`,
+                        )
+                      }
+                    >
+                      detach
+                    </button>
+                  )}
+                  <button
+                    class="danger"
+                    data-action="delete"
+                    onClick={() =>
+                      props.act(
+                        `delete ${v.name}`,
+                        () => call("DELETE", `/v1/volumes/${v.name}`),
+                        `Delete ${v.name} and all its data? This cannot be undone.`,
+                      )
+                    }
+                  >
+                    delete
+                  </button>
+                </td>
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
+function CreateVolume(props: { act: Act }) {
+  const [name, setName] = useState("");
+  const [size, setSize] = useState("1GiB");
+  const [replicas, setReplicas] = useState("2");
+  const submit = (e: Event) => {
+    e.preventDefault();
+    props.act(`create ${name}`, async () => {
+      const size_bytes = parseSize(size);
+      if (size_bytes === null) throw new Error(`${size} is not a size (e.g. 1GiB, 512MiB)`);
+      return call("POST", "/v1/volumes", { name, size_bytes, replicas: Number(replicas) });
+    });
+  };
+  return (
+    <form class="create" onSubmit={submit}>
+      <h2>New volume</h2>
+      <input
+        id="new-name"
+        placeholder="name"
+        value={name}
+        onInput={(e) => setName((e.target as HTMLInputElement).value)}
+      />
+      <input
+        id="new-size"
+        value={size}
+        onInput={(e) => setSize((e.target as HTMLInputElement).value)}
+      />
+      <select
+        id="new-replicas"
+        value={replicas}
+        onChange={(e) => setReplicas((e.target as HTMLSelectElement).value)}
+      >
+        {["1", "2", "3"].map((n) => (
+          <option key={n} value={n}>
+            {n} replica{n === "1" ? "" : "s"}
+          </option>
+        ))}
+      </select>
+      <button id="create" type="submit">
+        create
+      </button>
+    </form>
+  );
+}
+
+function Dashboard(props: { onLogout: (why: string | null) => void }) {
+  const [snap, setSnap] = useState<Snapshot | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const [message, setMessage] = useState<string | null>(null);
+  const [tick, setTick] = useState(0);
+  useEffect(() => {
+    let stopped = false;
+    const poll = async () => {
+      try {
+        const s = await load();
+        if (!stopped) {
+          setSnap(s);
+          setError(null);
+        }
+      } catch (err) {
+        if (err instanceof ApiError && err.status === 401) {
+          props.onLogout("The token is no longer valid.");
+          return;
+        }
+        if (!stopped) setError(err instanceof Error ? err.message : String(err));
+      }
+    };
+    poll();
+    const timer = setInterval(() => {
+      if (document.visibilityState === "visible") poll();
+    }, POLL_MS);
+    return () => {
+      stopped = true;
+      clearInterval(timer);
+    };
+  }, [tick]);
+  const act: Act = async (what, run, confirmText) => {
+    if (confirmText && !window.confirm(confirmText)) return;
+    try {
+      await run();
+      setMessage(`${what}: done`);
+    } catch (err) {
+      setMessage(`${what}: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    setTick((t) => t + 1);
+  };
+  return (
+    <main>
+      <header>
+        <h1>Hawser</h1>
+        {snap && (
+          <span id="summary">
+            {snap.status.nodes - snap.status.nodes_offline.length}/{snap.status.nodes} nodes
+            online, {snap.status.volumes} volumes, {snap.status.degraded.length} degraded
+          </span>
+        )}
+        <button onClick={() => props.onLogout(null)}>log out</button>
+      </header>
+      {error && <p class="error">{error}</p>}
+      {message && (
+        <p id="message" class="message">
+          {message}
+        </p>
+      )}
+      {snap && (
+        <>
+          <Nodes s={snap} />
+          <Resyncs resyncs={snap.status.resyncs} />
+          <Volumes s={snap} act={act} />
+        </>
+      )}
+      <CreateVolume act={act} />
+    </main>
+  );
+}
+
+function App() {
+  const [loggedIn, setLoggedIn] = useState(token() !== null);
+  const [why, setWhy] = useState<string | null>(null);
+  if (!loggedIn) return <Login onDone={() => setLoggedIn(true)} error={why} />;
+  return (
+    <Dashboard
+      onLogout={(reason) => {
+        setToken(null);
+        setWhy(reason);
+        setLoggedIn(false);
+      }}
+    />
+  );
+}
+
+const root = document.getElementById("app");
+if (root) render(<App />, root);

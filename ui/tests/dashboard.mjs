@@ -1,0 +1,140 @@
+// Drives the dashboard in headless Chromium (Debian's, through playwright-core) for the
+// end-to-end test crates/hawser-e2e/tests/dashboard.rs, one phase per run (the Rust test kills
+// and restarts agents between them):
+//
+//   node dashboard.mjs PHASE
+//
+// with HAWSER_UI_URL (the controller's https://.../ui/), HAWSER_UI_TOKEN (the admin token)
+// and HAWSER_UI_SHOTS (a directory for screenshots). Exits non-zero with a message when an
+// expectation fails.
+
+import { chromium } from "playwright-core";
+
+const url = process.env.HAWSER_UI_URL;
+const adminToken = process.env.HAWSER_UI_TOKEN;
+const shots = process.env.HAWSER_UI_SHOTS;
+const phase = process.argv[2];
+const TIMEOUT = 60_000;
+
+function fail(msg) {
+  console.error(`dashboard ${phase}: ${msg}`);
+  process.exit(1);
+}
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+  args: [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+  ],
+});
+// The controller's certificate is the cluster CA's, which this browser does not know.
+const context = await browser.newContext({
+  ignoreHTTPSErrors: true,
+  viewport: { width: 390, height: 844 }, // a phone's width: the page must work there too
+});
+const page = await context.newPage();
+page.setDefaultTimeout(TIMEOUT);
+page.on("dialog", (d) => d.accept());
+const errors = [];
+page.on("pageerror", (e) => errors.push(String(e)));
+page.on("console", (m) => {
+  if (m.type() === "error") errors.push(m.text());
+});
+
+async function shot(name) {
+  await page.screenshot({ path: `${shots}/${phase}-${name}.png`, fullPage: true });
+}
+
+async function login() {
+  await page.goto(url);
+  await page.fill("#token", adminToken);
+  await page.click("#login");
+  await page.waitForSelector("#nodes");
+}
+
+const row = (volume) => `#volumes tr[data-volume="${volume}"]`;
+
+try {
+  switch (phase) {
+    case "login": {
+      await page.goto(url);
+      await page.fill("#token", "not-the-token");
+      await page.click("#login");
+      await page.waitForSelector(".login .error");
+      await login();
+      await page.waitForFunction(
+        () => document.querySelectorAll("#nodes tbody tr").length === 3 &&
+          [...document.querySelectorAll("#nodes .state")].every((td) => td.textContent.startsWith("online")),
+      );
+      await shot("nodes");
+      // A volume created through the page.
+      await page.fill("#new-name", "web");
+      await page.fill("#new-size", "64MiB");
+      await page.selectOption("#new-replicas", "2");
+      await page.click("#create");
+      await page.waitForSelector(row("web"));
+      // A name with HTML in it: refused by the API, and its message shown as text.
+      const evil = `<img src=x onerror="window.__xss=1">`;
+      await page.fill("#new-name", evil);
+      await page.click("#create");
+      await page.waitForFunction((e) => document.querySelector("#message")?.textContent.includes(e), evil);
+      const injected = await page.evaluate(() => ({
+        img: document.querySelectorAll("#message img, main img").length,
+        xss: window.__xss ?? null,
+      }));
+      if (injected.img !== 0 || injected.xss !== null) fail(`HTML was rendered: ${JSON.stringify(injected)}`);
+      await shot("created");
+      break;
+    }
+    case "degraded": {
+      await login();
+      await page.waitForSelector(`${row("web")}.degraded`);
+      await page.waitForFunction(() => document.querySelector("#summary")?.textContent.includes("2/3 nodes online"));
+      await shot("degraded");
+      break;
+    }
+    case "resync": {
+      await login();
+      // Progress while there is some to see (a small resync may be over before the first poll),
+      // then done: both replicas in sync, no resync listed.
+      const seen = await page
+        .waitForSelector(`#resyncs tr[data-volume="web"]`, { timeout: 5_000 })
+        .then(() => shot("progress").then(() => true))
+        .catch(() => false);
+      await page.waitForFunction(
+        (sel) => {
+          const r = document.querySelector(sel);
+          return r && !r.classList.contains("degraded") && r.textContent.includes("2/2 in sync");
+        },
+        row("web"),
+      );
+      await page.waitForFunction(() => !document.querySelector(`#resyncs tr[data-volume="web"]`));
+      await shot("resynced");
+      console.log(`resync progress seen on the page: ${seen}`);
+      break;
+    }
+    case "delete": {
+      await login();
+      await page.click(`${row("web")} button:text("detach")`);
+      await page.waitForFunction((sel) => document.querySelector(sel)?.textContent.includes("detached"), row("web"));
+      await page.click(`${row("web")} button[data-action="delete"]`);
+      await page.waitForFunction((sel) => !document.querySelector(sel), row("web"));
+      await shot("deleted");
+      break;
+    }
+    default:
+      fail(`unknown phase ${phase}`);
+  }
+  if (errors.length) fail(`errors in the page: ${errors.join("; ")}`);
+} catch (e) {
+  await shot("failure").catch(() => {});
+  fail(String(e));
+} finally {
+  await browser.close();
+}
