@@ -84,7 +84,7 @@ function Bar(props: { used: number; total: number; label: string }) {
   );
 }
 
-function Nodes(props: { s: Snapshot }) {
+function Nodes(props: { s: Snapshot; act: Act }) {
   return (
     <section>
       <h2>Nodes</h2>
@@ -94,6 +94,7 @@ function Nodes(props: { s: Snapshot }) {
             <th>node</th>
             <th>state</th>
             <th>pools</th>
+            <th />
           </tr>
         </thead>
         <tbody>
@@ -115,6 +116,31 @@ function Nodes(props: { s: Snapshot }) {
                       label={`${p.name}: ${bytes(p.capacity_bytes - p.free_bytes)} of ${bytes(p.capacity_bytes)}, ${p.replicas} replicas`}
                     />
                   ))}
+              </td>
+              <td class="actions">
+                {n.evacuating ? (
+                  <button
+                    onClick={() =>
+                      props.act(`restore ${n.name}`, () =>
+                        call("POST", `/v1/nodes/${n.name}/restore`),
+                      )
+                    }
+                  >
+                    restore
+                  </button>
+                ) : (
+                  <button
+                    onClick={() =>
+                      props.act(
+                        `evacuate ${n.name}`,
+                        () => call("POST", `/v1/nodes/${n.name}/evacuate`),
+                        `Evacuate ${n.name}? Its replicas are moved to other nodes.`,
+                      )
+                    }
+                  >
+                    evacuate
+                  </button>
+                )}
               </td>
             </tr>
           ))}
@@ -351,7 +377,7 @@ function Dashboard(props: { onLogout: (why: string | null) => void }) {
       )}
       {snap && (
         <>
-          <Nodes s={snap} />
+          <Nodes s={snap} act={act} />
           <Resyncs resyncs={snap.status.resyncs} />
           <Volumes s={snap} act={act} />
         </>
