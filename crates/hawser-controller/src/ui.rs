@@ -23,10 +23,19 @@ fn file(content_type: &'static str, body: &'static str) -> Response {
     let mut resp = (StatusCode::OK, body).into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
 }
@@ -56,7 +65,10 @@ mod tests {
     #[test]
     fn the_embedded_page_loads_only_its_own_files() {
         assert!(INDEX.contains(r#"src="app.js""#) && INDEX.contains(r#"href="app.css""#));
-        assert!(!INDEX.contains("http://") && !INDEX.contains("https://"), "no CDN");
+        assert!(
+            !INDEX.contains("http://") && !INDEX.contains("https://"),
+            "no CDN"
+        );
         assert!(APP_JS.len() > 1000 && APP_CSS.len() > 100);
     }
 }
