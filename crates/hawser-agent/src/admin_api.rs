@@ -78,15 +78,19 @@ async fn get_metrics(State(s): State<AdminState>, headers: axum::http::HeaderMap
     }
 }
 
-/// A scrape needs the cluster's metrics token (read-only: it opens nothing but `/metrics`),
-/// or what the rest of the admin API takes (the controller's certificate or the agent token).
-async fn require_scrape_token(State(s): State<AdminState>, req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
+/// The bearer token a request carries, if it is one at all and not longer than any token.
+fn presented_token(req: &Request) -> Option<&str> {
+    req.headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(auth::bearer_token)
-        .filter(|t| t.len() <= auth::MAX_TOKEN_CHARS);
+        .filter(|t| t.len() <= auth::MAX_TOKEN_CHARS)
+}
+
+/// A scrape needs the cluster's metrics token (read-only: it opens nothing but `/metrics`),
+/// or what the rest of the admin API takes (the controller's certificate or the agent token).
+async fn require_scrape_token(State(s): State<AdminState>, req: Request, next: Next) -> Response {
+    let presented = presented_token(&req);
     if presented.is_some_and(|t| s.metrics.admits(t)) {
         return next.run(req).await;
     }
@@ -137,12 +141,7 @@ async fn require_token(State(s): State<AdminState>, req: Request, next: Next) ->
         );
         return Failure(e).into_response();
     };
-    let presented = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(auth::bearer_token)
-        .filter(|t| t.len() <= auth::MAX_TOKEN_CHARS);
+    let presented = presented_token(&req);
     let ok = presented.is_some_and(|t| auth::digests_equal(&auth::digest(t), &auth::digest(token)));
     if ok {
         return match misdirected(&s.node, &req) {
