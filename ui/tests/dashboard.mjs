@@ -102,12 +102,14 @@ try {
     }
     case "resync": {
       await login();
-      // Progress while there is some to see (a small resync may be over before the first poll),
-      // then done: both replicas in sync, no resync listed.
-      const seen = await page
-        .waitForSelector(`#resyncs tr[data-volume="web"]`, { timeout: 5_000 })
-        .then(() => shot("progress").then(() => true))
-        .catch(() => false);
+      // The test's agents resync slowly (a few MiB/s), so the copy is in progress for several
+      // polls: its row and progress bar must show before the volume is whole again.
+      const resync = `#resyncs tr[data-volume="web"]`;
+      await page.waitForSelector(resync, { timeout: 30_000 });
+      const first = await page.textContent(resync);
+      if (!/ of /.test(first)) fail(`no progress on the resync row: ${first}`);
+      await shot("progress");
+      console.log(`resync progress on the page: ${first}`);
       await page.waitForFunction(
         (sel) => {
           const r = document.querySelector(sel);
@@ -117,7 +119,6 @@ try {
       );
       await page.waitForFunction(() => !document.querySelector(`#resyncs tr[data-volume="web"]`));
       await shot("resynced");
-      console.log(`resync progress seen on the page: ${seen}`);
       break;
     }
     case "delete": {

@@ -44,6 +44,8 @@ pub struct Cluster {
     pub tokens: TokenFiles,
     /// Plaintext (`--insecure`) rather than mutual TLS.
     pub insecure: bool,
+    /// Extra arguments every agent is started (and restarted) with.
+    pub agent_args: Vec<String>,
 }
 
 #[derive(Default)]
@@ -55,6 +57,8 @@ pub struct ClusterOptions {
     pub etcd_controllers: usize,
     /// Run the cluster in plaintext (`--insecure` controller and agents, agent token).
     pub insecure: bool,
+    /// Extra arguments for every agent (e.g. a slow `--resync-rate` a test wants to watch).
+    pub agent_args: Vec<String>,
 }
 
 /// Environment variable that selects the store of clusters that do not ask for etcd
@@ -146,6 +150,7 @@ impl Cluster {
             etcd,
             tokens,
             insecure: opts.insecure,
+            agent_args: opts.agent_args,
         };
         // Until one leads, every API call (agent registrations included) is refused.
         c.wait_leader(Duration::from_secs(20));
@@ -223,6 +228,7 @@ impl Cluster {
         for p in pools {
             cmd.args(["--pool", p]);
         }
+        cmd.args(&self.agent_args);
         let child = cmd
             .stdout(Stdio::null())
             .stderr(log_file(self.dir.path(), name))

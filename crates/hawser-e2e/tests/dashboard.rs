@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hawser_e2e::cluster::Cluster;
+use hawser_e2e::cluster::{Cluster, ClusterOptions};
 use hawser_e2e::run::{have, qemu_io};
 
 fn ui_dir() -> PathBuf {
@@ -51,7 +51,15 @@ fn the_dashboard_shows_a_degraded_volume_resync_and_manages_volumes() {
     std::fs::create_dir_all(&shots).expect("screenshot directory");
     eprintln!("screenshots: {}", shots.display());
 
-    let mut c = Cluster::start("dashboard", 3);
+    // A slow resync (2 MiB/s, busy or not), so the page has several polls to show its
+    // progress: 16 MiB missed takes about 8 s to copy.
+    let opts = ClusterOptions {
+        agent_args: ["--resync-rate", "2MiB", "--resync-busy-rate", "0"]
+            .map(String::from)
+            .to_vec(),
+        ..ClusterOptions::default()
+    };
+    let mut c = Cluster::start_with("dashboard", 3, opts);
     phase(&c, &shots, "login");
 
     c.cli_ok(&["volume", "attach", "web", "--node", "n1"]);
@@ -66,7 +74,7 @@ fn the_dashboard_shows_a_degraded_volume_resync_and_manages_volumes() {
         .expect("a replica on another node");
     c.kill_agent(&away);
     // Writes the lost replica misses: the engine outdates it and the page shows it degraded.
-    qemu_io(&uri, &["write -P 0x6b 8M 4M", "flush"]);
+    qemu_io(&uri, &["write -P 0x6b 8M 16M", "flush"]);
     phase(&c, &shots, "degraded");
 
     c.restart_agent(&away);
