@@ -71,6 +71,40 @@ export interface Status {
   resyncs: Resync[];
 }
 
+export interface OpCounters {
+  requests: number;
+  bytes: number;
+  errors: number;
+  latency_sum_secs: number;
+}
+
+export interface VolumeIo {
+  volume: string;
+  node: string;
+  started_ms: number;
+  read: OpCounters;
+  write: OpCounters;
+  flush: OpCounters;
+  other: OpCounters;
+  in_flight: number;
+}
+
+export interface ClusterIo {
+  at_ms: number;
+  volumes: VolumeIo[];
+  unreachable: string[];
+}
+
+export interface ClusterEvent {
+  seq: number;
+  at_ms: number;
+  warning: boolean;
+  reason: string;
+  volume?: string;
+  node?: string;
+  message: string;
+}
+
 const TOKEN_KEY = "hawser.token";
 
 export function token(): string | null {

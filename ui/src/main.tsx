@@ -8,6 +8,8 @@ import {
   ApiError,
   bytes,
   call,
+  ClusterEvent,
+  ClusterIo,
   Node,
   parseSize,
   Pool,
@@ -17,25 +19,35 @@ import {
   token,
   Volume,
 } from "./api";
+import { Rate, Rates, sparkPoints } from "./rates";
 
 const POLL_MS = 2000;
+/// Recent events shown, at most.
+const EVENTS_SHOWN = 20;
 
 interface Snapshot {
   nodes: Node[];
   pools: Pool[];
   volumes: Volume[];
   status: Status;
+  events: ClusterEvent[];
   at: Date;
 }
 
+/// The volumes' live rates, from every poll's look at `/v1/io`.
+const rates = new Rates();
+
 async function load(): Promise<Snapshot> {
-  const [nodes, pools, volumes, status] = await Promise.all([
+  const [nodes, pools, volumes, status, io, events] = await Promise.all([
     call<Node[]>("GET", "/v1/nodes"),
     call<Pool[]>("GET", "/v1/pools"),
     call<Volume[]>("GET", "/v1/volumes"),
     call<Status>("GET", "/v1/status"),
+    call<ClusterIo>("GET", "/v1/io"),
+    call<ClusterEvent[]>("GET", "/v1/events"),
   ]);
-  return { nodes, pools, volumes, status, at: new Date() };
+  rates.add(io);
+  return { nodes, pools, volumes, status, events, at: new Date() };
 }
 
 function Login(props: { onDone: () => void; error: string | null }) {
@@ -100,12 +112,12 @@ function Nodes(props: { s: Snapshot; act: Act }) {
         <tbody>
           {props.s.nodes.map((n) => (
             <tr key={n.name} data-node={n.name}>
-              <td>{n.name}</td>
-              <td class={`state ${n.state}`}>
+              <td data-label="node">{n.name}</td>
+              <td data-label="state" class={`state ${n.state}`}>
                 {n.state}
                 {n.evacuating ? " (evacuating)" : ""}
               </td>
-              <td>
+              <td data-label="pools">
                 {props.s.pools
                   .filter((p) => p.node === n.name)
                   .map((p) => (
@@ -183,6 +195,54 @@ function Resyncs(props: { resyncs: Resync[] }) {
 
 type Act = (what: string, run: () => Promise<unknown>, confirm?: string) => void;
 
+/// IOPS and mean latency over the last two minutes, as sparklines, and their latest values.
+function Io(props: { rates: Rate[] }) {
+  const r = props.rates;
+  const now = r.length ? r[r.length - 1] : null;
+  const [w, h] = [120, 22];
+  return (
+    <div>
+      <div class="spark-row">
+        <svg class="spark iops" viewBox={`0 0 ${w} ${h}`} width={w} height={h} role="img" aria-label="IOPS">
+          <polyline points={sparkPoints(r.map((x) => x.iops), w, h)} />
+        </svg>
+        <span class="iops-now">{now ? `${Math.round(now.iops)} IOPS` : "measuring…"}</span>
+      </div>
+      <div class="spark-row">
+        <svg class="spark latency" viewBox={`0 0 ${w} ${h}`} width={w} height={h} role="img" aria-label="latency">
+          <polyline points={sparkPoints(r.map((x) => x.latency_ms), w, h)} />
+        </svg>
+        <span class="latency-now">
+          {now?.latency_ms != null ? `${now.latency_ms.toFixed(2)} ms` : "–"}
+        </span>
+      </div>
+    </div>
+  );
+}
+
+function Events(props: { events: ClusterEvent[] }) {
+  if (props.events.length === 0) return null;
+  return (
+    <section>
+      <h2>Recent events</h2>
+      <table id="events">
+        <tbody>
+          {props.events.slice(0, EVENTS_SHOWN).map((e) => (
+            <tr key={e.seq} data-reason={e.reason} class={e.warning ? "warning" : ""}>
+              <td data-label="time">{new Date(e.at_ms).toLocaleTimeString()}</td>
+              <td data-label="event" class="reason">
+                {e.reason}
+              </td>
+              <td data-label="on">{e.volume ? `volume ${e.volume}` : e.node ? `node ${e.node}` : "cluster"}</td>
+              <td data-label="">{e.message}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
 function Volumes(props: { s: Snapshot; act: Act }) {
   const online = props.s.nodes.filter((n) => n.state === "online").map((n) => n.name);
   return (
@@ -196,6 +256,7 @@ function Volumes(props: { s: Snapshot; act: Act }) {
             <th>state</th>
             <th>replicas</th>
             <th>epoch</th>
+            <th>I/O, last 2 min</th>
             <th />
           </tr>
         </thead>
@@ -205,13 +266,13 @@ function Volumes(props: { s: Snapshot; act: Act }) {
             const degraded = inSync < v.replica_count;
             return (
               <tr key={v.name} data-volume={v.name} class={degraded ? "degraded" : ""}>
-                <td>{v.name}</td>
-                <td>{bytes(v.size_bytes)}</td>
-                <td>
+                <td data-label="volume">{v.name}</td>
+                <td data-label="size">{bytes(v.size_bytes)}</td>
+                <td data-label="state">
                   {v.state}
                   {v.attached_node ? ` on ${v.attached_node}` : ""}
                 </td>
-                <td>
+                <td data-label="replicas">
                   <span class="count">
                     {inSync}/{v.replica_count} in sync
                   </span>
@@ -221,7 +282,10 @@ function Volumes(props: { s: Snapshot; act: Act }) {
                     </span>
                   ))}
                 </td>
-                <td>{v.epoch}</td>
+                <td data-label="epoch">{v.epoch}</td>
+                <td data-label="I/O" class="io">
+                  {v.state === "attached" && <Io rates={rates.of(v.name)} />}
+                </td>
                 <td class="actions">
                   {v.state === "detached" &&
                     online.map((n) => (
@@ -380,6 +444,7 @@ function Dashboard(props: { onLogout: (why: string | null) => void }) {
           <Nodes s={snap} act={act} />
           <Resyncs resyncs={snap.status.resyncs} />
           <Volumes s={snap} act={act} />
+          <Events events={snap.events} />
         </>
       )}
       <CreateVolume act={act} />

@@ -93,10 +93,32 @@ try {
       await shot("created");
       break;
     }
+    case "io": {
+      // The test writes the volume while this phase runs: the live rate shows it.
+      await login();
+      // At least two rates (three looks) drawn, the latest with requests in it.
+      await page.waitForFunction(
+        (sel) =>
+          /^[1-9]\d* IOPS$/.test(document.querySelector(`${sel} .iops-now`)?.textContent ?? "") &&
+          (document.querySelector(`${sel} .spark.iops polyline`)?.getAttribute("points") ?? "").split(" ").length >= 2,
+        row("web"),
+      );
+      const latency = await page.textContent(`${row("web")} .latency-now`);
+      if (!/^\d+\.\d\d ms$/.test(latency)) fail(`no latency shown: ${latency}`);
+      await shot("io");
+      console.log(`live I/O on the page: ${await page.textContent(`${row("web")} .io`)}`);
+      break;
+    }
     case "degraded": {
       await login();
       await page.waitForSelector(`${row("web")}.degraded`);
       await page.waitForFunction(() => document.querySelector("#summary")?.textContent.includes("2/3 nodes online"));
+      // The recent events tell why: the replica outdated, its node silent.
+      await page.waitForSelector(`#events tr.warning[data-reason="Degraded"]:has-text("volume web")`);
+      await page.waitForSelector(`#events tr.warning[data-reason="NodeSilent"]`);
+      // Usable on a phone: nothing wider than the screen.
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      if (overflow > 0) fail(`the page is ${overflow}px wider than a phone's screen`);
       await shot("degraded");
       break;
     }
@@ -118,6 +140,8 @@ try {
         row("web"),
       );
       await page.waitForFunction(() => !document.querySelector(`#resyncs tr[data-volume="web"]`));
+      await page.waitForSelector(`#events tr[data-reason="Resynced"]:has-text("volume web")`);
+      await page.waitForSelector(`#events tr[data-reason="NodeBack"]`);
       await shot("resynced");
       break;
     }

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use hawser_api::agent::{
-    AgentStatus, CreateReplica, GrowReplica, ReplicaStatus, StartEngine, NODE_HEADER,
+    AgentIo, AgentStatus, CreateReplica, GrowReplica, ReplicaStatus, StartEngine, NODE_HEADER,
 };
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
@@ -43,6 +43,7 @@ pub fn router(state: AdminState) -> Router {
     let auth = axum::middleware::from_fn_with_state(state.clone(), require_token);
     Router::new()
         .route("/v1/status", get(get_status))
+        .route("/v1/io", get(get_io))
         .route("/v1/replicas", post(create_replica))
         .route("/v1/replicas/{id}", delete(delete_replica))
         .route("/v1/replicas/{id}/grow", post(grow_replica))
@@ -203,6 +204,13 @@ fn storage_error(e: StorageError) -> Failure {
         StorageError::Io { .. } | StorageError::Meta { .. } => ErrorCode::Internal,
     };
     Failure(ApiError::new(code, e.to_string()))
+}
+
+/// The request counters of every volume exported here.
+async fn get_io(State(s): State<AdminState>) -> Json<AgentIo> {
+    Json(AgentIo {
+        volumes: s.engines.io_counters(&s.node),
+    })
 }
 
 async fn get_status(State(s): State<AdminState>) -> Json<AgentStatus> {

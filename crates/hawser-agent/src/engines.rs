@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use hawser_api::agent::{EngineStatus, StartEngine};
+use hawser_api::agent::{EngineStatus, StartEngine, VolumeIoCounters};
 use hawser_core::IoError;
 
 use crate::block::{BlockDevice, ExportRegistry};
@@ -215,6 +215,14 @@ impl Engines {
 
     pub fn all(&self) -> Vec<Arc<VolumeEngine>> {
         self.lock().values().filter_map(|x| x.engine()).collect()
+    }
+
+    /// Every export's request counters (`GET /v1/io`), by volume name.
+    pub fn io_counters(&self, node: &str) -> Vec<VolumeIoCounters> {
+        let mut v: Vec<VolumeIoCounters> =
+            self.lock().values().map(|x| x.io.counters(node)).collect();
+        v.sort_by(|a, b| a.volume.cmp(&b.volume));
+        v
     }
 
     pub fn statuses(&self) -> Vec<EngineStatus> {

@@ -16,9 +16,11 @@
 //! controller hands its digest to the agent with every heartbeat answer, so a rotation
 //! reaches every agent within a heartbeat.
 
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
+use hawser_api::agent::{OpCounters, VolumeIoCounters};
 use hawser_api::auth::{self, TokenDigest};
 use hawser_api::metrics::{ProcessCollector, LATENCY_BUCKETS_SECS};
 use prometheus_client::metrics::counter::Counter;
@@ -130,10 +132,12 @@ impl IoMetrics {
                 bytes: self.bytes.get_or_create(&l).clone(),
                 errors: self.errors.get_or_create(&l).clone(),
                 latency: self.latency.get_or_create(&l).clone(),
+                latency_ns: AtomicU64::new(0),
             }
         };
         VolumeIo {
             volume: volume.to_string(),
+            started_ms: unix_ms(),
             ops: IoOp::ALL.map(op),
             in_flight: self.in_flight.get_or_create(&labels(volume, None)).clone(),
             families: self.clone(),
@@ -147,11 +151,15 @@ struct OpIo {
     bytes: Counter,
     errors: Counter,
     latency: Histogram,
+    /// The latencies' sum, for `GET /v1/io` (the histogram does not tell its sum).
+    latency_ns: AtomicU64,
 }
 
 /// A volume's request metrics, held by its export.
 pub struct VolumeIo {
     volume: String,
+    /// When the export started, Unix milliseconds.
+    started_ms: u64,
     ops: [OpIo; 5],
     in_flight: Gauge,
     families: IoMetrics,
@@ -184,8 +192,47 @@ impl VolumeIo {
         } else {
             m.errors.inc();
         }
-        m.latency.observe(s.at.elapsed().as_secs_f64());
+        let took = s.at.elapsed();
+        m.latency.observe(took.as_secs_f64());
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        m.latency_ns.fetch_add(ns, AtomicOrdering::Relaxed);
     }
+
+    /// The counts so far, for `GET /v1/io` (`node` is this agent's).
+    pub fn counters(&self, node: &str) -> VolumeIoCounters {
+        let op = |op: IoOp| {
+            let m = &self.ops[op as usize];
+            OpCounters {
+                requests: m.requests.get(),
+                bytes: m.bytes.get(),
+                errors: m.errors.get(),
+                latency_sum_secs: m.latency_ns.load(AtomicOrdering::Relaxed) as f64 / 1e9,
+            }
+        };
+        let (trim, zeroes) = (op(IoOp::Trim), op(IoOp::WriteZeroes));
+        VolumeIoCounters {
+            volume: self.volume.clone(),
+            node: node.to_string(),
+            started_ms: self.started_ms,
+            read: op(IoOp::Read),
+            write: op(IoOp::Write),
+            flush: op(IoOp::Flush),
+            other: OpCounters {
+                requests: trim.requests + zeroes.requests,
+                bytes: trim.bytes + zeroes.bytes,
+                errors: trim.errors + zeroes.errors,
+                latency_sum_secs: trim.latency_sum_secs + zeroes.latency_sum_secs,
+            },
+            in_flight: self.in_flight.get(),
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Drop for VolumeIo {
@@ -351,5 +398,45 @@ mod tests {
         assert!(!m.admits("t3"));
         m.set_scrape_tokens(&[hex("t2")]);
         assert!(!m.admits("t1"), "a rotated-out token stops working");
+    }
+
+    #[test]
+    fn counters_tell_what_the_series_count() {
+        let io = IoMetrics::default();
+        let v = io.volume("v1");
+        let before = unix_ms();
+        for op in [
+            IoOp::Write,
+            IoOp::Write,
+            IoOp::Read,
+            IoOp::Trim,
+            IoOp::WriteZeroes,
+        ] {
+            let s = v.start(op);
+            v.done(s, 4096, true);
+        }
+        let f = v.start(IoOp::Flush);
+        v.done(f, 0, false);
+        let _open = v.start(IoOp::Read);
+        let c = v.counters("n1");
+        assert_eq!((c.volume.as_str(), c.node.as_str()), ("v1", "n1"));
+        assert!(c.started_ms <= before + 1000 && c.started_ms + 60_000 >= before);
+        assert_eq!(
+            (c.write.requests, c.write.bytes, c.write.errors),
+            (2, 8192, 0)
+        );
+        assert_eq!((c.read.requests, c.read.bytes), (1, 4096));
+        assert_eq!((c.flush.requests, c.flush.errors), (1, 1));
+        assert_eq!((c.other.requests, c.other.bytes), (2, 8192));
+        assert_eq!(c.in_flight, 1);
+        assert!(c.write.latency_sum_secs > 0.0 && c.write.latency_sum_secs < 10.0);
+        let body = scrape(&io);
+        assert_eq!(
+            value(
+                &body,
+                r#"hawser_volume_requests_total{volume="v1",op="write"}"#
+            ),
+            Some(2.0)
+        );
     }
 }

@@ -106,7 +106,29 @@ impl Collector for StateCollector {
                 rate.push((rl(), int(r.resync_bytes_per_sec)));
             }
         }
+        let mut commits: Vec<(Labels, u64)> = self
+            .engines
+            .all()
+            .iter()
+            .map(|e| {
+                let (volume, n) = e.journal_commits();
+                (vec![("volume", volume)], n)
+            })
+            .collect();
+        commits.sort();
         let e = &mut enc;
+        family(
+            e,
+            (
+                "volume_journal_commits",
+                "Journal commits (activity log and what replicas out of sync lack) this \
+                 engine completed",
+                None,
+            ),
+            true,
+            &commits,
+            counter,
+        )?;
         family(
             e,
             (

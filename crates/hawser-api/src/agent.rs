@@ -263,3 +263,41 @@ pub struct JournalSummary {
     /// Replicas the engine that wrote it knew to lack data.
     pub lacking: Vec<String>,
 }
+
+/// One operation's counts on a volume since its export started on the node: what
+/// `GET /v1/io` answers, and what the dashboard turns into rates by looking twice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpCounters {
+    pub requests: u64,
+    /// Bytes moved by the requests that succeeded.
+    pub bytes: u64,
+    pub errors: u64,
+    /// Seconds all the requests took together, arrival to answer.
+    pub latency_sum_secs: f64,
+}
+
+/// A volume's request counters on the node that exports it. They start at zero when the
+/// export starts (an attach, or a failover to this node), so a rate from two looks is
+/// only good while `node` and `started_ms` stay the same.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeIoCounters {
+    pub volume: String,
+    pub node: String,
+    /// When the export started, Unix milliseconds.
+    pub started_ms: u64,
+    pub read: OpCounters,
+    pub write: OpCounters,
+    pub flush: OpCounters,
+    /// Trims and write-zeroes together.
+    pub other: OpCounters,
+    pub in_flight: i64,
+}
+
+/// `GET /v1/io` on an agent: the counters of every volume it exports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentIo {
+    pub volumes: Vec<VolumeIoCounters>,
+}

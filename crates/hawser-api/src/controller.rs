@@ -406,6 +406,40 @@ pub struct ReplicaInfo {
     pub retired: bool,
 }
 
+/// `GET /v1/events`: one thing that happened in the cluster (an outdate, a resync done, a
+/// failover, a replica replaced by self-healing, a node going silent or coming back), as
+/// the leader saw it. Kept in the leader's memory, the newest few hundred; a new leader
+/// starts with none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterEvent {
+    /// Increases by one per event of this leader's term.
+    pub seq: u64,
+    /// Unix milliseconds.
+    pub at_ms: u64,
+    /// A warning (something is wrong or was lost) rather than a normal event.
+    pub warning: bool,
+    /// A CamelCase word, as Kubernetes event reasons are: `Degraded`, `Resynced`, ...
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub message: String,
+}
+
+/// `GET /v1/io` on the controller: the request counters of every attached volume, asked of
+/// the nodes that export them (one call per node, best effort), for live rates.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterIo {
+    /// When the controller asked, Unix milliseconds.
+    pub at_ms: u64,
+    pub volumes: Vec<crate::agent::VolumeIoCounters>,
+    /// Nodes that did not answer in time.
+    pub unreachable: Vec<String>,
+}
+
 /// `GET /v1/status`: what `hawser status` summarises.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,7 +1,7 @@
 //! HTTP client for the agents' admin API (`hawser_api::agent`).
 
 use hawser_api::agent::{
-    AgentStatus, CreateReplica, EngineStatus, ReplicaStatus, StartEngine, NODE_HEADER,
+    AgentIo, AgentStatus, CreateReplica, EngineStatus, ReplicaStatus, StartEngine, NODE_HEADER,
 };
 use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::{ApiError, ErrorCode};
@@ -183,6 +183,11 @@ impl AgentClient {
     pub async fn status(&self, to: Agent<'_>) -> Result<AgentStatus, AgentError> {
         self.call::<(), _>(Method::GET, to, "/v1/status", None)
             .await
+    }
+
+    /// The request counters of the volumes the agent exports.
+    pub async fn io(&self, to: Agent<'_>) -> Result<AgentIo, AgentError> {
+        self.call::<(), _>(Method::GET, to, "/v1/io", None).await
     }
 
     /// Flushes and stops a volume's engine; one the agent does not run is already stopped.

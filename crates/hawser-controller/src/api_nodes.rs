@@ -174,6 +174,15 @@ async fn set_evacuate(
         .put_node_settings(&name, &NodeSettings { evacuate })
         .await?;
     tracing::warn!(node = %name, evacuate, "node evacuation setting changed");
+    let (reason, msg) = if evacuate {
+        (
+            "NodeEvacuating",
+            format!("node {name} is being evacuated: its replicas move away"),
+        )
+    } else {
+        ("NodeRestored", format!("node {name} takes replicas again"))
+    };
+    st.events.keep(None, Some(&name), evacuate, reason, &msg);
     let mut api = node.to_api(now_ms(), st.node_timeout_ms);
     api.evacuating = evacuate;
     Ok(Json(api))

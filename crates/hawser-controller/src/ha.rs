@@ -146,6 +146,13 @@ async fn round(
                     s.volume
                 );
                 tracing::warn!(volume = %s.volume, node = %s.node, "{msg}");
+                st.events.keep(
+                    Some(&s.volume),
+                    Some(&s.node),
+                    true,
+                    "FailoverBlocked",
+                    &msg,
+                );
                 kube.event(
                     "PersistentVolumeClaim",
                     &pv.claim_namespace,
@@ -188,6 +195,8 @@ async fn round(
         );
         let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::warn!(took_ms, "{msg}");
+        st.events
+            .keep(Some(&s.volume), Some(&s.node), true, "FailedOver", &msg);
         kube.event(
             "PersistentVolumeClaim",
             &pv.claim_namespace,

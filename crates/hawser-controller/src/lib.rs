@@ -9,6 +9,7 @@
 //! serves the API; see `leader.rs`).
 
 mod agent_client;
+mod api_io;
 mod api_metrics;
 mod api_nodes;
 mod api_pools;
@@ -389,8 +390,8 @@ impl Controller {
             controller_url,
             leadership,
             events: match &kube {
-                Some(k) => events::VolumeEvents::start(k.clone()),
-                None => events::VolumeEvents::none(),
+                Some(k) => events::ClusterEvents::start(k.clone()),
+                None => events::ClusterEvents::none(),
             },
             waiting: Default::default(),
             metrics,
@@ -427,6 +428,7 @@ impl Controller {
             self.heal,
         ));
         let reconcile = tokio::spawn(reconcile::run(self.state.clone()));
+        let node_events = tokio::spawn(events::watch_nodes(self.state.clone()));
         let tokens = tokio::spawn(api_tokens::refresh_forever(self.state.clone()));
         let failover = self
             .ha
@@ -450,6 +452,7 @@ impl Controller {
         watch.abort();
         heal.abort();
         reconcile.abort();
+        node_events.abort();
         tokens.abort();
         if let Some(r) = renew {
             r.abort();

@@ -196,6 +196,15 @@ async fn add_blank(
         volume = %v.name, replica = %id, node = %placed.node, replacing = ?replacing,
         epoch = rec.epoch, "self-healing: blank replica added; it resyncs from scratch"
     );
+    st.events.warning(
+        &v.name,
+        "ReplicaReplaced",
+        format!(
+            "self-healing added replica {id} on node {}{}; it resyncs from scratch",
+            placed.node,
+            replacing.map_or(String::new(), |r| format!(" in place of {r}"))
+        ),
+    );
     swap_engine(st, &rec, nodes).await;
     Ok(())
 }
@@ -303,6 +312,11 @@ async fn retire(
         })
         .await?;
     tracing::warn!(volume = %v.name, replica, epoch = rec.epoch, "replica moved off its node: retired");
+    st.events.normal(
+        &v.name,
+        "ReplicaRetired",
+        format!("replica {replica} retired: its replacement is in sync"),
+    );
     swap_engine(st, &rec, nodes).await;
     Ok(())
 }

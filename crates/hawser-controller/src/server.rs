@@ -107,6 +107,8 @@ fn routes() -> Vec<Route> {
         ),
         route(M::GET, "/v1/pools", Admin, get(api_pools::list)),
         route(M::GET, "/v1/status", Admin, get(api_status::show)),
+        route(M::GET, "/v1/io", Admin, get(crate::api_io::io)),
+        route(M::GET, "/v1/events", Admin, get(crate::api_io::events)),
         route(M::GET, "/v1/replicas", Admin, get(api_replicas::list)),
         route(M::GET, "/v1/replicas/{id}", Admin, get(api_replicas::show)),
         route(M::GET, "/v1/trash", Admin, get(api_replicas::trash)),

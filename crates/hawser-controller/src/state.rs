@@ -21,8 +21,8 @@ pub struct AppState {
     pub controller_url: String,
     /// Whether this controller leads (and may serve the API).
     pub leadership: Leadership,
-    /// Events on the volumes' PVCs (Kubernetes only).
-    pub events: crate::events::VolumeEvents,
+    /// What happened: recent events for the API, and Events on the volumes' PVCs.
+    pub events: crate::events::ClusterEvents,
     /// Nodes refused as of another cluster (`cluster.rs`).
     pub waiting: crate::cluster::Waiting,
     /// The CA and this controller's certificate; `None` with `--insecure`.

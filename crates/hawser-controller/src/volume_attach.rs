@@ -207,6 +207,9 @@ pub async fn detach_volume(st: &AppState, name: &str) -> Result<VolumeRecord, Co
         })
         .await?;
     tracing::info!(volume = %name, node = %node_name, "volume detached");
+    let msg = format!("detached from node {node_name}");
+    st.events
+        .keep(Some(name), Some(&node_name), false, "Detached", &msg);
     Ok(rec)
 }
 

@@ -101,6 +101,12 @@ async fn create_placed(
     match result {
         Ok(created) => {
             tracing::info!(volume = %created.name, size = created.size_bytes, "volume created");
+            let msg = format!(
+                "created: {} bytes, {} replica(s)",
+                created.size_bytes, created.replica_count
+            );
+            st.events
+                .keep(Some(&created.name), None, false, "Created", &msg);
             Ok(created)
         }
         Err(e) => {

@@ -56,5 +56,7 @@ pub(crate) async fn delete_locked(st: &AppState, name: &str) -> Result<(), Contr
     let ours = |v: &VolumeRecord| v.state == VolumeState::Deleting && same_replicas(v, &rec);
     st.records.delete_volume_if(name, ours).await?;
     tracing::info!(volume = %name, "volume deleted");
+    st.events
+        .keep(Some(name), None, false, "Deleted", "volume deleted");
     Ok(())
 }

@@ -80,6 +80,8 @@ pub async fn expand_volume(
         })
         .await?;
     tracing::info!(volume = %name, size, "volume expanded");
+    let msg = format!("expanded to {size} bytes");
+    st.events.keep(Some(name), None, false, "Expanded", &msg);
     Ok(rec)
 }
 

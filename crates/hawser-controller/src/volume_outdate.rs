@@ -425,7 +425,7 @@ mod tests {
             node_timeout_ms: 1000,
             controller_url: "http://127.0.0.1:1".into(),
             leadership: crate::leader::Leadership::sole(),
-            events: crate::events::VolumeEvents::none(),
+            events: crate::events::ClusterEvents::none(),
             waiting: Default::default(),
             metrics: Default::default(),
         });

@@ -197,6 +197,25 @@ async fn real_responses_validate_against_the_document() {
     // Health, replicas, evacuation (while the volume has an outdated-then-resynced replica).
     p.call(a, (Method::GET, "/v1/status"), "/v1/status", None)
         .await;
+    let (s, io) = p.call(a, (Method::GET, "/v1/io"), "/v1/io", None).await;
+    assert_eq!(s, 200, "{io}");
+    let (s, events) = p
+        .call(a, (Method::GET, "/v1/events"), "/v1/events", None)
+        .await;
+    assert_eq!(s, 200, "{events}");
+    let reasons: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    // Newest first: the resync after the outdate, after the attach, after the create.
+    let at = |r: &str| reasons.iter().position(|x| *x == r).unwrap_or(usize::MAX);
+    assert!(
+        at("Resynced") < at("Degraded") && at("Degraded") < at("Attached"),
+        "{reasons:?}"
+    );
+    assert!(at("Attached") < at("Created"), "{reasons:?}");
     let (s, list) = p
         .call(a, (Method::GET, "/v1/replicas"), "/v1/replicas", None)
         .await;

@@ -2,11 +2,15 @@
 //! `ui/tests/dashboard.mjs`) against a real 3-node cluster: log in (a wrong token refused),
 //! see the three nodes, create a volume through the page (and a name with HTML in it refused,
 //! its message shown as text), see the volume degraded while a replica's agent is killed,
-//! see it resync to whole after the agent is back, detach and delete it through the page.
+//! see it resync to whole after the agent is back, detach and delete it through the page;
+//! the volume's IOPS sparkline while it is written, and the recent events (the outdate, the
+//! node gone silent and back, the resync) as they happen. The viewport is a phone's.
 //! Screenshots of every phase are kept in the test's target directory.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use hawser_e2e::cluster::{Cluster, ClusterOptions};
 use hawser_e2e::run::{have, qemu_io};
@@ -72,6 +76,29 @@ fn the_dashboard_shows_a_degraded_volume_resync_and_manages_volumes() {
         .map(|r| r.node.clone())
         .find(|n| n != "n1")
         .expect("a replica on another node");
+    // Live rates: the page's IOPS sparkline shows writes while they run.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (uri, stop) = (uri.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let writes: Vec<String> = (0..200)
+                .map(|i| format!("write -P 0x{:02x} {}k 4k", i % 256, (i % 64) * 4))
+                .collect();
+            let mut cmds: Vec<&str> = writes.iter().map(String::as_str).collect();
+            cmds.push("flush");
+            let mut rounds = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                qemu_io(&uri, &cmds);
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    phase(&c, &shots, "io");
+    stop.store(true, Ordering::Relaxed);
+    let rounds = writer.join().expect("the writer");
+    assert!(rounds > 0, "the writer wrote");
+
     c.kill_agent(&away);
     // Writes the lost replica misses: the engine outdates it and the page shows it degraded.
     qemu_io(&uri, &["write -P 0x6b 8M 16M", "flush"]);
@@ -79,11 +106,15 @@ fn the_dashboard_shows_a_degraded_volume_resync_and_manages_volumes() {
 
     c.restart_agent(&away);
     phase(&c, &shots, "resync");
+    let events = c.cli_ok(&["events", "--volume", "web"]);
+    for reason in ["Resynced", "Degraded", "Attached", "Created"] {
+        assert!(events.contains(reason), "`hawser events` lacks {reason}: {events}");
+    }
     phase(&c, &shots, "delete");
     assert!(
         c.volumes().iter().all(|v| v.name != "web"),
         "the page deleted the volume"
     );
     let taken = std::fs::read_dir(&shots).expect("screenshots").count();
-    assert!(taken >= 6, "{taken} screenshots");
+    assert!(taken >= 7, "{taken} screenshots");
 }

@@ -213,6 +213,8 @@ fn scraped_metrics_match_a_workload_with_a_lost_replica_and_its_resync() {
         ),
         1.0
     );
+    // Writes to new extents, the outdate and the resync each needed a journal commit.
+    assert!(value(&s, r#"hawser_volume_journal_commits_total{volume="m"}"#) >= 2.0);
     assert!(value(&s, r#"hawser_pool_capacity_bytes{pool="default"}"#) > 0.0);
     assert!(value(&s, "process_resident_memory_bytes") > 1e6);
 

@@ -214,6 +214,26 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
         new.node,
         t0.elapsed()
     );
+    // `hawser events` tells the story: the host silent, the replica outdated, its
+    // replacement added (and named), then resynced.
+    let events: Vec<hawser_api::controller::ClusterEvent> =
+        serde_json::from_str(&c.cli_ok(&["events", "-o", "json", "--limit", "256"]))
+            .expect("events JSON");
+    let find = |reason: &str| {
+        events
+            .iter()
+            .position(|e| e.reason == reason)
+            .unwrap_or_else(|| panic!("no {reason} event in {events:#?}"))
+    };
+    let replaced = &events[find("ReplicaReplaced")];
+    assert!(
+        replaced.volume.as_deref() == Some("hv") && replaced.message.contains(&new.id),
+        "{replaced:?}"
+    );
+    assert!(replaced.message.contains(&victim.id), "{replaced:?}");
+    assert!(events[find("NodeSilent")].node.as_deref() == Some(victim.node.as_str()));
+    assert!(find("Resynced") < find("ReplicaReplaced"), "newest first");
+    assert!(find("ReplicaReplaced") < find("Degraded"), "newest first");
     w.wait_acks(ACKS, ACK_TIMEOUT);
     // The old host returns: its stale replica is deleted, nothing else changes.
     assert!(c.find_replica_file(&victim).is_some(), "stale file present");

@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::client::Client;
 use crate::cli::output::OutputArg;
-use crate::cli::{cluster, node, pool, replica, status, volume};
+use crate::cli::{cluster, events, node, pool, replica, status, volume};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -61,6 +61,9 @@ enum Command {
         #[command(flatten)]
         out: OutputArg,
     },
+    /// What happened lately: outdates, resyncs, failovers, replicas replaced, nodes silent
+    /// or back (the leader's memory, newest first).
+    Events(events::EventsArgs),
     /// Inspect, evacuate and restore nodes.
     #[command(subcommand)]
     Node(node::NodeCmd),
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
         Command::Replica(cmd) => client_exit(&conn, |c| replica::run(c, cmd)),
         Command::Cluster(cmd) => client_exit(&conn, |c| cluster::run(c, cmd)),
         Command::Status { out } => client_exit(&conn, |c| status::run(c, out)),
+        Command::Events(args) => client_exit(&conn, |c| events::run(c, args)),
     }
 }
 

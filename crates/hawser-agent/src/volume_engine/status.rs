@@ -70,6 +70,12 @@ impl VolumeEngine {
         }
     }
 
+    /// The volume's name, and the journal commits this engine completed.
+    pub fn journal_commits(&self) -> (String, u64) {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (self.volume.clone(), inner.keeper.commits())
+    }
+
     pub fn is_fenced(&self) -> bool {
         self.fenced.load(Ordering::Acquire)
     }

@@ -220,6 +220,12 @@ impl Keeper {
         }
     }
 
+    /// Journal commits this keeper completed (every replica it was written to stored it
+    /// or left).
+    pub fn commits(&self) -> u64 {
+        self.seq + 1 - self.first_seq
+    }
+
     /// Extents in the committed activity log.
     pub fn active_extents(&self) -> usize {
         self.al.active().len()

@@ -173,9 +173,15 @@ fn a_failed_journal_put_drops_that_replica_and_the_commit_completes() {
     let mut after = Vec::new();
     k.stored(&mut e, p[1].0, R1, Err(ReplicaFailure::Lost), &mut after);
     assert_eq!(after, vec![Act::Disconnect { replica: R1 }]);
+    assert_eq!(
+        k.commits(),
+        0,
+        "not done while a replica may still store it"
+    );
     after.clear();
     k.stored(&mut e, p[0].0, R0, Ok(()), &mut after);
     assert!(after.contains(&Act::Committed { seq: 1 }));
+    assert_eq!(k.commits(), 1);
     // A late or duplicate answer changes nothing.
     let mut late = Vec::new();
     k.stored(&mut e, p[1].0, R1, Ok(()), &mut late);

@@ -4,6 +4,7 @@
 pub mod args;
 pub mod client;
 pub mod cluster;
+pub mod events;
 pub mod node;
 pub mod output;
 pub mod pool;

@@ -6,7 +6,7 @@ use hawser_api::format_size;
 
 use crate::cli::args::parse_node_name;
 use crate::cli::client::{CliError, Client};
-use crate::cli::output::{ago, or_dash, print_json, Format, OutputArg, Table};
+use crate::cli::output::{ago, now_ms, or_dash, print_json, Format, OutputArg, Table};
 use crate::cli::pool::thin_limit;
 use crate::cli::volume::snake;
 
@@ -154,11 +154,4 @@ fn details(n: &Node, pools: &[PoolInfo]) -> String {
     }
     s.push_str(&t.render());
     s
-}
-
-fn now_ms() -> u64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

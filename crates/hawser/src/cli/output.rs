@@ -76,6 +76,14 @@ pub fn or_dash(v: Option<&str>) -> String {
     v.unwrap_or("-").to_string()
 }
 
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// How long ago a unix-millisecond timestamp was, for humans: "3s", "5m", "2h", "4d".
 pub fn ago(then_ms: u64, now_ms: u64) -> String {
     let s = now_ms.saturating_sub(then_ms) / 1000;
