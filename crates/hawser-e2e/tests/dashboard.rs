@@ -108,7 +108,10 @@ fn the_dashboard_shows_a_degraded_volume_resync_and_manages_volumes() {
     phase(&c, &shots, "resync");
     let events = c.cli_ok(&["events", "--volume", "web"]);
     for reason in ["Resynced", "Degraded", "Attached", "Created"] {
-        assert!(events.contains(reason), "`hawser events` lacks {reason}: {events}");
+        assert!(
+            events.contains(reason),
+            "`hawser events` lacks {reason}: {events}"
+        );
     }
     phase(&c, &shots, "delete");
     assert!(
