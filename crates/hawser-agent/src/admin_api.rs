@@ -10,7 +10,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use hawser_api::agent::{
-    AgentIo, AgentStatus, CreateReplica, GrowReplica, ReplicaStatus, StartEngine, NODE_HEADER,
+    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, GrowReplica, PauseEngine,
+    ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine, TakeSnapshot,
+    NODE_HEADER,
 };
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
@@ -19,6 +21,7 @@ use hawser_listen::Transport;
 use hawser_tls::Peer;
 
 use crate::controller_link::LinkAuth;
+use crate::engine_pause::PauseError;
 use crate::engines::Engines;
 use crate::metrics::AgentMetrics;
 use crate::node_storage::{status, NodeStorage};
@@ -49,8 +52,19 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/replicas/{id}/grow", post(grow_replica))
         .route("/v1/replicas/{id}/trash", post(trash_replica))
         .route("/v1/replicas/inventory", get(inventory))
+        .route(
+            "/v1/replicas/{id}/snapshots",
+            post(take_snapshot).get(list_snapshots),
+        )
+        .route(
+            "/v1/replicas/{id}/snapshots/{snapshot}",
+            delete(delete_snapshot),
+        )
+        .route("/v1/replicas/{id}/restore", post(restore_replica))
         .route("/v1/engines", post(start_engine))
         .route("/v1/engines/{volume}", delete(stop_engine))
+        .route("/v1/engines/{volume}/pause", post(pause_engine))
+        .route("/v1/engines/{volume}/resume", post(resume_engine))
         .layer(auth)
         .merge(Router::new().route("/metrics", get(get_metrics)).layer(
             axum::middleware::from_fn_with_state(state.clone(), require_scrape_token),
@@ -195,7 +209,11 @@ fn storage_error(e: StorageError) -> Failure {
     let code = match &e {
         StorageError::NoRoom { .. } => ErrorCode::InsufficientCapacity,
         StorageError::ReplicaExists { .. } => ErrorCode::AlreadyExists,
-        StorageError::ReplicaNotFound { .. } => ErrorCode::NotFound,
+        StorageError::ReplicaNotFound { .. } | StorageError::SnapshotNotFound { .. } => {
+            ErrorCode::NotFound
+        }
+        StorageError::StaleEpoch { .. } => ErrorCode::StaleEpoch,
+        StorageError::Failed { .. } => ErrorCode::Conflict,
         StorageError::InvalidSize { .. }
         | StorageError::InvalidId { .. }
         | StorageError::Shrink { .. }
@@ -246,16 +264,138 @@ async fn create_replica(
         cluster: req.cluster_id.clone(),
     };
     let storage = s.storage.clone();
-    let replica = tokio::task::spawn_blocking(move || storage.create(&req.pool, &new))
-        .await
-        .map_err(|e| Failure(ApiError::new(ErrorCode::Internal, e.to_string())))?
-        .map_err(storage_error)?;
+    let replica = tokio::task::spawn_blocking(move || {
+        storage.create_from(&req.pool, &new, req.from.as_ref())
+    })
+    .await
+    .map_err(|e| Failure(ApiError::new(ErrorCode::Internal, e.to_string())))?
+    .map_err(storage_error)?;
     tracing::info!(
         replica = replica.id(),
         volume = replica.volume(),
         "replica created"
     );
     Ok((StatusCode::CREATED, Json(status(&replica))))
+}
+
+fn pause_error(e: PauseError) -> Failure {
+    let code = match &e {
+        PauseError::NotFound(_) => ErrorCode::NotFound,
+        PauseError::Paused(_) | PauseError::Expired(_) => ErrorCode::Conflict,
+        PauseError::Drain { .. } | PauseError::Flush { .. } => ErrorCode::Unavailable,
+    };
+    Failure(ApiError::new(code, e.to_string()))
+}
+
+/// Holds a volume's requests for a snapshot (`engine_pause.rs`).
+async fn pause_engine(
+    State(s): State<AdminState>,
+    Path(volume): Path<String>,
+    Json(req): Json<PauseEngine>,
+) -> Result<Json<EnginePaused>, Failure> {
+    let lease = std::time::Duration::from_millis(req.lease_ms);
+    let paused = s.engines.pause(&volume, lease).await.map_err(pause_error)?;
+    tracing::info!(
+        volume,
+        pause = paused.pause_id,
+        drain_us = paused.drain_micros,
+        "volume paused"
+    );
+    Ok(Json(paused))
+}
+
+async fn resume_engine(
+    State(s): State<AdminState>,
+    Path(volume): Path<String>,
+    Json(req): Json<ResumeEngine>,
+) -> Result<Json<EngineResumed>, Failure> {
+    let resumed = s
+        .engines
+        .resume(&volume, req.pause_id)
+        .await
+        .map_err(pause_error)?;
+    tracing::info!(
+        volume,
+        pause = req.pause_id,
+        held_us = resumed.held_micros,
+        "volume resumed"
+    );
+    Ok(Json(resumed))
+}
+
+/// Runs blocking storage work on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Failure(ApiError::new(ErrorCode::Internal, e.to_string())))?
+        .map_err(storage_error)
+}
+
+fn snapshot_view(replica: &str, f: hawser_storage::SnapshotFile) -> ReplicaSnapshot {
+    ReplicaSnapshot {
+        replica_id: replica.into(),
+        snapshot: f.id,
+        size_bytes: f.size,
+        allocated_bytes: f.allocated_bytes,
+        how: None,
+        micros: 0,
+    }
+}
+
+async fn take_snapshot(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+    Json(req): Json<TakeSnapshot>,
+) -> Result<(StatusCode, Json<ReplicaSnapshot>), Failure> {
+    let storage = s.storage.clone();
+    let rid = id.clone();
+    let taken = blocking(move || storage.take_snapshot(&rid, req.epoch, &req.snapshot)).await?;
+    let mut view = snapshot_view(&id, taken.file);
+    view.how = taken.kind.map(|k| k.name().to_string());
+    view.micros = taken.micros;
+    let code = if taken.kind.is_some() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((code, Json(view)))
+}
+
+async fn list_snapshots(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<ReplicaSnapshot>>, Failure> {
+    let storage = s.storage.clone();
+    let rid = id.clone();
+    let files = blocking(move || storage.snapshots(&rid)).await?;
+    Ok(Json(
+        files.into_iter().map(|f| snapshot_view(&id, f)).collect(),
+    ))
+}
+
+async fn delete_snapshot(
+    State(s): State<AdminState>,
+    Path((id, snapshot)): Path<(String, String)>,
+) -> Result<StatusCode, Failure> {
+    let storage = s.storage.clone();
+    let (rid, snap) = (id.clone(), snapshot.clone());
+    blocking(move || storage.delete_snapshot(&rid, &snap)).await?;
+    tracing::info!(replica = %id, snapshot, "snapshot deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Replaces a replica's data with its snapshot: only while no engine holds the replica.
+async fn restore_replica(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+    Json(req): Json<RestoreReplica>,
+) -> Result<Json<ReplicaStatus>, Failure> {
+    let storage = s.storage.clone();
+    let rid = id.clone();
+    let replica = blocking(move || storage.restore(&rid, &req.snapshot)).await?;
+    Ok(Json(status(&replica)))
 }
 
 async fn delete_replica(

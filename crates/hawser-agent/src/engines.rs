@@ -28,8 +28,8 @@ use crate::volume_engine::VolumeEngine;
 /// One volume's NBD export and the engine currently behind it.
 pub struct Export {
     size: u64,
-    /// Requests hold it shared while they run; a swap holds it exclusively.
-    gate: tokio::sync::RwLock<()>,
+    /// Requests hold it shared while they run; a swap or a pause holds it exclusively.
+    pub(crate) gate: tokio::sync::RwLock<()>,
     engine: Mutex<Option<Arc<VolumeEngine>>>,
     /// Offered to NBD clients (`StartEngine::export`): not while the engine only syncs the
     /// new replicas of a detached volume.
@@ -136,11 +136,21 @@ impl BlockDevice for Export {
 pub struct Engines {
     map: Mutex<HashMap<String, Arc<Export>>>,
     io: IoMetrics,
+    /// Volumes held for a snapshot (`engine_pause.rs`).
+    pauses: Arc<crate::engine_pause::Pauses>,
 }
 
 impl Engines {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Export>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn export(&self, volume: &str) -> Option<Arc<Export>> {
+        self.lock().get(volume).cloned()
+    }
+
+    pub(crate) fn pauses(&self) -> &Arc<crate::engine_pause::Pauses> {
+        &self.pauses
     }
 
     /// The request metrics of every export.

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod block;
 pub mod constants;
 pub mod controller_link;
+pub mod engine_pause;
 pub mod engines;
 pub mod frame_io;
 pub mod grants;

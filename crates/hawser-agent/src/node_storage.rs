@@ -153,6 +153,17 @@ impl NodeStorage {
 
     /// Create a replica; refuses an id that exists in any pool of this node.
     pub fn create(&self, pool: &str, new: &NewReplica) -> Result<Arc<Replica>, StorageError> {
+        self.create_from(pool, new, None)
+    }
+
+    /// Create a replica, its data a copy of snapshot `from` of a replica on this node when
+    /// given (any pool: shared extents within one filesystem, a copy across).
+    pub fn create_from(
+        &self,
+        pool: &str,
+        new: &NewReplica,
+        from: Option<&hawser_api::agent::SnapshotRef>,
+    ) -> Result<Arc<Replica>, StorageError> {
         if let Some(c) = &new.cluster {
             self.join_cluster(c)?;
         }
@@ -168,7 +179,44 @@ impl NodeStorage {
             .ok_or_else(|| StorageError::ReplicaNotFound {
                 id: format!("pool {pool}"),
             })?;
-        p.create_replica(new)
+        let source = match from {
+            Some(f) => Some(self.existing(&f.replica_id)?.snapshot_file(&f.snapshot)?),
+            None => None,
+        };
+        p.create_replica_from(new, source.as_deref())
+    }
+
+    fn existing(&self, id: &str) -> Result<Arc<Replica>, StorageError> {
+        self.replica(id)
+            .ok_or_else(|| StorageError::ReplicaNotFound { id: id.into() })
+    }
+
+    /// Takes a snapshot of a replica; see `Replica::take_snapshot`.
+    pub fn take_snapshot(
+        &self,
+        id: &str,
+        epoch: u64,
+        snapshot: &str,
+    ) -> Result<hawser_storage::Taken, StorageError> {
+        self.existing(id)?.take_snapshot(epoch, snapshot)
+    }
+
+    pub fn snapshots(&self, id: &str) -> Result<Vec<hawser_storage::SnapshotFile>, StorageError> {
+        Ok(self.existing(id)?.snapshots())
+    }
+
+    pub fn delete_snapshot(&self, id: &str, snapshot: &str) -> Result<(), StorageError> {
+        self.existing(id)?.delete_snapshot(snapshot)
+    }
+
+    /// Replaces a replica's data with one of its snapshots; see `Pool::restore_replica`.
+    pub fn restore(&self, id: &str, snapshot: &str) -> Result<Arc<Replica>, StorageError> {
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| p.get(id).is_some())
+            .ok_or_else(|| StorageError::ReplicaNotFound { id: id.into() })?;
+        pool.restore_replica(id, snapshot)
     }
 
     /// Grows a replica; see `Pool::grow_replica`.

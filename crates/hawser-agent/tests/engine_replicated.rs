@@ -12,14 +12,13 @@ use std::process::Command;
 use std::sync::Arc;
 
 use hawser_agent::engines::Engines;
+use hawser_agent::nbd_server;
 use hawser_agent::node_storage::NodeStorage;
 use hawser_agent::rate_limit::ResyncRates;
-use hawser_agent::{nbd_server, replica_server};
-use hawser_api::agent::{EngineReplica, StartEngine};
-use hawser_api::controller::ReplicaState;
+use hawser_api::agent::StartEngine;
 use hawser_wire::nbd::{self, Command as NbdCommand};
 use nbd_support::raw_client::{export_info, RawClient};
-use node_support::{node, TempDir};
+use node_support::TempDir;
 use tokio::net::TcpListener;
 
 const SIZE: u64 = 256 << 20;
@@ -45,64 +44,23 @@ struct Replicated {
 }
 
 async fn replicated(label: &str) -> Replicated {
-    let dir = TempDir::new(label);
-    let a = node(&dir.0, "a", SIZE);
-    let b = node(&dir.0, "b", SIZE);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let rl = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind replica");
-    let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica_server::serve(rl, b.clone(), None, stop_rx.clone()));
-
-    let req = StartEngine {
-        volume: "vol".into(),
-        size_bytes: SIZE,
-        epoch: 1,
-        replicas: vec![
-            EngineReplica {
-                replica_id: "vol-a".into(),
-                node: "a".into(),
-                replica_addr: String::new(),
-                state: ReplicaState::InSync,
-                blank: false,
-            },
-            EngineReplica {
-                replica_id: "vol-b".into(),
-                node: "b".into(),
-                replica_addr: raddr,
-                state: ReplicaState::InSync,
-                blank: false,
-            },
-        ],
-        controller_url: "http://127.0.0.1:1".into(),
-        on_quorum_loss: Default::default(),
-        export: true,
-        grant: None,
-    };
-    let engines = Arc::new(Engines::default());
-    let engine = engines
-        .start(&req, "a", &a, ResyncRates::default(), &Default::default())
-        .await
-        .expect("start engine");
-    assert_eq!(engine.status().in_sync.len(), 2);
+    let t = node_support::two_nodes(label, SIZE).await;
     let nl = TcpListener::bind("127.0.0.1:0").await.expect("bind nbd");
     let port = nl.local_addr().expect("addr").port();
     tokio::spawn(nbd_server::serve_tcp(
         nl,
-        engines.clone(),
+        t.engines.clone(),
         None,
-        stop_rx.clone(),
+        t.stop.subscribe(),
     ));
-
     Replicated {
-        _dir: dir,
-        a,
-        b,
-        req,
-        engines,
+        _dir: t.dir,
+        a: t.a,
+        b: t.b,
+        req: t.req,
+        engines: t.engines,
         port,
-        stop: stop_tx,
+        stop: t.stop,
     }
 }
 

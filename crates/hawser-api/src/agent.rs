@@ -32,6 +32,86 @@ pub struct CreateReplica {
     /// cluster refuses the create.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
+    /// Start as a copy of this snapshot of a replica on the same node (a clone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<SnapshotRef>,
+}
+
+/// A snapshot of a replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRef {
+    pub replica_id: String,
+    pub snapshot: String,
+}
+
+/// `POST /v1/replicas/{id}/snapshots`: take a snapshot of the replica's data as it is now.
+/// The caller holds its writes (a paused engine, or a detached volume).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TakeSnapshot {
+    pub snapshot: String,
+    /// The volume's epoch: refused if the replica has seen a newer one.
+    pub epoch: u64,
+}
+
+/// A snapshot a replica holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaSnapshot {
+    pub replica_id: String,
+    pub snapshot: String,
+    pub size_bytes: u64,
+    /// Bytes its file occupies (extents shared with the replica or other snapshots counted).
+    pub allocated_bytes: u64,
+    /// When just taken: "reflink" or "copy", and the time the flush and copy took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub how: Option<String>,
+    #[serde(default)]
+    pub micros: u64,
+}
+
+/// `POST /v1/replicas/{id}/restore`: replace the replica's data with one of its snapshots.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreReplica {
+    pub snapshot: String,
+}
+
+/// `POST /v1/engines/{volume}/pause`: hold the volume's requests (new ones wait; those in
+/// flight finish), flush every replica, and keep holding until resumed or `lease_ms` passes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseEngine {
+    pub lease_ms: u64,
+}
+
+/// The volume is paused: nothing changes its replicas until the resume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnginePaused {
+    pub pause_id: u64,
+    pub epoch: u64,
+    /// Replica ids in the engine's in-sync set: those that hold the volume's data now.
+    pub in_sync: Vec<String>,
+    /// Time to drain the requests in flight and flush.
+    pub drain_micros: u64,
+}
+
+/// `POST /v1/engines/{volume}/resume`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeEngine {
+    pub pause_id: u64,
+}
+
+/// The pause ended here, intact: requests were held from the pause to this resume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineResumed {
+    /// From the request that started the pause to the resume: what client requests waited
+    /// at most.
+    pub held_micros: u64,
 }
 
 /// Grow a replica of a detached volume to `size_bytes` (growing to its size is a no-op).

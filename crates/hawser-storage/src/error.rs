@@ -41,8 +41,21 @@ pub enum StorageError {
          of another cluster (a wiped, restored or wrong store?) may not create replicas here"
     )]
     OtherCluster { mine: String, asked: String },
-    #[error("invalid replica or volume id {id:?}")]
+    #[error("invalid replica, volume or snapshot id {id:?}")]
     InvalidId { id: String },
+    #[error("snapshot {snapshot:?} of replica {replica:?} not found")]
+    SnapshotNotFound { replica: String, snapshot: String },
+    #[error(
+        "replica {id:?} is at epoch {current}; a request of epoch {epoch} comes from an \
+         engine that was replaced (fenced)"
+    )]
+    StaleEpoch {
+        id: String,
+        epoch: u64,
+        current: u64,
+    },
+    #[error("replica {id:?} is marked failed")]
+    Failed { id: String },
     #[error("{context} {path}: {source}")]
     Io {
         context: &'static str,

@@ -2,6 +2,7 @@
 //! record) on one node. Blocking I/O only: callers run it on a thread pool.
 
 pub mod aligned;
+pub mod clone;
 pub mod error;
 pub mod file_ops;
 pub mod gate;
@@ -9,6 +10,7 @@ pub mod journal_file;
 pub mod pool;
 pub mod replica;
 pub mod ring;
+pub mod snapshot;
 
 pub use aligned::AlignedBuf;
 pub use error::{ReplicaIoError, StorageError};
@@ -17,6 +19,9 @@ pub use pool::{
     node_boot_id, BrokenReplica, Pool, PoolConfig, PoolKind, PoolUsage, TrashedReplica,
 };
 pub use replica::{NewReplica, Replica};
+pub use snapshot::{SnapshotFile, Taken};
 
+#[cfg(test)]
+mod snapshot_tests;
 #[cfg(test)]
 mod tests;

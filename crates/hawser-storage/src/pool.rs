@@ -71,6 +71,9 @@ pub struct PoolUsage {
     pub replicas: u32,
 }
 
+/// A restore's copy of a snapshot, before it replaces the data file.
+const RESTORED_EXT: &str = "restored";
+
 /// How long a grow waits for transient holders of a replica (a status listing) to let go.
 const GROW_WAIT_FOR_USERS: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -134,7 +137,16 @@ impl Pool {
                 Some("journal") if !path.with_extension("meta").exists() => {
                     let _ = std::fs::remove_file(&path);
                 }
-                Some("tmp") => {
+                // A snapshot that stopped half-copied left its temporary there.
+                Some("snaps") => {
+                    for tmp in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                        if tmp.path().extension().is_some_and(|e| e == "clonetmp") {
+                            let _ = std::fs::remove_file(tmp.path());
+                        }
+                    }
+                }
+                // Temporaries of a write, a clone or a restore that stopped.
+                Some("tmp" | "clonetmp" | RESTORED_EXT) => {
                     let _ = std::fs::remove_file(&path);
                 }
                 _ => {}
@@ -181,7 +193,8 @@ impl Pool {
         std::fs::create_dir_all(&trash)
             .map_err(|e| StorageError::io("create pool trash", &trash, e))?;
         let (data, meta) = Replica::paths(&self.dir, id);
-        for from in [data, meta.with_extension("journal"), meta] {
+        let snaps = crate::snapshot::snaps_dir(&data);
+        for from in [snaps, data, meta.with_extension("journal"), meta] {
             let ext = from.extension().and_then(|e| e.to_str()).unwrap_or("x");
             let to = trash.join(format!("{id}.{now_secs}.{ext}"));
             match std::fs::rename(&from, &to) {
@@ -240,7 +253,13 @@ impl Pool {
                 continue;
             };
             if now_secs.saturating_sub(secs) >= keep_secs {
-                match std::fs::remove_file(&path) {
+                // A replica's snapshots went to the trash as one directory.
+                let removed = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                match removed {
                     Ok(()) => {
                         gone.insert((id, secs));
                     }
@@ -311,6 +330,17 @@ impl Pool {
 
     /// Create a replica if it fits; see the module doc for the rule.
     pub fn create_replica(&self, new: &NewReplica) -> Result<Arc<Replica>, StorageError> {
+        self.create_replica_from(new, None)
+    }
+
+    /// Create a replica if it fits, its data a copy of the snapshot file `source` when there
+    /// is one (a clone: instant where the filesystem shares extents; see `clone.rs`). The
+    /// copy may be longer than the snapshot (a clone to a bigger volume), not shorter.
+    pub fn create_replica_from(
+        &self,
+        new: &NewReplica,
+        source: Option<&Path>,
+    ) -> Result<Arc<Replica>, StorageError> {
         if new.size == 0 || !new.size.is_multiple_of(BLOCK_BYTES) {
             return Err(StorageError::InvalidSize { size: new.size });
         }
@@ -355,6 +385,7 @@ impl Pool {
             self.name(),
             new,
             self.config.boot_id,
+            source,
         )?);
         map.insert(new.id.clone(), replica.clone());
         Ok(replica)
@@ -421,6 +452,40 @@ impl Pool {
         Ok(grown)
     }
 
+    /// Replaces replica `id`'s data with its snapshot `snapshot` (the volume is detached: no
+    /// engine may hold the replica). The copy is made beside the data file and renamed over
+    /// it, so a crash leaves the old data or the restored data, never a mix. Returns the
+    /// replica, opened again.
+    pub fn restore_replica(&self, id: &str, snapshot: &str) -> Result<Arc<Replica>, StorageError> {
+        let mut map = self.lock();
+        let old = map
+            .get(id)
+            .cloned()
+            .ok_or(StorageError::ReplicaNotFound { id: id.into() })?;
+        if Arc::strong_count(&old) > 2 {
+            return Err(StorageError::InUse { id: id.into() });
+        }
+        let source = old.snapshot_file(snapshot)?;
+        let (data, meta_path) = Replica::paths(&self.dir, id);
+        let restored = data.with_extension(RESTORED_EXT);
+        let _ = std::fs::remove_file(&restored);
+        crate::clone::clone_file(&source, &restored, old.size())
+            .map_err(|e| StorageError::io("copy snapshot for a restore", &restored, e))?;
+        std::fs::rename(&restored, &data)
+            .and_then(|()| file_ops::sync_dir(&data))
+            .map_err(|e| StorageError::io("replace replica data with a snapshot", &data, e))?;
+        drop(old);
+        let reopened = Arc::new(Replica::open(self.name(), meta_path, self.config.boot_id)?);
+        map.insert(id.to_owned(), reopened.clone());
+        tracing::warn!(
+            pool = self.name(),
+            replica = id,
+            snapshot,
+            "replica restored to a snapshot"
+        );
+        Ok(reopened)
+    }
+
     /// Remove a replica's files. Operations still holding the `Arc` keep working on the
     /// unlinked file until they drop it.
     pub fn delete_replica(&self, id: &str) -> Result<(), StorageError> {
@@ -477,7 +542,7 @@ impl BrokenReplica {
 }
 
 /// Ids become file names: keep them to a safe alphabet.
-fn valid_id(id: &str) -> bool {
+pub(crate) fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_ID_BYTES
         && id

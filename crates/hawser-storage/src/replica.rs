@@ -85,14 +85,22 @@ impl Replica {
     /// Create the data file (sparse, or fully allocated when thick) and then its metadata.
     /// The metadata is written last: a data file without metadata is an unfinished create
     /// and is removed when the pool is opened.
+    /// With `source` (a snapshot file), the data file starts as a copy of it (shared extents
+    /// where the filesystem can), `new.size` long.
     pub(crate) fn create(
         dir: &Path,
         pool: &str,
         new: &NewReplica,
         boot: u64,
+        source: Option<&Path>,
     ) -> Result<Replica, StorageError> {
         let (data_path, meta_path) = Self::paths(dir, &new.id);
-        let (file, _) = file_ops::open_data(&data_path, true)
+        if let Some(src) = source {
+            crate::clone::clone_file(src, &data_path, new.size).map_err(|e| {
+                StorageError::io("copy a snapshot into replica data file", &data_path, e)
+            })?;
+        }
+        let (file, _) = file_ops::open_data(&data_path, source.is_none())
             .map_err(|e| StorageError::io("create replica data file", &data_path, e))?;
         // Made durable before the metadata exists: otherwise a power loss could leave the
         // metadata with a data file of the wrong size, which `open` refuses.
@@ -249,6 +257,11 @@ impl Replica {
     }
     pub fn allocated_bytes(&self) -> u64 {
         file_ops::allocated_bytes(&self.file).unwrap_or(0)
+    }
+
+    /// Make the data file's completed writes durable (no epoch check: for snapshots).
+    pub(crate) fn sync_data(&self) -> std::io::Result<()> {
+        self.file.sync_data()
     }
 
     /// Grows the files to `size` bytes: the data file first (sparse, or allocated for a thick
@@ -629,6 +642,12 @@ impl Replica {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(StorageError::io("remove replica file", p, e)),
             }
+        }
+        let snaps = crate::snapshot::snaps_dir(&self.data_path);
+        match std::fs::remove_dir_all(&snaps) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StorageError::io("remove replica snapshots", &snaps, e)),
         }
         file_ops::sync_dir(&self.meta_path)
             .map_err(|e| StorageError::io("sync pool directory", &self.meta_path, e))

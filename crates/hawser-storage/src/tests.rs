@@ -10,10 +10,10 @@ use crate::error::{ReplicaIoError, StorageError};
 use crate::pool::{Pool, PoolConfig, PoolKind};
 use crate::replica::NewReplica;
 
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new(name: &str) -> TempDir {
+    pub(crate) fn new(name: &str) -> TempDir {
         let p = std::env::temp_dir().join(format!("hawser-storage-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("create temp dir");
@@ -27,7 +27,7 @@ impl Drop for TempDir {
     }
 }
 
-fn pool(dir: &TempDir, ratio: f64, limit: Option<u64>) -> Pool {
+pub(crate) fn pool(dir: &TempDir, ratio: f64, limit: Option<u64>) -> Pool {
     Pool::open(PoolConfig {
         name: "p".into(),
         path: dir.0.clone(),
@@ -39,7 +39,7 @@ fn pool(dir: &TempDir, ratio: f64, limit: Option<u64>) -> Pool {
     .expect("open pool")
 }
 
-fn new(id: &str, size: u64, thin: bool) -> NewReplica {
+pub(crate) fn new(id: &str, size: u64, thin: bool) -> NewReplica {
     NewReplica {
         id: id.into(),
         volume: "vol".into(),

@@ -48,3 +48,76 @@ pub fn reopen(dir: &Path, name: &str, boot: u64) -> Arc<NodeStorage> {
     let pool = Pool::open(cfg).expect("open pool");
     Arc::new(NodeStorage::new(name.into(), vec![pool]))
 }
+
+/// Two nodes' storage (`a`, `b`), a replica server for b's, and an engine on a of volume
+/// `vol` (epoch 1) with replica `vol-a` local and `vol-b` remote, both in sync.
+#[allow(dead_code)] // not every test binary runs an engine
+pub struct TwoNodes {
+    pub dir: TempDir,
+    pub a: Arc<NodeStorage>,
+    pub b: Arc<NodeStorage>,
+    pub req: hawser_api::agent::StartEngine,
+    pub engines: Arc<hawser_agent::engines::Engines>,
+    /// Stops the replica server (and whatever else a test serves with it).
+    pub stop: tokio::sync::watch::Sender<bool>,
+}
+
+#[allow(dead_code)]
+pub async fn two_nodes(label: &str, size: u64) -> TwoNodes {
+    use hawser_api::agent::{EngineReplica, StartEngine};
+    use hawser_api::controller::ReplicaState;
+    let dir = TempDir::new(label);
+    let a = node(&dir.0, "a", size);
+    let b = node(&dir.0, "b", size);
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let rl = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind replica");
+    let raddr = rl.local_addr().expect("addr").to_string();
+    tokio::spawn(hawser_agent::replica_server::serve(
+        rl,
+        b.clone(),
+        None,
+        stop_rx,
+    ));
+    let replica = |id: &str, node: &str, addr: String| EngineReplica {
+        replica_id: id.into(),
+        node: node.into(),
+        replica_addr: addr,
+        state: ReplicaState::InSync,
+        blank: false,
+    };
+    let req = StartEngine {
+        volume: "vol".into(),
+        size_bytes: size,
+        epoch: 1,
+        replicas: vec![
+            replica("vol-a", "a", String::new()),
+            replica("vol-b", "b", raddr),
+        ],
+        controller_url: "http://127.0.0.1:1".into(),
+        on_quorum_loss: Default::default(),
+        export: true,
+        grant: None,
+    };
+    let engines = Arc::new(hawser_agent::engines::Engines::default());
+    let engine = engines
+        .start(
+            &req,
+            "a",
+            &a,
+            hawser_agent::rate_limit::ResyncRates::default(),
+            &Default::default(),
+        )
+        .await
+        .expect("start engine");
+    assert_eq!(engine.status().in_sync.len(), 2);
+    TwoNodes {
+        dir,
+        a,
+        b,
+        req,
+        engines,
+        stop,
+    }
+}
