@@ -1,7 +1,8 @@
 //! HTTP client for the agents' admin API (`hawser_api::agent`).
 
 use hawser_api::agent::{
-    AgentIo, AgentStatus, CreateReplica, EngineStatus, ReplicaStatus, StartEngine, NODE_HEADER,
+    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, PauseEngine,
+    ReplicaSnapshot, ReplicaStatus, ResumeEngine, StartEngine, TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::{ApiError, ErrorCode};
@@ -158,6 +159,52 @@ impl AgentClient {
     ) -> Result<Vec<hawser_api::agent::ReplicaInventory>, AgentError> {
         self.call::<(), _>(Method::GET, to, "/v1/replicas/inventory", None)
             .await
+    }
+
+    /// Holds a volume's requests and flushes its replicas, for at most `lease_ms`.
+    pub async fn pause_engine(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+        lease_ms: u64,
+    ) -> Result<EnginePaused, AgentError> {
+        let path = format!("/v1/engines/{volume}/pause");
+        let body = PauseEngine { lease_ms };
+        self.call(Method::POST, to, &path, Some(&body)).await
+    }
+
+    /// Ends a pause; refused when its lease ran out.
+    pub async fn resume_engine(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+        pause_id: u64,
+    ) -> Result<EngineResumed, AgentError> {
+        let path = format!("/v1/engines/{volume}/resume");
+        let body = ResumeEngine { pause_id };
+        self.call(Method::POST, to, &path, Some(&body)).await
+    }
+
+    /// Takes a snapshot of a replica (its writes held by the caller).
+    pub async fn take_snapshot(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        req: &TakeSnapshot,
+    ) -> Result<ReplicaSnapshot, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/snapshots");
+        self.call(Method::POST, to, &path, Some(req)).await
+    }
+
+    /// Deletes a replica's snapshot; one it does not have is deleted already.
+    pub async fn delete_snapshot(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        snapshot: &str,
+    ) -> Result<(), AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/snapshots/{snapshot}");
+        self.call_no_body(Method::DELETE, to, &path).await
     }
 
     /// Grows a replica (of a detached volume) to `size_bytes`.

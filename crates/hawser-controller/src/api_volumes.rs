@@ -14,7 +14,16 @@ use hawser_api::controller::{
 
 use crate::errors::ControllerError;
 use crate::model::VolumeRecord;
-use crate::server::{ApiJson, ApiPath};
+use crate::server::{ApiJson, ApiPath, ApiQuery};
+
+/// `DELETE /v1/volumes/{name}?with_snapshots=true`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    /// Delete the volume's snapshots with it (refused otherwise when it has any).
+    #[serde(default)]
+    pub with_snapshots: bool,
+}
 use crate::state::AppState;
 use crate::{
     volume_attach, volume_create, volume_delete, volume_expand, volume_force_promote,
@@ -102,8 +111,9 @@ async fn add_engine_view(st: &AppState, rec: &VolumeRecord, v: &mut Volume) {
 pub async fn delete(
     State(st): Shared,
     ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> Result<StatusCode, ControllerError> {
-    volume_delete::delete_volume(&st, &name).await?;
+    volume_delete::delete_volume(&st, &name, q.with_snapshots).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

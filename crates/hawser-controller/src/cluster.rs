@@ -493,6 +493,7 @@ pub fn rebuild(
             on_quorum_loss: Default::default(),
             retired: Vec::new(),
             sync_node: None,
+            snapshots: Vec::new(),
         });
     }
     (records, skipped)

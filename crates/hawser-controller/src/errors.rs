@@ -39,6 +39,21 @@ pub enum ControllerError {
     UnknownReplica { replica: String },
     #[error("volume {volume:?} already exists")]
     VolumeExists { volume: String },
+    #[error("snapshot {snapshot:?} not found")]
+    SnapshotNotFound { snapshot: String },
+    #[error("snapshot {snapshot:?} already exists (of volume {volume:?})")]
+    SnapshotExists { snapshot: String, volume: String },
+    #[error(
+        "volume {volume:?} has {count} snapshot(s) ({names}); delete them first, or delete \
+         the volume with its snapshots (`--with-snapshots`)"
+    )]
+    HasSnapshots {
+        volume: String,
+        count: usize,
+        names: String,
+    },
+    #[error("snapshot {snapshot:?} could not be taken: {reason}")]
+    SnapshotFailed { snapshot: String, reason: String },
     #[error("volume {volume:?} is attached to node {node:?}{hint}")]
     Attached {
         volume: String,
@@ -126,8 +141,11 @@ impl ControllerError {
             | E::VolumeNotFound { .. }
             | E::NodeNotFound { .. }
             | E::ReplicaNotFound { .. }
-            | E::UnknownReplica { .. } => ErrorCode::NotFound,
-            E::VolumeExists { .. } => ErrorCode::AlreadyExists,
+            | E::UnknownReplica { .. }
+            | E::SnapshotNotFound { .. } => ErrorCode::NotFound,
+            E::VolumeExists { .. } | E::SnapshotExists { .. } => ErrorCode::AlreadyExists,
+            E::HasSnapshots { .. } => ErrorCode::Conflict,
+            E::SnapshotFailed { .. } => ErrorCode::Unavailable,
             E::Attached { .. }
             | E::Busy { .. }
             | E::Syncing { .. }

@@ -244,6 +244,7 @@ mod tests {
             on_quorum_loss: Default::default(),
             retired: Vec::new(),
             sync_node: None,
+            snapshots: Vec::new(),
         }
     }
 

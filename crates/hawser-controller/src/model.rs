@@ -5,8 +5,8 @@
 //! newer one wrote after a rollback.
 
 use hawser_api::controller::{
-    Labels, Node, NodeState, PoolInfo, QuorumLoss, Replica, ReplicaState, Volume, VolumePlacement,
-    VolumeState, ZONE_LABEL,
+    Labels, Node, NodeState, PoolInfo, QuorumLoss, Replica, ReplicaState, Snapshot, SnapshotState,
+    Volume, VolumePlacement, VolumeState, ZONE_LABEL,
 };
 use serde::{Deserialize, Serialize};
 
@@ -128,6 +128,43 @@ pub struct VolumeRecord {
     /// blank replicas (see `self_heal.rs`). Attaching stops it.
     #[serde(default)]
     pub sync_node: Option<String>,
+    /// Its snapshots (`snapshot_create.rs`), oldest first. In the volume's record so that a
+    /// snapshot and the replica set it was taken on change together.
+    #[serde(default)]
+    pub snapshots: Vec<SnapshotRecord>,
+}
+
+/// A snapshot of the volume whose record holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub name: String,
+    /// Its copies' name on the replicas.
+    pub id: String,
+    pub size_bytes: u64,
+    pub created_ms: u64,
+    pub state: SnapshotState,
+    /// Replica ids holding a copy.
+    pub replicas: Vec<String>,
+    #[serde(default)]
+    pub pause_micros: Option<u64>,
+    #[serde(default)]
+    pub how: Option<String>,
+}
+
+impl SnapshotRecord {
+    pub fn to_api(&self, volume: &str) -> Snapshot {
+        Snapshot {
+            name: self.name.clone(),
+            volume: volume.into(),
+            id: self.id.clone(),
+            size_bytes: self.size_bytes,
+            created_ms: self.created_ms,
+            state: self.state,
+            replicas: self.replicas.clone(),
+            pause_micros: self.pause_micros,
+            how: self.how.clone(),
+        }
+    }
 }
 
 impl VolumeRecord {

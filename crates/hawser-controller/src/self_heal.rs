@@ -139,6 +139,7 @@ async fn add_blank(
         pool: placed.pool.clone(),
         thin: v.thin,
         cluster_id: Some(crate::cluster::identity(st).await?.id),
+        from: None,
     };
     if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
         st.reservations.release(&id);

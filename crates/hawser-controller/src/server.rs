@@ -21,7 +21,9 @@ use crate::constants::MAX_BODY_BYTES;
 use crate::errors::ControllerError;
 use crate::leader::Role;
 use crate::state::AppState;
-use crate::{api_nodes, api_pools, api_replicas, api_status, api_volumes, cluster, tls};
+use crate::{
+    api_nodes, api_pools, api_replicas, api_snapshots, api_status, api_volumes, cluster, tls,
+};
 
 /// One route of the API: method, path (axum syntax), who may call it, and its handler.
 struct Route {
@@ -108,6 +110,20 @@ fn routes() -> Vec<Route> {
         route(M::GET, "/v1/pools", Admin, get(api_pools::list)),
         route(M::GET, "/v1/status", Admin, get(api_status::show)),
         route(M::GET, "/v1/io", Admin, get(crate::api_io::io)),
+        route(M::POST, "/v1/snapshots", Admin, post(api_snapshots::create)),
+        route(M::GET, "/v1/snapshots", Admin, get(api_snapshots::list)),
+        route(
+            M::GET,
+            "/v1/snapshots/{name}",
+            Admin,
+            get(api_snapshots::show),
+        ),
+        route(
+            M::DELETE,
+            "/v1/snapshots/{name}",
+            Admin,
+            delete(api_snapshots::delete),
+        ),
         route(M::GET, "/v1/events", Admin, get(crate::api_io::events)),
         route(M::GET, "/v1/replicas", Admin, get(api_replicas::list)),
         route(M::GET, "/v1/replicas/{id}", Admin, get(api_replicas::show)),
@@ -285,6 +301,23 @@ fn json_rejection(r: JsonRejection) -> ControllerError {
 
 /// `axum::extract::Path` with JSON rejections.
 pub struct ApiPath<T>(pub T);
+
+/// The query string, with errors in the API's shape.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ControllerError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(r) => Err(ControllerError::BadBody {
+                status: 400,
+                message: r.body_text(),
+            }),
+        }
+    }
+}
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
     type Rejection = ControllerError;

@@ -155,6 +155,7 @@ fn volume(name: &str) -> VolumeRecord {
         on_quorum_loss: Default::default(),
         retired: Vec::new(),
         sync_node: None,
+        snapshots: Vec::new(),
     }
 }
 

@@ -84,6 +84,7 @@ async fn create_placed(
         on_quorum_loss: req.on_quorum_loss,
         retired: Vec::new(),
         sync_node: None,
+        snapshots: Vec::new(),
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back
@@ -204,6 +205,7 @@ async fn create_replicas(
             pool: r.pool.clone(),
             thin: record.thin,
             cluster_id: Some(cluster.clone()),
+            from: None,
         };
         if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
             // A create that timed out or got an error answer may still have happened on the

@@ -8,8 +8,29 @@ use crate::model::VolumeRecord;
 use crate::state::AppState;
 use crate::volume_create::same_replicas;
 
-pub async fn delete_volume(st: &AppState, name: &str) -> Result<(), ControllerError> {
+/// Deletes a volume; one with snapshots only when `with_snapshots` (its replicas' files go,
+/// and their snapshots with them).
+pub async fn delete_volume(
+    st: &AppState,
+    name: &str,
+    with_snapshots: bool,
+) -> Result<(), ControllerError> {
     let _guard = st.volume_locks.lock(name).await;
+    if !with_snapshots {
+        let v = st.records.existing_volume(name).await?;
+        if !v.snapshots.is_empty() && v.state != VolumeState::Deleting {
+            return Err(ControllerError::HasSnapshots {
+                volume: name.into(),
+                count: v.snapshots.len(),
+                names: v
+                    .snapshots
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    }
     delete_locked(st, name).await
 }
 

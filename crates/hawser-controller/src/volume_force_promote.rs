@@ -138,6 +138,7 @@ mod tests {
             on_quorum_loss: QuorumLoss::default(),
             retired: vec![],
             sync_node: None,
+            snapshots: Vec::new(),
         }
     }
 

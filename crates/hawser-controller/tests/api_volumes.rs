@@ -495,6 +495,7 @@ async fn orphan_replicas_are_trashed_and_referenced_ones_kept() {
         pool: "default".into(),
         thin: true,
         cluster_id: None,
+        from: None,
     };
     let n1 = c.agent("n1");
     n1.state

@@ -216,6 +216,39 @@ async fn real_responses_validate_against_the_document() {
         "{reasons:?}"
     );
     assert!(at("Attached") < at("Created"), "{reasons:?}");
+    // Snapshots of the attached volume.
+    let snaps = (Method::POST, "/v1/snapshots");
+    let body = json!({"name": "s1", "volume": "v"});
+    let (s, snap) = p.call(a, snaps.clone(), "/v1/snapshots", Some(body)).await;
+    assert_eq!(s, 201, "{snap}");
+    let body = json!({"name": "s1", "volume": "w-none"});
+    assert_eq!(
+        p.call(a, snaps.clone(), "/v1/snapshots", Some(body))
+            .await
+            .0,
+        409
+    );
+    let body = json!({"name": "BAD", "volume": "v"});
+    assert_eq!(p.call(a, snaps, "/v1/snapshots", Some(body)).await.0, 400);
+    let list = (Method::GET, "/v1/snapshots");
+    let (s, all) = p.call(a, list.clone(), "/v1/snapshots", None).await;
+    assert_eq!((s, all.as_array().map(Vec::len)), (200, Some(1)), "{all}");
+    assert_eq!(
+        p.call(a, list, "/v1/snapshots?volume=nope", None).await.0,
+        404
+    );
+    let one = (Method::GET, "/v1/snapshots/{name}");
+    assert_eq!(
+        p.call(a, one.clone(), "/v1/snapshots/s1", None).await.0,
+        200
+    );
+    assert_eq!(p.call(a, one, "/v1/snapshots/nope", None).await.0, 404);
+    let del = (Method::DELETE, "/v1/snapshots/{name}");
+    assert_eq!(
+        p.call(a, del.clone(), "/v1/snapshots/s1", None).await.0,
+        204
+    );
+    assert_eq!(p.call(a, del, "/v1/snapshots/s1", None).await.0, 404);
     let (s, list) = p
         .call(a, (Method::GET, "/v1/replicas"), "/v1/replicas", None)
         .await;

@@ -65,18 +65,54 @@ pub struct SmallFs {
 }
 
 impl SmallFs {
+    /// An ext4 filesystem of `size_mib` on a loop device, mounted at `dir/small-fs`.
     pub fn new(dir: &Path, size_mib: u64) -> SmallFs {
-        let image = dir.join("small-fs.img");
+        Self::make(dir, "small-fs", size_mib, &["mkfs.ext4", "-q", "-F"])
+    }
+
+    /// An XFS filesystem with reflinks, mounted at `dir/xfs`.
+    pub fn xfs(dir: &Path, size_mib: u64) -> SmallFs {
+        Self::make(
+            dir,
+            "xfs",
+            size_mib,
+            &["mkfs.xfs", "-q", "-f", "-m", "reflink=1"],
+        )
+    }
+
+    fn make(dir: &Path, name: &str, size_mib: u64, mkfs: &[&str]) -> SmallFs {
+        let image = dir.join(format!("{name}.img"));
         let f = std::fs::File::create(&image).expect("create fs image");
         f.set_len(size_mib << 20).expect("size fs image");
-        run_ok("mkfs.ext4", &["-q", "-F", &image.display().to_string()]);
+        let image_arg = image.display().to_string();
+        let mut args = mkfs[1..].to_vec();
+        args.push(&image_arg);
+        run_ok(mkfs[0], &args);
         let lo = LoopDevice::attach(&image);
-        let mount = Mount::new(&lo.dev, &dir.join("small-fs"));
+        let mount = Mount::new(&lo.dev, &dir.join(name));
         SmallFs {
             mount,
             _loop: lo,
             image,
         }
+    }
+
+    /// Bytes used on the filesystem (statvfs: blocks less free blocks).
+    pub fn used_bytes(&self) -> u64 {
+        let out = run_ok(
+            "stat",
+            &[
+                "-f",
+                "-c",
+                "%S %b %f",
+                &self.mount.dir.display().to_string(),
+            ],
+        );
+        let v: Vec<u64> = out
+            .split_whitespace()
+            .map(|x| x.parse().expect("stat number"))
+            .collect();
+        v[0] * (v[1] - v[2])
     }
 }
 

@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::client::Client;
 use crate::cli::output::OutputArg;
-use crate::cli::{cluster, events, node, pool, replica, status, volume};
+use crate::cli::{cluster, events, node, pool, replica, snapshot, status, volume};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -64,6 +64,9 @@ enum Command {
     /// What happened lately: outdates, resyncs, failovers, replicas replaced, nodes silent
     /// or back (the leader's memory, newest first).
     Events(events::EventsArgs),
+    /// Take, list and delete crash-consistent snapshots of volumes.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
     /// Inspect, evacuate and restore nodes.
     #[command(subcommand)]
     Node(node::NodeCmd),
@@ -105,6 +108,7 @@ fn main() -> ExitCode {
         Command::Cluster(cmd) => client_exit(&conn, |c| cluster::run(c, cmd)),
         Command::Status { out } => client_exit(&conn, |c| status::run(c, out)),
         Command::Events(args) => client_exit(&conn, |c| events::run(c, args)),
+        Command::Snapshot(cmd) => client_exit(&conn, |c| snapshot::run(c, cmd)),
     }
 }
 

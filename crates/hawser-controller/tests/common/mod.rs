@@ -13,7 +13,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use hawser_api::agent::{CreateReplica, EngineStatus, GrowReplica, ReplicaStatus, StartEngine};
+use hawser_api::agent::{
+    CreateReplica, EnginePaused, EngineResumed, EngineStatus, GrowReplica, PauseEngine,
+    ReplicaSnapshot, ReplicaStatus, ResumeEngine, StartEngine, TakeSnapshot,
+};
 use hawser_api::controller::{PoolInfo, PoolKind};
 use hawser_api::{ApiError, ErrorCode};
 use hawser_controller::{Controller, ControllerArgs};
@@ -29,6 +32,8 @@ pub enum Op {
     StartEngine,
     StopEngine,
     GrowReplica,
+    TakeSnapshot,
+    PauseEngine,
 }
 
 #[derive(Default)]
@@ -42,6 +47,10 @@ pub struct FakeState {
     pub authorizations: Vec<Option<String>>,
     /// Replicas each volume's engine reports `down` (unreachable, not outdated).
     pub down: BTreeMap<String, Vec<String>>,
+    /// (replica, snapshot) copies held.
+    pub snapshots: BTreeSet<(String, String)>,
+    /// Volumes paused now: the pause id.
+    pub paused: BTreeMap<String, u64>,
 }
 
 type Fake = Arc<Mutex<FakeState>>;
@@ -62,6 +71,13 @@ impl FakeAgent {
             .route("/v1/replicas/{id}/trash", post(trash_replica))
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
+            .route("/v1/engines/{volume}/pause", post(pause_engine))
+            .route("/v1/engines/{volume}/resume", post(resume_engine))
+            .route("/v1/replicas/{id}/snapshots", post(take_snapshot))
+            .route(
+                "/v1/replicas/{id}/snapshots/{snapshot}",
+                delete(delete_snapshot),
+            )
             .route("/v1/status", get(agent_status))
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
@@ -118,6 +134,22 @@ impl FakeAgent {
             .unwrap()
             .down
             .insert(volume.into(), replicas);
+    }
+
+    /// (replica, snapshot) copies this agent holds.
+    pub fn snapshots(&self) -> Vec<(String, String)> {
+        self.state
+            .lock()
+            .unwrap()
+            .snapshots
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Volumes paused now.
+    pub fn paused(&self) -> Vec<String> {
+        self.state.lock().unwrap().paused.keys().cloned().collect()
     }
 
     pub fn calls(&self) -> Vec<String> {
@@ -287,6 +319,93 @@ async fn grow_replica(
     };
     r.size_bytes = r.size_bytes.max(req.size_bytes);
     Json(replica_status(r)).into_response()
+}
+
+/// Pauses a running engine: its replicas (all of them) are its in-sync set.
+async fn pause_engine(
+    State(st): State<Fake>,
+    Path(volume): Path<String>,
+    Json(_req): Json<PauseEngine>,
+) -> Response {
+    if record(
+        &st,
+        format!("POST /v1/engines/{volume}/pause"),
+        Op::PauseEngine,
+    ) {
+        return refuse("pause engine");
+    }
+    let mut s = st.lock().unwrap();
+    let Some(e) = s.engines.get(&volume).cloned() else {
+        let e = ApiError::new(ErrorCode::NotFound, format!("no engine of {volume}"));
+        return (StatusCode::NOT_FOUND, Json(e)).into_response();
+    };
+    let id = s.paused.values().max().copied().unwrap_or(0) + 1;
+    s.paused.insert(volume, id);
+    Json(EnginePaused {
+        pause_id: id,
+        epoch: e.epoch,
+        in_sync: e.replicas.iter().map(|r| r.replica_id.clone()).collect(),
+        drain_micros: 5,
+    })
+    .into_response()
+}
+
+async fn resume_engine(
+    State(st): State<Fake>,
+    Path(volume): Path<String>,
+    Json(req): Json<ResumeEngine>,
+) -> Response {
+    record(
+        &st,
+        format!("POST /v1/engines/{volume}/resume"),
+        Op::StopEngine,
+    );
+    let mut s = st.lock().unwrap();
+    if s.paused.get(&volume) != Some(&req.pause_id) {
+        let e = ApiError::new(ErrorCode::Conflict, "no such pause");
+        return (StatusCode::CONFLICT, Json(e)).into_response();
+    }
+    s.paused.remove(&volume);
+    Json(EngineResumed { held_micros: 42 }).into_response()
+}
+
+async fn take_snapshot(
+    State(st): State<Fake>,
+    Path(id): Path<String>,
+    Json(req): Json<TakeSnapshot>,
+) -> Response {
+    let call = format!("POST /v1/replicas/{id}/snapshots {}", req.snapshot);
+    if record(&st, call, Op::TakeSnapshot) {
+        return refuse("take snapshot");
+    }
+    let mut s = st.lock().unwrap();
+    let Some(r) = s.replicas.get(&id).cloned() else {
+        let e = ApiError::new(ErrorCode::NotFound, format!("replica {id} not found"));
+        return (StatusCode::NOT_FOUND, Json(e)).into_response();
+    };
+    s.snapshots.insert((id.clone(), req.snapshot.clone()));
+    let snap = ReplicaSnapshot {
+        replica_id: id,
+        snapshot: req.snapshot,
+        size_bytes: r.size_bytes,
+        allocated_bytes: 0,
+        how: Some("reflink".into()),
+        micros: 7,
+    };
+    (StatusCode::CREATED, Json(snap)).into_response()
+}
+
+async fn delete_snapshot(
+    State(st): State<Fake>,
+    Path((id, snapshot)): Path<(String, String)>,
+) -> Response {
+    record(
+        &st,
+        format!("DELETE /v1/replicas/{id}/snapshots/{snapshot}"),
+        Op::DeleteReplica,
+    );
+    st.lock().unwrap().snapshots.remove(&(id, snapshot));
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> Response {

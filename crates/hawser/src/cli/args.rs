@@ -15,6 +15,12 @@ pub fn parse_volume_name(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// A snapshot name, same rules.
+pub fn parse_snapshot_name(s: &str) -> Result<String, String> {
+    validate_name("snapshot", s).map_err(|e| e.message)?;
+    Ok(s.to_string())
+}
+
 /// A node name, same rules.
 pub fn parse_node_name(s: &str) -> Result<String, String> {
     validate_name("node", s).map_err(|e| e.message)?;

@@ -9,6 +9,7 @@ pub mod node;
 pub mod output;
 pub mod pool;
 pub mod replica;
+pub mod snapshot;
 pub mod status;
 pub mod token;
 pub mod volume;

@@ -98,10 +98,14 @@ pub enum VolumeCmd {
         #[command(flatten)]
         out: OutputArg,
     },
-    /// Delete a detached volume and its replicas.
+    /// Delete a detached volume and its replicas. Refused while it has snapshots unless
+    /// `--with-snapshots`.
     Delete {
         #[arg(value_parser = parse_volume_name)]
         name: String,
+        /// Delete its snapshots too.
+        #[arg(long)]
+        with_snapshots: bool,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -192,8 +196,17 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             let v: Volume = client.post(&format!("/v1/volumes/{name}/force-promote"), &req)?;
             print_volume(&v, out.format, "force-promoted");
         }
-        VolumeCmd::Delete { name, out } => {
-            client.delete(&format!("/v1/volumes/{name}"))?;
+        VolumeCmd::Delete {
+            name,
+            with_snapshots,
+            out,
+        } => {
+            let query = if with_snapshots {
+                "?with_snapshots=true"
+            } else {
+                ""
+            };
+            client.delete(&format!("/v1/volumes/{name}{query}"))?;
             match out.format {
                 Format::Json => print_json(&json!({ "name": name, "deleted": true })),
                 Format::Table => println!("volume {name} deleted"),

@@ -1,0 +1,154 @@
+//! Snapshots through the REST API against fake agents: the order of the agent calls (pause,
+//! a copy on every in-sync replica, resume), names, idempotent retries, a failed copy rolled
+//! back everywhere, a detached volume's snapshot without a pause, deletes, and a volume
+//! with snapshots guarded against deletion.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{code, Cluster, Op, GIB};
+use serde_json::json;
+
+fn agent_calls(c: &Cluster, what: &str) -> Vec<String> {
+    c.agents
+        .iter()
+        .flat_map(|a| a.calls())
+        .filter(|x| x.contains(what))
+        .collect()
+}
+
+fn copies(c: &Cluster) -> usize {
+    c.agents.iter().map(|a| a.snapshots().len()).sum()
+}
+
+#[tokio::test]
+async fn an_attached_volume_is_paused_copied_on_every_replica_and_resumed() {
+    let c = Cluster::start(2).await;
+    assert_eq!(c.create("db", GIB, 2).await.0, 201);
+    let (s, v) = c.post("/v1/volumes/db/attach", json!({"node": "n1"})).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, snap) = c
+        .post("/v1/snapshots", json!({"name": "s1", "volume": "db"}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    assert_eq!(snap["state"], "ready");
+    assert_eq!(snap["volume"], "db");
+    assert_eq!(snap["size_bytes"], GIB);
+    assert_eq!(snap["pause_micros"], 42);
+    assert_eq!(snap["how"], "reflink");
+    let id = snap["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("s1-"), "{id}");
+    let mut holders: Vec<String> = snap["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    holders.sort();
+    let mut replicas: Vec<String> = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    replicas.sort();
+    assert_eq!(holders, replicas, "every in-sync replica holds it");
+    // Pause, then both copies, then resume: on the engine's node, in that order.
+    let n1 = c.agent("n1").calls();
+    let at = |what: &str| n1.iter().position(|x| x.contains(what)).unwrap();
+    assert!(at("/pause") < at("/resume"), "{n1:?}");
+    assert_eq!(agent_calls(&c, "/snapshots ").len(), 2);
+    assert!(c.agents.iter().all(|a| a.paused().is_empty()), "resumed");
+    assert_eq!(copies(&c), 2);
+
+    // The same request again: the same snapshot, nothing copied again.
+    let (s, again) = c
+        .post("/v1/snapshots", json!({"name": "s1", "volume": "db"}))
+        .await;
+    assert_eq!((s, &again), (201, &snap));
+    assert_eq!(agent_calls(&c, "/snapshots ").len(), 2);
+    // The name is the cluster's: another volume cannot take it.
+    assert_eq!(c.create("web", GIB, 1).await.0, 201);
+    let (s, e) = c
+        .post("/v1/snapshots", json!({"name": "s1", "volume": "web"}))
+        .await;
+    assert_eq!((s, code(&e)), (409, "already_exists"), "{e}");
+    for (name, volume, want) in [("Bad", "db", 400), ("x", "nope", 404), ("", "db", 400)] {
+        let (s, e) = c
+            .post("/v1/snapshots", json!({"name": name, "volume": volume}))
+            .await;
+        assert_eq!(s, want, "{name:?} of {volume:?}: {e}");
+    }
+
+    // Listed, shown; listing a volume that does not exist is an error.
+    let (_, list) = c.get("/v1/snapshots?volume=db").await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    let (s, _) = c.get("/v1/snapshots?volume=nope").await;
+    assert_eq!(s, 404);
+    let (s, shown) = c.get("/v1/snapshots/s1").await;
+    assert_eq!((s, &shown), (200, &snap));
+
+    // Its volume is not deleted from under it.
+    c.post("/v1/volumes/db/detach", json!({})).await;
+    let (s, e) = c.delete("/v1/volumes/db").await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("s1"), "{e}");
+
+    // Deleting it removes every copy.
+    let (s, _) = c.delete("/v1/snapshots/s1").await;
+    assert_eq!(s, 204);
+    assert_eq!(copies(&c), 0);
+    let (s, _) = c.get("/v1/snapshots/s1").await;
+    assert_eq!(s, 404);
+    let (s, _) = c.delete("/v1/volumes/db").await;
+    assert_eq!(s, 204);
+}
+
+#[tokio::test]
+async fn a_failed_copy_fails_the_snapshot_and_leaves_nothing() {
+    let c = Cluster::start(2).await;
+    assert_eq!(c.create("db", GIB, 2).await.0, 201);
+    c.post("/v1/volumes/db/attach", json!({"node": "n1"})).await;
+    c.agent("n2").fail(Op::TakeSnapshot, true);
+    let (s, e) = c
+        .post("/v1/snapshots", json!({"name": "s1", "volume": "db"}))
+        .await;
+    assert_eq!((s, code(&e)), (503, "unavailable"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("n2"), "{e}");
+    assert_eq!(copies(&c), 0, "the copy that was made is deleted");
+    assert!(c.agents.iter().all(|a| a.paused().is_empty()), "resumed");
+    let (_, list) = c.get("/v1/snapshots").await;
+    assert_eq!(list, json!([]));
+    // Once the agent works again the name is free.
+    c.agent("n2").fail(Op::TakeSnapshot, false);
+    let (s, snap) = c
+        .post("/v1/snapshots", json!({"name": "s1", "volume": "db"}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    // A pause that fails fails the snapshot before any copy.
+    c.agent("n1").fail(Op::PauseEngine, true);
+    let (s, _) = c
+        .post("/v1/snapshots", json!({"name": "s2", "volume": "db"}))
+        .await;
+    assert_eq!(s, 503);
+    assert_eq!(copies(&c), 2, "only s1's");
+}
+
+#[tokio::test]
+async fn a_detached_volume_needs_no_pause_and_goes_with_its_snapshots_when_asked() {
+    let c = Cluster::start(2).await;
+    assert_eq!(c.create("db", GIB, 2).await.0, 201);
+    let (s, snap) = c
+        .post("/v1/snapshots", json!({"name": "cold", "volume": "db"}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    assert!(snap.get("pause_micros").is_none(), "{snap}");
+    assert!(agent_calls(&c, "/pause").is_empty());
+    assert_eq!(copies(&c), 2);
+    let (s, _) = c.delete("/v1/volumes/db?with_snapshots=true").await;
+    assert_eq!(s, 204);
+    let (_, list) = c.get("/v1/snapshots").await;
+    assert_eq!(list, json!([]));
+    let (s, _) = c.delete("/v1/volumes/nope?with_snapshots=maybe").await;
+    assert_eq!(s, 400);
+}
