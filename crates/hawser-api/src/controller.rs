@@ -234,6 +234,21 @@ pub struct CreateVolume {
     /// What writes do when too few replicas are left to form a quorum.
     #[serde(default)]
     pub on_quorum_loss: QuorumLoss,
+    /// A clone: start with the data of this snapshot or volume (at least its size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<VolumeSource>,
+}
+
+/// Where a clone's data comes from: exactly one of the two.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSource {
+    /// A ready snapshot, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// A volume, attached or not: a snapshot of it is taken for the clone, then deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
 }
 
 /// What a volume's writes do while too few of its replicas are in sync to form a quorum

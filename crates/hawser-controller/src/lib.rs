@@ -45,6 +45,7 @@ mod store_retry;
 mod tls;
 mod ui;
 mod volume_attach;
+mod volume_clone;
 mod volume_create;
 mod volume_delete;
 mod volume_expand;

@@ -2,7 +2,9 @@
 //! agents, mark it Detached. Any failure undoes everything, so a failed create leaves neither
 //! a record nor a replica behind (best effort for replicas on agents that stop answering).
 
-use hawser_api::agent::CreateReplica;
+use std::collections::BTreeMap;
+
+use hawser_api::agent::{CreateReplica, SnapshotRef};
 use hawser_api::controller::{CreateVolume, Replica, ReplicaState, VolumePlacement, VolumeState};
 use hawser_api::size::check_volume_size;
 use hawser_api::validate_name;
@@ -32,7 +34,7 @@ pub async fn create_volume(
     }
     // Evacuating nodes take no new replicas.
     let settings = st.records.node_settings().await?;
-    let mut usable: Vec<NodeRecord> = nodes
+    let usable: Vec<NodeRecord> = nodes
         .iter()
         .filter(|n| !settings.get(&n.name).is_some_and(|s| s.evacuate))
         .cloned()
@@ -41,13 +43,35 @@ pub async fn create_volume(
     // (seconds), and placement may pick it. Its create cannot connect; the attempt
     // is rolled back and the volume placed again without that node, so `volume create` works
     // while any other placement does. When none does, the agent's error is the one to show.
+    let source = match &req.from {
+        Some(from) => Some(crate::volume_clone::resolve(st, &req, from).await?),
+        None => None,
+    };
+    let created = place_and_create(st, &req, &nodes, usable, source.as_ref()).await;
+    if let Some(s) = &source {
+        crate::volume_clone::finish(st, s).await;
+    }
+    created
+}
+
+async fn place_and_create(
+    st: &AppState,
+    req: &CreateVolume,
+    nodes: &[NodeRecord],
+    mut usable: Vec<NodeRecord>,
+    source: Option<&crate::volume_clone::CloneSource>,
+) -> Result<VolumeRecord, ControllerError> {
     let mut unanswered: Option<ControllerError> = None;
     for _ in 0..=MAX_UNANSWERED_NODES {
-        let (replicas, placement) = match place(st, &req, &usable) {
+        let placed = match source {
+            Some(s) => crate::volume_clone::place(st, req, &usable, s),
+            None => place(st, req, &usable).map(|(r, p)| (r, p, BTreeMap::new())),
+        };
+        let (replicas, placement, seeds) = match placed {
             Ok(placed) => placed,
             Err(e) => return Err(unanswered.unwrap_or(e)),
         };
-        match create_placed(st, &req, replicas, placement, &nodes).await {
+        match create_placed(st, req, replicas, placement, nodes, &seeds).await {
             Err(ControllerError::Agent { node, op, source }) if source.never_sent() => {
                 tracing::warn!(
                     volume = %req.name, node = %node, error = %source,
@@ -70,6 +94,7 @@ async fn create_placed(
     replicas: Vec<Replica>,
     placement: VolumePlacement,
     nodes: &[NodeRecord],
+    seeds: &BTreeMap<String, SnapshotRef>,
 ) -> Result<VolumeRecord, ControllerError> {
     let record = VolumeRecord {
         name: req.name.clone(),
@@ -94,7 +119,7 @@ async fn create_placed(
         return Err(e);
     }
     let mut attempted = Vec::new();
-    let result = create_replicas(st, &record, nodes, &mut attempted).await;
+    let result = create_replicas(st, &record, nodes, seeds, &mut attempted).await;
     let result = match result {
         Ok(()) => mark_detached(st, &record.name).await,
         Err(e) => Err(e),
@@ -102,8 +127,13 @@ async fn create_placed(
     match result {
         Ok(created) => {
             tracing::info!(volume = %created.name, size = created.size_bytes, "volume created");
+            let from = req
+                .from
+                .as_ref()
+                .and_then(|f| f.snapshot.as_ref().or(f.volume.as_ref()))
+                .map_or(String::new(), |s| format!(", a clone of {s}"));
             let msg = format!(
-                "created: {} bytes, {} replica(s)",
+                "created: {} bytes, {} replica(s){from}",
                 created.size_bytes, created.replica_count
             );
             st.events
@@ -193,6 +223,7 @@ async fn create_replicas(
     st: &AppState,
     record: &VolumeRecord,
     nodes: &[NodeRecord],
+    seeds: &BTreeMap<String, SnapshotRef>,
     attempted: &mut Vec<String>,
 ) -> Result<(), ControllerError> {
     let cluster = crate::cluster::identity(st).await?.id;
@@ -205,7 +236,7 @@ async fn create_replicas(
             pool: r.pool.clone(),
             thin: record.thin,
             cluster_id: Some(cluster.clone()),
-            from: None,
+            from: seeds.get(&r.id).cloned(),
         };
         if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
             // A create that timed out or got an error answer may still have happened on the

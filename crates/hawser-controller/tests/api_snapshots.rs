@@ -152,3 +152,96 @@ async fn a_detached_volume_needs_no_pause_and_goes_with_its_snapshots_when_asked
     let (s, _) = c.delete("/v1/volumes/nope?with_snapshots=maybe").await;
     assert_eq!(s, 400);
 }
+
+fn replicas_of(v: &serde_json::Value) -> Vec<(String, String, String, bool)> {
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["node"].as_str().unwrap().to_string(),
+                r["state"].as_str().unwrap().to_string(),
+                r["blank"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere() {
+    let c = Cluster::start(3).await;
+    let (_, v) = c
+        .post(
+            "/v1/volumes",
+            json!({"name": "db", "size_bytes": GIB, "replicas": 2, "prefer_node": "n1"}),
+        )
+        .await;
+    let src: Vec<(String, String, String, bool)> = replicas_of(&v);
+    let (s, snap) = c
+        .post("/v1/snapshots", json!({"name": "s1", "volume": "db"}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+
+    // Three replicas from a snapshot on two: two seeded where the copies are, one blank.
+    let (s, clone) = c
+        .post(
+            "/v1/volumes",
+            json!({"name": "dev", "size_bytes": 2 * GIB, "replicas": 3, "from": {"snapshot": "s1"}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{clone}");
+    assert_eq!(clone["size_bytes"], 2 * GIB);
+    let reps = replicas_of(&clone);
+    assert_eq!(reps.len(), 3);
+    for (id, node, state, blank) in &reps {
+        let made = c.agent(node).replica(id).unwrap();
+        match &made.from {
+            Some(f) => {
+                assert_eq!(f.snapshot, snap_id);
+                let holder = src.iter().find(|h| h.0 == f.replica_id).unwrap();
+                assert_eq!(&holder.1, node, "seeded on the holder's node");
+                assert_eq!((state.as_str(), *blank), ("in_sync", false));
+            }
+            None => {
+                assert!(src.iter().all(|h| h.1 != *node), "{node} holds no copy");
+                assert_eq!((state.as_str(), *blank), ("outdated", true));
+            }
+        }
+    }
+    assert_eq!(reps.iter().filter(|r| !r.3).count(), 2);
+
+    // Errors: too small, unknown, both or neither source.
+    for (from, size, want) in [
+        (json!({"snapshot": "s1"}), GIB / 2, 400), // smaller than the snapshot
+        (json!({"snapshot": "nope"}), GIB, 404),
+        (json!({"snapshot": "s1", "volume": "db"}), GIB, 400),
+        (json!({}), GIB, 400),
+    ] {
+        let body = json!({"name": "bad", "size_bytes": size, "replicas": 1, "from": from});
+        let (s, e) = c.post("/v1/volumes", body).await;
+        assert_eq!(s, want, "{from}: {e}");
+    }
+    assert!(!c.volume_names().await.contains(&"bad".to_string()));
+
+    // From a volume: a snapshot of it is taken for the clone, then deleted.
+    let (s, cv) = c
+        .post(
+            "/v1/volumes",
+            json!({"name": "copy", "size_bytes": GIB, "replicas": 2, "from": {"volume": "db"}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{cv}");
+    assert!(replicas_of(&cv).iter().all(|r| r.2 == "in_sync"), "{cv}");
+    let (_, list) = c.get("/v1/snapshots").await;
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["s1"], "the clone's snapshot is gone");
+    assert_eq!(copies(&c), 2, "only s1's copies are left");
+}

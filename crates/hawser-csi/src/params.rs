@@ -129,6 +129,7 @@ impl VolumeParams {
             zone_spread: self.zone_spread,
             prefer_node: node.filter(|_| self.locality).map(str::to_string),
             on_quorum_loss: self.on_quorum_loss,
+            from: None,
         }
     }
 

@@ -18,14 +18,17 @@ fn offset_mib(i: u64) -> u64 {
     (i * 7) % 1000
 }
 
-fn pools_on(fs: &SmallFs) -> Vec<Vec<String>> {
-    ["a", "b"]
+/// Two agents, each with its pool in a directory of `fs`.
+fn cluster_on(fs: &SmallFs, name: &str) -> Cluster {
+    let pools = ["a", "b"]
         .iter()
-        .map(|n| {
-            let dir = fs.mount.dir.join(n);
-            vec![format!("default={}", dir.display())]
-        })
-        .collect()
+        .map(|n| vec![format!("default={}", fs.mount.dir.join(n).display())])
+        .collect();
+    let opts = ClusterOptions {
+        pools,
+        ..ClusterOptions::default()
+    };
+    Cluster::start_with(name, 2, opts)
 }
 
 fn snapshot(c: &Cluster, name: &str) -> Snapshot {
@@ -58,11 +61,7 @@ fn median(v: &mut [u64]) -> u64 {
 fn a_hundred_snapshots_on_xfs_share_their_extents() {
     let work = TempDir::new("snap-xfs");
     let fs = SmallFs::xfs(work.path(), 6 * 1024);
-    let opts = ClusterOptions {
-        pools: pools_on(&fs),
-        ..ClusterOptions::default()
-    };
-    let c = Cluster::start_with("snap-xfs", 2, opts);
+    let c = cluster_on(&fs, "snap-xfs");
     let uri = c.attached_volume("v", "1GiB", 2, "n1");
     qemu_io(&uri, &["write -P 0x5a 0 1G", "flush"]);
     let before = fs.used_bytes();
@@ -111,11 +110,7 @@ fn a_hundred_snapshots_on_xfs_share_their_extents() {
 fn on_ext4_snapshots_are_full_copies_and_cost_is_printed() {
     let work = TempDir::new("snap-space");
     let fs = SmallFs::new(work.path(), 2 * 1024);
-    let opts = ClusterOptions {
-        pools: pools_on(&fs),
-        ..ClusterOptions::default()
-    };
-    let c = Cluster::start_with("snap-ext4", 2, opts);
+    let c = cluster_on(&fs, "snap-ext4");
     let uri = c.attached_volume("v", "256MiB", 2, "n1");
     qemu_io(&uri, &["write -P 0x5a 0 128M", "flush"]);
     let before = fs.used_bytes();

@@ -123,6 +123,11 @@ impl FakeAgent {
             .collect()
     }
 
+    /// What a replica was created with.
+    pub fn replica(&self, id: &str) -> Option<CreateReplica> {
+        self.state.lock().unwrap().replicas.get(id).cloned()
+    }
+
     pub fn engine(&self, volume: &str) -> Option<StartEngine> {
         self.state.lock().unwrap().engines.get(volume).cloned()
     }

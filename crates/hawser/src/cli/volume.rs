@@ -1,12 +1,16 @@
 //! `hawser volume ...`: create, list, show, attach, detach, expand, force-promote and delete volumes.
 
 use hawser_api::controller::{
-    Attach, CreateVolume, ExpandVolume, ForcePromote, QuorumLoss, ReplicaState, Volume, ZoneSpread,
+    Attach, CreateVolume, ExpandVolume, ForcePromote, QuorumLoss, ReplicaState, Snapshot, Volume,
+    VolumeSource, ZoneSpread,
 };
 use hawser_api::format_size;
+use hawser_api::{ApiError, ErrorCode};
 use serde_json::json;
 
-use crate::cli::args::{parse_node_name, parse_pool_name, parse_volume_name, parse_volume_size};
+use crate::cli::args::{
+    parse_node_name, parse_pool_name, parse_snapshot_name, parse_volume_name, parse_volume_size,
+};
 use crate::cli::client::{CliError, Client};
 use crate::cli::output::{or_dash, print_json, Format, OutputArg, Table};
 
@@ -16,9 +20,19 @@ pub enum VolumeCmd {
     Create {
         #[arg(value_parser = parse_volume_name)]
         name: String,
-        /// Size, e.g. 10GiB, 512MiB (a multiple of 4 KiB).
-        #[arg(long, value_parser = parse_volume_size, allow_hyphen_values = true)]
-        size: u64,
+        /// Size, e.g. 10GiB, 512MiB (a multiple of 4 KiB). With --from: at least the
+        /// source's, which is the default.
+        #[arg(
+            long,
+            value_parser = parse_volume_size,
+            allow_hyphen_values = true,
+            required_unless_present = "from"
+        )]
+        size: Option<u64>,
+        /// A clone: start with the data of this snapshot or volume (`snapshot:NAME` or
+        /// `volume:NAME` when a snapshot and a volume share the name).
+        #[arg(long)]
+        from: Option<String>,
         /// Number of replicas (1-5), each on a different node.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=5))]
         replicas: u32,
@@ -140,17 +154,26 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             zone_spread,
             prefer_node,
             on_quorum_loss,
+            from,
             out,
         } => {
+            let (from, source_size) = match from {
+                Some(f) => {
+                    let (source, size) = clone_source(client, &f)?;
+                    (Some(source), Some(size))
+                }
+                None => (None, None),
+            };
             let req = CreateVolume {
                 name,
-                size_bytes: size,
+                size_bytes: size.or(source_size).unwrap_or_default(),
                 replicas,
                 thin: !thick,
                 pool,
                 zone_spread: zone_spread.map(ZoneSpread::from),
                 prefer_node,
                 on_quorum_loss: on_quorum_loss.into(),
+                from,
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
@@ -214,6 +237,47 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// `--from NAME`: a snapshot or a volume of that name (a prefix says which when both exist),
+/// and its size.
+fn clone_source(client: &Client, from: &str) -> Result<(VolumeSource, u64), CliError> {
+    let snapshot = |name: &str| -> Result<(VolumeSource, u64), CliError> {
+        let s: Snapshot = client.get(&format!("/v1/snapshots/{name}"))?;
+        let source = VolumeSource {
+            snapshot: Some(s.name),
+            volume: None,
+        };
+        Ok((source, s.size_bytes))
+    };
+    let volume = |name: &str| -> Result<(VolumeSource, u64), CliError> {
+        let v: Volume = client.get(&format!("/v1/volumes/{name}"))?;
+        let source = VolumeSource {
+            snapshot: None,
+            volume: Some(v.name),
+        };
+        Ok((source, v.size_bytes))
+    };
+    let usage = |msg: String| CliError::Api(ApiError::new(ErrorCode::InvalidArgument, msg));
+    if let Some(name) = from.strip_prefix("snapshot:") {
+        return snapshot(&parse_snapshot_name(name).map_err(usage)?);
+    }
+    if let Some(name) = from.strip_prefix("volume:") {
+        return volume(&parse_volume_name(name).map_err(usage)?);
+    }
+    parse_volume_name(from).map_err(usage)?;
+    let not_found = |e: &CliError| matches!(e, CliError::Api(a) if a.code == ErrorCode::NotFound);
+    match (snapshot(from), volume(from)) {
+        (Ok(_), Ok(_)) => Err(usage(format!(
+            "both a snapshot and a volume are named {from:?}: say snapshot:{from} or volume:{from}"
+        ))),
+        (Ok(s), Err(e)) | (Err(e), Ok(s)) if not_found(&e) => Ok(s),
+        (Err(e), _) | (_, Err(e)) if !not_found(&e) => Err(e),
+        _ => Err(CliError::Api(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no snapshot or volume is named {from:?}"),
+        ))),
+    }
 }
 
 /// After a change: the volume as JSON, or its details under a one-line summary.
