@@ -129,9 +129,16 @@ pub async fn create_snapshot(
         }
         Err(e) => {
             tracing::warn!(volume = %v.name, snapshot = %record.name, error = %e, "snapshot failed");
+            // The snapshot's own error is the one to report; a cleanup that cannot finish
+            // leaves the record Deleting for `snapshot delete` to retry, and says so.
             let v = st.records.existing_volume(&req.volume).await?;
             if let Some(s) = v.snapshots.iter().find(|s| s.id == record.id) {
-                discard(st, &v, s).await?;
+                if let Err(c) = discard(st, &v, s).await {
+                    tracing::warn!(
+                        snapshot = %record.name, error = %c,
+                        "the failed snapshot's copies are not all deleted; it stays deleting"
+                    );
+                }
             }
             Err(e)
         }

@@ -22,10 +22,10 @@ use hawser_api::controller::{
 
 use crate::errors::ControllerError;
 use crate::model::{NodeRecord, SnapshotRecord};
-use crate::placement::{default_zone_spread, Request};
+use crate::placement::Request;
 use crate::snapshot_create::{self, find};
 use crate::state::AppState;
-use crate::volume_create::replica_id;
+use crate::volume_create::{replica_id, rules};
 
 /// A clone's replicas, its placement rules, and which replica is seeded from which copy.
 pub type Placed = (Vec<Replica>, VolumePlacement, BTreeMap<String, SnapshotRef>);
@@ -128,13 +128,7 @@ pub fn place(
     source: &CloneSource,
 ) -> Result<Placed, ControllerError> {
     let candidates = st.candidates(nodes);
-    let rules = VolumePlacement {
-        pool: req.pool.clone(),
-        zone_spread: req
-            .zone_spread
-            .unwrap_or_else(|| default_zone_spread(&candidates)),
-        prefer_node: req.prefer_node.clone(),
-    };
+    let rules = rules(req, &candidates);
     let request = |count: usize| Request {
         size_bytes: req.size_bytes,
         thin: req.thin,
@@ -187,7 +181,6 @@ pub fn place(
         }));
     }
     if replicas.is_empty() {
-        release(st, &replicas);
         return Err(ControllerError::invalid(format!(
             "no node holding snapshot {:?} is online with room for the clone",
             source.snapshot.name

@@ -12,7 +12,7 @@ use hawser_api::validate_name;
 use crate::constants::{MAX_REPLICAS, MAX_UNANSWERED_NODES};
 use crate::errors::ControllerError;
 use crate::model::{NodeRecord, VolumeRecord};
-use crate::placement::{default_zone_spread, Request};
+use crate::placement::{default_zone_spread, Candidate, Request};
 use crate::state::AppState;
 
 pub async fn create_volume(
@@ -166,6 +166,17 @@ fn validate(req: &CreateVolume) -> Result<(), ControllerError> {
     Ok(())
 }
 
+/// The volume's placement rules as asked, the zone spread resolved against `candidates`.
+pub(crate) fn rules(req: &CreateVolume, candidates: &[Candidate]) -> VolumePlacement {
+    VolumePlacement {
+        pool: req.pool.clone(),
+        zone_spread: req
+            .zone_spread
+            .unwrap_or_else(|| default_zone_spread(candidates)),
+        prefer_node: req.prefer_node.clone(),
+    }
+}
+
 /// Chooses and reserves the replicas' pools. Returns the replicas and the volume's rules,
 /// with the zone spread resolved so later placements of this volume follow the same rules
 /// whatever labels appear meanwhile.
@@ -175,13 +186,7 @@ fn place(
     nodes: &[NodeRecord],
 ) -> Result<(Vec<Replica>, VolumePlacement), ControllerError> {
     let candidates = st.candidates(nodes);
-    let rules = VolumePlacement {
-        pool: req.pool.clone(),
-        zone_spread: req
-            .zone_spread
-            .unwrap_or_else(|| default_zone_spread(&candidates)),
-        prefer_node: req.prefer_node.clone(),
-    };
+    let rules = rules(req, &candidates);
     let ids: Vec<String> = (0..req.replicas)
         .map(|n| replica_id(&req.name, n))
         .collect();

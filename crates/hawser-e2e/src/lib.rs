@@ -29,7 +29,7 @@ pub use invariants::{assert_volumes_whole, volume_problems, wait_volumes_whole};
 pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
 pub use nbd_client::{NbdConn, NbdTarget};
 pub use netns::{NetCluster, NetHost};
-pub use run::{have, qemu_io, run_ok, sh, wait_until, TempDir};
+pub use run::{assert_fsck_clean, have, qemu_io, run_ok, sh, wait_until, TempDir};
 pub use tokens::TokenFiles;
 pub use write_log::{WriteLog, BLOCK_BYTES};
 pub use writer::{verify_file, verify_nbd, VerifyReport, Writer, WriterOptions, WriterStats};

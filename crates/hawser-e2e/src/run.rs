@@ -40,6 +40,20 @@ pub fn run_ok(prog: &str, args: &[&str]) -> String {
 
 /// `qemu-io -f raw URI -c CMD...` (each of `cmds` a qemu-io command, e.g. `write -P 0x42 0
 /// 4M`); requires success and returns stdout.
+/// Panics unless `fsck.ext4 -n -f` finds `dev` clean (`what` names it in the message).
+pub fn assert_fsck_clean(dev: &str, what: &str) {
+    let fsck = Command::new("fsck.ext4")
+        .args(["-n", "-f", dev])
+        .output()
+        .expect("run fsck.ext4");
+    assert!(
+        fsck.status.success(),
+        "{what}: fsck -n not clean:\n{}{}",
+        String::from_utf8_lossy(&fsck.stdout),
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+}
+
 pub fn qemu_io(uri: &str, cmds: &[&str]) -> String {
     let mut args = vec!["-f", "raw", uri];
     for c in cmds {

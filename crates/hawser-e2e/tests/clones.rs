@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hawser_e2e::run::wait_until;
-use hawser_e2e::{run_ok, Cluster, FuseExport, LoopDevice, Mount, TempDir};
+use hawser_e2e::{assert_fsck_clean, run_ok, Cluster, FuseExport, LoopDevice, Mount, TempDir};
 use sha2::{Digest, Sha256};
 
 type Sums = BTreeMap<String, Vec<u8>>;
@@ -51,16 +51,7 @@ fn mount_read_fsck(uri: &str, work: &Path, tag: &str) -> Sums {
         let m = Mount::new(&lo.dev, &work.join(format!("mnt-{tag}")));
         read_sums(&m.dir)
     };
-    let fsck = std::process::Command::new("fsck.ext4")
-        .args(["-n", "-f", &lo.dev])
-        .output()
-        .expect("fsck");
-    assert!(
-        fsck.status.success(),
-        "{tag}: fsck -n not clean:\n{}{}",
-        String::from_utf8_lossy(&fsck.stdout),
-        String::from_utf8_lossy(&fsck.stderr)
-    );
+    assert_fsck_clean(&lo.dev, tag);
     sums
 }
 

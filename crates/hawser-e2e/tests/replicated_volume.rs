@@ -1,7 +1,8 @@
 //! "Replicated volumes over NBD", acceptance a-c: real clients against a 3-node cluster.
 
 use hawser_e2e::{
-    assert_same_contents, have, run_ok, Cluster, FuseExport, LoopDevice, Mount, TempDir,
+    assert_fsck_clean, assert_same_contents, have, run_ok, Cluster, FuseExport, LoopDevice, Mount,
+    TempDir,
 };
 use rand::{Rng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -90,16 +91,7 @@ fn ext4_thousand_files_fsck_clean_and_checksums_survive_remount() {
                 sums.push((p.file_name().map(|n| n.to_owned()), Sha256::digest(&data)));
             }
         }
-        let fsck = std::process::Command::new("fsck.ext4")
-            .args(["-n", "-f", &lo.dev])
-            .output()
-            .expect("fsck");
-        assert!(
-            fsck.status.success(),
-            "fsck -n not clean:\n{}{}",
-            String::from_utf8_lossy(&fsck.stdout),
-            String::from_utf8_lossy(&fsck.stderr)
-        );
+        assert_fsck_clean(&lo.dev, "the volume");
         let m = Mount::new(&lo.dev, &work.path().join("mnt"));
         for (name, sum) in &sums {
             let data = std::fs::read(m.dir.join(name.as_ref().expect("name"))).expect("read back");
