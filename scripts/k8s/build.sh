@@ -2,7 +2,8 @@
 # Builds the Kubernetes and CSI test tools from the Go module proxy into one cache directory,
 # so a second run is quick: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
 # and kubectl (v1.33, through the wrapper module beside this script), csi-sanity, helm and
-# kubeconform. Prints the bin directory on its last line.
+# kubeconform, and the VolumeSnapshot CRDs (external-snapshotter's client module, into
+# bin/snapshot-crds). Prints the bin directory on its last line.
 #
 # HAWSER_K8S_CACHE (default ~/.cache/hawser-k8s) holds GOMODCACHE, GOCACHE and bin/.
 set -euo pipefail
@@ -19,6 +20,7 @@ K8S_VERSION=v1.33.13
 CSI_TEST_VERSION=v5.6.0
 HELM_VERSION=v3.18.4
 KUBECONFORM_VERSION=v0.7.0
+SNAPSHOT_CLIENT_VERSION=v8.2.0
 
 # A stamp per tool set: a changed version rebuilds, an unchanged one is skipped.
 built() { [ -f "$bin/.stamp-$1" ] && [ "$(cat "$bin/.stamp-$1")" = "$2" ]; }
@@ -51,4 +53,13 @@ gobin() {
 gobin csi-sanity "$CSI_TEST_VERSION" github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
 gobin helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 gobin kubeconform "$KUBECONFORM_VERSION" github.com/yannh/kubeconform/cmd/kubeconform
+if ! built snapshot-crds "$SNAPSHOT_CLIENT_VERSION"; then
+  dir="$(cd "$cache" && go mod download -json \
+    "github.com/kubernetes-csi/external-snapshotter/client/v8@$SNAPSHOT_CLIENT_VERSION" |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+  [ -d "$dir/config/crd" ] || { echo "no CRDs in external-snapshotter client module" >&2; exit 1; }
+  mkdir -p "$bin/snapshot-crds"
+  cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$bin/snapshot-crds/"
+  stamp snapshot-crds "$SNAPSHOT_CLIENT_VERSION"
+fi
 echo "$bin"

@@ -368,6 +368,9 @@ pub struct Volume {
     /// While detached: the node whose engine (not exported) syncs new replicas.
     #[serde(default)]
     pub sync_node: Option<String>,
+    /// A clone: the snapshot or volume it was created from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<VolumeSource>,
 }
 
 /// What the attached engine reports about itself.

@@ -161,6 +161,7 @@ mod tests {
             retired: Vec::new(),
             sync_node: None,
             snapshots: Vec::new(),
+            origin: None,
         }
     }
 

@@ -494,6 +494,7 @@ pub fn rebuild(
             retired: Vec::new(),
             sync_node: None,
             snapshots: Vec::new(),
+            origin: None,
         });
     }
     (records, skipped)

@@ -6,7 +6,7 @@
 
 use hawser_api::controller::{
     Labels, Node, NodeState, PoolInfo, QuorumLoss, Replica, ReplicaState, Snapshot, SnapshotState,
-    Volume, VolumePlacement, VolumeState, ZONE_LABEL,
+    Volume, VolumePlacement, VolumeSource, VolumeState, ZONE_LABEL,
 };
 use serde::{Deserialize, Serialize};
 
@@ -132,6 +132,9 @@ pub struct VolumeRecord {
     /// snapshot and the replica set it was taken on change together.
     #[serde(default)]
     pub snapshots: Vec<SnapshotRecord>,
+    /// A clone's source, as asked (a CSI CreateVolume retried must name the same one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<VolumeSource>,
 }
 
 /// A snapshot of the volume whose record holds it.
@@ -206,6 +209,7 @@ impl VolumeRecord {
             on_quorum_loss: self.on_quorum_loss,
             engine: None,
             sync_node: self.sync_node.clone(),
+            origin: self.origin.clone(),
         }
     }
 }

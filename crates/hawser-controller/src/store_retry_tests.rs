@@ -156,6 +156,7 @@ fn volume(name: &str) -> VolumeRecord {
         retired: Vec::new(),
         sync_node: None,
         snapshots: Vec::new(),
+        origin: None,
     }
 }
 

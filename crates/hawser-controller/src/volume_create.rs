@@ -110,6 +110,7 @@ async fn create_placed(
         retired: Vec::new(),
         sync_node: None,
         snapshots: Vec::new(),
+        origin: req.from.clone(),
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back

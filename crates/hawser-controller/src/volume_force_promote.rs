@@ -139,6 +139,7 @@ mod tests {
             retired: vec![],
             sync_node: None,
             snapshots: Vec::new(),
+            origin: None,
         }
     }
 

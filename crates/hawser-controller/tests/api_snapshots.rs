@@ -194,6 +194,7 @@ async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere(
         .await;
     assert_eq!(s, 201, "{clone}");
     assert_eq!(clone["size_bytes"], 2 * GIB);
+    assert_eq!(clone["origin"], json!({"snapshot": "s1"}), "the clone names its source");
     let reps = replicas_of(&clone);
     assert_eq!(reps.len(), 3);
     for (id, node, state, blank) in &reps {
@@ -235,6 +236,7 @@ async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere(
         .await;
     assert_eq!(s, 201, "{cv}");
     assert!(replicas_of(&cv).iter().all(|r| r.2 == "in_sync"), "{cv}");
+    assert_eq!(cv["origin"], json!({"volume": "db"}), "as asked, not its snapshot");
     let (_, list) = c.get("/v1/snapshots").await;
     let names: Vec<&str> = list
         .as_array()

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use hawser_api::controller::{Node, PoolInfo, ReplicaState, Volume, VolumeState};
+use hawser_api::controller::{Node, PoolInfo, ReplicaState, Volume, VolumeSource, VolumeState};
 use serde_json::json;
 use tonic::{Request, Response, Status};
 
@@ -12,20 +12,18 @@ use crate::capability::{self, Access};
 use crate::capacity::{self, size_fits};
 use crate::inflight::InFlight;
 use crate::names::{volume_id_for, MAX_CSI_NAME_LEN, TOPOLOGY_NODE_KEY};
+use crate::paging;
 use crate::params::{self, VolumeParams};
 use crate::proto::csi::controller_server::Controller;
 use crate::proto::csi::controller_service_capability::rpc::Type as Rpc;
 use crate::proto::csi::controller_service_capability::{self as ccap, Rpc as RpcCap};
 use crate::proto::csi::*;
+use crate::snapshots;
 
 pub struct ControllerService {
     pub api: Api,
     pub inflight: InFlight,
 }
-
-/// Token of a ListVolumes page: the last volume id of the previous page, so a volume
-/// deleted between pages does not shift the next one.
-const TOKEN_PREFIX: &str = "after:";
 
 pub(crate) fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, Status> {
     if value.is_empty() {
@@ -41,6 +39,7 @@ pub(crate) fn csi_volume(v: &Volume) -> crate::proto::csi::Volume {
         // A volume is reachable from every node that runs an agent: its engine starts on the
         // node it is attached to and connects to the replicas over the network.
         accessible_topology: vec![],
+        content_source: snapshots::content_source(v.origin.as_ref()),
         ..Default::default()
     }
 }
@@ -107,9 +106,15 @@ impl ControllerService {
         name: &str,
         req: &CreateVolumeRequest,
         p: &VolumeParams,
+        from: Option<&VolumeSource>,
     ) -> Result<Volume, Status> {
         let mismatch = if !size_fits(v.size_bytes, req.capacity_range.as_ref()) {
             Some(format!("its size is {} bytes", v.size_bytes))
+        } else if v.origin.as_ref() != from {
+            Some(match &v.origin {
+                Some(o) => format!("it was created from {o:?}"),
+                None => "it was created empty".to_string(),
+            })
         } else {
             p.mismatch(&v)
         };
@@ -138,23 +143,27 @@ impl ControllerService {
         }
         capability::check_all(&req.volume_capabilities)?;
         let p = params::parse(&req.parameters).map_err(Status::invalid_argument)?;
-        if req.volume_content_source.is_some() {
-            return Err(Status::invalid_argument(
-                "Hawser cannot create a volume from a snapshot or another volume yet",
-            ));
-        }
         if !req.mutable_parameters.is_empty() {
             return Err(Status::invalid_argument(
                 "Hawser volumes have no mutable parameters (VolumeAttributesClass)",
             ));
         }
-        let size = capacity::size_for(req.capacity_range.as_ref())?;
         let id = volume_id_for(name);
         let _guard = self.inflight.begin(&id)?;
+        let source = match &req.volume_content_source {
+            Some(src) => Some(self.source(src).await?),
+            None => None,
+        };
+        let from = source.as_ref().map(|s| &s.from);
         if let Some(v) = self.volume(&id).await? {
-            return Self::existing(v, name, req, &p);
+            return Self::existing(v, name, req, &p, from);
         }
-        let body = p.create_request(&id, size, preferred_node(req));
+        let size = match &source {
+            Some(s) => snapshots::clone_size(req.capacity_range.as_ref(), s.size_bytes)?,
+            None => capacity::size_for(req.capacity_range.as_ref())?,
+        };
+        let mut body = p.create_request(&id, size, preferred_node(req));
+        body.from = from.cloned();
         match self.api.post::<_, Volume>("/v1/volumes".into(), body).await {
             Ok(v) => Ok(v),
             // Created by a concurrent call (another provisioner replica): same rules.
@@ -163,7 +172,7 @@ impl ControllerService {
                 if a.code == hawser_api::ErrorCode::AlreadyExists) =>
             {
                 match self.volume(&id).await? {
-                    Some(v) => Self::existing(v, name, req, &p),
+                    Some(v) => Self::existing(v, name, req, &p, from),
                     None => Err(Status::aborted(format!("volume {id} vanished; retry"))),
                 }
             }
@@ -292,35 +301,14 @@ impl Controller for ControllerService {
         request: Request<ListVolumesRequest>,
     ) -> Result<Response<ListVolumesResponse>, Status> {
         let req = request.get_ref();
-        let max = usize::try_from(req.max_entries).map_err(|_| {
-            Status::invalid_argument(format!("max_entries {} is negative", req.max_entries))
-        })?;
-        let after = match req.starting_token.as_str() {
-            "" => None,
-            t => Some(t.strip_prefix(TOKEN_PREFIX).ok_or_else(|| {
-                Status::aborted(format!("starting_token {t:?} is not one ListVolumes gave"))
-            })?),
-        };
-        let mut vols: Vec<Volume> = self
+        let vols: Vec<Volume> = self
             .api
             .get("/v1/volumes".into())
             .await
             .map_err(|e| status("list volumes", e))?;
-        vols.sort_by(|a, b| a.name.cmp(&b.name));
-        let rest: Vec<&Volume> = vols
-            .iter()
-            .filter(|v| after.is_none_or(|a| v.name.as_str() > a))
-            .collect();
-        let page = if max == 0 {
-            rest.len()
-        } else {
-            max.min(rest.len())
-        };
-        let next_token = match (page < rest.len(), rest[..page].last()) {
-            (true, Some(last)) => format!("{TOKEN_PREFIX}{}", last.name),
-            _ => String::new(),
-        };
-        let entries = rest[..page]
+        let (vols, next_token) =
+            paging::page(vols, |v| &v.name, req.max_entries, &req.starting_token)?;
+        let entries = vols
             .iter()
             .map(|v| list_volumes_response::Entry {
                 volume: Some(csi_volume(v)),
@@ -362,6 +350,10 @@ impl Controller for ControllerService {
             Rpc::ListVolumesPublishedNodes,
             Rpc::VolumeCondition,
             Rpc::GetVolume,
+            Rpc::CreateDeleteSnapshot,
+            Rpc::ListSnapshots,
+            Rpc::GetSnapshot,
+            Rpc::CloneVolume,
         ]
         .into_iter()
         .map(rpc)
@@ -418,6 +410,46 @@ impl Controller for ControllerService {
                 published_node_ids: published_nodes(&v),
                 volume_condition: Some(condition(&v)),
             }),
+        }))
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
+        let s = self.take_snapshot(request.get_ref()).await?;
+        Ok(Response::new(CreateSnapshotResponse {
+            snapshot: Some(snapshots::csi_snapshot(&s)),
+        }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        let id = required("snapshot_id", &request.get_ref().snapshot_id)?;
+        self.drop_snapshot(id).await?;
+        Ok(Response::new(DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        Ok(Response::new(
+            self.list_snapshots_page(request.get_ref()).await?,
+        ))
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
+        let s = self
+            .get_snapshot_by_id(&request.get_ref().snapshot_id)
+            .await?;
+        Ok(Response::new(GetSnapshotResponse {
+            snapshot: Some(snapshots::csi_snapshot(&s)),
         }))
     }
 }

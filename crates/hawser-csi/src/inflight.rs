@@ -21,7 +21,7 @@ impl InFlight {
         let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if !set.insert(id.to_string()) {
             return Err(Status::aborted(format!(
-                "an operation on volume {id} is already in progress; retry when it ends"
+                "another operation on {id} is in progress; retry when it ends"
             )));
         }
         Ok(Guard {

@@ -28,9 +28,11 @@ pub mod mounts;
 pub mod names;
 pub mod node;
 pub mod node_device;
+pub mod paging;
 pub mod params;
 pub mod proto;
 pub mod registration;
 pub mod server;
+pub mod snapshots;
 
 pub use server::{run, CsiArgs, Mode};

@@ -19,7 +19,23 @@ pub const MAX_CSI_NAME_LEN: usize = 128;
 
 /// The Hawser volume id for a CSI volume name.
 pub fn volume_id_for(csi_name: &str) -> String {
-    if hawser_api::validate_name("volume", csi_name).is_ok() {
+    hawser_name_for(csi_name)
+}
+
+/// The Hawser snapshot name for a CSI snapshot name (external-snapshotter's
+/// `snapshot-<uuid>` is kept). Snapshot names are unique in the cluster, apart from volumes'.
+pub fn snapshot_id_for(csi_name: &str) -> String {
+    hawser_name_for(csi_name)
+}
+
+/// Whether a CSI id can name a Hawser volume or snapshot at all: one that cannot was never
+/// given by this driver, so it does not exist.
+pub fn is_hawser_name(id: &str) -> bool {
+    hawser_api::validate_name("volume", id).is_ok()
+}
+
+fn hawser_name_for(csi_name: &str) -> String {
+    if is_hawser_name(csi_name) {
         return csi_name.to_string();
     }
     let digest = Sha256::digest(csi_name.as_bytes());

@@ -94,6 +94,8 @@ fn a_clone_of_a_snapshot_mounts_with_the_files_of_its_moment_and_outlives_its_so
     assert!(out.contains("created"), "{out}");
     let dev = c.volume("dev");
     assert_eq!(dev.size_bytes, 128 << 20, "the source's size by default");
+    let show = c.cli_ok(&["volume", "show", "dev"]);
+    assert!(show.contains("a clone of snapshot snap"), "{show}");
     assert_eq!(
         dev.replicas.iter().filter(|r| r.blank).count(),
         1,

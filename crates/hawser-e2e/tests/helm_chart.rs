@@ -2,6 +2,8 @@
 //! validates with `kubeconform -strict` against schemas made from the real apiserver's
 //! OpenAPI (and the check catches a misspelt field); `helm install` into a real
 //! kube-apiserver creates every object, the CRDs of the cluster state among them;
+//! with the cluster's snapshot API (the VolumeSnapshot CRDs) the chart adds the snapshotter
+//! sidecar and a VolumeSnapshotClass (issue 20), validated and installed like the rest;
 //! `helm uninstall` removes them, keeping only the token Secret (agents hold the tokens; a
 //! reinstall must find the same ones) and the CRDs (Helm never deletes them: the state
 //! survives). The chart's controller runs in the cluster on its service account, keeps its
@@ -55,7 +57,11 @@ fn objects(manifest: &str) -> Vec<(String, String, bool)> {
         if let (Some(kind), Some(name)) = (field("kind", ""), field("name", "  ")) {
             let cluster_wide = matches!(
                 kind.as_str(),
-                "ClusterRole" | "ClusterRoleBinding" | "CSIDriver" | "StorageClass"
+                "ClusterRole"
+                    | "ClusterRoleBinding"
+                    | "CSIDriver"
+                    | "StorageClass"
+                    | "VolumeSnapshotClass"
             );
             out.push((kind, name, !cluster_wide));
         }
@@ -71,6 +77,10 @@ fn the_chart_lints_validates_strictly_installs_every_object_and_uninstalls() {
     run_ok(helm, &["lint", &chart, "--strict"]);
     let dir = TempDir::new("helmchart");
     let k = KubeCluster::up(&dir.path().join("k8s"));
+    // The cluster's snapshot API (external-snapshotter's CRDs), as a cluster with snapshots
+    // has it: the chart then adds the snapshotter and a VolumeSnapshotClass.
+    let snapshot_crds = k8s_tool("snapshot-crds").display().to_string();
+    k.kubectl_ok(&["apply", "--server-side", "-f", &snapshot_crds]);
     let ns = "hawser-system";
     let mut template = vec![
         "template",
@@ -82,12 +92,36 @@ fn the_chart_lints_validates_strictly_installs_every_object_and_uninstalls() {
         "1.33.0",
     ];
     template.extend_from_slice(NOWHERE);
+    // Without the snapshot API: neither the sidecar nor the class (the install would fail).
+    let plain = run_ok(helm, &template);
+    assert!(
+        !plain.contains("csi-snapshotter") && !plain.contains("VolumeSnapshotClass"),
+        "snapshots rendered without the snapshot API"
+    );
+    template.extend_from_slice(&["--api-versions", "snapshot.storage.k8s.io/v1"]);
     let manifest = run_ok(helm, &template);
+    for needed in [
+        "name: csi-snapshotter",
+        "kind: VolumeSnapshotClass",
+        "resources: [volumesnapshotcontents/status]",
+    ] {
+        assert!(manifest.contains(needed), "{needed} missing:\n{manifest}");
+    }
     let rendered = dir.path().join("rendered.yaml");
     std::fs::write(&rendered, &manifest).expect("write manifest");
     // Schemas from the running apiserver, strict.
     let openapi = dir.path().join("openapi.json");
-    std::fs::write(&openapi, k.kubectl_ok(&["get", "--raw", "/openapi/v2"])).expect("write");
+    let mut doc = String::new();
+    // A new CRD's kinds reach the published OpenAPI a moment after it is established.
+    hawser_e2e::wait_until(
+        "the snapshot CRDs in the OpenAPI",
+        std::time::Duration::from_secs(60),
+        || {
+            doc = k.kubectl_ok(&["get", "--raw", "/openapi/v2"]);
+            doc.contains("io.k8s.storage.snapshot.v1.VolumeSnapshotClass")
+        },
+    );
+    std::fs::write(&openapi, &doc).expect("write");
     let schemas = dir.path().join("schemas");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/k8s/openapi2schemas.py");
     run_ok(

@@ -339,6 +339,14 @@ fn details(v: &Volume) -> String {
         );
     }
     line("Epoch:", v.epoch.to_string());
+    if let Some(o) = &v.origin {
+        let from = match (&o.snapshot, &o.volume) {
+            (Some(s), _) => format!("a clone of snapshot {s}"),
+            (None, Some(vol)) => format!("a clone of volume {vol}"),
+            (None, None) => "a clone".to_string(),
+        };
+        line("Origin:", from);
+    }
     if let Some(uri) = &v.nbd_uri {
         line("NBD:", uri.clone());
     }

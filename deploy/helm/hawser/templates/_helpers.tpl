@@ -15,3 +15,13 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- define "hawser.controllerURL" -}}
 https://{{ .Release.Name }}-controller.{{ .Release.Namespace }}.svc:{{ .Values.controller.port }}
 {{- end -}}
+
+{{/* "true" when the chart runs the snapshotter and makes its VolumeSnapshotClass. */}}
+{{- define "hawser.snapshots" -}}
+{{- $on := .Values.snapshots.enabled -}}
+{{- if eq (toString $on) "auto" -}}
+{{- .Capabilities.APIVersions.Has "snapshot.storage.k8s.io/v1" -}}
+{{- else -}}
+{{- $on -}}
+{{- end -}}
+{{- end -}}
