@@ -1,7 +1,8 @@
 //! Fixtures for end-to-end tests: a cluster of real `hawser` processes on loopback, a
 //! multi-host cluster in network namespaces for fault tests, a verifying writer (NBD client
-//! with a write log and checker), commands with deadlines, guards that undo mounts, loop
-//! devices and FUSE mounts even when a test fails, and whole-cluster invariant checks.
+//! with a write log and checker, and the check that a snapshot is a cut of its run), commands
+//! with deadlines, guards that undo mounts, loop devices and FUSE mounts even when a test
+//! fails, and whole-cluster invariant checks.
 //! Processes are stopped by the PIDs this fixture started, nothing else.
 //!
 //! The binary comes from `HAWSER_BIN` (set by `make test`), else `target/release/hawser`.
@@ -9,6 +10,7 @@
 pub mod cluster;
 pub mod compare;
 pub mod csi;
+pub mod cut;
 pub mod grants;
 pub mod invariants;
 pub mod k8s;
@@ -25,6 +27,7 @@ pub mod writer;
 pub use cluster::{Cluster, ClusterOptions};
 pub use compare::assert_same_contents;
 pub use csi::{k8s_tool, CsiOptions, CsiProc};
+pub use cut::{CutError, CutReport, CutWindow};
 pub use invariants::{assert_volumes_whole, volume_problems, wait_volumes_whole};
 pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
 pub use nbd_client::{NbdConn, NbdTarget};

@@ -14,6 +14,9 @@
 //! failed or whose connection is gone is assumed finished on the server by the time a later
 //! write to the same block is acknowledged; the engine orders overlapping writes, and the
 //! writer reconnects only to a new connection).
+//!
+//! The log also keeps when each write was submitted and acknowledged, on the client's clock
+//! ([`WriteTimes`]), so an image of the volume can be checked against a moment (see `cut`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -131,12 +134,26 @@ impl fmt::Display for Mismatch {
     }
 }
 
-/// Per block, the writes acknowledged and those whose outcome is unknown.
+/// When one write was sent and when it was acknowledged, as the writer saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteTimes {
+    pub seq: u64,
+    /// Taken before the request is sent: the server cannot have it earlier.
+    pub submitted: Instant,
+    /// Taken after the reply is read: the server finished it earlier. `None` while in flight,
+    /// or for a write whose outcome is unknown.
+    pub acked: Option<Instant>,
+}
+
+/// Per block, the writes acknowledged and those whose outcome is unknown, and every write's
+/// submit and ack times.
 #[derive(Clone, Debug)]
 pub struct WriteLog {
     seed: u64,
     next_seq: u64,
     blocks: BTreeMap<u64, BlockHistory>,
+    /// Per block, every write begun there, oldest first.
+    times: BTreeMap<u64, Vec<WriteTimes>>,
 }
 
 impl WriteLog {
@@ -145,6 +162,7 @@ impl WriteLog {
             seed,
             next_seq: 1,
             blocks: BTreeMap::new(),
+            times: BTreeMap::new(),
         }
     }
 
@@ -152,8 +170,14 @@ impl WriteLog {
         self.seed
     }
 
-    /// Start a write to `block`: its sequence number, or `None` while one is in flight there.
+    /// Start a write to `block` now: its sequence number, or `None` while one is in flight
+    /// there. Call it before sending the request.
     pub fn begin(&mut self, block: u64) -> Option<u64> {
+        self.begin_at(block, Instant::now())
+    }
+
+    /// [`Self::begin`] with the submit time given.
+    pub fn begin_at(&mut self, block: u64, submitted: Instant) -> Option<u64> {
         let h = self.blocks.entry(block).or_default();
         if h.in_flight.is_some() {
             return None;
@@ -161,15 +185,37 @@ impl WriteLog {
         let seq = self.next_seq;
         self.next_seq += 1;
         h.in_flight = Some(seq);
+        self.times.entry(block).or_default().push(WriteTimes {
+            seq,
+            submitted,
+            acked: None,
+        });
         Some(seq)
     }
 
-    /// The write `seq` to `block` was acknowledged: the block must hold it from now on.
+    /// The write `seq` to `block` was acknowledged now: the block must hold it from now on.
+    /// Call it after reading the reply.
     pub fn acked(&mut self, block: u64, seq: u64) {
+        self.acked_at(block, seq, Instant::now());
+    }
+
+    /// [`Self::acked`] with the ack time given.
+    pub fn acked_at(&mut self, block: u64, seq: u64, at: Instant) {
         let h = self.in_flight_mut(block, seq);
         h.in_flight = None;
         h.acked = Some(seq);
         h.unknown.clear();
+        let w = self.times.get_mut(&block).and_then(|t| t.last_mut());
+        let w = w.unwrap_or_else(|| panic!("block {block}: no times for write #{seq}"));
+        assert_eq!(
+            w.seq, seq,
+            "block {block}: write #{seq} is not the last begun"
+        );
+        assert!(
+            at >= w.submitted,
+            "block {block}: write #{seq} acknowledged before it was submitted"
+        );
+        w.acked = Some(at);
     }
 
     /// The write `seq` to `block` failed or its reply was lost: the block may or may not hold it.
@@ -199,6 +245,11 @@ impl WriteLog {
         self.blocks.get(&block)
     }
 
+    /// Every write begun to `block`, oldest first (sequence numbers increase), with its times.
+    pub fn writes(&self, block: u64) -> &[WriteTimes] {
+        self.times.get(&block).map_or(&[], Vec::as_slice)
+    }
+
     /// Writes acknowledged or begun so far (sequence numbers handed out).
     pub fn writes_begun(&self) -> u64 {
         self.next_seq - 1
@@ -224,7 +275,8 @@ impl WriteLog {
     }
 }
 
-fn describe(data: &[u8]) -> Found {
+/// What `data` is: zeros, a write of some writer (intact or altered), or garbage.
+pub fn describe(data: &[u8]) -> Found {
     if data.iter().all(|b| *b == 0) {
         return Found::Zeros;
     }
@@ -397,6 +449,26 @@ mod tests {
         assert_eq!(log.check(9, &content(&log, 9, acked)), Ok(()));
         log.acked(9, seq);
         assert!(log.check(9, &content(&log, 9, acked)).is_err());
+    }
+
+    #[test]
+    fn submit_and_ack_times_are_kept_per_write() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut log = WriteLog::new(6);
+        let a = log.begin_at(3, at(1)).expect("free");
+        let b = log.begin_at(4, at(2)).expect("free");
+        log.acked_at(3, a, at(5));
+        log.unknown(4, b);
+        let c = log.begin_at(3, at(6)).expect("free");
+        let times = |seq, submitted, acked: Option<u64>| WriteTimes {
+            seq,
+            submitted: at(submitted),
+            acked: acked.map(at),
+        };
+        assert_eq!(log.writes(3), [times(a, 1, Some(5)), times(c, 6, None)]);
+        assert_eq!(log.writes(4), [times(b, 2, None)]);
+        assert!(log.writes(5).is_empty());
     }
 
     #[test]

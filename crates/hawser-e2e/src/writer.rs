@@ -1,7 +1,8 @@
 //! The verifying writer: a background thread that writes self-describing 4 KiB blocks at
 //! seeded random offsets of an NBD export (up to `queue_depth` in flight, a FLUSH every
-//! `flush_every` writes) and records each outcome in a [`WriteLog`]; and the verify step that
-//! reads every written block back (through NBD or straight from a replica file) and checks it.
+//! `flush_every` writes) and records each outcome in a [`WriteLog`] (with when each write was
+//! submitted and acknowledged); and the verify step that reads every written block back
+//! (through NBD or straight from a replica file) and checks it.
 //!
 //! The writer measures what a fault test wants to assert from real data: error replies, writes
 //! whose outcome is unknown, lost connections, and the longest time without a successful reply
@@ -320,6 +321,8 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// A block with no write in flight and the write's sequence number, its submit time taken
+    /// now, before the request is sent.
     fn begin_free_block(&mut self, rng: &mut StdRng) -> Option<(u64, u64)> {
         let mut s = lock(self.shared);
         (0..FREE_BLOCK_TRIES).find_map(|_| {
@@ -329,12 +332,14 @@ impl<'a> Session<'a> {
     }
 
     fn settle(&mut self, pending: Pending, error: u32) {
+        // After the reply was read: the server finished the request before this.
+        let now = Instant::now();
         let mut s = lock(self.shared);
         match (pending, error) {
             (Pending::Write { block, seq }, 0) => {
-                s.log.acked(block, seq);
+                s.log.acked_at(block, seq, now);
                 s.stats.acked_writes += 1;
-                s.gaps.ack(Instant::now());
+                s.gaps.ack(now);
             }
             (Pending::Write { block, seq }, e) => {
                 s.log.unknown(block, seq);
@@ -344,7 +349,7 @@ impl<'a> Session<'a> {
             }
             (Pending::Flush, 0) => {
                 s.stats.acked_flushes += 1;
-                s.gaps.ack(Instant::now());
+                s.gaps.ack(now);
             }
             (Pending::Flush, e) => {
                 s.stats.errors += 1;
