@@ -371,6 +371,19 @@ pub struct Volume {
     /// A clone: the snapshot or volume it was created from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<VolumeSource>,
+    /// A restore to this snapshot is under way or stopped half-way (`hawser volume restore`
+    /// again finishes it); the volume cannot attach until it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restoring: Option<String>,
+}
+
+/// `POST /v1/volumes/{name}/restore`: put a detached volume's data back to one of its
+/// snapshots. Writes made after the snapshot are discarded; the snapshot, and every other
+/// snapshot of the volume, are kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreVolume {
+    pub snapshot: String,
 }
 
 /// What the attached engine reports about itself.

@@ -2,7 +2,8 @@
 
 use hawser_api::agent::{
     AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, PauseEngine,
-    ReplicaSnapshot, ReplicaStatus, ResumeEngine, StartEngine, TakeSnapshot, NODE_HEADER,
+    ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine, TakeSnapshot,
+    NODE_HEADER,
 };
 use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::{ApiError, ErrorCode};
@@ -205,6 +206,20 @@ impl AgentClient {
     ) -> Result<(), AgentError> {
         let path = format!("/v1/replicas/{replica_id}/snapshots/{snapshot}");
         self.call_no_body(Method::DELETE, to, &path).await
+    }
+
+    /// Replaces a replica's data with its copy of a snapshot (no engine may hold it).
+    pub async fn restore_replica(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        snapshot: &str,
+    ) -> Result<ReplicaStatus, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/restore");
+        let body = RestoreReplica {
+            snapshot: snapshot.to_string(),
+        };
+        self.call(Method::POST, to, &path, Some(&body)).await
     }
 
     /// Grows a replica (of a detached volume) to `size_bytes`.

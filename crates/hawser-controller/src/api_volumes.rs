@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::Extension;
 use axum::Json;
 use hawser_api::controller::{
-    Attach, CreateVolume, ExpandVolume, ForcePromote, MarkInSync, Outdate, Volume,
+    Attach, CreateVolume, ExpandVolume, ForcePromote, MarkInSync, Outdate, RestoreVolume, Volume,
 };
 
 use crate::errors::ControllerError;
@@ -140,6 +140,15 @@ pub async fn expand(
     ApiJson(req): ApiJson<ExpandVolume>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = volume_expand::expand_volume(&st, &name, req).await?;
+    Ok(Json(view(&st, &rec).await?))
+}
+
+pub async fn restore(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<RestoreVolume>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = crate::volume_restore::restore_volume(&st, &name, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }
 

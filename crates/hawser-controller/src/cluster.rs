@@ -495,6 +495,7 @@ pub fn rebuild(
             sync_node: None,
             snapshots: Vec::new(),
             origin: None,
+            restoring: None,
         });
     }
     (records, skipped)

@@ -67,6 +67,11 @@ pub enum ControllerError {
          when the sync ends (`hawser status` shows its progress)"
     )]
     Syncing { volume: String, node: String },
+    #[error(
+        "volume {volume:?} is being restored to snapshot {snapshot:?}, or a restore stopped \
+         half-way: run `hawser volume restore {volume} --snapshot {snapshot}` to finish it"
+    )]
+    Restoring { volume: String, snapshot: String },
     #[error("node {node:?} is offline (no heartbeat for {age_secs}s)")]
     NodeOffline { node: String, age_secs: u64 },
     /// The answer does not say the current epoch: a caller that is not the volume's engine
@@ -149,6 +154,7 @@ impl ControllerError {
             E::Attached { .. }
             | E::Busy { .. }
             | E::Syncing { .. }
+            | E::Restoring { .. }
             | E::LastInSyncReplica { .. }
             | E::ReplicaFailed { .. }
             | E::Changed { .. }

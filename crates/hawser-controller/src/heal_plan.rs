@@ -246,6 +246,7 @@ mod tests {
             sync_node: None,
             snapshots: Vec::new(),
             origin: None,
+            restoring: None,
         }
     }
 

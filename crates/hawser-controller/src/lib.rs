@@ -51,6 +51,7 @@ mod volume_delete;
 mod volume_expand;
 mod volume_force_promote;
 mod volume_outdate;
+mod volume_restore;
 
 use hawser_listen::HttpLimits;
 use std::future::Future;

@@ -135,6 +135,10 @@ pub struct VolumeRecord {
     /// A clone's source, as asked (a CSI CreateVolume retried must name the same one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<VolumeSource>,
+    /// Set while its replicas are being restored to this snapshot (`volume_restore.rs`):
+    /// they may differ until the restore ends, so nothing attaches, grows or copies it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restoring: Option<String>,
 }
 
 /// A snapshot of the volume whose record holds it.
@@ -210,6 +214,7 @@ impl VolumeRecord {
             engine: None,
             sync_node: self.sync_node.clone(),
             origin: self.origin.clone(),
+            restoring: self.restoring.clone(),
         }
     }
 }

@@ -157,6 +157,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             M::POST,
+            "/v1/volumes/{name}/restore",
+            Admin,
+            post(api_volumes::restore),
+        ),
+        route(
+            M::POST,
             "/v1/volumes/{name}/force-promote",
             Admin,
             post(api_volumes::force_promote),

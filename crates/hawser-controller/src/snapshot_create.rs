@@ -69,6 +69,12 @@ pub async fn create_snapshot(
         }
     }
     let v = st.records.existing_volume(&req.volume).await?;
+    if let Some(snapshot) = &v.restoring {
+        return Err(ControllerError::Restoring {
+            volume: v.name,
+            snapshot: snapshot.clone(),
+        });
+    }
     if !matches!(v.state, VolumeState::Attached | VolumeState::Detached) {
         return Err(ControllerError::Busy {
             volume: v.name,
@@ -178,8 +184,17 @@ async fn take(
         .pause_engine(node.agent(), &v.name, PAUSE_LEASE_MS)
         .await
         .map_err(|e| failed(format!("pausing its engine on node {name}: {e}")))?;
+    // The engine's in-sync set, within the record's: a replica the store no longer calls in
+    // sync gets no copy even if an engine's view lagged (a copy of it could lack writes the
+    // others' hold). Fewer holders is safe; a holder missing a write is not.
+    let holders: Vec<String> = paused
+        .in_sync
+        .iter()
+        .filter(|id| v.in_sync().any(|r| r.id == **id))
+        .cloned()
+        .collect();
     let copies = if paused.epoch == v.epoch {
-        copy_all(st, v, &nodes, &paused.in_sync, paused.epoch, &snap.id).await
+        copy_all(st, v, &nodes, &holders, paused.epoch, &snap.id).await
     } else {
         Err(format!(
             "its engine runs epoch {}, the record says {} (moved meanwhile?)",

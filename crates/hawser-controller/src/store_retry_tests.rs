@@ -157,6 +157,7 @@ fn volume(name: &str) -> VolumeRecord {
         sync_node: None,
         snapshots: Vec::new(),
         origin: None,
+        restoring: None,
     }
 }
 

@@ -167,6 +167,12 @@ async fn undo_attach(st: &AppState, rec: &VolumeRecord, node: &str) {
 }
 
 fn check_detached(v: &VolumeRecord, hint: &'static str) -> Result<(), ControllerError> {
+    if let Some(snapshot) = &v.restoring {
+        return Err(ControllerError::Restoring {
+            volume: v.name.clone(),
+            snapshot: snapshot.clone(),
+        });
+    }
     match v.state {
         VolumeState::Detached => Ok(()),
         VolumeState::Attached => Err(ControllerError::Attached {

@@ -111,6 +111,7 @@ async fn create_placed(
         sync_node: None,
         snapshots: Vec::new(),
         origin: req.from.clone(),
+        restoring: None,
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back

@@ -88,6 +88,12 @@ pub async fn expand_volume(
 /// A detached volume whose replicas no engine uses (to grow it, or force it up); `hint` says
 /// what to do when it is attached.
 pub(crate) fn check_unused(v: &VolumeRecord, hint: &'static str) -> Result<(), ControllerError> {
+    if let Some(snapshot) = &v.restoring {
+        return Err(ControllerError::Restoring {
+            volume: v.name.clone(),
+            snapshot: snapshot.clone(),
+        });
+    }
     match v.state {
         VolumeState::Detached => {}
         VolumeState::Attached => {

@@ -194,7 +194,11 @@ async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere(
         .await;
     assert_eq!(s, 201, "{clone}");
     assert_eq!(clone["size_bytes"], 2 * GIB);
-    assert_eq!(clone["origin"], json!({"snapshot": "s1"}), "the clone names its source");
+    assert_eq!(
+        clone["origin"],
+        json!({"snapshot": "s1"}),
+        "the clone names its source"
+    );
     let reps = replicas_of(&clone);
     assert_eq!(reps.len(), 3);
     for (id, node, state, blank) in &reps {
@@ -236,7 +240,11 @@ async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere(
         .await;
     assert_eq!(s, 201, "{cv}");
     assert!(replicas_of(&cv).iter().all(|r| r.2 == "in_sync"), "{cv}");
-    assert_eq!(cv["origin"], json!({"volume": "db"}), "as asked, not its snapshot");
+    assert_eq!(
+        cv["origin"],
+        json!({"volume": "db"}),
+        "as asked, not its snapshot"
+    );
     let (_, list) = c.get("/v1/snapshots").await;
     let names: Vec<&str> = list
         .as_array()
@@ -246,4 +254,106 @@ async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere(
         .collect();
     assert_eq!(names, ["s1"], "the clone's snapshot is gone");
     assert_eq!(copies(&c), 2, "only s1's copies are left");
+}
+
+fn replica_states(v: &serde_json::Value) -> Vec<(String, String, bool)> {
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["state"].as_str().unwrap().to_string(),
+                r["blank"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+/// Restore: the holders are restored and in sync, a replica that lacks the snapshot is
+/// blank; a restore that stops half-way leaves the volume `restoring` (no attach, no
+/// snapshot) until the same request finishes it; attached volumes, other volumes' snapshots
+/// and unknown ones are refused.
+#[tokio::test]
+async fn a_restore_makes_the_holders_the_in_sync_set_and_finishes_when_asked_again() {
+    let c = Cluster::start(2).await;
+    assert_eq!(c.create("db", GIB, 2).await.0, 201);
+    let (s, v) = c.post("/v1/volumes/db/attach", json!({"node": "n1"})).await;
+    assert_eq!(s, 200, "{v}");
+    let ids: Vec<String> = replica_states(&v).into_iter().map(|r| r.0).collect();
+    // One replica misses writes: the snapshot is on the other only.
+    let path = format!("/v1/volumes/db/replicas/{}/outdate", ids[1]);
+    let (s, e) = c
+        .post(&path, json!({"epoch": 1, "reason": "write timed out"}))
+        .await;
+    assert_eq!(s, 200, "{e}");
+    let (s, snap) = c
+        .post("/v1/snapshots", json!({"name": "s1", "volume": "db"}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    assert_eq!(snap["replicas"], json!([ids[0]]));
+    let restore = |name: &str| json!({ "snapshot": name });
+    let (s, e) = c.post("/v1/volumes/db/restore", restore("s1")).await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "attached: {e}");
+    assert!(e["message"].as_str().unwrap().contains("detach"), "{e}");
+    assert_eq!(c.post("/v1/volumes/db/detach", json!({})).await.0, 200);
+
+    // Stopped half-way: every replica out of the in-sync set, the volume marked.
+    c.agent("n1").fail(Op::RestoreReplica, true);
+    c.agent("n2").fail(Op::RestoreReplica, true);
+    let (s, e) = c.post("/v1/volumes/db/restore", restore("s1")).await;
+    assert!(s >= 500, "{s} {e}");
+    let (_, v) = c.get("/v1/volumes/db").await;
+    assert_eq!(v["restoring"], "s1", "{v}");
+    assert!(
+        replica_states(&v).iter().all(|r| r.1 == "outdated"),
+        "no replica is in sync half-way: {v}"
+    );
+    let (s, e) = c.post("/v1/volumes/db/attach", json!({"node": "n1"})).await;
+    assert_eq!(s, 409, "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("hawser volume restore db --snapshot s1"),
+        "{e}"
+    );
+    let (s, e) = c
+        .post("/v1/snapshots", json!({"name": "s2", "volume": "db"}))
+        .await;
+    assert_eq!(s, 409, "no snapshot of a half-restored volume: {e}");
+    c.agent("n1").fail(Op::RestoreReplica, false);
+    c.agent("n2").fail(Op::RestoreReplica, false);
+
+    // The same request finishes it: the holder in sync, the other blank.
+    let (s, v) = c.post("/v1/volumes/db/restore", restore("s1")).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v.get("restoring").is_none(), "{v}");
+    let states = replica_states(&v);
+    let want = vec![
+        (ids[0].clone(), "in_sync".to_string(), false),
+        (ids[1].clone(), "outdated".to_string(), true),
+    ];
+    assert_eq!(states, want);
+    let restores = agent_calls(&c, "/restore ");
+    assert!(
+        restores.iter().all(|x| x.contains(&ids[0])),
+        "only the holder is restored: {restores:?}"
+    );
+    assert_eq!(
+        c.post("/v1/volumes/db/attach", json!({"node": "n1"}))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(c.post("/v1/volumes/db/detach", json!({})).await.0, 200);
+
+    // Unknown snapshots, and another volume's.
+    let (s, e) = c.post("/v1/volumes/db/restore", restore("nope")).await;
+    assert_eq!((s, code(&e)), (404, "not_found"), "{e}");
+    assert_eq!(c.create("web", GIB, 1).await.0, 201);
+    let (s, e) = c.post("/v1/volumes/web/restore", restore("s1")).await;
+    assert_eq!((s, code(&e)), (400, "invalid_argument"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("clone it"), "{e}");
 }

@@ -290,6 +290,36 @@ async fn real_responses_validate_against_the_document() {
         .call(a, expand.clone(), "/v1/volumes/v/expand", Some(bigger))
         .await;
     assert_eq!((s, &v["size_bytes"]), (200, &json!(2 * GIB)), "{v}");
+    // Restore: to a snapshot of the detached volume; unknown snapshots are 404.
+    let body = json!({"name": "s2", "volume": "v"});
+    let (s, snap) = p
+        .call(
+            a,
+            (Method::POST, "/v1/snapshots"),
+            "/v1/snapshots",
+            Some(body),
+        )
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    let restore = (Method::POST, "/v1/volumes/{name}/restore");
+    let (s, v) = p
+        .call(
+            a,
+            restore.clone(),
+            "/v1/volumes/v/restore",
+            Some(json!({"snapshot": "s2"})),
+        )
+        .await;
+    assert_eq!((s, &v["state"]), (200, &json!("detached")), "{v}");
+    let nope = json!({"snapshot": "nope"});
+    assert_eq!(
+        p.call(a, restore, "/v1/volumes/v/restore", Some(nope))
+            .await
+            .0,
+        404
+    );
+    let del_snap = (Method::DELETE, "/v1/snapshots/{name}");
+    assert_eq!(p.call(a, del_snap, "/v1/snapshots/s2", None).await.0, 204);
     let shrink = json!({"size_bytes": GIB});
     assert_eq!(
         p.call(a, expand.clone(), "/v1/volumes/v/expand", Some(shrink))

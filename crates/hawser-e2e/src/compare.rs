@@ -31,3 +31,24 @@ pub fn assert_same_contents(a: &Path, b: &Path, len: u64) {
         at += n as u64;
     }
 }
+
+/// Panics unless the file at `path` is exactly `want`, naming the first differing byte.
+pub fn assert_file_is(path: &Path, want: &[u8], what: &str) {
+    let got = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    assert_eq!(got.len(), want.len(), "{what}: {} size", path.display());
+    if let Some(at) = got.iter().zip(want).position(|(g, w)| g != w) {
+        let wrong = got
+            .chunks(4096)
+            .zip(want.chunks(4096))
+            .filter(|(g, w)| g != w)
+            .count();
+        panic!(
+            "{what}: {} differs from the expected content at byte {at} ({:#x}): {:#04x}, not \
+             {:#04x}; {wrong} 4 KiB blocks differ",
+            path.display(),
+            at,
+            got[at],
+            want[at]
+        );
+    }
+}

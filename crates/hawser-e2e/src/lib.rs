@@ -25,7 +25,7 @@ pub mod write_log;
 pub mod writer;
 
 pub use cluster::{Cluster, ClusterOptions};
-pub use compare::assert_same_contents;
+pub use compare::{assert_file_is, assert_same_contents};
 pub use csi::{k8s_tool, CsiOptions, CsiProc};
 pub use cut::{CutError, CutReport, CutWindow};
 pub use invariants::{assert_volumes_whole, volume_problems, wait_volumes_whole};

@@ -19,7 +19,7 @@ use std::time::Duration;
 use hawser_api::controller::{ReplicaState, Snapshot, SnapshotState};
 use hawser_e2e::cluster::ClusterOptions;
 use hawser_e2e::mounts::SmallFs;
-use hawser_e2e::{qemu_io, wait_until, Cluster, TempDir};
+use hawser_e2e::{assert_file_is, qemu_io, wait_until, Cluster, TempDir};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -70,27 +70,6 @@ fn write(uri: &str, model: &mut [u8], fills: &[Fill]) {
     assert_eq!(out.matches("wrote ").count(), fills.len(), "{out}");
     for f in fills {
         model[f.at..f.at + f.len].fill(f.byte);
-    }
-}
-
-/// Panics unless the file at `path` is exactly `want`, naming the first differing byte.
-fn assert_file_is(path: &PathBuf, want: &[u8], what: &str) {
-    let got = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    assert_eq!(got.len(), want.len(), "{what}: {} size", path.display());
-    if let Some(at) = got.iter().zip(want).position(|(g, w)| g != w) {
-        let wrong = got
-            .chunks(4 * KIB)
-            .zip(want.chunks(4 * KIB))
-            .filter(|(g, w)| g != w)
-            .count();
-        panic!(
-            "{what}: {} differs from the expected content at byte {at} ({:#x}): {:#04x}, not \
-             {:#04x}; {wrong} 4 KiB blocks differ",
-            path.display(),
-            at,
-            got[at],
-            want[at]
-        );
     }
 }
 

@@ -15,7 +15,7 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use hawser_api::agent::{
     CreateReplica, EnginePaused, EngineResumed, EngineStatus, GrowReplica, PauseEngine,
-    ReplicaSnapshot, ReplicaStatus, ResumeEngine, StartEngine, TakeSnapshot,
+    ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine, TakeSnapshot,
 };
 use hawser_api::controller::{PoolInfo, PoolKind};
 use hawser_api::{ApiError, ErrorCode};
@@ -34,6 +34,7 @@ pub enum Op {
     GrowReplica,
     TakeSnapshot,
     PauseEngine,
+    RestoreReplica,
 }
 
 #[derive(Default)]
@@ -68,6 +69,7 @@ impl FakeAgent {
             .route("/v1/replicas", post(create_replica))
             .route("/v1/replicas/{id}", delete(delete_replica))
             .route("/v1/replicas/{id}/grow", post(grow_replica))
+            .route("/v1/replicas/{id}/restore", post(restore_replica))
             .route("/v1/replicas/{id}/trash", post(trash_replica))
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
@@ -324,6 +326,28 @@ async fn grow_replica(
     };
     r.size_bytes = r.size_bytes.max(req.size_bytes);
     Json(replica_status(r)).into_response()
+}
+
+/// Restores a replica to a snapshot copy it holds (404 if it holds none).
+async fn restore_replica(
+    State(st): State<Fake>,
+    Path(id): Path<String>,
+    Json(req): Json<RestoreReplica>,
+) -> Response {
+    let call = format!("POST /v1/replicas/{id}/restore {}", req.snapshot);
+    if record(&st, call, Op::RestoreReplica) {
+        return refuse("restore replica");
+    }
+    let s = st.lock().unwrap();
+    match s.replicas.get(&id) {
+        Some(r) if s.snapshots.contains(&(id.clone(), req.snapshot.clone())) => {
+            Json(replica_status(r)).into_response()
+        }
+        _ => {
+            let e = ApiError::new(ErrorCode::NotFound, format!("no snapshot on {id}"));
+            (StatusCode::NOT_FOUND, Json(e)).into_response()
+        }
+    }
 }
 
 /// Pauses a running engine: its replicas (all of them) are its in-sync set.

@@ -1,8 +1,9 @@
-//! `hawser volume ...`: create, list, show, attach, detach, expand, force-promote and delete volumes.
+//! `hawser volume ...`: create, list, show, attach, detach, expand, restore, force-promote and
+//! delete volumes.
 
 use hawser_api::controller::{
-    Attach, CreateVolume, ExpandVolume, ForcePromote, QuorumLoss, ReplicaState, Snapshot, Volume,
-    VolumeSource, ZoneSpread,
+    Attach, CreateVolume, ExpandVolume, ForcePromote, QuorumLoss, ReplicaState, RestoreVolume,
+    Snapshot, Volume, VolumeSource, ZoneSpread,
 };
 use hawser_api::format_size;
 use hawser_api::{ApiError, ErrorCode};
@@ -94,6 +95,18 @@ pub enum VolumeCmd {
         /// The new size, e.g. 20GiB (a multiple of 4 KiB, not smaller than now).
         #[arg(long, value_parser = parse_volume_size, allow_hyphen_values = true)]
         size: u64,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Put a detached volume's data back to one of its snapshots. Writes made after the
+    /// snapshot are discarded; every snapshot is kept. Replicas without the snapshot are
+    /// copied in full afterwards.
+    Restore {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        /// The snapshot (of this volume) to restore.
+        #[arg(long)]
+        snapshot: String,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -204,6 +217,16 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             let req = ExpandVolume { size_bytes: size };
             let v: Volume = client.post(&format!("/v1/volumes/{name}/expand"), &req)?;
             print_volume(&v, out.format, "expanded");
+        }
+        VolumeCmd::Restore {
+            name,
+            snapshot,
+            out,
+        } => {
+            let what = format!("restored to snapshot {snapshot}");
+            let req = RestoreVolume { snapshot };
+            let v: Volume = client.post(&format!("/v1/volumes/{name}/restore"), &req)?;
+            print_volume(&v, out.format, &what);
         }
         VolumeCmd::ForcePromote {
             name,
@@ -339,6 +362,15 @@ fn details(v: &Volume) -> String {
         );
     }
     line("Epoch:", v.epoch.to_string());
+    if let Some(s) = &v.restoring {
+        line(
+            "Restoring:",
+            format!(
+                "to snapshot {s}; `hawser volume restore {} --snapshot {s}` finishes it",
+                v.name
+            ),
+        );
+    }
     if let Some(o) = &v.origin {
         let from = match (&o.snapshot, &o.volume) {
             (Some(s), _) => format!("a clone of snapshot {s}"),
