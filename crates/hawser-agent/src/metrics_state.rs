@@ -265,6 +265,25 @@ impl Collector for StateCollector {
             &rows(|p| u64::from(p.replicas)),
             gauge,
         )?;
+        family(
+            e,
+            ("pool_snapshots", "Snapshot copies in the pool", None),
+            false,
+            &rows(|p| u64::from(p.snapshots)),
+            gauge,
+        )?;
+        family(
+            e,
+            (
+                "pool_snapshot",
+                "Bytes the pool's snapshot copies occupy (extents shared by reflinks counted \
+                 in full)",
+                Some(Unit::Bytes),
+            ),
+            false,
+            &rows(|p| p.snapshot_bytes),
+            gauge,
+        )?;
         Ok(())
     }
 }

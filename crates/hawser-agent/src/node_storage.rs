@@ -314,6 +314,8 @@ impl NodeStorage {
                     provisioned_bytes: u.provisioned_bytes,
                     overprovision_ratio: p.overprovision_ratio(),
                     replicas: u.replicas,
+                    snapshots: u.snapshots,
+                    snapshot_bytes: u.snapshot_bytes,
                     kind: match p.kind() {
                         hawser_storage::PoolKind::Any => PoolKind::Any,
                         hawser_storage::PoolKind::Thin => PoolKind::Thin,

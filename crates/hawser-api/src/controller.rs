@@ -163,6 +163,14 @@ pub struct PoolInfo {
     /// Which replicas the pool takes: thin, thick or both.
     #[serde(default)]
     pub kind: PoolKind,
+    /// Snapshot copies its replicas hold.
+    #[serde(default)]
+    pub snapshots: u32,
+    /// Bytes the snapshot copies' files occupy; extents shared by reflinks (XFS, btrfs) are
+    /// counted in full, so it is at most what deleting them frees (exact on ext4, where
+    /// snapshots are copies).
+    #[serde(default)]
+    pub snapshot_bytes: u64,
 }
 
 /// Which replicas a pool takes. An overprovisioned pool may be kept thin-only so a thick

@@ -17,6 +17,8 @@ fn pool(node: &str, name: &str, capacity: u64, free: u64, provisioned: u64) -> P
         overprovision_ratio: 2.0,
         replicas: 0,
         kind: PoolKind::Any,
+        snapshots: 0,
+        snapshot_bytes: 0,
     }
 }
 

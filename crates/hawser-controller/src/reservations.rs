@@ -122,6 +122,8 @@ mod tests {
             overprovision_ratio: 1.0,
             replicas: 0,
             kind: PoolKind::Any,
+            snapshots: 0,
+            snapshot_bytes: 0,
         };
         Candidate {
             node: node.into(),

@@ -169,6 +169,8 @@ mod tests {
             overprovision_ratio: 2.0,
             replicas: 0,
             kind,
+            snapshots: 0,
+            snapshot_bytes: 0,
         }
     }
 

@@ -126,6 +126,26 @@ fn on_ext4_snapshots_are_full_copies_and_cost_is_printed() {
     assert!(hows.iter().all(|h| h == "copy"), "{hows:?}");
     // Each snapshot is a full copy of the data on each replica.
     assert!(used >= 2 * 5 * 128 * MIB, "{} MiB", used / MIB);
+    // The pools report them (with the agents' next heartbeat): 10 copies, their space.
+    let mut pools = Vec::new();
+    hawser_e2e::wait_until(
+        "the pools to report the snapshots",
+        std::time::Duration::from_secs(30),
+        || {
+            pools = serde_json::from_str::<Vec<hawser_api::controller::PoolInfo>>(
+                &c.cli_ok(&["pool", "list", "-o", "json"]),
+            )
+            .expect("JSON");
+            pools.iter().map(|p| p.snapshots).sum::<u32>() == 10
+        },
+    );
+    let reported: u64 = pools.iter().map(|p| p.snapshot_bytes).sum();
+    assert!(reported >= 2 * 5 * 128 * MIB, "{} MiB", reported / MIB);
+    println!(
+        "pools report {} snapshot copies, {} MiB",
+        10,
+        reported / MIB
+    );
     let s = snapshot(&c, "s4");
     let copies: Vec<Vec<u8>> = s
         .replicas

@@ -69,6 +69,11 @@ pub struct PoolUsage {
     pub free_bytes: u64,
     pub provisioned_bytes: u64,
     pub replicas: u32,
+    /// Snapshot copies held by the pool's replicas, and the bytes their files occupy
+    /// (extents shared by reflinks counted in full: an upper bound on what deleting them
+    /// frees; exact where copies are made by copying, as on ext4).
+    pub snapshots: u32,
+    pub snapshot_bytes: u64,
 }
 
 /// A restore's copy of a snapshot, before it replaces the data file.
@@ -320,11 +325,14 @@ impl Pool {
             }
             None => fs_free.min(capacity),
         };
+        let snaps: Vec<_> = map.values().flat_map(|r| r.snapshots()).collect();
         Ok(PoolUsage {
             capacity_bytes: capacity,
             free_bytes: free,
             provisioned_bytes: provisioned,
             replicas: u32::try_from(map.len()).unwrap_or(u32::MAX),
+            snapshots: u32::try_from(snaps.len()).unwrap_or(u32::MAX),
+            snapshot_bytes: snaps.iter().map(|s| s.allocated_bytes).sum(),
         })
     }
 

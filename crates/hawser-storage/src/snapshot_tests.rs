@@ -40,6 +40,10 @@ fn a_snapshot_keeps_the_data_of_its_moment_while_the_replica_changes() {
     r.take_snapshot(2, "s2").expect("snapshot");
     let ids: Vec<String> = r.snapshots().into_iter().map(|s| s.id).collect();
     assert_eq!(ids, ["s1", "s2"]);
+    // The pool counts them and their space: at least the 12 KiB written, per copy.
+    let u = p.usage().expect("usage");
+    assert_eq!(u.snapshots, 2);
+    assert!(u.snapshot_bytes >= 2 * 12288, "{u:?}");
     // Deleting one leaves the other; deleting it again is fine.
     r.delete_snapshot("s1").expect("delete");
     r.delete_snapshot("s1").expect("delete again");
@@ -48,6 +52,7 @@ fn a_snapshot_keeps_the_data_of_its_moment_while_the_replica_changes() {
         Err(StorageError::SnapshotNotFound { .. })
     ));
     assert_eq!(r.snapshots().len(), 1);
+    assert_eq!(p.usage().expect("usage").snapshots, 1);
 }
 
 #[test]

@@ -552,6 +552,8 @@ pub fn pool(node: &str, capacity: u64, free: u64) -> PoolInfo {
         overprovision_ratio: 2.0,
         replicas: 0,
         kind: PoolKind::Any,
+        snapshots: 0,
+        snapshot_bytes: 0,
     }
 }
 

@@ -40,6 +40,7 @@ fn table(pools: &[PoolInfo]) -> Table {
         "THIN-LIMIT",
         "KIND",
         "REPLICAS",
+        "SNAPSHOTS",
         "PATH",
     ]);
     for p in pools {
@@ -52,10 +53,19 @@ fn table(pools: &[PoolInfo]) -> Table {
             thin_limit(p),
             snake(&p.kind),
             p.replicas.to_string(),
+            snapshots(p),
             p.path.clone(),
         ]);
     }
     t
+}
+
+/// "3 (1.2 GiB)": snapshot copies and the space their files occupy.
+fn snapshots(p: &PoolInfo) -> String {
+    match p.snapshots {
+        0 => "0".to_string(),
+        n => format!("{n} ({})", format_size(p.snapshot_bytes)),
+    }
 }
 
 /// "150 GiB (1.5x)": how much may be provisioned, and the ratio it comes from.
