@@ -94,6 +94,11 @@ pub(crate) fn check_unused(v: &VolumeRecord, hint: &'static str) -> Result<(), C
             snapshot: snapshot.clone(),
         });
     }
+    check_idle(v, hint)
+}
+
+/// Detached, and no engine syncing its replicas: nothing reads or writes them.
+pub(crate) fn check_idle(v: &VolumeRecord, hint: &'static str) -> Result<(), ControllerError> {
     match v.state {
         VolumeState::Detached => {}
         VolumeState::Attached => {

@@ -15,7 +15,7 @@
 //! the mark is cleared. The same request again finishes a restore that stopped (a restore of
 //! a replica already restored writes the same data).
 
-use hawser_api::controller::{ReplicaState, RestoreVolume, SnapshotState, VolumeState};
+use hawser_api::controller::{ReplicaState, RestoreVolume, SnapshotState};
 
 use crate::errors::ControllerError;
 use crate::model::VolumeRecord;
@@ -148,27 +148,8 @@ fn check_restorable(v: &VolumeRecord, snapshot: &str) -> Result<(), ControllerEr
             snapshot: other.to_string(),
         });
     }
-    match v.state {
-        VolumeState::Detached => {}
-        VolumeState::Attached => {
-            return Err(ControllerError::Attached {
-                volume: v.name.clone(),
-                node: v.attached_node.clone().unwrap_or_default(),
-                hint: " (detach it to restore it: its users must not see the data change)",
-            })
-        }
-        state => {
-            return Err(ControllerError::Busy {
-                volume: v.name.clone(),
-                state,
-            })
-        }
-    }
-    if let Some(node) = &v.sync_node {
-        return Err(ControllerError::Syncing {
-            volume: v.name.clone(),
-            node: node.clone(),
-        });
-    }
-    Ok(())
+    crate::volume_expand::check_idle(
+        v,
+        " (detach it to restore it: its users must not see the data change)",
+    )
 }

@@ -355,6 +355,19 @@ impl Cluster {
         cli_stdout(args, self.cli(args))
     }
 
+    /// Run the CLI and require it to fail with `want` in its error output.
+    pub fn cli_fails(&self, args: &[&str], want: &str) {
+        let out = self.cli(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "hawser {args:?} succeeded");
+        assert!(err.contains(want), "hawser {args:?}: {err}");
+    }
+
+    pub fn snapshot(&self, name: &str) -> hawser_api::controller::Snapshot {
+        let out = self.cli_ok(&["snapshot", "show", name, "-o", "json"]);
+        serde_json::from_str(&out).expect("snapshot JSON")
+    }
+
     pub fn nodes(&self) -> Vec<Node> {
         let out = self.cli(&["node", "list", "-o", "json"]);
         serde_json::from_slice(&out.stdout).unwrap_or_default()

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use hawser_api::controller::{Snapshot, SnapshotState};
+use hawser_api::controller::SnapshotState;
 use hawser_e2e::write_log::WriteLog;
 use hawser_e2e::{
     assert_same_contents, verify_nbd, Cluster, CutError, CutWindow, NbdConn, NbdTarget, Writer,
@@ -31,10 +31,6 @@ const QUEUE_DEPTH: usize = 32;
 const SNAPSHOTS: usize = 4;
 const ACKS_BETWEEN: u64 = 4000;
 const ACKS_AFTER: u64 = 2000;
-
-fn snapshot(c: &Cluster, name: &str) -> Snapshot {
-    serde_json::from_str(&c.cli_ok(&["snapshot", "show", name, "-o", "json"])).expect("JSON")
-}
 
 /// A snapshot taken mid-run: its name, the CLI call's window, and the writes acknowledged
 /// before the call.
@@ -62,7 +58,7 @@ fn take(c: &Cluster, w: &Writer, name: &str) -> Taken {
 
 /// Both replicas' copies of `t` are identical and a cut of `log` within its window.
 fn check(c: &Cluster, log: &WriteLog, t: &Taken) {
-    let s = snapshot(c, &t.name);
+    let s = c.snapshot(&t.name);
     assert_eq!(s.state, SnapshotState::Ready, "{s:?}");
     assert_eq!(s.replicas.len(), 2, "both replicas hold it: {s:?}");
     let copies: Vec<_> = s

@@ -34,13 +34,6 @@ fn wait_replica(c: &Cluster, node: &str, state: ReplicaState, blank: bool) {
     );
 }
 
-fn fails(c: &Cluster, args: &[&str], want: &str) {
-    let out = c.cli(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "hawser {args:?} succeeded");
-    assert!(err.contains(want), "hawser {args:?}: {err}");
-}
-
 #[test]
 fn restore_makes_the_holders_in_sync_and_copies_the_others_in_full() {
     let mut c = Cluster::start("restore", 2);
@@ -69,14 +62,9 @@ fn restore_makes_the_holders_in_sync_and_copies_the_others_in_full() {
     write(&uri, &mut model, 0, 4 * MIB, 0x33);
     write(&uri, &mut model, 40 * MIB, 2 * MIB, 0x44);
 
-    fails(
-        &c,
-        &["volume", "restore", "rv", "--snapshot", "s"],
-        "detach",
-    );
+    c.cli_fails(&["volume", "restore", "rv", "--snapshot", "s"], "detach");
     c.cli_ok(&["volume", "detach", "rv"]);
-    fails(
-        &c,
+    c.cli_fails(
         &["volume", "restore", "rv", "--snapshot", "nope"],
         "not found",
     );

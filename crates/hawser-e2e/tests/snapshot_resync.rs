@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hawser_api::controller::{ReplicaState, Snapshot, SnapshotState};
+use hawser_api::controller::{ReplicaState, SnapshotState};
 use hawser_e2e::cluster::ClusterOptions;
 use hawser_e2e::mounts::SmallFs;
 use hawser_e2e::{assert_file_is, qemu_io, wait_until, Cluster, TempDir};
@@ -73,10 +73,6 @@ fn write(uri: &str, model: &mut [u8], fills: &[Fill]) {
     }
 }
 
-fn snapshot(c: &Cluster, name: &str) -> Snapshot {
-    serde_json::from_str(&c.cli_ok(&["snapshot", "show", name, "-o", "json"])).expect("JSON")
-}
-
 fn wait_state(c: &Cluster, node: &str, want: ReplicaState) {
     wait_until(
         &format!("{node}'s replica to be {want:?}"),
@@ -96,7 +92,7 @@ fn snapshot_survives_the_resync_of_a_returning_replica(mut c: Cluster, how: &str
     write(&uri, &mut model, &BEFORE);
     let at_snapshot = model.clone();
     c.cli_ok(&["snapshot", "create", "snap", "--volume", "sr"]);
-    let s = snapshot(&c, "snap");
+    let s = c.snapshot("snap");
     assert_eq!(s.state, SnapshotState::Ready, "{s:?}");
     assert_eq!(s.how.as_deref(), Some(how), "{s:?}");
     // Paths while both agents answer: the files stay where they are.
@@ -145,7 +141,7 @@ fn snapshot_survives_the_resync_of_a_returning_replica(mut c: Cluster, how: &str
         );
         assert_file_is(d, &model, &format!("the volume's replica on {node}"));
     }
-    let after = snapshot(&c, "snap");
+    let after = c.snapshot("snap");
     assert_eq!(after.state, SnapshotState::Ready, "{after:?}");
     let mut holders = after.replicas.clone();
     holders.sort();

@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use hawser_api::controller::Snapshot;
 use hawser_e2e::cluster::{Cluster, ClusterOptions};
 use hawser_e2e::mounts::SmallFs;
 use hawser_e2e::run::{qemu_io, TempDir};
@@ -31,10 +30,6 @@ fn cluster_on(fs: &SmallFs, name: &str) -> Cluster {
     Cluster::start_with(name, 2, opts)
 }
 
-fn snapshot(c: &Cluster, name: &str) -> Snapshot {
-    serde_json::from_str(&c.cli_ok(&["snapshot", "show", name, "-o", "json"])).expect("JSON")
-}
-
 /// Takes `n` snapshots of `v`, writing 1 MiB of new data at a new offset before each; returns
 /// the pauses (µs) and how they were copied.
 fn take(c: &Cluster, uri: &str, n: u64) -> (Vec<u64>, Vec<String>) {
@@ -45,7 +40,7 @@ fn take(c: &Cluster, uri: &str, n: u64) -> (Vec<u64>, Vec<String>) {
         qemu_io(uri, &[&format!("write -P 0x{:02x} {at} 1M", (i % 250) + 1)]);
         let name = format!("s{i}");
         c.cli_ok(&["snapshot", "create", &name, "--volume", "v"]);
-        let s = snapshot(c, &name);
+        let s = c.snapshot(&name);
         pauses.push(s.pause_micros.expect("attached: paused"));
         hows.push(s.how.expect("how"));
     }
@@ -88,7 +83,7 @@ fn a_hundred_snapshots_on_xfs_share_their_extents() {
     );
     // The first and the last snapshot still hold what they should.
     let check = |name: &str, at: &str, pattern: u64| {
-        let s = snapshot(&c, name);
+        let s = c.snapshot(name);
         for r in &s.replicas {
             let copy = c
                 .replica_path(r)
@@ -146,7 +141,7 @@ fn on_ext4_snapshots_are_full_copies_and_cost_is_printed() {
         10,
         reported / MIB
     );
-    let s = snapshot(&c, "s4");
+    let s = c.snapshot("s4");
     let copies: Vec<Vec<u8>> = s
         .replicas
         .iter()

@@ -12,22 +12,11 @@ use hawser_e2e::run::qemu_io;
 
 const MIB: usize = 1 << 20;
 
-fn snapshot(c: &Cluster, name: &str) -> Snapshot {
-    serde_json::from_str(&c.cli_ok(&["snapshot", "show", name, "-o", "json"])).expect("JSON")
-}
-
 /// The copy of snapshot `s` on replica `replica`.
 fn copy_path(c: &Cluster, replica: &str, s: &Snapshot) -> PathBuf {
     c.replica_path(replica)
         .with_extension("snaps")
         .join(format!("{}.snap", s.id))
-}
-
-fn fails(c: &Cluster, args: &[&str], want: &str) {
-    let out = c.cli(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "hawser {args:?} succeeded");
-    assert!(err.contains(want), "hawser {args:?}: {err}");
 }
 
 #[test]
@@ -40,7 +29,7 @@ fn snapshots_hold_the_writes_before_them_on_every_replica_and_guard_their_volume
     // Written after: in the volume, not in the snapshot.
     qemu_io(&uri, &["write -P 0x33 0 4M", "flush"]);
 
-    let s = snapshot(&c, "before");
+    let s = c.snapshot("before");
     assert_eq!(s.state, SnapshotState::Ready);
     assert_eq!((s.volume.as_str(), s.size_bytes), ("db", 64 * MIB as u64));
     assert_eq!(s.replicas.len(), 2, "every in-sync replica holds it: {s:?}");
@@ -79,30 +68,27 @@ fn snapshots_hold_the_writes_before_them_on_every_replica_and_guard_their_volume
         "--replicas",
         "1",
     ]);
-    fails(
-        &c,
+    c.cli_fails(
         &["snapshot", "create", "before", "--volume", "web"],
         "already exists",
     );
-    fails(
-        &c,
+    c.cli_fails(
         &["snapshot", "create", "Bad_Name", "--volume", "web"],
         "invalid snapshot name",
     );
-    fails(
-        &c,
+    c.cli_fails(
         &["snapshot", "create", "x", "--volume", "nope"],
         "not found",
     );
     // The same request again is the same snapshot.
     c.cli_ok(&["snapshot", "create", "before", "--volume", "db"]);
-    assert_eq!(snapshot(&c, "before"), s);
+    assert_eq!(c.snapshot("before"), s);
 
     // A detached volume: nothing to pause.
     c.cli_ok(&["volume", "detach", "db"]);
-    fails(&c, &["volume", "delete", "db"], "snapshot");
+    c.cli_fails(&["volume", "delete", "db"], "snapshot");
     c.cli_ok(&["snapshot", "create", "after", "--volume", "db"]);
-    let a = snapshot(&c, "after");
+    let a = c.snapshot("after");
     assert_eq!(
         (a.state, a.pause_micros, a.replicas.len()),
         (SnapshotState::Ready, None, 2)
@@ -117,7 +103,7 @@ fn snapshots_hold_the_writes_before_them_on_every_replica_and_guard_their_volume
     for r in &s.replicas {
         assert!(!copy_path(&c, r, &s).exists(), "copy on {r} left");
     }
-    fails(&c, &["snapshot", "show", "before"], "not found");
+    c.cli_fails(&["snapshot", "show", "before"], "not found");
     c.cli_ok(&["volume", "delete", "db", "--with-snapshots"]);
     let left = c.cli_ok(&["snapshot", "list", "-o", "json"]);
     let left: Vec<Snapshot> = serde_json::from_str(&left).expect("JSON");
