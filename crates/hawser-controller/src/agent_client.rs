@@ -14,7 +14,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::constants::{AGENT_CONNECT_TIMEOUT, AGENT_REQUEST_TIMEOUT};
+use crate::constants::{AGENT_CONNECT_TIMEOUT, AGENT_COPY_TIMEOUT, AGENT_REQUEST_TIMEOUT};
 use crate::tls::ControllerTls;
 
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +138,13 @@ impl AgentClient {
         to: Agent<'_>,
         req: &CreateReplica,
     ) -> Result<ReplicaStatus, AgentError> {
-        self.call(Method::POST, to, "/v1/replicas", Some(req)).await
+        // From a snapshot, the agent copies its file first.
+        let timeout = match req.from {
+            Some(_) => AGENT_COPY_TIMEOUT,
+            None => AGENT_REQUEST_TIMEOUT,
+        };
+        self.call_within(Method::POST, to, "/v1/replicas", Some(req), timeout)
+            .await
     }
 
     /// Deletes a replica; one the agent does not know is already deleted.
@@ -194,7 +200,8 @@ impl AgentClient {
         req: &TakeSnapshot,
     ) -> Result<ReplicaSnapshot, AgentError> {
         let path = format!("/v1/replicas/{replica_id}/snapshots");
-        self.call(Method::POST, to, &path, Some(req)).await
+        self.call_within(Method::POST, to, &path, Some(req), AGENT_COPY_TIMEOUT)
+            .await
     }
 
     /// Deletes a replica's snapshot; one it does not have is deleted already.
@@ -219,7 +226,8 @@ impl AgentClient {
         let body = RestoreReplica {
             snapshot: snapshot.to_string(),
         };
-        self.call(Method::POST, to, &path, Some(&body)).await
+        self.call_within(Method::POST, to, &path, Some(&body), AGENT_COPY_TIMEOUT)
+            .await
     }
 
     /// Grows a replica (of a detached volume) to `size_bytes`.
@@ -265,7 +273,20 @@ impl AgentClient {
         path: &str,
         body: Option<&B>,
     ) -> Result<R, AgentError> {
-        let resp = self.send(method, to, path, body).await?;
+        self.call_within(method, to, path, body, AGENT_REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// [`Self::call`] for a request that may take up to `timeout` (a copy of data).
+    async fn call_within<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: Method,
+        to: Agent<'_>,
+        path: &str,
+        body: Option<&B>,
+        timeout: std::time::Duration,
+    ) -> Result<R, AgentError> {
+        let resp = self.send(method, to, path, body, timeout).await?;
         resp.json().await.map_err(|source| AgentError::BadResponse {
             addr: to.addr.into(),
             source,
@@ -278,7 +299,10 @@ impl AgentClient {
         to: Agent<'_>,
         path: &str,
     ) -> Result<(), AgentError> {
-        match self.send::<()>(method, to, path, None).await {
+        match self
+            .send::<()>(method, to, path, None, AGENT_REQUEST_TIMEOUT)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(AgentError::Refused { status: 404, .. }) => Ok(()),
             Err(e) => Err(e),
@@ -292,6 +316,7 @@ impl AgentClient {
         to: Agent<'_>,
         path: &str,
         body: Option<&B>,
+        timeout: std::time::Duration,
     ) -> Result<reqwest::Response, AgentError> {
         let addr = to.addr;
         let (http, scheme) =
@@ -303,7 +328,8 @@ impl AgentClient {
                 })?;
         let mut req = http
             .request(method, format!("{scheme}://{addr}{path}"))
-            .header(NODE_HEADER, to.node);
+            .header(NODE_HEADER, to.node)
+            .timeout(timeout);
         if let Some(a) = &self.authorization {
             req = req.header(reqwest::header::AUTHORIZATION, a);
         }

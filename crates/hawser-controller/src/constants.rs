@@ -35,6 +35,12 @@ pub const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// one flushes it, so this is generous.
 pub const AGENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// An agent request that copies a replica's data: a snapshot, a clone's seed, a restore. On
+/// a pool without reflinks (ext4) it copies every allocated byte (a 1 TiB replica at 500 MB/s
+/// is about 35 minutes); an attached volume's snapshot is bounded by its pause lease instead.
+/// Giving up sooner would leave the agent copying a file the controller no longer expects.
+pub const AGENT_COPY_TIMEOUT: Duration = Duration::from_secs(2 * 3600);
+
 /// A reservation made by placement is dropped after this many heartbeats from its node
 /// (counted once the replica exists): the first may have been measured before the replica
 /// was created, the second cannot have been.

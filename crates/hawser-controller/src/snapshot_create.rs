@@ -209,7 +209,11 @@ async fn take(
     let resumed = resumed.map_err(|e| {
         failed(format!(
             "its writes were not held until the copies were done ({e}); they may hold later \
-             writes and are deleted"
+             writes and are deleted. Writes are held at most {} s: on a pool without reflinks \
+             (ext4) a snapshot copies the volume's data, so a large one cannot be taken while \
+             attached; detach the volume to snapshot it without a pause, or use an XFS \
+             (reflink=1) or btrfs pool",
+            PAUSE_LEASE_MS / 1000
         ))
     })?;
     Ok(taken(copies, Some(resumed.held_micros)))
