@@ -72,6 +72,7 @@ demo: build
 bench: build k8s-tools
 	@scripts/bench.sh
 	@scripts/bench-resync.sh
+	@scripts/bench-snapshots.sh
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
 		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
 	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere.
