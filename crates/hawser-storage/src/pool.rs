@@ -302,7 +302,15 @@ impl Pool {
 
     pub fn usage(&self) -> Result<PoolUsage, StorageError> {
         let map = self.lock();
-        self.usage_locked(&map)
+        let mut usage = self.usage_locked(&map)?;
+        let replicas: Vec<Arc<Replica>> = map.values().cloned().collect();
+        drop(map);
+        // Snapshot space is reported, never checked by placement: its directories are read
+        // here, outside the pool's lock, and not on every create.
+        let snaps: Vec<_> = replicas.iter().flat_map(|r| r.snapshots()).collect();
+        usage.snapshots = u32::try_from(snaps.len()).unwrap_or(u32::MAX);
+        usage.snapshot_bytes = snaps.iter().map(|s| s.allocated_bytes).sum();
+        Ok(usage)
     }
 
     fn usage_locked(
@@ -325,14 +333,14 @@ impl Pool {
             }
             None => fs_free.min(capacity),
         };
-        let snaps: Vec<_> = map.values().flat_map(|r| r.snapshots()).collect();
         Ok(PoolUsage {
             capacity_bytes: capacity,
             free_bytes: free,
             provisioned_bytes: provisioned,
             replicas: u32::try_from(map.len()).unwrap_or(u32::MAX),
-            snapshots: u32::try_from(snaps.len()).unwrap_or(u32::MAX),
-            snapshot_bytes: snaps.iter().map(|s| s.allocated_bytes).sum(),
+            // Filled by `usage` (only the creates call this directly).
+            snapshots: 0,
+            snapshot_bytes: 0,
         })
     }
 
