@@ -42,7 +42,12 @@ fn payload_by_kind(h: &FrameHeader, payload: &[u8]) {
         (Op::Hello, false) => {
             let _ = std::str::from_utf8(payload);
         }
-        (Op::Hello, true) => {
+        (Op::HelloSnapshot, false) => {
+            if let Some(r) = hawser_wire::grant::HelloSnapshotRequest::decode(payload) {
+                assert_eq!(r.encode(), payload);
+            }
+        }
+        (Op::Hello | Op::HelloSnapshot, true) => {
             if let Some(info) = HelloInfo::decode(payload) {
                 assert_eq!(&info.encode()[..], payload);
             }

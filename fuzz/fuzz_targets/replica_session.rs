@@ -38,7 +38,9 @@ use hawser_wire::frame::{
     checksum_reply_len, HelloInfo, CHECKSUM_BLOCK_BYTES, CHECKSUM_DIGEST_BYTES, FLAG_REPLY,
     HEADER_LEN, MAX_CHECKSUM_BYTES,
 };
-use hawser_wire::grant::{HelloRequest, MAX_HELLO_BYTES};
+use hawser_wire::grant::{
+    HelloRequest, HelloSnapshotRequest, MAX_HELLO_BYTES, MAX_HELLO_SNAPSHOT_BYTES,
+};
 use hawser_wire::journal::{Journal, OutReplica, StoredReport, ACTIVITY_EXTENT_BYTES};
 use hawser_wire::{FrameHeader, Op, Status};
 use libfuzzer_sys::fuzz_target;
@@ -94,7 +96,12 @@ fn env() -> &'static Env {
             let (stop, stopped) = tokio::sync::watch::channel(false);
             // The server runs for the life of the process.
             std::mem::forget(stop);
-            tokio::spawn(replica_server::serve(listener, storage.clone(), None, stopped));
+            tokio::spawn(replica_server::serve(
+                listener,
+                storage.clone(),
+                None,
+                stopped,
+            ));
             addr
         });
         Env {
@@ -217,7 +224,7 @@ impl Model {
             Op::Read | Op::Write | Op::Trim | Op::WriteZeroes | Op::Checksum => {
                 Self::in_range(offset, len)
             }
-            Op::Hello | Op::Ping => unreachable!("handled by the caller"),
+            Op::Hello | Op::HelloSnapshot | Op::Ping => unreachable!("handled by the caller"),
         };
         if ok {
             Status::Ok
@@ -250,7 +257,7 @@ fn expectations(model: &mut Model, state: &mut State, frames: &[Frame]) -> Vec<E
             // gets no payload allocated), so a first frame that is not a Hello is answered
             // Invalid whatever its payload holds.
             (None, State::AwaitingHello) => match FrameHeader::decode(&f.bytes) {
-                Ok(h) if h.op != Op::Hello || h.is_reply() => {
+                Ok(h) if !matches!(h.op, Op::Hello | Op::HelloSnapshot) || h.is_reply() => {
                     Expect::ReplyThenClose(Status::Invalid)
                 }
                 _ => Expect::Close,
@@ -258,7 +265,16 @@ fn expectations(model: &mut Model, state: &mut State, frames: &[Frame]) -> Vec<E
             (None, _) => Expect::Close,
             (Some(h), State::AwaitingHello) => {
                 let hello = HelloRequest::decode(&f.payload);
-                if h.op != Op::Hello || h.is_reply() {
+                if h.op == Op::HelloSnapshot && !h.is_reply() {
+                    // A snapshot session: this replica holds no snapshot.
+                    if f.payload.len() > MAX_HELLO_SNAPSHOT_BYTES {
+                        Expect::Close
+                    } else if HelloSnapshotRequest::decode(&f.payload).is_none() {
+                        Expect::ReplyThenClose(Status::Invalid)
+                    } else {
+                        Expect::ReplyThenClose(Status::NoSuchReplica)
+                    }
+                } else if h.op != Op::Hello || h.is_reply() {
                     Expect::ReplyThenClose(Status::Invalid)
                 } else if f.payload.len() > MAX_HELLO_BYTES {
                     Expect::Close
@@ -275,7 +291,11 @@ fn expectations(model: &mut Model, state: &mut State, frames: &[Frame]) -> Vec<E
                     Expect::Reply(Status::Ok)
                 }
             }
-            (Some(h), State::Session(_)) if h.is_reply() || h.op == Op::Hello => Expect::Close,
+            (Some(h), State::Session(_))
+                if h.is_reply() || matches!(h.op, Op::Hello | Op::HelloSnapshot) =>
+            {
+                Expect::Close
+            }
             (Some(h), State::Session(_)) if h.op == Op::Ping => Expect::Reply(Status::Ok),
             (Some(_), State::Session(s)) if s != model.sessions => {
                 Expect::ReplyThenClose(Status::Unavailable)

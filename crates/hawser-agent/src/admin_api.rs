@@ -10,9 +10,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use hawser_api::agent::{
-    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, GrowReplica, PauseEngine,
-    ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine, TakeSnapshot,
-    NODE_HEADER,
+    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, FetchSnapshot, GrowReplica,
+    PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine,
+    TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
@@ -59,6 +59,10 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/v1/replicas/{id}/snapshots/{snapshot}",
             delete(delete_snapshot),
+        )
+        .route(
+            "/v1/replicas/{id}/snapshots/{snapshot}/fetch",
+            post(fetch_snapshot),
         )
         .route("/v1/replicas/{id}/restore", post(restore_replica))
         .route("/v1/engines", post(start_engine))
@@ -208,7 +212,9 @@ impl IntoResponse for Failure {
 fn storage_error(e: StorageError) -> Failure {
     let code = match &e {
         StorageError::NoRoom { .. } => ErrorCode::InsufficientCapacity,
-        StorageError::ReplicaExists { .. } => ErrorCode::AlreadyExists,
+        StorageError::ReplicaExists { .. } | StorageError::SnapshotExists { .. } => {
+            ErrorCode::AlreadyExists
+        }
         StorageError::ReplicaNotFound { .. } | StorageError::SnapshotNotFound { .. } => {
             ErrorCode::NotFound
         }
@@ -361,6 +367,62 @@ async fn take_snapshot(
         StatusCode::OK
     };
     Ok((code, Json(view)))
+}
+
+/// Copies a snapshot this node's replica lacks from a holder (`snapshot_fetch.rs`). A
+/// replica that has it already answers with it.
+async fn fetch_snapshot(
+    State(s): State<AdminState>,
+    Path((id, snapshot)): Path<(String, String)>,
+    Json(req): Json<FetchSnapshot>,
+) -> Result<(StatusCode, Json<ReplicaSnapshot>), Failure> {
+    let storage = s.storage.clone();
+    let (rid, sid) = (id.clone(), snapshot.clone());
+    let held = blocking(move || storage.snapshots(&rid)).await?;
+    if let Some(f) = held.into_iter().find(|f| f.id == sid) {
+        return Ok((StatusCode::OK, Json(snapshot_view(&id, f))));
+    }
+    let grant = match &req.grant {
+        Some(g) => {
+            use base64::Engine as _;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(g)
+                .map_err(|_| Failure(ApiError::invalid("the grant is not base64")))?;
+            Some(bytes)
+        }
+        None => None,
+    };
+    let tls = match &s.link.node {
+        Some(n) => Some(n.replica_client(&req.from_node).map_err(|e| {
+            Failure(ApiError::new(
+                ErrorCode::Internal,
+                format!("no TLS configuration for node {}: {e:#}", req.from_node),
+            ))
+        })?),
+        None => None,
+    };
+    let hello = hawser_wire::grant::HelloSnapshotRequest {
+        replica: req.from_replica.clone(),
+        snapshot: snapshot.clone(),
+        grant,
+    };
+    let started = std::time::Instant::now();
+    let fetched =
+        crate::snapshot_fetch::fetch_snapshot(&s.storage, &id, &req.from_addr, tls, hello)
+            .await
+            .map_err(|e| {
+                Failure(ApiError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "fetch snapshot {snapshot} for replica {id} from {} on {}: {e}",
+                        req.from_replica, req.from_node
+                    ),
+                ))
+            })?;
+    let mut view = snapshot_view(&id, fetched.file);
+    view.how = Some("fetch".into());
+    view.micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    Ok((StatusCode::CREATED, Json(view)))
 }
 
 async fn list_snapshots(

@@ -3,7 +3,7 @@
 //! cluster's public key (from its registration) and accepts a grant only if that key signed
 //! it, for the cluster, volume and epoch at hand.
 
-use hawser_wire::grant::Grant;
+use hawser_wire::grant::{Grant, SnapshotReadGrant};
 
 /// Why a grant is not good enough.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -62,6 +62,36 @@ pub fn check(
         ));
     }
     if let Some(node) = want.node {
+        if grant.node != node {
+            return Err(mismatch("node", &grant.node, node));
+        }
+    }
+    Ok(grant)
+}
+
+/// Checks a snapshot-read grant (`signed`) for `cluster` and, when known, the reading
+/// `node`; the caller checks its volume against the replica's.
+pub fn check_snapshot_read(
+    key: &[u8],
+    signed: Option<&[u8]>,
+    cluster: &str,
+    node: Option<&str>,
+) -> Result<SnapshotReadGrant, GrantRefusal> {
+    let signed = signed.ok_or(GrantRefusal::Missing)?;
+    let (grant, body, sig) =
+        SnapshotReadGrant::decode(signed).map_err(|e| GrantRefusal::Malformed(e.to_string()))?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key)
+        .verify(body, sig)
+        .map_err(|_| GrantRefusal::BadSignature)?;
+    let mismatch = |what, granted: &str, asked: &str| GrantRefusal::Mismatch {
+        what,
+        granted: granted.into(),
+        asked: asked.into(),
+    };
+    if grant.cluster != cluster {
+        return Err(mismatch("cluster", &grant.cluster, cluster));
+    }
+    if let Some(node) = node {
         if grant.node != node {
             return Err(mismatch("node", &grant.node, node));
         }

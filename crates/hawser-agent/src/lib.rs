@@ -29,6 +29,8 @@ pub mod recovery;
 pub mod replica_access;
 pub mod replica_client;
 pub mod replica_server;
+pub mod snapshot_fetch;
+mod snapshot_session;
 pub mod tls_conn;
 pub mod volume_engine;
 

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use hawser_core::IdMap;
 use hawser_core::{ClientOp, ReplicaFailure, ReplicaResult, SubId};
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, FLAG_QUIET};
-use hawser_wire::grant::HelloRequest;
+use hawser_wire::grant::{HelloRequest, HelloSnapshotRequest};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
@@ -127,8 +127,33 @@ impl ReplicaClient {
         epoch: u64,
         sink: Arc<dyn ReplySink>,
     ) -> Result<(ReplicaClient, HelloInfo), ConnectError> {
-        let replica = hello.replica.as_str();
-        let fut = Self::hello(addr, tls, hello, epoch);
+        let payload = Bytes::from(hello.encode());
+        Self::connect_as(addr, tls, &hello.replica, Op::Hello, payload, epoch, sink).await
+    }
+
+    /// Connect for a read-only session of one snapshot copy (`Op::HelloSnapshot`): then
+    /// `call` Read and Checksum read the copy.
+    pub async fn connect_snapshot(
+        addr: &str,
+        tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
+        hello: &HelloSnapshotRequest,
+        sink: Arc<dyn ReplySink>,
+    ) -> Result<(ReplicaClient, HelloInfo), ConnectError> {
+        let payload = Bytes::from(hello.encode());
+        let op = Op::HelloSnapshot;
+        Self::connect_as(addr, tls, &hello.replica, op, payload, 0, sink).await
+    }
+
+    async fn connect_as(
+        addr: &str,
+        tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
+        replica: &str,
+        op: Op,
+        payload: Bytes,
+        epoch: u64,
+        sink: Arc<dyn ReplySink>,
+    ) -> Result<(ReplicaClient, HelloInfo), ConnectError> {
+        let fut = Self::hello(addr, tls, replica, op, payload, epoch);
         let (rd, out, drain, info) = tokio::time::timeout(REPLICA_CONNECT_TIMEOUT, fut)
             .await
             .map_err(|_| ConnectError::Timeout {
@@ -166,10 +191,11 @@ impl ReplicaClient {
     async fn hello(
         addr: &str,
         tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
-        hello: &HelloRequest,
+        replica: &str,
+        op: Op,
+        payload: Bytes,
         epoch: u64,
     ) -> Result<(ReadSide, Arc<Outbox<OwnedWriteHalf>>, Drain, HelloInfo), ConnectError> {
-        let replica = hello.replica.as_str();
         let ctx = |source| ConnectError::Io {
             replica: replica.into(),
             addr: addr.into(),
@@ -190,8 +216,7 @@ impl ReplicaClient {
             async move { out.drain().await }
         });
         let result = async {
-            let payload = Bytes::from(hello.encode());
-            let h = FrameHeader::request(Op::Hello, 0, epoch, 0, 0).with_payload(&payload);
+            let h = FrameHeader::request(op, 0, epoch, 0, 0).with_payload(&payload);
             push_frame(&out, &h, Some(payload), true).map_err(|_| {
                 ctx(std::io::Error::new(
                     std::io::ErrorKind::BrokenPipe,
@@ -204,7 +229,7 @@ impl ReplicaClient {
                 source,
             };
             let (reply, payload) = read_frame(&mut rd).await.map_err(proto)?;
-            if !reply.is_reply() || reply.op != Op::Hello {
+            if !reply.is_reply() || reply.op != op {
                 return Err(proto(FrameIoError::Closed));
             }
             if reply.status != Status::Ok {

@@ -27,7 +27,9 @@ use hawser_listen::{ConnLimits, ConnPermit};
 use hawser_storage::{Replica, ReplicaIoError, StoredJournal};
 use hawser_wire::constants::MAX_PAYLOAD_BYTES;
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
-use hawser_wire::grant::{HelloRequest, MAX_HELLO_BYTES};
+use hawser_wire::grant::{
+    HelloRequest, HelloSnapshotRequest, MAX_HELLO_BYTES, MAX_HELLO_SNAPSHOT_BYTES,
+};
 use hawser_wire::journal::StoredReport;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -45,13 +47,14 @@ use crate::grants::{self, Expected};
 use crate::io_pool;
 use crate::node_storage::NodeStorage;
 use crate::outbox::Outbox;
+use crate::snapshot_session::{hello_snapshot, snapshot_loop};
 use crate::tls_conn;
 use hawser_tls::Peer;
 
-type Reply = (FrameHeader, Option<Bytes>);
+pub(crate) type Reply = (FrameHeader, Option<Bytes>);
 
 /// Where a connection's replies go, written from whichever thread produced them.
-type Replies = Arc<Outbox<OwnedWriteHalf>>;
+pub(crate) type Replies = Arc<Outbox<OwnedWriteHalf>>;
 
 /// Queue one reply (a closed connection drops it: the engine hears of the loss anyway).
 /// `now`: write it at once (see [`Outbox::push`]).
@@ -60,7 +63,7 @@ fn reply_now(out: &Replies, (h, payload): Reply, now: bool) {
     let _ = out.push(std::iter::once(header).chain(payload), now);
 }
 
-fn reply(out: &Replies, r: Reply) {
+pub(crate) fn reply(out: &Replies, r: Reply) {
     reply_now(out, r, true);
 }
 
@@ -218,7 +221,29 @@ async fn serve_conn(
     let result = async {
         // Before a session, failures are a peer's business, logged at debug: anyone who
         // reaches the port can cause them, and must not be able to flood the logs.
-        let (replica, session) = hello(&mut rd, &storage, sessions, boot, &out, client.as_deref())
+        let first = read_hello(&mut rd, &out).await.map_err(|e| {
+            tracing::debug!(error = %e, "no session opened");
+            FrameIoError::Closed
+        })?;
+        let (h, req) = match first {
+            Greeting::Engine(h, req) => (h, req),
+            Greeting::Snapshot(h, req) => {
+                let snap = hello_snapshot(h, &req, &storage, boot, &out, client.as_deref())
+                    .await
+                    .map_err(|e| {
+                        tracing::debug!(error = %e, "no snapshot session opened");
+                        FrameIoError::Closed
+                    })?;
+                drop(greeting);
+                let span = tracing::info_span!(
+                    "snapshot", replica = %req.replica, snapshot = %req.snapshot
+                );
+                return snapshot_loop(&mut rd, Arc::new(snap), &out, &budget)
+                    .instrument(span)
+                    .await;
+            }
+        };
+        let (replica, session) = hello(h, req, &storage, sessions, boot, &out, client.as_deref())
             .await
             .map_err(|e| {
                 tracing::debug!(error = %e, "no session opened");
@@ -238,28 +263,44 @@ async fn serve_conn(
     result
 }
 
-/// The first frame, within [`REPLICA_HELLO_TIMEOUT`]: a Hello request no longer than a Hello
-/// can be (a longer one closes the connection unread and unanswered).
+/// What opens a connection: an engine's session of a replica, or a read-only session of one
+/// snapshot copy.
+enum Greeting {
+    Engine(FrameHeader, HelloRequest),
+    Snapshot(FrameHeader, HelloSnapshotRequest),
+}
+
+/// The first frame, within [`REPLICA_HELLO_TIMEOUT`]: a Hello or HelloSnapshot request no
+/// longer than one can be (a longer one closes the connection unread and unanswered).
 async fn read_hello(
     rd: &mut (impl tokio::io::AsyncRead + Unpin),
     out: &Replies,
-) -> Result<(FrameHeader, HelloRequest), FrameIoError> {
+) -> Result<Greeting, FrameIoError> {
     let read = async {
         let h = read_header(rd).await?;
-        if h.op != Op::Hello || h.is_reply() {
+        if !matches!(h.op, Op::Hello | Op::HelloSnapshot) || h.is_reply() {
             reply(out, (h.reply(Status::Invalid), None));
             return Err(FrameIoError::Closed);
         }
-        if h.payload_len as usize > MAX_HELLO_BYTES {
-            // Not a Hello any engine sends; not worth reading (or answering).
+        let most = match h.op {
+            Op::Hello => MAX_HELLO_BYTES,
+            _ => MAX_HELLO_SNAPSHOT_BYTES,
+        };
+        if h.payload_len as usize > most {
+            // Not a Hello any engine or agent sends; not worth reading (or answering).
             return Err(FrameIoError::Closed);
         }
         let payload = read_payload(rd, &h).await?;
-        let Some(req) = payload.as_deref().and_then(HelloRequest::decode) else {
+        let p = payload.as_deref().unwrap_or_default();
+        let greeting = match h.op {
+            Op::Hello => HelloRequest::decode(p).map(|r| Greeting::Engine(h, r)),
+            _ => HelloSnapshotRequest::decode(p).map(|r| Greeting::Snapshot(h, r)),
+        };
+        let Some(greeting) = greeting else {
             reply(out, (h.reply(Status::Invalid), None));
             return Err(FrameIoError::Closed);
         };
-        Ok((h, req))
+        Ok(greeting)
     };
     tokio::time::timeout(REPLICA_HELLO_TIMEOUT, read)
         .await
@@ -269,14 +310,14 @@ async fn read_hello(
 /// The first frame must be a Hello naming a replica of this node with an epoch at least the
 /// replica's. It opens a new session of that replica (see the module doc).
 async fn hello(
-    rd: &mut (impl tokio::io::AsyncRead + Unpin),
+    h: FrameHeader,
+    req: HelloRequest,
     storage: &NodeStorage,
     sessions: &Sessions,
     boot: u64,
     out: &Replies,
     client: Option<&str>,
 ) -> Result<(Arc<Replica>, Session), FrameIoError> {
-    let (h, req) = read_hello(rd, out).await?;
     let id = req.replica.as_str();
     // A node of a cluster checks the grant before it even says whether the replica exists:
     // ids cannot be probed without the cluster's signature.
@@ -346,7 +387,7 @@ async fn hello(
 
 /// What a request may hold in memory, in KiB of the budget: its payload, and for a read the
 /// data it returns (reads longer than a payload can be are refused, so count at most that).
-fn memory_cost(h: &FrameHeader) -> u32 {
+pub(crate) fn memory_cost(h: &FrameHeader) -> u32 {
     let read = if h.op == Op::Read {
         h.length.min(MAX_PAYLOAD_BYTES)
     } else {
@@ -380,7 +421,7 @@ async fn request_loop(
         let payload = tokio::time::timeout(REPLICA_PAYLOAD_TIMEOUT, read_payload(rd, &h))
             .await
             .map_err(|_| FrameIoError::Timeout("request payload"))??;
-        if h.is_reply() || h.op == Op::Hello {
+        if h.is_reply() || matches!(h.op, Op::Hello | Op::HelloSnapshot) {
             return Err(FrameIoError::Closed);
         }
         if h.op == Op::Ping {
@@ -533,7 +574,7 @@ fn run(
             StoredJournal::Missing | StoredJournal::Unreadable => None,
         }),
         Op::Checksum => replica.checksum(epoch, offset, len).map(Some),
-        Op::Hello | Op::Ping => Ok(None),
+        Op::Hello | Op::HelloSnapshot | Op::Ping => Ok(None),
     }
 }
 

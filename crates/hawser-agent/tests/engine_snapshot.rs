@@ -141,3 +141,49 @@ async fn a_pause_whose_lease_runs_out_lets_requests_through_and_refuses_its_resu
     ));
     assert!(t.engines.stop("vol").await);
 }
+
+/// A replica that lacks a snapshot fetches it from the other node's replica server through a
+/// read-only snapshot session: the copy equals the holder's byte for byte, only the blocks
+/// that differed crossed, and an unknown snapshot or replica is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lacking_replica_fetches_a_snapshot_from_a_holder_by_its_differing_blocks() {
+    use hawser_agent::snapshot_fetch::fetch_snapshot;
+    use hawser_wire::grant::HelloSnapshotRequest;
+    let t = two_nodes("snapshot-fetch", SIZE).await;
+    let dev: Arc<dyn BlockDevice> = t.engines.lookup("vol").expect("export");
+    dev.write(0, Bytes::from(vec![1u8; 1 << 20]), false)
+        .await
+        .expect("write");
+    // Only b's replica takes the snapshot (as if a's had been outdated then).
+    let b = t.b.replica("vol-b").expect("replica b");
+    b.take_snapshot(1, "s1").expect("snapshot on b");
+    // Written since: a's data differs from the snapshot in one 64 KiB block.
+    dev.write(128 << 10, Bytes::from(vec![9u8; 4096]), false)
+        .await
+        .expect("write");
+    let addr = t.req.replicas[1].replica_addr.clone();
+    let hello = |snapshot: &str, replica: &str| HelloSnapshotRequest {
+        replica: replica.into(),
+        snapshot: snapshot.into(),
+        grant: None,
+    };
+    let fetched = fetch_snapshot(&t.a, "vol-a", &addr, None, hello("s1", "vol-b"))
+        .await
+        .expect("fetch");
+    assert_eq!(fetched.compared_bytes, SIZE);
+    assert_eq!(
+        fetched.fetched_bytes,
+        64 << 10,
+        "only the block written since"
+    );
+    assert!(
+        snapshot_bytes(&t.a, "vol-a", "s1") == snapshot_bytes(&t.b, "vol-b", "s1"),
+        "the fetched copy is the holder's"
+    );
+    for (snap, replica) in [("nope", "vol-b"), ("s1", "nope")] {
+        let e = fetch_snapshot(&t.a, "vol-a", &addr, None, hello(snap, replica))
+            .await
+            .expect_err("refused");
+        assert!(e.contains("NoSuchReplica"), "{e}");
+    }
+}

@@ -71,6 +71,23 @@ pub struct ReplicaSnapshot {
     pub micros: u64,
 }
 
+/// `POST /v1/replicas/{id}/snapshots/{snapshot}/fetch`: give the replica a copy of a snapshot
+/// it lacks, from a replica on another node that holds it (only the 64 KiB blocks that differ
+/// from the replica's own data cross the network). The answer's `how` is "fetch" and
+/// `micros` the time it took.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FetchSnapshot {
+    /// The holder: its replica id, its node and that node's replica server address.
+    pub from_replica: String,
+    pub from_node: String,
+    pub from_addr: String,
+    /// The controller's snapshot-read grant for this node (base64; `hawser_wire::grant`),
+    /// in a cluster whose replica servers check grants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+}
+
 /// `POST /v1/replicas/{id}/restore`: replace the replica's data with one of its snapshots.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,9 +1,9 @@
 //! HTTP client for the agents' admin API (`hawser_api::agent`).
 
 use hawser_api::agent::{
-    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, PauseEngine,
-    ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine, TakeSnapshot,
-    NODE_HEADER,
+    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, FetchSnapshot,
+    PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine,
+    TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::{ApiError, ErrorCode};
@@ -213,6 +213,19 @@ impl AgentClient {
     ) -> Result<(), AgentError> {
         let path = format!("/v1/replicas/{replica_id}/snapshots/{snapshot}");
         self.call_no_body(Method::DELETE, to, &path).await
+    }
+
+    /// Gives a replica a copy of a snapshot it lacks, from a holder on another node.
+    pub async fn fetch_snapshot(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        snapshot: &str,
+        req: &FetchSnapshot,
+    ) -> Result<ReplicaSnapshot, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/snapshots/{snapshot}/fetch");
+        self.call_within(Method::POST, to, &path, Some(req), AGENT_COPY_TIMEOUT)
+            .await
     }
 
     /// Replaces a replica's data with its copy of a snapshot (no engine may hold it).

@@ -110,6 +110,25 @@ impl Signer {
     }
 }
 
+impl Signer {
+    /// The signed snapshot-read grant (base64) letting `node` read the snapshot copies of
+    /// `volume`'s replicas (`hawser_wire::grant::SnapshotReadGrant`).
+    pub fn snapshot_read_grant(&self, volume: &str, node: &str) -> Result<String, ControllerError> {
+        use base64::Engine as _;
+        let g = hawser_wire::grant::SnapshotReadGrant {
+            cluster: self.cluster.clone(),
+            volume: volume.into(),
+            node: node.into(),
+        };
+        let mut signed = g.body().map_err(|e| {
+            ControllerError::invalid(format!("snapshot grant for {volume} on {node}: {e}"))
+        })?;
+        let sig = self.key.sign(&signed);
+        signed.extend_from_slice(sig.as_ref());
+        Ok(base64::engine::general_purpose::STANDARD.encode(signed))
+    }
+}
+
 fn new_grant_key() -> Result<String, ControllerError> {
     use base64::Engine as _;
     let rng = ring::rand::SystemRandom::new();

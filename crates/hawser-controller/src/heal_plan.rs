@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use hawser_api::controller::{ReplicaState, VolumeState};
+use hawser_api::controller::{ReplicaState, SnapshotState, VolumeState};
 
 use crate::model::VolumeRecord;
 
@@ -66,6 +66,20 @@ pub struct Plan {
     pub held: Vec<String>,
 }
 
+/// A ready snapshot of which retired replica `id` holds a copy and no replica of the volume
+/// (failed ones aside) does: deleting the retired replica would lose it.
+fn only_copy<'a>(v: &'a VolumeRecord, id: &str) -> Option<&'a str> {
+    v.snapshots
+        .iter()
+        .filter(|s| s.state == SnapshotState::Ready && s.replicas.iter().any(|h| h == id))
+        .find(|s| {
+            !v.replicas
+                .iter()
+                .any(|r| r.state != ReplicaState::Failed && s.replicas.contains(&r.id))
+        })
+        .map(|s| s.name.as_str())
+}
+
 pub fn plan(volumes: &[VolumeRecord], nodes: &BTreeMap<String, NodeView>, cfg: HealConfig) -> Plan {
     let mut p = Plan::default();
     let offline = nodes.values().filter(|n| !n.online).count();
@@ -84,6 +98,14 @@ pub fn plan(volumes: &[VolumeRecord], nodes: &BTreeMap<String, NodeView>, cfg: H
         .sum::<usize>();
     for v in volumes {
         for r in v.retired.iter().filter(|r| online(&r.node)) {
+            if let Some(s) = only_copy(v, &r.id) {
+                // Kept until a replica of the volume fetched it (`snapshot_catchup.rs`).
+                p.held.push(format!(
+                    "retired replica {} of {} kept: it holds the only copy of snapshot {s}",
+                    r.id, v.name
+                ));
+                continue;
+            }
             p.actions.push(Action::DeleteRetired {
                 volume: v.name.clone(),
                 replica: r.id.clone(),

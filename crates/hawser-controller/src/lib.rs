@@ -39,6 +39,7 @@ mod records;
 mod reservations;
 mod self_heal;
 mod server;
+mod snapshot_catchup;
 mod snapshot_create;
 mod state;
 mod store_retry;
@@ -432,6 +433,7 @@ impl Controller {
             self.heal,
         ));
         let reconcile = tokio::spawn(reconcile::run(self.state.clone()));
+        let catchup = tokio::spawn(snapshot_catchup::run(self.state.clone(), self.heal_check));
         let node_events = tokio::spawn(events::watch_nodes(self.state.clone()));
         let tokens = tokio::spawn(api_tokens::refresh_forever(self.state.clone()));
         let failover = self
@@ -456,6 +458,7 @@ impl Controller {
         watch.abort();
         heal.abort();
         reconcile.abort();
+        catchup.abort();
         node_events.abort();
         tokens.abort();
         if let Some(r) = renew {

@@ -345,6 +345,10 @@ async fn delete_retired(
     st.records
         .update_volume(&v.name, |rec| {
             rec.retired.retain(|x| x.id != replica);
+            // Its snapshot copies went with it.
+            for s in &mut rec.snapshots {
+                s.replicas.retain(|x| x != replica);
+            }
             Ok(())
         })
         .await?;

@@ -59,6 +59,8 @@ pub struct ClusterOptions {
     pub insecure: bool,
     /// Extra arguments for every agent (e.g. a slow `--resync-rate` a test wants to watch).
     pub agent_args: Vec<String>,
+    /// Extra arguments for every controller (e.g. a short `--replace-after-secs`).
+    pub controller_args: Vec<String>,
 }
 
 /// Environment variable that selects the store of clusters that do not ask for etcd
@@ -112,7 +114,7 @@ impl Cluster {
         let etcd = (on_etcd > 0).then(|| {
             EtcdProcess::start_secure(dir.path()).unwrap_or_else(|e| panic!("start etcd: {e}"))
         });
-        let store: Vec<String> = etcd
+        let mut store: Vec<String> = etcd
             .as_ref()
             .map(|e| {
                 let mut a = vec!["--store".to_string(), e.store_url("hawser")];
@@ -125,6 +127,7 @@ impl Cluster {
             on_etcd.max(1),
             store.get(1).map_or("the embedded store", String::as_str)
         );
+        store.extend(opts.controller_args.iter().cloned());
         let tokens = TokenFiles::seed(dir.path());
         let count = on_etcd.max(1);
         let controllers: Vec<ControllerProc> = (0..count)
@@ -459,9 +462,16 @@ impl Cluster {
     }
 
     /// The data file of replica `id`, wherever it lives.
+    /// Where replica `id`'s data file is, as the agent holding it says (agents that do not
+    /// answer, killed ones, are skipped).
     pub fn replica_path(&self, id: &str) -> PathBuf {
         for a in &self.agents {
-            for r in self.agent_status(&a.name).replicas {
+            let status: Option<AgentStatus> = self
+                .agent_request(reqwest::Method::GET, &a.name, "/v1/status")
+                .send()
+                .and_then(|r| r.json())
+                .ok();
+            for r in status.map(|s| s.replicas).unwrap_or_default() {
                 if r.replica_id == id {
                     return PathBuf::from(r.data_path);
                 }

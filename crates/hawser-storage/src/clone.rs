@@ -78,7 +78,7 @@ pub fn clone_file(src: &Path, dst: &Path, len: u64) -> io::Result<CloneKind> {
 }
 
 /// Make the empty `to` a copy of `from` (`len` bytes).
-fn clone_into(from: &File, to: &File, len: u64) -> io::Result<CloneKind> {
+pub(crate) fn clone_into(from: &File, to: &File, len: u64) -> io::Result<CloneKind> {
     // SAFETY: FICLONE takes the source descriptor as its argument; both descriptors are open
     // for the duration of the call, and the kernel reads nothing else from our memory.
     let r = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) };

@@ -45,6 +45,8 @@ pub enum StorageError {
     InvalidId { id: String },
     #[error("snapshot {snapshot:?} of replica {replica:?} not found")]
     SnapshotNotFound { replica: String, snapshot: String },
+    #[error("replica {replica:?} already holds snapshot {snapshot:?}")]
+    SnapshotExists { replica: String, snapshot: String },
     #[error(
         "replica {id:?} is at epoch {current}; a request of epoch {epoch} comes from an \
          engine that was replaced (fenced)"

@@ -11,6 +11,7 @@ pub mod pool;
 pub mod replica;
 pub mod ring;
 pub mod snapshot;
+pub mod snapshot_fetch;
 
 pub use aligned::AlignedBuf;
 pub use error::{ReplicaIoError, StorageError};

@@ -31,6 +31,16 @@ use crate::ring::{self, Kind, Op, Reserved};
 #[allow(clippy::cast_possible_truncation)]
 const CHECKSUM_BLOCK_USIZE: usize = CHECKSUM_BLOCK_BYTES as usize;
 
+/// The digests `Op::Checksum` answers with: one truncated SHA-256 per 64 KiB block of `data`
+/// (the last block may be short).
+pub fn digests(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len().div_ceil(CHECKSUM_BLOCK_USIZE) * 16);
+    for block in data.chunks(CHECKSUM_BLOCK_USIZE) {
+        out.extend_from_slice(&Sha256::digest(block)[..CHECKSUM_DIGEST_BYTES]);
+    }
+    out
+}
+
 /// Largest zero buffer written when the filesystem cannot zero a range by itself.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
 
@@ -564,11 +574,7 @@ impl Replica {
             let mut buf = AlignedBuf::for_overwrite(len as usize);
             file_ops::read_at(&self.file, buf.as_mut_slice(), offset)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
-            let mut out = Vec::with_capacity(len as usize / 4096);
-            for block in buf.as_slice().chunks(CHECKSUM_BLOCK_USIZE) {
-                out.extend_from_slice(&Sha256::digest(block)[..CHECKSUM_DIGEST_BYTES]);
-            }
-            Ok(Bytes::from(out))
+            Ok(Bytes::from(digests(buf.as_slice())))
         })
     }
 

@@ -171,3 +171,65 @@ fn snapshots_go_with_their_replica_to_the_trash_or_away_and_temporaries_are_clea
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A replica that lacks a snapshot fetches it from a holder: its own data as the base, then
+/// the blocks whose digests differ; the result is the holder's copy, byte for byte, and a
+/// fetch that is dropped leaves nothing.
+#[test]
+fn a_snapshot_is_fetched_from_a_holder_by_its_differing_blocks() {
+    use hawser_wire::frame::CHECKSUM_BLOCK_BYTES;
+    let dir = TempDir::new("snapfetch");
+    let p = pool(&dir, 1.0, None);
+    let holder = p.create_replica(&new("h", 4 * MIB, true)).expect("create");
+    let lacking = p.create_replica(&new("l", 4 * MIB, true)).expect("create");
+    for r in [&holder, &lacking] {
+        r.raise_epoch(2).expect("epoch");
+        r.write(2, 0, &[1; 65536], false).expect("write");
+    }
+    holder.write(2, MIB, &[2; 4096], false).expect("write");
+    holder.take_snapshot(2, "s1").expect("snapshot");
+    // Written after the snapshot on the lacking replica (it came back in sync since).
+    lacking.write(2, 0, &[3; 4096], false).expect("write");
+
+    let src = holder.open_snapshot("s1").expect("open");
+    let dropped = lacking
+        .begin_snapshot_fetch("s1", src.size())
+        .expect("begin");
+    drop(dropped);
+    assert!(
+        lacking.snapshots().is_empty(),
+        "a dropped fetch leaves nothing"
+    );
+
+    let fetch = lacking
+        .begin_snapshot_fetch("s1", src.size())
+        .expect("begin");
+    let len = 4 * MIB as u32;
+    let theirs = src.checksum(0, len).expect("checksum");
+    let mine = fetch.digests(0, len).expect("digests");
+    let mut fetched = 0;
+    for (i, (a, b)) in theirs.chunks(16).zip(mine.chunks(16)).enumerate() {
+        if a != b {
+            let at = i as u64 * CHECKSUM_BLOCK_BYTES;
+            let data = src.read(at, CHECKSUM_BLOCK_BYTES as u32).expect("read");
+            fetch.write_at(at, &data).expect("write");
+            fetched += 1;
+        }
+    }
+    assert_eq!(
+        fetched, 2,
+        "the block written since and the block it lacked"
+    );
+    fetch.commit().expect("commit");
+    let a = std::fs::read(holder.snapshot_file("s1").expect("file")).expect("read");
+    let b = std::fs::read(lacking.snapshot_file("s1").expect("file")).expect("read");
+    assert!(a == b, "the fetched copy is the holder's");
+    assert!(matches!(
+        lacking.begin_snapshot_fetch("s1", src.size()),
+        Err(StorageError::SnapshotExists { .. })
+    ));
+    assert!(matches!(
+        src.read(4 * MIB, 1),
+        Err(crate::error::ReplicaIoError::OutOfRange)
+    ));
+}

@@ -76,6 +76,12 @@ pub enum Op {
     /// [`CHECKSUM_BLOCK_BYTES`] (the last block may be short). At most
     /// [`MAX_CHECKSUM_BYTES`] per request. Crash recovery compares replicas with it.
     Checksum = 10,
+    /// First request of a read-only snapshot session: payload is a
+    /// [`crate::grant::HelloSnapshotRequest`] (replica, snapshot, snapshot-read grant). Binds
+    /// the connection to that snapshot copy: Read and Checksum then read it, anything else
+    /// is refused. Raises no epoch and replaces no session (the copy never changes). The
+    /// reply's payload is a [`HelloInfo`] whose size is the snapshot's.
+    HelloSnapshot = 11,
 }
 
 /// Granularity of [`Op::Checksum`] digests.
@@ -105,6 +111,7 @@ impl Op {
             8 => Op::PutJournal,
             9 => Op::GetJournal,
             10 => Op::Checksum,
+            11 => Op::HelloSnapshot,
             _ => return None,
         })
     }
@@ -315,8 +322,8 @@ impl FrameHeader {
             return Err(FrameError::PayloadTooLarge { len: payload_len });
         }
         let ok = match (self.op, self.is_reply()) {
-            // Hello carries an id one way and a HelloInfo back.
-            (Op::Hello, _) => true,
+            // Hello carries an id one way and a HelloInfo back; HelloSnapshot alike.
+            (Op::Hello | Op::HelloSnapshot, _) => true,
             (Op::Write, false) => payload_len == length,
             // A successful read reply carries exactly the bytes asked for.
             (Op::Read, true) => payload_len == 0 || payload_len == length,

@@ -28,6 +28,8 @@ pub const SIGNATURE_BYTES: usize = 64;
 pub const MAX_GRANT_BYTES: usize = 20 + 3 * (2 + MAX_ID_BYTES) + SIGNATURE_BYTES;
 /// Longest Hello payload: an id with its length and a grant.
 pub const MAX_HELLO_BYTES: usize = 2 + MAX_ID_BYTES + MAX_GRANT_BYTES;
+/// Longest HelloSnapshot payload: two ids with their lengths and a grant.
+pub const MAX_HELLO_SNAPSHOT_BYTES: usize = 2 * (2 + MAX_ID_BYTES) + MAX_GRANT_BYTES;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -101,6 +103,119 @@ impl Grant {
             epoch,
         };
         Ok((grant, body, sig))
+    }
+}
+
+/// Magic of a snapshot-read grant: another magic than an engine grant's, so neither decodes
+/// as the other.
+pub const SNAPSHOT_READ_MAGIC: u64 = u64::from_le_bytes(*b"HWSRSNPR");
+
+/// The controller's signed word that `node` may read the snapshot copies of `volume`'s
+/// replicas (a replica that lacks a snapshot fetching it from one that holds it). It opens a
+/// read-only snapshot session (`Op::HelloSnapshot`): no epoch is raised, no engine session
+/// replaced, nothing written. Encoded like an engine grant without the epoch: magic u64 |
+/// version u32 | cluster, volume, node (u16 length + bytes each) | signature (64 bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotReadGrant {
+    pub cluster: String,
+    pub volume: String,
+    /// The node allowed to read.
+    pub node: String,
+}
+
+impl SnapshotReadGrant {
+    /// The bytes the controller signs.
+    pub fn body(&self) -> Result<Vec<u8>, GrantError> {
+        let mut b = Vec::with_capacity(64);
+        b.extend_from_slice(&SNAPSHOT_READ_MAGIC.to_le_bytes());
+        b.extend_from_slice(&GRANT_VERSION.to_le_bytes());
+        for (field, s) in [
+            ("cluster", &self.cluster),
+            ("volume", &self.volume),
+            ("node", &self.node),
+        ] {
+            if s.is_empty() || s.len() > MAX_ID_BYTES {
+                return Err(GrantError::BadField { field });
+            }
+            let len = u16::try_from(s.len()).map_err(|_| GrantError::BadField { field })?;
+            b.extend_from_slice(&len.to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        }
+        Ok(b)
+    }
+
+    /// Splits a signed snapshot-read grant into the grant, its signed body and the
+    /// signature. Never panics.
+    pub fn decode(signed: &[u8]) -> Result<(SnapshotReadGrant, &[u8], &[u8]), GrantError> {
+        if signed.len() > MAX_GRANT_BYTES || signed.len() < SIGNATURE_BYTES {
+            return Err(GrantError::Truncated);
+        }
+        let (body, sig) = signed.split_at(signed.len() - SIGNATURE_BYTES);
+        let mut r = Reader { b: body, at: 0 };
+        let magic = r.u64()?;
+        if magic != SNAPSHOT_READ_MAGIC {
+            return Err(GrantError::BadMagic { found: magic });
+        }
+        let version = r.u32()?;
+        if version != GRANT_VERSION {
+            return Err(GrantError::BadVersion { found: version });
+        }
+        let cluster = r.id("cluster")?;
+        let volume = r.id("volume")?;
+        let node = r.id("node")?;
+        if r.at != body.len() {
+            return Err(GrantError::BadField { field: "length" });
+        }
+        Ok((
+            SnapshotReadGrant {
+                cluster,
+                volume,
+                node,
+            },
+            body,
+            sig,
+        ))
+    }
+}
+
+/// What a `HelloSnapshot` carries: the replica, the snapshot, and the snapshot-read grant
+/// (absent on a node that has not joined a cluster). Encoded as replica id and snapshot id
+/// (u16 length + bytes each), then the grant's bytes to the end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloSnapshotRequest {
+    pub replica: String,
+    pub snapshot: String,
+    pub grant: Option<Vec<u8>>,
+}
+
+impl HelloSnapshotRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(4 + self.replica.len() + self.snapshot.len() + 160);
+        for s in [&self.replica, &self.snapshot] {
+            let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+            b.extend_from_slice(&len.to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        }
+        if let Some(g) = &self.grant {
+            b.extend_from_slice(g);
+        }
+        b
+    }
+
+    /// Never panics; `None` for a malformed payload.
+    pub fn decode(p: &[u8]) -> Option<HelloSnapshotRequest> {
+        if p.len() > MAX_HELLO_SNAPSHOT_BYTES {
+            return None;
+        }
+        let mut r = Reader { b: p, at: 0 };
+        let replica = r.id("replica").ok()?;
+        let snapshot = r.id("snapshot").ok()?;
+        let rest = &p[r.at..];
+        Some(HelloSnapshotRequest {
+            replica,
+            snapshot,
+            grant: (!rest.is_empty()).then(|| rest.to_vec()),
+        })
     }
 }
 
@@ -222,6 +337,57 @@ mod tests {
             ..grant()
         };
         assert!(empty.body().is_err());
+    }
+
+    #[test]
+    fn snapshot_read_grants_are_not_engine_grants_and_garbage_is_refused() {
+        let g = SnapshotReadGrant {
+            cluster: "0123456789abcdef0123456789abcdef".into(),
+            volume: "vol".into(),
+            node: "n2".into(),
+        };
+        let mut signed = g.body().expect("body");
+        signed.extend_from_slice(&[7u8; SIGNATURE_BYTES]);
+        let (back, _, sig) = SnapshotReadGrant::decode(&signed).expect("decode");
+        assert_eq!((back, sig), (g, &[7u8; SIGNATURE_BYTES][..]));
+        // Neither kind passes for the other, whatever the signature.
+        assert!(matches!(
+            Grant::decode(&signed),
+            Err(GrantError::BadMagic { .. })
+        ));
+        let mut engine = grant().body().expect("body");
+        engine.extend_from_slice(&[7u8; SIGNATURE_BYTES]);
+        assert!(matches!(
+            SnapshotReadGrant::decode(&engine),
+            Err(GrantError::BadMagic { .. })
+        ));
+        for cut in 0..signed.len() {
+            assert!(
+                SnapshotReadGrant::decode(&signed[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn hello_snapshot_payloads_roundtrip_and_garbage_is_refused() {
+        for grant in [None, Some(vec![1, 2, 3])] {
+            let h = HelloSnapshotRequest {
+                replica: "vol-r0-abc".into(),
+                snapshot: "s1-0a0b0c".into(),
+                grant,
+            };
+            assert_eq!(HelloSnapshotRequest::decode(&h.encode()), Some(h));
+        }
+        for bad in [
+            &b""[..],
+            &[5, 0, b'a'][..],
+            &[0, 0][..],
+            &[1, 0, b'r', 0, 0][..],
+            &[1, 0, b'r', 9, 0, b's'][..],
+        ] {
+            assert_eq!(HelloSnapshotRequest::decode(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
