@@ -1,28 +1,41 @@
 //! Stateful fuzzing of the agent's replica server: the real server (`replica_server::serve`,
 //! listening on a loopback port the kernel picks) over a real 1 MiB thin replica in a pool in
-//! a temporary directory, driven by a program of fuzzer-chosen actions on up to three
-//! connections: Hello (any epoch, replica id, flags), single requests and pipelined bursts of
-//! every opcode with chosen epochs, offsets, lengths, flags and payloads, frames with a bit
-//! flipped, raw garbage, closes.
+//! a temporary directory, with one snapshot (`s0`, taken while the replica is all zeros),
+//! driven by a program of fuzzer-chosen actions on up to three connections: Hello (any epoch,
+//! replica id, flags) or HelloSnapshot (of `s0` or of a replica or snapshot that does not
+//! exist), single requests and pipelined bursts of every opcode with chosen epochs, offsets,
+//! lengths, flags and payloads, frames with a bit flipped, raw garbage, closes.
 //!
 //! Beside the server, a model: the replica's epoch, which connection holds its current
-//! session, its bytes (sector by sector, or unknown where concurrent or unanswered writes
-//! make the outcome undefined) and its last stored journal. The properties:
+//! session and which read the snapshot, the replica's bytes (sector by sector, or unknown
+//! where concurrent or unanswered writes make the outcome undefined) and its last stored
+//! journal. The properties:
 //! - nothing panics, and every exchange ends within a deadline: each request is answered or
 //!   the server closes the connection;
 //! - a frame the wire decoder rejects (a flipped bit, a bad length, an unknown flag), a reply
-//!   sent as a request, or a second Hello closes the connection without an answer; a first
-//!   frame other than Hello (judged by its header: no payload is read before a Hello) or a
-//!   Hello payload that does not decode is answered Invalid, a
-//!   Hello longer than any Hello closes unanswered, a Hello for another replica NoSuchReplica,
-//!   a Hello with an older epoch StaleEpoch, and the connection closes;
+//!   sent as a request, or a second Hello in an engine session closes the connection without
+//!   an answer; a first frame other than Hello or HelloSnapshot (judged by its header: no
+//!   payload is read before one) or a Hello payload that does not decode is answered Invalid,
+//!   a Hello longer than any Hello closes unanswered, a Hello for another replica
+//!   NoSuchReplica, a Hello with an older epoch StaleEpoch, and the connection closes;
 //! - a request of a session replaced by a later Hello is answered Unavailable (Ping aside),
 //!   and the connection closes;
 //! - a request with an epoch older than the replica's is never executed (StaleEpoch), and a
 //!   write, zeroing or trim from such a request never reaches the data;
 //! - every other request gets exactly the status the replica's rules give (range, alignment,
 //!   journal fit), echoes its header, and reads, checksums and GetJournal return what the
-//!   model holds; at the end the replica's epoch and bytes equal the model's.
+//!   model holds; at the end the replica's epoch and bytes equal the model's;
+//! - a HelloSnapshot of `s0` of the replica, whatever its epoch, opens a read-only session
+//!   answered with the snapshot's size and the replica's current epoch: it raises no epoch,
+//!   replaces no session and is replaced by none; one naming another replica or snapshot is
+//!   answered NoSuchReplica and the connection closes;
+//! - in a snapshot session, whatever a request's epoch: Ping is answered Ok; a Read of at
+//!   most a payload and a Checksum of at most `MAX_CHECKSUM_BYTES` are answered Ok within the
+//!   snapshot's size (no alignment asked), else OutOfRange, and the session goes on; Reads
+//!   return zeros and Checksums the digests of zeros, whatever was written to the replica
+//!   since; a reply or a frame with a payload closes the connection unanswered, and any other
+//!   request (a longer Read included) is answered Invalid and closes it; nothing of it
+//!   reaches the replica's data, epoch or sessions.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -60,6 +73,8 @@ const MAX_BURST: u8 = 8;
 const MAX_BUILT_PAYLOAD: u32 = 2 << 20;
 /// An exchange that neither completes nor closes in this long is a hang.
 const DEADLINE: Duration = Duration::from_secs(10);
+/// The replica's one snapshot, taken while it is all zeros.
+const SNAPSHOT: &str = "s0";
 
 struct Env {
     rt: tokio::runtime::Runtime,
@@ -135,6 +150,8 @@ enum State {
     AwaitingHello,
     /// Holds the session of this number.
     Session(u64),
+    /// Reads the replica's snapshot [`SNAPSHOT`] (all zeros).
+    Snapshot,
 }
 
 struct Conn {
@@ -242,12 +259,19 @@ impl Model {
     }
 }
 
-/// Decide, frame by frame, what the server must do, updating the connection's state and the
-/// model's epoch and sessions for Hellos that must succeed.
-fn expectations(model: &mut Model, state: &mut State, frames: &[Frame]) -> Vec<Expect> {
+/// Decide, frame by frame, what the server must do and in which state of the connection it
+/// reads the frame, updating the connection's state and the model's epoch and sessions for
+/// Hellos that must succeed.
+fn expectations(
+    model: &mut Model,
+    state: &mut State,
+    frames: &[Frame],
+) -> (Vec<Expect>, Vec<State>) {
     let mut out = Vec::with_capacity(frames.len());
+    let mut sent_in = Vec::with_capacity(frames.len());
     let mut closed = false;
     for f in frames {
+        sent_in.push(*state);
         if closed {
             out.push(Expect::Unread);
             continue;
@@ -263,34 +287,8 @@ fn expectations(model: &mut Model, state: &mut State, frames: &[Frame]) -> Vec<E
                 _ => Expect::Close,
             },
             (None, _) => Expect::Close,
-            (Some(h), State::AwaitingHello) => {
-                let hello = HelloRequest::decode(&f.payload);
-                if h.op == Op::HelloSnapshot && !h.is_reply() {
-                    // A snapshot session: this replica holds no snapshot.
-                    if f.payload.len() > MAX_HELLO_SNAPSHOT_BYTES {
-                        Expect::Close
-                    } else if HelloSnapshotRequest::decode(&f.payload).is_none() {
-                        Expect::ReplyThenClose(Status::Invalid)
-                    } else {
-                        Expect::ReplyThenClose(Status::NoSuchReplica)
-                    }
-                } else if h.op != Op::Hello || h.is_reply() {
-                    Expect::ReplyThenClose(Status::Invalid)
-                } else if f.payload.len() > MAX_HELLO_BYTES {
-                    Expect::Close
-                } else if hello.is_none() {
-                    Expect::ReplyThenClose(Status::Invalid)
-                } else if hello.is_some_and(|r| r.replica != model.id) {
-                    Expect::ReplyThenClose(Status::NoSuchReplica)
-                } else if h.epoch < model.epoch {
-                    Expect::ReplyThenClose(Status::StaleEpoch)
-                } else {
-                    model.epoch = h.epoch;
-                    model.sessions += 1;
-                    *state = State::Session(model.sessions);
-                    Expect::Reply(Status::Ok)
-                }
-            }
+            (Some(h), State::AwaitingHello) => first_frame(model, state, &h, &f.payload),
+            (Some(h), State::Snapshot) => snapshot_request(&h),
             (Some(h), State::Session(_))
                 if h.is_reply() || matches!(h.op, Op::Hello | Op::HelloSnapshot) =>
             {
@@ -305,7 +303,67 @@ fn expectations(model: &mut Model, state: &mut State, frames: &[Frame]) -> Vec<E
         closed = !matches!(e, Expect::Reply(_));
         out.push(e);
     }
-    out
+    (out, sent_in)
+}
+
+/// What the server must do with a first frame it accepts; a Hello or HelloSnapshot that must
+/// succeed opens its session (a Hello raising the model's epoch).
+fn first_frame(model: &mut Model, state: &mut State, h: &FrameHeader, payload: &[u8]) -> Expect {
+    if !matches!(h.op, Op::Hello | Op::HelloSnapshot) || h.is_reply() {
+        return Expect::ReplyThenClose(Status::Invalid);
+    }
+    if h.op == Op::HelloSnapshot {
+        // Its epoch is not looked at, nor its grant on a node outside a cluster.
+        if payload.len() > MAX_HELLO_SNAPSHOT_BYTES {
+            return Expect::Close;
+        }
+        return match HelloSnapshotRequest::decode(payload) {
+            None => Expect::ReplyThenClose(Status::Invalid),
+            Some(r) if r.replica == model.id && r.snapshot == SNAPSHOT => {
+                *state = State::Snapshot;
+                Expect::Reply(Status::Ok)
+            }
+            Some(_) => Expect::ReplyThenClose(Status::NoSuchReplica),
+        };
+    }
+    if payload.len() > MAX_HELLO_BYTES {
+        return Expect::Close;
+    }
+    match HelloRequest::decode(payload) {
+        None => Expect::ReplyThenClose(Status::Invalid),
+        Some(r) if r.replica != model.id => Expect::ReplyThenClose(Status::NoSuchReplica),
+        Some(_) if h.epoch < model.epoch => Expect::ReplyThenClose(Status::StaleEpoch),
+        Some(_) => {
+            model.epoch = h.epoch;
+            model.sessions += 1;
+            *state = State::Session(model.sessions);
+            Expect::Reply(Status::Ok)
+        }
+    }
+}
+
+/// What a snapshot session (`snapshot_session.rs`) must do with a frame it accepts: serve
+/// Ping, Read and Checksum of the snapshot, one by one and whatever their epoch.
+fn snapshot_request(h: &FrameHeader) -> Expect {
+    if h.is_reply() || h.payload_len > 0 {
+        return Expect::Close;
+    }
+    let within = |most: u32| {
+        let end = h.offset.checked_add(u64::from(h.length));
+        if h.length <= most && end.is_some_and(|e| e <= SIZE) {
+            Status::Ok
+        } else {
+            Status::OutOfRange
+        }
+    };
+    match h.op {
+        Op::Ping => Expect::Reply(Status::Ok),
+        // A longer Read is not one the session serves (an engine session answers it
+        // OutOfRange and goes on).
+        Op::Read if h.length <= MAX_PAYLOAD_BYTES => Expect::Reply(within(MAX_PAYLOAD_BYTES)),
+        Op::Checksum => Expect::Reply(within(MAX_CHECKSUM_BYTES)),
+        _ => Expect::ReplyThenClose(Status::Invalid),
+    }
 }
 
 struct Reply {
@@ -399,7 +457,7 @@ fn settle(
     model: &mut Model,
     env: &Env,
     frames: &[Frame],
-    expect: &[Expect],
+    (expect, sent_in): (&[Expect], &[State]),
     replies: &[Option<Reply>],
 ) {
     // Replies: present where required, absent where forbidden, statuses and echoes right.
@@ -443,8 +501,8 @@ fn settle(
     let mut mutations = Vec::new();
     let mut journals = 0;
     let mut journal_unknown = false;
-    for ((f, e), r) in frames.iter().zip(expect).zip(replies) {
-        let (Some(h), Expect::Reply(Status::Ok)) = (f.accepted, e) else {
+    for (((f, e), r), state) in frames.iter().zip(expect).zip(replies).zip(sent_in) {
+        let (Some(h), Expect::Reply(Status::Ok), State::Session(_)) = (f.accepted, e, state) else {
             continue;
         };
         match h.op {
@@ -464,10 +522,14 @@ fn settle(
     }
 
     // Reads, checksums and journals that no concurrent mutation may have changed.
-    for ((f, e), r) in frames.iter().zip(expect).zip(replies) {
+    for (((f, e), r), state) in frames.iter().zip(expect).zip(replies).zip(sent_in) {
         let (Some(h), Expect::Reply(Status::Ok), Some(r)) = (f.accepted, e, r) else {
             continue;
         };
+        if *state == State::Snapshot {
+            check_snapshot_reply(&h, r);
+            continue;
+        }
         let (offset, len) = (h.offset, u64::from(h.length));
         let stable = |m: &Model| {
             m.all_known(offset, len) && Model::sectors(offset, len).all(|s| touched[s] == 0)
@@ -484,6 +546,16 @@ fn settle(
                 );
                 assert_eq!(info.epoch, h.epoch, "Hello reply epoch");
             }
+            Op::HelloSnapshot => {
+                let info =
+                    HelloInfo::decode(&r.payload).expect("a HelloSnapshot reply carries HelloInfo");
+                // The snapshot's size; the replica's epoch, which the Hello did not raise.
+                assert_eq!(
+                    (info.size, info.epoch, info.boot_id),
+                    (SIZE, model.epoch, env.boot),
+                    "HelloSnapshot reply {info:?}"
+                );
+            }
             Op::Read => {
                 assert_eq!(
                     r.payload.len() as u64,
@@ -498,10 +570,7 @@ fn settle(
             Op::Checksum => {
                 assert_eq!(r.payload.len(), checksum_reply_len(h.length) as usize);
                 if stable(model) {
-                    let want: Vec<u8> = expected()
-                        .chunks(CHECKSUM_BLOCK_BYTES as usize)
-                        .flat_map(|b| Sha256::digest(b)[..CHECKSUM_DIGEST_BYTES].to_vec())
-                        .collect();
+                    let want = digests(expected());
                     assert_eq!(r.payload, want, "checksum of {offset}+{len} differs");
                 }
             }
@@ -552,6 +621,40 @@ fn settle(
                 model.journal = Some((before.map(|(_, last)| last), j));
             }
         }
+    }
+}
+
+/// `Op::Checksum`'s digests of `data`: one per block, the last block maybe short.
+fn digests(data: &[u8]) -> Vec<u8> {
+    data.chunks(CHECKSUM_BLOCK_BYTES as usize)
+        .flat_map(|b| Sha256::digest(b)[..CHECKSUM_DIGEST_BYTES].to_vec())
+        .collect()
+}
+
+/// A snapshot session's Ok answer: the snapshot holds zeros, whatever was written to the
+/// replica since it was taken.
+fn check_snapshot_reply(h: &FrameHeader, r: &Reply) {
+    let (offset, len) = (h.offset, h.length);
+    match h.op {
+        Op::Read => {
+            assert_eq!(
+                r.payload.len(),
+                len as usize,
+                "a snapshot read of the wrong length"
+            );
+            if let Some(at) = r.payload.iter().position(|&b| b != 0) {
+                panic!("snapshot read {offset}+{len} is not zeros at byte {at}");
+            }
+        }
+        Op::Checksum => {
+            let want = digests(&vec![0; len as usize]);
+            assert_eq!(
+                r.payload, want,
+                "snapshot checksum of {offset}+{len} differs"
+            );
+        }
+        Op::Ping => assert!(r.payload.is_empty(), "a Ping reply with a payload"),
+        _ => panic!("a snapshot session answered {:?} Ok", h.op),
     }
 }
 
@@ -619,6 +722,24 @@ fn flags_choice(c: &mut Choices) -> u32 {
         _ => {}
     }
     flags
+}
+
+/// A HelloSnapshot payload: mostly of the replica's snapshot, now and then of a replica or a
+/// snapshot that does not exist.
+fn snapshot_hello(c: &mut Choices, model: &Model) -> Vec<u8> {
+    let nosuch = |c: &mut Choices, id: &str| {
+        if c.u8() % 4 == 3 {
+            "nosuch".to_string()
+        } else {
+            id.to_string()
+        }
+    };
+    HelloSnapshotRequest {
+        replica: nosuch(c, &model.id),
+        snapshot: nosuch(c, SNAPSHOT),
+        grant: None,
+    }
+    .encode()
 }
 
 /// A request of any opcode with chosen fields.
@@ -745,16 +866,16 @@ async fn run(
         return;
     };
     let mut state = conn.state;
-    let expect = expectations(model, &mut state, &frames);
+    let (expect, sent_in) = expectations(model, &mut state, &frames);
     let (replies, closed) = exchange(conn, &frames, garbage, &expect).await;
     if std::env::var_os("HAWSER_FUZZ_TRACE").is_some() {
         // Replaying a crash: what was sent, what was due, what came back.
-        for ((f, e), r) in frames.iter().zip(&expect).zip(&replies) {
+        for (((f, e), r), state) in frames.iter().zip(&expect).zip(&replies).zip(&sent_in) {
             let sent = f
                 .accepted
                 .map(|h| (h.op, h.epoch, h.offset, h.length, h.flags));
             let got = r.as_ref().map(|r| r.header.status);
-            eprintln!("{:?} {sent:?} expect {e:?} got {got:?}", conn.state);
+            eprintln!("{state:?} {sent:?} expect {e:?} got {got:?}");
         }
         if let Some(g) = garbage {
             eprintln!("garbage {} bytes", g.len());
@@ -772,7 +893,7 @@ async fn run(
             }
         );
     }
-    settle(model, env, &frames, &expect, &replies);
+    settle(model, env, &frames, (&expect, &sent_in), &replies);
     conn.state = state;
     if closed {
         *slot = None;
@@ -793,15 +914,16 @@ async fn drive(env: &Env, data: &[u8], model: &mut Model) {
             0 | 1 => {
                 *slot = Some(connect(env).await);
                 let epoch = epoch_choice(&mut c, model.epoch);
-                let id = match c.u8() % 8 {
-                    0 => b"nosuch".to_vec(),
-                    1 => vec![0xff, 0xfe],
-                    2 => Vec::new(),
-                    _ => model.id.clone().into_bytes(),
+                let (op, payload) = match c.u8() % 8 {
+                    0 => (Op::Hello, b"nosuch".to_vec()),
+                    1 => (Op::Hello, vec![0xff, 0xfe]),
+                    2 => (Op::Hello, Vec::new()),
+                    3..=6 => (Op::Hello, model.id.clone().into_bytes()),
+                    _ => (Op::HelloSnapshot, snapshot_hello(&mut c, model)),
                 };
                 let flags = flags_choice(&mut c);
                 let mangle = mangle_choice(&mut c);
-                let hello = model.frame(Op::Hello, flags, epoch, 0, 0, id, mangle);
+                let hello = model.frame(op, flags, epoch, 0, 0, payload, mangle);
                 run(model, env, slot, vec![hello], None).await;
             }
             2..=4 => {
@@ -837,13 +959,17 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let newer = |n: u8| vec![5, n - 1];
     let older = |n: u8| vec![4, n - 1];
     let hello = |slot: u8, epoch: &[u8]| [&[0, slot][..], epoch, &[3, 0, 0]].concat();
+    // replica, snapshot: 0 for the replica's and SNAPSHOT, 3 for "nosuch".
+    let snapshot_hello = |slot: u8, epoch: &[u8], replica: u8, snapshot: u8| {
+        [&[0, slot][..], epoch, &[7, replica, snapshot, 0, 0]].concat()
+    };
     // op: its number minus one; offset in 4 KiB units; len: the op's own length byte.
     let body = |op: u8, epoch: &[u8], offset: u8, len: Option<u8>, tail: &[u8]| {
         let len: Vec<u8> = len.map_or(vec![0], |l| vec![0, l]);
         [&[op, 0][..], epoch, &[0, offset], &len, &[0], tail].concat()
     };
     let req = |slot: u8, body: Vec<u8>| [vec![2, slot], body].concat();
-    let (read, write, flush, put_journal, get_journal, checksum) = (1, 2, 3, 7, 8, 9);
+    let (read, write, flush, ping, put_journal, get_journal, checksum) = (1, 2, 3, 6, 7, 8, 9);
     let write_4k =
         |epoch: &[u8], offset: u8, fill: u8| body(write, epoch, offset, Some(7), &[fill, 0]);
     let read_4k = |epoch: &[u8], offset: u8| body(read, epoch, offset, Some(1), &[0]);
@@ -921,6 +1047,52 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             ]
             .concat(),
         ),
+        (
+            "snapshot-session",
+            [
+                hello(0, &newer(2)),
+                req(0, write_4k(CUR, 0, 0xa5)),
+                // An older epoch than the replica's: not looked at.
+                snapshot_hello(1, &older(2), 0, 0),
+                req(1, read_4k(CUR, 0)),
+                // Past the end: OutOfRange, and the session goes on.
+                req(1, body(read, &older(1), 255, Some(2), &[0])),
+                // 129 sectors: two digests, the second of a short block.
+                req(
+                    1,
+                    [&[checksum, 0][..], CUR, &[0, 0, 4, 129, 0, 0, 0]].concat(),
+                ),
+                req(1, body(checksum, CUR, 0, Some(16), &[0])),
+                req(1, body(ping, CUR, 0, None, &[0])),
+                // A newer engine replaces slot 0's session, not the snapshot session.
+                hello(2, &newer(1)),
+                vec![5, 1, 2],
+                read_4k(CUR, 8),
+                body(ping, CUR, 0, None, &[0]),
+                body(checksum, CUR, 15, Some(1), &[0]),
+                req(0, read_4k(CUR, 0)),
+                // A write carries a payload: the connection closes unanswered.
+                req(1, write_4k(CUR, 1, 0x22)),
+                req(2, read_4k(CUR, 0)),
+            ]
+            .concat(),
+        ),
+        (
+            "snapshot-refused",
+            [
+                snapshot_hello(0, CUR, 3, 0),
+                snapshot_hello(1, CUR, 0, 3),
+                snapshot_hello(2, CUR, 0, 0),
+                req(2, body(get_journal, CUR, 0, None, &[0])),
+                snapshot_hello(2, CUR, 0, 0),
+                // A 64 MiB read, longer than a payload: Invalid, and the connection closes.
+                req(
+                    2,
+                    [&[read, 0][..], CUR, &[0, 0, 7, 0, 0, 0, 4, 0, 0]].concat(),
+                ),
+            ]
+            .concat(),
+        ),
     ]
 }
 
@@ -941,6 +1113,10 @@ fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
             },
         )
         .expect("create the replica");
+    // Taken while the replica is all zeros, so its bytes are known; deleted with the replica.
+    replica
+        .take_snapshot(0, SNAPSHOT)
+        .expect("take the replica's snapshot");
     let mut model = Model {
         id: id.clone(),
         epoch: 0,
@@ -962,5 +1138,6 @@ fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
         }
     }
     drop(replica);
+    // Its snapshot goes with it.
     env.storage.delete(&id).expect("delete the replica");
 });
