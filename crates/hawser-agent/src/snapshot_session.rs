@@ -17,6 +17,7 @@ use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
 use hawser_wire::grant::HelloSnapshotRequest;
 use tokio::sync::Semaphore;
 
+use crate::constants::REPLICA_CONN_MAX_BACKLOG_BYTES;
 use crate::frame_io::{read_header, read_payload, FrameIoError};
 use crate::grants;
 use crate::node_storage::NodeStorage;
@@ -83,16 +84,20 @@ pub(crate) async fn snapshot_loop(
     budget: &Arc<Semaphore>,
 ) -> Result<(), FrameIoError> {
     loop {
+        // A peer that stops reading replies stops being read from, as in an engine session.
+        out.backlog_at_most(REPLICA_CONN_MAX_BACKLOG_BYTES).await;
         let h = read_header(rd).await?;
+        // Nothing sent here carries data: a frame announcing some (or a reply) ends the
+        // session before any memory is reserved or read for it.
+        if h.is_reply() || h.payload_len > 0 {
+            return Err(FrameIoError::Closed);
+        }
         let memory = budget
             .clone()
             .acquire_many_owned(memory_cost(&h))
             .await
             .map_err(|_| FrameIoError::Closed)?;
-        let payload = read_payload(rd, &h).await?;
-        if h.is_reply() || payload.is_some() {
-            return Err(FrameIoError::Closed);
-        }
+        read_payload(rd, &h).await?;
         let (offset, len) = (h.offset, h.length);
         let result = match h.op {
             Op::Ping => Ok(None),
