@@ -7,12 +7,12 @@ use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use hawser_api::agent::{
-    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, FetchSnapshot, GrowReplica,
-    PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine,
-    TakeSnapshot, NODE_HEADER,
+    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, FetchSnapshot,
+    GrowReplica, PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine,
+    StartEngine, TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
@@ -67,6 +67,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/replicas/{id}/restore", post(restore_replica))
         .route("/v1/engines", post(start_engine))
         .route("/v1/engines/{volume}", delete(stop_engine))
+        .route("/v1/engines/{volume}/qos", put(set_engine_qos))
         .route("/v1/engines/{volume}/pause", post(pause_engine))
         .route("/v1/engines/{volume}/resume", post(resume_engine))
         .layer(auth)
@@ -542,7 +543,13 @@ async fn start_engine(
     }
     if let Some(existing) = s.engines.get(&req.volume) {
         if existing.status().epoch == req.epoch {
-            return Ok((StatusCode::OK, Json(existing.status())));
+            // Already running: only the limits may have changed since.
+            s.engines.set_qos(&req.volume, req.qos);
+            let status = s
+                .engines
+                .status(&req.volume)
+                .unwrap_or_else(|| existing.status());
+            return Ok((StatusCode::OK, Json(status)));
         }
     }
     let engine = s
@@ -556,7 +563,29 @@ async fn start_engine(
             ))
         })?;
     tracing::info!(volume = %req.volume, epoch = req.epoch, "engine started");
-    Ok((StatusCode::CREATED, Json(engine.status())))
+    let status = s
+        .engines
+        .status(&req.volume)
+        .unwrap_or_else(|| engine.status());
+    Ok((StatusCode::CREATED, Json(status)))
+}
+
+/// `PUT /v1/engines/{volume}/qos`: the volume's limits, applied to its client requests from
+/// now on (requests already waiting keep their slot).
+async fn set_engine_qos(
+    State(s): State<AdminState>,
+    Path(volume): Path<String>,
+    Json(qos): Json<hawser_api::Qos>,
+) -> Result<Json<EngineStatus>, Failure> {
+    qos.validate().map_err(Failure)?;
+    if !s.engines.set_qos(&volume, qos) {
+        return Err(Failure(ApiError::not_found("engine", &volume)));
+    }
+    tracing::info!(%volume, qos = %qos.describe(), "volume limits set");
+    s.engines
+        .status(&volume)
+        .map(Json)
+        .ok_or_else(|| Failure(ApiError::not_found("engine", &volume)))
 }
 
 async fn stop_engine(

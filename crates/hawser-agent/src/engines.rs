@@ -16,12 +16,14 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 use hawser_api::agent::{EngineStatus, StartEngine, VolumeIoCounters};
+use hawser_api::Qos;
 use hawser_core::IoError;
 
 use crate::block::{BlockDevice, ExportRegistry};
 use crate::constants::ENGINE_SWAP_DRAIN_TIMEOUT;
 use crate::metrics::{IoMetrics, IoOp, VolumeIo};
 use crate::node_storage::NodeStorage;
+use crate::qos::{Cost, QosLimiter};
 use crate::rate_limit::ResyncRates;
 use crate::volume_engine::VolumeEngine;
 
@@ -36,21 +38,26 @@ pub struct Export {
     nbd: AtomicBool,
     /// Its request metrics (see `metrics`).
     io: VolumeIo,
+    /// The volume's limits (`StartEngine::qos`, changed live by `PUT .../qos`): they apply
+    /// to the volume, whichever engine serves it.
+    qos: QosLimiter,
 }
 
 impl Export {
-    fn new(engine: Arc<VolumeEngine>, nbd: bool, io: VolumeIo) -> Export {
+    fn new(engine: Arc<VolumeEngine>, nbd: bool, io: VolumeIo, qos: Qos) -> Export {
         Export {
             size: BlockDevice::size(&*engine),
             gate: tokio::sync::RwLock::new(()),
             engine: Mutex::new(Some(engine)),
             nbd: AtomicBool::new(nbd),
             io,
+            qos: QosLimiter::new(qos),
         }
     }
 
-    /// Runs `f` (a request of `op` moving `bytes` if it succeeds) with the gate open,
-    /// counted in the volume's request metrics.
+    /// Runs `f` (a request of `op` moving `bytes` if it succeeds) once the volume's limits
+    /// let it start, then with the gate open, counted in the volume's request metrics (its
+    /// latency includes the wait for the limits, as the client sees it).
     async fn counted<T>(
         &self,
         op: IoOp,
@@ -58,6 +65,7 @@ impl Export {
         f: impl std::future::Future<Output = Result<T, IoError>>,
     ) -> Result<T, IoError> {
         let started = self.io.start(op);
+        self.qos.admit(cost_of(op, bytes)).await;
         let result = {
             let _open = self.gate.read().await;
             f.await
@@ -78,6 +86,13 @@ impl Export {
             &mut *self.engine.lock().unwrap_or_else(|p| p.into_inner()),
             e,
         )
+    }
+
+    /// Its engine's status with the volume's limits.
+    fn status(&self) -> Option<EngineStatus> {
+        let mut status = self.engine()?.status();
+        status.qos = self.qos.get();
+        Some(status)
     }
 
     /// The engine a request runs on, or `ShutDown` when there is none (stopped, fenced).
@@ -132,6 +147,17 @@ impl BlockDevice for Export {
     }
 }
 
+/// What a request costs against the volume's limits: trims and zeroings count as writes
+/// that move no data.
+fn cost_of(op: IoOp, bytes: u64) -> Cost {
+    match op {
+        IoOp::Read => Cost::Read { bytes },
+        IoOp::Write => Cost::Write { bytes },
+        IoOp::Trim | IoOp::WriteZeroes => Cost::Write { bytes: 0 },
+        IoOp::Flush => Cost::Free,
+    }
+}
+
 #[derive(Default)]
 pub struct Engines {
     map: Mutex<HashMap<String, Arc<Export>>>,
@@ -181,7 +207,7 @@ impl Engines {
                 VolumeEngine::start_with_auth(req, node, storage, resync_rate, controller_auth)
                     .await?;
             let io = self.io.volume(&req.volume);
-            let export = Arc::new(Export::new(engine.clone(), req.export, io));
+            let export = Arc::new(Export::new(engine.clone(), req.export, io, req.qos));
             let replaced = self.lock().insert(req.volume.clone(), export);
             if let Some(old) = replaced {
                 // A concurrent first start of the same volume; the controller serialises
@@ -207,6 +233,7 @@ impl Engines {
             VolumeEngine::start_with_auth(req, node, storage, resync_rate, controller_auth).await?;
         export.set(Some(engine.clone()));
         export.nbd.store(req.export, Ordering::Release);
+        export.qos.set(req.qos);
         drop(closed);
         Ok(engine)
     }
@@ -236,9 +263,26 @@ impl Engines {
     }
 
     pub fn statuses(&self) -> Vec<EngineStatus> {
-        let mut v: Vec<EngineStatus> = self.all().iter().map(|e| e.status()).collect();
+        let exports: Vec<Arc<Export>> = self.lock().values().cloned().collect();
+        let mut v: Vec<EngineStatus> = exports.iter().filter_map(|x| x.status()).collect();
         v.sort_by(|a, b| a.volume.cmp(&b.volume));
         v
+    }
+
+    /// The status of the volume's engine, if one runs.
+    pub fn status(&self, volume: &str) -> Option<EngineStatus> {
+        self.export(volume)?.status()
+    }
+
+    /// Changes the volume's limits now; false if no engine of the volume runs here.
+    pub fn set_qos(&self, volume: &str, qos: Qos) -> bool {
+        match self.export(volume) {
+            Some(x) => {
+                x.qos.set(qos);
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -24,6 +24,7 @@ pub mod node_storage;
 pub mod node_tls;
 pub mod outbox;
 mod own_wake;
+pub mod qos;
 pub mod rate_limit;
 pub mod recovery;
 pub mod replica_access;

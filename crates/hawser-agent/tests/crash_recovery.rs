@@ -53,6 +53,7 @@ fn request(epoch: u64, raddr: &str) -> StartEngine {
         on_quorum_loss: Default::default(),
         export: true,
         grant: None,
+        qos: Default::default(),
     }
 }
 

@@ -202,6 +202,10 @@ pub struct StartEngine {
     /// volume, this node, this epoch. Sent in every Hello; required by agents of a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<String>,
+    /// The volume's limits on client requests (none by default). They belong to the volume's
+    /// export on the node and carry over to the engines that replace this one.
+    #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
+    pub qos: crate::Qos,
 }
 
 fn yes() -> bool {
@@ -284,6 +288,9 @@ pub struct EngineStatus {
     /// Extents (4 MiB) in the activity log now: what recovery would compare after a crash.
     #[serde(default)]
     pub active_extents: u64,
+    /// The limits applied to the volume's client requests now.
+    #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
+    pub qos: crate::Qos,
 }
 
 /// Crash recovery at engine start: the in-sync replicas compared over the previous engine's

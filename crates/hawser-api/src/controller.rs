@@ -245,6 +245,9 @@ pub struct CreateVolume {
     /// A clone: start with the data of this snapshot or volume (at least its size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<VolumeSource>,
+    /// Limits on its client requests; none by default.
+    #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
+    pub qos: crate::Qos,
 }
 
 /// Where a clone's data comes from: exactly one of the two.
@@ -383,6 +386,9 @@ pub struct Volume {
     /// again finishes it); the volume cannot attach until it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restoring: Option<String>,
+    /// Limits on its client requests (none by default; `POST /v1/volumes/{name}/qos`).
+    #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
+    pub qos: crate::Qos,
 }
 
 /// `POST /v1/volumes/{name}/restore`: put a detached volume's data back to one of its
@@ -403,6 +409,9 @@ pub struct VolumeEngineView {
     pub recovery: Option<crate::agent::RecoveryReport>,
     /// Extents (4 MiB) in its activity log now.
     pub active_extents: u64,
+    /// The limits its node applies now (the record's, once the node has them).
+    #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
+    pub qos: crate::Qos,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -263,6 +263,17 @@ impl AgentClient {
         self.call(Method::POST, to, "/v1/engines", Some(req)).await
     }
 
+    /// Changes the limits of the volume whose engine the agent runs.
+    pub async fn set_qos(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+        qos: &hawser_api::Qos,
+    ) -> Result<EngineStatus, AgentError> {
+        let path = format!("/v1/engines/{volume}/qos");
+        self.call(Method::PUT, to, &path, Some(qos)).await
+    }
+
     pub async fn status(&self, to: Agent<'_>) -> Result<AgentStatus, AgentError> {
         self.call::<(), _>(Method::GET, to, "/v1/status", None)
             .await

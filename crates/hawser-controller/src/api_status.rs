@@ -163,6 +163,7 @@ mod tests {
             snapshots: Vec::new(),
             origin: None,
             restoring: None,
+            qos: Default::default(),
         }
     }
 
@@ -204,6 +205,7 @@ mod tests {
                 ],
                 recovery: None,
                 active_extents: 0,
+                qos: Default::default(),
             }],
         };
         let r = resyncs(&volume(), &agent(100 << 20));

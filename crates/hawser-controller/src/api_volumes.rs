@@ -98,6 +98,7 @@ async fn add_engine_view(st: &AppState, rec: &VolumeRecord, v: &mut Volume) {
         epoch: engine.epoch,
         recovery: engine.recovery,
         active_extents: engine.active_extents,
+        qos: engine.qos,
     });
     for r in &mut v.replicas {
         r.engine = engine
@@ -150,6 +151,19 @@ pub async fn restore(
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = crate::volume_restore::restore_volume(&st, &name, req).await?;
     Ok(Json(view(&st, &rec).await?))
+}
+
+/// `POST /v1/volumes/{name}/qos`: change its limits; the reply shows what the engine's node
+/// applies now.
+pub async fn set_qos(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<hawser_api::QosPatch>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = crate::volume_qos::set_qos(&st, &name, req).await?;
+    let mut v = view(&st, &rec).await?;
+    add_engine_view(&st, &rec, &mut v).await;
+    Ok(Json(v))
 }
 
 pub async fn force_promote(

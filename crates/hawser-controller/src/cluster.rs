@@ -515,6 +515,7 @@ pub fn rebuild(
             snapshots: Vec::new(),
             origin: None,
             restoring: None,
+            qos: Default::default(),
         });
     }
     (records, skipped)

@@ -35,6 +35,10 @@ pub const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// one flushes it, so this is generous.
 pub const AGENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Giving an engine's node a volume's new limits (`volume_qos.rs`): short, as the engine watch
+/// retries a node that did not take them, and the caller waits for this.
+pub const QOS_PUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// An agent request that copies a replica's data: a snapshot, a clone's seed, a restore. On
 /// a pool without reflinks (ext4) it copies every allocated byte (a 1 TiB replica at 500 MB/s
 /// is about 35 minutes); an attached volume's snapshot is bounded by its pause lease instead.

@@ -4,16 +4,18 @@
 //! starts the engine again where it is missing, in the same epoch, as attaching to the same
 //! node does (the only other engine of that epoch ran in that agent's previous life). The new
 //! engine runs crash recovery before it serves I/O. A start that fails (its replicas are not
-//! reachable yet) is tried again at the next round.
+//! reachable yet) is tried again at the next round. The same round gives a running engine
+//! the volume's limits (QoS) when it reports others (`volume_qos.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_api::controller::VolumeState;
+use hawser_api::Qos;
 
 use crate::agent_client::Agent;
 use crate::leader::Role;
-use crate::model::VolumeRecord;
+use crate::model::{NodeRecord, VolumeRecord};
 use crate::state::AppState;
 use crate::volume_attach::ensure_engine;
 use crate::volume_create::find_node;
@@ -45,30 +47,59 @@ async fn round(st: &AppState) {
         let Ok(node) = find_node(&nodes, node) else {
             continue;
         };
-        if !st.is_online(node) || engine_current(st, node.agent(), v).await != Some(false) {
+        if !st.is_online(node) {
             continue;
         }
-        // Under the volume's lock, and on a fresh record: an attach or detach may have run.
-        let _guard = st.volume_locks.lock(&v.name).await;
-        let Ok(current) = st.records.existing_volume(&v.name).await else {
-            continue;
-        };
-        let same = current.state == v.state
-            && engine_node(&current) == engine_node(v)
-            && current.epoch == v.epoch;
-        if !same || engine_current(st, node.agent(), v).await != Some(false) {
-            continue;
+        match engine_state(st, node.agent(), v).await {
+            Some(Engine::Missing) => restart(st, v, node, &nodes).await,
+            Some(Engine::Current(qos)) if qos != v.qos && v.state == VolumeState::Attached => {
+                give_limits(st, v).await
+            }
+            _ => {}
         }
-        match ensure_engine(st, &current, node, &nodes).await {
-            Ok(()) => tracing::warn!(
-                volume = %v.name, node = %node.name, epoch = v.epoch,
-                "engine was missing or of an older epoch; started it"
-            ),
-            Err(e) => tracing::warn!(
-                volume = %v.name, node = %node.name, error = %e,
-                "engine is missing and could not be started yet; will retry"
-            ),
-        }
+    }
+}
+
+/// Starts `v`'s missing engine on `node`.
+async fn restart(st: &AppState, v: &VolumeRecord, node: &NodeRecord, nodes: &[NodeRecord]) {
+    // Under the volume's lock, and on a fresh record: an attach or detach may have run.
+    let _guard = st.volume_locks.lock(&v.name).await;
+    let Ok(current) = st.records.existing_volume(&v.name).await else {
+        return;
+    };
+    let same = current.state == v.state
+        && engine_node(&current) == engine_node(v)
+        && current.epoch == v.epoch;
+    if !same || engine_state(st, node.agent(), v).await != Some(Engine::Missing) {
+        return;
+    }
+    match ensure_engine(st, &current, node, nodes).await {
+        Ok(()) => tracing::warn!(
+            volume = %v.name, node = %node.name, epoch = v.epoch,
+            "engine was missing or of an older epoch; started it"
+        ),
+        Err(e) => tracing::warn!(
+            volume = %v.name, node = %node.name, error = %e,
+            "engine is missing and could not be started yet; will retry"
+        ),
+    }
+}
+
+/// Gives the engine's node the volume's limits, which it missed (`volume_qos.rs`).
+async fn give_limits(st: &AppState, v: &VolumeRecord) {
+    let _guard = st.volume_locks.lock(&v.name).await;
+    let Ok(current) = st.records.existing_volume(&v.name).await else {
+        return;
+    };
+    match crate::volume_qos::push(st, &current).await {
+        Ok(()) => tracing::info!(
+            volume = %v.name, qos = %current.qos.describe(),
+            "the engine ran with other limits than the volume's; gave it the volume's"
+        ),
+        Err(e) => tracing::warn!(
+            volume = %v.name, error = %e,
+            "the engine runs with other limits than the volume's and did not take them; will retry"
+        ),
     }
 }
 
@@ -82,11 +113,18 @@ fn engine_node(v: &VolumeRecord) -> Option<&str> {
     }
 }
 
-/// Whether `agent` runs the engine of `v` in its current epoch; `None` if it
-/// does not answer. An engine of an older epoch counts as missing: a membership change
-/// (`self_heal.rs`) whose engine swap failed left it there, and starting the current one
-/// swaps it out.
-async fn engine_current(st: &AppState, agent: Agent<'_>, v: &VolumeRecord) -> Option<bool> {
+/// How `agent` runs the engine of `v`.
+#[derive(Debug, PartialEq, Eq)]
+enum Engine {
+    /// Not at all, or in an older epoch: a membership change (`self_heal.rs`) whose engine
+    /// swap failed left it there, and starting the current one swaps it out.
+    Missing,
+    /// In the current epoch, with these limits.
+    Current(Qos),
+}
+
+/// `None` if the agent does not answer.
+async fn engine_state(st: &AppState, agent: Agent<'_>, v: &VolumeRecord) -> Option<Engine> {
     let status = tokio::time::timeout(Duration::from_secs(2), st.agents.status(agent))
         .await
         .ok()?
@@ -95,6 +133,7 @@ async fn engine_current(st: &AppState, agent: Agent<'_>, v: &VolumeRecord) -> Op
         status
             .engines
             .iter()
-            .any(|e| e.volume == v.name && e.epoch >= v.epoch),
+            .find(|e| e.volume == v.name && e.epoch >= v.epoch)
+            .map_or(Engine::Missing, |e| Engine::Current(e.qos)),
     )
 }

@@ -52,6 +52,7 @@ mod volume_delete;
 mod volume_expand;
 mod volume_force_promote;
 mod volume_outdate;
+mod volume_qos;
 mod volume_restore;
 
 use hawser_listen::HttpLimits;

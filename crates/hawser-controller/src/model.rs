@@ -139,6 +139,9 @@ pub struct VolumeRecord {
     /// they may differ until the restore ends, so nothing attaches, grows or copies it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restoring: Option<String>,
+    /// Limits on its client requests (`volume_qos.rs`), applied by its engine's node.
+    #[serde(default, skip_serializing_if = "hawser_api::Qos::is_unlimited")]
+    pub qos: hawser_api::Qos,
 }
 
 /// A snapshot of the volume whose record holds it.
@@ -215,6 +218,7 @@ impl VolumeRecord {
             sync_node: self.sync_node.clone(),
             origin: self.origin.clone(),
             restoring: self.restoring.clone(),
+            qos: self.qos,
         }
     }
 }

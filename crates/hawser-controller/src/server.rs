@@ -163,6 +163,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             M::POST,
+            "/v1/volumes/{name}/qos",
+            Admin,
+            post(api_volumes::set_qos),
+        ),
+        route(
+            M::POST,
             "/v1/volumes/{name}/force-promote",
             Admin,
             post(api_volumes::force_promote),

@@ -72,6 +72,7 @@ pub async fn attach_volume(
                 .await?
                 .grant(&rec.name, &node.name, rec.epoch)?,
         ),
+        qos: rec.qos,
     };
     if let Err(source) = st.agents.start_engine(node.agent(), &start).await {
         let err = ControllerError::Agent {
@@ -111,6 +112,7 @@ pub(crate) async fn ensure_engine(
                 .await?
                 .grant(&rec.name, &node.name, rec.epoch)?,
         ),
+        qos: rec.qos,
     };
     st.agents
         .start_engine(node.agent(), &start)

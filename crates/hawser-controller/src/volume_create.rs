@@ -112,6 +112,7 @@ async fn create_placed(
         snapshots: Vec::new(),
         origin: req.from.clone(),
         restoring: None,
+        qos: req.qos,
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back
@@ -165,6 +166,9 @@ fn validate(req: &CreateVolume) -> Result<(), ControllerError> {
             req.replicas
         )));
     }
+    req.qos
+        .validate()
+        .map_err(|e| ControllerError::invalid(e.message))?;
     Ok(())
 }
 

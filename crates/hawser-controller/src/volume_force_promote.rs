@@ -141,6 +141,7 @@ mod tests {
             snapshots: Vec::new(),
             origin: None,
             restoring: None,
+            qos: Default::default(),
         }
     }
 

@@ -521,3 +521,77 @@ async fn orphan_replicas_are_trashed_and_referenced_ones_kept() {
         "{calls:?}"
     );
 }
+
+/// Limits (QoS, issue 21): set at create and changed live; the attached engine's node gets
+/// them at once, and from the engine watch when it missed the change; bad input changes
+/// nothing.
+#[tokio::test]
+async fn limits_reach_the_engine_and_a_node_that_missed_them_gets_them() {
+    let c = Cluster::start_opts(1, 15, 1).await;
+    let (status, v) = c
+        .post(
+            "/v1/volumes",
+            json!({"name": "v", "size_bytes": GIB, "replicas": 1, "qos": {"write_iops": 1000}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["qos"], json!({"write_iops": 1000}));
+    c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    let engine = || c.agent("n1").engine("v").unwrap().qos;
+    assert_eq!(engine().write_iops, 1000, "the engine starts with them");
+
+    let (status, v) = c
+        .post(
+            "/v1/volumes/v/qos",
+            json!({"write_iops": 3000, "bytes_per_sec": 1 << 30}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["qos"],
+        json!({"write_iops": 3000, "bytes_per_sec": 1u64 << 30})
+    );
+    assert_eq!(
+        v["engine"]["qos"], v["qos"],
+        "the reply shows what the node applies"
+    );
+    assert_eq!(
+        (engine().write_iops, engine().bytes_per_sec),
+        (3000, 1 << 30)
+    );
+
+    // Refused, and nothing changes: no limit given, a bandwidth below 4 KiB/s, a typo.
+    for bad in [
+        json!({}),
+        json!({"read_bytes_per_sec": 100}),
+        json!({"write_iops_limit": 5}),
+    ] {
+        let (status, e) = c.post("/v1/volumes/v/qos", bad.clone()).await;
+        assert_eq!((status, code(&e)), (400, "invalid_argument"), "{bad}: {e}");
+    }
+    let (status, e) = c.post("/v1/volumes/nosuch/qos", json!({"iops": 1})).await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    assert_eq!(c.volume("v").await["qos"]["write_iops"], 3000);
+
+    // The node does not take the change: the record has it, and the engine watch gives it
+    // to the node once it does.
+    c.agent("n1").fail(Op::SetQos, true);
+    let (status, v) = c.post("/v1/volumes/v/qos", json!({"write_iops": 0})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["qos"], json!({"bytes_per_sec": 1u64 << 30}));
+    assert_eq!(
+        engine().write_iops,
+        3000,
+        "the failing node kept its limits"
+    );
+    c.agent("n1").fail(Op::SetQos, false);
+    eventually(10, || async { engine().write_iops == 0 }).await;
+    assert_eq!(engine().bytes_per_sec, 1 << 30);
+
+    // Detached: only the record changes; the next attach carries it.
+    c.post("/v1/volumes/v/detach", json!({})).await;
+    let (status, _) = c.post("/v1/volumes/v/qos", json!({"read_iops": 10})).await;
+    assert_eq!(status, 200);
+    c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    assert_eq!((engine().read_iops, engine().bytes_per_sec), (10, 1 << 30));
+}

@@ -275,6 +275,13 @@ async fn real_responses_validate_against_the_document() {
     assert_eq!((s, &n["evacuating"]), (200, &json!(false)), "{n}");
     let del = (Method::DELETE, vol);
     assert_eq!(p.call(a, del.clone(), "/v1/volumes/v", None).await.0, 409);
+    // Limits: changed live on the attached volume; a change naming none is 400.
+    let qos = (Method::POST, "/v1/volumes/{name}/qos");
+    let cap = json!({"write_iops": 1000});
+    let (s, v) = p.call(a, qos.clone(), "/v1/volumes/v/qos", Some(cap)).await;
+    assert_eq!((s, &v["qos"]["write_iops"]), (200, &json!(1000)), "{v}");
+    let none = p.call(a, qos, "/v1/volumes/v/qos", Some(json!({})));
+    assert_eq!(none.await.0, 400);
     let expand = (Method::POST, "/v1/volumes/{name}/expand");
     let bigger = json!({"size_bytes": 2 * GIB});
     let attached = p.call(

@@ -142,12 +142,11 @@ impl ControllerService {
             )));
         }
         capability::check_all(&req.volume_capabilities)?;
-        let p = params::parse(&req.parameters).map_err(Status::invalid_argument)?;
-        if !req.mutable_parameters.is_empty() {
-            return Err(Status::invalid_argument(
-                "Hawser volumes have no mutable parameters (VolumeAttributesClass)",
-            ));
-        }
+        let mut p = params::parse(&req.parameters).map_err(Status::invalid_argument)?;
+        // A VolumeAttributesClass's parameters: the limits, over the StorageClass's.
+        let mutable =
+            params::parse_mutable(&req.mutable_parameters).map_err(Status::invalid_argument)?;
+        p.qos = p.qos.patched(&mutable);
         let id = volume_id_for(name);
         let _guard = self.inflight.begin(&id)?;
         let source = match &req.volume_content_source {
@@ -354,6 +353,7 @@ impl Controller for ControllerService {
             Rpc::ListSnapshots,
             Rpc::GetSnapshot,
             Rpc::CloneVolume,
+            Rpc::ModifyVolume,
         ]
         .into_iter()
         .map(rpc)
@@ -393,6 +393,32 @@ impl Controller for ControllerService {
             // A filesystem must grow on the node; a raw block volume is done.
             node_expansion_required: !matches!(access, Some(Access::Block)),
         }))
+    }
+
+    /// A VolumeAttributesClass changed: its parameters are the volume's limits, which take
+    /// effect at once, attached or not.
+    async fn controller_modify_volume(
+        &self,
+        request: Request<ControllerModifyVolumeRequest>,
+    ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
+        let req = request.get_ref();
+        let id = required("volume_id", &req.volume_id)?;
+        let patch =
+            params::parse_mutable(&req.mutable_parameters).map_err(Status::invalid_argument)?;
+        let _guard = self.inflight.begin(id)?;
+        if patch.is_empty() {
+            // Nothing to change, but the volume must exist.
+            self.volume(id)
+                .await?
+                .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))?;
+        } else {
+            let _: Volume = self
+                .api
+                .post(format!("/v1/volumes/{id}/qos"), patch)
+                .await
+                .map_err(|e| status(&format!("set the limits of volume {id}"), e))?;
+        }
+        Ok(Response::new(ControllerModifyVolumeResponse {}))
     }
 
     async fn controller_get_volume(

@@ -9,6 +9,12 @@
 //! | `zoneSpread`   | `strict`, `preferred`, `none`  | strict if nodes have zones       |
 //! | `locality`     | `preferred`, `none`            | `preferred`                      |
 //! | `onQuorumLoss` | `suspend`, `fail`              | `suspend`                        |
+//! | `iopsLimit`, `readIopsLimit`, `writeIopsLimit` | requests per second | no limit      |
+//! | `bandwidthLimit`, `readBandwidthLimit`, `writeBandwidthLimit` | bytes per second, `100MiB` | no limit |
+//!
+//! The limits (QoS, `hawser_api::qos`) are also the volume's mutable parameters: a
+//! VolumeAttributesClass may set them at create and change them later (ControllerModifyVolume);
+//! `0` removes one.
 //!
 //! `locality: preferred` puts one replica on the node Kubernetes picked for the pod (the
 //! first preferred topology segment, set with `volumeBindingMode: WaitForFirstConsumer`), so
@@ -18,6 +24,7 @@
 use std::collections::HashMap;
 
 use hawser_api::controller::{CreateVolume, QuorumLoss, ZoneSpread};
+use hawser_api::{Qos, QosField, QosPatch};
 
 /// Keys the provisioner sidecar adds or reserves.
 const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
@@ -28,6 +35,12 @@ const KEYS: &[&str] = &[
     "zoneSpread",
     "locality",
     "onQuorumLoss",
+    "iopsLimit",
+    "readIopsLimit",
+    "writeIopsLimit",
+    "bandwidthLimit",
+    "readBandwidthLimit",
+    "writeBandwidthLimit",
 ];
 pub const DEFAULT_REPLICAS: u32 = 2;
 pub const MAX_REPLICAS: u32 = 5;
@@ -40,6 +53,7 @@ pub struct VolumeParams {
     pub zone_spread: Option<ZoneSpread>,
     pub locality: bool,
     pub on_quorum_loss: QuorumLoss,
+    pub qos: Qos,
 }
 
 impl Default for VolumeParams {
@@ -51,6 +65,7 @@ impl Default for VolumeParams {
             zone_spread: None,
             locality: true,
             on_quorum_loss: QuorumLoss::Suspend,
+            qos: Qos::default(),
         }
     }
 }
@@ -104,6 +119,10 @@ pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, String> {
                     _ => return Err(bad("suspend or fail")),
                 }
             }
+            k if limit(k).is_some() => {
+                let patch = parse_limit(key, value)?;
+                p.qos = p.qos.patched(&patch);
+            }
             k if k.starts_with(SIDECAR_PREFIX) => {}
             _ => {
                 return Err(format!(
@@ -114,6 +133,45 @@ pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, String> {
         }
     }
     Ok(p)
+}
+
+/// The limit a parameter sets, if it names one.
+fn limit(key: &str) -> Option<QosField> {
+    QosField::ALL.into_iter().find(|f| f.csi_parameter() == key)
+}
+
+fn parse_limit(key: &str, value: &str) -> Result<QosPatch, String> {
+    let field = limit(key).ok_or_else(|| format!("{key:?} is not a limit"))?;
+    let v = field
+        .parse(value)
+        .map_err(|e| format!("parameter {key}={value:?}: {e}"))?;
+    let mut patch = QosPatch::default();
+    patch.set(field, v);
+    Ok(patch)
+}
+
+/// Parses mutable parameters (a VolumeAttributesClass's, at create or in ControllerModifyVolume):
+/// only the limits, each given replacing the volume's.
+pub fn parse_mutable(params: &HashMap<String, String>) -> Result<QosPatch, String> {
+    let mut patch = QosPatch::default();
+    let mut keys: Vec<&String> = params.keys().collect();
+    keys.sort();
+    for key in keys {
+        if limit(key).is_none() {
+            let names: Vec<&str> = QosField::ALL.iter().map(|f| f.csi_parameter()).collect();
+            return Err(format!(
+                "unknown mutable parameter {key:?}; Hawser's are {}",
+                names.join(", ")
+            ));
+        }
+        let one = parse_limit(key, &params[key])?;
+        for (field, v) in one.fields() {
+            if let Some(v) = v {
+                patch.set(field, v);
+            }
+        }
+    }
+    Ok(patch)
 }
 
 impl VolumeParams {
@@ -130,6 +188,7 @@ impl VolumeParams {
             prefer_node: node.filter(|_| self.locality).map(str::to_string),
             on_quorum_loss: self.on_quorum_loss,
             from: None,
+            qos: self.qos,
         }
     }
 
@@ -182,12 +241,50 @@ mod tests {
                 zone_spread: Some(ZoneSpread::Preferred),
                 locality: false,
                 on_quorum_loss: QuorumLoss::Fail,
+                qos: Qos::default(),
             }
         );
         assert_eq!(parse(&map(&[])), Ok(VolumeParams::default()));
         let req = VolumeParams::default().create_request("v", 4096, Some("n1"));
         assert_eq!(req.prefer_node.as_deref(), Some("n1"));
         assert_eq!(p.create_request("v", 4096, Some("n1")).prefer_node, None);
+    }
+
+    #[test]
+    fn limits_are_parameters_and_the_only_mutable_ones() {
+        let p = parse(&map(&[
+            ("writeIopsLimit", "1000"),
+            ("bandwidthLimit", "100MiB"),
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            p.qos,
+            Qos {
+                write_iops: 1000,
+                bytes_per_sec: 100 << 20,
+                ..Qos::default()
+            }
+        );
+        assert_eq!(p.create_request("v", 4096, None).qos, p.qos);
+        let m = parse_mutable(&map(&[("readIopsLimit", "0"), ("iopsLimit", "50")]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (m.read_iops, m.iops, m.write_iops),
+            (Some(0), Some(50), None)
+        );
+        assert!(parse_mutable(&map(&[])).is_ok_and(|m| m.is_empty()));
+        for bad in [
+            map(&[("replicas", "3")]),
+            map(&[("XXX_FakeKey", "XXX_FakeValue")]),
+            map(&[("iopsLimit", "many")]),
+            map(&[("bandwidthLimit", "10")]),
+        ] {
+            assert!(parse_mutable(&bad).is_err(), "{bad:?}");
+        }
+        let e = parse(&map(&[("writeBandwidthLimit", "fast")]))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("writeBandwidthLimit"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! "Kubernetes CSI driver", acceptance a: csi-sanity (kubernetes-csi/csi-test v5.6.0) passes
 //! with zero failures against `hawser csi` on a local cluster, for filesystem volumes and for
-//! raw block volumes, its snapshot and cloning specs included (issue 20, acceptance a); the only skipped specs are for capabilities Hawser does not advertise
+//! raw block volumes, its snapshot and cloning specs included (issue 20, acceptance a) and its
+//! ModifyVolume specs with the volume limits as mutable parameters (issue 21); the only
+//! skipped specs are for capabilities Hawser does not advertise
 //! (docs/csi.md lists them with why), and the run leaves nothing behind.
 
 use std::path::Path;
@@ -17,10 +19,6 @@ const ALLOWED_SKIPS: &[&str] = &[
     "GroupControllerService not supported",
     // A snapshot, like a volume, is usable from every node: no topology to report.
     "SNAPSHOT_ACCESSIBILITY_CONSTRAINTS not supported",
-    // VolumeAttributesClass: Hawser volumes have no mutable parameters yet.
-    "Modify volume not supported",
-    "Modify Volume not supported",
-    "ControllerModifyVolume not supported",
     // CSI 1.13's health RPCs; Hawser speaks 1.12 (VolumeCondition, which Kubernetes reads).
     "ControllerGetVolumeHealth not supported",
     "ControllerListVolumeHealth not supported",
@@ -66,6 +64,13 @@ fn specs(report: &Path) -> Vec<(String, String, String)> {
 
 fn run_sanity(csi: &CsiProc, kind: &str, extra: &[&str]) {
     let report = csi.dir.join(format!("sanity-{kind}.json"));
+    // A VolumeAttributesClass's parameters: the volume's limits (issue 21).
+    let mutable = csi.dir.join("mutable-parameters.yaml");
+    std::fs::write(
+        &mutable,
+        "writeIopsLimit: \"5000\"\nbandwidthLimit: \"200MiB\"\n",
+    )
+    .expect("write the mutable parameters");
     let start = Instant::now();
     let out = Command::new(k8s_tool("csi-sanity"))
         .arg(format!("--csi.endpoint={}", csi.endpoint.display()))
@@ -81,6 +86,10 @@ fn run_sanity(csi: &CsiProc, kind: &str, extra: &[&str]) {
         .arg(format!("--csi.testvolumeexpandsize={}", 128 << 20))
         .arg(format!("--ginkgo.json-report={}", report.display()))
         .arg("--csi.testnodevolumeattachlimit")
+        .arg(format!(
+            "--csi.testvolumemutableparameters={}",
+            mutable.display()
+        ))
         .arg("--ginkgo.timeout=20m")
         .args(extra)
         .output()
@@ -139,6 +148,15 @@ fn run_sanity(csi: &CsiProc, kind: &str, extra: &[&str]) {
             "{clone_spec:?} did not pass ({kind})"
         );
     }
+    // ModifyVolume (VolumeAttributesClass) ran, not skipped (issue 21).
+    let modify_specs = specs
+        .iter()
+        .filter(|s| s.0 == "passed" && s.1.contains("ModifyVolume"))
+        .count();
+    assert!(
+        modify_specs >= 5,
+        "only {modify_specs} ModifyVolume specs passed ({kind})"
+    );
     assert!(
         snapshot_specs >= 15,
         "only {snapshot_specs} snapshot specs passed ({kind})"

@@ -625,6 +625,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         on_quorum_loss: QuorumLoss::default(),
         export: true,
         grant: None,
+        qos: Default::default(),
     };
     let resp = tokens
         .http(hawser_tls::Peer::Node(node2.clone()))

@@ -162,6 +162,7 @@ async fn fake_agent() -> SocketAddr {
             replicas: vec![],
             recovery: None,
             active_extents: 0,
+            qos: s.qos,
         })
     }
     let app = Router::new()

@@ -67,6 +67,8 @@ impl VolumeEngine {
                 .collect(),
             recovery: *self.recovery.lock().unwrap_or_else(|p| p.into_inner()),
             active_extents: inner.keeper.active_extents() as u64,
+            // The export's, filled in by `Engines`.
+            qos: Default::default(),
         }
     }
 

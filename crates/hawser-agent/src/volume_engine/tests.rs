@@ -50,6 +50,7 @@ async fn a_queued_resync_send_for_a_closed_session_is_dropped() {
         on_quorum_loss: Default::default(),
         export: true,
         grant: None,
+        qos: Default::default(),
     };
     let ve = VolumeEngine::start(
         &req,

@@ -99,6 +99,7 @@ pub async fn two_nodes(label: &str, size: u64) -> TwoNodes {
         on_quorum_loss: Default::default(),
         export: true,
         grant: None,
+        qos: Default::default(),
     };
     let engines = Arc::new(hawser_agent::engines::Engines::default());
     let engine = engines

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use hawser_api::agent::{
     CreateReplica, EnginePaused, EngineResumed, EngineStatus, GrowReplica, PauseEngine,
@@ -35,6 +35,7 @@ pub enum Op {
     TakeSnapshot,
     PauseEngine,
     RestoreReplica,
+    SetQos,
 }
 
 #[derive(Default)]
@@ -73,6 +74,7 @@ impl FakeAgent {
             .route("/v1/replicas/{id}/trash", post(trash_replica))
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
+            .route("/v1/engines/{volume}/qos", put(set_qos))
             .route("/v1/engines/{volume}/pause", post(pause_engine))
             .route("/v1/engines/{volume}/resume", post(resume_engine))
             .route("/v1/replicas/{id}/snapshots", post(take_snapshot))
@@ -453,6 +455,7 @@ async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> R
         replicas: vec![],
         recovery: None,
         active_extents: 0,
+        qos: req.qos,
     };
     st.lock().unwrap().engines.insert(req.volume.clone(), req);
     Json(status).into_response()
@@ -495,6 +498,7 @@ async fn agent_status(State(st): State<Fake>) -> Response {
             replicas: down_replicas(&st, &req.volume),
             recovery: None,
             active_extents: 0,
+            qos: req.qos,
         })
         .collect();
     Json(hawser_api::agent::AgentStatus {
@@ -514,6 +518,38 @@ async fn stop_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Resp
     }
     match st.lock().unwrap().engines.remove(&volume) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(ApiError::not_found("engine", &volume)),
+        )
+            .into_response(),
+    }
+}
+
+async fn set_qos(
+    State(st): State<Fake>,
+    Path(volume): Path<String>,
+    Json(qos): Json<hawser_api::Qos>,
+) -> Response {
+    if record(&st, format!("PUT /v1/engines/{volume}/qos"), Op::SetQos) {
+        return refuse("set qos");
+    }
+    let mut s = st.lock().unwrap();
+    match s.engines.get_mut(&volume) {
+        Some(e) => {
+            e.qos = qos;
+            let status = EngineStatus {
+                volume: volume.clone(),
+                epoch: e.epoch,
+                size_bytes: e.size_bytes,
+                in_sync: vec![],
+                replicas: vec![],
+                recovery: None,
+                active_extents: 0,
+                qos,
+            };
+            Json(status).into_response()
+        }
         None => (
             StatusCode::NOT_FOUND,
             Json(ApiError::not_found("engine", &volume)),

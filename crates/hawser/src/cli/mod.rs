@@ -8,6 +8,7 @@ pub mod events;
 pub mod node;
 pub mod output;
 pub mod pool;
+pub mod qos;
 pub mod replica;
 pub mod snapshot;
 pub mod status;

@@ -1,5 +1,5 @@
-//! `hawser volume ...`: create, list, show, attach, detach, expand, restore, force-promote and
-//! delete volumes.
+//! `hawser volume ...`: create, list, show, attach, detach, expand, restore, force-promote,
+//! set limits on and delete volumes.
 
 use hawser_api::controller::{
     Attach, CreateVolume, ExpandVolume, ForcePromote, QuorumLoss, ReplicaState, RestoreVolume,
@@ -14,6 +14,7 @@ use crate::cli::args::{
 };
 use crate::cli::client::{CliError, Client};
 use crate::cli::output::{or_dash, print_json, Format, OutputArg, Table};
+use crate::cli::qos::QosArgs;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum VolumeCmd {
@@ -56,6 +57,18 @@ pub enum VolumeCmd {
         /// (suspend) or fail with EIO (fail).
         #[arg(long, value_enum, default_value_t = QuorumLossArg::Suspend)]
         on_quorum_loss: QuorumLossArg,
+        #[command(flatten)]
+        limits: QosArgs,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Change a volume's limits on client requests (QoS), attached or not; they take effect
+    /// at once. Only the limits given change; 0 removes one.
+    Set {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        #[command(flatten)]
+        limits: QosArgs,
         #[command(flatten)]
         out: OutputArg,
     },
@@ -168,6 +181,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             prefer_node,
             on_quorum_loss,
             from,
+            limits,
             out,
         } => {
             let (from, source_size) = match from {
@@ -187,9 +201,25 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 prefer_node,
                 on_quorum_loss: on_quorum_loss.into(),
                 from,
+                qos: limits.qos(),
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
+        }
+        VolumeCmd::Set { name, limits, out } => {
+            let patch = limits.patch();
+            if patch.is_empty() {
+                let flags: Vec<String> = hawser_api::QosField::ALL
+                    .iter()
+                    .map(|f| format!("--{}", f.flag()))
+                    .collect();
+                return Err(CliError::Api(ApiError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("nothing to set: give one of {}", flags.join(", ")),
+                )));
+            }
+            let v: Volume = client.post(&format!("/v1/volumes/{name}/qos"), &patch)?;
+            print_volume(&v, out.format, "limits set");
         }
         VolumeCmd::List { out } => {
             let vols: Vec<Volume> = client.get("/v1/volumes")?;
@@ -386,6 +416,9 @@ fn details(v: &Volume) -> String {
         line("NBD unix:", uri.clone());
     }
     line("Policy:", placement(v));
+    if let Some(limits) = crate::cli::qos::describe(v) {
+        line("Limits:", limits);
+    }
     line(
         "Quorum:",
         format!("majority; on loss {}", snake(&v.on_quorum_loss)),
