@@ -25,3 +25,16 @@ https://{{ .Release.Name }}-controller.{{ .Release.Namespace }}.svc:{{ .Values.c
 {{- $on -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Whether the sidecars pass VolumeAttributesClass parameters (the volume limits, docs/qos.md):
+`volumeAttributesClasses.enabled`, with "auto" meaning the cluster serves the API.
+*/}}
+{{- define "hawser.attributesClasses" -}}
+{{- $on := .Values.volumeAttributesClasses.enabled -}}
+{{- if eq (toString $on) "auto" -}}
+{{- or (.Capabilities.APIVersions.Has "storage.k8s.io/v1/VolumeAttributesClass") (.Capabilities.APIVersions.Has "storage.k8s.io/v1beta1/VolumeAttributesClass") -}}
+{{- else -}}
+{{- $on -}}
+{{- end -}}
+{{- end -}}
