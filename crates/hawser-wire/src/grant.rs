@@ -55,40 +55,15 @@ pub enum GrantError {
 impl Grant {
     /// The bytes the controller signs.
     pub fn body(&self) -> Result<Vec<u8>, GrantError> {
-        let mut b = Vec::with_capacity(64);
-        b.extend_from_slice(&GRANT_MAGIC.to_le_bytes());
-        b.extend_from_slice(&GRANT_VERSION.to_le_bytes());
+        let mut b = header(GRANT_MAGIC);
         b.extend_from_slice(&self.epoch.to_le_bytes());
-        for (field, s) in [
-            ("cluster", &self.cluster),
-            ("volume", &self.volume),
-            ("node", &self.node),
-        ] {
-            if s.is_empty() || s.len() > MAX_ID_BYTES {
-                return Err(GrantError::BadField { field });
-            }
-            let len = u16::try_from(s.len()).map_err(|_| GrantError::BadField { field })?;
-            b.extend_from_slice(&len.to_le_bytes());
-            b.extend_from_slice(s.as_bytes());
-        }
+        put_ids(&mut b, &self.cluster, &self.volume, &self.node)?;
         Ok(b)
     }
 
     /// Splits a signed grant into the grant, its signed body and the signature. Never panics.
     pub fn decode(signed: &[u8]) -> Result<(Grant, &[u8], &[u8]), GrantError> {
-        if signed.len() > MAX_GRANT_BYTES || signed.len() < SIGNATURE_BYTES {
-            return Err(GrantError::Truncated);
-        }
-        let (body, sig) = signed.split_at(signed.len() - SIGNATURE_BYTES);
-        let mut r = Reader { b: body, at: 0 };
-        let magic = r.u64()?;
-        if magic != GRANT_MAGIC {
-            return Err(GrantError::BadMagic { found: magic });
-        }
-        let version = r.u32()?;
-        if version != GRANT_VERSION {
-            return Err(GrantError::BadVersion { found: version });
-        }
+        let (mut r, body, sig) = open(signed, GRANT_MAGIC)?;
         let epoch = r.u64()?;
         let cluster = r.id("cluster")?;
         let volume = r.id("volume")?;
@@ -104,6 +79,47 @@ impl Grant {
         };
         Ok((grant, body, sig))
     }
+}
+
+/// A grant body's start: its magic and the version.
+fn header(magic: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64);
+    b.extend_from_slice(&magic.to_le_bytes());
+    b.extend_from_slice(&GRANT_VERSION.to_le_bytes());
+    b
+}
+
+/// Appends the cluster, volume and node ids (u16 length + bytes each), each non-empty and at
+/// most [`MAX_ID_BYTES`].
+fn put_ids(b: &mut Vec<u8>, cluster: &str, volume: &str, node: &str) -> Result<(), GrantError> {
+    for (field, s) in [("cluster", cluster), ("volume", volume), ("node", node)] {
+        if s.is_empty() || s.len() > MAX_ID_BYTES {
+            return Err(GrantError::BadField { field });
+        }
+        let len = u16::try_from(s.len()).map_err(|_| GrantError::BadField { field })?;
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    }
+    Ok(())
+}
+
+/// Splits a signed grant of kind `magic` into a reader after its magic and version, its signed
+/// body and the signature. Never panics.
+fn open(signed: &[u8], magic: u64) -> Result<(Reader<'_>, &[u8], &[u8]), GrantError> {
+    if signed.len() > MAX_GRANT_BYTES || signed.len() < SIGNATURE_BYTES {
+        return Err(GrantError::Truncated);
+    }
+    let (body, sig) = signed.split_at(signed.len() - SIGNATURE_BYTES);
+    let mut r = Reader { b: body, at: 0 };
+    let found = r.u64()?;
+    if found != magic {
+        return Err(GrantError::BadMagic { found });
+    }
+    let version = r.u32()?;
+    if version != GRANT_VERSION {
+        return Err(GrantError::BadVersion { found: version });
+    }
+    Ok((r, body, sig))
 }
 
 /// Magic of a snapshot-read grant: another magic than an engine grant's, so neither decodes
@@ -126,40 +142,15 @@ pub struct SnapshotReadGrant {
 impl SnapshotReadGrant {
     /// The bytes the controller signs.
     pub fn body(&self) -> Result<Vec<u8>, GrantError> {
-        let mut b = Vec::with_capacity(64);
-        b.extend_from_slice(&SNAPSHOT_READ_MAGIC.to_le_bytes());
-        b.extend_from_slice(&GRANT_VERSION.to_le_bytes());
-        for (field, s) in [
-            ("cluster", &self.cluster),
-            ("volume", &self.volume),
-            ("node", &self.node),
-        ] {
-            if s.is_empty() || s.len() > MAX_ID_BYTES {
-                return Err(GrantError::BadField { field });
-            }
-            let len = u16::try_from(s.len()).map_err(|_| GrantError::BadField { field })?;
-            b.extend_from_slice(&len.to_le_bytes());
-            b.extend_from_slice(s.as_bytes());
-        }
+        let mut b = header(SNAPSHOT_READ_MAGIC);
+        put_ids(&mut b, &self.cluster, &self.volume, &self.node)?;
         Ok(b)
     }
 
     /// Splits a signed snapshot-read grant into the grant, its signed body and the
     /// signature. Never panics.
     pub fn decode(signed: &[u8]) -> Result<(SnapshotReadGrant, &[u8], &[u8]), GrantError> {
-        if signed.len() > MAX_GRANT_BYTES || signed.len() < SIGNATURE_BYTES {
-            return Err(GrantError::Truncated);
-        }
-        let (body, sig) = signed.split_at(signed.len() - SIGNATURE_BYTES);
-        let mut r = Reader { b: body, at: 0 };
-        let magic = r.u64()?;
-        if magic != SNAPSHOT_READ_MAGIC {
-            return Err(GrantError::BadMagic { found: magic });
-        }
-        let version = r.u32()?;
-        if version != GRANT_VERSION {
-            return Err(GrantError::BadVersion { found: version });
-        }
+        let (mut r, body, sig) = open(signed, SNAPSHOT_READ_MAGIC)?;
         let cluster = r.id("cluster")?;
         let volume = r.id("volume")?;
         let node = r.id("node")?;
