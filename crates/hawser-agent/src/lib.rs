@@ -33,6 +33,7 @@ pub mod replica_server;
 pub mod snapshot_fetch;
 mod snapshot_session;
 pub mod tls_conn;
+pub mod volume_crypt;
 pub mod volume_engine;
 
 pub use agent::{run, AgentArgs};

@@ -89,6 +89,8 @@ pub struct VolumeEngine {
     /// The engine's clock starts here (`now_us`, the sessions policy's time).
     born: Instant,
     resync_rate: Option<Arc<RateLimiter>>,
+    /// An encrypted volume's cipher (`StartEngine::data_key`; `volume_crypt.rs`).
+    cipher: Option<crate::volume_crypt::VolumeCipher>,
     stopped: AtomicBool,
     /// The sequence number of the last journal commit done (`journal.rs`).
     commits: tokio::sync::watch::Sender<u64>,
@@ -180,6 +182,15 @@ impl VolumeEngine {
             },
             ..EngineConfig::default()
         };
+        let cipher = match &req.data_key {
+            Some(key) => {
+                let bytes = key
+                    .bytes()
+                    .ok_or_else(|| anyhow::anyhow!("the volume's data key is not base64"))?;
+                Some(crate::volume_crypt::VolumeCipher::new(&bytes)?)
+            }
+            None => None,
+        };
         let grant = match &req.grant {
             Some(g) => {
                 use base64::Engine as _;
@@ -215,6 +226,7 @@ impl VolumeEngine {
             local_gen: AtomicU64::new(0),
             born: Instant::now(),
             resync_rate: rate_limit::limiter(resync_rate),
+            cipher,
             stopped: AtomicBool::new(false),
             commits: tokio::sync::watch::Sender::new(0),
             finished: tokio::sync::watch::Sender::new(false),

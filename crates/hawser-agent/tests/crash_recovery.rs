@@ -54,6 +54,7 @@ fn request(epoch: u64, raddr: &str) -> StartEngine {
         export: true,
         grant: None,
         qos: Default::default(),
+        data_key: None,
     }
 }
 

@@ -206,6 +206,10 @@ pub struct StartEngine {
     /// export on the node and carry over to the engines that replace this one.
     #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
     pub qos: crate::Qos,
+    /// An encrypted volume's data key (64 bytes, base64): the engine encrypts writes and
+    /// decrypts reads with it (`hawser-agent` `volume_crypt.rs`). Kept in memory only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_key: Option<crate::Secret>,
 }
 
 fn yes() -> bool {

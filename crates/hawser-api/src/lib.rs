@@ -11,10 +11,12 @@ pub mod error;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod qos;
+pub mod secret;
 pub mod size;
 
 pub use error::{ApiError, ErrorCode};
 pub use qos::{Qos, QosField, QosPatch};
+pub use secret::Secret;
 pub use size::{format_size, parse_bytes, parse_size, SizeError};
 
 /// How long HTTP clients of Hawser's APIs keep an idle connection for reuse: less than the

@@ -73,6 +73,7 @@ pub async fn attach_volume(
                 .grant(&rec.name, &node.name, rec.epoch)?,
         ),
         qos: rec.qos,
+        data_key: None,
     };
     if let Err(source) = st.agents.start_engine(node.agent(), &start).await {
         let err = ControllerError::Agent {
@@ -113,6 +114,7 @@ pub(crate) async fn ensure_engine(
                 .grant(&rec.name, &node.name, rec.epoch)?,
         ),
         qos: rec.qos,
+        data_key: None,
     };
     st.agents
         .start_engine(node.agent(), &start)

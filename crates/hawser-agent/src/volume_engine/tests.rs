@@ -51,6 +51,7 @@ async fn a_queued_resync_send_for_a_closed_session_is_dropped() {
         export: true,
         grant: None,
         qos: Default::default(),
+        data_key: None,
     };
     let ve = VolumeEngine::start(
         &req,

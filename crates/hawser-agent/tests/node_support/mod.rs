@@ -64,6 +64,16 @@ pub struct TwoNodes {
 
 #[allow(dead_code)]
 pub async fn two_nodes(label: &str, size: u64) -> TwoNodes {
+    two_nodes_with(label, size, None).await
+}
+
+/// [`two_nodes`] of an encrypted volume when `data_key` is given.
+#[allow(dead_code)]
+pub async fn two_nodes_with(
+    label: &str,
+    size: u64,
+    data_key: Option<hawser_api::Secret>,
+) -> TwoNodes {
     use hawser_api::agent::{EngineReplica, StartEngine};
     use hawser_api::controller::ReplicaState;
     let dir = TempDir::new(label);
@@ -100,6 +110,7 @@ pub async fn two_nodes(label: &str, size: u64) -> TwoNodes {
         export: true,
         grant: None,
         qos: Default::default(),
+        data_key,
     };
     let engines = Arc::new(hawser_agent::engines::Engines::default());
     let engine = engines
