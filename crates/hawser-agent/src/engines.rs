@@ -65,7 +65,10 @@ impl Export {
         f: impl std::future::Future<Output = Result<T, IoError>>,
     ) -> Result<T, IoError> {
         let started = self.io.start(op);
-        self.qos.admit(cost_of(op, bytes)).await;
+        let waited = self.qos.admit(cost_of(op, bytes)).await;
+        if !waited.is_zero() {
+            self.io.throttled(waited);
+        }
         let result = {
             let _open = self.gate.read().await;
             f.await

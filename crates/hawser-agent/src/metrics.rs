@@ -74,6 +74,8 @@ pub struct IoMetrics {
     errors: Family<Labels, Counter>,
     latency: Family<Labels, Histogram, fn() -> Histogram>,
     in_flight: Family<Labels, Gauge>,
+    throttled: Family<Labels, Counter>,
+    throttle_wait: Family<Labels, Counter<f64, AtomicU64>>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -88,6 +90,8 @@ impl Default for IoMetrics {
             errors: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
             in_flight: Family::default(),
+            throttled: Family::default(),
+            throttle_wait: Family::default(),
         }
     }
 }
@@ -121,6 +125,17 @@ impl IoMetrics {
             "Requests the volume is running now",
             self.in_flight.clone(),
         );
+        h.register(
+            "volume_requests_throttled",
+            "Requests the volume's limits (QoS) held back before they ran",
+            self.throttled.clone(),
+        );
+        h.register_with_unit(
+            "volume_throttle_wait",
+            "Time requests waited for the volume's limits (QoS), summed",
+            Unit::Seconds,
+            self.throttle_wait.clone(),
+        );
     }
 
     /// The request metrics of `volume`'s export (made now; their series go when it drops).
@@ -140,6 +155,11 @@ impl IoMetrics {
             started_ms: unix_ms(),
             ops: IoOp::ALL.map(op),
             in_flight: self.in_flight.get_or_create(&labels(volume, None)).clone(),
+            throttled: self.throttled.get_or_create(&labels(volume, None)).clone(),
+            throttle_wait: self
+                .throttle_wait
+                .get_or_create(&labels(volume, None))
+                .clone(),
             families: self.clone(),
         }
     }
@@ -162,6 +182,8 @@ pub struct VolumeIo {
     started_ms: u64,
     ops: [OpIo; 5],
     in_flight: Gauge,
+    throttled: Counter,
+    throttle_wait: Counter<f64, AtomicU64>,
     families: IoMetrics,
 }
 
@@ -196,6 +218,12 @@ impl VolumeIo {
         m.latency.observe(took.as_secs_f64());
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         m.latency_ns.fetch_add(ns, AtomicOrdering::Relaxed);
+    }
+
+    /// Counts a request the volume's limits held back for `waited`.
+    pub fn throttled(&self, waited: std::time::Duration) {
+        self.throttled.inc();
+        self.throttle_wait.inc_by(waited.as_secs_f64());
     }
 
     /// The counts so far, for `GET /v1/io` (`node` is this agent's).
@@ -246,7 +274,10 @@ impl Drop for VolumeIo {
             self.families.errors.remove(&l);
             self.families.latency.remove(&l);
         }
-        self.families.in_flight.remove(&labels(&self.volume, None));
+        let l = labels(&self.volume, None);
+        self.families.in_flight.remove(&l);
+        self.families.throttled.remove(&l);
+        self.families.throttle_wait.remove(&l);
     }
 }
 

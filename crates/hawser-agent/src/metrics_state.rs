@@ -83,9 +83,17 @@ impl Collector for StateCollector {
         let mut copied = Vec::new();
         let mut dirty = Vec::new();
         let mut rate = Vec::new();
+        let mut limits = Vec::new();
         for s in &statuses {
             let v = || vec![("volume", s.volume.clone())];
             epoch.push((v(), int(s.epoch)));
+            for (field, value) in s.qos.fields() {
+                if value != 0 {
+                    let mut l = v();
+                    l.push(("limit", field.csi_parameter().to_string()));
+                    limits.push((l, int(value)));
+                }
+            }
             in_sync.push((v(), s.in_sync.len() as i64));
             extents.push((v(), int(s.active_extents)));
             for r in &s.replicas {
@@ -128,6 +136,18 @@ impl Collector for StateCollector {
             true,
             &commits,
             counter,
+        )?;
+        family(
+            e,
+            (
+                "volume_qos_limit",
+                "The volume's limits on client requests (docs/qos.md): requests or bytes per \
+                 second, by limit (iopsLimit, writeBandwidthLimit, ...); none when unlimited",
+                None,
+            ),
+            false,
+            &limits,
+            gauge,
         )?;
         family(
             e,

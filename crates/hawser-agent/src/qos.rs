@@ -133,15 +133,17 @@ impl QosLimiter {
     }
 
     /// Waits until a request of `cost` may start; returns at once when no limit holds it.
-    pub async fn admit(&self, cost: Cost) {
+    /// Returns how long it waited.
+    pub async fn admit(&self, cost: Cost) -> Duration {
         if !self.limited.load(Ordering::Acquire) {
-            return;
+            return Duration::ZERO;
         }
         let now = Instant::now();
         let at = self.reserve(now, cost);
         if at > now {
             tokio::time::sleep_until(at).await;
         }
+        at.saturating_duration_since(now)
     }
 }
 
@@ -263,8 +265,9 @@ mod tests {
             l.admit(Cost::Read { bytes: 4096 }).await;
         }
         assert_eq!(Instant::now(), t0);
-        l.admit(Cost::Read { bytes: 4096 }).await;
+        let waited = l.admit(Cost::Read { bytes: 4096 }).await;
         assert_eq!(Instant::now() - t0, Duration::from_millis(100));
+        assert_eq!(waited, Duration::from_millis(100));
         l.admit(Cost::Read { bytes: 4096 }).await;
         assert_eq!(Instant::now() - t0, Duration::from_millis(200));
     }

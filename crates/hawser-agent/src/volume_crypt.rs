@@ -133,7 +133,7 @@ mod tests {
             "3141592653589793238462643383279502884197169399375105820974944592"
         ));
         let c = VolumeCipher::new(&key).unwrap();
-        let plain: Vec<u8> = (0..512u32).map(|i| (i % 256) as u8).collect();
+        let plain: Vec<u8> = (0..=255u8).cycle().take(512).collect();
         let mut buf = plain.clone();
         c.encrypt(0xff * 512, &mut buf);
         assert_eq!(

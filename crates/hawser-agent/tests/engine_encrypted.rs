@@ -7,7 +7,7 @@
 mod node_support;
 
 use bytes::Bytes;
-use hawser_agent::block::{BlockDevice, ExportRegistry};
+use hawser_agent::block::ExportRegistry;
 use hawser_agent::rate_limit::ResyncRates;
 use hawser_api::Secret;
 

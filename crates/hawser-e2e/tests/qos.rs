@@ -1,7 +1,7 @@
 //! Per-volume QoS (issue 21, acceptance c): a volume capped at 1,000 write IOPS stays within
 //! 10 % of the cap under fio at queue depth 32 for 20 s, as fio measures it; raising the cap
 //! with `hawser volume set` takes effect without a detach; the record is the truth for a node
-//! that missed a change or restarted.
+//! that missed a change or restarted; the node's metrics count the requests held back.
 
 use std::time::Duration;
 
@@ -72,6 +72,27 @@ fn a_write_iops_cap_holds_under_qd32_and_changes_live() {
         (900.0..=1100.0).contains(&capped),
         "{capped:.0} write IOPS under a 1000 cap"
     );
+
+    // The node's metrics say how often and how long the limit held requests back.
+    let metrics = c
+        .agent_request(reqwest::Method::GET, "n1", "/metrics")
+        .send()
+        .and_then(|r| r.text())
+        .expect("scrape n1");
+    let sample = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in n1's metrics:\n{metrics}"))
+    };
+    assert_eq!(
+        sample(r#"hawser_volume_qos_limit{volume="q",limit="writeIopsLimit"}"#),
+        1000.0
+    );
+    let throttled = sample(r#"hawser_volume_requests_throttled_total{volume="q"}"#);
+    assert!(throttled > 10_000.0, "{throttled} requests throttled");
+    let waited = sample(r#"hawser_volume_throttle_wait_seconds_total{volume="q"}"#);
+    assert!(waited > 20.0, "{waited} s waited in all");
 
     // Raised live: the same export, no detach; well above the old cap, never above the new.
     let out = c.cli_ok(&["volume", "set", "q", "--write-iops-limit", "3000"]);
