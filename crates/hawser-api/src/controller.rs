@@ -248,6 +248,10 @@ pub struct CreateVolume {
     /// Limits on its client requests; none by default.
     #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
     pub qos: crate::Qos,
+    /// Encrypt its data at rest (XTS-AES-256 in the engine, a data key of its own). A clone
+    /// is encrypted when its source is, with the source's key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
 }
 
 /// Where a clone's data comes from: exactly one of the two.
@@ -389,6 +393,9 @@ pub struct Volume {
     /// Limits on its client requests (none by default; `POST /v1/volumes/{name}/qos`).
     #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
     pub qos: crate::Qos,
+    /// Its data is encrypted at rest (chosen at create).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
 }
 
 /// `POST /v1/volumes/{name}/restore`: put a detached volume's data back to one of its

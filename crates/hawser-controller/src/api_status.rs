@@ -164,6 +164,7 @@ mod tests {
             origin: None,
             restoring: None,
             qos: Default::default(),
+            encryption: None,
         }
     }
 

@@ -516,6 +516,9 @@ pub fn rebuild(
             origin: None,
             restoring: None,
             qos: Default::default(),
+            // Not in the replicas' metadata yet: an encrypted volume recovered this way
+            // cannot be read (issue 21).
+            encryption: None,
         });
     }
     (records, skipped)

@@ -270,6 +270,7 @@ mod tests {
             origin: None,
             restoring: None,
             qos: Default::default(),
+            encryption: None,
         }
     }
 

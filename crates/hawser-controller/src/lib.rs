@@ -402,6 +402,7 @@ impl Controller {
             },
             waiting: Default::default(),
             metrics,
+            keks: volume_keys::Keks::new(&args.data_dir),
         };
         Ok(Controller {
             listener,

@@ -142,6 +142,9 @@ pub struct VolumeRecord {
     /// Limits on its client requests (`volume_qos.rs`), applied by its engine's node.
     #[serde(default, skip_serializing_if = "hawser_api::Qos::is_unlimited")]
     pub qos: hawser_api::Qos,
+    /// An encrypted volume's data key, wrapped (`volume_keys.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<crate::volume_keys::WrappedKey>,
 }
 
 /// A snapshot of the volume whose record holds it.
@@ -219,6 +222,7 @@ impl VolumeRecord {
             origin: self.origin.clone(),
             restoring: self.restoring.clone(),
             qos: self.qos,
+            encrypted: self.encryption.is_some(),
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct AppState {
     pub tls: Option<std::sync::Arc<crate::tls::ControllerTls>>,
     /// What `/metrics` counts as it happens.
     pub metrics: crate::api_metrics::ControllerMetrics,
+    /// The key-encryption keys of encrypted volumes' data keys (`volume_keys.rs`).
+    pub keks: crate::volume_keys::Keks,
 }
 
 impl AppState {

@@ -159,6 +159,7 @@ fn volume(name: &str) -> VolumeRecord {
         origin: None,
         restoring: None,
         qos: Default::default(),
+        encryption: None,
     }
 }
 

@@ -12,6 +12,7 @@ use crate::errors::ControllerError;
 use crate::model::{now_ms, NodeRecord, VolumeRecord};
 use crate::state::AppState;
 use crate::volume_create::find_node;
+use hawser_api::Secret;
 
 /// Attaches `name` to `req.node`; returns the record and the node it is attached to.
 pub async fn attach_volume(
@@ -33,6 +34,8 @@ pub async fn attach_volume(
         return Ok((current, node));
     }
     check_detached(&current, " (detach it first)")?;
+    // Before anything changes: a key that does not open refuses the attach as it is.
+    let key = data_key(st, &current)?;
     if !st.is_online(&node) {
         let age_secs = node.age_ms(now_ms()) / 1000;
         return Err(ControllerError::NodeOffline {
@@ -73,7 +76,7 @@ pub async fn attach_volume(
                 .grant(&rec.name, &node.name, rec.epoch)?,
         ),
         qos: rec.qos,
-        data_key: None,
+        data_key: key,
     };
     if let Err(source) = st.agents.start_engine(node.agent(), &start).await {
         let err = ControllerError::Agent {
@@ -114,7 +117,7 @@ pub(crate) async fn ensure_engine(
                 .grant(&rec.name, &node.name, rec.epoch)?,
         ),
         qos: rec.qos,
-        data_key: None,
+        data_key: data_key(st, rec)?,
     };
     st.agents
         .start_engine(node.agent(), &start)
@@ -125,6 +128,21 @@ pub(crate) async fn ensure_engine(
             source,
         })
         .map(|_| ())
+}
+
+/// An encrypted volume's data key, unwrapped for its engine (which gets it over TLS and keeps
+/// it in memory). A key that does not open refuses the start, saying why.
+fn data_key(st: &AppState, rec: &VolumeRecord) -> Result<Option<Secret>, ControllerError> {
+    let Some(wrapped) = &rec.encryption else {
+        return Ok(None);
+    };
+    let key = st
+        .keks
+        .unwrap(&rec.name, wrapped)
+        .map_err(|e| ControllerError::Refused {
+            message: e.to_string(),
+        })?;
+    Ok(Some(Secret::new(&key)))
 }
 
 /// The in-sync replicas with their nodes' replica addresses. Replicas on offline nodes are

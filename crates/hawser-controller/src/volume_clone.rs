@@ -33,6 +33,9 @@ pub type Placed = (Vec<Replica>, VolumePlacement, BTreeMap<String, SnapshotRef>)
 /// Where a clone comes from, resolved.
 pub struct CloneSource {
     pub snapshot: SnapshotRecord,
+    /// The source volume's name and wrapped data key, when it is encrypted: the clone's data
+    /// is its ciphertext, so the clone gets the same key.
+    pub encryption: Option<(String, crate::volume_keys::WrappedKey)>,
     /// The replicas holding a copy: their node and pool.
     pub holders: Vec<Replica>,
     /// A snapshot taken for this clone (of a volume), deleted once the clone exists.
@@ -73,6 +76,7 @@ pub async fn resolve(
     })?;
     let source = CloneSource {
         snapshot: s.clone(),
+        encryption: v.encryption.clone().map(|k| (v.name.clone(), k)),
         holders: v
             .replicas
             .iter()

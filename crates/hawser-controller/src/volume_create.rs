@@ -14,6 +14,7 @@ use crate::errors::ControllerError;
 use crate::model::{NodeRecord, VolumeRecord};
 use crate::placement::{default_zone_spread, Candidate, Request};
 use crate::state::AppState;
+use crate::volume_keys::WrappedKey;
 
 pub async fn create_volume(
     st: &AppState,
@@ -47,11 +48,44 @@ pub async fn create_volume(
         Some(from) => Some(crate::volume_clone::resolve(st, &req, from).await?),
         None => None,
     };
-    let created = place_and_create(st, &req, &nodes, usable, source.as_ref()).await;
+    let encryption = match data_key(st, &req, source.as_ref()) {
+        Ok(k) => k,
+        Err(e) => {
+            if let Some(s) = &source {
+                crate::volume_clone::finish(st, s).await;
+            }
+            return Err(e);
+        }
+    };
+    let created = place_and_create(st, &req, &nodes, usable, source.as_ref(), &encryption).await;
     if let Some(s) = &source {
         crate::volume_clone::finish(st, s).await;
     }
     created
+}
+
+/// The new volume's wrapped data key: a clone of an encrypted volume gets its source's key
+/// (re-wrapped for its own name), an encrypted volume a new one, any other none. A clone of
+/// a plain volume cannot be encrypted: its data would be plaintext under a key.
+fn data_key(
+    st: &AppState,
+    req: &CreateVolume,
+    source: Option<&crate::volume_clone::CloneSource>,
+) -> Result<Option<WrappedKey>, ControllerError> {
+    let keys = |e: crate::volume_keys::KeyError| ControllerError::invalid(e.to_string());
+    match source.map(|s| &s.encryption) {
+        Some(Some((from, wrapped))) => {
+            let key = st.keks.unwrap(from, wrapped).map_err(keys)?;
+            Ok(Some(st.keks.wrap(&req.name, &key).map_err(keys)?))
+        }
+        Some(None) if req.encrypted => Err(ControllerError::invalid(
+            "a clone of an unencrypted snapshot or volume cannot be encrypted: its data \
+             starts as the source's plaintext",
+        )),
+        Some(None) => Ok(None),
+        None if req.encrypted => Ok(Some(st.keks.new_data_key(&req.name).map_err(keys)?.1)),
+        None => Ok(None),
+    }
 }
 
 async fn place_and_create(
@@ -60,6 +94,7 @@ async fn place_and_create(
     nodes: &[NodeRecord],
     mut usable: Vec<NodeRecord>,
     source: Option<&crate::volume_clone::CloneSource>,
+    encryption: &Option<WrappedKey>,
 ) -> Result<VolumeRecord, ControllerError> {
     let mut unanswered: Option<ControllerError> = None;
     for _ in 0..=MAX_UNANSWERED_NODES {
@@ -71,7 +106,7 @@ async fn place_and_create(
             Ok(placed) => placed,
             Err(e) => return Err(unanswered.unwrap_or(e)),
         };
-        match create_placed(st, req, replicas, placement, nodes, &seeds).await {
+        match create_placed(st, req, replicas, placement, nodes, &seeds, encryption).await {
             Err(ControllerError::Agent { node, op, source }) if source.never_sent() => {
                 tracing::warn!(
                     volume = %req.name, node = %node, error = %source,
@@ -95,6 +130,7 @@ async fn create_placed(
     placement: VolumePlacement,
     nodes: &[NodeRecord],
     seeds: &BTreeMap<String, SnapshotRef>,
+    encryption: &Option<WrappedKey>,
 ) -> Result<VolumeRecord, ControllerError> {
     let record = VolumeRecord {
         name: req.name.clone(),
@@ -113,6 +149,7 @@ async fn create_placed(
         origin: req.from.clone(),
         restoring: None,
         qos: req.qos,
+        encryption: encryption.clone(),
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back

@@ -142,6 +142,7 @@ mod tests {
             origin: None,
             restoring: None,
             qos: Default::default(),
+            encryption: None,
         }
     }
 

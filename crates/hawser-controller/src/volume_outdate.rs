@@ -251,6 +251,7 @@ mod tests {
             origin: None,
             restoring: None,
             qos: Default::default(),
+            encryption: None,
         }
     }
 
@@ -432,6 +433,7 @@ mod tests {
             events: crate::events::ClusterEvents::none(),
             waiting: Default::default(),
             metrics: Default::default(),
+            keks: crate::volume_keys::Keks::new(std::path::Path::new("/nonexistent")),
         });
         let report = |id: &'static str| {
             let st = st.clone();

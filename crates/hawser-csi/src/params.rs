@@ -35,6 +35,7 @@ const KEYS: &[&str] = &[
     "zoneSpread",
     "locality",
     "onQuorumLoss",
+    "encrypted",
     "iopsLimit",
     "readIopsLimit",
     "writeIopsLimit",
@@ -54,6 +55,7 @@ pub struct VolumeParams {
     pub locality: bool,
     pub on_quorum_loss: QuorumLoss,
     pub qos: Qos,
+    pub encrypted: bool,
 }
 
 impl Default for VolumeParams {
@@ -66,6 +68,7 @@ impl Default for VolumeParams {
             locality: true,
             on_quorum_loss: QuorumLoss::Suspend,
             qos: Qos::default(),
+            encrypted: false,
         }
     }
 }
@@ -117,6 +120,13 @@ pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, String> {
                     "suspend" => QuorumLoss::Suspend,
                     "fail" => QuorumLoss::Fail,
                     _ => return Err(bad("suspend or fail")),
+                }
+            }
+            "encrypted" => {
+                p.encrypted = match value {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(bad("true or false")),
                 }
             }
             k if limit(k).is_some() => {
@@ -189,6 +199,7 @@ impl VolumeParams {
             on_quorum_loss: self.on_quorum_loss,
             from: None,
             qos: self.qos,
+            encrypted: self.encrypted,
         }
     }
 
@@ -242,6 +253,7 @@ mod tests {
                 locality: false,
                 on_quorum_loss: QuorumLoss::Fail,
                 qos: Qos::default(),
+                encrypted: false,
             }
         );
         assert_eq!(parse(&map(&[])), Ok(VolumeParams::default()));

@@ -57,6 +57,10 @@ pub enum VolumeCmd {
         /// (suspend) or fail with EIO (fail).
         #[arg(long, value_enum, default_value_t = QuorumLossArg::Suspend)]
         on_quorum_loss: QuorumLossArg,
+        /// Encrypt its data at rest (XTS-AES-256 in the engine, with a key of its own). A clone
+        /// of an encrypted volume is encrypted by itself.
+        #[arg(long)]
+        encrypted: bool,
         #[command(flatten)]
         limits: QosArgs,
         #[command(flatten)]
@@ -181,6 +185,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             prefer_node,
             on_quorum_loss,
             from,
+            encrypted,
             limits,
             out,
         } => {
@@ -202,6 +207,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 on_quorum_loss: on_quorum_loss.into(),
                 from,
                 qos: limits.qos(),
+                encrypted,
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
@@ -416,6 +422,9 @@ fn details(v: &Volume) -> String {
         line("NBD unix:", uri.clone());
     }
     line("Policy:", placement(v));
+    if v.encrypted {
+        line("Encrypted:", "XTS-AES-256, a key of its own".into());
+    }
     if let Some(limits) = crate::cli::qos::describe(v) {
         line("Limits:", limits);
     }
