@@ -1,11 +1,13 @@
 //! Fuzzes the on-disk replica metadata decoder. Each input is tried as is, and as a 4096-byte
-//! record with magic, checksum and a version (the current one, or version 1, which still
-//! decodes) patched in, so the field checks behind the checksum are reached too. A decoded
-//! record must survive an encode/decode roundtrip (an old record re-encodes in the current
-//! version).
+//! record with magic, checksum and a version (the current one; version 1, which still
+//! decodes; version 3, which adds a key check) patched in, so the field checks behind the
+//! checksum are reached too. A decoded record must survive an encode/decode roundtrip (an old
+//! record re-encodes in the current version).
 #![no_main]
 
-use hawser_wire::meta::{ReplicaMeta, META_LEN, META_MAGIC, META_VERSION};
+use hawser_wire::meta::{
+    ReplicaMeta, KEY_CHECK_BYTES, META_LEN, META_MAGIC, META_VERSION, META_VERSION_KEYED,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn check(data: &[u8]) {
@@ -41,12 +43,19 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let v1 = patched(&v1, 1);
     let meta = ReplicaMeta::decode(&v1).expect("a version-1 record decodes");
     let current = meta.encode().expect("meta");
-    vec![("version-1", v1), ("current", current)]
+    let keyed = ReplicaMeta {
+        key_check: Some([0x5a; KEY_CHECK_BYTES]),
+        ..meta
+    }
+    .encode()
+    .expect("meta");
+    vec![("version-1", v1), ("current", current), ("keyed", keyed)]
 }
 
 fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
     check(data);
     check(&patched(data, META_VERSION));
+    check(&patched(data, META_VERSION_KEYED));
     if META_VERSION != 1 {
         check(&patched(data, 1));
     }

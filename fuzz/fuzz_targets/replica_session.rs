@@ -1110,6 +1110,7 @@ fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
                 size: SIZE,
                 thin: true,
                 cluster: None,
+                key_check: None,
             },
         )
         .expect("create the replica");

@@ -224,7 +224,8 @@ fn storage_error(e: StorageError) -> Failure {
         StorageError::InvalidSize { .. }
         | StorageError::InvalidId { .. }
         | StorageError::Shrink { .. }
-        | StorageError::WrongKind { .. } => ErrorCode::InvalidArgument,
+        | StorageError::WrongKind { .. }
+        | StorageError::KeyMismatch { .. } => ErrorCode::InvalidArgument,
         StorageError::InUse { .. } | StorageError::OtherCluster { .. } => ErrorCode::Conflict,
         StorageError::Io { .. } | StorageError::Meta { .. } => ErrorCode::Internal,
     };
@@ -269,6 +270,7 @@ async fn create_replica(
         size: req.size_bytes,
         thin: req.thin,
         cluster: req.cluster_id.clone(),
+        key_check: req.key_check.map(|k| k.0),
     };
     let storage = s.storage.clone();
     let replica = tokio::task::spawn_blocking(move || {

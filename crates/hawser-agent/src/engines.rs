@@ -204,6 +204,8 @@ impl Engines {
         resync_rate: ResyncRates,
         controller_auth: &LinkAuth,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
+        // A wrong key is refused before a running engine is stopped for it.
+        VolumeEngine::keys(req, node, storage)?;
         let existing = self.lock().get(&req.volume).cloned();
         let Some(export) = existing else {
             let engine =

@@ -3,7 +3,8 @@
 //! cluster's public key (from its registration) and accepts a grant only if that key signed
 //! it, for the cluster, volume and epoch at hand.
 
-use hawser_wire::grant::{Grant, SnapshotReadGrant};
+use hawser_api::KeyCheck;
+use hawser_wire::grant::{Grant, SnapshotReadGrant, KEY_CHECK_BYTES};
 
 /// Why a grant is not good enough.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -14,6 +15,11 @@ pub enum GrantRefusal {
     Malformed(String),
     #[error("the epoch grant's signature is not the cluster's")]
     BadSignature,
+    #[error(
+        "the epoch grant's data key check {granted} is not the replica's {recorded}: the \
+         engine's key is not the one this replica's data is encrypted with"
+    )]
+    KeyCheck { granted: String, recorded: String },
     #[error("the epoch grant is for {what} {granted:?}, not {asked:?}")]
     Mismatch {
         what: &'static str,
@@ -69,6 +75,41 @@ pub fn check(
     Ok(grant)
 }
 
+/// Checks that grant `g` carries the key check a replica recorded (`None`: a plain replica,
+/// which only a plain engine may open).
+pub fn check_key(g: &Grant, recorded: Option<[u8; KEY_CHECK_BYTES]>) -> Result<(), GrantRefusal> {
+    if g.key_check == recorded {
+        return Ok(());
+    }
+    Err(GrantRefusal::KeyCheck {
+        granted: shown(g.key_check),
+        recorded: shown(recorded),
+    })
+}
+
+/// Checks that an engine whose data key has check `engine` (None: no key) may open a replica
+/// that recorded `recorded`: the local replica's counterpart of [`check_key`].
+pub fn check_key_of(
+    replica: &str,
+    recorded: Option<[u8; KEY_CHECK_BYTES]>,
+    engine: Option<[u8; KEY_CHECK_BYTES]>,
+) -> anyhow::Result<()> {
+    if recorded == engine {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "replica {replica} records data key check {}, the engine's key has {}: it is not the \
+         key this replica's data is encrypted with",
+        shown(recorded),
+        shown(engine)
+    )
+}
+
+/// A key check as errors show it.
+fn shown(k: Option<[u8; KEY_CHECK_BYTES]>) -> String {
+    k.map_or_else(|| "none (not encrypted)".to_string(), |k| KeyCheck(k).hex())
+}
+
 /// Checks a snapshot-read grant (`signed`) for `cluster` and, when known, the reading
 /// `node`; the caller checks its volume against the replica's.
 pub fn check_snapshot_read(
@@ -116,6 +157,7 @@ mod tests {
             volume: "v".into(),
             node: "n1".into(),
             epoch,
+            key_check: None,
         };
         let mut b = g.body().unwrap();
         let sig = k.sign(&b);

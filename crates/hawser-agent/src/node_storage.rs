@@ -180,7 +180,18 @@ impl NodeStorage {
                 id: format!("pool {pool}"),
             })?;
         let source = match from {
-            Some(f) => Some(self.existing(&f.replica_id)?.snapshot_file(&f.snapshot)?),
+            Some(f) => {
+                let original = self.existing(&f.replica_id)?;
+                // A copy of ciphertext is readable only with its key: the copy must record the
+                // key check it was written with (a clone re-wraps its source's data key).
+                if original.key_check() != new.key_check {
+                    return Err(StorageError::KeyMismatch {
+                        id: new.id.clone(),
+                        source_id: f.replica_id.clone(),
+                    });
+                }
+                Some(original.snapshot_file(&f.snapshot)?)
+            }
             None => None,
         };
         p.create_replica_from(new, source.as_deref())
@@ -345,6 +356,7 @@ impl NodeStorage {
                 failed: true,
                 error: Some(b.reason),
                 cluster_id: None,
+                key_check: None,
             })
         });
         self.pools
@@ -369,5 +381,6 @@ pub fn status(r: &Replica) -> ReplicaStatus {
         failed: r.is_failed(),
         error: None,
         cluster_id: r.cluster(),
+        key_check: r.key_check().map(hawser_api::KeyCheck),
     }
 }

@@ -339,6 +339,7 @@ async fn hello(
         reply(out, (h.reply(Status::Denied), None));
         return Err(FrameIoError::Closed);
     }
+    let mut granted = None;
     if let Some(key) = &key {
         let want = Expected {
             cluster: &cluster,
@@ -346,10 +347,13 @@ async fn hello(
             epoch: h.epoch,
             node: client,
         };
-        if let Err(e) = grants::check(key, req.grant.as_deref(), &want) {
-            tracing::debug!(replica = id, epoch = h.epoch, error = %e, "Hello refused");
-            reply(out, (h.reply(Status::Denied), None));
-            return Err(FrameIoError::Closed);
+        match grants::check(key, req.grant.as_deref(), &want) {
+            Ok(g) => granted = Some(g),
+            Err(e) => {
+                tracing::debug!(replica = id, epoch = h.epoch, error = %e, "Hello refused");
+                reply(out, (h.reply(Status::Denied), None));
+                return Err(FrameIoError::Closed);
+            }
         }
     }
     let replica = match storage.replica(id) {
@@ -359,6 +363,16 @@ async fn hello(
             return Err(FrameIoError::Closed);
         }
     };
+    if let Some(g) = &granted {
+        // Before the epoch is raised: an engine holding another data key than the one this
+        // replica's data is encrypted with (or none, or one for a plain replica) would write
+        // what no key reads back.
+        if let Err(e) = grants::check_key(g, replica.key_check()) {
+            tracing::warn!(replica = id, epoch = h.epoch, error = %e, "Hello refused");
+            reply(out, (h.reply(Status::Denied), None));
+            return Err(FrameIoError::Closed);
+        }
+    }
     let gate = sessions.gate(id);
     let id = {
         // Waits for the executing requests of older sessions; newer requests of those

@@ -108,6 +108,12 @@ pub struct VolumeEngine {
     me: Weak<VolumeEngine>,
 }
 
+/// What [`VolumeEngine::keys`] found.
+pub struct Keys {
+    cipher: Option<crate::volume_crypt::VolumeCipher>,
+    grant: Option<Vec<u8>>,
+}
+
 impl VolumeEngine {
     /// Build the engine, raise the local replica's epoch and connect to the remote in-sync
     /// ones. A remote replica that cannot be reached is reported lost (and outdated through
@@ -124,6 +130,49 @@ impl VolumeEngine {
         Self::start_with_auth(req, node, storage, resync_rate, &LinkAuth::default()).await
     }
 
+    /// An engine's data key and grant, checked against each other and against the local
+    /// replicas' recorded key checks: a start that would open replicas with another key than
+    /// their data's is refused here, before anything is touched (`Engines::start` calls this
+    /// before it stops a running engine).
+    pub fn keys(req: &StartEngine, node: &str, storage: &NodeStorage) -> anyhow::Result<Keys> {
+        let (cipher, check) = match &req.data_key {
+            Some(key) => {
+                let bytes = key
+                    .bytes()
+                    .ok_or_else(|| anyhow::anyhow!("the volume's data key is not base64"))?;
+                let check = hawser_api::KeyCheck::of(&bytes).0;
+                (
+                    Some(crate::volume_crypt::VolumeCipher::new(&bytes)?),
+                    Some(check),
+                )
+            }
+            None => (None, None),
+        };
+        let grant = match &req.grant {
+            Some(g) => {
+                use base64::Engine as _;
+                Some(base64::engine::general_purpose::STANDARD.decode(g)?)
+            }
+            None => None,
+        };
+        if let Some(g) = &grant {
+            // The grant's key check is what the remote replicas compare with theirs; it must be
+            // this key's, or they would accept what this engine cannot read (or the reverse).
+            let (g, _, _) = hawser_wire::grant::Grant::decode(g)?;
+            anyhow::ensure!(
+                g.key_check == check,
+                "the epoch grant's data key check does not match the data key given with it \
+                 (or one of them is missing)"
+            );
+        }
+        for r in req.replicas.iter().filter(|r| r.node == node) {
+            if let Some(replica) = storage.replica(&r.replica_id) {
+                crate::grants::check_key_of(&r.replica_id, replica.key_check(), check)?;
+            }
+        }
+        Ok(Keys { cipher, grant })
+    }
+
     /// [`VolumeEngine::start`] whose reports to the controller authenticate as `controller_auth`
     /// says (the controller refuses reports without credentials).
     pub async fn start_with_auth(
@@ -133,6 +182,7 @@ impl VolumeEngine {
         resync_rate: ResyncRates,
         controller_auth: &LinkAuth,
     ) -> anyhow::Result<Arc<VolumeEngine>> {
+        let Keys { cipher, grant, .. } = Self::keys(req, node, storage)?;
         let mut handles = Vec::new();
         let mut specs = Vec::new();
         for r in &req.replicas {
@@ -181,22 +231,6 @@ impl VolumeEngine {
                 QuorumLoss::Fail => NoQuorum::Fail,
             },
             ..EngineConfig::default()
-        };
-        let cipher = match &req.data_key {
-            Some(key) => {
-                let bytes = key
-                    .bytes()
-                    .ok_or_else(|| anyhow::anyhow!("the volume's data key is not base64"))?;
-                Some(crate::volume_crypt::VolumeCipher::new(&bytes)?)
-            }
-            None => None,
-        };
-        let grant = match &req.grant {
-            Some(g) => {
-                use base64::Engine as _;
-                Some(base64::engine::general_purpose::STANDARD.decode(g)?)
-            }
-            None => None,
         };
         let ve = Arc::new_cyclic(|me| VolumeEngine {
             volume: req.volume.clone(),

@@ -2,7 +2,8 @@
 //! plane: one local and one remote replica. What the client writes reads back as written;
 //! neither replica's file holds any of it in the clear, and both hold the same ciphertext; a
 //! zeroing reads back as zeros; a new engine (another epoch, as after a move) with the same
-//! key reads the data, and one with another key does not.
+//! key reads the data, and one with another key, or none, is refused by the replicas' key
+//! check before it touches anything.
 
 mod node_support;
 
@@ -69,18 +70,34 @@ async fn an_encrypted_volume_stores_only_ciphertext_and_reads_back_with_its_key(
         "zeros are stored encrypted"
     );
 
-    // A new engine, in a later epoch: with the volume's key it reads the data; with another
-    // it reads noise.
+    // A new engine, in a later epoch: with the volume's key it reads the data; another key,
+    // or none, is refused by the local replica's key check before the running engine stops.
     let mut req = t.req.clone();
-    for (epoch, k, readable) in [(2, key(1), true), (3, key(2), false), (4, key(1), true)] {
-        req.epoch = epoch;
-        req.data_key = Some(k);
-        t.engines
-            .start(&req, "a", &t.a, ResyncRates::default(), &Default::default())
-            .await
-            .expect("start the next engine");
-        let got = dev.read(5 << 20, 64 << 10).await.expect("read");
-        assert_eq!(got == data, readable, "epoch {epoch}");
+    req.epoch = 2;
+    let start = |req: hawser_api::agent::StartEngine| {
+        let (engines, a) = (t.engines.clone(), t.a.clone());
+        async move {
+            engines
+                .start(&req, "a", &a, ResyncRates::default(), &Default::default())
+                .await
+        }
+    };
+    start(req.clone()).await.expect("start the next engine");
+    assert_eq!(dev.read(5 << 20, 64 << 10).await.expect("read"), data);
+    for (wrong, why) in [(Some(key(2)), "another key"), (None, "no key")] {
+        req.epoch += 1;
+        req.data_key = wrong;
+        let e = start(req.clone()).await.err().expect(why).to_string();
+        assert!(
+            e.contains("not the key this replica's data is encrypted with"),
+            "{e}"
+        );
+        assert_eq!(
+            dev.read(5 << 20, 64 << 10).await.expect("read"),
+            data,
+            "the running engine serves on after a refused start with {why}"
+        );
+        assert_eq!(t.a.replica("vol-a").expect("a").epoch(), 2, "{why}");
     }
     let _ = t.stop.send(true);
 }

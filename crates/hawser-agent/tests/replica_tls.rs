@@ -75,6 +75,7 @@ async fn a_tls_node_without_the_grant_key_opens_no_session() {
         volume: "vol".into(),
         node: "a".into(),
         epoch: 5,
+        key_check: None,
     };
     let mut signed = grant.body().unwrap();
     signed.extend_from_slice(key.sign(&signed).as_ref());
@@ -110,4 +111,124 @@ async fn a_tls_node_without_the_grant_key_opens_no_session() {
     assert_eq!(hello(&addr, client.clone(), 5, &bare).await, Status::Denied);
     assert_eq!(hello(&addr, client, 5, &granted).await, Status::Ok);
     assert_eq!(epoch(), 5);
+}
+
+/// A replica of an encrypted volume records its data key's check, and its server opens a
+/// session only for a grant carrying the same check: not for another key's, nor for a plain
+/// grant; and a plain replica does not open for a keyed grant. Nor can it be cloned into a
+/// replica that records another check.
+#[tokio::test]
+async fn replicas_open_only_for_grants_with_their_key_check() {
+    use hawser_api::KeyCheck;
+    use hawser_storage::NewReplica;
+    let dir = TempDir::new("replica-key-check");
+    let b = node(&dir.0, "b", 1 << 20);
+    let right = KeyCheck::of(&[1u8; 64]);
+    let keyed = NewReplica {
+        id: "sec-b".into(),
+        volume: "sec".into(),
+        size: 1 << 20,
+        thin: true,
+        cluster: Some("c1".into()),
+        key_check: Some(right.0),
+    };
+    b.create("default", &keyed).unwrap();
+    let ca = Ca::generate("c1").unwrap();
+    let server =
+        hawser_tls::server_config(ca.cert_pem(), slot(&ca, "b"), ClientAuth::Required).unwrap();
+    let client =
+        hawser_tls::client_config(ca.cert_pem(), Peer::Node("b".into()), Some(slot(&ca, "a")))
+            .unwrap();
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let rl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = rl.local_addr().unwrap().to_string();
+    tokio::spawn(replica_server::serve(rl, b.clone(), Some(server), stop_rx));
+    let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7u8; 32]).unwrap();
+    b.learn_cluster(&ClusterJoin {
+        metrics_sha256: Vec::new(),
+        id: "c1".into(),
+        grant_key: base64::engine::general_purpose::STANDARD.encode(key.public_key().as_ref()),
+    });
+    let hello_with = |replica: &str, volume: &str, epoch: u64, check: Option<KeyCheck>| {
+        let grant = Grant {
+            cluster: "c1".into(),
+            volume: volume.into(),
+            node: "a".into(),
+            epoch,
+            key_check: check.map(|k| k.0),
+        };
+        let mut signed = grant.body().unwrap();
+        signed.extend_from_slice(key.sign(&signed).as_ref());
+        HelloRequest {
+            replica: replica.into(),
+            grant: Some(signed),
+        }
+        .encode()
+    };
+    let epoch_of = |id: &str| {
+        b.replica_statuses()
+            .into_iter()
+            .find(|r| r.replica_id == id)
+            .unwrap()
+            .epoch
+    };
+    let wrong = KeyCheck::of(&[2u8; 64]);
+    for (what, check) in [("another key's check", Some(wrong)), ("no key check", None)] {
+        let status = hello(
+            &addr,
+            client.clone(),
+            3,
+            &hello_with("sec-b", "sec", 3, check),
+        )
+        .await;
+        assert_eq!(status, Status::Denied, "{what}");
+    }
+    assert_eq!(epoch_of("sec-b"), 0, "no refused Hello raised the epoch");
+    let status = hello(
+        &addr,
+        client.clone(),
+        3,
+        &hello_with("vol-b", "vol", 3, Some(right)),
+    )
+    .await;
+    assert_eq!(status, Status::Denied, "a keyed grant for a plain replica");
+    assert_eq!(epoch_of("vol-b"), 0);
+    let status = hello(
+        &addr,
+        client.clone(),
+        3,
+        &hello_with("sec-b", "sec", 3, Some(right)),
+    )
+    .await;
+    assert_eq!(status, Status::Ok, "the replica's own key check");
+    assert_eq!(epoch_of("sec-b"), 3);
+    let status = hello(&addr, client, 4, &hello_with("vol-b", "vol", 4, None)).await;
+    assert_eq!(status, Status::Ok, "a plain grant for a plain replica");
+
+    // A clone must record its source's key check.
+    b.take_snapshot("sec-b", 3, "s1").unwrap();
+    let from = hawser_api::agent::SnapshotRef {
+        replica_id: "sec-b".into(),
+        snapshot: "s1".into(),
+    };
+    for check in [None, Some(wrong.0)] {
+        let copy = NewReplica {
+            id: "copy-b".into(),
+            volume: "copy".into(),
+            key_check: check,
+            ..keyed.clone()
+        };
+        let e = b.create_from("default", &copy, Some(&from)).unwrap_err();
+        assert!(
+            matches!(e, hawser_storage::StorageError::KeyMismatch { .. }),
+            "{e}"
+        );
+    }
+    let copy = NewReplica {
+        id: "copy-b".into(),
+        volume: "copy".into(),
+        ..keyed.clone()
+    };
+    let made = b.create_from("default", &copy, Some(&from)).unwrap();
+    assert_eq!(made.key_check(), Some(right.0));
 }

@@ -35,6 +35,10 @@ pub struct CreateReplica {
     /// Start as a copy of this snapshot of a replica on the same node (a clone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<SnapshotRef>,
+    /// An encrypted volume's key check, recorded in the replica's metadata: an engine whose
+    /// grant names another is refused (docs/security.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_check: Option<crate::KeyCheck>,
 }
 
 /// A snapshot of a replica.
@@ -158,6 +162,9 @@ pub struct ReplicaStatus {
     /// The cluster recorded in its metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
+    /// The key check recorded in its metadata (an encrypted volume's replica).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_check: Option<crate::KeyCheck>,
 }
 
 /// One replica an engine writes to.

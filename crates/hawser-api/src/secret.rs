@@ -29,9 +29,98 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Bytes in a key check.
+pub const KEY_CHECK_BYTES: usize = 16;
+
+/// A data key's check value: the first 16 bytes of SHA-256 over a fixed label and the key.
+/// It is recorded in each replica of an encrypted volume and in the volume's record, and
+/// carried in the engine's signed grant, so that an engine holding another key than the one
+/// a replica's data was written with is refused before it reads or writes (as LUKS keeps a
+/// digest of its master key). It reveals nothing usable about a random 512-bit key. Shown
+/// and sent as 32 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyCheck(pub [u8; KEY_CHECK_BYTES]);
+
+impl KeyCheck {
+    const LABEL: &'static [u8] = b"hawser volume key check v1\0";
+
+    pub fn of(data_key: &[u8]) -> KeyCheck {
+        use sha2::Digest as _;
+        let mut h = sha2::Sha256::new();
+        h.update(Self::LABEL);
+        h.update(data_key);
+        let mut check = [0u8; KEY_CHECK_BYTES];
+        check.copy_from_slice(&h.finalize()[..KEY_CHECK_BYTES]);
+        KeyCheck(check)
+    }
+
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses 32 hex digits; `None` for anything else.
+    pub fn parse_hex(s: &str) -> Option<KeyCheck> {
+        let b = s.as_bytes();
+        if b.len() != 2 * KEY_CHECK_BYTES {
+            return None;
+        }
+        let mut check = [0u8; KEY_CHECK_BYTES];
+        for (i, pair) in b.chunks_exact(2).enumerate() {
+            let digits = std::str::from_utf8(pair).ok()?;
+            check[i] = u8::from_str_radix(digits, 16).ok()?;
+        }
+        Some(KeyCheck(check))
+    }
+}
+
+impl std::fmt::Debug for KeyCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyCheck({})", self.hex())
+    }
+}
+
+impl Serialize for KeyCheck {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for KeyCheck {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<KeyCheck, D::Error> {
+        let s = String::deserialize(d)?;
+        KeyCheck::parse_hex(&s)
+            .ok_or_else(|| serde::de::Error::custom("a key check is 32 hexadecimal digits"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_checks_tell_keys_apart_and_roundtrip_as_hex() {
+        let a = KeyCheck::of(&[1u8; 64]);
+        assert_eq!(a, KeyCheck::of(&[1u8; 64]));
+        assert_ne!(a, KeyCheck::of(&[2u8; 64]));
+        assert_eq!(KeyCheck::parse_hex(&a.hex()), Some(a));
+        let json = serde_json::to_string(&a).unwrap_or_default();
+        assert_eq!(json, format!("\"{}\"", a.hex()));
+        assert_eq!(serde_json::from_str::<KeyCheck>(&json).ok(), Some(a));
+        for bad in [
+            "",
+            "00",
+            &"g".repeat(32),
+            &"0".repeat(33),
+            "é0000000000000000000000000000000",
+        ] {
+            assert_eq!(KeyCheck::parse_hex(bad), None, "{bad}");
+        }
+        // Fixed for good: replicas keep it, so every node must compute the same value.
+        assert_eq!(
+            KeyCheck::of(&[0u8; 64]).hex(),
+            "a9154a235b4d6218de46959eb2e6389e"
+        );
+    }
 
     #[test]
     fn a_secret_roundtrips_as_base64_and_never_debug_prints() {

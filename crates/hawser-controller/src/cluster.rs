@@ -92,14 +92,22 @@ impl Signer {
         base64::engine::general_purpose::STANDARD.encode(self.key.public_key().as_ref())
     }
 
-    /// The signed grant (base64) for an engine of `volume` on `node` at `epoch`.
-    pub fn grant(&self, volume: &str, node: &str, epoch: u64) -> Result<String, ControllerError> {
+    /// The signed grant (base64) for an engine of `volume` on `node` at `epoch`, carrying an
+    /// encrypted volume's key check.
+    pub fn grant(
+        &self,
+        volume: &str,
+        node: &str,
+        epoch: u64,
+        key_check: Option<hawser_api::KeyCheck>,
+    ) -> Result<String, ControllerError> {
         use base64::Engine as _;
         let g = hawser_wire::grant::Grant {
             cluster: self.cluster.clone(),
             volume: volume.into(),
             node: node.into(),
             epoch,
+            key_check: key_check.map(|k| k.0),
         };
         let mut signed = g
             .body()
@@ -549,6 +557,7 @@ mod tests {
                 failed: false,
                 error: None,
                 cluster_id: Some("c1".into()),
+                key_check: None,
             },
             journal: journal.map(|(epoch, seq, lacking)| JournalSummary {
                 epoch,

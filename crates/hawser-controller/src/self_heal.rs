@@ -140,6 +140,7 @@ async fn add_blank(
         thin: v.thin,
         cluster_id: Some(crate::cluster::identity(st).await?.id),
         from: None,
+        key_check: v.encryption.as_ref().map(|w| w.check),
     };
     if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
         st.reservations.release(&id);

@@ -70,11 +70,12 @@ pub async fn attach_volume(
         controller_url: st.engine_controller_urls().await,
         on_quorum_loss: rec.on_quorum_loss,
         export: true,
-        grant: Some(
-            crate::cluster::signer(st)
-                .await?
-                .grant(&rec.name, &node.name, rec.epoch)?,
-        ),
+        grant: Some(crate::cluster::signer(st).await?.grant(
+            &rec.name,
+            &node.name,
+            rec.epoch,
+            key_check(&rec),
+        )?),
         qos: rec.qos,
         data_key: key,
     };
@@ -111,11 +112,12 @@ pub(crate) async fn ensure_engine(
         on_quorum_loss: rec.on_quorum_loss,
         // Only an attached volume is served; a detached one's engine only syncs replicas.
         export: rec.state == VolumeState::Attached,
-        grant: Some(
-            crate::cluster::signer(st)
-                .await?
-                .grant(&rec.name, &node.name, rec.epoch)?,
-        ),
+        grant: Some(crate::cluster::signer(st).await?.grant(
+            &rec.name,
+            &node.name,
+            rec.epoch,
+            key_check(&rec),
+        )?),
         qos: rec.qos,
         data_key: data_key(st, rec)?,
     };
@@ -128,6 +130,11 @@ pub(crate) async fn ensure_engine(
             source,
         })
         .map(|_| ())
+}
+
+/// The key check an encrypted volume's grants carry.
+fn key_check(rec: &VolumeRecord) -> Option<hawser_api::KeyCheck> {
+    rec.encryption.as_ref().map(|w| w.check)
 }
 
 /// An encrypted volume's data key, unwrapped for its engine (which gets it over TLS and keeps

@@ -51,6 +51,11 @@ pub enum KeyError {
          is not the one it was wrapped with, or the record was altered"
     )]
     WrongKek { volume: String, kek: u32 },
+    #[error(
+        "volume {volume}'s data key opens but does not match the key check in its record: \
+         the record was altered"
+    )]
+    CheckMismatch { volume: String },
     #[error("the OS random source failed")]
     Random,
 }
@@ -63,6 +68,9 @@ pub struct WrappedKey {
     pub kek: u32,
     /// Nonce, ciphertext and tag, base64.
     pub wrapped: String,
+    /// The data key's check value, which the volume's replicas record at create and its
+    /// engines' grants carry (`hawser_api::KeyCheck`). A rotation leaves it as it is.
+    pub check: hawser_api::KeyCheck,
 }
 
 /// The KEKs in a controller's data directory.
@@ -209,6 +217,7 @@ impl Keks {
         Ok(WrappedKey {
             kek,
             wrapped: base64::engine::general_purpose::STANDARD.encode(out),
+            check: hawser_api::KeyCheck::of(key),
         })
     }
 
@@ -234,6 +243,13 @@ impl Keks {
             .map_err(|_| wrong())?;
         if key.len() != DATA_KEY_BYTES {
             return Err(wrong());
+        }
+        if hawser_api::KeyCheck::of(key) != w.check {
+            // The tag held, so the record's key check was altered, or written by a bug:
+            // refuse rather than let replicas refuse an engine one by one.
+            return Err(KeyError::CheckMismatch {
+                volume: volume.into(),
+            });
         }
         Ok(key.to_vec())
     }
@@ -282,6 +298,8 @@ mod tests {
         assert_eq!(keks.rotate().unwrap(), 2);
         let w2 = keks.rewrap("v", &w).unwrap();
         assert_eq!(w2.kek, 2);
+        assert_eq!(w2.check, w.check, "the replicas' key check stays");
+        assert_eq!(w.check, hawser_api::KeyCheck::of(&key));
         assert_eq!(keks.unwrap("v", &w2).unwrap(), key);
         assert_eq!(keks.unwrap("v", &w).unwrap(), key);
         std::fs::remove_file(dir.path().join("volume-keys/kek-1.key")).unwrap();
@@ -299,6 +317,7 @@ mod tests {
         let path = dir.path().join("volume-keys/kek-1.key");
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+        let original = std::fs::read(&path).unwrap();
         std::fs::write(&path, [9u8; 32]).unwrap();
         let e = keks.unwrap("v", &w).unwrap_err().to_string();
         assert!(e.contains("does not open with key-encryption key 1"), "{e}");
@@ -307,10 +326,21 @@ mod tests {
             keks.unwrap("v", &w),
             Err(KeyError::BadKek { len: 5, .. })
         ));
+        // A record whose key check was altered is refused though its key opens.
+        std::fs::write(&path, &original).unwrap();
+        let altered = WrappedKey {
+            check: hawser_api::KeyCheck([0; 16]),
+            ..w.clone()
+        };
+        assert!(matches!(
+            keks.unwrap("v", &altered),
+            Err(KeyError::CheckMismatch { .. })
+        ));
         // Garbage in a record is a wrong key, never a panic.
         let junk = WrappedKey {
             kek: 1,
             wrapped: "!!".into(),
+            check: w.check,
         };
         std::fs::write(&path, [9u8; 32]).unwrap();
         assert!(keks.unwrap("v", &junk).is_err());

@@ -496,6 +496,7 @@ async fn orphan_replicas_are_trashed_and_referenced_ones_kept() {
         thin: true,
         cluster_id: None,
         from: None,
+        key_check: None,
     };
     let n1 = c.agent("n1");
     n1.state

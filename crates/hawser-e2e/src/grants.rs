@@ -98,6 +98,7 @@ pub fn sign_grant(
         volume: volume.into(),
         node: node.into(),
         epoch,
+        key_check: None,
     };
     let mut signed = grant.body().expect("grant body");
     signed.extend_from_slice(key.sign(&signed).as_ref());

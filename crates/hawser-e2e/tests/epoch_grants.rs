@@ -33,6 +33,7 @@ fn forged(cluster: &str, volume: &str, epoch: u64) -> Vec<u8> {
         volume: volume.into(),
         node: "n1".into(),
         epoch,
+        key_check: None,
     };
     let mut b = g.body().expect("grant body");
     b.extend_from_slice(&[0x5a; SIGNATURE_BYTES]);

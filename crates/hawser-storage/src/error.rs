@@ -24,6 +24,11 @@ pub enum StorageError {
     ReplicaExists { pool: String, id: String },
     #[error("replica {id:?} not found")]
     ReplicaNotFound { id: String },
+    #[error(
+        "replica {id:?} would be a copy of {source_id:?}, whose data is encrypted with another \
+         key (or is not encrypted where the copy would be, or the reverse)"
+    )]
+    KeyMismatch { id: String, source_id: String },
     #[error("invalid replica size {size}: must be a positive multiple of 4096")]
     InvalidSize { size: u64 },
     #[error(

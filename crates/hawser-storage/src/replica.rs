@@ -82,6 +82,8 @@ pub struct NewReplica {
     pub thin: bool,
     /// The cluster it is created for (recorded in its metadata).
     pub cluster: Option<String>,
+    /// An encrypted volume's key check (recorded in its metadata).
+    pub key_check: Option<[u8; hawser_wire::meta::KEY_CHECK_BYTES]>,
 }
 
 impl Replica {
@@ -134,6 +136,7 @@ impl Replica {
             state: ReplicaDiskState::Ok,
             thin: new.thin,
             cluster: new.cluster.clone(),
+            key_check: new.key_check,
         };
         // A new replica starts with an empty journal: nothing can differ yet. (No journal at
         // all means a replica from before journals, which recovery treats as unknown.)
@@ -258,6 +261,10 @@ impl Replica {
     /// The cluster recorded in its metadata (None: created before clusters had ids).
     pub fn cluster(&self) -> Option<String> {
         self.meta.lock().ok().and_then(|m| m.cluster.clone())
+    }
+    /// The key check recorded in its metadata (None: the volume is not encrypted).
+    pub fn key_check(&self) -> Option<[u8; hawser_wire::meta::KEY_CHECK_BYTES]> {
+        self.meta.lock().ok().and_then(|m| m.key_check)
     }
     pub fn generation(&self) -> u64 {
         self.meta.lock().map(|m| m.generation).unwrap_or(0)

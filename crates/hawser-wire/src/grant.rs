@@ -9,7 +9,15 @@
 //! controller and the agent.
 //!
 //! Signed grant: magic u64 | version u32 | epoch u64 | cluster, volume, node (each u16
-//! length + bytes) | Ed25519 signature (64 bytes) of everything before it.
+//! length + bytes) | in version 2, the volume's key check (16 bytes) | Ed25519 signature (64
+//! bytes) of everything before it. Version 2 is written only for an encrypted volume, so
+//! nodes that know only version 1 still open plain volumes.
+//!
+//! The key check is a digest of the volume's data key (docs/security.md). The engine's node
+//! compares it with the key it was given, and each replica with the key check it was
+//! created with: an engine holding another key than the one a replica's data was written
+//! with is refused before it reads or writes, and a plain engine never opens an encrypted
+//! replica, nor the reverse.
 //!
 //! Hello payload: either the replica id alone (a node that has not joined a cluster), or
 //! id_len u16 (so the second byte is 0, which no id's second byte is) | id | signed grant.
@@ -23,9 +31,13 @@ use crate::constants::MAX_ID_BYTES;
 
 pub const GRANT_MAGIC: u64 = u64::from_le_bytes(*b"HWSRGRNT");
 pub const GRANT_VERSION: u32 = 1;
+/// The version of a grant that carries a key check.
+pub const GRANT_VERSION_KEYED: u32 = 2;
 pub const SIGNATURE_BYTES: usize = 64;
-/// Longest encoded grant (three ids and the fixed fields).
-pub const MAX_GRANT_BYTES: usize = 20 + 3 * (2 + MAX_ID_BYTES) + SIGNATURE_BYTES;
+/// Length of a data key's check value.
+pub const KEY_CHECK_BYTES: usize = 16;
+/// Longest encoded grant (three ids, the fixed fields and a key check).
+pub const MAX_GRANT_BYTES: usize = 20 + 3 * (2 + MAX_ID_BYTES) + KEY_CHECK_BYTES + SIGNATURE_BYTES;
 /// Longest Hello payload: an id with its length and a grant.
 pub const MAX_HELLO_BYTES: usize = 2 + MAX_ID_BYTES + MAX_GRANT_BYTES;
 /// Longest HelloSnapshot payload: two ids with their lengths and a grant.
@@ -38,6 +50,8 @@ pub struct Grant {
     /// The node whose engine it is for.
     pub node: String,
     pub epoch: u64,
+    /// The volume's data key check; `None` for a volume that is not encrypted.
+    pub key_check: Option<[u8; KEY_CHECK_BYTES]>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -55,19 +69,34 @@ pub enum GrantError {
 impl Grant {
     /// The bytes the controller signs.
     pub fn body(&self) -> Result<Vec<u8>, GrantError> {
-        let mut b = header(GRANT_MAGIC);
+        let version = match self.key_check {
+            None => GRANT_VERSION,
+            Some(_) => GRANT_VERSION_KEYED,
+        };
+        let mut b = header(GRANT_MAGIC, version);
         b.extend_from_slice(&self.epoch.to_le_bytes());
         put_ids(&mut b, &self.cluster, &self.volume, &self.node)?;
+        if let Some(check) = &self.key_check {
+            b.extend_from_slice(check);
+        }
         Ok(b)
     }
 
     /// Splits a signed grant into the grant, its signed body and the signature. Never panics.
     pub fn decode(signed: &[u8]) -> Result<(Grant, &[u8], &[u8]), GrantError> {
-        let (mut r, body, sig) = open(signed, GRANT_MAGIC)?;
+        let (mut r, version, body, sig) = open(signed, GRANT_MAGIC, GRANT_VERSION_KEYED)?;
         let epoch = r.u64()?;
         let cluster = r.id("cluster")?;
         let volume = r.id("volume")?;
         let node = r.id("node")?;
+        let key_check = match version {
+            GRANT_VERSION => None,
+            _ => {
+                let mut check = [0u8; KEY_CHECK_BYTES];
+                check.copy_from_slice(r.take(KEY_CHECK_BYTES)?);
+                Some(check)
+            }
+        };
         if r.at != body.len() {
             return Err(GrantError::BadField { field: "length" });
         }
@@ -76,16 +105,17 @@ impl Grant {
             volume,
             node,
             epoch,
+            key_check,
         };
         Ok((grant, body, sig))
     }
 }
 
-/// A grant body's start: its magic and the version.
-fn header(magic: u64) -> Vec<u8> {
+/// A grant body's start: its magic and version.
+fn header(magic: u64, version: u32) -> Vec<u8> {
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&magic.to_le_bytes());
-    b.extend_from_slice(&GRANT_VERSION.to_le_bytes());
+    b.extend_from_slice(&version.to_le_bytes());
     b
 }
 
@@ -103,9 +133,13 @@ fn put_ids(b: &mut Vec<u8>, cluster: &str, volume: &str, node: &str) -> Result<(
     Ok(())
 }
 
-/// Splits a signed grant of kind `magic` into a reader after its magic and version, its signed
-/// body and the signature. Never panics.
-fn open(signed: &[u8], magic: u64) -> Result<(Reader<'_>, &[u8], &[u8]), GrantError> {
+/// Splits a signed grant of kind `magic`, of a version from 1 to `newest`, into a reader after
+/// its magic and version, the version, its signed body and the signature. Never panics.
+fn open(
+    signed: &[u8],
+    magic: u64,
+    newest: u32,
+) -> Result<(Reader<'_>, u32, &[u8], &[u8]), GrantError> {
     if signed.len() > MAX_GRANT_BYTES || signed.len() < SIGNATURE_BYTES {
         return Err(GrantError::Truncated);
     }
@@ -116,10 +150,10 @@ fn open(signed: &[u8], magic: u64) -> Result<(Reader<'_>, &[u8], &[u8]), GrantEr
         return Err(GrantError::BadMagic { found });
     }
     let version = r.u32()?;
-    if version != GRANT_VERSION {
+    if !(GRANT_VERSION..=newest).contains(&version) {
         return Err(GrantError::BadVersion { found: version });
     }
-    Ok((r, body, sig))
+    Ok((r, version, body, sig))
 }
 
 /// Magic of a snapshot-read grant: another magic than an engine grant's, so neither decodes
@@ -142,7 +176,7 @@ pub struct SnapshotReadGrant {
 impl SnapshotReadGrant {
     /// The bytes the controller signs.
     pub fn body(&self) -> Result<Vec<u8>, GrantError> {
-        let mut b = header(SNAPSHOT_READ_MAGIC);
+        let mut b = header(SNAPSHOT_READ_MAGIC, GRANT_VERSION);
         put_ids(&mut b, &self.cluster, &self.volume, &self.node)?;
         Ok(b)
     }
@@ -150,7 +184,7 @@ impl SnapshotReadGrant {
     /// Splits a signed snapshot-read grant into the grant, its signed body and the
     /// signature. Never panics.
     pub fn decode(signed: &[u8]) -> Result<(SnapshotReadGrant, &[u8], &[u8]), GrantError> {
-        let (mut r, body, sig) = open(signed, SNAPSHOT_READ_MAGIC)?;
+        let (mut r, _, body, sig) = open(signed, SNAPSHOT_READ_MAGIC, GRANT_VERSION)?;
         let cluster = r.id("cluster")?;
         let volume = r.id("volume")?;
         let node = r.id("node")?;
@@ -302,6 +336,7 @@ mod tests {
             volume: "vol".into(),
             node: "n1".into(),
             epoch: 7,
+            key_check: None,
         }
     }
 
@@ -328,6 +363,40 @@ mod tests {
             ..grant()
         };
         assert!(empty.body().is_err());
+    }
+
+    #[test]
+    fn a_key_check_makes_a_version_2_grant_and_version_1_stays_readable() {
+        let plain = grant().body().expect("body");
+        assert_eq!(plain[8..12], GRANT_VERSION.to_le_bytes());
+        let keyed = Grant {
+            key_check: Some([0xa5; KEY_CHECK_BYTES]),
+            ..grant()
+        };
+        let mut signed = keyed.body().expect("body");
+        assert_eq!(signed[8..12], GRANT_VERSION_KEYED.to_le_bytes());
+        assert_eq!(signed.len(), plain.len() + KEY_CHECK_BYTES);
+        signed.extend_from_slice(&[9u8; SIGNATURE_BYTES]);
+        let (back, _, _) = Grant::decode(&signed).expect("decode");
+        assert_eq!(back, keyed);
+        // A version 1 grant with a key check's bytes appended, or a version 2 grant without
+        // them, is malformed: the version says which.
+        let mut long = plain.clone();
+        long.extend_from_slice(&[0xa5; KEY_CHECK_BYTES + SIGNATURE_BYTES]);
+        assert!(Grant::decode(&long).is_err());
+        let mut short = plain;
+        short[8..12].copy_from_slice(&GRANT_VERSION_KEYED.to_le_bytes());
+        short.extend_from_slice(&[9u8; SIGNATURE_BYTES]);
+        assert!(Grant::decode(&short).is_err());
+        let mut future = signed.clone();
+        future[8..12].copy_from_slice(&3u32.to_le_bytes());
+        assert_eq!(
+            Grant::decode(&future),
+            Err(GrantError::BadVersion { found: 3 })
+        );
+        for cut in 0..signed.len() {
+            assert!(Grant::decode(&signed[..cut]).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]

@@ -7,6 +7,10 @@ use crate::constants::MAX_ID_BYTES;
 pub const META_MAGIC: u64 = u64::from_le_bytes(*b"HWSRMETA");
 /// Version 2 added the cluster id; version 1 records (no cluster) still decode.
 pub const META_VERSION: u32 = 2;
+/// Version 3 adds an encrypted volume's key check; it is written only for such a replica,
+/// so a plain replica's record stays readable by agents that know version 2.
+pub const META_VERSION_KEYED: u32 = 3;
+pub use crate::grant::KEY_CHECK_BYTES;
 /// Longest cluster id.
 pub const MAX_CLUSTER_ID_BYTES: usize = 64;
 /// One block, so the record is written by a single sector-aligned write.
@@ -38,6 +42,10 @@ pub struct ReplicaMeta {
     /// The cluster whose controller created it (None: created before clusters had ids). A
     /// controller never deletes a replica of another cluster (docs/security.md).
     pub cluster: Option<String>,
+    /// The key check of the data key the replica's data is encrypted with (None: the volume is
+    /// not encrypted). Set at create and never changed: an engine whose grant carries another
+    /// key check is refused (`hawser_wire::grant`).
+    pub key_check: Option<[u8; KEY_CHECK_BYTES]>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -56,8 +64,13 @@ pub enum MetaError {
 
 // Layout: magic u64 | version u32 | state u8 | thin u8 | cluster_len u16 (0 in version 1) |
 // size u64 | epoch u64 | generation u64 | vol_len u16 | rep_len u16 | volume bytes |
-// replica bytes | cluster bytes | zeroes | crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
+// replica bytes | cluster bytes | zeroes | (version 3) key check at KEY_CHECK_AT | zeroes |
+// crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
 const IDS_AT: usize = 44;
+/// Past the longest ids (44 + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES).
+const KEY_CHECK_AT: usize = 4064;
+const _: () = assert!(IDS_AT + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES <= KEY_CHECK_AT);
+const _: () = assert!(KEY_CHECK_AT + KEY_CHECK_BYTES <= META_LEN - 4);
 
 impl ReplicaMeta {
     pub fn encode(&self) -> Result<Vec<u8>, MetaError> {
@@ -71,7 +84,14 @@ impl ReplicaMeta {
         }
         let mut b = vec![0u8; META_LEN];
         b[0..8].copy_from_slice(&META_MAGIC.to_le_bytes());
-        b[8..12].copy_from_slice(&META_VERSION.to_le_bytes());
+        let version = match self.key_check {
+            None => META_VERSION,
+            Some(check) => {
+                b[KEY_CHECK_AT..KEY_CHECK_AT + KEY_CHECK_BYTES].copy_from_slice(&check);
+                META_VERSION_KEYED
+            }
+        };
+        b[8..12].copy_from_slice(&version.to_le_bytes());
         b[12] = self.state as u8;
         b[13] = u8::from(self.thin);
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
@@ -108,7 +128,7 @@ impl ReplicaMeta {
             return Err(MetaError::BadMagic { found: magic });
         }
         let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if version != 1 && version != META_VERSION {
+        if !(1..=META_VERSION_KEYED).contains(&version) {
             return Err(MetaError::BadVersion { found: version });
         }
         let found = u32::from_le_bytes([b[4092], b[4093], b[4094], b[4095]]);
@@ -154,6 +174,14 @@ impl ReplicaMeta {
                 0 => None,
                 n => Some(id(IDS_AT + vol_len + rep_len, n, "cluster")?),
             },
+            key_check: match version {
+                META_VERSION_KEYED => {
+                    let mut check = [0u8; KEY_CHECK_BYTES];
+                    check.copy_from_slice(&b[KEY_CHECK_AT..KEY_CHECK_AT + KEY_CHECK_BYTES]);
+                    Some(check)
+                }
+                _ => None,
+            },
         })
     }
 }
@@ -178,7 +206,34 @@ mod tests {
             state: ReplicaDiskState::Ok,
             thin: true,
             cluster: Some("0123456789abcdef0123456789abcdef".into()),
+            key_check: None,
         }
+    }
+
+    /// An encrypted volume's replica records its key check in a version 3 record; a plain
+    /// one stays version 2.
+    #[test]
+    fn key_checks_roundtrip_in_version_3_only() {
+        let plain = sample().encode().expect("encode");
+        assert_eq!(plain[8..12], META_VERSION.to_le_bytes());
+        let keyed = ReplicaMeta {
+            key_check: Some([0x5a; KEY_CHECK_BYTES]),
+            ..sample()
+        };
+        let b = keyed.encode().expect("encode");
+        assert_eq!(b[8..12], META_VERSION_KEYED.to_le_bytes());
+        assert_eq!(ReplicaMeta::decode(&b), Ok(keyed));
+        let mut flipped = b.clone();
+        flipped[KEY_CHECK_AT + 3] ^= 1;
+        assert!(ReplicaMeta::decode(&flipped).is_err(), "checksum covers it");
+        let mut future = b;
+        future[8..12].copy_from_slice(&4u32.to_le_bytes());
+        let crc = crc32c::crc32c(&future[..META_LEN - 4]);
+        future[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            ReplicaMeta::decode(&future),
+            Err(MetaError::BadVersion { found: 4 })
+        );
     }
 
     #[test]

@@ -150,6 +150,7 @@ async fn fake_agent() -> SocketAddr {
             failed: false,
             error: None,
             cluster_id: None,
+            key_check: r.key_check,
         };
         (StatusCode::CREATED, Json(status))
     }

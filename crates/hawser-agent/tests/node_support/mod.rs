@@ -25,6 +25,16 @@ impl Drop for TempDir {
 
 /// Node `name`'s storage (one pool under `dir`) holding a thin replica `vol-<name>` of `size`.
 pub fn node(dir: &Path, name: &str, size: u64) -> Arc<NodeStorage> {
+    node_keyed(dir, name, size, None)
+}
+
+/// [`node`] whose replica records `key_check` (an encrypted volume's).
+pub fn node_keyed(
+    dir: &Path,
+    name: &str,
+    size: u64,
+    key_check: Option<hawser_api::KeyCheck>,
+) -> Arc<NodeStorage> {
     let cfg = parse_pool(&format!("default={}", dir.join(name).display())).expect("pool spec");
     let pool = Pool::open(cfg).expect("open pool");
     let s = Arc::new(NodeStorage::new(name.into(), vec![pool]));
@@ -34,6 +44,7 @@ pub fn node(dir: &Path, name: &str, size: u64) -> Arc<NodeStorage> {
         size,
         thin: true,
         cluster: None,
+        key_check: key_check.map(|k| k.0),
     };
     s.create("default", &new).expect("create replica");
     s
@@ -77,8 +88,12 @@ pub async fn two_nodes_with(
     use hawser_api::agent::{EngineReplica, StartEngine};
     use hawser_api::controller::ReplicaState;
     let dir = TempDir::new(label);
-    let a = node(&dir.0, "a", size);
-    let b = node(&dir.0, "b", size);
+    let check = data_key
+        .as_ref()
+        .and_then(|k| k.bytes())
+        .map(|k| hawser_api::KeyCheck::of(&k));
+    let a = node_keyed(&dir.0, "a", size, check);
+    let b = node_keyed(&dir.0, "b", size, check);
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let rl = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

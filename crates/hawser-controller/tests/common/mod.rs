@@ -270,6 +270,7 @@ fn replica_status(req: &CreateReplica) -> ReplicaStatus {
         failed: false,
         error: None,
         cluster_id: None,
+        key_check: req.key_check,
     }
 }
 
