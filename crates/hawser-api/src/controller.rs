@@ -777,6 +777,20 @@ pub struct NodeCertificate {
     pub not_after_unix: u64,
 }
 
+/// `POST /v1/cluster/volume-key`: what rotating the key-encryption key did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeKeyRotated {
+    /// The new key-encryption key's id.
+    pub kek: u32,
+    /// The volumes whose data keys were re-wrapped under it.
+    pub rewrapped: Vec<String>,
+    /// After the rotation: how many volumes each key-encryption key wraps. A key that wraps
+    /// none can be deleted; one below the new id that still wraps some (a volume created
+    /// during the rotation) is taken by rotating again.
+    pub wrapping: std::collections::BTreeMap<u32, u64>,
+}
+
 /// `POST /v1/cluster/admin-token` and `/v1/cluster/agent-token`: replace a cluster token.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -51,6 +51,7 @@ mod volume_create;
 mod volume_delete;
 mod volume_expand;
 mod volume_force_promote;
+mod volume_key_rotation;
 pub mod volume_keys;
 mod volume_outdate;
 mod volume_qos;

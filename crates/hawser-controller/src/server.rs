@@ -87,6 +87,12 @@ fn routes() -> Vec<Route> {
             Admin,
             post(crate::api_tokens::rotate_metrics_token),
         ),
+        route(
+            M::POST,
+            "/v1/cluster/volume-key",
+            Admin,
+            post(crate::volume_key_rotation::rotate_volume_key),
+        ),
         route(M::GET, "/metrics", Metrics, get(crate::api_metrics::scrape)),
         route(
             M::POST,

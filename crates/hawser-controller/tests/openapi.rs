@@ -388,6 +388,13 @@ async fn real_responses_validate_against_the_document() {
         (200, &json!(false), &c["id"]),
         "{r}"
     );
+    let key = (Method::POST, "/v1/cluster/volume-key");
+    let (s, r) = p.call(a, key, "/v1/cluster/volume-key", None).await;
+    assert_eq!(
+        (s, &r["rewrapped"]),
+        (200, &json!([])),
+        "no encrypted volume here: {r}"
+    );
     // Joining and renewing certificates: refused by a controller without TLS (the TLS
     // answers are checked end to end by hawser-e2e's tls_identity).
     let (s, e) = p

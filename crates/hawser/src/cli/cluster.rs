@@ -3,7 +3,7 @@
 
 use hawser_api::controller::{
     ClusterInfo, CreateJoinToken, JoinTokenCreated, RecoverCluster, RecoverReport, RotateToken,
-    TokenRotated,
+    TokenRotated, VolumeKeyRotated,
 };
 
 use crate::cli::client::{CliError, Client};
@@ -60,6 +60,14 @@ pub enum ClusterCmd {
         /// printing it.
         #[arg(long, value_name = "PATH")]
         write: Option<std::path::PathBuf>,
+    },
+    /// Make a new key-encryption key and re-wrap every encrypted volume's data key under it.
+    /// The data is not re-encrypted and attached volumes keep running. Prints how many
+    /// volumes each key-encryption key wraps afterwards: a key file (volume-keys/kek-<n>.key)
+    /// that wraps none may be deleted.
+    RotateVolumeKey {
+        #[command(flatten)]
+        out: OutputArg,
     },
     /// Replace the metrics token (the read-only credential Prometheus scrapes `/metrics` of
     /// the controllers and agents with) with a new random one. Agents take the new one with
@@ -143,6 +151,25 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
         }
         ClusterCmd::RotateMetricsToken { grace_secs, write } => {
             rotate(client, "metrics", grace_secs, write)?;
+        }
+        ClusterCmd::RotateVolumeKey { out } => {
+            let r: VolumeKeyRotated =
+                client.post("/v1/cluster/volume-key", &serde_json::json!({}))?;
+            match out.format {
+                Format::Json => print_json(&r),
+                Format::Table => {
+                    println!(
+                        "key-encryption key {} made; {} data keys re-wrapped under it",
+                        r.kek,
+                        r.rewrapped.len()
+                    );
+                    let mut t = Table::new(&["KEY-ENCRYPTION KEY", "VOLUMES"]);
+                    for (kek, n) in &r.wrapping {
+                        t.row(vec![kek.to_string(), n.to_string()]);
+                    }
+                    t.print();
+                }
+            }
         }
         ClusterCmd::Recover { wait_secs, out } => {
             let req = RecoverCluster {
