@@ -116,7 +116,7 @@ pub(crate) async fn ensure_engine(
             &rec.name,
             &node.name,
             rec.epoch,
-            key_check(&rec),
+            key_check(rec),
         )?),
         qos: rec.qos,
         data_key: data_key(st, rec)?,

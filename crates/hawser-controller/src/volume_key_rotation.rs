@@ -30,7 +30,7 @@ pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> 
     );
     let mut rewrapped = Vec::new();
     for v in st.records.volumes().await? {
-        if !v.encryption.as_ref().is_some_and(|w| w.kek < kek) {
+        if v.encryption.as_ref().is_none_or(|w| w.kek >= kek) {
             continue;
         }
         let changed = st

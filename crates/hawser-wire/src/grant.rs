@@ -133,13 +133,12 @@ fn put_ids(b: &mut Vec<u8>, cluster: &str, volume: &str, node: &str) -> Result<(
     Ok(())
 }
 
-/// Splits a signed grant of kind `magic`, of a version from 1 to `newest`, into a reader after
-/// its magic and version, the version, its signed body and the signature. Never panics.
-fn open(
-    signed: &[u8],
-    magic: u64,
-    newest: u32,
-) -> Result<(Reader<'_>, u32, &[u8], &[u8]), GrantError> {
+/// An opened grant: a reader after its magic and version, the version, its signed body and
+/// the signature.
+type Opened<'a> = (Reader<'a>, u32, &'a [u8], &'a [u8]);
+
+/// Opens a signed grant of kind `magic`, of a version from 1 to `newest`. Never panics.
+fn open(signed: &[u8], magic: u64, newest: u32) -> Result<Opened<'_>, GrantError> {
     if signed.len() > MAX_GRANT_BYTES || signed.len() < SIGNATURE_BYTES {
         return Err(GrantError::Truncated);
     }

@@ -24,6 +24,7 @@ impl Drop for TempDir {
 }
 
 /// Node `name`'s storage (one pool under `dir`) holding a thin replica `vol-<name>` of `size`.
+#[allow(dead_code)] // not every test binary uses it
 pub fn node(dir: &Path, name: &str, size: u64) -> Arc<NodeStorage> {
     node_keyed(dir, name, size, None)
 }
