@@ -369,6 +369,19 @@ impl Kube {
         namespace: &str,
         name: &str,
     ) -> KResult<Option<HashMap<String, String>>> {
+        Ok(self
+            .secret_versioned(namespace, name)
+            .await?
+            .map(|(data, _)| data))
+    }
+
+    /// The data of Secret `namespace/name` (decoded to text) and its resourceVersion, if it
+    /// exists.
+    pub async fn secret_versioned(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> KResult<Option<(HashMap<String, String>, String)>> {
         use base64::Engine as _;
         let path = format!("/api/v1/namespaces/{namespace}/secrets/{name}");
         let obj = match self.api.get(&path).await {
@@ -376,6 +389,11 @@ impl Kube {
             Err(ApiError::NotFound) => return Ok(None),
             Err(e) => return Err(failed(&format!("read secret {namespace}/{name}"), e)),
         };
+        let version = obj
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         let mut out = HashMap::new();
         if let Some(data) = obj.get("data").and_then(Value::as_object) {
             for (k, v) in data {
@@ -387,7 +405,7 @@ impl Kube {
                 out.insert(k.clone(), text);
             }
         }
-        Ok(Some(out))
+        Ok(Some((out, version)))
     }
 
     /// Creates Secret `namespace/name` holding `data`; `false` if one of that name exists
@@ -398,25 +416,7 @@ impl Kube {
         name: &str,
         data: &[(&str, &str)],
     ) -> KResult<bool> {
-        use base64::Engine as _;
-        let data: serde_json::Map<String, Value> = data
-            .iter()
-            .map(|(k, v)| {
-                let b64 = base64::engine::general_purpose::STANDARD.encode(v.as_bytes());
-                ((*k).to_string(), Value::String(b64))
-            })
-            .collect();
-        let body = json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "Opaque",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": {"app.kubernetes.io/part-of": "hawser"},
-            },
-            "data": data,
-        });
+        let body = secret_body(namespace, name, data, None);
         match self
             .api
             .post(&format!("/api/v1/namespaces/{namespace}/secrets"), &body)
@@ -427,4 +427,49 @@ impl Kube {
             Err(e) => Err(failed(&format!("create secret {namespace}/{name}"), e)),
         }
     }
+
+    /// Replaces Secret `namespace/name`'s data with `data` if its resourceVersion is still
+    /// `version` (a compare-and-swap); `false` if it changed or went away meanwhile.
+    pub async fn replace_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        data: &[(&str, &str)],
+        version: &str,
+    ) -> KResult<bool> {
+        let body = secret_body(namespace, name, data, Some(version));
+        let path = format!("/api/v1/namespaces/{namespace}/secrets/{name}");
+        match self.api.put(&path, &body).await {
+            Ok(_) => Ok(true),
+            Err(ApiError::Conflict | ApiError::NotFound) => Ok(false),
+            Err(e) => Err(failed(&format!("replace secret {namespace}/{name}"), e)),
+        }
+    }
+}
+
+/// An Opaque Secret holding `data` (base64-encoded here), at `version` for a replace.
+fn secret_body(namespace: &str, name: &str, data: &[(&str, &str)], version: Option<&str>) -> Value {
+    use base64::Engine as _;
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(v.as_bytes());
+            ((*k).to_string(), Value::String(b64))
+        })
+        .collect();
+    let mut metadata = json!({
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/part-of": "hawser"},
+    });
+    if let Some(v) = version {
+        metadata["resourceVersion"] = Value::String(v.into());
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": metadata,
+        "data": data,
+    })
 }

@@ -159,7 +159,8 @@ pub struct ControllerArgs {
     pub insecure: bool,
     /// Keep the cluster CA in this Secret of the store's namespace (a `k8s://` store only)
     /// instead of <data-dir>: the first controller makes it, every controller loads it, and
-    /// it outlives pods and `helm uninstall`. The Helm chart sets it.
+    /// it outlives pods and `helm uninstall`. The key-encryption keys of encrypted volumes
+    /// then live in Secret `<NAME>-volume-keys` beside it. The Helm chart sets it.
     #[arg(long, value_name = "NAME")]
     pub ca_secret: Option<String>,
     /// How long the certificates the CA issues are valid; holders renew at two thirds.
@@ -324,6 +325,24 @@ impl Controller {
             _ => None,
         };
         let tokens = ClusterTokens::init(&*store, &args.token_files(), args.insecure).await?;
+        // Beside the CA's Secret, a Secret of the volumes' key-encryption keys: a controller
+        // pod's data directory does not outlive the pod (volume_keys/shared.rs).
+        let keks = match (&args.ca_secret, args.insecure) {
+            (Some(ca), false) => {
+                let (kube, namespace) = secret_access(kube.clone(), namespace.clone(), &args)?;
+                let secret = volume_keys::KekSecret {
+                    kube,
+                    namespace,
+                    name: format!("{ca}-volume-keys"),
+                };
+                let keks = volume_keys::Keks::with_secret(&args.data_dir, secret);
+                if let Err(e) = keks.sync().await {
+                    tracing::warn!(error = %e, "could not sync the volume key-encryption keys now; encrypted volumes retry when they need them");
+                }
+                keks
+            }
+            _ => volume_keys::Keks::new(&args.data_dir),
+        };
         let tls = if !args.insecure {
             let lifetime = std::time::Duration::from_secs(args.cert_lifetime_secs.max(3));
             let t = match &args.ca_secret {
@@ -403,7 +422,7 @@ impl Controller {
             },
             waiting: Default::default(),
             metrics,
-            keks: volume_keys::Keks::new(&args.data_dir),
+            keks,
         };
         Ok(Controller {
             listener,

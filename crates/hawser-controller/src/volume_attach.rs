@@ -35,7 +35,7 @@ pub async fn attach_volume(
     }
     check_detached(&current, " (detach it first)")?;
     // Before anything changes: a key that does not open refuses the attach as it is.
-    let key = data_key(st, &current)?;
+    let key = data_key(st, &current).await?;
     if !st.is_online(&node) {
         let age_secs = node.age_ms(now_ms()) / 1000;
         return Err(ControllerError::NodeOffline {
@@ -119,7 +119,7 @@ pub(crate) async fn ensure_engine(
             key_check(rec),
         )?),
         qos: rec.qos,
-        data_key: data_key(st, rec)?,
+        data_key: data_key(st, rec).await?,
     };
     st.agents
         .start_engine(node.agent(), &start)
@@ -139,16 +139,15 @@ fn key_check(rec: &VolumeRecord) -> Option<hawser_api::KeyCheck> {
 
 /// An encrypted volume's data key, unwrapped for its engine (which gets it over TLS and keeps
 /// it in memory). A key that does not open refuses the start, saying why.
-fn data_key(st: &AppState, rec: &VolumeRecord) -> Result<Option<Secret>, ControllerError> {
+async fn data_key(st: &AppState, rec: &VolumeRecord) -> Result<Option<Secret>, ControllerError> {
     let Some(wrapped) = &rec.encryption else {
         return Ok(None);
     };
-    let key = st
-        .keks
-        .unwrap(&rec.name, wrapped)
-        .map_err(|e| ControllerError::Refused {
-            message: e.to_string(),
-        })?;
+    let refused = |e: crate::volume_keys::KeyError| ControllerError::Refused {
+        message: e.to_string(),
+    };
+    st.keks.fetch(wrapped.kek).await.map_err(refused)?;
+    let key = st.keks.unwrap(&rec.name, wrapped).map_err(refused)?;
     Ok(Some(Secret::new(&key)))
 }
 

@@ -48,7 +48,7 @@ pub async fn create_volume(
         Some(from) => Some(crate::volume_clone::resolve(st, &req, from).await?),
         None => None,
     };
-    let encryption = match data_key(st, &req, source.as_ref()) {
+    let encryption = match data_key(st, &req, source.as_ref()).await {
         Ok(k) => k,
         Err(e) => {
             if let Some(s) = &source {
@@ -67,14 +67,19 @@ pub async fn create_volume(
 /// The new volume's wrapped data key: a clone of an encrypted volume gets its source's key
 /// (re-wrapped for its own name), an encrypted volume a new one, any other none. A clone of
 /// a plain volume cannot be encrypted: its data would be plaintext under a key.
-fn data_key(
+async fn data_key(
     st: &AppState,
     req: &CreateVolume,
     source: Option<&crate::volume_clone::CloneSource>,
 ) -> Result<Option<WrappedKey>, ControllerError> {
     let keys = |e: crate::volume_keys::KeyError| ControllerError::invalid(e.to_string());
+    let encrypted = req.encrypted || source.is_some_and(|s| s.encryption.is_some());
+    if encrypted {
+        st.keks.ready().await.map_err(keys)?;
+    }
     match source.map(|s| &s.encryption) {
         Some(Some((from, wrapped))) => {
+            st.keks.fetch(wrapped.kek).await.map_err(keys)?;
             let key = st.keks.unwrap(from, wrapped).map_err(keys)?;
             Ok(Some(st.keks.wrap(&req.name, &key).map_err(keys)?))
         }

@@ -23,7 +23,7 @@ pub async fn rotate_volume_key(
 }
 
 pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> {
-    let kek = st.keks.rotate().map_err(refused)?;
+    let kek = st.keks.rotate().await.map_err(refused)?;
     tracing::info!(
         kek,
         "made a new key-encryption key; re-wrapping the volumes' data keys"

@@ -1,5 +1,4 @@
-//! Encrypted volumes' data keys, wrapped (issue 21, encryption at rest): the pieces the
-//! controller needs, not yet wired to volume create or attach.
+//! Encrypted volumes' data keys, wrapped (issue 21, encryption at rest).
 //!
 //! Each encrypted volume has a 64-byte data key (XTS-AES-256, `hawser-agent`
 //! `volume_crypt.rs`), made from the OS CSPRNG when the volume is created. The volume record
@@ -10,9 +9,16 @@
 //!
 //! KEKs are files in the controller's data directory (`volume-keys/kek-<n>.key`, 32 bytes,
 //! mode 0600), like the CA: not in the store, so a store backup alone opens no volume.
-//! Controllers that share a store are given the same files. Rotation makes `kek-<n+1>` and
-//! re-wraps every data key under it; data is never re-encrypted, and an old KEK can go once
-//! no record names it.
+//! Controllers that share a store are given the same files. On Kubernetes (the CA in a
+//! Secret, `--ca-secret`), where a controller pod's data directory does not outlive it, the
+//! KEKs live in a Secret beside the CA's and the files are only its copy (`shared.rs`).
+//! Rotation makes `kek-<n+1>` and re-wraps every data key under it; data is never
+//! re-encrypted, and an old KEK can go once no record names it.
+
+mod shared;
+
+use shared::Goal;
+pub use shared::KekSecret;
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -58,6 +64,17 @@ pub enum KeyError {
     CheckMismatch { volume: String },
     #[error("the OS random source failed")]
     Random,
+    #[error("the key-encryption keys in Secret {secret}: {message}")]
+    Secret { secret: String, message: String },
+    #[error(
+        "key-encryption key {kek} in {path} is not the one in Secret {secret}: one of them was \
+         replaced; data keys wrapped with the other do not open"
+    )]
+    Conflict {
+        kek: u32,
+        path: PathBuf,
+        secret: String,
+    },
 }
 
 /// A data key as a volume record keeps it.
@@ -73,15 +90,66 @@ pub struct WrappedKey {
     pub check: hawser_api::KeyCheck,
 }
 
-/// The KEKs in a controller's data directory.
+/// The KEKs in a controller's data directory, a copy of a Secret's when `shared`.
 pub struct Keks {
     dir: PathBuf,
+    shared: Option<KekSecret>,
 }
 
 impl Keks {
     pub fn new(data_dir: &Path) -> Keks {
         Keks {
             dir: data_dir.join(DIR),
+            shared: None,
+        }
+    }
+
+    /// KEKs kept in `secret`, copied into `data_dir` as they are needed.
+    pub fn with_secret(data_dir: &Path, secret: KekSecret) -> Keks {
+        Keks {
+            dir: data_dir.join(DIR),
+            shared: Some(secret),
+        }
+    }
+
+    /// The current KEK's id, made if there is none (in the Secret first, when shared). Call
+    /// before wrapping a new key.
+    pub async fn ready(&self) -> Result<u32, KeyError> {
+        match &self.shared {
+            Some(s) => self.made(s, Goal::Ready).await,
+            None => self.current(),
+        }
+    }
+
+    /// When shared: copies the Secret's KEKs here and puts back into it any only here (a
+    /// controller's start). Makes none.
+    pub async fn sync(&self) -> Result<(), KeyError> {
+        match &self.shared {
+            Some(s) => s.change(self, Goal::Sync).await.map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    async fn made(&self, s: &KekSecret, goal: Goal) -> Result<u32, KeyError> {
+        s.change(self, goal)
+            .await?
+            .ok_or_else(|| s.error("no key-encryption key after making one"))
+    }
+
+    /// Makes the next KEK (a rotation); returns its id.
+    pub async fn rotate(&self) -> Result<u32, KeyError> {
+        match &self.shared {
+            Some(s) => self.made(s, Goal::Rotate).await,
+            None => self.rotate_local(),
+        }
+    }
+
+    /// Makes sure KEK `kek` is here if it exists at all (copied from the Secret, when shared
+    /// and not copied yet). Call before unwrapping with it.
+    pub async fn fetch(&self, kek: u32) -> Result<(), KeyError> {
+        match &self.shared {
+            Some(s) if !self.path(kek).exists() => s.fetch(self).await,
+            _ => Ok(()),
         }
     }
 
@@ -115,33 +183,39 @@ impl Keks {
         Ok(ids)
     }
 
-    /// The newest KEK's id, made (id 1) if there is none.
+    /// The newest KEK's id, made (id 1) if there is none and the KEKs are not shared (a
+    /// shared one is made by [`Keks::ready`]).
     pub fn current(&self) -> Result<u32, KeyError> {
-        match self.ids()?.last() {
-            Some(id) => Ok(*id),
-            None => self.make(1),
+        match (self.ids()?.last(), &self.shared) {
+            (Some(id), _) => Ok(*id),
+            (None, None) => self.make(1),
+            (None, Some(s)) => Err(s.error("no key-encryption key copied here yet")),
         }
     }
 
-    /// Makes the next KEK (a rotation); returns its id.
-    pub fn rotate(&self) -> Result<u32, KeyError> {
+    /// Makes the next KEK file; returns its id.
+    fn rotate_local(&self) -> Result<u32, KeyError> {
         let next = self.ids()?.last().map_or(1, |id| id + 1);
         self.make(next)
     }
 
     fn make(&self, id: u32) -> Result<u32, KeyError> {
+        let key = new_kek()?;
+        // Two controllers racing to make the same KEK never overwrite one that may already
+        // wrap a data key; the loser reads the winner's.
+        self.store(id, &key)?;
+        Ok(id)
+    }
+
+    /// Writes KEK `id` unless a file of it exists (create_new, 0600, synced); `false` if one
+    /// did (whatever it holds).
+    fn store(&self, id: u32, key: &[u8]) -> Result<bool, KeyError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| KeyError::Io { path, source }
         };
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
-        let mut key = [0u8; KEK_BYTES];
-        SystemRandom::new()
-            .fill(&mut key)
-            .map_err(|_| KeyError::Random)?;
         let path = self.path(id);
-        // create_new: two controllers racing to make the same KEK never overwrite one that
-        // may already wrap a data key; the loser reads the winner's.
         let made = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -149,17 +223,17 @@ impl Keks {
             .open(&path);
         match made {
             Ok(mut f) => {
-                f.write_all(&key)
+                f.write_all(key)
                     .and_then(|_| f.sync_all())
                     .map_err(io(&path))?;
                 std::fs::File::open(&self.dir)
                     .and_then(|d| d.sync_all())
                     .map_err(io(&self.dir))?;
+                Ok(true)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io(&path)(e)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(io(&path)(e)),
         }
-        Ok(id)
     }
 
     fn key(&self, id: u32, volume: &str) -> Result<LessSafeKey, KeyError> {
@@ -261,6 +335,15 @@ impl Keks {
     }
 }
 
+/// A new random KEK.
+fn new_kek() -> Result<[u8; KEK_BYTES], KeyError> {
+    let mut key = [0u8; KEK_BYTES];
+    SystemRandom::new()
+        .fill(&mut key)
+        .map_err(|_| KeyError::Random)?;
+    Ok(key)
+}
+
 /// What a wrapping is bound to: the volume and the KEK.
 fn aad(volume: &str, kek: u32) -> Vec<u8> {
     let mut a = b"hawser volume data key v1\0".to_vec();
@@ -295,7 +378,7 @@ mod tests {
         ));
         // Rotation: a new KEK, the same data key; the old wrapping still opens until its KEK
         // goes, then says which KEK is missing.
-        assert_eq!(keks.rotate().unwrap(), 2);
+        assert_eq!(keks.rotate_local().unwrap(), 2);
         let w2 = keks.rewrap("v", &w).unwrap();
         assert_eq!(w2.kek, 2);
         assert_eq!(w2.check, w.check, "the replicas' key check stays");

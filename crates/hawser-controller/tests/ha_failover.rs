@@ -13,9 +13,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{client_with_token, controller_args, pool, FakeAgent, GIB};
+use common::{client_with_token, controller_args, kubectl, pool, FakeAgent, GIB};
 use hawser_controller::{Controller, ControllerArgs};
-use hawser_store::apiserver_process::{k8s_bin_dir, ApiserverProcess};
+use hawser_store::apiserver_process::ApiserverProcess;
 use hawser_store::k8s::{install_crds, KubeStoreUrl};
 use hawser_store::{Expect, KubeStore, Store, WriteOptions};
 use serde_json::{json, Value};
@@ -23,31 +23,6 @@ use serde_json::{json, Value};
 const NS: &str = "hawser-system";
 /// The failover timeout of this test (the default is 10 s; shorter keeps the test quick).
 const AFTER_SECS: u64 = 4;
-
-fn kubectl(api: &ApiserverProcess, args: &[&str], stdin: Option<&str>) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new(k8s_bin_dir().join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(api.kubeconfig())
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    if let Some(s) = stdin {
-        input.write_all(s.as_bytes()).unwrap();
-    }
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn get_json(api: &ApiserverProcess, args: &[&str]) -> Value {
     let mut a = vec!["get"];

@@ -830,3 +830,34 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Runs kubectl against `api` with `stdin`; its stdout. Fails the test if kubectl fails.
+pub fn kubectl(
+    api: &hawser_store::apiserver_process::ApiserverProcess,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> String {
+    use std::io::Write;
+    let mut child =
+        std::process::Command::new(hawser_store::apiserver_process::k8s_bin_dir().join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(api.kubeconfig())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
