@@ -84,7 +84,10 @@ async fn controllers_share_key_encryption_keys_through_a_secret() {
     kubectl(&api, &["-n", NS, "delete", "secret", SECRET], None);
     assert!(items(&kube).await.is_empty());
     a.sync().await.unwrap();
-    assert!(items(&kube).await.len() >= 3, "a's copies: 1, 2 and its own");
+    assert!(
+        items(&kube).await.len() >= 3,
+        "a's copies: 1, 2 and its own"
+    );
     b.sync().await.unwrap();
     assert_eq!(items(&kube).await, ["kek-1", "kek-2", "kek-3", "kek-4"]);
     let c = keks(&kube, &dir.path().join("c"));
