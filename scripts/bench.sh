@@ -4,8 +4,10 @@
 #   nbdkit     nbdkit serving a file (the NBD path without replication)
 #   hawser-1r  a 1-replica Hawser volume
 #   hawser-2r  a 2-replica Hawser volume (replicas on two agents)
+#   hawser-2r-enc  the same, encrypted (docs/encryption.md)
 # all on the same filesystem, NBD over unix sockets. Prints IOPS, MiB/s, latency and ratios
-# (to the baseline; 1r to nbdkit; 2r to 1r, the cost of the second replica on this machine),
+# (to the baseline; 1r to nbdkit; 2r to 1r, the cost of the second replica on this machine;
+# 2r-enc to 2r, the cost of encryption),
 # agent RSS/CPU idle and under load, CPU time and context switches per request of the servers
 # (both agents + nbdkit, summed: only the tested target's server is busy) and of fio, and
 # writes bench-results.json with SVG charts beside it: bench-results.<test>.svg per test and
@@ -59,6 +61,8 @@ done
 "$HAWSER" volume create bench2 --size "$SIZE" --replicas 2 $VOLUME_FLAGS >/dev/null
 "$HAWSER" volume attach bench1 --node b1 >/dev/null
 "$HAWSER" volume attach bench2 --node b1 >/dev/null
+"$HAWSER" volume create bench2e --size "$SIZE" --replicas 2 --encrypted $VOLUME_FLAGS >/dev/null
+"$HAWSER" volume attach bench2e --node b1 >/dev/null
 
 truncate -s "$SIZE" "$B/nbdkit.img"
 nbdkit -f -U "$B/nbdkit.sock" file "$B/nbdkit.img" cache=none >"$B/logs/nbdkit.log" 2>&1 &
@@ -72,8 +76,10 @@ sock="$B/b1/nbd.sock"
   --target "nbdkit=nbd:nbd+unix:///?socket=$B/nbdkit.sock" \
   --target "hawser-1r=nbd:nbd+unix:///bench1?socket=$sock" \
   --target "hawser-2r=nbd:nbd+unix:///bench2?socket=$sock" \
+  --target "hawser-2r-enc=nbd:nbd+unix:///bench2e?socket=$sock" \
   --monitor-pid "agent-b1=$agent1" --monitor-pid "agent-b2=$agent2" --monitor-pid "nbdkit=$nbdkit_pid" \
   --targets-ratio hawser-1r:nbdkit --targets-ratio hawser-2r:hawser-1r \
+  --targets-ratio hawser-2r-enc:hawser-2r \
   --expect hawser-2r:randwrite_fsync\>=0.65 --expect hawser-2r:randread_fsync\>=0.6 \
   --expect hawser-2r:randwrite\>=0.2 --expect hawser-2r:randwrite_jobs4\>=0.2 \
   --expect hawser-2r:randread\>=0.4 --expect hawser-2r:randread_jobs4\>=0.4 \
