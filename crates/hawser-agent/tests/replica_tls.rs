@@ -54,20 +54,33 @@ async fn hello(
     FrameHeader::decode(&reply).unwrap().status
 }
 
-#[tokio::test]
-async fn a_tls_node_without_the_grant_key_opens_no_session() {
-    let dir = TempDir::new("replica-tls");
-    let b = node(&dir.0, "b", 1 << 20);
+/// Node `b`'s replica server over mutual TLS (a CA of cluster c1): its address, node a's
+/// client configuration for it, and what stops it when dropped.
+async fn serve_b(
+    b: &std::sync::Arc<hawser_agent::node_storage::NodeStorage>,
+) -> (
+    String,
+    std::sync::Arc<hawser_tls::rustls::ClientConfig>,
+    tokio::sync::watch::Sender<bool>,
+) {
     let ca = Ca::generate("c1").unwrap();
     let server =
         hawser_tls::server_config(ca.cert_pem(), slot(&ca, "b"), ClientAuth::Required).unwrap();
     let client =
         hawser_tls::client_config(ca.cert_pem(), Peer::Node("b".into()), Some(slot(&ca, "a")))
             .unwrap();
-    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let rl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = rl.local_addr().unwrap().to_string();
     tokio::spawn(replica_server::serve(rl, b.clone(), Some(server), stop_rx));
+    (addr, client, stop)
+}
+
+#[tokio::test]
+async fn a_tls_node_without_the_grant_key_opens_no_session() {
+    let dir = TempDir::new("replica-tls");
+    let b = node(&dir.0, "b", 1 << 20);
+    let (addr, client, _stop) = serve_b(&b).await;
 
     let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7u8; 32]).unwrap();
     let grant = Grant {
@@ -133,16 +146,7 @@ async fn replicas_open_only_for_grants_with_their_key_check() {
         key_check: Some(right.0),
     };
     b.create("default", &keyed).unwrap();
-    let ca = Ca::generate("c1").unwrap();
-    let server =
-        hawser_tls::server_config(ca.cert_pem(), slot(&ca, "b"), ClientAuth::Required).unwrap();
-    let client =
-        hawser_tls::client_config(ca.cert_pem(), Peer::Node("b".into()), Some(slot(&ca, "a")))
-            .unwrap();
-    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    let rl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = rl.local_addr().unwrap().to_string();
-    tokio::spawn(replica_server::serve(rl, b.clone(), Some(server), stop_rx));
+    let (addr, client, _stop) = serve_b(&b).await;
     let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7u8; 32]).unwrap();
     b.learn_cluster(&ClusterJoin {
         metrics_sha256: Vec::new(),
