@@ -16,8 +16,8 @@ pub enum GrantRefusal {
     #[error("the epoch grant's signature is not the cluster's")]
     BadSignature,
     #[error(
-        "the epoch grant's data key check {granted} is not the replica's {recorded}: the \
-         engine's key is not the one this replica's data is encrypted with"
+        "the engine's data key check {granted} is not the replica's {recorded}: it is not the \
+         key this replica's data is encrypted with"
     )]
     KeyCheck { granted: String, recorded: String },
     #[error("the epoch grant is for {what} {granted:?}, not {asked:?}")]
@@ -78,11 +78,21 @@ pub fn check(
 /// Checks that grant `g` carries the key check a replica recorded (`None`: a plain replica,
 /// which only a plain engine may open).
 pub fn check_key(g: &Grant, recorded: Option<[u8; KEY_CHECK_BYTES]>) -> Result<(), GrantRefusal> {
-    if g.key_check == recorded {
+    same_key(g.key_check, recorded)
+}
+
+fn same_key(
+    granted: Option<[u8; KEY_CHECK_BYTES]>,
+    recorded: Option<[u8; KEY_CHECK_BYTES]>,
+) -> Result<(), GrantRefusal> {
+    if granted == recorded {
         return Ok(());
     }
+    let shown = |k: Option<[u8; KEY_CHECK_BYTES]>| {
+        k.map_or_else(|| "none (not encrypted)".to_string(), |k| KeyCheck(k).hex())
+    };
     Err(GrantRefusal::KeyCheck {
-        granted: shown(g.key_check),
+        granted: shown(granted),
         recorded: shown(recorded),
     })
 }
@@ -94,20 +104,7 @@ pub fn check_key_of(
     recorded: Option<[u8; KEY_CHECK_BYTES]>,
     engine: Option<[u8; KEY_CHECK_BYTES]>,
 ) -> anyhow::Result<()> {
-    if recorded == engine {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "replica {replica} records data key check {}, the engine's key has {}: it is not the \
-         key this replica's data is encrypted with",
-        shown(recorded),
-        shown(engine)
-    )
-}
-
-/// A key check as errors show it.
-fn shown(k: Option<[u8; KEY_CHECK_BYTES]>) -> String {
-    k.map_or_else(|| "none (not encrypted)".to_string(), |k| KeyCheck(k).hex())
+    same_key(engine, recorded).map_err(|e| anyhow::anyhow!("replica {replica}: {e}"))
 }
 
 /// Checks a snapshot-read grant (`signed`) for `cluster` and, when known, the reading

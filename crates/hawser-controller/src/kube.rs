@@ -389,10 +389,12 @@ impl Kube {
             Err(ApiError::NotFound) => return Ok(None),
             Err(e) => return Err(failed(&format!("read secret {namespace}/{name}"), e)),
         };
+        // Without it a replace would not be a compare-and-swap: an error, not an empty one.
         let version = obj
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
-            .unwrap_or_default()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| format!("secret {namespace}/{name} has no resourceVersion"))?
             .to_string();
         let mut out = HashMap::new();
         if let Some(data) = obj.get("data").and_then(Value::as_object) {

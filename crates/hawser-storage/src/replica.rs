@@ -264,7 +264,12 @@ impl Replica {
     }
     /// The key check recorded in its metadata (None: the volume is not encrypted).
     pub fn key_check(&self) -> Option<[u8; hawser_wire::meta::KEY_CHECK_BYTES]> {
-        self.meta.lock().ok().and_then(|m| m.key_check)
+        // Through a poisoned lock too: `None` would let a plain engine open an encrypted
+        // replica.
+        self.meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .key_check
     }
     pub fn generation(&self) -> u64 {
         self.meta.lock().map(|m| m.generation).unwrap_or(0)
