@@ -1,12 +1,13 @@
 //! Fuzzes the on-disk replica metadata decoder. Each input is tried as is, and as a 4096-byte
 //! record with magic, checksum and a version (the current one; version 1, which still
-//! decodes; version 3, which adds a key check) patched in, so the field checks behind the
+//! decodes; version 3, which adds a key check; version 4, which adds flags) patched in, so the field checks behind the
 //! checksum are reached too. A decoded record must survive an encode/decode roundtrip (an old
 //! record re-encodes in the current version).
 #![no_main]
 
 use hawser_wire::meta::{
-    ReplicaMeta, KEY_CHECK_BYTES, META_LEN, META_MAGIC, META_VERSION, META_VERSION_KEYED,
+    ReplicaMeta, KEY_CHECK_BYTES, META_LEN, META_MAGIC, META_VERSION, META_VERSION_FLAGS,
+    META_VERSION_KEYED,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -45,17 +46,30 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let current = meta.encode().expect("meta");
     let keyed = ReplicaMeta {
         key_check: Some([0x5a; KEY_CHECK_BYTES]),
+        ..meta.clone()
+    }
+    .encode()
+    .expect("meta");
+    let summed = ReplicaMeta {
+        key_check: Some([0x5a; KEY_CHECK_BYTES]),
+        checksums: true,
         ..meta
     }
     .encode()
     .expect("meta");
-    vec![("version-1", v1), ("current", current), ("keyed", keyed)]
+    vec![
+        ("version-1", v1),
+        ("current", current),
+        ("keyed", keyed),
+        ("summed", summed),
+    ]
 }
 
 fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
     check(data);
     check(&patched(data, META_VERSION));
     check(&patched(data, META_VERSION_KEYED));
+    check(&patched(data, META_VERSION_FLAGS));
     if META_VERSION != 1 {
         check(&patched(data, 1));
     }

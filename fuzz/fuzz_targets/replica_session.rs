@@ -1111,6 +1111,9 @@ fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
                 thin: true,
                 cluster: None,
                 key_check: None,
+                // With block checksums: every read is checked and every write summed, so
+                // the model's answers hold for that path too (nothing rots here).
+                checksums: true,
             },
         )
         .expect("create the replica");

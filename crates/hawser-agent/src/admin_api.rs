@@ -271,6 +271,7 @@ async fn create_replica(
         thin: req.thin,
         cluster: req.cluster_id.clone(),
         key_check: req.key_check.map(|k| k.0),
+        checksums: req.checksums,
     };
     let storage = s.storage.clone();
     let replica = tokio::task::spawn_blocking(move || {

@@ -357,6 +357,7 @@ impl NodeStorage {
                 error: Some(b.reason),
                 cluster_id: None,
                 key_check: None,
+                checksums: false,
             })
         });
         self.pools
@@ -382,5 +383,6 @@ pub fn status(r: &Replica) -> ReplicaStatus {
         error: None,
         cluster_id: r.cluster(),
         key_check: r.key_check().map(hawser_api::KeyCheck),
+        checksums: r.checksums(),
     }
 }

@@ -605,8 +605,22 @@ fn reply_of(
             if matches!(e, ReplicaIoError::Io { .. }) {
                 tracing::error!(replica = replica.id(), error = %e, "replica disk error");
             }
-            (h.reply(status_of(e)), None)
+            (error_reply(h, e), None)
         }
+    }
+}
+
+/// The reply header of a failed request: its status, and for a corrupt read the first bad
+/// block and the count (`Status::Corrupt`).
+pub fn error_reply(h: &FrameHeader, e: ReplicaIoError) -> FrameHeader {
+    let reply = h.reply(status_of(e));
+    match e {
+        ReplicaIoError::Corrupt { offset, blocks } => FrameHeader {
+            offset,
+            length: blocks,
+            ..reply
+        },
+        _ => reply,
     }
 }
 
@@ -617,6 +631,7 @@ pub fn status_of(e: ReplicaIoError) -> Status {
         ReplicaIoError::OutOfRange => Status::OutOfRange,
         ReplicaIoError::NoSpace => Status::NoSpace,
         ReplicaIoError::Io { .. } | ReplicaIoError::Failed => Status::IoError,
+        ReplicaIoError::Corrupt { .. } => Status::Corrupt,
     }
 }
 

@@ -21,7 +21,7 @@ use crate::constants::REPLICA_CONN_MAX_BACKLOG_BYTES;
 use crate::frame_io::{read_header, read_payload, FrameIoError};
 use crate::grants;
 use crate::node_storage::NodeStorage;
-use crate::replica_server::{memory_cost, reply, status_of, Replies};
+use crate::replica_server::{error_reply, memory_cost, reply, Replies};
 
 /// Opens the snapshot session `req` asks for, or answers why not and ends the connection.
 pub(crate) async fn hello_snapshot(
@@ -121,7 +121,7 @@ pub(crate) async fn snapshot_loop(
         let r = match result {
             Ok(Some(data)) => (h.reply(Status::Ok).with_payload(&data), Some(data)),
             Ok(None) => (h.reply(Status::Ok), None),
-            Err(e) => (h.reply(status_of(e)), None),
+            Err(e) => (error_reply(&h, e), None),
         };
         reply(out, r);
         drop(memory);

@@ -144,6 +144,7 @@ async fn replicas_open_only_for_grants_with_their_key_check() {
         thin: true,
         cluster: Some("c1".into()),
         key_check: Some(right.0),
+        checksums: false,
     };
     b.create("default", &keyed).unwrap();
     let (addr, client, _stop) = serve_b(&b).await;
@@ -220,6 +221,7 @@ async fn replicas_open_only_for_grants_with_their_key_check() {
             id: "copy-b".into(),
             volume: "copy".into(),
             key_check: check,
+            checksums: false,
             ..keyed.clone()
         };
         let e = b.create_from("default", &copy, Some(&from)).unwrap_err();

@@ -39,6 +39,9 @@ pub struct CreateReplica {
     /// grant names another is refused (docs/security.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_check: Option<crate::KeyCheck>,
+    /// Keep a checksum per 4 KiB block and check every read (docs/checksums.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checksums: bool,
 }
 
 /// A snapshot of a replica.
@@ -165,6 +168,9 @@ pub struct ReplicaStatus {
     /// The key check recorded in its metadata (an encrypted volume's replica).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_check: Option<crate::KeyCheck>,
+    /// It keeps block checksums.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checksums: bool,
 }
 
 /// One replica an engine writes to.

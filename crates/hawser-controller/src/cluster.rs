@@ -558,6 +558,7 @@ mod tests {
                 error: None,
                 cluster_id: Some("c1".into()),
                 key_check: None,
+                checksums: false,
             },
             journal: journal.map(|(epoch, seq, lacking)| JournalSummary {
                 epoch,

@@ -497,6 +497,7 @@ async fn orphan_replicas_are_trashed_and_referenced_ones_kept() {
         cluster_id: None,
         from: None,
         key_check: None,
+        checksums: false,
     };
     let n1 = c.agent("n1");
     n1.state

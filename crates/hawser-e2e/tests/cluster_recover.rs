@@ -99,6 +99,7 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         cluster_id: Some(first.id.clone()),
         from: None,
         key_check: None,
+        checksums: false,
     };
     let resp = c
         .agent_request(reqwest::Method::POST, "n1", "/v1/replicas")

@@ -96,6 +96,8 @@ pub enum ReplicaIoError {
     Io { errno: i32 },
     #[error("replica is marked failed")]
     Failed,
+    #[error("{blocks} block(s) from byte {offset} fail their checksum: the disk returned other data than was written")]
+    Corrupt { offset: u64, blocks: u32 },
 }
 
 impl ReplicaIoError {

@@ -9,9 +9,11 @@ pub mod gate;
 pub mod journal_file;
 pub mod pool;
 pub mod replica;
+mod replica_sums;
 pub mod ring;
 pub mod snapshot;
 pub mod snapshot_fetch;
+pub mod sums;
 
 pub use aligned::AlignedBuf;
 pub use error::{ReplicaIoError, StorageError};
@@ -24,5 +26,7 @@ pub use snapshot::{SnapshotFile, Taken};
 
 #[cfg(test)]
 mod snapshot_tests;
+#[cfg(test)]
+mod sums_tests;
 #[cfg(test)]
 mod tests;

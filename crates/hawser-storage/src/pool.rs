@@ -139,7 +139,7 @@ impl Pool {
                     std::fs::remove_file(&path)
                         .map_err(|e| StorageError::io("remove orphan data file", &path, e))?;
                 }
-                Some("journal") if !path.with_extension("meta").exists() => {
+                Some("journal" | "sums") if !path.with_extension("meta").exists() => {
                     let _ = std::fs::remove_file(&path);
                 }
                 // A snapshot that stopped half-copied left its temporary there.
@@ -151,7 +151,7 @@ impl Pool {
                     }
                 }
                 // Temporaries of a write, a clone or a restore that stopped.
-                Some("tmp" | "clonetmp" | RESTORED_EXT) => {
+                Some("tmp" | "clonetmp" | "sums-tmp" | RESTORED_EXT) => {
                     let _ = std::fs::remove_file(&path);
                 }
                 _ => {}
@@ -199,7 +199,8 @@ impl Pool {
             .map_err(|e| StorageError::io("create pool trash", &trash, e))?;
         let (data, meta) = Replica::paths(&self.dir, id);
         let snaps = crate::snapshot::snaps_dir(&data);
-        for from in [snaps, data, meta.with_extension("journal"), meta] {
+        let sums = crate::sums::Sums::path_for(&data);
+        for from in [snaps, data, sums, meta.with_extension("journal"), meta] {
             let ext = from.extension().and_then(|e| e.to_str()).unwrap_or("x");
             let to = trash.join(format!("{id}.{now_secs}.{ext}"));
             match std::fs::rename(&from, &to) {
@@ -487,6 +488,18 @@ impl Pool {
         let _ = std::fs::remove_file(&restored);
         crate::clone::clone_file(&source, &restored, old.size())
             .map_err(|e| StorageError::io("copy snapshot for a restore", &restored, e))?;
+        // The sums go before the data is replaced: a crash in between leaves old data
+        // without sums, which the next open sums again, never new data with old sums.
+        if old.checksums() {
+            let sums = crate::sums::Sums::path_for(&data);
+            std::fs::remove_file(&sums)
+                .or_else(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => Ok(()),
+                    _ => Err(e),
+                })
+                .and_then(|()| file_ops::sync_dir(&sums))
+                .map_err(|e| StorageError::io("drop checksums for a restore", &sums, e))?;
+        }
         std::fs::rename(&restored, &data)
             .and_then(|()| file_ops::sync_dir(&data))
             .map_err(|e| StorageError::io("replace replica data with a snapshot", &data, e))?;

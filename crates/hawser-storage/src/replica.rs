@@ -25,7 +25,9 @@ use crate::error::{ReplicaIoError, StorageError};
 use crate::file_ops;
 use crate::gate::{EpochGate, Ticket};
 use crate::journal_file::{JournalFile, Stored};
+use crate::replica_sums::Cover;
 use crate::ring::{self, Kind, Op, Reserved};
+use crate::sums::{is_whole, Sums};
 
 /// `CHECKSUM_BLOCK_BYTES` as a slice length (64 KiB fits any usize).
 #[allow(clippy::cast_possible_truncation)]
@@ -71,6 +73,10 @@ pub struct Replica {
     /// Thin replicas: one bit per chunk known to be allocated (see THIN_ALLOC_CHUNK_BYTES).
     /// Starts empty; a spurious fallocate of an allocated chunk is harmless.
     allocated: Vec<AtomicU64>,
+    /// Block checksums (`sums.rs`), for a replica created with them.
+    sums: Option<Sums>,
+    /// What the stored journal covers (`replica_sums.rs`).
+    cover: Mutex<Cover>,
 }
 
 /// What a new replica looks like.
@@ -84,6 +90,8 @@ pub struct NewReplica {
     pub cluster: Option<String>,
     /// An encrypted volume's key check (recorded in its metadata).
     pub key_check: Option<[u8; hawser_wire::meta::KEY_CHECK_BYTES]>,
+    /// Keep a checksum per 4 KiB block and check every read (`sums.rs`).
+    pub checksums: bool,
 }
 
 impl Replica {
@@ -137,6 +145,7 @@ impl Replica {
             thin: new.thin,
             cluster: new.cluster.clone(),
             key_check: new.key_check,
+            checksums: new.checksums,
         };
         // A new replica starts with an empty journal: nothing can differ yet. (No journal at
         // all means a replica from before journals, which recovery treats as unknown.)
@@ -159,13 +168,41 @@ impl Replica {
             let _ = std::fs::remove_file(journal.path());
             return Err(StorageError::io("write replica journal", journal.path(), e));
         }
+        // A copy of a snapshot is summed in full; a new replica holds zeroes, whose sums are
+        // a hole.
+        let sums = if new.checksums {
+            let made = match source {
+                Some(_) => Sums::build(&file, &data_path, new.size),
+                None => Sums::empty(&data_path, new.size),
+            };
+            match made {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    let path = Sums::path_for(&data_path);
+                    for p in [&data_path, journal.path(), &path] {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return Err(StorageError::io("write replica checksums", &path, e));
+                }
+            }
+        } else {
+            None
+        };
         if let Err(e) = write_meta(&meta_path, &meta) {
             let _ = std::fs::remove_file(&data_path);
             let _ = std::fs::remove_file(journal.path());
+            let _ = std::fs::remove_file(Sums::path_for(&data_path));
             return Err(e);
         }
         Ok(Self::from_parts(
-            pool, data_path, meta_path, file, meta, boot,
+            pool,
+            data_path,
+            meta_path,
+            file,
+            meta,
+            boot,
+            sums,
+            Cover::default(),
         ))
     }
 
@@ -198,11 +235,25 @@ impl Replica {
             ));
             return Err(StorageError::io("check replica data file", &data_path, e));
         }
+        let journal = JournalFile::new(meta_path.with_extension("journal"), boot);
+        let stored = journal
+            .get()
+            .map_err(|e| StorageError::io("read replica journal", journal.path(), e))?;
+        let cover = Cover::of_stored(&stored, &meta.replica, meta.size);
+        let sums = if meta.checksums {
+            let opened = Self::open_sums(&file, &data_path, meta.size, &cover).map_err(|e| {
+                StorageError::io("sum replica data", Sums::path_for(&data_path), e)
+            })?;
+            Some(opened)
+        } else {
+            None
+        };
         Ok(Self::from_parts(
-            pool, data_path, meta_path, file, meta, boot,
+            pool, data_path, meta_path, file, meta, boot, sums, cover,
         ))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn from_parts(
         pool: &str,
         data_path: PathBuf,
@@ -210,6 +261,8 @@ impl Replica {
         file: File,
         meta: ReplicaMeta,
         boot: u64,
+        sums: Option<Sums>,
+        cover: Cover,
     ) -> Replica {
         let meta_path_journal = meta_path.with_extension("journal");
         Replica {
@@ -234,7 +287,27 @@ impl Replica {
             },
             meta: Mutex::new(meta),
             journal: JournalFile::new(meta_path_journal, boot),
+            sums,
+            cover: Mutex::new(cover),
         }
+    }
+
+    pub(crate) fn sums(&self) -> Option<&Sums> {
+        self.sums.as_ref()
+    }
+    /// Whether the replica keeps block checksums.
+    pub fn checksums(&self) -> bool {
+        self.sums.is_some()
+    }
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+    pub(crate) fn cover_lock(&self) -> std::sync::MutexGuard<'_, Cover> {
+        self.cover.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Whether the stored journal covers `[offset, offset+len)` (`replica_sums.rs`).
+    pub(crate) fn covered(&self, offset: u64, len: u64) -> bool {
+        self.cover_lock().contains(offset, len)
     }
 
     pub fn id(&self) -> &str {
@@ -311,6 +384,10 @@ impl Replica {
         grown
             .and_then(|()| self.file.sync_all())
             .map_err(|e| StorageError::io("grow replica data file", &self.data_path, e))?;
+        if let Some(sums) = &self.sums {
+            sums.grow(size)
+                .map_err(|e| StorageError::io("grow replica checksums", sums.path(), e))?;
+        }
         let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
         let mut next = meta.clone();
         next.size = size;
@@ -420,14 +497,23 @@ impl Replica {
     where
         F: FnOnce(Result<Bytes, ReplicaIoError>) + Send + 'static,
     {
+        // A read of part of a block is checked whole, by `read` on the pool.
+        if self.sums.is_some() && !is_whole(offset, u64::from(len)) {
+            return Err(done);
+        }
         let Some(held) = self.ring_slot() else {
             return Err(done);
         };
         let kind = self
             .check(epoch, offset, u64::from(len))
             .map(|()| Kind::Read(AlignedBuf::for_overwrite(len as usize)));
+        let me = self.clone();
         self.submit(held, offset, kind, move |r| {
-            done(r.map(|b| b.map(AlignedBuf::into_bytes).unwrap_or_default()))
+            done(r.and_then(|b| {
+                let b = b.map(AlignedBuf::into_bytes).unwrap_or_default();
+                me.check_sums(offset, &b)?;
+                Ok(b)
+            }))
         });
         Ok(())
     }
@@ -452,6 +538,11 @@ impl Replica {
         if in_range && !self.is_allocated(offset, len) {
             return Err(done);
         }
+        // Part of a block is summed from a read-back, and a FUA write the journal does not
+        // cover syncs its sums: both by `write` on the pool.
+        if self.sums.is_some() && (!is_whole(offset, len) || (fua && !self.covered(offset, len))) {
+            return Err(done);
+        }
         let Some(held) = self.ring_slot() else {
             return Err(done);
         };
@@ -464,12 +555,25 @@ impl Replica {
             self.ensure_allocated(offset, data.len() as u64)?;
             Ok(Kind::Write { data, dsync: fua })
         });
-        self.submit(held, offset, kind, move |r| done(r.map(|_| ())));
+        let me = self.clone();
+        let written = kind.as_ref().ok().and_then(|k| match k {
+            Kind::Write { data, .. } if me.sums.is_some() => Some(data.clone()),
+            _ => None,
+        });
+        self.submit(held, offset, kind, move |r| {
+            done(r.and_then(|_| match written {
+                Some(data) => me.sum_written(offset, &data, fua),
+                None => Ok(()),
+            }))
+        });
         Ok(())
     }
 
     pub fn read(&self, epoch: u64, offset: u64, len: u32) -> Result<Bytes, ReplicaIoError> {
         self.gated(epoch, offset, u64::from(len), || {
+            if self.sums.is_some() {
+                return self.read_checked(offset, len);
+            }
             let mut buf = AlignedBuf::for_overwrite(len as usize);
             file_ops::read_at(&self.file, buf.as_mut_slice(), offset)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
@@ -494,7 +598,8 @@ impl Replica {
             };
             self.ensure_allocated(offset, data.len() as u64)?;
             file_ops::write_at(&self.file, data, offset, fua)
-                .map_err(|e| ReplicaIoError::from_io(&e))
+                .map_err(|e| ReplicaIoError::from_io(&e))?;
+            self.sum_written(offset, data, fua)
         })
     }
 
@@ -559,14 +664,17 @@ impl Replica {
             // A journal of a volume smaller than the replica fits: a replica grown by an
             // expand that stopped before the volume record (docs/protocol.md) serves the
             // volume's size until the expand is retried.
-            let fits =
-                Journal::decode(encoded).is_ok_and(|j| j.epoch == epoch && j.size <= self.size);
-            if !fits {
-                return Err(ReplicaIoError::OutOfRange);
-            }
+            let journal = match Journal::decode(encoded) {
+                Ok(j) if j.epoch == epoch && j.size <= self.size => j,
+                _ => return Err(ReplicaIoError::OutOfRange),
+            };
+            let cover = Cover::of(&journal, &self.id, self.size);
+            self.sums_before_journal(&cover)?;
             self.journal
                 .put(encoded)
-                .map_err(|e| ReplicaIoError::from_io(&e))
+                .map_err(|e| ReplicaIoError::from_io(&e))?;
+            *self.cover_lock() = cover;
+            Ok(())
         })
     }
 
@@ -636,7 +744,7 @@ impl Replica {
                     .sync_data()
                     .map_err(|e| ReplicaIoError::from_io(&e))?;
             }
-            Ok(())
+            self.sum_zeroed(offset, len64, fua)
         })
     }
 
@@ -654,7 +762,8 @@ impl Replica {
     }
 
     pub(crate) fn remove_files(&self) -> Result<(), StorageError> {
-        for p in [&self.meta_path, &self.data_path, self.journal.path()] {
+        let sums = Sums::path_for(&self.data_path);
+        for p in [&self.meta_path, &self.data_path, self.journal.path(), &sums] {
             match std::fs::remove_file(p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -42,6 +42,7 @@ pub(crate) fn pool(dir: &TempDir, ratio: f64, limit: Option<u64>) -> Pool {
 pub(crate) fn new(id: &str, size: u64, thin: bool) -> NewReplica {
     NewReplica {
         key_check: None,
+        checksums: false,
         id: id.into(),
         volume: "vol".into(),
         size,

@@ -138,6 +138,10 @@ pub enum Status {
     Unavailable = 7,
     /// Hello without a valid epoch grant of the replica's cluster (`grant.rs`).
     Denied = 8,
+    /// A read met blocks whose data fails its checksum: the reply's `offset` is the first bad
+    /// block's, its `length` the number of bad blocks in the range. The replica is otherwise
+    /// fine; the engine reads the range elsewhere and rewrites it here.
+    Corrupt = 9,
 }
 
 impl Status {
@@ -153,6 +157,7 @@ impl Status {
             6 => Status::Invalid,
             7 => Status::Unavailable,
             8 => Status::Denied,
+            9 => Status::Corrupt,
             _ => return None,
         })
     }

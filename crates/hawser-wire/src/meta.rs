@@ -10,6 +10,13 @@ pub const META_VERSION: u32 = 2;
 /// Version 3 adds an encrypted volume's key check; it is written only for such a replica,
 /// so a plain replica's record stays readable by agents that know version 2.
 pub const META_VERSION_KEYED: u32 = 3;
+/// Version 4 adds a flags byte (`FLAG_CHECKSUMS`, `FLAG_KEY_CHECK`); it is written only for a
+/// replica with block checksums, so other records stay readable by older agents.
+pub const META_VERSION_FLAGS: u32 = 4;
+/// Version 4 flag: the replica keeps block checksums (`<id>.sums`).
+pub const FLAG_CHECKSUMS: u8 = 1 << 0;
+/// Version 4 flag: the key check at `KEY_CHECK_AT` is set (an encrypted volume).
+pub const FLAG_KEY_CHECK: u8 = 1 << 1;
 pub use crate::grant::KEY_CHECK_BYTES;
 /// Longest cluster id.
 pub const MAX_CLUSTER_ID_BYTES: usize = 64;
@@ -46,6 +53,9 @@ pub struct ReplicaMeta {
     /// not encrypted). Set at create and never changed: an engine whose grant carries another
     /// key check is refused (`hawser_wire::grant`).
     pub key_check: Option<[u8; KEY_CHECK_BYTES]>,
+    /// The replica keeps a checksum per 4 KiB block beside its data and checks every read
+    /// against it (set at create, never changed).
+    pub checksums: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -65,12 +75,15 @@ pub enum MetaError {
 // Layout: magic u64 | version u32 | state u8 | thin u8 | cluster_len u16 (0 in version 1) |
 // size u64 | epoch u64 | generation u64 | vol_len u16 | rep_len u16 | volume bytes |
 // replica bytes | cluster bytes | zeroes | (version 3) key check at KEY_CHECK_AT | zeroes |
-// crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
+// (version 4) flags at FLAGS_AT | crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
 const IDS_AT: usize = 44;
 /// Past the longest ids (44 + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES).
 const KEY_CHECK_AT: usize = 4064;
 const _: () = assert!(IDS_AT + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES <= KEY_CHECK_AT);
 const _: () = assert!(KEY_CHECK_AT + KEY_CHECK_BYTES <= META_LEN - 4);
+/// Just before the key check.
+const FLAGS_AT: usize = KEY_CHECK_AT - 1;
+const _: () = assert!(IDS_AT + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES <= FLAGS_AT);
 
 impl ReplicaMeta {
     pub fn encode(&self) -> Result<Vec<u8>, MetaError> {
@@ -84,11 +97,15 @@ impl ReplicaMeta {
         }
         let mut b = vec![0u8; META_LEN];
         b[0..8].copy_from_slice(&META_MAGIC.to_le_bytes());
-        let version = match self.key_check {
-            None => META_VERSION,
-            Some(check) => {
-                b[KEY_CHECK_AT..KEY_CHECK_AT + KEY_CHECK_BYTES].copy_from_slice(&check);
-                META_VERSION_KEYED
+        if let Some(check) = self.key_check {
+            b[KEY_CHECK_AT..KEY_CHECK_AT + KEY_CHECK_BYTES].copy_from_slice(&check);
+        }
+        let version = match (self.checksums, self.key_check) {
+            (false, None) => META_VERSION,
+            (false, Some(_)) => META_VERSION_KEYED,
+            (true, check) => {
+                b[FLAGS_AT] = FLAG_CHECKSUMS | if check.is_some() { FLAG_KEY_CHECK } else { 0 };
+                META_VERSION_FLAGS
             }
         };
         b[8..12].copy_from_slice(&version.to_le_bytes());
@@ -128,7 +145,7 @@ impl ReplicaMeta {
             return Err(MetaError::BadMagic { found: magic });
         }
         let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if !(1..=META_VERSION_KEYED).contains(&version) {
+        if !(1..=META_VERSION_FLAGS).contains(&version) {
             return Err(MetaError::BadVersion { found: version });
         }
         let found = u32::from_le_bytes([b[4092], b[4093], b[4094], b[4095]]);
@@ -157,6 +174,14 @@ impl ReplicaMeta {
                 field: "cluster length",
             });
         }
+        let flags = match version {
+            META_VERSION_FLAGS => b[FLAGS_AT],
+            META_VERSION_KEYED => FLAG_KEY_CHECK,
+            _ => 0,
+        };
+        if flags & !(FLAG_CHECKSUMS | FLAG_KEY_CHECK) != 0 {
+            return Err(MetaError::BadField { field: "flags" });
+        }
         let id = |from: usize, len: usize, field| {
             std::str::from_utf8(&b[from..from + len])
                 .map(str::to_owned)
@@ -174,14 +199,12 @@ impl ReplicaMeta {
                 0 => None,
                 n => Some(id(IDS_AT + vol_len + rep_len, n, "cluster")?),
             },
-            key_check: match version {
-                META_VERSION_KEYED => {
-                    let mut check = [0u8; KEY_CHECK_BYTES];
-                    check.copy_from_slice(&b[KEY_CHECK_AT..KEY_CHECK_AT + KEY_CHECK_BYTES]);
-                    Some(check)
-                }
-                _ => None,
-            },
+            key_check: (flags & FLAG_KEY_CHECK != 0).then(|| {
+                let mut check = [0u8; KEY_CHECK_BYTES];
+                check.copy_from_slice(&b[KEY_CHECK_AT..KEY_CHECK_AT + KEY_CHECK_BYTES]);
+                check
+            }),
+            checksums: flags & FLAG_CHECKSUMS != 0,
         })
     }
 }
@@ -207,6 +230,7 @@ mod tests {
             thin: true,
             cluster: Some("0123456789abcdef0123456789abcdef".into()),
             key_check: None,
+            checksums: false,
         }
     }
 
@@ -227,13 +251,37 @@ mod tests {
         flipped[KEY_CHECK_AT + 3] ^= 1;
         assert!(ReplicaMeta::decode(&flipped).is_err(), "checksum covers it");
         let mut future = b;
-        future[8..12].copy_from_slice(&4u32.to_le_bytes());
+        future[8..12].copy_from_slice(&5u32.to_le_bytes());
         let crc = crc32c::crc32c(&future[..META_LEN - 4]);
         future[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             ReplicaMeta::decode(&future),
-            Err(MetaError::BadVersion { found: 4 })
+            Err(MetaError::BadVersion { found: 5 })
         );
+    }
+
+    /// A replica with block checksums has a version 4 record with flags, keyed or not; an
+    /// unknown flag is refused.
+    #[test]
+    fn checksums_roundtrip_in_version_4_only() {
+        for key_check in [None, Some([0x33; KEY_CHECK_BYTES])] {
+            let m = ReplicaMeta {
+                checksums: true,
+                key_check,
+                ..sample()
+            };
+            let b = m.encode().expect("encode");
+            assert_eq!(b[8..12], META_VERSION_FLAGS.to_le_bytes());
+            assert_eq!(ReplicaMeta::decode(&b), Ok(m));
+            let mut unknown = b;
+            unknown[FLAGS_AT] |= 0x80;
+            let crc = crc32c::crc32c(&unknown[..META_LEN - 4]);
+            unknown[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(
+                ReplicaMeta::decode(&unknown),
+                Err(MetaError::BadField { field: "flags" })
+            );
+        }
     }
 
     #[test]

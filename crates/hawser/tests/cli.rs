@@ -151,6 +151,7 @@ async fn fake_agent() -> SocketAddr {
             error: None,
             cluster_id: None,
             key_check: r.key_check,
+            checksums: false,
         };
         (StatusCode::CREATED, Json(status))
     }

@@ -262,8 +262,9 @@ fn failure_of(e: ReplicaIoError) -> ReplicaFailure {
     match e {
         ReplicaIoError::StaleEpoch { .. } => ReplicaFailure::StaleEpoch,
         ReplicaIoError::NoSpace => ReplicaFailure::NoSpace,
-        ReplicaIoError::OutOfRange | ReplicaIoError::Io { .. } | ReplicaIoError::Failed => {
-            ReplicaFailure::Io
-        }
+        ReplicaIoError::OutOfRange
+        | ReplicaIoError::Io { .. }
+        | ReplicaIoError::Failed
+        | ReplicaIoError::Corrupt { .. } => ReplicaFailure::Io,
     }
 }

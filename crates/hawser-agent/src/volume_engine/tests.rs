@@ -34,6 +34,7 @@ async fn a_queued_resync_send_for_a_closed_session_is_dropped() {
         thin: true,
         cluster: None,
         key_check: None,
+        checksums: false,
     };
     let replica = storage.create("default", &new).expect("create replica");
     let req = StartEngine {

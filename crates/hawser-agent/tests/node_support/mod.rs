@@ -46,6 +46,7 @@ pub fn node_keyed(
         thin: true,
         cluster: None,
         key_check: key_check.map(|k| k.0),
+        checksums: false,
     };
     s.create("default", &new).expect("create replica");
     s

@@ -271,6 +271,7 @@ fn replica_status(req: &CreateReplica) -> ReplicaStatus {
         error: None,
         cluster_id: None,
         key_check: req.key_check,
+        checksums: req.checksums,
     }
 }
 
