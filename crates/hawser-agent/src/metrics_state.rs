@@ -83,6 +83,7 @@ impl Collector for StateCollector {
         let mut copied = Vec::new();
         let mut dirty = Vec::new();
         let mut rate = Vec::new();
+        let mut corrupt = Vec::new();
         let mut limits = Vec::new();
         for s in &statuses {
             let v = || vec![("volume", s.volume.clone())];
@@ -112,6 +113,15 @@ impl Collector for StateCollector {
                 copied.push((rl(), r.copied_bytes));
                 dirty.push((rl(), int(r.dirty_bytes)));
                 rate.push((rl(), int(r.resync_bytes_per_sec)));
+                for (outcome, n) in [
+                    ("found", r.corrupt_found_blocks),
+                    ("repaired", r.corrupt_repaired_blocks),
+                    ("unrecoverable", r.corrupt_unrecoverable_blocks),
+                ] {
+                    let mut l = rl();
+                    l.push(("outcome", outcome.to_string()));
+                    corrupt.push((l, n));
+                }
             }
         }
         let mut commits: Vec<(Labels, u64)> = self
@@ -203,6 +213,19 @@ impl Collector for StateCollector {
             false,
             &connected,
             gauge,
+        )?;
+        family(
+            e,
+            (
+                "volume_replica_corrupt_blocks",
+                "4 KiB blocks whose data failed its checksum on the replica during this \
+                 engine's life (docs/checksums.md), by outcome: found, repaired (rewritten from \
+                 a good replica), unrecoverable (no replica had it right: the read failed)",
+                None,
+            ),
+            true,
+            &corrupt,
+            counter,
         )?;
         family(
             e,

@@ -322,7 +322,7 @@ pub struct RecoveryReport {
 }
 
 /// How the engine sees one replica.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineReplicaStatus {
     pub replica_id: String,
@@ -336,6 +336,18 @@ pub struct EngineReplicaStatus {
     /// Average copy rate since its current resync began (0 when not resyncing).
     #[serde(default)]
     pub resync_bytes_per_sec: u64,
+    /// Blocks whose data failed its checksum on this replica, during this engine's life
+    /// (docs/checksums.md); those rewritten from a good copy; those no replica had right.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub corrupt_found_blocks: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub corrupt_repaired_blocks: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub corrupt_unrecoverable_blocks: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

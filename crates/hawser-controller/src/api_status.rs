@@ -188,6 +188,7 @@ mod tests {
             dirty_bytes: dirty,
             copied_bytes: 100 << 20,
             resync_bytes_per_sec: rate,
+            ..Default::default()
         };
         let agent = |rate| AgentStatus {
             node: "node-a".into(),

@@ -62,6 +62,7 @@ impl VolumeEngine {
                         dirty_bytes: v.dirty_bytes,
                         copied_bytes: v.copied_bytes,
                         resync_bytes_per_sec: self.resync_speed(i, v.copied_bytes),
+                        ..Default::default()
                     }
                 })
                 .collect(),

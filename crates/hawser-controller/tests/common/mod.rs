@@ -476,6 +476,7 @@ fn down_replicas(st: &Fake, volume: &str) -> Vec<hawser_api::agent::EngineReplic
             dirty_bytes: 0,
             copied_bytes: 0,
             resync_bytes_per_sec: 0,
+            ..Default::default()
         })
         .collect()
 }
