@@ -268,7 +268,10 @@ pub(crate) enum Work {
     /// A resync copy; its state is in `Engine::copies` under the same tag.
     Copy,
     /// A client read run again under the lock of its blocks (`repair.rs`), same tag.
-    LockedRead { offset: u64, len: u32 },
+    LockedRead {
+        offset: u64,
+        len: u32,
+    },
     /// A repair of corrupt blocks; its state is in `Engine::repairs` under the same tag.
     Repair,
 }
@@ -979,7 +982,8 @@ pub(crate) fn failure_to_io(f: Option<ReplicaFailure>) -> IoError {
         Some(ReplicaFailure::NoSpace) => IoError::NoSpace,
         Some(ReplicaFailure::StaleEpoch) => IoError::ShutDown,
         // Rotted blocks are an I/O error to the client, like a disk error.
-        Some(ReplicaFailure::Corrupt { .. } | ReplicaFailure::Io | ReplicaFailure::Lost)
-        | None => IoError::Io,
+        Some(ReplicaFailure::Corrupt { .. } | ReplicaFailure::Io | ReplicaFailure::Lost) | None => {
+            IoError::Io
+        }
     }
 }

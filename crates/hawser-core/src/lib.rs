@@ -35,3 +35,5 @@ pub use types::{
 
 #[cfg(test)]
 mod engine_tests;
+#[cfg(test)]
+mod repair_tests;

@@ -178,7 +178,10 @@ mod tests {
         assert_eq!(span(&w(4096 + 512, 512)), Some((4096, 8192)));
         assert_eq!(span(&w(4096 - 512, 1024)), Some((0, 8192)));
         assert_eq!(span(&w(8192, 4096)), Some((8192, 12288)));
-        assert_eq!(block_span(u64::MAX - 511, 512), (u64::MAX / 4096 * 4096, u64::MAX));
+        assert_eq!(
+            block_span(u64::MAX - 511, 512),
+            (u64::MAX / 4096 * 4096, u64::MAX)
+        );
         let ready: Vec<Tag> = l.release(1).into_iter().map(|(t, _)| t).collect();
         assert_eq!(ready, vec![2]);
     }

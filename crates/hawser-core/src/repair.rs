@@ -196,7 +196,11 @@ impl Engine {
         }
         match self.pick_reader(q.tried) {
             Some(source) => {
-                self.repairs.get_mut(&tag).expect("checked").tried.add(source);
+                self.repairs
+                    .get_mut(&tag)
+                    .expect("checked")
+                    .tried
+                    .add(source);
                 self.repair_send(tag, source, Stage::Reading(source), read_op(&q), out);
             }
             None => {

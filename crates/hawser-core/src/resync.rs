@@ -281,7 +281,14 @@ impl Engine {
     }
 
     /// Read the copy's range from `source`; `tried`: sources that answered `Corrupt`.
-    fn copy_read(&mut self, tag: Tag, c: Copy, source: ReplicaIdx, tried: Set, out: &mut Vec<Command>) {
+    fn copy_read(
+        &mut self,
+        tag: Tag,
+        c: Copy,
+        source: ReplicaIdx,
+        tried: Set,
+        out: &mut Vec<Command>,
+    ) {
         let (offset, end) = self.byte_range(c.first, c.end);
         let len = u32::try_from(end - offset).expect("resync unit fits in u32");
         let mut tried = tried;
