@@ -172,7 +172,7 @@ fn a_read_corrupt_everywhere_runs_again_under_the_lock_then_fails_with_eio() {
         2,
         ClientOp::Write {
             offset: 4096 + 512,
-            data: data(512, 9).unwrap(),
+            data: Bytes::from(vec![9; 512]),
             fua: false,
         },
         &mut out,
@@ -247,7 +247,7 @@ fn a_write_queued_before_the_repair_completes_before_it() {
     let mut out = vec![];
     let w = ClientOp::Write {
         offset: 0,
-        data: data(4096, 9).unwrap(),
+        data: Bytes::from(vec![9; 4096]),
         fua: false,
     };
     e.submit(2, w, &mut out);
