@@ -19,3 +19,21 @@ pub const INTERNAL_TAG_BASE: u64 = 1 << 63;
 
 /// Unflushed-range entries kept before they are merged (bounds memory between flushes).
 pub const UNFLUSHED_COMPACT_AT: usize = 4096;
+
+/// Modifying requests are ordered by whole blocks of this size (`range_lock::span` widens
+/// their ranges outward to it). A replica keeps a CRC-32C per block of this size: a write that
+/// covers part of a block re-reads the block to sum it whole, so two writes into one block
+/// must not interleave even when their bytes do not overlap, or one's read-back would carry
+/// stale bytes of the other and a sum that matches neither.
+pub const ORDER_BLOCK_BYTES: u64 = 4096;
+
+/// Corrupt blocks (`ReplicaFailure::Corrupt`, confirmed under the range lock) a replica may
+/// show in one engine's life before it leaves as failed, like a disk error. Rot of a few
+/// blocks is repaired in place from another replica; a replica that keeps rotting has a
+/// failing medium and is better rebuilt elsewhere. 4096 blocks is 16 MiB: far more than
+/// stray bit rot, far less than a dying disk keeps producing.
+pub const DEFAULT_CORRUPT_LIMIT_BLOCKS: u64 = 4096;
+
+/// Repairs queued or running at once; a corrupt range found beyond that is not queued (the
+/// next read of it finds it again).
+pub const MAX_REPAIRS: usize = 1024;

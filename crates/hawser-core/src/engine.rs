@@ -19,7 +19,9 @@
 //! - When every replica fails a request, it fails with their error and no replica is outdated
 //!   (no replica has anything the others lack).
 //! - Reads go to the local in-sync replica when there is one, else to another in-sync one; a
-//!   failed read is retried on the next in-sync replica.
+//!   failed read is retried on the next in-sync replica. A read answered `Corrupt` (a block's
+//!   bytes rotted) does not make the replica leave: the read is served by another, and the
+//!   rotted range is repaired under the range lock (`repair.rs`).
 //! - A replica answering "stale epoch" means a newer engine exists: this engine fences itself
 //!   and fails everything with `IoError::ShutDown`.
 
@@ -29,11 +31,12 @@ use crate::id_map::IdMap;
 
 use crate::bitmap::ChunkMap;
 use crate::constants::{
-    DEFAULT_CHUNK_BYTES, DEFAULT_RESYNC_PARALLEL, DEFAULT_RESYNC_UNIT_BYTES, INTERNAL_TAG_BASE,
-    MAX_REPLICAS, UNFLUSHED_COMPACT_AT,
+    DEFAULT_CHUNK_BYTES, DEFAULT_CORRUPT_LIMIT_BLOCKS, DEFAULT_RESYNC_PARALLEL,
+    DEFAULT_RESYNC_UNIT_BYTES, INTERNAL_TAG_BASE, MAX_REPLICAS, UNFLUSHED_COMPACT_AT,
 };
 use crate::io_error::IoError;
 use crate::range_lock::{span, RangeLock};
+use crate::repair::{Integrity, Repair};
 use crate::resync::Copy;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId, Tag};
 use crate::unflushed::{compact, Unflushed};
@@ -93,6 +96,10 @@ pub struct EngineConfig {
     /// strength (acknowledging, outdating others) while the journals say it lacks chunks.
     /// Off only in simulator runs without the journal.
     pub mark_every_resync: bool,
+    /// Corrupt blocks a replica may show (`Engine::integrity`'s `found`) before it leaves as
+    /// failed, like after a disk error: a medium that keeps rotting is better rebuilt
+    /// elsewhere than repaired block by block (`DEFAULT_CORRUPT_LIMIT_BLOCKS`).
+    pub corrupt_limit: u64,
 }
 
 impl Default for EngineConfig {
@@ -104,6 +111,7 @@ impl Default for EngineConfig {
             resync_unit_bytes: DEFAULT_RESYNC_UNIT_BYTES,
             resync_parallel: DEFAULT_RESYNC_PARALLEL,
             mark_every_resync: true,
+            corrupt_limit: DEFAULT_CORRUPT_LIMIT_BLOCKS,
         }
     }
 }
@@ -192,6 +200,8 @@ pub(crate) struct Slot {
     /// Where the next resync copy starts (chunk index).
     pub cursor: u64,
     pub copied_bytes: u64,
+    /// Corrupt blocks confirmed on it in this engine's life (`repair.rs`).
+    pub integrity: Integrity,
 }
 
 /// Bit set of replicas (MAX_REPLICAS <= 32).
@@ -245,6 +255,11 @@ pub(crate) struct Pending {
     pub missed: Option<Set>,
     /// A replica that did not get it was promoted to resync source (`promote`): it fails.
     pub doomed: bool,
+    /// Reads: replicas that answered `Corrupt`, with their first bad offset and bad blocks.
+    pub corrupt: Set,
+    pub corrupt_at: [(u64, u32); MAX_REPLICAS],
+    /// Reads: run again under the range lock (every replica tried answered `Corrupt`).
+    pub locked: bool,
 }
 
 /// What waits in the range lock: a client request or a resync copy.
@@ -252,6 +267,13 @@ pub(crate) enum Work {
     Client(ClientOp),
     /// A resync copy; its state is in `Engine::copies` under the same tag.
     Copy,
+    /// A client read run again under the lock of its blocks (`repair.rs`), same tag.
+    LockedRead {
+        offset: u64,
+        len: u32,
+    },
+    /// A repair of corrupt blocks; its state is in `Engine::repairs` under the same tag.
+    Repair,
 }
 
 pub struct Engine {
@@ -265,6 +287,7 @@ pub struct Engine {
     /// Parked requests, ordered for determinism.
     pub(crate) parked: BTreeSet<Tag>,
     pub(crate) copies: IdMap<Tag, Copy>,
+    pub(crate) repairs: IdMap<Tag, Repair>,
     pub(crate) next_internal: Tag,
     pub(crate) unflushed: Unflushed,
     pub(crate) fenced: bool,
@@ -325,6 +348,7 @@ impl Engine {
                     sync_flushing: false,
                     cursor: 0,
                     copied_bytes: 0,
+                    integrity: Integrity::default(),
                 }
             })
             .collect();
@@ -338,6 +362,7 @@ impl Engine {
             locks: RangeLock::default(),
             parked: BTreeSet::new(),
             copies: IdMap::default(),
+            repairs: IdMap::default(),
             next_internal: INTERNAL_TAG_BASE,
             unflushed: Unflushed::default(),
             fenced: false,
@@ -450,10 +475,10 @@ impl Engine {
         self.fenced
     }
 
-    /// Requests in flight: client requests (including queued and parked ones) and resync
-    /// copies.
+    /// Requests in flight: client requests (including queued and parked ones), resync
+    /// copies and repairs.
     pub fn in_flight(&self) -> usize {
-        self.pending.len() + self.locks.waiting() + self.copies.len()
+        self.pending.len() + self.locks.waiting() + self.copies.len() + self.repairs.len()
     }
 
     /// Something was written since the last flush started: the driver should flush in the
@@ -538,7 +563,7 @@ impl Engine {
         }
         let range = span(&op);
         if let Some(Work::Client(op)) = self.locks.acquire(tag, range, Work::Client(op)) {
-            self.start(tag, op, out);
+            self.start(tag, op, false, out);
         }
     }
 
@@ -552,15 +577,21 @@ impl Engine {
         aligned && offset.checked_add(len).is_some_and(|end| end <= self.size)
     }
 
-    /// Start work that got its range: a client request or a resync copy.
+    /// Start work that got its range: a client request, a resync copy, a read run again under
+    /// the lock, or a repair.
     pub(crate) fn start_work(&mut self, tag: Tag, work: Work, out: &mut Vec<Command>) {
         match work {
-            Work::Client(op) => self.start(tag, op, out),
+            Work::Client(op) => self.start(tag, op, false, out),
             Work::Copy => self.copy_locked(tag, out),
+            Work::LockedRead { offset, len } => {
+                self.start(tag, ClientOp::Read { offset, len }, true, out)
+            }
+            Work::Repair => self.repair_locked(tag, out),
         }
     }
 
-    fn start(&mut self, tag: Tag, op: ClientOp, out: &mut Vec<Command>) {
+    /// `locked`: a read that holds the range lock of its blocks (`Work::LockedRead`).
+    fn start(&mut self, tag: Tag, op: ClientOp, locked: bool, out: &mut Vec<Command>) {
         let mut p = Pending {
             op,
             outstanding: 0,
@@ -575,6 +606,9 @@ impl Engine {
             data: None,
             missed: None,
             doomed: false,
+            corrupt: Set::default(),
+            corrupt_at: [(0, 0); MAX_REPLICAS],
+            locked,
         };
         match &p.op {
             ClientOp::Read { .. } => match self.pick_reader(p.tried) {
@@ -584,6 +618,9 @@ impl Engine {
                         tag,
                         result: Err(IoError::Io),
                     });
+                    if locked {
+                        self.release(tag, out);
+                    }
                     return;
                 }
             },
@@ -664,7 +701,11 @@ impl Engine {
             return;
         }
         if tag >= INTERNAL_TAG_BASE {
-            self.on_copy_reply(tag, r, result, out);
+            if self.repairs.contains_key(&tag) {
+                self.on_repair_reply(tag, r, result, out);
+            } else {
+                self.on_copy_reply(tag, r, result, out);
+            }
             return;
         }
         let Some(mut p) = self.pending.remove(&tag) else {
@@ -698,12 +739,22 @@ impl Engine {
                 self.pending.insert(tag, p);
             }
             Err(f) => {
+                let is_read = matches!(p.op, ClientOp::Read { .. });
+                let f = match f {
+                    ReplicaFailure::Corrupt { first, blocks } if is_read => {
+                        p.corrupt.add(r);
+                        p.corrupt_at[usize::from(r.0)] = (first, blocks);
+                        f
+                    }
+                    // Only reads answer `Corrupt`; anything else saying so failed on the disk.
+                    ReplicaFailure::Corrupt { .. } => ReplicaFailure::Io,
+                    other => other,
+                };
                 p.failure = Some(worse(p.failure, f));
                 p.failed.add(r);
                 if f == ReplicaFailure::Io {
                     p.io_failed.add(r);
                 }
-                let is_read = matches!(p.op, ClientOp::Read { .. });
                 // It may lack this write (or hold part of it) from now on: marked now, before
                 // it can be lost, come back and be resynced without this range. Also when
                 // every replica fails it (the lost ones may hold it, the others not).
@@ -713,8 +764,11 @@ impl Engine {
                 self.pending.insert(tag, p);
                 if is_read {
                     // Another replica can serve it: this one leaves (a disk error marks it
-                    // failed) and the read is retried.
-                    self.leave(r, f == ReplicaFailure::Io, out);
+                    // failed) and the read is retried. Not for rotted blocks: the replica
+                    // has every acknowledged write, and the range is repaired instead.
+                    if !matches!(f, ReplicaFailure::Corrupt { .. }) {
+                        self.leave(r, f == ReplicaFailure::Io, out);
+                    }
                     self.retry_read(tag, out);
                 }
             }
@@ -779,7 +833,7 @@ impl Engine {
     fn fail_all(&mut self, e: IoError, out: &mut Vec<Command>) {
         let mut tags: Vec<Tag> = self.pending.keys().copied().collect();
         for (t, work) in self.locks.drain_waiting() {
-            if matches!(work, Work::Client(_)) {
+            if matches!(work, Work::Client(_) | Work::LockedRead { .. }) {
                 tags.push(t);
             }
         }
@@ -794,6 +848,7 @@ impl Engine {
         self.subs.clear();
         self.parked.clear();
         self.copies.clear();
+        self.repairs.clear();
         for s in &mut self.slots {
             s.copies = 0;
             s.sync_flushing = false;
@@ -811,14 +866,14 @@ impl Engine {
         let (succeeded, failure) = (p.succeeded, p.failure);
         let is_read = matches!(p.op, ClientOp::Read { .. });
         let is_flush = matches!(p.op, ClientOp::Flush);
+        if is_read {
+            // Reads are never doomed (`fail_missed_by` skips them).
+            debug_assert!(!p.doomed);
+            self.finish_read(tag, out);
+            return;
+        }
         let result = if p.doomed {
             Err(IoError::Io)
-        } else if is_read {
-            if succeeded.is_empty() {
-                Err(failure_to_io(failure))
-            } else {
-                Ok(Some(p.data.clone().unwrap_or_default()))
-            }
         } else if succeeded.is_empty() {
             // Failed everywhere: no replica has anything the others lack, so none leaves
             // (a full disk everywhere is the client's ENOSPC, not a reason to degrade).
@@ -913,7 +968,7 @@ impl Engine {
     }
 }
 
-fn worse(a: Option<ReplicaFailure>, b: ReplicaFailure) -> ReplicaFailure {
+pub(crate) fn worse(a: Option<ReplicaFailure>, b: ReplicaFailure) -> ReplicaFailure {
     // NoSpace is the most useful error to report to a client; otherwise keep the first.
     match (a, b) {
         (_, ReplicaFailure::NoSpace) => ReplicaFailure::NoSpace,
@@ -922,10 +977,13 @@ fn worse(a: Option<ReplicaFailure>, b: ReplicaFailure) -> ReplicaFailure {
     }
 }
 
-fn failure_to_io(f: Option<ReplicaFailure>) -> IoError {
+pub(crate) fn failure_to_io(f: Option<ReplicaFailure>) -> IoError {
     match f {
         Some(ReplicaFailure::NoSpace) => IoError::NoSpace,
         Some(ReplicaFailure::StaleEpoch) => IoError::ShutDown,
-        _ => IoError::Io,
+        // Rotted blocks are an I/O error to the client, like a disk error.
+        Some(ReplicaFailure::Corrupt { .. } | ReplicaFailure::Io | ReplicaFailure::Lost) | None => {
+            IoError::Io
+        }
     }
 }

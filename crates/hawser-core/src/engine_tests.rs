@@ -333,6 +333,7 @@ impl Rig {
                 Command::MarkInSync { replica } => self.marks.push(replica),
                 Command::Disconnect { .. } => {}
                 Command::Fenced => panic!("fenced"),
+                Command::Corruption { .. } => panic!("no replica of the rig rots"),
             }
         }
     }

@@ -14,6 +14,7 @@ pub mod io_error;
 mod membership;
 pub mod range_lock;
 pub mod recovery_plan;
+mod repair;
 mod resync;
 pub mod types;
 mod unflushed;
@@ -26,6 +27,7 @@ pub use engine::{
 pub use id_map::IdMap;
 pub use io_error::IoError;
 pub use recovery_plan::Plan;
+pub use repair::Integrity;
 pub use resync::ResyncPoint;
 pub use types::{
     ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaOp, ReplicaResult, SubId, Tag,
@@ -33,3 +35,5 @@ pub use types::{
 
 #[cfg(test)]
 mod engine_tests;
+#[cfg(test)]
+mod repair_tests;

@@ -5,9 +5,14 @@
 //! modifying request that overlaps one in flight waits until it completes, and waiting requests
 //! start in arrival order (a request never overtakes an earlier overlapping one). Requests that
 //! do not overlap anything in flight start at once, so this costs nothing for normal I/O.
+//!
+//! Ranges are whole `ORDER_BLOCK_BYTES` blocks: a replica sums each block, so a write into
+//! part of a block re-reads the rest of it, and two writes into one block conflict even when
+//! their bytes do not overlap.
 
 use std::collections::VecDeque;
 
+use crate::constants::ORDER_BLOCK_BYTES;
 use crate::types::{ClientOp, Tag};
 
 /// A byte range `[start, end)`; `None` for requests that hold nothing (reads, flushes).
@@ -36,10 +41,20 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
-/// The byte range `[start, end)` a client request must hold; `None` for reads and flushes.
+/// The byte range `[start, end)` a client request must hold, widened to whole blocks; `None`
+/// for reads and flushes.
 pub fn span(op: &ClientOp) -> Option<(u64, u64)> {
-    op.write_range()
-        .map(|(off, len)| (off, off.saturating_add(len)))
+    op.write_range().map(|(off, len)| block_span(off, len))
+}
+
+/// `[offset, offset + len)` widened outward to `ORDER_BLOCK_BYTES` boundaries (it may end past
+/// the volume's end: a lock range, never an I/O range).
+pub fn block_span(offset: u64, len: u64) -> (u64, u64) {
+    let b = ORDER_BLOCK_BYTES;
+    let start = offset / b * b;
+    let end = offset.saturating_add(len).div_ceil(b).saturating_mul(b);
+    assert!(start <= offset && end >= offset.saturating_add(len));
+    (start, end)
 }
 
 impl<T> RangeLock<T> {
@@ -146,6 +161,29 @@ mod tests {
         let ready: Vec<Tag> = l.release(2).into_iter().map(|(t, _)| t).collect();
         assert_eq!(ready, vec![3]);
         assert_eq!(l.waiting(), 0);
+    }
+
+    #[test]
+    fn writes_into_one_block_wait_though_their_bytes_do_not_overlap() {
+        let mut l: RangeLock<ClientOp> = RangeLock::default();
+        assert!(l.acquire(1, span(&w(0, 512)), w(0, 512)).is_some());
+        assert!(
+            l.acquire(2, span(&w(3584, 512)), w(3584, 512)).is_none(),
+            "a second write into block 0 interleaved with the first"
+        );
+        assert!(
+            l.acquire(3, span(&w(4096, 512)), w(4096, 512)).is_some(),
+            "a write into the next block waited"
+        );
+        assert_eq!(span(&w(4096 + 512, 512)), Some((4096, 8192)));
+        assert_eq!(span(&w(4096 - 512, 1024)), Some((0, 8192)));
+        assert_eq!(span(&w(8192, 4096)), Some((8192, 12288)));
+        assert_eq!(
+            block_span(u64::MAX - 511, 512),
+            (u64::MAX / 4096 * 4096, u64::MAX)
+        );
+        let ready: Vec<Tag> = l.release(1).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(ready, vec![2]);
     }
 
     #[test]

@@ -11,6 +11,14 @@
 //! through the control plane (`Command::MarkInSync`). With no in-sync replica to copy from,
 //! one that the store still calls in-sync is promoted to reference instead (`promote`).
 //!
+//! A source whose read answers `Corrupt` (rotted blocks, `repair.rs`) still has every
+//! acknowledged write, so it is not failed for it: the copy reads from another in-sync replica
+//! if one is left, and the source's range is repaired (queued behind the copy, whose lock it
+//! needs). With no other source the copy fails as after any failed read (the source leaves and
+//! the chunks stay dirty), but as outdated, never as failed: rot is not a disk error. This is
+//! the least change to the copy's rules: a copy still only ever writes data an in-sync replica
+//! served, and a rotted source is never read past its checksum.
+//!
 //! A copied range that reads back as zeroes (a hole on a thin source, or zeroed data) is sent
 //! as a WriteZeroes that may deallocate: nothing crosses the network, and a thin target keeps
 //! the hole instead of allocating it ("unallocated regions are not copied").
@@ -18,7 +26,7 @@
 use bytes::Bytes;
 
 use crate::bitmap::ChunkMap;
-use crate::engine::{Engine, Membership, Work};
+use crate::engine::{Engine, Membership, Set, Work};
 use crate::io_error::IoError;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, Tag};
 
@@ -41,6 +49,8 @@ pub(crate) struct Copy {
     pub stage: Stage,
     /// `Engine::promotions` when its data was read.
     pub promotions: u64,
+    /// Sources asked so far (another is tried when one answers `Corrupt`).
+    pub tried: Set,
 }
 
 /// Where the resync of one replica stands (`Engine::resync_point`), for a driver that saves
@@ -242,6 +252,7 @@ impl Engine {
                 end,
                 stage,
                 promotions: self.promotions,
+                tried: Set::default(),
             },
         );
         tag
@@ -266,13 +277,28 @@ impl Engine {
             self.end_copy(tag, out);
             return;
         };
+        self.copy_read(tag, c, source, Set::default(), out);
+    }
+
+    /// Read the copy's range from `source`; `tried`: sources that answered `Corrupt`.
+    fn copy_read(
+        &mut self,
+        tag: Tag,
+        c: Copy,
+        source: ReplicaIdx,
+        tried: Set,
+        out: &mut Vec<Command>,
+    ) {
         let (offset, end) = self.byte_range(c.first, c.end);
         let len = u32::try_from(end - offset).expect("resync unit fits in u32");
+        let mut tried = tried;
+        tried.add(source);
         self.copies.insert(
             tag,
             Copy {
                 stage: Stage::Reading(source),
                 promotions: self.promotions,
+                tried,
                 ..c
             },
         );
@@ -320,6 +346,9 @@ impl Engine {
                     background: true,
                 });
             }
+            (Stage::Reading(_), Err(ReplicaFailure::Corrupt { .. })) => {
+                self.copy_source_corrupt(tag, c, from, out);
+            }
             (Stage::Reading(_), other) => {
                 // The source failed (or answered garbage): it leaves; the chunks stay dirty
                 // and are copied from another source later.
@@ -354,6 +383,28 @@ impl Engine {
                 self.leave(c.target, f == ReplicaFailure::Io, out);
             }
             (Stage::Locking, _) => unreachable!("no request is sent before the lock is held"),
+        }
+    }
+
+    /// The copy's source answered `Corrupt` (module doc): another source if one is left, and a
+    /// repair of the source; else the source leaves, as outdated.
+    fn copy_source_corrupt(&mut self, tag: Tag, c: Copy, from: ReplicaIdx, out: &mut Vec<Command>) {
+        let t = self.slot(c.target);
+        if t.membership != Membership::Syncing || !t.connected {
+            self.end_copy(tag, out);
+            return;
+        }
+        match self.pick_reader(c.tried) {
+            Some(source) => {
+                let (offset, end) = self.byte_range(c.first, c.end);
+                let len = u32::try_from(end - offset).expect("resync unit fits in u32");
+                self.repair(from, offset, len, out);
+                self.copy_read(tag, c, source, c.tried, out);
+            }
+            None => {
+                self.leave(from, false, out);
+                self.end_copy(tag, out);
+            }
         }
     }
 

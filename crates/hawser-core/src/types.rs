@@ -67,6 +67,11 @@ pub enum ReplicaFailure {
     Lost,
     /// The replica has seen a newer epoch: another engine owns the volume.
     StaleEpoch,
+    /// A read found blocks whose data does not match their checksum (the bytes rotted on
+    /// the medium; the replica still has every write it acknowledged). `first`: byte offset
+    /// of the first bad `ORDER_BLOCK_BYTES` block; `blocks`: bad blocks in the read's range.
+    /// Only reads answer it. The client sees it as `IoError::Io`.
+    Corrupt { first: u64, blocks: u32 },
 }
 
 /// A replica's answer to one sub-request: read data, or nothing for other operations.
@@ -106,4 +111,14 @@ pub enum Command {
     MarkInSync { replica: ReplicaIdx },
     /// The engine learnt that a newer epoch exists; the driver should stop it.
     Fenced,
+    /// Corrupt blocks were confirmed on `replica` under the range lock: `blocks` of them from
+    /// byte `offset` on, rewritten from another in-sync replica (`repaired`) or found on every
+    /// in-sync replica (not repaired: that data is lost). Counted in `Engine::integrity`; the
+    /// driver logs and counts it, nothing more.
+    Corruption {
+        replica: ReplicaIdx,
+        offset: u64,
+        blocks: u32,
+        repaired: bool,
+    },
 }

@@ -4,6 +4,7 @@
 //! timeout becomes 20 ms) so a run covers many failures in few events; only their ratios matter
 //! to the engine, which has no clock.
 
+use hawser_core::constants::DEFAULT_CORRUPT_LIMIT_BLOCKS;
 use hawser_core::{ChunkMap, EngineConfig, NoQuorum, Quorum};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -56,6 +57,9 @@ pub struct FaultMix {
     /// is under way: the journals then do not name a blank replica yet (needs
     /// `engine_crash`).
     pub early_engine_crash: bool,
+    /// Rot: a few random blocks of one in-sync replica stop matching their checksums
+    /// (`Replica::corrupt`). Only while another replica holds a clean good copy.
+    pub corrupt: u32,
 }
 
 impl FaultMix {
@@ -69,6 +73,13 @@ impl FaultMix {
         engine_crash: 0,
         engine_moves_pct: 0,
         early_engine_crash: false,
+        corrupt: 0,
+    };
+    /// Every fault, and rot at a low rate (1 in about 14 faults). Kept out of `ALL` so that
+    /// the pinned seeds keep the traces they were found with.
+    pub const ALL_WITH_CORRUPTION: FaultMix = FaultMix {
+        corrupt: 1,
+        ..FaultMix::ALL
     };
     /// Every fault, engine crashes too.
     pub const ALL_WITH_ENGINE_CRASHES: FaultMix = FaultMix {
@@ -96,6 +107,7 @@ impl FaultMix {
         engine_crash: 0,
         engine_moves_pct: 0,
         early_engine_crash: false,
+        corrupt: 0,
     };
 }
 
@@ -203,6 +215,7 @@ impl Params {
             // With the journal, as the agent runs it; runs without keep the path their
             // pinned seeds were found with.
             mark_every_resync: faults.engine_crash > 0,
+            corrupt_limit: DEFAULT_CORRUPT_LIMIT_BLOCKS,
         };
         let net = NetParams {
             delay_min: rng.random_range(5..=50),

@@ -8,7 +8,9 @@
 //! sectors (a torn write). A process crash keeps the volatile layer: it belongs to the kernel.
 //! Sectors are atomic: a sector is never half old, half new.
 //!
-//! Not modelled: silent corruption of stored data (bit rot), misdirected writes, reordering of
+//! Rot (bytes that no longer match their checksum) is modelled one level up, as marks on a
+//! replica's blocks (`Replica::corrupt`), since a replica never returns such bytes.
+//! Not modelled: misdirected writes, reordering of
 //! a flush before writes it covers, and a failing flush that loses data (all I/O errors here
 //! mark the replica failed, which takes it out of the checks).
 

@@ -138,6 +138,14 @@ impl RunOptions {
         }
     }
 
+    /// Every fault of `default`, and rotted blocks (`FaultMix::corrupt`).
+    pub fn with_corruption() -> RunOptions {
+        RunOptions {
+            faults: FaultMix::ALL_WITH_CORRUPTION,
+            mutation: Mutation::None,
+        }
+    }
+
     /// Engine crashes, and restarts on another node.
     pub fn with_engine_moves() -> RunOptions {
         RunOptions {
@@ -158,6 +166,8 @@ impl RunOptions {
             " HAWSER_ENGINE_MOVES=1"
         } else if self.engine_crashes() {
             " HAWSER_ENGINE_CRASHES=1"
+        } else if self.faults.corrupt > 0 {
+            " HAWSER_CORRUPTION=1"
         } else {
             ""
         }

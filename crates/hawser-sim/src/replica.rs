@@ -13,9 +13,17 @@
 //! when it completes. A process crash ends every session; a request executing at that moment
 //! may have reached a prefix of its sectors. A node crash does the same and also loses part
 //! of the volatile layer (see `disk.rs`), and the node comes back with a new boot id.
+//!
+//! Rot (`corrupt`): `ORDER_BLOCK_BYTES` blocks whose bytes no longer match the checksum the
+//! replica keeps. The bytes themselves are left as they were: a replica never returns a block
+//! that fails its sum (it answers `Corrupt` instead), so only the mark is observable. A write
+//! that touches a marked block clears the mark, a partial one too: the replica re-sums a
+//! partial block from a read-back of the rest. A torn write (crash) leaves marks as they are
+//! and makes none (not modelled: a real torn block fails its sum).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use hawser_core::constants::ORDER_BLOCK_BYTES;
 use hawser_core::{ClientOp, ReplicaFailure, ReplicaResult, SubId};
 use hawser_wire::journal::Journal;
 use rand::rngs::StdRng;
@@ -100,6 +108,8 @@ pub struct Replica {
     hellos: Vec<u64>,
     executing: BTreeMap<u64, Exec>,
     next_op: u64,
+    /// Rotted blocks (indices of `ORDER_BLOCK_BYTES` blocks).
+    pub corrupt: BTreeSet<u64>,
 }
 
 impl Replica {
@@ -118,6 +128,7 @@ impl Replica {
             hellos: Vec::new(),
             executing: BTreeMap::new(),
             next_op: 1,
+            corrupt: BTreeSet::new(),
         }
     }
 
@@ -224,9 +235,10 @@ impl Replica {
             return Some(Done { session, outcome });
         }
         let (result, wrote) = match &op {
-            ClientOp::Read { offset, len } => {
-                (Ok(Some(self.disk.read(*offset, u64::from(*len)))), None)
-            }
+            ClientOp::Read { offset, len } => match self.rotted(*offset, u64::from(*len)) {
+                Some((first, blocks)) => (Err(ReplicaFailure::Corrupt { first, blocks }), None),
+                None => (Ok(Some(self.disk.read(*offset, u64::from(*len)))), None),
+            },
             ClientOp::Write { offset, data, fua } => {
                 let len = data.len() as u64;
                 self.disk.write(*offset, len, Some(data), *fua);
@@ -249,8 +261,28 @@ impl Replica {
                 (Ok(None), None)
             }
         };
+        if let Some((offset, len)) = wrote {
+            let b = ORDER_BLOCK_BYTES;
+            let blocks: Vec<u64> = self
+                .corrupt
+                .range(offset / b..(offset + len).div_ceil(b))
+                .copied()
+                .collect();
+            for k in blocks {
+                self.corrupt.remove(&k);
+            }
+        }
         let outcome = Finished::Client { sub, result, wrote };
         Some(Done { session, outcome })
+    }
+
+    /// The first rotted block in `[offset, offset + len)` (its byte offset) and how many are.
+    pub fn rotted(&self, offset: u64, len: u64) -> Option<(u64, u32)> {
+        let b = ORDER_BLOCK_BYTES;
+        let mut bad = self.corrupt.range(offset / b..(offset + len).div_ceil(b));
+        let first = *bad.next()?;
+        let blocks = u32::try_from(1 + bad.count()).expect("few blocks per read");
+        Some((first * b, blocks))
     }
 
     /// The process (or its node) dies. Writes executing now reach a random prefix of their

@@ -205,6 +205,11 @@ pub struct Stats {
     pub recovery_copied: u64,
     /// Resync saves the journal keeper started (a flush, then a commit of the point).
     pub resync_saves: u64,
+    /// Blocks rotted by faults (marks set, some on blocks already marked), and the blocks
+    /// the engine reported repaired and unrecoverable (`Command::Corruption`).
+    pub corrupted: u64,
+    pub corrupt_repaired: u64,
+    pub corrupt_unrecoverable: u64,
 }
 
 /// Whether the engine runs.
@@ -735,6 +740,15 @@ impl World {
             Command::Fenced => {
                 self.fail("the engine fenced itself, but no other engine exists".into())
             }
+            Command::Corruption {
+                blocks, repaired, ..
+            } => {
+                if repaired {
+                    self.stats.corrupt_repaired += u64::from(blocks);
+                } else {
+                    self.stats.corrupt_unrecoverable += u64::from(blocks);
+                }
+            }
         }
     }
 
@@ -825,6 +839,9 @@ impl World {
             ) {
                 self.fail(e);
             }
+        }
+        if c.kind == Kind::Read && !c.ok && self.phase == Phase::ReadBack {
+            self.read_back_failed(c.offset, c.len);
         }
         if c.kind == Kind::Flush && c.ok {
             if let Err(e) = check::flushed(

@@ -64,7 +64,8 @@ fn a_recovery_that_copies_nothing_is_caught() {
 
 /// The first seed of `seeds` that fails under `mutation` with engine crashes: the recovery
 /// rules matter only after a crash, so each is pinned to a seed found failing by `scan`
-/// (docs/protocol.md lists them).
+/// (docs/protocol.md lists them; found again when the range lock began ordering by 4 KiB
+/// blocks, which changed every trace).
 fn first_recovery_failure(mutation: Mutation, seeds: std::ops::Range<u64>) -> String {
     first_failure_in(mutation, FaultMix::ALL_WITH_ENGINE_CRASHES, seeds)
 }
@@ -95,7 +96,7 @@ fn recovery_from_a_replica_that_may_lack_writes_is_caught() {
 /// writes every reachable one lost.
 #[test]
 fn recovery_that_never_waits_is_caught() {
-    let m = first_recovery_failure(Mutation::RecoveryNeverWaits, 200..300);
+    let m = first_recovery_failure(Mutation::RecoveryNeverWaits, 525..526);
     assert!(
         m.contains("acknowledged write") || m.contains("version"),
         "{m}"
@@ -105,7 +106,7 @@ fn recovery_that_never_waits_is_caught() {
 /// The `lost` bit: a replica a journal says lost power is taken as sure of its chunks.
 #[test]
 fn recovery_that_forgets_a_power_loss_is_caught() {
-    let m = first_recovery_failure(Mutation::RecoveryForgetsPowerLoss, 1770..1771);
+    let m = first_recovery_failure(Mutation::RecoveryForgetsPowerLoss, 150..151);
     assert!(m.contains("version"), "{m}");
 }
 
@@ -126,7 +127,7 @@ fn a_blank_replica_taken_for_an_outdated_one_is_caught() {
 /// nothing; an engine crash in between leaves journals that call it suspect.
 #[test]
 fn a_mark_before_the_in_sync_commit_is_caught() {
-    let m = first_recovery_failure(Mutation::MarkWithoutCommit, 258..259);
+    let m = first_recovery_failure(Mutation::MarkWithoutCommit, 170..171);
     assert!(
         m.contains("resynced to in sync, yet the newest journal"),
         "{m}"

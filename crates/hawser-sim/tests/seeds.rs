@@ -19,12 +19,19 @@ fn shard(i: u64) {
 }
 
 fn shard_with(i: u64, opts: RunOptions) {
+    shard_stats(i, opts);
+}
+
+/// Run shard `i` under `opts`; panics on a failed seed, else returns the summed stats of
+/// rot: (blocks rotted, repaired, unrecoverable).
+fn shard_stats(i: u64, opts: RunOptions) -> (u64, u64, u64) {
     let n = per_shard();
     let base = seed_base() + i * n;
     let mut failures: Vec<Failure> = Vec::new();
     let (mut copied, mut dirtied, mut missed, mut events) = (0u64, 0u64, 0u64, 0u64);
     let (mut faults, mut writes, mut reads) = (0u64, 0u64, 0u64);
     let (mut crashes, mut moves, mut recovery, mut saves) = (0u64, 0u64, 0u64, 0u64);
+    let (mut rotted, mut repaired, mut lost) = (0u64, 0u64, 0u64);
     for seed in base..base + n {
         match run_seed(seed, opts) {
             Ok(s) => {
@@ -39,6 +46,9 @@ fn shard_with(i: u64, opts: RunOptions) {
                 faults += s.faults;
                 writes += s.writes_ok;
                 reads += s.reads_checked;
+                rotted += s.corrupted;
+                repaired += s.corrupt_repaired;
+                lost += s.corrupt_unrecoverable;
             }
             Err(f) => failures.push(f),
         }
@@ -47,7 +57,8 @@ fn shard_with(i: u64, opts: RunOptions) {
         "seeds {base}..{}: {} failed; {events} events, {faults} faults, {writes} writes \
          acknowledged, {reads} reads checked; resync copied {copied} bytes, chunks dirtied \
          {dirtied} bytes, written while out {missed} bytes; {crashes} engine crashes \
-         ({moves} restarted elsewhere), recovery compared {recovery} bytes; {saves} resync saves",
+         ({moves} restarted elsewhere), recovery compared {recovery} bytes; {saves} resync saves; \
+         {rotted} blocks rotted, {repaired} repaired, {lost} unrecoverable",
         base + n,
         failures.len()
     );
@@ -60,6 +71,7 @@ fn shard_with(i: u64, opts: RunOptions) {
             failures.len()
         );
     }
+    (rotted, repaired, lost)
 }
 
 #[test]
@@ -80,6 +92,22 @@ fn seeds_2() {
 #[test]
 fn seeds_3() {
     shard(3);
+}
+
+/// The same seeds with rotted blocks as well: reads still return only what the model allows,
+/// fail after healing only where every in-sync replica rotted, and the engine repairs rot.
+#[test]
+fn corruption_seeds_0() {
+    let (rotted, repaired, _) = shard_stats(0, RunOptions::with_corruption());
+    assert!(
+        rotted > 0 && repaired > 0,
+        "rot was not exercised: {rotted} blocks rotted, {repaired} repaired"
+    );
+}
+
+#[test]
+fn corruption_seeds_1() {
+    shard_with(1, RunOptions::with_corruption());
 }
 
 /// The same seeds with engine crashes (and the journal) as well.
@@ -284,6 +312,8 @@ fn replay() {
         RunOptions::with_engine_moves()
     } else if std::env::var_os("HAWSER_ENGINE_CRASHES").is_some() {
         RunOptions::with_engine_crashes()
+    } else if std::env::var_os("HAWSER_CORRUPTION").is_some() {
+        RunOptions::with_corruption()
     } else {
         RunOptions::default()
     };

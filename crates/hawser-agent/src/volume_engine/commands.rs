@@ -41,6 +41,14 @@ impl VolumeEngine {
                 tracing::error!(volume = %self.volume, epoch = self.epoch, "engine fenced by a newer epoch; failing all I/O");
             }
             Command::Complete { .. } => unreachable!("completions are handled under the lock"),
+            Command::Corruption {
+                replica,
+                offset,
+                blocks,
+                repaired,
+            } => {
+                tracing::warn!(volume = %self.volume, replica = replica.0, offset, blocks, repaired, "corrupt blocks on a replica");
+            }
         }
     }
 

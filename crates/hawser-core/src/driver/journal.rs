@@ -728,7 +728,9 @@ impl Keeper {
         match f {
             ReplicaFailure::Io => engine(out, |c| e.on_replica_disk_error(ri(r), c)),
             ReplicaFailure::StaleEpoch => engine(out, |c| e.on_fenced(c)),
-            ReplicaFailure::Lost | ReplicaFailure::NoSpace => {}
+            // Only data reads answer `Corrupt`; were a journal read to, it is retried like a
+            // lost one, never taken for a disk error.
+            ReplicaFailure::Lost | ReplicaFailure::NoSpace | ReplicaFailure::Corrupt { .. } => {}
         }
         out.push(Act::Joined {
             replica: ri(r),

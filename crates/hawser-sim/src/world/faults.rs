@@ -2,6 +2,8 @@
 //! doc of `world.rs` lists them): no fault takes away the last good copy of an acknowledged
 //! write while an unhealthy replica could outdate it.
 
+use hawser_core::constants::ORDER_BLOCK_BYTES;
+
 use super::*;
 
 impl World {
@@ -26,6 +28,7 @@ impl World {
                 && !self.volatile_lost[o]
                 && self.replicas[o].up
                 && self.replicas[o].fault == DiskFault::None
+                && self.replicas[o].corrupt.is_empty()
                 && !self.net.partitioned[o]
                 && !doomed(o)
         };
@@ -46,11 +49,12 @@ impl World {
     }
 
     /// A replica that holds every acknowledged write for sure: in sync in the engine's view,
-    /// no node crash since it last reconnected, no disk fault.
+    /// no node crash since it last reconnected, no disk fault, no rotted block.
     pub(super) fn good_copy(&self, r: usize) -> bool {
         self.engine.membership(ri(r)) == Membership::InSync
             && !self.volatile_lost[r]
             && self.replicas[r].fault == DiskFault::None
+            && self.replicas[r].corrupt.is_empty()
             && !self.disk_failed[r]
     }
 
@@ -112,6 +116,12 @@ impl World {
                     options.push((m.io_error, 4, r));
                 }
                 options.push((m.disk_full, 5, r));
+            }
+            // Rot only while another replica holds a clean good copy, so a block is never
+            // rotted everywhere by injection alone.
+            let in_sync = self.engine.membership(ri(r)) == Membership::InSync;
+            if m.corrupt > 0 && in_sync && self.another_good_copy(r) {
+                options.push((m.corrupt, 7, r));
             }
         }
         if !self.control.down {
@@ -197,6 +207,20 @@ impl World {
                 self.disk_failed[r] = true;
             }
             6 => self.crash_engine(),
+            7 => {
+                let blocks = self.p.size.div_ceil(ORDER_BLOCK_BYTES);
+                let k = self.rng.random_range(1..=4);
+                for _ in 0..k {
+                    let b = self.rng.random_range(0..blocks);
+                    self.replicas[r].corrupt.insert(b);
+                }
+                self.stats.corrupted += k;
+                trace!(
+                    self,
+                    "FAULT rot of {k} block(s) on replica {r}: {:?}",
+                    self.replicas[r].corrupt
+                );
+            }
             _ => {
                 trace!(self, "FAULT disk full on replica {r}");
                 self.replicas[r].fault = DiskFault::Full;

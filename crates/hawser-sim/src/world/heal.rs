@@ -75,6 +75,21 @@ impl World {
         }
     }
 
+    /// A read of the healed volume failed: only allowed when every in-sync replica has a
+    /// rotted block in its range (no other fault is left to blame).
+    pub(super) fn read_back_failed(&mut self, offset: u64, len: u64) {
+        let clean = (0..self.p.replicas).find(|&r| {
+            self.engine.membership(ri(r)) == Membership::InSync
+                && self.replicas[r].rotted(offset, len).is_none()
+        });
+        if let Some(r) = clean {
+            self.fail(format!(
+                "the read of bytes {offset}..{} failed after healing, though in-sync replica                  {r} holds them with no rotted block",
+                offset + len
+            ));
+        }
+    }
+
     pub(super) fn final_checks(&mut self) {
         let v = check::FinalView {
             engine: &self.engine,
