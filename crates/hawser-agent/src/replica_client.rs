@@ -456,6 +456,11 @@ async fn reader(mut rd: ReadSide, shared: Arc<Shared>) {
             // A newer session of this replica replaced this connection: it is gone, the
             // replica is fine.
             Status::Unavailable => Err(ReplicaFailure::Lost),
+            // The reply names the first bad block and the count (`Status::Corrupt`).
+            Status::Corrupt => Err(ReplicaFailure::Corrupt {
+                first: h.offset,
+                blocks: h.length,
+            }),
             _ => Err(ReplicaFailure::Io),
         };
         shared.sink.on_reply(h.request_id, result);

@@ -72,7 +72,15 @@ fn read_all(conn: &mut NbdConn, want: &[u8]) {
 fn rotted_blocks_read_right_are_repaired_and_counted_and_rot_everywhere_is_an_error() {
     let c = Cluster::start("sums", 2);
     c.cli_ok(&[
-        "volume", "create", "rot", "--size", "64MiB", "--replicas", "2", "--checksums", "on",
+        "volume",
+        "create",
+        "rot",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+        "--checksums",
+        "on",
     ]);
     let v = c.volume("rot");
     assert!(v.checksums);
@@ -115,9 +123,15 @@ fn rotted_blocks_read_right_are_repaired_and_counted_and_rot_everywhere_is_an_er
     assert_eq!(seen.state, "in_sync", "a repaired replica stays in sync");
     // Repaired on disk, and read right again with nothing more found.
     let on_disk = std::fs::read(&local_path).expect("read the data file");
-    assert!(on_disk[..want.len()] == want[..], "the rotted blocks were rewritten");
+    assert!(
+        on_disk[..want.len()] == want[..],
+        "the rotted blocks were rewritten"
+    );
     read_all(&mut conn, &want);
-    assert_eq!(counts(&c, "rot", &local.id).corrupt_found_blocks, ROTTED as u64);
+    assert_eq!(
+        counts(&c, "rot", &local.id).corrupt_found_blocks,
+        ROTTED as u64
+    );
 
     // The same block rots on both replicas: its read fails, never returns other data; the
     // blocks around it read right; a write over it heals it.
@@ -135,8 +149,10 @@ fn rotted_blocks_read_right_are_repaired_and_counted_and_rot_everywhere_is_an_er
         counts(&c, "rot", &local.id).corrupt_unrecoverable_blocks >= 1
     });
     let fresh = vec![0x77u8; BLOCK as usize];
-    conn.write_at(10 * BLOCK, &fresh).expect("rewrite the block");
-    conn.read_at(10 * BLOCK, &mut buf).expect("read the rewritten block");
+    conn.write_at(10 * BLOCK, &fresh)
+        .expect("rewrite the block");
+    conn.read_at(10 * BLOCK, &mut buf)
+        .expect("read the rewritten block");
     assert_eq!(buf, fresh);
     assert_eq!(counts(&c, "rot", &local.id).state, "in_sync");
     conn.disconnect();

@@ -241,9 +241,8 @@ impl Replica {
             .map_err(|e| StorageError::io("read replica journal", journal.path(), e))?;
         let cover = Cover::of_stored(&stored, &meta.replica, meta.size);
         let sums = if meta.checksums {
-            let opened = Self::open_sums(&file, &data_path, meta.size, &cover).map_err(|e| {
-                StorageError::io("sum replica data", Sums::path_for(&data_path), e)
-            })?;
+            let opened = Self::open_sums(&file, &data_path, meta.size, &cover)
+                .map_err(|e| StorageError::io("sum replica data", Sums::path_for(&data_path), e))?;
             Some(opened)
         } else {
             None
@@ -562,7 +561,7 @@ impl Replica {
         });
         self.submit(held, offset, kind, move |r| {
             done(r.and_then(|_| match written {
-                Some(data) => me.sum_written(offset, &data, fua),
+                Some(data) => me.sum_written(offset, &data, fua, &[]),
                 None => Ok(()),
             }))
         });
@@ -597,9 +596,10 @@ impl Replica {
                 copy.as_slice()
             };
             self.ensure_allocated(offset, data.len() as u64)?;
+            let rotten = self.rotten_edges(offset, data.len() as u64)?;
             file_ops::write_at(&self.file, data, offset, fua)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
-            self.sum_written(offset, data, fua)
+            self.sum_written(offset, data, fua, &rotten)
         })
     }
 
@@ -728,6 +728,7 @@ impl Replica {
             if len64 == 0 {
                 return Ok(());
             }
+            let rotten = self.rotten_edges(offset, len64)?;
             let fast = if self.thin && may_trim {
                 self.forget_allocated(offset, len64);
                 file_ops::punch_hole(&self.file, offset, len64)
@@ -744,7 +745,7 @@ impl Replica {
                     .sync_data()
                     .map_err(|e| ReplicaIoError::from_io(&e))?;
             }
-            self.sum_zeroed(offset, len64, fua)
+            self.sum_zeroed(offset, len64, fua, &rotten)
         })
     }
 

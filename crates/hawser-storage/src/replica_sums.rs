@@ -108,14 +108,60 @@ impl Replica {
         }
     }
 
+    /// Before a write of part of a block: the blocks `[offset, offset+len)` covers partly whose
+    /// data already fails its check. Summing such a block again after the write would make its
+    /// rotted bytes look right; `poison_rotten` keeps it failing instead, so the next read
+    /// finds it and the engine rewrites it whole from a replica that got the same write.
+    pub(crate) fn rotten_edges(&self, offset: u64, len: u64) -> Result<Vec<u64>, ReplicaIoError> {
+        let Some(sums) = self.sums() else {
+            return Ok(Vec::new());
+        };
+        if is_whole(offset, len) || len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = offset + len;
+        let first = offset / SUM_BLOCK_BYTES * SUM_BLOCK_BYTES;
+        let last = (end - 1) / SUM_BLOCK_BYTES * SUM_BLOCK_BYTES;
+        let mut edges = vec![first];
+        if last != first {
+            edges.push(last);
+        }
+        edges.retain(|&b| b < offset || b + SUM_BLOCK_BYTES > end);
+        let mut rotten = Vec::new();
+        let mut buf = AlignedBuf::for_overwrite(SUM_BLOCK_BYTES as usize);
+        let io = |e: std::io::Error| ReplicaIoError::from_io(&e);
+        for b in edges {
+            file_ops::read_at(self.file(), buf.as_mut_slice(), b).map_err(io)?;
+            if sums.check(b, buf.as_slice()).map_err(io)?.is_some() {
+                tracing::warn!(
+                    replica = self.id(),
+                    offset = b,
+                    "a write into part of a block that fails its checksum: it stays failing"
+                );
+                rotten.push(b);
+            }
+        }
+        Ok(rotten)
+    }
+
+    fn poison_rotten(&self, sums: &Sums, rotten: &[u64]) -> std::io::Result<()> {
+        let mut buf = AlignedBuf::for_overwrite(SUM_BLOCK_BYTES as usize);
+        for &b in rotten {
+            file_ops::read_at(self.file(), buf.as_mut_slice(), b)?;
+            sums.poison(b, buf.as_slice())?;
+        }
+        Ok(())
+    }
+
     /// After a write of `data` at `offset` landed: record its sums. A partial block is summed
     /// from what the file holds now (the engine orders writes by whole blocks, so no other
-    /// write into that block is in flight).
+    /// write into that block is in flight), unless it had rotted (`rotten_edges`).
     pub(crate) fn sum_written(
         &self,
         offset: u64,
         data: &[u8],
         fua: bool,
+        rotten: &[u64],
     ) -> Result<(), ReplicaIoError> {
         let Some(sums) = self.sums() else {
             return Ok(());
@@ -126,6 +172,7 @@ impl Replica {
             sums.record(offset, data).map_err(io)?;
         } else {
             self.resum(sums, offset, len).map_err(io)?;
+            self.poison_rotten(sums, rotten).map_err(io)?;
         }
         self.sums_durable_for(fua, offset, len)
     }
@@ -137,6 +184,7 @@ impl Replica {
         offset: u64,
         len: u64,
         fua: bool,
+        rotten: &[u64],
     ) -> Result<(), ReplicaIoError> {
         let Some(sums) = self.sums() else {
             return Ok(());
@@ -157,6 +205,7 @@ impl Replica {
         } else {
             self.resum(sums, offset, len).map_err(io)?;
         }
+        self.poison_rotten(sums, rotten).map_err(io)?;
         self.sums_durable_for(fua, offset, len)
     }
 

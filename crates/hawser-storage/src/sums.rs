@@ -167,6 +167,12 @@ impl Sums {
         self.put(offset, &raw)
     }
 
+    /// Record the sum of the block at `offset` as one its data cannot have: it keeps failing
+    /// its check until the whole block is written again.
+    pub fn poison(&self, offset: u64, block: &[u8]) -> io::Result<()> {
+        self.put(offset, &(!sum_of(block)).to_le_bytes())
+    }
+
     /// Record `len` bytes of whole blocks at `offset` as zeroes.
     pub fn zero(&self, offset: u64, len: u64) -> io::Result<()> {
         debug_assert!(

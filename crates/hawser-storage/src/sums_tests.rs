@@ -84,8 +84,29 @@ fn a_changed_block_fails_its_read_with_its_offset_and_count_until_rewritten() {
         r.read(1, MIB, 8192),
         Err(ReplicaIoError::Corrupt { offset, blocks: 1 }) if offset == MIB + 4096
     ));
-    // Rewriting a bad block makes it good again (a partial write re-sums it from the file,
-    // so it is rewritten whole here, as a repair does).
+    // A write into part of a bad block does not make its rotted bytes look right: the block
+    // keeps failing (so the engine rewrites it whole from a good replica), and so does a
+    // partial zeroing.
+    r.write(1, 8192, &[0x11; 512], false).expect("sector write");
+    assert!(matches!(
+        r.read(1, 8192 + 1024, 512),
+        Err(ReplicaIoError::Corrupt {
+            offset: 8192,
+            blocks: 1
+        })
+    ));
+    r.write_zeroes(1, 40960 + 512, 512, false, false)
+        .expect("partial zero");
+    assert!(matches!(
+        r.read(1, 40960, 4096),
+        Err(ReplicaIoError::Corrupt {
+            offset: 40960,
+            blocks: 1
+        })
+    ));
+    r.write(1, 40960 + 512, &[0x11; 512], false)
+        .expect("sector write");
+    // Rewriting a bad block whole makes it good again, as a repair does.
     r.write(1, 8192, &[0x11; 4096], true).expect("repair");
     r.write(1, 40960, &[0x11; 4096], true).expect("repair");
     r.write_zeroes(1, MIB, 8192, true, false).expect("zero");

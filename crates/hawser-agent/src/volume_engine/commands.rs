@@ -47,7 +47,19 @@ impl VolumeEngine {
                 blocks,
                 repaired,
             } => {
-                tracing::warn!(volume = %self.volume, replica = replica.0, offset, blocks, repaired, "corrupt blocks on a replica");
+                let replica = &self.replica_ids[usize::from(replica.0)];
+                if repaired {
+                    tracing::warn!(
+                        volume = %self.volume, replica = %replica, offset, blocks,
+                        "blocks failed their checksum; rewritten from another replica"
+                    );
+                } else {
+                    tracing::error!(
+                        volume = %self.volume, replica = %replica, offset, blocks,
+                        "blocks failed their checksum on every in-sync replica: unrecoverable, \
+                         reads of them fail"
+                    );
+                }
             }
         }
     }
@@ -270,9 +282,12 @@ fn failure_of(e: ReplicaIoError) -> ReplicaFailure {
     match e {
         ReplicaIoError::StaleEpoch { .. } => ReplicaFailure::StaleEpoch,
         ReplicaIoError::NoSpace => ReplicaFailure::NoSpace,
-        ReplicaIoError::OutOfRange
-        | ReplicaIoError::Io { .. }
-        | ReplicaIoError::Failed
-        | ReplicaIoError::Corrupt { .. } => ReplicaFailure::Io,
+        ReplicaIoError::Corrupt { offset, blocks } => ReplicaFailure::Corrupt {
+            first: offset,
+            blocks,
+        },
+        ReplicaIoError::OutOfRange | ReplicaIoError::Io { .. } | ReplicaIoError::Failed => {
+            ReplicaFailure::Io
+        }
     }
 }

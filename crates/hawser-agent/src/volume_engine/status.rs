@@ -55,6 +55,7 @@ impl VolumeEngine {
                 .map(|i| {
                     let idx = ReplicaIdx(u8::try_from(i).expect("at most MAX_REPLICAS"));
                     let v = inner.engine.replica_view(idx);
+                    let found = inner.engine.integrity(idx);
                     EngineReplicaStatus {
                         replica_id: self.replica_ids[i].clone(),
                         state: membership_name(v.membership).into(),
@@ -62,7 +63,9 @@ impl VolumeEngine {
                         dirty_bytes: v.dirty_bytes,
                         copied_bytes: v.copied_bytes,
                         resync_bytes_per_sec: self.resync_speed(i, v.copied_bytes),
-                        ..Default::default()
+                        corrupt_found_blocks: found.found,
+                        corrupt_repaired_blocks: found.repaired,
+                        corrupt_unrecoverable_blocks: found.unrecoverable,
                     }
                 })
                 .collect(),
