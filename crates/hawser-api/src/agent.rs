@@ -308,6 +308,28 @@ pub struct EngineStatus {
     /// The limits applied to the volume's client requests now.
     #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
     pub qos: crate::Qos,
+    /// The scrub pass under way, or the last one this engine ran (docs/checksums.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub: Option<ScrubStatus>,
+}
+
+/// A scrub pass: every block of every in-sync replica read and checked against its checksum,
+/// bad ones rewritten from a good replica.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubStatus {
+    pub running: bool,
+    /// How far the pass got, of `size_bytes`.
+    pub scrubbed_bytes: u64,
+    pub size_bytes: u64,
+    /// What this pass found: 4 KiB blocks that failed their checksum, those rewritten from a
+    /// good replica, those no replica had right.
+    pub found_blocks: u64,
+    pub repaired_blocks: u64,
+    pub unrecoverable_blocks: u64,
+    /// When the last pass this engine completed finished (seconds since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
 }
 
 /// Crash recovery at engine start: the in-sync replicas compared over the previous engine's
