@@ -527,6 +527,8 @@ pub fn rebuild(
             // Not in the replicas' metadata yet: an encrypted volume recovered this way
             // cannot be read (issue 21).
             encryption: None,
+            // In the replicas' metadata: replacements keep sums if every replica found does.
+            checksums: reps.iter().all(|f| f.1.status.checksums),
         });
     }
     (records, skipped)
