@@ -241,9 +241,8 @@ impl Replica {
             .map_err(|e| StorageError::io("read replica journal", journal.path(), e))?;
         let cover = Cover::of_stored(&stored, &meta.replica, meta.size);
         let sums = if meta.checksums {
-            let opened = Self::open_sums(&file, &data_path, meta.size, &cover).map_err(|e| {
-                StorageError::io("sum replica data", Sums::path_for(&data_path), e)
-            })?;
+            let opened = Self::open_sums(&file, &data_path, meta.size, &cover)
+                .map_err(|e| StorageError::io("sum replica data", Sums::path_for(&data_path), e))?;
             Some(opened)
         } else {
             None
