@@ -252,6 +252,22 @@ pub struct CreateVolume {
     /// is encrypted when its source is, with the source's key.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypted: bool,
+    /// Keep a CRC-32C per 4 KiB block on every replica and check every read. Unset:
+    /// [`DEFAULT_CHECKSUMS`] (a clone too: its replicas are summed from the copied data).
+    /// Chosen at create, never changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksums: Option<bool>,
+}
+
+/// Whether a volume whose create request does not say keeps block checksums. Volumes
+/// created before checksums existed have none (their records say false).
+pub const DEFAULT_CHECKSUMS: bool = true;
+
+impl CreateVolume {
+    /// Whether the volume is to keep block checksums, the default applied.
+    pub fn wants_checksums(&self) -> bool {
+        self.checksums.unwrap_or(DEFAULT_CHECKSUMS)
+    }
 }
 
 /// Where a clone's data comes from: exactly one of the two.
@@ -396,6 +412,10 @@ pub struct Volume {
     /// Its data is encrypted at rest (chosen at create).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypted: bool,
+    /// Its replicas keep a CRC-32C per 4 KiB block, checked on every read (chosen at
+    /// create; false for volumes created before checksums existed).
+    #[serde(default)]
+    pub checksums: bool,
 }
 
 /// `POST /v1/volumes/{name}/restore`: put a detached volume's data back to one of its
@@ -662,10 +682,17 @@ mod tests {
         assert!(reg.labels.is_empty());
         let create: CreateVolume =
             serde_json::from_str(r#"{"name": "v", "size_bytes": 4096, "replicas": 1}"#).unwrap();
+        // A request that does not say asks for checksums.
+        assert_eq!((create.checksums, create.wants_checksums()), (None, true));
         assert_eq!(
             (create.pool, create.zone_spread, create.prefer_node),
             (None, None, None)
         );
+        let plain: CreateVolume = serde_json::from_str(
+            r#"{"name": "v", "size_bytes": 4096, "replicas": 1, "checksums": false}"#,
+        )
+        .unwrap();
+        assert!(!plain.wants_checksums());
         let spread: CreateVolume = serde_json::from_str(
             r#"{"name": "v", "size_bytes": 4096, "replicas": 1, "zone_spread": "preferred"}"#,
         )

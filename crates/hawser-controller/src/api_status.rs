@@ -165,6 +165,7 @@ mod tests {
             restoring: None,
             qos: Default::default(),
             encryption: None,
+            checksums: false,
         }
     }
 

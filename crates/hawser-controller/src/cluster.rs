@@ -527,6 +527,8 @@ pub fn rebuild(
             // Not in the replicas' metadata yet: an encrypted volume recovered this way
             // cannot be read (issue 21).
             encryption: None,
+            // In the replicas' metadata: replacements keep sums if every replica found does.
+            checksums: reps.iter().all(|f| f.1.status.checksums),
         });
     }
     (records, skipped)
@@ -630,5 +632,29 @@ mod tests {
             skipped[2].contains("no replica can be trusted"),
             "{skipped:?}"
         );
+    }
+
+    /// A rebuilt volume has block checksums only if every replica found has them (its
+    /// replacements are made as its record says).
+    #[test]
+    fn a_rebuilt_volume_keeps_checksums_only_where_every_replica_has_them() {
+        let summed = |id: &str, volume: &str, on: bool| {
+            let mut r = inv(id, volume, 1, None);
+            r.status.checksums = on;
+            r
+        };
+        let found = vec![
+            ("n1".to_string(), summed("a", "all", true)),
+            ("n2".to_string(), summed("b", "all", true)),
+            ("n1".to_string(), summed("c", "mixed", true)),
+            ("n2".to_string(), summed("d", "mixed", false)),
+        ];
+        let (records, skipped) = rebuild("c1", &[], &found);
+        assert!(skipped.is_empty(), "{skipped:?}");
+        let sums: Vec<(&str, bool)> = records
+            .iter()
+            .map(|v| (v.name.as_str(), v.checksums))
+            .collect();
+        assert_eq!(sums, [("all", true), ("mixed", false)]);
     }
 }

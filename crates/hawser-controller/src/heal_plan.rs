@@ -271,6 +271,7 @@ mod tests {
             restoring: None,
             qos: Default::default(),
             encryption: None,
+            checksums: false,
         }
     }
 

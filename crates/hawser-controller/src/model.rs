@@ -145,6 +145,11 @@ pub struct VolumeRecord {
     /// An encrypted volume's data key, wrapped (`volume_keys.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<crate::volume_keys::WrappedKey>,
+    /// Its replicas keep block checksums: every replica created for it asks for them.
+    /// Chosen at create, never changed. False in records written before checksums existed,
+    /// whose replicas have none (a new volume's record says true unless asked otherwise).
+    #[serde(default)]
+    pub checksums: bool,
 }
 
 /// A snapshot of the volume whose record holds it.
@@ -223,6 +228,7 @@ impl VolumeRecord {
             restoring: self.restoring.clone(),
             qos: self.qos,
             encrypted: self.encryption.is_some(),
+            checksums: self.checksums,
         }
     }
 }
@@ -260,5 +266,8 @@ mod tests {
         assert_eq!(volume.placement.zone_spread, ZoneSpread::None);
         assert_eq!(volume.placement.pool, None);
         assert_eq!(volume.to_api(None).placement, volume.placement);
+        // Its replicas were made before checksums existed and have none: nor does it.
+        assert!(!volume.checksums);
+        assert!(!volume.to_api(None).checksums);
     }
 }

@@ -141,7 +141,7 @@ async fn add_blank(
         cluster_id: Some(crate::cluster::identity(st).await?.id),
         from: None,
         key_check: v.encryption.as_ref().map(|w| w.check),
-        checksums: false,
+        checksums: v.checksums,
     };
     if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
         st.reservations.release(&id);

@@ -160,6 +160,7 @@ fn volume(name: &str) -> VolumeRecord {
         restoring: None,
         qos: Default::default(),
         encryption: None,
+        checksums: false,
     }
 }
 

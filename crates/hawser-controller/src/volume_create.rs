@@ -155,6 +155,7 @@ async fn create_placed(
         restoring: None,
         qos: req.qos,
         encryption: encryption.clone(),
+        checksums: req.wants_checksums(),
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back
@@ -291,7 +292,7 @@ async fn create_replicas(
             cluster_id: Some(cluster.clone()),
             from: seeds.get(&r.id).cloned(),
             key_check: record.encryption.as_ref().map(|w| w.check),
-            checksums: false,
+            checksums: record.checksums,
         };
         if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
             // A create that timed out or got an error answer may still have happened on the

@@ -143,6 +143,7 @@ mod tests {
             restoring: None,
             qos: Default::default(),
             encryption: None,
+            checksums: false,
         }
     }
 

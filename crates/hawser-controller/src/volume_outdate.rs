@@ -252,6 +252,7 @@ mod tests {
             restoring: None,
             qos: Default::default(),
             encryption: None,
+            checksums: false,
         }
     }
 

@@ -203,6 +203,10 @@ async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere(
     assert_eq!(reps.len(), 3);
     for (id, node, state, blank) in &reps {
         let made = c.agent(node).replica(id).unwrap();
+        assert!(
+            made.checksums,
+            "a clone's own default: its copies are summed at create"
+        );
         match &made.from {
             Some(f) => {
                 assert_eq!(f.snapshot, snap_id);
@@ -235,10 +239,16 @@ async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere(
     let (s, cv) = c
         .post(
             "/v1/volumes",
-            json!({"name": "copy", "size_bytes": GIB, "replicas": 2, "from": {"volume": "db"}}),
+            json!({"name": "copy", "size_bytes": GIB, "replicas": 2, "from": {"volume": "db"},
+                "checksums": false}),
         )
         .await;
     assert_eq!(s, 201, "{cv}");
+    // Its own choice, not its source's.
+    assert_eq!(cv["checksums"], false, "{cv}");
+    for (id, node, _, _) in replicas_of(&cv) {
+        assert!(!c.agent(&node).replica(&id).unwrap().checksums, "{id}");
+    }
     assert!(replicas_of(&cv).iter().all(|r| r.2 == "in_sync"), "{cv}");
     assert_eq!(
         cv["origin"],

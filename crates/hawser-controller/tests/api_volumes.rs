@@ -597,3 +597,76 @@ async fn limits_reach_the_engine_and_a_node_that_missed_them_gets_them() {
     c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
     assert_eq!((engine().read_iops, engine().bytes_per_sec), (10, 1 << 30));
 }
+
+/// Block checksums are on unless a create says otherwise: the volume reports them and every
+/// replica is created with them; `checksums: false` makes plain replicas.
+#[tokio::test]
+async fn new_volumes_keep_block_checksums_unless_asked_not_to() {
+    let c = Cluster::start(2).await;
+    let made_with = |v: &serde_json::Value| -> Vec<bool> {
+        v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let (id, node) = (r["id"].as_str().unwrap(), r["node"].as_str().unwrap());
+                c.agent(node).replica(id).unwrap().checksums
+            })
+            .collect()
+    };
+    let (status, v) = c.create("summed", GIB, 2).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["checksums"], true, "the default: {v}");
+    assert_eq!(made_with(&v), [true, true]);
+    assert_eq!(c.volume("summed").await["checksums"], true);
+    let body = json!({"name": "plain", "size_bytes": GIB, "replicas": 2, "checksums": false});
+    let (status, v) = c.post("/v1/volumes", body).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["checksums"], false, "{v}");
+    assert_eq!(made_with(&v), [false, false]);
+    let body = json!({"name": "bad", "size_bytes": GIB, "replicas": 2, "checksums": "yes"});
+    let (status, e) = c.post("/v1/volumes", body).await;
+    assert_eq!((status, code(&e)), (400, "invalid_argument"), "{e}");
+}
+
+/// A volume record stored before checksums existed (no `checksums` field) describes
+/// replicas without sums: it loads, and reads as false.
+#[tokio::test]
+async fn a_volume_stored_before_checksums_existed_loads_without_them() {
+    use hawser_store::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(hawser_controller::STORE_FILE);
+    let store = hawser_store::EmbeddedStore::open(&path).unwrap();
+    let old = json!({"name": "old", "size_bytes": GIB, "replica_count": 1, "thin": true,
+        "state": "detached", "epoch": 3, "attached_node": null,
+        "replicas": [{"id": "old-r0-abcdef", "node": "n1", "pool": "default",
+            "state": "in_sync"}]});
+    let value = serde_json::to_vec(&old).unwrap();
+    store
+        .put("volumes/old", value, hawser_store::Expect::Absent)
+        .await
+        .unwrap();
+    drop(store);
+    let args = common::controller_args(dir.path(), None, None);
+    let ctl = hawser_controller::Controller::bind(args).await.unwrap();
+    let url = format!("http://{}", ctl.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(ctl.serve(async move {
+        let _ = rx.await;
+    }));
+    let http = common::client_with_token(&common::read_token(&dir.path().join("admin.token")));
+    let r = http
+        .get(format!("{url}/v1/volumes/old"))
+        .send()
+        .await
+        .unwrap();
+    let (status, v) = common::read(r).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["epoch"].as_u64(), &v["checksums"]),
+        (Some(3), &json!(false)),
+        "{v}"
+    );
+    tx.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

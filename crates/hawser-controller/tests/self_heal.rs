@@ -119,6 +119,8 @@ async fn a_lost_replica_is_replaced_in_its_zone_synced_and_its_stale_copy_delete
         .unwrap();
     let blank_id = blank["id"].as_str().unwrap().to_string();
     assert!(c.agent(spare).replicas().contains(&blank_id));
+    // Like the volume's first replicas, with block checksums (the default at create).
+    assert!(c.agent(spare).replica(&blank_id).unwrap().checksums);
     // Detached: an engine that is not exported syncs it, on the in-sync replica's node.
     eventually(10, || async { c.agent(&keeper).engine("z").is_some() }).await;
     let engine = c.agent(&keeper).engine("z").unwrap();

@@ -9,6 +9,8 @@
 //! | `zoneSpread`   | `strict`, `preferred`, `none`  | strict if nodes have zones       |
 //! | `locality`     | `preferred`, `none`            | `preferred`                      |
 //! | `onQuorumLoss` | `suspend`, `fail`              | `suspend`                        |
+//! | `encrypted`    | `true`, `false`                | `false`                          |
+//! | `checksums`    | `true`, `false`                | `true`                           |
 //! | `iopsLimit`, `readIopsLimit`, `writeIopsLimit` | requests per second | no limit      |
 //! | `bandwidthLimit`, `readBandwidthLimit`, `writeBandwidthLimit` | bytes per second, `100MiB` | no limit |
 //!
@@ -23,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use hawser_api::controller::{CreateVolume, QuorumLoss, ZoneSpread};
+use hawser_api::controller::{CreateVolume, QuorumLoss, ZoneSpread, DEFAULT_CHECKSUMS};
 use hawser_api::{Qos, QosField, QosPatch};
 
 /// Keys the provisioner sidecar adds or reserves.
@@ -36,6 +38,7 @@ const KEYS: &[&str] = &[
     "locality",
     "onQuorumLoss",
     "encrypted",
+    "checksums",
     "iopsLimit",
     "readIopsLimit",
     "writeIopsLimit",
@@ -56,6 +59,8 @@ pub struct VolumeParams {
     pub on_quorum_loss: QuorumLoss,
     pub qos: Qos,
     pub encrypted: bool,
+    /// Block checksums (a CRC-32C per 4 KiB block, checked on every read).
+    pub checksums: bool,
 }
 
 impl Default for VolumeParams {
@@ -69,6 +74,7 @@ impl Default for VolumeParams {
             on_quorum_loss: QuorumLoss::Suspend,
             qos: Qos::default(),
             encrypted: false,
+            checksums: DEFAULT_CHECKSUMS,
         }
     }
 }
@@ -124,6 +130,13 @@ pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, String> {
             }
             "encrypted" => {
                 p.encrypted = match value {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(bad("true or false")),
+                }
+            }
+            "checksums" => {
+                p.checksums = match value {
                     "true" => true,
                     "false" => false,
                     _ => return Err(bad("true or false")),
@@ -200,6 +213,7 @@ impl VolumeParams {
             from: None,
             qos: self.qos,
             encrypted: self.encrypted,
+            checksums: Some(self.checksums),
         }
     }
 
@@ -240,6 +254,7 @@ mod tests {
             ("zoneSpread", "preferred"),
             ("locality", "none"),
             ("onQuorumLoss", "fail"),
+            ("checksums", "false"),
             ("csi.storage.k8s.io/pvc/name", "data"),
         ]))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -254,6 +269,7 @@ mod tests {
                 on_quorum_loss: QuorumLoss::Fail,
                 qos: Qos::default(),
                 encrypted: false,
+                checksums: false,
             }
         );
         assert_eq!(parse(&map(&[])), Ok(VolumeParams::default()));
@@ -310,10 +326,29 @@ mod tests {
             ("zoneSpread", "yes"),
             ("locality", "strict"),
             ("onQuorumLoss", "panic"),
+            ("checksums", "yes"),
+            ("checksums", "off"),
             ("replica", "2"),
         ] {
             let e = parse(&map(&[(k, v)])).expect_err(k);
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    /// Block checksums are on unless the StorageClass turns them off, and the request says
+    /// so either way (the controller's own default never decides for a CSI volume).
+    #[test]
+    fn checksums_default_on_and_reach_the_create_request() {
+        let on = parse(&map(&[])).unwrap_or_else(|e| panic!("{e}"));
+        assert!(on.checksums);
+        assert_eq!(on.create_request("v", 4096, None).checksums, Some(true));
+        let on = parse(&map(&[("checksums", "true")])).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(on.create_request("v", 4096, None).checksums, Some(true));
+        let off = parse(&map(&[("checksums", "false")])).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(off.create_request("v", 4096, None).checksums, Some(false));
+        let e = parse(&map(&[("checksums", "TRUE")]))
+            .err()
+            .unwrap_or_default();
+        assert_eq!(e, "parameter checksums=\"TRUE\": true or false");
     }
 }

@@ -151,7 +151,7 @@ async fn fake_agent() -> SocketAddr {
             error: None,
             cluster_id: None,
             key_check: r.key_check,
-            checksums: false,
+            checksums: r.checksums,
         };
         (StatusCode::CREATED, Json(status))
     }
@@ -213,7 +213,7 @@ fn bad_sizes_names_and_replicas_are_refused_before_any_request() {
     assert_eq!(env.json(&["volume", "list", "-o", "json"]), json!([]));
     assert_eq!(
         env.ok(&["volume", "list"]),
-        "NAME  SIZE  TYPE  IN-SYNC  STATE  NODE  EPOCH\n"
+        "NAME  SIZE  TYPE  CHECKSUMS  IN-SYNC  STATE  NODE  EPOCH\n"
     );
 }
 
@@ -255,6 +255,10 @@ fn volume_lifecycle() {
     ]);
     assert!(out.starts_with("volume demo created\n"), "{out}");
     assert!(out.contains("10 GiB (thin)"), "{out}");
+    assert!(
+        out.contains("Checksum: on (CRC-32C per 4 KiB block, checked on every read)\n"),
+        "{out}"
+    );
     let v = env.json(&[
         "volume", "create", "big", "--size", "1GiB", "--thick", "-o", "json",
     ]);
@@ -264,7 +268,7 @@ fn volume_lifecycle() {
     );
     let list = env.ok(&["volume", "list"]);
     assert!(
-        list.contains("demo  10 GiB  thin   2/2      detached  -     0"),
+        list.contains("demo  10 GiB  thin   on         2/2      detached  -     0"),
         "{list}"
     );
 
@@ -322,6 +326,59 @@ fn volume_lifecycle() {
         String::from_utf8_lossy(&out.stderr),
         "error: volume \"demo\" not found\n"
     );
+}
+
+/// `--checksums on|off` (default on) reaches the volume, and list, show and JSON say it.
+#[test]
+fn checksums_flag_defaults_on_and_shows_everywhere() {
+    let env = Env::start();
+    env.register(2);
+    let v = env.json(&["volume", "create", "summed", "--size", "1GiB", "-o", "json"]);
+    assert_eq!(v["checksums"], true, "{v}");
+    let v = env.json(&[
+        "volume",
+        "create",
+        "plain",
+        "--size",
+        "1GiB",
+        "--checksums",
+        "off",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(v["checksums"], false, "{v}");
+    let v = env.json(&["volume", "show", "summed", "-o", "json"]);
+    assert_eq!(v["checksums"], true, "{v}");
+    let show = env.ok(&["volume", "show", "plain"]);
+    assert!(show.contains("Checksum: off\n"), "{show}");
+    let list = env.json(&["volume", "list", "-o", "json"]);
+    let sums: Vec<(&str, bool)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap(),
+                v["checksums"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(sums, [("plain", false), ("summed", true)]);
+    let list = env.ok(&["volume", "list"]);
+    assert!(list.contains("plain   1 GiB  thin  off "), "{list}");
+    assert!(list.contains("summed  1 GiB  thin  on  "), "{list}");
+    let out = env.hawser(&[
+        "volume",
+        "create",
+        "x",
+        "--size",
+        "1GiB",
+        "--checksums",
+        "yes",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--checksums"), "{stderr}");
 }
 
 #[test]

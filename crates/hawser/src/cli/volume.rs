@@ -61,6 +61,10 @@ pub enum VolumeCmd {
         /// of an encrypted volume is encrypted by itself.
         #[arg(long)]
         encrypted: bool,
+        /// Keep a CRC-32C per 4 KiB block on every replica and check every read (on), or
+        /// not (off). Chosen at create, never changed; a clone chooses its own.
+        #[arg(long, value_enum, default_value_t = OnOff::On)]
+        checksums: OnOff,
         #[command(flatten)]
         limits: QosArgs,
         #[command(flatten)]
@@ -186,6 +190,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             on_quorum_loss,
             from,
             encrypted,
+            checksums,
             limits,
             out,
         } => {
@@ -208,6 +213,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 from,
                 qos: limits.qos(),
                 encrypted,
+                checksums: Some(checksums == OnOff::On),
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
@@ -366,12 +372,22 @@ fn in_sync(v: &Volume) -> usize {
 }
 
 fn list_table(vols: &[Volume]) -> Table {
-    let mut t = Table::new(&["NAME", "SIZE", "TYPE", "IN-SYNC", "STATE", "NODE", "EPOCH"]);
+    let mut t = Table::new(&[
+        "NAME",
+        "SIZE",
+        "TYPE",
+        "CHECKSUMS",
+        "IN-SYNC",
+        "STATE",
+        "NODE",
+        "EPOCH",
+    ]);
     for v in vols {
         t.row(vec![
             v.name.clone(),
             format_size(v.size_bytes),
             kind(v).into(),
+            on_off(v.checksums).into(),
             format!("{}/{}", in_sync(v), v.replicas.len()),
             snake(&v.state),
             or_dash(v.attached_node.as_deref()),
@@ -425,6 +441,14 @@ fn details(v: &Volume) -> String {
     if v.encrypted {
         line("Encrypted:", "XTS-AES-256, a key of its own".into());
     }
+    line(
+        "Checksum:",
+        if v.checksums {
+            "on (CRC-32C per 4 KiB block, checked on every read)".into()
+        } else {
+            "off".into()
+        },
+    );
     if let Some(limits) = crate::cli::qos::describe(v) {
         line("Limits:", limits);
     }
@@ -489,6 +513,21 @@ pub fn snake<T: serde::Serialize>(v: &T) -> String {
     match serde_json::to_value(v) {
         Ok(serde_json::Value::String(s)) => s,
         _ => "?".into(),
+    }
+}
+
+/// `--checksums on|off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
     }
 }
 
