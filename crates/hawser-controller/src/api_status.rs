@@ -209,6 +209,7 @@ mod tests {
                 recovery: None,
                 active_extents: 0,
                 qos: Default::default(),
+                scrub: None,
             }],
         };
         let r = resyncs(&volume(), &agent(100 << 20));

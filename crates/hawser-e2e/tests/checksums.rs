@@ -98,7 +98,7 @@ fn rotted_blocks_read_right_are_repaired_and_counted_and_rot_everywhere_is_an_er
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut blocks: Vec<u64> = Vec::new();
     while blocks.len() < ROTTED {
-        let b = rng.gen_range(0..AREA / BLOCK);
+        let b = rng.random_range(0..AREA / BLOCK);
         if !blocks.contains(&b) {
             blocks.push(b);
         }

@@ -128,7 +128,7 @@ impl Replica {
         }
         edges.retain(|&b| b < offset || b + SUM_BLOCK_BYTES > end);
         let mut rotten = Vec::new();
-        let mut buf = AlignedBuf::for_overwrite(SUM_BLOCK_BYTES as usize);
+        let mut buf = AlignedBuf::for_overwrite(crate::sums::SUM_BLOCK_USIZE);
         let io = |e: std::io::Error| ReplicaIoError::from_io(&e);
         for b in edges {
             file_ops::read_at(self.file(), buf.as_mut_slice(), b).map_err(io)?;
@@ -145,7 +145,7 @@ impl Replica {
     }
 
     fn poison_rotten(&self, sums: &Sums, rotten: &[u64]) -> std::io::Result<()> {
-        let mut buf = AlignedBuf::for_overwrite(SUM_BLOCK_BYTES as usize);
+        let mut buf = AlignedBuf::for_overwrite(crate::sums::SUM_BLOCK_USIZE);
         for &b in rotten {
             file_ops::read_at(self.file(), buf.as_mut_slice(), b)?;
             sums.poison(b, buf.as_slice())?;

@@ -26,7 +26,9 @@ use crate::file_ops;
 /// Bytes covered by one sum.
 pub const SUM_BLOCK_BYTES: u64 = 4096;
 /// `SUM_BLOCK_BYTES` as a slice length.
-const BLOCK: usize = 4096;
+const BLOCK: usize = SUM_BLOCK_USIZE;
+/// `SUM_BLOCK_BYTES` as a buffer length.
+pub const SUM_BLOCK_USIZE: usize = 4096;
 /// Bytes of one sum on disk.
 const SUM_BYTES: u64 = 4;
 /// Data read at a time when summing a range again.

@@ -165,6 +165,7 @@ async fn fake_agent() -> SocketAddr {
             recovery: None,
             active_extents: 0,
             qos: s.qos,
+            scrub: None,
         })
     }
     let app = Router::new()

@@ -73,6 +73,7 @@ impl VolumeEngine {
             active_extents: inner.keeper.active_extents() as u64,
             // The export's, filled in by `Engines`.
             qos: Default::default(),
+            scrub: None,
         }
     }
 

@@ -458,6 +458,7 @@ async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> R
         recovery: None,
         active_extents: 0,
         qos: req.qos,
+        scrub: None,
     };
     st.lock().unwrap().engines.insert(req.volume.clone(), req);
     Json(status).into_response()
@@ -502,6 +503,7 @@ async fn agent_status(State(st): State<Fake>) -> Response {
             recovery: None,
             active_extents: 0,
             qos: req.qos,
+            scrub: None,
         })
         .collect();
     Json(hawser_api::agent::AgentStatus {
@@ -550,6 +552,7 @@ async fn set_qos(
                 recovery: None,
                 active_extents: 0,
                 qos,
+                scrub: None,
             };
             Json(status).into_response()
         }
