@@ -117,7 +117,9 @@ impl Engine {
     /// The pass running or the last one; `None` before the first.
     pub fn scrub_view(&self) -> Option<ScrubView> {
         let s = self.scrub.as_ref()?;
-        let found = s.ended.unwrap_or_else(|| since(self.integrity_sum(), s.base));
+        let found = s
+            .ended
+            .unwrap_or_else(|| since(self.integrity_sum(), s.base));
         Some(ScrubView {
             running: s.running,
             scrubbed_bytes: s.cursor.min(self.size),
@@ -207,10 +209,12 @@ impl Engine {
                 }
                 continue;
             };
-            let found = self.indices().find_map(|r| match unit.parts[usize::from(r.0)] {
-                Part::Found { block } => Some((r, block)),
-                _ => None,
-            });
+            let found = self
+                .indices()
+                .find_map(|r| match unit.parts[usize::from(r.0)] {
+                    Part::Found { block } => Some((r, block)),
+                    _ => None,
+                });
             if let Some((r, block)) = found {
                 if self.readable(r) && self.repairs.len() >= MAX_REPAIRS {
                     return;

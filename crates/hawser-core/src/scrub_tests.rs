@@ -164,10 +164,17 @@ fn a_pass_repairs_rot_on_each_replica_at_offsets_in_different_units() {
     rig.rot[0].insert(2); // unit 0
     rig.rot[1].insert((3 * UNIT + 4096) / BLOCK); // unit 3
     rig.scrub();
-    assert!(rig.rot.iter().all(BTreeSet::is_empty), "rot left: {:?}", rig.rot);
+    assert!(
+        rig.rot.iter().all(BTreeSet::is_empty),
+        "rot left: {:?}",
+        rig.rot
+    );
     assert_eq!(rig.done(), vec![&done(2, 2, 0)]);
     assert_eq!(rig.e.scrub_view(), Some(finished(2, 2, 0)));
-    assert_eq!((rig.e.integrity(R0), rig.e.integrity(R1)), (repaired(1), repaired(1)));
+    assert_eq!(
+        (rig.e.integrity(R0), rig.e.integrity(R1)),
+        (repaired(1), repaired(1))
+    );
     assert_eq!(rig.e.in_flight(), 0);
 }
 
@@ -178,9 +185,16 @@ fn rot_on_both_replicas_at_different_blocks_of_one_unit_is_repaired_block_by_blo
     rig.rot[1].insert(5);
     rig.rot[1].insert(9);
     rig.scrub();
-    assert!(rig.rot.iter().all(BTreeSet::is_empty), "rot left: {:?}", rig.rot);
+    assert!(
+        rig.rot.iter().all(BTreeSet::is_empty),
+        "rot left: {:?}",
+        rig.rot
+    );
     assert_eq!(rig.done(), vec![&done(3, 3, 0)]);
-    assert_eq!((rig.e.integrity(R0), rig.e.integrity(R1)), (repaired(1), repaired(2)));
+    assert_eq!(
+        (rig.e.integrity(R0), rig.e.integrity(R1)),
+        (repaired(1), repaired(2))
+    );
     for r in [R0, R1] {
         assert_eq!(rig.e.membership(r), Membership::InSync);
     }
@@ -201,12 +215,18 @@ fn a_block_rotted_on_every_replica_is_unrecoverable_and_never_served_as_data() {
     assert_eq!(rig.done(), vec![&done(2, 0, 2)], "not done exactly once");
     assert_eq!(rig.writes(), 0, "data written from a rotted copy");
     assert!(
-        !rig.log.iter().any(|c| matches!(c, Command::Complete { .. })),
+        !rig.log
+            .iter()
+            .any(|c| matches!(c, Command::Complete { .. })),
         "a completion without a client request"
     );
     assert_eq!(rig.rot[0].len() + rig.rot[1].len(), 2);
     for r in [R0, R1] {
-        assert_eq!(rig.e.membership(r), Membership::InSync, "rot made {r:?} leave");
+        assert_eq!(
+            rig.e.membership(r),
+            Membership::InSync,
+            "rot made {r:?} leave"
+        );
     }
     assert_eq!(rig.e.in_flight(), 0);
 }
@@ -236,11 +256,19 @@ fn a_corrupt_answer_racing_a_client_write_counts_nothing() {
     rig.e.on_reply(reads[0].1, raced, &mut out);
     rig.e.on_reply(reads[1].1, Ok(None), &mut out);
     let verify = |out: &[Command]| {
-        sends(out)
-            .iter()
-            .any(|(r, _, op)| *r == R0 && *op == ClientOp::Read { offset: 4096, len: 4096 })
+        sends(out).iter().any(|(r, _, op)| {
+            *r == R0
+                && *op
+                    == ClientOp::Read {
+                        offset: 4096,
+                        len: 4096,
+                    }
+        })
     };
-    assert!(!verify(&out), "the repair read the block under a write in flight");
+    assert!(
+        !verify(&out),
+        "the repair read the block under a write in flight"
+    );
     // The write completes, the repair's verify read finds the block whole.
     for (_, sub, _) in writes {
         rig.e.on_reply(sub, Ok(None), &mut out);
@@ -249,7 +277,10 @@ fn a_corrupt_answer_racing_a_client_write_counts_nothing() {
     rig.drive(out);
     assert_eq!(rig.e.integrity(R0), Integrity::default());
     assert_eq!(rig.done(), vec![&done(0, 0, 0)]);
-    assert!(!rig.log.iter().any(|c| matches!(c, Command::Corruption { .. })));
+    assert!(!rig
+        .log
+        .iter()
+        .any(|c| matches!(c, Command::Corruption { .. })));
 }
 
 #[test]
@@ -283,7 +314,9 @@ fn fencing_mid_pass_clears_it_without_scrub_done() {
     for (_, sub, _) in reads {
         rig.e.on_reply(sub, Ok(None), &mut out);
     }
-    assert!(!out.iter().any(|c| matches!(c, Command::ScrubDone { .. } | Command::Send { .. })));
+    assert!(!out
+        .iter()
+        .any(|c| matches!(c, Command::ScrubDone { .. } | Command::Send { .. })));
     assert_eq!(rig.e.scrub_view().map(|v| v.running), Some(false));
     assert_eq!(rig.e.in_flight(), 0);
 }
@@ -298,8 +331,17 @@ fn stop_scrub_ends_the_pass_where_it_is_and_ignores_its_reads() {
     rig.e.stop_scrub();
     rig.drive(out);
     assert!(rig.done().is_empty(), "a stopped pass reported done");
-    assert_eq!(rig.e.integrity(R0), Integrity::default(), "a stopped pass repaired");
-    assert_eq!(rig.log.len(), reads.len(), "a stopped pass went on: {:?}", rig.log);
+    assert_eq!(
+        rig.e.integrity(R0),
+        Integrity::default(),
+        "a stopped pass repaired"
+    );
+    assert_eq!(
+        rig.log.len(),
+        reads.len(),
+        "a stopped pass went on: {:?}",
+        rig.log
+    );
     let v = rig.e.scrub_view().expect("a pass ran");
     assert_eq!((v.running, v.scrubbed_bytes, v.passes), (false, 0, 0));
     // A new pass starts from offset 0 and finds the rot.
@@ -336,7 +378,8 @@ fn a_scrub_read_failing_on_the_disk_makes_the_replica_leave_as_failed() {
     assert!(rig.e.start_scrub(&mut out));
     let reads = sends(&out);
     out.clear();
-    rig.e.on_reply(reads[1].1, Err(ReplicaFailure::Io), &mut out);
+    rig.e
+        .on_reply(reads[1].1, Err(ReplicaFailure::Io), &mut out);
     assert!(out.contains(&Command::Outdate {
         replica: R1,
         failed: true
@@ -357,14 +400,23 @@ fn only_one_units_reads_are_in_flight_at_a_time() {
         offset: 0,
         len: UNIT as u32,
     };
-    assert_eq!(first.iter().map(|s| (s.0, s.2.clone())).collect::<Vec<_>>(), vec![
-        (R0, unit0.clone()),
-        (R1, unit0)
-    ]);
-    assert!(out.iter().all(|c| matches!(c, Command::Send { background: true, .. })));
+    assert_eq!(
+        first.iter().map(|s| (s.0, s.2.clone())).collect::<Vec<_>>(),
+        vec![(R0, unit0.clone()), (R1, unit0)]
+    );
+    assert!(out.iter().all(|c| matches!(
+        c,
+        Command::Send {
+            background: true,
+            ..
+        }
+    )));
     out.clear();
     rig.e.on_reply(first[0].1, Ok(None), &mut out);
-    assert!(out.is_empty(), "the next unit started before R1 answered: {out:?}");
+    assert!(
+        out.is_empty(),
+        "the next unit started before R1 answered: {out:?}"
+    );
     rig.e.on_reply(first[1].1, Ok(None), &mut out);
     let next: Vec<ClientOp> = sends(&out).into_iter().map(|s| s.2).collect();
     let unit1 = ClientOp::Read {
@@ -398,7 +450,10 @@ fn the_pass_waits_while_max_repairs_are_queued_and_drops_nothing_it_found() {
     });
     e.on_reply(reads[0].1, rot, &mut out);
     e.on_reply(reads[1].1, Ok(None), &mut out);
-    assert!(sends(&out).is_empty(), "the pass went on with no room: {out:?}");
+    assert!(
+        sends(&out).is_empty(),
+        "the pass went on with no room: {out:?}"
+    );
     // One repair ends (a race): the found block's repair is queued, R0 reads on past it.
     e.on_reply(verifies[0].1, Ok(None), &mut out);
     let s: Vec<(ReplicaIdx, ClientOp)> = sends(&out).into_iter().map(|s| (s.0, s.2)).collect();

@@ -61,7 +61,9 @@ impl World {
             }
             HealScrub::Running => {
                 let v = self.engine.scrub_view();
-                self.fail(format!("quiet, yet the healing scrub has not finished: {v:?}"));
+                self.fail(format!(
+                    "quiet, yet the healing scrub has not finished: {v:?}"
+                ));
                 false
             }
             HealScrub::Done => {
