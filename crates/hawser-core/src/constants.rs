@@ -11,6 +11,13 @@ pub const DEFAULT_CHUNK_BYTES: u64 = 64 * 1024;
 /// Largest resync copy (adjacent dirty chunks are copied together, up to this).
 pub const DEFAULT_RESYNC_UNIT_BYTES: u64 = 1024 * 1024;
 
+/// Range a scrub pass reads at once on every in-sync replica (`scrub.rs`): its reads are the
+/// pass's only load on the disks, one unit at a time.
+pub const DEFAULT_SCRUB_UNIT_BYTES: u64 = 1024 * 1024;
+
+/// Largest scrub unit: one read of it must fit a request's `u32` length.
+pub const MAX_SCRUB_UNIT_BYTES: u64 = 1 << 31;
+
 /// Resync copies in flight per syncing replica.
 pub const DEFAULT_RESYNC_PARALLEL: u32 = 4;
 

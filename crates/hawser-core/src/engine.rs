@@ -32,12 +32,14 @@ use crate::id_map::IdMap;
 use crate::bitmap::ChunkMap;
 use crate::constants::{
     DEFAULT_CHUNK_BYTES, DEFAULT_CORRUPT_LIMIT_BLOCKS, DEFAULT_RESYNC_PARALLEL,
-    DEFAULT_RESYNC_UNIT_BYTES, INTERNAL_TAG_BASE, MAX_REPLICAS, UNFLUSHED_COMPACT_AT,
+    DEFAULT_RESYNC_UNIT_BYTES, DEFAULT_SCRUB_UNIT_BYTES, INTERNAL_TAG_BASE, MAX_REPLICAS,
+    MAX_SCRUB_UNIT_BYTES, ORDER_BLOCK_BYTES, UNFLUSHED_COMPACT_AT,
 };
 use crate::io_error::IoError;
 use crate::range_lock::{span, RangeLock};
 use crate::repair::{Integrity, Repair};
 use crate::resync::Copy;
+use crate::scrub::Scrub;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId, Tag};
 use crate::unflushed::{compact, Unflushed};
 
@@ -100,6 +102,9 @@ pub struct EngineConfig {
     /// failed, like after a disk error: a medium that keeps rotting is better rebuilt
     /// elsewhere than repaired block by block (`DEFAULT_CORRUPT_LIMIT_BLOCKS`).
     pub corrupt_limit: u64,
+    /// Bytes a scrub pass reads at once on each in-sync replica (`scrub.rs`): a power of two,
+    /// at least a checksum block (`DEFAULT_SCRUB_UNIT_BYTES`).
+    pub scrub_unit_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +117,7 @@ impl Default for EngineConfig {
             resync_parallel: DEFAULT_RESYNC_PARALLEL,
             mark_every_resync: true,
             corrupt_limit: DEFAULT_CORRUPT_LIMIT_BLOCKS,
+            scrub_unit_bytes: DEFAULT_SCRUB_UNIT_BYTES,
         }
     }
 }
@@ -288,6 +294,8 @@ pub struct Engine {
     pub(crate) parked: BTreeSet<Tag>,
     pub(crate) copies: IdMap<Tag, Copy>,
     pub(crate) repairs: IdMap<Tag, Repair>,
+    /// The scrub pass running or last run (`scrub.rs`); `None` before the first.
+    pub(crate) scrub: Option<Scrub>,
     pub(crate) next_internal: Tag,
     pub(crate) unflushed: Unflushed,
     pub(crate) fenced: bool,
@@ -315,6 +323,11 @@ impl Engine {
             "chunk size"
         );
         assert!(cfg.resync_unit_bytes >= cfg.chunk_bytes && cfg.resync_parallel > 0);
+        assert!(
+            cfg.scrub_unit_bytes.is_power_of_two()
+                && (ORDER_BLOCK_BYTES..=MAX_SCRUB_UNIT_BYTES).contains(&cfg.scrub_unit_bytes),
+            "scrub unit size"
+        );
         let slots = replicas
             .iter()
             .map(|spec| {
@@ -363,6 +376,7 @@ impl Engine {
             parked: BTreeSet::new(),
             copies: IdMap::default(),
             repairs: IdMap::default(),
+            scrub: None,
             next_internal: INTERNAL_TAG_BASE,
             unflushed: Unflushed::default(),
             fenced: false,
@@ -476,9 +490,10 @@ impl Engine {
     }
 
     /// Requests in flight: client requests (including queued and parked ones), resync
-    /// copies and repairs.
+    /// copies, repairs and a scrub's reads.
     pub fn in_flight(&self) -> usize {
-        self.pending.len() + self.locks.waiting() + self.copies.len() + self.repairs.len()
+        let scrub = self.scrub.as_ref().map_or(0, Scrub::reads_in_flight);
+        self.pending.len() + self.locks.waiting() + self.copies.len() + self.repairs.len() + scrub
     }
 
     /// Something was written since the last flush started: the driver should flush in the
@@ -703,6 +718,8 @@ impl Engine {
         if tag >= INTERNAL_TAG_BASE {
             if self.repairs.contains_key(&tag) {
                 self.on_repair_reply(tag, r, result, out);
+            } else if self.scrub_owns(tag) {
+                self.on_scrub_reply(tag, r, result, out);
             } else {
                 self.on_copy_reply(tag, r, result, out);
             }
@@ -849,6 +866,7 @@ impl Engine {
         self.parked.clear();
         self.copies.clear();
         self.repairs.clear();
+        self.scrub_stopped();
         for s in &mut self.slots {
             s.copies = 0;
             s.sync_flushing = false;

@@ -334,6 +334,7 @@ impl Rig {
                 Command::Disconnect { .. } => {}
                 Command::Fenced => panic!("fenced"),
                 Command::Corruption { .. } => panic!("no replica of the rig rots"),
+                Command::ScrubDone { .. } => panic!("the rig starts no scrub"),
             }
         }
     }

@@ -16,6 +16,7 @@ pub mod range_lock;
 pub mod recovery_plan;
 mod repair;
 mod resync;
+mod scrub;
 pub mod types;
 mod unflushed;
 
@@ -29,6 +30,7 @@ pub use io_error::IoError;
 pub use recovery_plan::Plan;
 pub use repair::Integrity;
 pub use resync::ResyncPoint;
+pub use scrub::ScrubView;
 pub use types::{
     ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaOp, ReplicaResult, SubId, Tag,
 };
@@ -37,3 +39,5 @@ pub use types::{
 mod engine_tests;
 #[cfg(test)]
 mod repair_tests;
+#[cfg(test)]
+mod scrub_tests;

@@ -271,7 +271,8 @@ impl Engine {
                 });
             }
         }
-        // A new source may unblock resyncs that had none.
+        // A new source may unblock resyncs that had none, and a scrub waiting for a reader.
         self.pump_resync(out);
+        self.pump_scrub(out);
     }
 }

@@ -17,10 +17,14 @@
 //! 3. A repair (`Engine::repair`) holds the lock of its blocks, like a resync copy, so no
 //!    client write to them is in flight: (a) it reads the range from the corrupt replica; a
 //!    success means the first answer was a race, and nothing is counted; (b) it reads the
-//!    range from another in-sync replica (one also corrupt gets a repair of its own, queued
-//!    behind this one); (c) it writes that data to the corrupt replica with FUA, which makes
-//!    the blocks and their checksums durable. Success is `Command::Corruption { repaired:
-//!    true }`; no good source is `repaired: false`: that data is lost.
+//!    range from another in-sync replica; (c) it writes that data to the corrupt replica with
+//!    FUA, which makes the blocks and their checksums durable. Success is
+//!    `Command::Corruption { repaired: true }`; no good source is `repaired: false`: that data
+//!    is lost. A source also corrupt gets a repair of its own once this one is over, unless
+//!    none was good: then every in-sync replica failed the range under this lock, and a repair
+//!    of a source would only find this target still corrupt and queue one of it again, round
+//!    and round (a source's rot is counted by its own repair if one is queued, e.g. by the
+//!    scrub, or found again by its next read).
 //! 4. Blocks confirmed corrupt under the lock (3, or the locked read of 2) are counted per
 //!    replica (`Engine::integrity`). A replica whose count passes `EngineConfig::corrupt_limit`
 //!    leaves as failed, like after a disk error: it is rebuilt elsewhere.
@@ -65,6 +69,9 @@ pub(crate) struct Repair {
     pub tried: Set,
     /// What the verify read found: first bad offset and bad blocks.
     pub found: (u64, u32),
+    /// Sources that answered `Corrupt`: repaired in turn when this repair ends, unless no
+    /// source was good (3).
+    pub corrupt_sources: Set,
 }
 
 impl Engine {
@@ -104,6 +111,7 @@ impl Engine {
                 stage: Stage::Locking,
                 tried,
                 found: (0, 0),
+                corrupt_sources: Set::default(),
             },
         );
         if let Some(Work::Repair) = self.locks.acquire(tag, Some((start, end)), Work::Repair) {
@@ -154,8 +162,9 @@ impl Engine {
                 self.repair_send(tag, q.target, Stage::Writing, op, out);
             }
             (Stage::Reading(_), Err(ReplicaFailure::Corrupt { .. })) => {
-                // Rotted there too: it gets its own repair, behind this one.
-                self.repair(from, q.offset, q.len, out);
+                // Rotted there too: it gets its own repair when this one ends (3).
+                let q = self.repairs.get_mut(&tag).expect("checked");
+                q.corrupt_sources.add(from);
                 self.repair_next_source(tag, out);
             }
             (Stage::Reading(_) | Stage::Verifying, other) => {
@@ -206,6 +215,10 @@ impl Engine {
             None => {
                 let (first, blocks) = q.found;
                 self.corruption(q.target, first, blocks, false, out);
+                // Every in-sync replica failed the range: repairs of the sources would loop.
+                if let Some(q) = self.repairs.get_mut(&tag) {
+                    q.corrupt_sources = Set::default();
+                }
                 self.end_repair(tag, out);
             }
         }
@@ -229,13 +242,23 @@ impl Engine {
         });
     }
 
+    /// The repair is over: give its range back, queue the repairs of the sources that were
+    /// corrupt too (3), and let a scrub waiting for repairs to drain go on.
     fn end_repair(&mut self, tag: Tag, out: &mut Vec<Command>) {
-        self.repairs.remove(&tag);
+        let q = self.repairs.remove(&tag);
         self.release(tag, out);
+        if let Some(q) = q {
+            for r in self.indices().collect::<Vec<_>>() {
+                if q.corrupt_sources.has(r) && self.readable(r) {
+                    self.repair(r, q.offset, q.len, out);
+                }
+            }
+        }
+        self.pump_scrub(out);
     }
 
     /// Whether `r` is still a replica reads go to (in sync, with a session).
-    fn readable(&self, r: ReplicaIdx) -> bool {
+    pub(crate) fn readable(&self, r: ReplicaIdx) -> bool {
         self.membership(r) == Membership::InSync && self.slot(r).connected
     }
 

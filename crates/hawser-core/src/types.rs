@@ -83,7 +83,7 @@ pub enum Command {
     /// Send `op` to `replica`. The driver answers every `Send` exactly once: with
     /// `Engine::on_reply(sub, ..)`, or with `Engine::on_replica_lost(replica)` when the
     /// connection is gone (which answers all of that replica's outstanding sends).
-    /// `background`: resync traffic, which the driver may delay to honour a rate limit.
+    /// `background`: resync, repair and scrub traffic, which the driver may delay to honour a rate limit.
     Send {
         replica: ReplicaIdx,
         sub: SubId,
@@ -120,5 +120,13 @@ pub enum Command {
         offset: u64,
         blocks: u32,
         repaired: bool,
+    },
+    /// A scrub pass (`Engine::start_scrub`) read the whole volume on every in-sync replica
+    /// and every repair it queued is over. Its findings, in blocks summed over replicas (as
+    /// `Engine::scrub_view`). The driver records when the last pass ended, nothing more.
+    ScrubDone {
+        found_blocks: u64,
+        repaired_blocks: u64,
+        unrecoverable_blocks: u64,
     },
 }

@@ -216,6 +216,8 @@ impl Params {
             // pinned seeds were found with.
             mark_every_resync: faults.engine_crash > 0,
             corrupt_limit: DEFAULT_CORRUPT_LIMIT_BLOCKS,
+            // A chunk: 8 to 40 units a pass. Not drawn, so every seed draws what it drew.
+            scrub_unit_bytes: chunk,
         };
         let net = NetParams {
             delay_min: rng.random_range(5..=50),

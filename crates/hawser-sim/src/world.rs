@@ -210,6 +210,9 @@ pub struct Stats {
     pub corrupted: u64,
     pub corrupt_repaired: u64,
     pub corrupt_unrecoverable: u64,
+    /// Scrub passes started and completed (`Command::ScrubDone`).
+    pub scrubs_started: u64,
+    pub scrubs_done: u64,
 }
 
 /// Whether the engine runs.
@@ -241,6 +244,8 @@ pub struct World {
     /// The engine's sessions policy (`hawser_core::driver::links`), new with every engine.
     links: Links,
     heal_started: u64,
+    /// The scrub pass that corruption runs drive to completion while healing (`scrub.rs`).
+    heal_scrub: HealScrub,
     /// Node crashed while in sync (or about to be) in the store, not repaired since: may lack
     /// unflushed acknowledged writes, so exempt from the checks.
     volatile_lost: Vec<bool>,
@@ -291,9 +296,11 @@ mod faults;
 mod heal;
 mod journal;
 mod restart;
+mod scrub;
 mod sessions;
 
 use describe::{describe, describe_command, describe_op};
+use scrub::HealScrub;
 
 /// The id a replica has in journals.
 fn replica_id(r: usize) -> String {
@@ -364,6 +371,7 @@ impl World {
             next_boot: 1000,
             links: Links::new(LINK_PARAMS, boots, 0),
             heal_started: 0,
+            heal_scrub: HealScrub::NotStarted,
             volatile_lost: vec![false; n],
             doomed: vec![None; n],
             seen_membership: vec![None; n],
@@ -749,6 +757,7 @@ impl World {
                     self.stats.corrupt_unrecoverable += u64::from(blocks);
                 }
             }
+            Command::ScrubDone { .. } => self.scrub_done(),
         }
     }
 

@@ -32,6 +32,7 @@ fn shard_stats(i: u64, opts: RunOptions) -> (u64, u64, u64) {
     let (mut faults, mut writes, mut reads) = (0u64, 0u64, 0u64);
     let (mut crashes, mut moves, mut recovery, mut saves) = (0u64, 0u64, 0u64, 0u64);
     let (mut rotted, mut repaired, mut lost) = (0u64, 0u64, 0u64);
+    let (mut scrubs, mut scrubbed) = (0u64, 0u64);
     for seed in base..base + n {
         match run_seed(seed, opts) {
             Ok(s) => {
@@ -49,6 +50,8 @@ fn shard_stats(i: u64, opts: RunOptions) -> (u64, u64, u64) {
                 rotted += s.corrupted;
                 repaired += s.corrupt_repaired;
                 lost += s.corrupt_unrecoverable;
+                scrubs += s.scrubs_started;
+                scrubbed += s.scrubs_done;
             }
             Err(f) => failures.push(f),
         }
@@ -58,7 +61,8 @@ fn shard_stats(i: u64, opts: RunOptions) -> (u64, u64, u64) {
          acknowledged, {reads} reads checked; resync copied {copied} bytes, chunks dirtied \
          {dirtied} bytes, written while out {missed} bytes; {crashes} engine crashes \
          ({moves} restarted elsewhere), recovery compared {recovery} bytes; {saves} resync saves; \
-         {rotted} blocks rotted, {repaired} repaired, {lost} unrecoverable",
+         {rotted} blocks rotted, {repaired} repaired, {lost} unrecoverable; {scrubs} scrub \
+         passes started, {scrubbed} completed",
         base + n,
         failures.len()
     );

@@ -61,6 +61,16 @@ impl VolumeEngine {
                     );
                 }
             }
+            Command::ScrubDone {
+                found_blocks,
+                repaired_blocks,
+                unrecoverable_blocks,
+            } => {
+                tracing::info!(
+                    volume = %self.volume, found_blocks, repaired_blocks, unrecoverable_blocks,
+                    "scrub pass done"
+                );
+            }
         }
     }
 

@@ -127,6 +127,14 @@ impl World {
         if !self.control.down {
             options.push((m.control_outage, 3, 0));
         }
+        // Scrub passes start (and now and then stop) in runs with rot only: other mixes draw
+        // what they drew before the scrub existed.
+        if m.corrupt > 0 {
+            options.push((m.corrupt, 8, 0));
+            if self.engine.scrub_view().is_some_and(|v| v.running) {
+                options.push((m.corrupt, 9, 0));
+            }
+        }
         if m.engine_crash > 0 && self.may_crash_engine() {
             options.push((m.engine_crash, 6, 0));
         }
@@ -144,7 +152,11 @@ impl World {
                     }
                 })
                 .expect("pick below the total");
-            self.inject(kind, r);
+            if kind >= 8 {
+                self.scrub_action(kind == 8);
+            } else {
+                self.inject(kind, r);
+            }
         }
         let gap = self.fault_gap();
         self.schedule(gap.max(1), Event::Fault);

@@ -48,6 +48,9 @@ impl World {
     pub(super) fn quiet_reached(&mut self) {
         match self.phase {
             Phase::Heal => {
+                if !self.heal_scrubbed() {
+                    return;
+                }
                 trace!(self, "QUIET: reading the volume back");
                 self.phase = Phase::ReadBack;
                 self.read_back_next = 0;
