@@ -68,6 +68,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/engines", post(start_engine))
         .route("/v1/engines/{volume}", delete(stop_engine))
         .route("/v1/engines/{volume}/qos", put(set_engine_qos))
+        .route("/v1/engines/{volume}/scrub", post(scrub_engine))
         .route("/v1/engines/{volume}/pause", post(pause_engine))
         .route("/v1/engines/{volume}/resume", post(resume_engine))
         .layer(auth)
@@ -589,6 +590,19 @@ async fn set_engine_qos(
         .status(&volume)
         .map(Json)
         .ok_or_else(|| Failure(ApiError::not_found("engine", &volume)))
+}
+
+/// `POST /v1/engines/{volume}/scrub`: start a scrub pass (one under way goes on); the
+/// engine's status shows its progress.
+async fn scrub_engine(
+    State(s): State<AdminState>,
+    Path(volume): Path<String>,
+) -> Result<Json<EngineStatus>, Failure> {
+    let (_, status) = s
+        .engines
+        .start_scrub(&volume)
+        .ok_or_else(|| Failure(ApiError::not_found("engine", &volume)))?;
+    Ok(Json(status))
 }
 
 async fn stop_engine(

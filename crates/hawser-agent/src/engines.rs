@@ -279,6 +279,14 @@ impl Engines {
         self.export(volume)?.status()
     }
 
+    /// Starts a scrub pass of the volume's engine; `None` if none runs here, else whether a
+    /// pass started (false: one is under way) and the engine's status.
+    pub fn start_scrub(&self, volume: &str) -> Option<(bool, EngineStatus)> {
+        let x = self.export(volume)?;
+        let started = x.current().ok()?.start_scrub();
+        Some((started, x.status()?))
+    }
+
     /// Changes the volume's limits now; false if no engine of the volume runs here.
     pub fn set_qos(&self, volume: &str, qos: Qos) -> bool {
         match self.export(volume) {

@@ -99,6 +99,8 @@ pub struct VolumeEngine {
     /// Per replica, the reconnect waiting for its join.
     joins: Mutex<Vec<Option<oneshot::Sender<bool>>>>,
     recovery: Mutex<Option<RecoveryReport>>,
+    /// When this engine's last scrub pass finished (seconds since the Unix epoch).
+    scrub_finished_at: Mutex<Option<u64>>,
     /// Per replica, when its current resync began and the bytes copied to it by then (for
     /// the rate `status` reports); updated by the maintenance task.
     sync_began: Mutex<Vec<Option<(Instant, u64)>>>,
@@ -266,6 +268,7 @@ impl VolumeEngine {
             finished: tokio::sync::watch::Sender::new(false),
             joins: Mutex::new((0..n).map(|_| None).collect()),
             recovery: Mutex::new(None),
+            scrub_finished_at: Mutex::new(None),
             sync_began: Mutex::new(vec![None; n]),
             rt: tokio::runtime::Handle::current(),
             me: me.clone(),

@@ -416,6 +416,11 @@ pub struct Volume {
     /// create; false for volumes created before checksums existed).
     #[serde(default)]
     pub checksums: bool,
+    /// The scrub schedule's reference (ms since the Unix epoch; docs/checksums.md): when the
+    /// last completed pass finished, or when the schedule first saw the volume attached. The
+    /// next pass is due a scrub interval later.
+    #[serde(default)]
+    pub last_scrub_ms: Option<u64>,
 }
 
 /// `POST /v1/volumes/{name}/restore`: put a detached volume's data back to one of its
@@ -439,6 +444,9 @@ pub struct VolumeEngineView {
     /// The limits its node applies now (the record's, once the node has them).
     #[serde(default, skip_serializing_if = "crate::Qos::is_unlimited")]
     pub qos: crate::Qos,
+    /// Its scrub pass under way, or the last one it ran.
+    #[serde(default)]
+    pub scrub: Option<crate::agent::ScrubStatus>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -574,6 +582,19 @@ pub struct ClusterStatus {
     pub degraded: Vec<DegradedVolume>,
     /// Replicas being copied to by an engine now.
     pub resyncs: Vec<ResyncProgress>,
+    /// Scrub passes of attached volumes: under way, or the last one where it found bad
+    /// blocks (docs/checksums.md).
+    #[serde(default)]
+    pub scrubs: Vec<ScrubProgress>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubProgress {
+    pub volume: String,
+    /// Where its engine runs.
+    pub node: String,
+    pub scrub: crate::agent::ScrubStatus,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

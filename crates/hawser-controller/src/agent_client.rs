@@ -263,6 +263,16 @@ impl AgentClient {
         self.call(Method::POST, to, "/v1/engines", Some(req)).await
     }
 
+    /// Starts a scrub pass of the volume whose engine the agent runs.
+    pub async fn start_scrub(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+    ) -> Result<EngineStatus, AgentError> {
+        let path = format!("/v1/engines/{volume}/scrub");
+        self.call::<(), _>(Method::POST, to, &path, None).await
+    }
+
     /// Changes the limits of the volume whose engine the agent runs.
     pub async fn set_qos(
         &self,

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::Json;
 use hawser_api::agent::AgentStatus;
 use hawser_api::controller::{
-    ClusterStatus, DegradedVolume, ReplicaState, ResyncProgress, VolumeState,
+    ClusterStatus, DegradedVolume, ReplicaState, ResyncProgress, ScrubProgress, VolumeState,
 };
 
 use crate::errors::ControllerError;
@@ -57,6 +57,7 @@ pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<ClusterStatus>
         volumes: u32::try_from(volumes.len()).unwrap_or(u32::MAX),
         degraded: volumes.iter().filter_map(degraded).collect(),
         resyncs: Vec::new(),
+        scrubs: Vec::new(),
     };
     for v in &volumes {
         let agent = v
@@ -66,13 +67,26 @@ pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<ClusterStatus>
             .and_then(Option::as_ref);
         if let Some(agent) = agent {
             out.resyncs.extend(resyncs(v, agent));
+            out.scrubs.extend(scrub(v, agent));
         }
     }
     Ok(Json(out))
 }
 
+/// Every attached volume: its engine reports resyncs and scrubs (one call per node).
 fn needs_engine_view(v: &VolumeRecord) -> bool {
-    v.state == VolumeState::Attached && v.replicas.iter().any(|r| r.state != ReplicaState::InSync)
+    v.state == VolumeState::Attached
+}
+
+/// `v`'s scrub pass, if one runs or the last one found bad blocks.
+fn scrub(v: &VolumeRecord, agent: &AgentStatus) -> Option<ScrubProgress> {
+    let e = agent.engines.iter().find(|e| e.volume == v.name)?;
+    let s = e.scrub?;
+    (s.running || s.found_blocks > 0).then(|| ScrubProgress {
+        volume: v.name.clone(),
+        node: agent.node.clone(),
+        scrub: s,
+    })
 }
 
 fn degraded(v: &VolumeRecord) -> Option<DegradedVolume> {
@@ -166,6 +180,7 @@ mod tests {
             qos: Default::default(),
             encryption: None,
             checksums: false,
+            scrubbed_ms: None,
         }
     }
 

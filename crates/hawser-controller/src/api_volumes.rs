@@ -99,6 +99,7 @@ async fn add_engine_view(st: &AppState, rec: &VolumeRecord, v: &mut Volume) {
         recovery: engine.recovery,
         active_extents: engine.active_extents,
         qos: engine.qos,
+        scrub: engine.scrub,
     });
     for r in &mut v.replicas {
         r.engine = engine
@@ -161,6 +162,18 @@ pub async fn set_qos(
     ApiJson(req): ApiJson<hawser_api::QosPatch>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = crate::volume_qos::set_qos(&st, &name, req).await?;
+    let mut v = view(&st, &rec).await?;
+    add_engine_view(&st, &rec, &mut v).await;
+    Ok(Json(v))
+}
+
+/// `POST /v1/volumes/{name}/scrub`: start a scrub pass of an attached volume; the reply's
+/// `engine.scrub` shows its progress.
+pub async fn scrub(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Volume>, ControllerError> {
+    let (rec, _) = crate::volume_scrub::start(&st, &name).await?;
     let mut v = view(&st, &rec).await?;
     add_engine_view(&st, &rec, &mut v).await;
     Ok(Json(v))

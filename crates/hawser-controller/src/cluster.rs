@@ -529,6 +529,7 @@ pub fn rebuild(
             encryption: None,
             // In the replicas' metadata: replacements keep sums if every replica found does.
             checksums: reps.iter().all(|f| f.1.status.checksums),
+            scrubbed_ms: None,
         });
     }
     (records, skipped)

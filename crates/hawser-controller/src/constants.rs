@@ -52,6 +52,8 @@ pub const RESERVATION_HEARTBEATS: u32 = 2;
 
 /// Default seconds between checks that attached volumes' engines run.
 pub const DEFAULT_ENGINE_CHECK_SECS: u64 = 5;
+/// A week between scrub passes of a volume, as Ceph's deep scrub (`osd_deep_scrub_interval`).
+pub const DEFAULT_SCRUB_INTERVAL_SECS: u64 = 7 * 24 * 3600;
 
 /// Default seconds a node's agent may be silent before Kubernetes pods using Hawser volumes
 /// on it are failed over (Piraeus' ha-controller reacts in about 10 s too).

@@ -5,13 +5,14 @@
 //! node does (the only other engine of that epoch ran in that agent's previous life). The new
 //! engine runs crash recovery before it serves I/O. A start that fails (its replicas are not
 //! reachable yet) is tried again at the next round. The same round gives a running engine
-//! the volume's limits (QoS) when it reports others (`volume_qos.rs`).
+//! the volume's limits (QoS) when it reports others (`volume_qos.rs`), and starts its scrub
+//! passes on their schedule (`volume_scrub.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use hawser_api::agent::EngineStatus;
 use hawser_api::controller::VolumeState;
-use hawser_api::Qos;
 
 use crate::agent_client::Agent;
 use crate::leader::Role;
@@ -20,8 +21,9 @@ use crate::state::AppState;
 use crate::volume_attach::ensure_engine;
 use crate::volume_create::find_node;
 
-/// Runs until the task is aborted; `every` zero disables it.
-pub async fn run(st: Arc<AppState>, every: Duration) {
+/// Runs until the task is aborted; `every` zero disables it. `scrub_every`: the scrub
+/// schedule (zero: none).
+pub async fn run(st: Arc<AppState>, every: Duration, scrub_every: Duration) {
     if every.is_zero() {
         return;
     }
@@ -32,11 +34,11 @@ pub async fn run(st: Arc<AppState>, every: Duration) {
         if matches!(st.leadership.role(), Role::Follower { .. }) {
             continue;
         }
-        round(&st).await;
+        round(&st, scrub_every).await;
     }
 }
 
-async fn round(st: &AppState) {
+async fn round(st: &AppState, scrub_every: Duration) {
     let (Ok(volumes), Ok(nodes)) = (st.records.volumes().await, st.records.nodes().await) else {
         return;
     };
@@ -52,8 +54,12 @@ async fn round(st: &AppState) {
         }
         match engine_state(st, node.agent(), v).await {
             Some(Engine::Missing) => restart(st, v, node, &nodes).await,
-            Some(Engine::Current(qos)) if qos != v.qos && v.state == VolumeState::Attached => {
-                give_limits(st, v).await
+            Some(Engine::Current(e)) if v.state == VolumeState::Attached => {
+                if e.qos != v.qos {
+                    give_limits(st, v).await;
+                }
+                let ms = u64::try_from(scrub_every.as_millis()).unwrap_or(u64::MAX);
+                crate::volume_scrub::schedule(st, v, &e, ms).await;
             }
             _ => {}
         }
@@ -119,8 +125,8 @@ enum Engine {
     /// Not at all, or in an older epoch: a membership change (`self_heal.rs`) whose engine
     /// swap failed left it there, and starting the current one swaps it out.
     Missing,
-    /// In the current epoch, with these limits.
-    Current(Qos),
+    /// In the current epoch, with this status.
+    Current(Box<EngineStatus>),
 }
 
 /// `None` if the agent does not answer.
@@ -132,8 +138,8 @@ async fn engine_state(st: &AppState, agent: Agent<'_>, v: &VolumeRecord) -> Opti
     Some(
         status
             .engines
-            .iter()
+            .into_iter()
             .find(|e| e.volume == v.name && e.epoch >= v.epoch)
-            .map_or(Engine::Missing, |e| Engine::Current(e.qos)),
+            .map_or(Engine::Missing, |e| Engine::Current(Box::new(e))),
     )
 }

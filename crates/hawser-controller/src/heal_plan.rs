@@ -272,6 +272,7 @@ mod tests {
             qos: Default::default(),
             encryption: None,
             checksums: false,
+            scrubbed_ms: None,
         }
     }
 

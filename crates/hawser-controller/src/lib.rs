@@ -56,6 +56,7 @@ pub mod volume_keys;
 mod volume_outdate;
 mod volume_qos;
 mod volume_restore;
+mod volume_scrub;
 
 use hawser_listen::HttpLimits;
 use std::future::Future;
@@ -68,8 +69,8 @@ use hawser_store::{EmbeddedStore, EtcdStore, KubeStore, KubeStoreUrl, Store};
 
 pub use constants::{
     DEFAULT_ENGINE_CHECK_SECS, DEFAULT_FAILOVER_AFTER_SECS, DEFAULT_HEAL_CHECK_SECS,
-    DEFAULT_MAX_REBUILDS, DEFAULT_NODE_TIMEOUT_SECS, DEFAULT_REPLACE_AFTER_SECS, ELECTION_TICK,
-    LEADER_TTL, MAX_BODY_BYTES, MAX_REPLICAS,
+    DEFAULT_MAX_REBUILDS, DEFAULT_NODE_TIMEOUT_SECS, DEFAULT_REPLACE_AFTER_SECS,
+    DEFAULT_SCRUB_INTERVAL_SECS, ELECTION_TICK, LEADER_TTL, MAX_BODY_BYTES, MAX_REPLICAS,
 };
 pub use errors::ControllerError;
 pub use placement::{place, Candidate, Placement, PlacementError};
@@ -114,6 +115,11 @@ pub struct ControllerArgs {
     /// its agent restarted); 0 disables them.
     #[arg(long, default_value_t = DEFAULT_ENGINE_CHECK_SECS)]
     pub engine_check_secs: u64,
+    /// Seconds between scrub passes of each attached volume (every block of every replica
+    /// checked against its checksum, bad ones repaired: docs/checksums.md); 0 disables the
+    /// schedule (`hawser volume scrub` still starts one).
+    #[arg(long, default_value_t = DEFAULT_SCRUB_INTERVAL_SECS)]
+    pub scrub_interval_secs: u64,
     /// Seconds a node may stay offline before its replicas are replaced by new ones on
     /// other nodes (LINSTOR waits 3600, Longhorn 600).
     #[arg(long, default_value_t = DEFAULT_REPLACE_AFTER_SECS)]
@@ -195,6 +201,7 @@ pub struct Controller {
     /// Present with etcd: campaigns while the controller lives.
     election: Option<Election>,
     engine_check: std::time::Duration,
+    scrub_interval: std::time::Duration,
     heal_check: std::time::Duration,
     heal: heal_plan::HealConfig,
     /// Failover on Kubernetes, when the store is there and it is enabled.
@@ -429,6 +436,7 @@ impl Controller {
             state: Arc::new(state),
             election,
             engine_check: std::time::Duration::from_secs(args.engine_check_secs),
+            scrub_interval: std::time::Duration::from_secs(args.scrub_interval_secs),
             heal_check: std::time::Duration::from_secs(args.heal_check_secs),
             heal: heal_plan::HealConfig {
                 replace_after_ms: args.replace_after_secs.saturating_mul(1000),
@@ -449,7 +457,11 @@ impl Controller {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let watch = tokio::spawn(engine_watch::run(self.state.clone(), self.engine_check));
+        let watch = tokio::spawn(engine_watch::run(
+            self.state.clone(),
+            self.engine_check,
+            self.scrub_interval,
+        ));
         let heal = tokio::spawn(self_heal::run(
             self.state.clone(),
             self.heal_check,

@@ -150,6 +150,10 @@ pub struct VolumeRecord {
     /// whose replicas have none (a new volume's record says true unless asked otherwise).
     #[serde(default)]
     pub checksums: bool,
+    /// When the last scrub pass its engine completed finished (ms since the Unix epoch): the
+    /// engine watch starts the next one a scrub interval later (`engine_watch.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrubbed_ms: Option<u64>,
 }
 
 /// A snapshot of the volume whose record holds it.
@@ -229,6 +233,7 @@ impl VolumeRecord {
             qos: self.qos,
             encrypted: self.encryption.is_some(),
             checksums: self.checksums,
+            last_scrub_ms: self.scrubbed_ms,
         }
     }
 }

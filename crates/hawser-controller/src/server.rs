@@ -175,6 +175,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             M::POST,
+            "/v1/volumes/{name}/scrub",
+            Admin,
+            post(api_volumes::scrub),
+        ),
+        route(
+            M::POST,
             "/v1/volumes/{name}/force-promote",
             Admin,
             post(api_volumes::force_promote),

@@ -161,6 +161,7 @@ fn volume(name: &str) -> VolumeRecord {
         qos: Default::default(),
         encryption: None,
         checksums: false,
+        scrubbed_ms: None,
     }
 }
 

@@ -156,6 +156,7 @@ async fn create_placed(
         qos: req.qos,
         encryption: encryption.clone(),
         checksums: req.wants_checksums(),
+        scrubbed_ms: None,
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back

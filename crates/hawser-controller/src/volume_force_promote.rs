@@ -144,6 +144,7 @@ mod tests {
             qos: Default::default(),
             encryption: None,
             checksums: false,
+            scrubbed_ms: None,
         }
     }
 

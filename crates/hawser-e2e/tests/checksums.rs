@@ -1,7 +1,8 @@
 //! Checksums at rest (issue 21, acceptance a): blocks changed behind Hawser's back in one
 //! replica's data file while the volume is attached read back right every time, are repaired
-//! from the other replica, and are counted; the same block changed on every replica is
-//! reported unrecoverable (an I/O error), never returned as good data.
+//! from the other replica, and are counted; a scrub finds and repairs blocks changed on both
+//! replicas at different offsets, which no read met; the same block changed on every replica
+//! is reported unrecoverable (an I/O error, and by the scrub), never returned as good data.
 //!
 //! `HAWSER_BIN=$PWD/target/release/hawser cargo test --release -p hawser-e2e --test checksums`
 
@@ -14,6 +15,7 @@ use hawser_e2e::{wait_until, Cluster};
 use rand::{Rng, SeedableRng};
 
 const BLOCK: u64 = 4096;
+const BLOCK_USIZE: usize = 4096;
 /// The written area: 16 MiB, 4096 blocks.
 const AREA: u64 = 16 << 20;
 const ROTTED: usize = 100;
@@ -133,12 +135,57 @@ fn rotted_blocks_read_right_are_repaired_and_counted_and_rot_everywhere_is_an_er
         ROTTED as u64
     );
 
-    // The same block rots on both replicas: its read fails, never returns other data; the
-    // blocks around it read right; a write over it heals it.
+    // A scrub: blocks rot on both replicas at different offsets, in the written area and in
+    // the holes past it, and no read meets them. One pass finds and repairs every one.
     let other_path = c.replica_path(&other.id);
+    let local_rot: Vec<u64> = (0..20).map(|i| 7 + i * 191).collect();
+    let other_rot: Vec<u64> = (0..20).map(|i| 11 + i * 613).collect();
+    rot(&local_path, &local_rot);
+    rot(&other_path, &other_rot);
+    let out = c.cli_ok(&["volume", "scrub", "rot"]);
+    assert!(out.contains("being scrubbed"), "{out}");
+    let finished = || {
+        c.volume("rot")
+            .engine
+            .and_then(|e| e.scrub)
+            .filter(|s| !s.running)
+    };
+    wait_until("the scrub pass", Duration::from_secs(60), || {
+        finished().is_some()
+    });
+    let pass = finished().expect("a finished pass");
+    assert_eq!(
+        (
+            pass.found_blocks,
+            pass.repaired_blocks,
+            pass.unrecoverable_blocks
+        ),
+        (40, 40, 0),
+        "{pass:?}"
+    );
+    assert_eq!(pass.scrubbed_bytes, pass.size_bytes);
+    let mut whole = want.clone();
+    whole.resize(64 << 20, 0);
+    for path in [&local_path, &other_path] {
+        let on_disk = std::fs::read(path).expect("read a data file");
+        assert!(
+            on_disk == whole,
+            "{} holds every block right again",
+            path.display()
+        );
+    }
+    let status = c.cli_ok(&["status"]);
+    assert!(
+        status.contains("40 bad blocks found, 40 repaired"),
+        "{status}"
+    );
+
+    // The same block rots on both replicas: its read fails, never returns other data; the
+    // blocks around it read right; a scrub reports it unrecoverable; a write over it heals
+    // it.
     rot(&local_path, &[10]);
     rot(&other_path, &[10]);
-    let mut buf = vec![0u8; BLOCK as usize];
+    let mut buf = vec![0u8; BLOCK_USIZE];
     let err = conn
         .read_at(10 * BLOCK, &mut buf)
         .expect_err("a block bad everywhere is an error");
@@ -148,7 +195,19 @@ fn rotted_blocks_read_right_are_repaired_and_counted_and_rot_everywhere_is_an_er
     wait_until("the unrecoverable count", Duration::from_secs(30), || {
         counts(&c, "rot", &local.id).corrupt_unrecoverable_blocks >= 1
     });
-    let fresh = vec![0x77u8; BLOCK as usize];
+    c.cli_ok(&["volume", "scrub", "rot"]);
+    wait_until("the second scrub pass", Duration::from_secs(60), || {
+        finished().is_some_and(|s| s.unrecoverable_blocks > 0)
+    });
+    let pass = finished().expect("a finished pass");
+    assert_eq!(
+        (pass.found_blocks, pass.repaired_blocks),
+        (pass.unrecoverable_blocks, 0),
+        "{pass:?}"
+    );
+    let status = c.cli_ok(&["status"]);
+    assert!(status.contains("UNRECOVERABLE"), "{status}");
+    let fresh = vec![0x77u8; BLOCK_USIZE];
     conn.write_at(10 * BLOCK, &fresh)
         .expect("rewrite the block");
     conn.read_at(10 * BLOCK, &mut buf)

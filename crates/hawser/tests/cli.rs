@@ -46,6 +46,7 @@ impl Env {
             node_timeout_secs: 60,
             advertise_url: None,
             engine_check_secs: 0,
+            scrub_interval_secs: 0,
             replace_after_secs: 300,
             max_rebuilds: 2,
             heal_check_secs: 0,

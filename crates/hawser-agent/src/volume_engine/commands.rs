@@ -70,6 +70,14 @@ impl VolumeEngine {
                     volume = %self.volume, found_blocks, repaired_blocks, unrecoverable_blocks,
                     "scrub pass done"
                 );
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                *self
+                    .scrub_finished_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(now);
             }
         }
     }

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use hawser_api::agent::{EngineReplicaStatus, EngineStatus};
+use hawser_api::agent::{EngineReplicaStatus, EngineStatus, ScrubStatus};
 use hawser_core::{Engine, Membership, ReplicaIdx};
 
 use super::VolumeEngine;
@@ -39,7 +39,22 @@ impl VolumeEngine {
         }
     }
 
+    /// Start a scrub pass (docs/checksums.md); false if one is under way or the engine is
+    /// fenced.
+    pub fn start_scrub(&self) -> bool {
+        let mut started = false;
+        self.run(|e, out| started = e.start_scrub(out));
+        if started {
+            tracing::info!(volume = %self.volume, "scrub pass started");
+        }
+        started
+    }
+
     pub fn status(&self) -> EngineStatus {
+        let finished_at = *self
+            .scrub_finished_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         EngineStatus {
             volume: self.volume.clone(),
@@ -73,7 +88,15 @@ impl VolumeEngine {
             active_extents: inner.keeper.active_extents() as u64,
             // The export's, filled in by `Engines`.
             qos: Default::default(),
-            scrub: None,
+            scrub: inner.engine.scrub_view().map(|v| ScrubStatus {
+                running: v.running,
+                scrubbed_bytes: v.scrubbed_bytes,
+                size_bytes: v.size_bytes,
+                found_blocks: v.found_blocks,
+                repaired_blocks: v.repaired_blocks,
+                unrecoverable_blocks: v.unrecoverable_blocks,
+                finished_at,
+            }),
         }
     }
 

@@ -199,6 +199,7 @@ pub fn controller_args(
         node_timeout_secs: 15,
         advertise_url: None,
         engine_check_secs: 0,
+        scrub_interval_secs: 0,
         replace_after_secs: 300,
         max_rebuilds: 2,
         heal_check_secs: 0,

@@ -68,6 +68,17 @@ fn render(s: &ClusterStatus) -> String {
         }
         out.push_str(&t.render());
     }
+    if !s.scrubs.is_empty() {
+        let mut t = Table::new(&["  SCRUB", "NODE", "PROGRESS"]);
+        for r in &s.scrubs {
+            t.row(vec![
+                format!("  {}", r.volume),
+                r.node.clone(),
+                crate::cli::volume::scrub_line(&r.scrub),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
     out
 }
 

@@ -119,6 +119,15 @@ pub enum VolumeCmd {
         #[command(flatten)]
         out: OutputArg,
     },
+    /// Start a scrub pass of an attached volume: every block of every in-sync replica is read
+    /// and checked against its checksum, and bad ones are rewritten from a good replica
+    /// (docs/checksums.md). `hawser volume show` and `hawser status` show its progress.
+    Scrub {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
     /// Put a detached volume's data back to one of its snapshots. Writes made after the
     /// snapshot are discarded; every snapshot is kept. Replicas without the snapshot are
     /// copied in full afterwards.
@@ -259,6 +268,10 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             let req = ExpandVolume { size_bytes: size };
             let v: Volume = client.post(&format!("/v1/volumes/{name}/expand"), &req)?;
             print_volume(&v, out.format, "expanded");
+        }
+        VolumeCmd::Scrub { name, out } => {
+            let v: Volume = client.post(&format!("/v1/volumes/{name}/scrub"), &json!({}))?;
+            print_volume(&v, out.format, "being scrubbed");
         }
         VolumeCmd::Restore {
             name,
@@ -473,6 +486,19 @@ fn details(v: &Volume) -> String {
                 ),
             );
         }
+        if let Some(s) = &e.scrub {
+            line("Scrub:", scrub_line(s));
+        }
+    }
+    if let Some(ms) = v.last_scrub_ms {
+        let now = crate::cli::output::now_ms();
+        line(
+            "Scrubbed:",
+            format!(
+                "{} ago (or first seen attached; passes are weekly)",
+                crate::cli::output::ago(ms, now)
+            ),
+        );
     }
     line(
         "Replicas:",
@@ -493,6 +519,33 @@ fn details(v: &Volume) -> String {
     }
     s.push_str(&t.render());
     s
+}
+
+/// "running, 40% (410 MiB of 1 GiB); 3 bad blocks found, 3 repaired"
+pub fn scrub_line(s: &hawser_api::agent::ScrubStatus) -> String {
+    let pct = (s.scrubbed_bytes.saturating_mul(100))
+        .checked_div(s.size_bytes)
+        .unwrap_or(100);
+    let mut out = if s.running {
+        format!(
+            "running, {pct}% ({} of {})",
+            format_size(s.scrubbed_bytes),
+            format_size(s.size_bytes)
+        )
+    } else {
+        "done".to_string()
+    };
+    out.push_str(&format!(
+        "; {} bad blocks found, {} repaired",
+        s.found_blocks, s.repaired_blocks
+    ));
+    if s.unrecoverable_blocks > 0 {
+        out.push_str(&format!(
+            ", {} UNRECOVERABLE (no replica had them right)",
+            s.unrecoverable_blocks
+        ));
+    }
+    out
 }
 
 /// "zone spread strict, pool ssd, prefer node n1"
