@@ -282,6 +282,20 @@ async fn real_responses_validate_against_the_document() {
     assert_eq!((s, &v["qos"]["write_iops"]), (200, &json!(1000)), "{v}");
     let none = p.call(a, qos, "/v1/volumes/v/qos", Some(json!({})));
     assert_eq!(none.await.0, 400);
+    // Scrub: of the attached volume; its engine view shows the pass.
+    let scrub = (Method::POST, "/v1/volumes/{name}/scrub");
+    let (s, v) = p.call(a, scrub.clone(), "/v1/volumes/v/scrub", None).await;
+    assert_eq!(
+        (s, &v["engine"]["scrub"]["running"]),
+        (200, &json!(true)),
+        "{v}"
+    );
+    assert_eq!(
+        p.call(a, scrub.clone(), "/v1/volumes/nope/scrub", None)
+            .await
+            .0,
+        404
+    );
     let expand = (Method::POST, "/v1/volumes/{name}/expand");
     let bigger = json!({"size_bytes": 2 * GIB});
     let attached = p.call(
@@ -293,6 +307,8 @@ async fn real_responses_validate_against_the_document() {
     assert_eq!(attached.await.0, 409);
     let detach = (Method::POST, "/v1/volumes/{name}/detach");
     assert_eq!(p.call(a, detach, "/v1/volumes/v/detach", None).await.0, 200);
+    // A detached volume has no engine to scrub.
+    assert_eq!(p.call(a, scrub, "/v1/volumes/v/scrub", None).await.0, 409);
     let (s, v) = p
         .call(a, expand.clone(), "/v1/volumes/v/expand", Some(bigger))
         .await;

@@ -235,17 +235,18 @@ impl Replica {
             ));
             return Err(StorageError::io("check replica data file", &data_path, e));
         }
-        let journal = JournalFile::new(meta_path.with_extension("journal"), boot);
-        let stored = journal
-            .get()
-            .map_err(|e| StorageError::io("read replica journal", journal.path(), e))?;
-        let cover = Cover::of_stored(&stored, &meta.replica, meta.size);
-        let sums = if meta.checksums {
+        // Only a replica with sums needs what its journal covers (`replica_sums.rs`).
+        let (sums, cover) = if meta.checksums {
+            let journal = JournalFile::new(meta_path.with_extension("journal"), boot);
+            let stored = journal
+                .get()
+                .map_err(|e| StorageError::io("read replica journal", journal.path(), e))?;
+            let cover = Cover::of_stored(&stored, &meta.replica, meta.size);
             let opened = Self::open_sums(&file, &data_path, meta.size, &cover)
                 .map_err(|e| StorageError::io("sum replica data", Sums::path_for(&data_path), e))?;
-            Some(opened)
+            (Some(opened), cover)
         } else {
-            None
+            (None, Cover::default())
         };
         Ok(Self::from_parts(
             pool, data_path, meta_path, file, meta, boot, sums, cover,

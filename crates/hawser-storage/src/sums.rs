@@ -86,6 +86,22 @@ impl Sums {
     /// durable before it takes its name, so a sums file that exists always matches its data
     /// (up to what a journal covers).
     pub fn build(data: &File, data_path: &Path, size: u64) -> io::Result<Sums> {
+        Self::made(data_path, size, |sums| sums.rehash(data, 0, size, size))
+    }
+
+    /// A new sums file for a data file of `size` bytes of zeroes (a hole), durable before it
+    /// takes its name.
+    pub fn empty(data_path: &Path, size: u64) -> io::Result<Sums> {
+        Self::made(data_path, size, |_| Ok(()))
+    }
+
+    /// A sums file of a data file of `size` bytes, filled by `fill` under a temporary name,
+    /// then made durable and renamed into place.
+    fn made(
+        data_path: &Path,
+        size: u64,
+        fill: impl FnOnce(&Sums) -> io::Result<()>,
+    ) -> io::Result<Sums> {
         let path = Self::path_for(data_path);
         let tmp = path.with_extension("sums-tmp");
         let file = OpenOptions::new()
@@ -100,33 +116,12 @@ impl Sums {
             path: tmp.clone(),
             unsynced: AtomicBool::new(false),
         };
-        sums.rehash(data, 0, size, size)?;
+        fill(&sums)?;
         sums.file.sync_all()?;
         std::fs::rename(&tmp, &path)?;
         file_ops::sync_dir(&path)?;
+        sums.unsynced.store(false, Ordering::Release);
         Ok(Sums { path, ..sums })
-    }
-
-    /// A new sums file for a data file of `size` bytes of zeroes (a hole), durable before it
-    /// takes its name.
-    pub fn empty(data_path: &Path, size: u64) -> io::Result<Sums> {
-        let path = Self::path_for(data_path);
-        let tmp = path.with_extension("sums-tmp");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        file.set_len(blocks_of(size) * SUM_BYTES)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        file_ops::sync_dir(&path)?;
-        Ok(Sums {
-            file,
-            path,
-            unsynced: AtomicBool::new(false),
-        })
     }
 
     pub fn path(&self) -> &Path {

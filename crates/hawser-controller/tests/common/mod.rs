@@ -53,6 +53,8 @@ pub struct FakeState {
     pub snapshots: BTreeSet<(String, String)>,
     /// Volumes paused now: the pause id.
     pub paused: BTreeMap<String, u64>,
+    /// Volumes whose engine was asked for a scrub pass (it "runs" from then on).
+    pub scrubbing: BTreeSet<String>,
 }
 
 type Fake = Arc<Mutex<FakeState>>;
@@ -75,6 +77,7 @@ impl FakeAgent {
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
             .route("/v1/engines/{volume}/qos", put(set_qos))
+            .route("/v1/engines/{volume}/scrub", post(scrub_engine))
             .route("/v1/engines/{volume}/pause", post(pause_engine))
             .route("/v1/engines/{volume}/resume", post(resume_engine))
             .route("/v1/replicas/{id}/snapshots", post(take_snapshot))
@@ -493,6 +496,7 @@ async fn agent_status(State(st): State<Fake>) -> Response {
         .map(replica_status)
         .collect();
     let started: Vec<StartEngine> = st.lock().unwrap().engines.values().cloned().collect();
+    let scrubbing = st.lock().unwrap().scrubbing.clone();
     let engines = started
         .iter()
         .map(|req| EngineStatus {
@@ -504,7 +508,13 @@ async fn agent_status(State(st): State<Fake>) -> Response {
             recovery: None,
             active_extents: 0,
             qos: req.qos,
-            scrub: None,
+            scrub: scrubbing
+                .contains(&req.volume)
+                .then(|| hawser_api::agent::ScrubStatus {
+                    running: true,
+                    size_bytes: req.size_bytes,
+                    ..Default::default()
+                }),
         })
         .collect();
     Json(hawser_api::agent::AgentStatus {
@@ -530,6 +540,35 @@ async fn stop_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Resp
         )
             .into_response(),
     }
+}
+
+async fn scrub_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Response {
+    record(&st, format!("POST /v1/engines/{volume}/scrub"), Op::SetQos);
+    let mut s = st.lock().unwrap();
+    let Some(e) = s.engines.get(&volume).cloned() else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(ApiError::not_found("engine", &volume)),
+        )
+            .into_response();
+    };
+    s.scrubbing.insert(volume.clone());
+    Json(EngineStatus {
+        volume,
+        epoch: e.epoch,
+        size_bytes: e.size_bytes,
+        in_sync: vec![],
+        replicas: vec![],
+        recovery: None,
+        active_extents: 0,
+        qos: e.qos,
+        scrub: Some(hawser_api::agent::ScrubStatus {
+            running: true,
+            size_bytes: e.size_bytes,
+            ..Default::default()
+        }),
+    })
+    .into_response()
 }
 
 async fn set_qos(
