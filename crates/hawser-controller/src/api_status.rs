@@ -192,6 +192,10 @@ mod tests {
         let mut healthy = volume();
         healthy.replicas[1].state = ReplicaState::InSync;
         assert!(degraded(&healthy).is_none());
+        // Attached, its engine is asked anyway: for its scrubs. Detached, there is none.
+        assert_eq!(healthy.state, VolumeState::Attached);
+        assert!(needs_engine_view(&healthy));
+        healthy.state = VolumeState::Detached;
         assert!(!needs_engine_view(&healthy));
     }
 
