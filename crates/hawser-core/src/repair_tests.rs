@@ -44,6 +44,19 @@ fn one_send(out: &[Command]) -> (ReplicaIdx, SubId, ClientOp, bool) {
     s[0].clone()
 }
 
+/// Answer `sub` with `result`: the one request the engine sends next (`out` is left empty).
+fn answer(
+    e: &mut Engine,
+    sub: SubId,
+    result: Result<Option<Bytes>, ReplicaFailure>,
+    out: &mut Vec<Command>,
+) -> SubId {
+    e.on_reply(sub, result, out);
+    let next = one_send(out).1;
+    out.clear();
+    next
+}
+
 fn read(offset: u64, len: u32) -> ClientOp {
     ClientOp::Read { offset, len }
 }
@@ -136,12 +149,8 @@ fn a_repair_whose_verify_read_succeeds_was_a_race_and_counts_nothing() {
     e.submit(1, read(0, 4096), &mut out);
     let (_, s0, _, _) = one_send(&out);
     out.clear();
-    e.on_reply(s0, corrupt(0, 1), &mut out);
-    let (_, s1, _, _) = one_send(&out);
-    out.clear();
-    e.on_reply(s1, Ok(data(4096, 7)), &mut out);
-    let (_, verify, _, _) = one_send(&out);
-    out.clear();
+    let s1 = answer(&mut e, s0, corrupt(0, 1), &mut out);
+    let verify = answer(&mut e, s1, Ok(data(4096, 7)), &mut out);
     e.on_reply(verify, Ok(data(4096, 7)), &mut out);
     assert!(out.is_empty(), "a race was acted on: {out:?}");
     assert_eq!(e.integrity(R0), Integrity::default());
@@ -178,9 +187,7 @@ fn a_read_corrupt_everywhere_runs_again_under_the_lock_then_fails_with_eio() {
         &mut out,
     );
     assert!(sends(&out).is_empty(), "a write ran under a locked read");
-    e.on_reply(s0, corrupt(4096, 1), &mut out);
-    let (_, s1, _, _) = one_send(&out);
-    out.clear();
+    let s1 = answer(&mut e, s0, corrupt(4096, 1), &mut out);
     e.on_reply(s1, corrupt(4096, 1), &mut out);
     let lost = |replica| Command::Corruption {
         replica,
@@ -218,18 +225,10 @@ fn a_replica_past_the_corrupt_limit_leaves_as_failed() {
     e.submit(1, read(0, 8192), &mut out);
     let (_, s0, _, _) = one_send(&out);
     out.clear();
-    e.on_reply(s0, corrupt(0, 2), &mut out);
-    let (_, s1, _, _) = one_send(&out);
-    out.clear();
-    e.on_reply(s1, Ok(data(8192, 7)), &mut out);
-    let (_, verify, _, _) = one_send(&out);
-    out.clear();
-    e.on_reply(verify, corrupt(0, 2), &mut out);
-    let (_, src, _, _) = one_send(&out);
-    out.clear();
-    e.on_reply(src, Ok(data(8192, 7)), &mut out);
-    let (_, write, _, _) = one_send(&out);
-    out.clear();
+    let s1 = answer(&mut e, s0, corrupt(0, 2), &mut out);
+    let verify = answer(&mut e, s1, Ok(data(8192, 7)), &mut out);
+    let src = answer(&mut e, verify, corrupt(0, 2), &mut out);
+    let write = answer(&mut e, src, Ok(data(8192, 7)), &mut out);
     e.on_reply(write, Ok(None), &mut out);
     assert!(
         out.contains(&Command::Outdate {
@@ -258,9 +257,7 @@ fn a_write_queued_before_the_repair_completes_before_it() {
     e.submit(1, read(0, 4096), &mut out);
     let (_, s0, _, _) = one_send(&out);
     out.clear();
-    e.on_reply(s0, corrupt(0, 1), &mut out);
-    let (_, s1, _, _) = one_send(&out);
-    out.clear();
+    let s1 = answer(&mut e, s0, corrupt(0, 1), &mut out);
     e.on_reply(s1, Ok(data(4096, 9)), &mut out);
     assert!(matches!(out[0], Command::Complete { tag: 1, .. }));
     assert!(

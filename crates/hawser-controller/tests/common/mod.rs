@@ -500,21 +500,8 @@ async fn agent_status(State(st): State<Fake>) -> Response {
     let engines = started
         .iter()
         .map(|req| EngineStatus {
-            volume: req.volume.clone(),
-            epoch: req.epoch,
-            size_bytes: req.size_bytes,
-            in_sync: vec![],
             replicas: down_replicas(&st, &req.volume),
-            recovery: None,
-            active_extents: 0,
-            qos: req.qos,
-            scrub: scrubbing
-                .contains(&req.volume)
-                .then(|| hawser_api::agent::ScrubStatus {
-                    running: true,
-                    size_bytes: req.size_bytes,
-                    ..Default::default()
-                }),
+            ..engine_status(req, scrubbing.contains(&req.volume))
         })
         .collect();
     Json(hawser_api::agent::AgentStatus {
@@ -553,8 +540,14 @@ async fn scrub_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Res
             .into_response();
     };
     s.scrubbing.insert(volume.clone());
-    Json(EngineStatus {
-        volume,
+    Json(engine_status(&e, true)).into_response()
+}
+
+/// What the fake says of an engine it runs: no replicas, its limits, a scrub "running" once
+/// one was asked for.
+fn engine_status(e: &StartEngine, scrubbing: bool) -> EngineStatus {
+    EngineStatus {
+        volume: e.volume.clone(),
         epoch: e.epoch,
         size_bytes: e.size_bytes,
         in_sync: vec![],
@@ -562,13 +555,12 @@ async fn scrub_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Res
         recovery: None,
         active_extents: 0,
         qos: e.qos,
-        scrub: Some(hawser_api::agent::ScrubStatus {
+        scrub: scrubbing.then(|| hawser_api::agent::ScrubStatus {
             running: true,
             size_bytes: e.size_bytes,
             ..Default::default()
         }),
-    })
-    .into_response()
+    }
 }
 
 async fn set_qos(
@@ -583,18 +575,8 @@ async fn set_qos(
     match s.engines.get_mut(&volume) {
         Some(e) => {
             e.qos = qos;
-            let status = EngineStatus {
-                volume: volume.clone(),
-                epoch: e.epoch,
-                size_bytes: e.size_bytes,
-                in_sync: vec![],
-                replicas: vec![],
-                recovery: None,
-                active_extents: 0,
-                qos,
-                scrub: None,
-            };
-            Json(status).into_response()
+            let e = e.clone();
+            Json(engine_status(&e, s.scrubbing.contains(&volume))).into_response()
         }
         None => (
             StatusCode::NOT_FOUND,
