@@ -507,11 +507,14 @@ impl Replica {
         let kind = self
             .check(epoch, offset, u64::from(len))
             .map(|()| Kind::Read(AlignedBuf::for_overwrite(len as usize)));
-        let me = self.clone();
+        // Only a replica with sums needs itself in the completion.
+        let summed = self.sums.is_some().then(|| self.clone());
         self.submit(held, offset, kind, move |r| {
             done(r.and_then(|b| {
                 let b = b.map(AlignedBuf::into_bytes).unwrap_or_default();
-                me.check_sums(offset, &b)?;
+                if let Some(me) = summed {
+                    me.check_sums(offset, &b)?;
+                }
                 Ok(b)
             }))
         });
@@ -555,14 +558,14 @@ impl Replica {
             self.ensure_allocated(offset, data.len() as u64)?;
             Ok(Kind::Write { data, dsync: fua })
         });
-        let me = self.clone();
+        // Only a replica with sums needs itself and the data in the completion.
         let written = kind.as_ref().ok().and_then(|k| match k {
-            Kind::Write { data, .. } if me.sums.is_some() => Some(data.clone()),
+            Kind::Write { data, .. } if self.sums.is_some() => Some((self.clone(), data.clone())),
             _ => None,
         });
         self.submit(held, offset, kind, move |r| {
             done(r.and_then(|_| match written {
-                Some(data) => me.sum_written(offset, &data, fua, &[]),
+                Some((me, data)) => me.sum_written(offset, &data, fua, &[]),
                 None => Ok(()),
             }))
         });
