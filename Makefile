@@ -36,6 +36,7 @@ deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install rustup (https://rustup.rs)"; exit 1; }
 
 k8s-tools: deps
+	scripts/k8s/build.sh
 
 $(UI_MODULES): ui/package-lock.json
 	cd ui && npm ci --ignore-scripts --no-audit --no-fund
@@ -43,7 +44,6 @@ $(UI_MODULES): ui/package-lock.json
 # Rebuild the dashboard's bundle (ui/dist, embedded in the controller) from ui/src.
 ui: $(UI_MODULES)
 	cd ui && npm run build
-	scripts/k8s/build.sh
 
 build: deps
 	$(CARGO) build --release --workspace --bins
