@@ -281,7 +281,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     ));
     if let Some(l) = nbd_l {
         let nbd_tls = match &node_tls {
-            Some(t) => Some(t.nbd_server()?),
+            Some(t) => Some(nbd_server::NbdTls::new(t.nbd_server()?, &args.node)),
             None => None,
         };
         tasks.spawn(nbd_server::serve_tcp(

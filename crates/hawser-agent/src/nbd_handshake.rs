@@ -8,15 +8,19 @@
 //! A listener with TLS requires it (the spec's "forced TLS"): before `STARTTLS`, `LIST`,
 //! `INFO` and `GO` get `NBD_REP_ERR_TLS_REQD` (no export is named to an unauthenticated
 //! client) and `EXPORT_NAME` closes the connection. After `STARTTLS` is acknowledged the
-//! caller runs the TLS handshake and haggling goes on inside it, without a new greeting. Malformed framing (bad magic, oversized option, bad client flags)
-//! ends the connection, as does `EXPORT_NAME` for an unknown export, which cannot carry an
-//! error reply.
+//! caller runs the TLS handshake and haggling goes on inside it, without a new greeting.
+//! Inside TLS a client sees and opens only the exports its certificate names ([`Access`]):
+//! `LIST` leaves the others out and `INFO`/`GO` for them get `NBD_REP_ERR_POLICY`, whether
+//! or not they exist, so names cannot be probed. Malformed framing (bad magic, oversized
+//! option, bad client flags) ends the connection, as does `EXPORT_NAME` for an unknown or
+//! refused export, which cannot carry an error reply.
 //!
 //! The empty export name is not a default export: Hawser exports are always named volumes,
 //! and a client that forgot the name must get an error rather than some other volume.
 
 use std::sync::Arc;
 
+use hawser_tls::Peer;
 use hawser_wire::constants::{BLOCK_BYTES, MAX_PAYLOAD_BYTES, SECTOR_BYTES};
 use hawser_wire::nbd::{self, BlockSizes, InfoRequest, NbdError, OptionHeader};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -63,6 +67,10 @@ pub enum HandshakeError {
     TooManyOptions,
     #[error("NBD_OPT_EXPORT_NAME for unknown export {name:?}")]
     UnknownExport { name: String },
+    #[error(
+        "NBD_OPT_EXPORT_NAME for export {name:?}, which the client's certificate does not name"
+    )]
+    NotPermitted { name: String },
     #[error("NBD_OPT_EXPORT_NAME before STARTTLS on a listener that requires TLS")]
     TlsRequired,
     #[error("TLS handshake failed: {0}")]
@@ -94,6 +102,32 @@ pub enum Security {
     Tls,
 }
 
+/// Which exports a connection may see and open.
+#[derive(Clone, Debug)]
+pub enum Access {
+    /// Every export: a listener without TLS (the node's own unix socket, or an `--insecure`
+    /// agent's TCP port).
+    All,
+    /// What the client certificate verified by the TLS handshake names, at node `here`:
+    /// only an NBD client certificate ([`Peer::Client`]) opens anything, and only its
+    /// volumes. A node's or a controller's certificate opens nothing: none of them is an
+    /// NBD client, and a node's key must not open volumes on every other node.
+    Certificate { here: String, peer: Option<Peer> },
+}
+
+impl Access {
+    pub fn admits(&self, export: &str) -> bool {
+        match self {
+            Access::All => true,
+            Access::Certificate {
+                here,
+                peer: Some(Peer::Client(scope)),
+            } => scope.admits(here, export),
+            Access::Certificate { .. } => false,
+        }
+    }
+}
+
 /// How haggling ended.
 pub enum Haggled {
     Export(Negotiated),
@@ -112,7 +146,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let no_zeroes = greet(stream).await?;
-    match haggle(stream, registry, Security::Plain, no_zeroes).await? {
+    match haggle(stream, registry, &Access::All, Security::Plain, no_zeroes).await? {
         Haggled::Export(n) => Ok(Some(n)),
         Haggled::Aborted => Ok(None),
         // A plain listener answers STARTTLS with ERR_UNSUP; it never gets here.
@@ -137,10 +171,11 @@ where
 }
 
 /// Option haggling, until an export is chosen, the client aborts, or (`TlsRequired`) STARTTLS
-/// is acknowledged.
+/// is acknowledged. Only exports `access` admits are listed or opened.
 pub async fn haggle<S>(
     stream: &mut S,
     registry: &dyn ExportRegistry,
+    access: &Access,
     security: Security,
     no_zeroes: bool,
 ) -> Result<Haggled, HandshakeError>
@@ -166,7 +201,8 @@ where
                 Step::Continue
             }
             Security::Plain | Security::Tls => {
-                handle_option(stream, registry, header.option, &payload, no_zeroes).await?
+                let scoped = Scoped { registry, access };
+                handle_option(stream, &scoped, header.option, &payload, no_zeroes).await?
             }
         };
         stream.flush().await?;
@@ -221,7 +257,7 @@ where
 
 async fn handle_option<S>(
     stream: &mut S,
-    registry: &dyn ExportRegistry,
+    exports: &Scoped<'_>,
     option: u32,
     payload: &[u8],
     no_zeroes: bool,
@@ -232,7 +268,12 @@ where
     match option {
         nbd::OPT_EXPORT_NAME => {
             let name = nbd::parse_name(payload)?;
-            let Some(device) = lookup(registry, name) else {
+            if !exports.access.admits(name) {
+                return Err(HandshakeError::NotPermitted {
+                    name: name.to_owned(),
+                });
+            }
+            let Some(device) = lookup(exports.registry, name) else {
                 return Err(HandshakeError::UnknownExport {
                     name: name.to_owned(),
                 });
@@ -253,11 +294,11 @@ where
             if !payload.is_empty() {
                 send_reply(stream, option, nbd::REP_ERR_INVALID, b"LIST takes no data").await?;
             } else {
-                send_list(stream, registry).await?;
+                send_list(stream, exports).await?;
             }
             Ok(Step::Continue)
         }
-        nbd::OPT_INFO | nbd::OPT_GO => handle_info(stream, registry, option, payload).await,
+        nbd::OPT_INFO | nbd::OPT_GO => handle_info(stream, exports, option, payload).await,
         other => {
             debug!(option = other, "unsupported NBD option");
             send_reply(stream, other, nbd::REP_ERR_UNSUP, b"option not supported").await?;
@@ -269,7 +310,7 @@ where
 /// `NBD_OPT_INFO` and `NBD_OPT_GO`: describe the export; GO then enters transmission.
 async fn handle_info<S>(
     stream: &mut S,
-    registry: &dyn ExportRegistry,
+    exports: &Scoped<'_>,
     option: u32,
     payload: &[u8],
 ) -> Result<Step, HandshakeError>
@@ -285,7 +326,19 @@ where
             return Ok(Step::Continue);
         }
     };
-    let Some(device) = lookup(registry, request.name) else {
+    if !exports.access.admits(request.name) {
+        debug!(
+            export = request.name,
+            "export refused to this client certificate"
+        );
+        let msg = format!(
+            "this client's certificate does not open export {:?}",
+            request.name
+        );
+        send_reply(stream, option, nbd::REP_ERR_POLICY, msg.as_bytes()).await?;
+        return Ok(Step::Continue);
+    }
+    let Some(device) = lookup(exports.registry, request.name) else {
         let msg = format!("no export named {:?}", request.name);
         send_reply(stream, option, nbd::REP_ERR_UNKNOWN, msg.as_bytes()).await?;
         return Ok(Step::Continue);
@@ -309,18 +362,25 @@ where
     Ok(Step::Continue)
 }
 
-/// `NBD_OPT_LIST`: one `NBD_REP_SERVER` per export, then ACK.
-async fn send_list<S>(stream: &mut S, registry: &dyn ExportRegistry) -> std::io::Result<()>
+/// `NBD_OPT_LIST`: one `NBD_REP_SERVER` per export the client may open, then ACK.
+async fn send_list<S>(stream: &mut S, exports: &Scoped<'_>) -> std::io::Result<()>
 where
     S: AsyncWrite + Unpin,
 {
-    for name in registry.names() {
+    let names = exports.registry.names();
+    for name in names.into_iter().filter(|n| exports.access.admits(n)) {
         match nbd::encode_rep_server(&name) {
             Some(entry) => send_reply(stream, nbd::OPT_LIST, nbd::REP_SERVER, &entry).await?,
             None => debug!(len = name.len(), "export name too long for NBD; not listed"),
         }
     }
     send_reply(stream, nbd::OPT_LIST, nbd::REP_ACK, &[]).await
+}
+
+/// The exports of one connection: the node's, seen through what the client may open.
+struct Scoped<'a> {
+    registry: &'a dyn ExportRegistry,
+    access: &'a Access,
 }
 
 fn lookup(registry: &dyn ExportRegistry, name: &str) -> Option<Arc<dyn BlockDevice>> {

@@ -19,7 +19,7 @@ use tracing::{debug, error, field, info, info_span, warn, Instrument, Span};
 
 use crate::block::ExportRegistry;
 use crate::nbd_handshake::{
-    greet, haggle, negotiate, Haggled, HandshakeError, Negotiated, Security,
+    greet, haggle, negotiate, Access, Haggled, HandshakeError, Negotiated, Security,
 };
 use crate::nbd_transmission::{self, TransmissionError};
 
@@ -45,12 +45,31 @@ pub enum ConnectionError {
     Transmission(#[from] TransmissionError),
 }
 
+/// A listener's TLS: the configuration (`NodeTls::nbd_server`: a client certificate of the
+/// cluster is required) and the node it serves, which a client certificate limited to one
+/// node must name.
+#[derive(Clone)]
+pub struct NbdTls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    node: String,
+}
+
+impl NbdTls {
+    pub fn new(config: Arc<hawser_tls::rustls::ServerConfig>, node: &str) -> NbdTls {
+        NbdTls {
+            acceptor: tokio_rustls::TlsAcceptor::from(config),
+            node: node.to_owned(),
+        }
+    }
+}
+
 /// Serve NBD on a bound TCP listener until `shutdown`. With `tls`, the listener requires it:
-/// a client must STARTTLS and present a certificate `tls` accepts before anything else.
+/// a client must STARTTLS and present a certificate `tls` accepts before anything else, and
+/// then opens only the exports its certificate names.
 pub async fn serve_tcp(
     listener: TcpListener,
     registry: Arc<dyn ExportRegistry>,
-    tls: Option<Arc<hawser_tls::rustls::ServerConfig>>,
+    tls: Option<NbdTls>,
     shutdown: watch::Receiver<bool>,
 ) {
     let listener = &listener;
@@ -60,7 +79,6 @@ pub async fn serve_tcp(
         stream.set_nodelay(true)?;
         Ok((stream, peer.to_string()))
     };
-    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     accept_loop(accept, registry, tls, shutdown).await;
 }
 
@@ -92,7 +110,7 @@ pub(crate) async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
 async fn accept_loop<S, F, Fut>(
     mut accept: F,
     registry: Arc<dyn ExportRegistry>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<NbdTls>,
     mut shutdown: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -168,7 +186,7 @@ enum Chosen<S> {
 pub async fn serve_connection<S>(
     stream: S,
     registry: Arc<dyn ExportRegistry>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<NbdTls>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError>
 where
@@ -193,26 +211,47 @@ where
 async fn handshake<S>(
     mut stream: S,
     registry: &dyn ExportRegistry,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<NbdTls>,
 ) -> Result<Option<Chosen<S>>, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let Some(acceptor) = tls else {
+    let Some(tls) = tls else {
         return Ok(negotiate(&mut stream, registry)
             .await?
             .map(|n| Chosen::Plain(stream, n)));
     };
     let no_zeroes = greet(&mut stream).await?;
-    match haggle(&mut stream, registry, Security::TlsRequired, no_zeroes).await? {
+    // Before STARTTLS nothing is admitted: every option but STARTTLS and ABORT is refused.
+    let none = Access::Certificate {
+        here: tls.node.clone(),
+        peer: None,
+    };
+    match haggle(
+        &mut stream,
+        registry,
+        &none,
+        Security::TlsRequired,
+        no_zeroes,
+    )
+    .await?
+    {
         Haggled::StartTls => {}
         Haggled::Aborted | Haggled::Export(_) => return Ok(None),
     }
-    let mut stream = acceptor.accept(stream).await.map_err(HandshakeError::Tls)?;
+    let mut stream = tls
+        .acceptor
+        .accept(stream)
+        .await
+        .map_err(HandshakeError::Tls)?;
     let peer = hawser_tls::client_peer(stream.get_ref().1.peer_certificates());
     debug!(peer = ?peer, "NBD client authenticated");
+    let access = Access::Certificate {
+        here: tls.node,
+        peer,
+    };
     Ok(
-        match haggle(&mut stream, registry, Security::Tls, no_zeroes).await? {
+        match haggle(&mut stream, registry, &access, Security::Tls, no_zeroes).await? {
             Haggled::Export(n) => Some(Chosen::Tls(Box::new(stream), n)),
             Haggled::Aborted | Haggled::StartTls => None,
         },

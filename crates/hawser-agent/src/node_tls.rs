@@ -6,6 +6,16 @@
 //! controller only if the controller's chain holds that CA, so the token is never sent to
 //! an impostor. The key is made on the node and never leaves it; the controller signs its
 //! public half.
+//!
+//! Each of the agent's TLS listeners gets its policy here, once, from its own function; no
+//! listener borrows another's configuration (one did, and NBD served clients without a
+//! certificate when the admin API began to take them for Prometheus):
+//!
+//! | listener | client certificate at the handshake | then |
+//! |---|---|---|
+//! | admin API ([`NodeTls::admin_server`]) | optional | the controller's certificate for every route; the metrics token for `GET /metrics` only (`admin_api`) |
+//! | replica port ([`NodeTls::replica_server`]) | required | a node's certificate, and sessions only for grants naming that node (`replica_server`) |
+//! | NBD over TCP ([`NodeTls::nbd_server`]) | required | only the exports an NBD client certificate names (`nbd_handshake::Access`) |
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -140,10 +150,10 @@ impl NodeTls {
         hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Required)
     }
 
-    /// NBD over TCP: only clients with a certificate of the cluster (any principal: the
-    /// CLI's machines get node or controller certificates from the CA) open a session.
+    /// NBD over TCP: a client without a certificate of the cluster gets no handshake; with
+    /// one, it opens only the exports its certificate names (`hawser volume client-cert`).
     pub fn nbd_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
-        self.admin_server()
+        hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Required)
     }
 
     /// Presents this node's certificate to `node`'s replica port and accepts only `node`.

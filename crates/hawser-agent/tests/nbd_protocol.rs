@@ -537,7 +537,7 @@ async fn a_tls_listener_names_and_serves_nothing_before_starttls() {
     let server = tokio::spawn(hawser_agent::nbd_server::serve_tcp(
         listener,
         registry,
-        Some(config),
+        Some(hawser_agent::nbd_server::NbdTls::new(config, "n1")),
         rx,
     ));
     let flags = nbd::CLIENT_FIXED_NEWSTYLE | nbd::CLIENT_NO_ZEROES;

@@ -825,6 +825,36 @@ pub struct NodeCertificate {
     pub not_after_unix: u64,
 }
 
+/// `POST /v1/client-certificates` (admin): a certificate for an NBD client of some volumes
+/// (`hawser volume client-cert`). The client makes its key and sends only the public half.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateClientCertificate {
+    /// The volumes whose NBD exports it opens (1 to 64 existing volumes).
+    pub volumes: Vec<String>,
+    /// Only at this node's NBD port (an existing node); at any node's without it.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// How long it is valid, in seconds (default 86400, at most 30 days).
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+    /// As in [`JoinNode`].
+    pub public_key: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientCertificate {
+    /// The client's certificate then the CA's, PEM.
+    pub chain_pem: String,
+    /// The cluster's CA certificate, PEM.
+    pub ca_pem: String,
+    pub not_after_unix: u64,
+    /// The volumes it opens, sorted.
+    pub volumes: Vec<String>,
+    pub node: Option<String>,
+}
+
 /// `POST /v1/cluster/volume-key`: what rotating the key-encryption key did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

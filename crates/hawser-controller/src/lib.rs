@@ -19,6 +19,7 @@ mod api_status;
 mod api_tokens;
 mod api_volumes;
 mod auth;
+mod client_cert;
 mod cluster;
 mod constants;
 mod engine_watch;
@@ -169,6 +170,12 @@ pub struct ControllerArgs {
     /// then live in Secret `<NAME>-volume-keys` beside it. The Helm chart sets it.
     #[arg(long, value_name = "NAME")]
     pub ca_secret: Option<String>,
+    /// Another name users dial this controller by, added to its certificate for clients that
+    /// check names (curl, Prometheus): a DNS name or an IP address; repeat for several (k3s's
+    /// flag). The certificate always covers `localhost`, 127.0.0.1, ::1 and the --listen
+    /// address unless it is a wildcard.
+    #[arg(long = "tls-san", value_name = "NAME|IP")]
+    pub tls_san: Vec<String>,
     /// How long the certificates the CA issues are valid; holders renew at two thirds.
     #[arg(long, default_value_t = hawser_tls::NODE_CERT_LIFETIME.as_secs(), hide = true)]
     pub cert_lifetime_secs: u64,
@@ -352,15 +359,18 @@ impl Controller {
         };
         let tls = if !args.insecure {
             let lifetime = std::time::Duration::from_secs(args.cert_lifetime_secs.max(3));
+            let names = tls::server_names(args.listen, &args.tls_san);
             let t = match &args.ca_secret {
                 None => tls::ControllerTls::load_or_create(
                     &args.data_dir,
                     &args.data_dir.display().to_string(),
                     lifetime,
+                    names,
                 )?,
                 Some(name) => {
                     let (k, ns) = secret_access(kube.clone(), namespace.clone(), &args)?;
-                    tls::ControllerTls::from_secret(&k, &ns, name, &args.data_dir, lifetime).await?
+                    let (dir, lifetime) = (&args.data_dir, lifetime);
+                    tls::ControllerTls::from_secret(&k, &ns, name, dir, lifetime, names).await?
                 }
             };
             Some(Arc::new(t))

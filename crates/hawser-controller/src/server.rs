@@ -103,6 +103,12 @@ fn routes() -> Vec<Route> {
         route(M::POST, "/v1/join", Joining, post(tls::join)),
         route(
             M::POST,
+            "/v1/client-certificates",
+            Admin,
+            post(crate::client_cert::create),
+        ),
+        route(
+            M::POST,
             "/v1/nodes/{node}/certificate",
             Agent,
             post(tls::renew),

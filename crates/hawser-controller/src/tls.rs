@@ -45,6 +45,23 @@ pub struct ControllerTls {
     slot: Arc<CertSlot>,
     server: Arc<hawser_tls::rustls::ServerConfig>,
     lifetime: Duration,
+    /// DNS names and addresses its certificate is also valid for ([`server_names`]).
+    names: Vec<String>,
+}
+
+/// The names a controller's certificate covers besides its principal: `localhost`, the
+/// loopback addresses, the listen address unless it is a wildcard (which names no address
+/// anyone dials), and each `--tls-san`. Hawser's own clients check the principal instead,
+/// but curl and Prometheus check the name they dialled.
+pub fn server_names(listen: std::net::SocketAddr, tls_san: &[String]) -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    if !listen.ip().is_unspecified() {
+        names.push(listen.ip().to_string());
+    }
+    names.extend(tls_san.iter().map(|n| n.trim().to_string()));
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    names
 }
 
 impl ControllerTls {
@@ -59,6 +76,7 @@ impl ControllerTls {
         data_dir: &Path,
         cluster_hint: &str,
         lifetime: Duration,
+        names: Vec<String>,
     ) -> anyhow::Result<ControllerTls> {
         let (cert_path, key_path) = (data_dir.join(CA_CERT_FILE), data_dir.join(CA_KEY_FILE));
         let ca = match (cert_path.exists(), key_path.exists()) {
@@ -87,7 +105,7 @@ impl ControllerTls {
                 key_path.display()
             ),
         };
-        Self::with_ca(ca, lifetime)
+        Self::with_ca(ca, lifetime, names)
     }
 
     /// Loads the CA from Secret `namespace/name`, making it (and the Secret) if the Secret
@@ -101,8 +119,9 @@ impl ControllerTls {
         name: &str,
         data_dir: &Path,
         lifetime: Duration,
+        names: Vec<String>,
     ) -> anyhow::Result<ControllerTls> {
-        let tls = Self::load_or_make_secret(kube, namespace, name, lifetime).await?;
+        let tls = Self::load_or_make_secret(kube, namespace, name, lifetime, names).await?;
         let path = data_dir.join(CA_CERT_FILE);
         let tmp = data_dir.join(format!(".{CA_CERT_FILE}.tmp"));
         let _ = std::fs::remove_file(&tmp);
@@ -116,6 +135,7 @@ impl ControllerTls {
         namespace: &str,
         name: &str,
         lifetime: Duration,
+        names: Vec<String>,
     ) -> anyhow::Result<ControllerTls> {
         let what = format!("the cluster CA in Secret {namespace}/{name}");
         for _ in 0..3 {
@@ -132,7 +152,7 @@ impl ControllerTls {
                     );
                 };
                 let ca = Ca::from_pem(cert, key).with_context(|| what.clone())?;
-                return Self::with_ca(ca, lifetime);
+                return Self::with_ca(ca, lifetime, names);
             }
             let ca = Ca::generate(&format!("{namespace}/{name}"))?;
             let created = kube
@@ -145,25 +165,22 @@ impl ControllerTls {
                 .map_err(|e| anyhow::anyhow!(e))?;
             if created {
                 tracing::info!(secret = %format!("{namespace}/{name}"), "made the cluster's certificate authority");
-                return Self::with_ca(ca, lifetime);
+                return Self::with_ca(ca, lifetime, names);
             }
             // Another controller made it first: read theirs.
         }
         anyhow::bail!("{what}: created and deleted under us; check who deletes it")
     }
 
-    fn with_ca(ca: Ca, lifetime: Duration) -> anyhow::Result<ControllerTls> {
-        let (issued, key_pem) = ca.issue_with_key(&Peer::Controller, lifetime)?;
-        let slot = CertSlot::new(&Credentials {
-            chain_pem: issued.chain_pem,
-            key_pem,
-        })?;
+    fn with_ca(ca: Ca, lifetime: Duration, names: Vec<String>) -> anyhow::Result<ControllerTls> {
+        let slot = CertSlot::new(&own_certificate(&ca, lifetime, &names)?)?;
         let server = hawser_tls::server_config(ca.cert_pem(), slot.clone(), ClientAuth::Optional)?;
         Ok(ControllerTls {
             ca,
             slot,
             server,
             lifetime,
+            names,
         })
     }
 
@@ -185,15 +202,8 @@ impl ControllerTls {
     pub async fn renew_forever(self: Arc<Self>) {
         loop {
             tokio::time::sleep(self.slot.renew_in()).await;
-            let renewed = self
-                .ca
-                .issue_with_key(&Peer::Controller, self.lifetime)
-                .and_then(|(issued, key_pem)| {
-                    self.slot.replace(&Credentials {
-                        chain_pem: issued.chain_pem,
-                        key_pem,
-                    })
-                });
+            let renewed = own_certificate(&self.ca, self.lifetime, &self.names)
+                .and_then(|creds| self.slot.replace(&creds));
             match renewed {
                 Ok(()) => tracing::info!("renewed the controller's certificate"),
                 Err(e) => {
@@ -208,11 +218,8 @@ impl ControllerTls {
         node: &str,
         public_key_b64: &str,
     ) -> Result<NodeCertificate, ControllerError> {
-        use base64::Engine as _;
         hawser_api::validate_name("node", node)?;
-        let spki = base64::engine::general_purpose::STANDARD
-            .decode(public_key_b64.trim())
-            .map_err(|_| ControllerError::invalid("public_key is not base64"))?;
+        let spki = decode_public_key(public_key_b64)?;
         let issued = self
             .ca
             .issue(&Peer::Node(node.into()), &spki, self.lifetime)
@@ -223,6 +230,26 @@ impl ControllerTls {
             not_after_unix: issued.not_after_unix,
         })
     }
+}
+
+/// A new key and a certificate for it naming the controller and `names`.
+fn own_certificate(ca: &Ca, lifetime: Duration, names: &[String]) -> anyhow::Result<Credentials> {
+    let (key_pem, spki) = hawser_tls::new_key()?;
+    let issued = ca
+        .issue_with_names(&Peer::Controller, &spki, lifetime, names)
+        .context("the controller's certificate (check --tls-san)")?;
+    Ok(Credentials {
+        chain_pem: issued.chain_pem,
+        key_pem,
+    })
+}
+
+/// A public key as joining nodes and NBD clients send it: DER SubjectPublicKeyInfo, base64.
+pub(crate) fn decode_public_key(b64: &str) -> Result<Vec<u8>, ControllerError> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|_| ControllerError::invalid("public_key is not base64"))
 }
 
 fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
@@ -246,7 +273,7 @@ struct JoinRecord {
     uses_left: u32,
 }
 
-fn tls_of(st: &AppState) -> Result<&Arc<ControllerTls>, ControllerError> {
+pub(crate) fn tls_of(st: &AppState) -> Result<&Arc<ControllerTls>, ControllerError> {
     st.tls.as_ref().ok_or_else(|| ControllerError::Refused {
         message: "this controller runs without TLS (--insecure): nodes do not join, they use \
                   the agent token"

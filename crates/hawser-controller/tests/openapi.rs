@@ -437,6 +437,16 @@ async fn real_responses_validate_against_the_document() {
         )
         .await;
     assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
+    let client_cert = json!({"volumes": ["v"], "public_key": ""});
+    let (s, e) = p
+        .call(
+            a,
+            (Method::POST, "/v1/client-certificates"),
+            "/v1/client-certificates",
+            Some(client_cert),
+        )
+        .await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
     // Authentication errors.
     let (s, e) = p
         .call(None, (Method::GET, "/v1/volumes"), "/v1/volumes", None)

@@ -20,6 +20,7 @@ pub mod mounts;
 pub mod nbd_client;
 pub mod netns;
 pub mod peer_conn;
+pub mod probe;
 pub mod run;
 pub mod tokens;
 pub mod write_log;

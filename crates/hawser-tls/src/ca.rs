@@ -14,7 +14,7 @@ use rcgen::{
 use rustls_pki_types::CertificateDer;
 use time::OffsetDateTime;
 
-use crate::peer::{valid_node_name, Peer};
+use crate::peer::{valid_name, Peer};
 
 /// How long the CA is valid. Replacing it means issuing every certificate anew (see
 /// docs/security.md); ten years keeps that an exceptional event.
@@ -123,21 +123,38 @@ impl Ca {
         spki_der: &[u8],
         lifetime: Duration,
     ) -> anyhow::Result<Issued> {
+        self.issue_with_names(peer, spki_der, lifetime, &[])
+    }
+
+    /// [`Ca::issue`], also valid for `extra_names` (DNS names or IP addresses): the names
+    /// users dial a controller by, for clients that check them (curl, Prometheus).
+    pub fn issue_with_names(
+        &self,
+        peer: &Peer,
+        spki_der: &[u8],
+        lifetime: Duration,
+        extra_names: &[String],
+    ) -> anyhow::Result<Issued> {
         if let Peer::Node(n) = peer {
-            anyhow::ensure!(valid_node_name(n), "invalid node name {n:?}");
+            anyhow::ensure!(valid_name(n), "invalid node name {n:?}");
         }
         let public =
             SubjectPublicKeyInfo::from_der(spki_der).context("the public key is not valid")?;
         let mut params = CertificateParams::default();
         params.distinguished_name = name(&peer.to_string());
-        params.subject_alt_names = vec![
-            SanType::URI(peer.uri().try_into().context("the principal's URI")?),
-            SanType::DnsName(
-                peer.role_dns_name()
-                    .try_into()
-                    .context("the role's DNS name")?,
-            ),
-        ];
+        let mut sans = Vec::new();
+        for uri in peer.uris() {
+            sans.push(SanType::URI(uri.try_into().context("the principal's URI")?));
+        }
+        sans.push(SanType::DnsName(
+            peer.role_dns_name()
+                .try_into()
+                .context("the role's DNS name")?,
+        ));
+        for extra in extra_names {
+            sans.push(san_of(extra)?);
+        }
+        params.subject_alt_names = sans;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
@@ -177,6 +194,30 @@ pub fn new_key() -> anyhow::Result<(String, Vec<u8>)> {
     Ok((key.serialize_pem(), key.subject_public_key_info()))
 }
 
+/// A subject alternative name for `text`: an IP address if it parses as one, else a DNS name.
+fn san_of(text: &str) -> anyhow::Result<SanType> {
+    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+        return Ok(SanType::IpAddress(ip));
+    }
+    let ok = !text.is_empty()
+        && text.len() <= 253
+        && text.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'-')
+        });
+    anyhow::ensure!(ok, "{text:?} is neither an IP address nor a DNS name");
+    Ok(SanType::DnsName(
+        text.to_ascii_lowercase()
+            .try_into()
+            .with_context(|| format!("the DNS name {text:?}"))?,
+    ))
+}
+
 fn name(common_name: &str) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "Hawser");
@@ -208,7 +249,7 @@ fn validity(lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peer::peer_of;
+    use crate::peer::{peer_of, CONTROLLER_DNS_NAME};
 
     #[test]
     fn derived_secrets_are_the_cas_own() {
@@ -240,6 +281,71 @@ mod tests {
         assert_eq!(chain[1], *ca.cert_der());
         assert_eq!(peer_of(&chain[0]), Ok(Peer::Node("n1".into())));
         assert!(peer_of(&chain[1]).is_err(), "the CA names nobody");
+    }
+
+    #[test]
+    fn client_certificates_name_every_volume_and_their_node() {
+        let ca = Ca::generate("c1").expect("ca");
+        let (_, spki) = new_key().expect("key");
+        let scope =
+            crate::peer::ClientScope::new(&["b".into(), "a".into()], Some("n2")).expect("scope");
+        let issued = ca
+            .issue(&Peer::Client(scope.clone()), &spki, NODE_CERT_LIFETIME)
+            .expect("issue");
+        let chain = crate::config::certs_from_pem(&issued.chain_pem).expect("pem");
+        assert_eq!(peer_of(&chain[0]), Ok(Peer::Client(scope)));
+    }
+
+    #[test]
+    fn extra_names_are_dns_names_or_addresses() {
+        use x509_parser::extensions::GeneralName;
+        use x509_parser::prelude::{FromDer, X509Certificate};
+        let ca = Ca::generate("c1").expect("ca");
+        let (_, spki) = new_key().expect("key");
+        let extra = [
+            "hawser.example.org".to_string(),
+            "127.0.0.1".into(),
+            "::1".into(),
+        ];
+        let issued = ca
+            .issue_with_names(&Peer::Controller, &spki, NODE_CERT_LIFETIME, &extra)
+            .expect("issue");
+        let chain = crate::config::certs_from_pem(&issued.chain_pem).expect("pem");
+        let (_, cert) = X509Certificate::from_der(&chain[0]).expect("der");
+        let san = cert.subject_alternative_name().expect("san").expect("san");
+        let names: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .map(|n| match n {
+                GeneralName::DNSName(d) => d.to_string(),
+                GeneralName::IPAddress(ip) => format!("ip:{}", ip.len()),
+                GeneralName::URI(u) => u.to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "hawser://controller",
+                CONTROLLER_DNS_NAME,
+                "hawser.example.org",
+                "ip:4",
+                "ip:16"
+            ]
+        );
+        assert_eq!(
+            peer_of(&chain[0]),
+            Ok(Peer::Controller),
+            "names do not change the principal"
+        );
+        for bad in ["", "a..b", "-a.b", "a_b", "*.example.org", "a b"] {
+            assert!(
+                ca.issue_with_names(&Peer::Controller, &spki, NODE_CERT_LIFETIME, &[bad.into()])
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -25,6 +25,14 @@ pub fn certs_from_pem(pem: &str) -> anyhow::Result<Vec<CertificateDer<'static>>>
     Ok(certs)
 }
 
+/// When the first certificate in a PEM text stops being valid, in Unix seconds.
+pub fn not_after_unix(pem: &str) -> anyhow::Result<u64> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = certs_from_pem(pem)?;
+    let (_, cert) = X509Certificate::from_der(&der[0]).context("malformed certificate")?;
+    u64::try_from(cert.validity().not_after.timestamp()).context("a validity before 1970")
+}
+
 fn roots(ca_pem: &str) -> anyhow::Result<Arc<RootCertStore>> {
     let mut roots = RootCertStore::empty();
     for c in certs_from_pem(ca_pem)? {
@@ -36,7 +44,7 @@ fn roots(ca_pem: &str) -> anyhow::Result<Arc<RootCertStore>> {
 /// Whether a server demands a client certificate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClientAuth {
-    /// Every client presents a certificate of the cluster (agents' admin API, replica port).
+    /// Every client presents a certificate of the cluster (replica port, NBD over TCP).
     Required,
     /// Clients may come without one and authenticate otherwise (the controller's REST API,
     /// where the CLI brings the admin token); a certificate that is presented must verify.

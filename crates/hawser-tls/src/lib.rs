@@ -3,7 +3,8 @@
 //! The controller is the cluster's certificate authority ([`Ca`]): it makes the CA when the
 //! cluster is created and keeps it in the cluster's store, next to the grant key. Every
 //! certificate it issues names exactly one principal ([`Peer`]) in a URI subject alternative
-//! name: `hawser://controller` or `hawser://node/<name>`. Agents get theirs by joining with a
+//! name: `hawser://controller`, `hawser://node/<name>`, or for an NBD client the volumes it
+//! may open (`peer.rs` has the table). Agents get theirs by joining with a
 //! one-time [`JoinToken`], which also carries the CA's fingerprint so that a new agent can
 //! tell the real controller from anyone else before it sends the token.
 //!
@@ -26,10 +27,14 @@ mod slot;
 pub use ca::new_key;
 pub use ca::{Ca, Issued, CA_LIFETIME, NODE_CERT_LIFETIME};
 pub use config::{
-    certs_from_pem, client_config, client_peer, pinned_client_config, server_config, ClientAuth,
+    certs_from_pem, client_config, client_peer, not_after_unix, pinned_client_config,
+    server_config, ClientAuth,
 };
 pub use join::{ca_fingerprint, JoinToken};
-pub use peer::{peer_of, Peer, PeerError, CONTROLLER_DNS_NAME, NODE_DNS_NAME};
+pub use peer::{
+    peer_of, ClientScope, Peer, PeerError, CLIENT_DNS_NAME, CONTROLLER_DNS_NAME,
+    MAX_CLIENT_VOLUMES, NODE_DNS_NAME,
+};
 pub use slot::{CertSlot, Credentials};
 
 pub use rustls;

@@ -56,6 +56,7 @@ impl Env {
             insecure: true,
             ca_secret: None,
             cert_lifetime_secs: 3600,
+            tls_san: Vec::new(),
             failover_after_secs: 10,
             csi_driver: "csi.hawser.dev".into(),
         };

@@ -212,6 +212,7 @@ pub fn controller_args(
         insecure: true,
         ca_secret: None,
         cert_lifetime_secs: 3600,
+        tls_san: Vec::new(),
         failover_after_secs: hawser_controller::DEFAULT_FAILOVER_AFTER_SECS,
         csi_driver: "csi.hawser.dev".into(),
     }

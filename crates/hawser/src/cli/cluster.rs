@@ -208,7 +208,8 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
 
 /// Writes `token` to `path` (mode 0600) through a temporary file and a rename, so a reader
 /// never sees half a token.
-fn write_private(path: &std::path::Path, token: &str) -> Result<(), CliError> {
+/// Writes `text` to a new file of mode 0600 renamed over `path`.
+pub(crate) fn write_private(path: &std::path::Path, token: &str) -> Result<(), CliError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let fail = |e: std::io::Error| CliError::Token(format!("write {}: {e}", path.display()));

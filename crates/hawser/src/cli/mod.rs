@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod client;
+pub mod client_cert;
 pub mod cluster;
 pub mod events;
 pub mod node;

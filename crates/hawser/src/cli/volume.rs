@@ -128,6 +128,9 @@ pub enum VolumeCmd {
         #[command(flatten)]
         out: OutputArg,
     },
+    /// Write a certificate for an NBD client of these volumes: an agent's NBD port (nbds://)
+    /// opens them to it and nothing else, until its TTL ends.
+    ClientCert(crate::cli::client_cert::ClientCertArgs),
     /// Put a detached volume's data back to one of its snapshots. Writes made after the
     /// snapshot are discarded; every snapshot is kept. Replicas without the snapshot are
     /// copied in full afterwards.
@@ -269,6 +272,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             let v: Volume = client.post(&format!("/v1/volumes/{name}/expand"), &req)?;
             print_volume(&v, out.format, "expanded");
         }
+        VolumeCmd::ClientCert(args) => crate::cli::client_cert::run(client, args)?,
         VolumeCmd::Scrub { name, out } => {
             let v: Volume = client.post(&format!("/v1/volumes/{name}/scrub"), &json!({}))?;
             print_volume(&v, out.format, "being scrubbed");
