@@ -9,10 +9,12 @@ HAWSER := target/release/hawser
 # (the etcd-client and hawser-csi crates generate gRPC code with it), and containerd, runc,
 # CNI plugins and busybox for the real kubelet the CSI tests run; valgrind for
 # `make instructions`; prometheus for `promtool check metrics` (the metrics test); chromium for
-# the dashboard's browser test.
-APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium
-# Commands whose absence means a package above is missing.
-NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium
+# the dashboard's browser test; procps (ps, kill), openssl (the API server's service-account
+# key), gcc (the k8s pause image) and g++ (libFuzzer), which a minimal Debian lacks.
+APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium procps openssl gcc g++ libc6-dev
+# Commands whose absence means a package above is missing; every command the tests run that
+# comes from one of them (scripts/check-tools.sh checks that).
+NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++
 # Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
 # by scripts/k8s/build.sh into one cache (a second run is quick).
 K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
@@ -27,7 +29,8 @@ UI_MODULES := ui/node_modules/.package-lock.json
 all: build
 
 deps:
-	@missing=""; for c in $(NEEDED_CMDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+# type -P: a program on PATH, as the tests run it (kill is a shell builtin too).
+	@missing=""; for c in $(NEEDED_CMDS); do type -P $$c >/dev/null || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing packages (missing:$$missing)"; \
 		export DEBIAN_FRONTEND=noninteractive; \
