@@ -15,6 +15,10 @@ APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fus
 # Commands whose absence means a package above is missing; every command the tests run that
 # comes from one of them (scripts/check-tools.sh checks that).
 NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++
+# Commands make test needs and does not install: Debian's are too old (scripts/k8s/build.sh
+# needs Go 1.24+, playwright-core Node.js 20+). The project's machines come with them;
+# `make check-tools` stops make test at once when one is missing, `make doctor` says more.
+HOST_CMDS := cargo go node npm
 # Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
 # by scripts/k8s/build.sh into one cache (a second run is quick).
 K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
@@ -24,7 +28,7 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps check-tools build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -37,6 +41,11 @@ deps:
 		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install rustup (https://rustup.rs)"; exit 1; }
+
+# Fails when a test needs a tool that no step of make test provides (scripts/check-tools.sh;
+# docs/testing.md): a second of reading sources, before the long steps.
+check-tools:
+	scripts/check-tools.sh
 
 k8s-tools: deps
 	scripts/k8s/build.sh
@@ -57,7 +66,7 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 
 # Unit, simulation and integration tests, then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd).
-test: build lint k8s-tools $(UI_MODULES)
+test: check-tools build lint k8s-tools $(UI_MODULES)
 	$(CARGO) test --release --workspace --exclude hawser-e2e
 	scripts/fuzz.sh
 	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1
