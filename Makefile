@@ -28,7 +28,7 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps check-tools build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps check-tools doctor build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -46,6 +46,11 @@ deps:
 # docs/testing.md): a second of reading sources, before the long steps.
 check-tools:
 	scripts/check-tools.sh
+
+# What works on this machine for the tests and what is missing, with the fix
+# (scripts/doctor.sh); POOL=DIR tries reflinks in DIR, where a replica pool would be.
+doctor:
+	@NEEDED_CMDS="$(NEEDED_CMDS)" HOST_CMDS="$(HOST_CMDS)" scripts/doctor.sh $(POOL)
 
 k8s-tools: deps
 	scripts/k8s/build.sh
