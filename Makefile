@@ -1,6 +1,7 @@
 # Hawser: the two set-up commands are `make demo` and `make test`.
 # Both install what is missing (Debian packages, the pinned Rust toolchain) and build in
-# release mode, so they work on a fresh machine.
+# release mode, so they work on a fresh machine that has HOST_CMDS (below). `make doctor`
+# says what this machine lacks; docs/testing.md says how a test gets the tools it needs.
 
 SHELL := /bin/bash
 CARGO ?= cargo
