@@ -129,8 +129,8 @@ runs() {
   where=$(awk -v re="$1" '/^[^\t#][^:=]*:([^=]|$)/ { t = $1 } /^\t/ && $0 ~ re { print t }' Makefile |
     tr -d : | sort -u | paste -sd' ')
   problem "make test (make -n -B test, HOME empty) does not run \`$1\` before its tests, so" \
-    "nothing provides $3. It belongs in the recipe of $2, a prerequisite of test; the Makefile" \
-    "has it in the recipe of: ${where:-no target}"
+    "nothing provides $3: make $2 a prerequisite of test, with it in $2's recipe (the" \
+    "Makefile has it in the recipe of: ${where:-no target})"
 }
 [ -z "${used[deps]:-}" ] || runs 'apt-get install' deps "the Debian packages (NEEDED_CMDS)"
 [ -z "${used[k8s-tools]:-}" ] || runs 'scripts/k8s/build.sh' k8s-tools \
@@ -149,9 +149,8 @@ while IFS=: read -r file _ msg; do
     grep -qwF "$script" <<<"$MAKE_N" || problem "$file says make test runs $script; it does not"
     tools=$(sed -nE 's/.*no ([A-Za-z0-9._-]+|\{[a-z]+\}) at.*/\1/p' <<<"$msg")
     [[ $tools != "{"* ]] || tools=$(awk '$1 == "k8s" { print $2 }' <<<"$LOOKUPS" | sort -u)
-    for t in $tools; do
-      built_by "$script" | grep -qxF "$t" || problem "$file says $script builds $t; it does not"
-    done
+    absent=$(grep -vxF -f <(built_by "$script") <<<"$tools" | paste -sd' ' || true)
+    [ -z "$absent" ] || problem "$file says $script builds $absent; it does not"
   fi
   # "(make deps installs it)": make test does all that make deps does.
   for target in $(grep -oE 'make [a-z-]+ (does|installs)' <<<"$msg" | cut -d' ' -f2 || true); do
