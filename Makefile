@@ -1,6 +1,7 @@
 # Hawser: the two set-up commands are `make demo` and `make test`.
 # Both install what is missing (Debian packages, the pinned Rust toolchain) and build in
-# release mode, so they work on a fresh machine.
+# release mode, so they work on a fresh machine that has HOST_CMDS (below). `make doctor`
+# says what this machine lacks; docs/testing.md says how a test gets the tools it needs.
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -9,10 +10,16 @@ HAWSER := target/release/hawser
 # (the etcd-client and hawser-csi crates generate gRPC code with it), and containerd, runc,
 # CNI plugins and busybox for the real kubelet the CSI tests run; valgrind for
 # `make instructions`; prometheus for `promtool check metrics` (the metrics test); chromium for
-# the dashboard's browser test.
-APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium
-# Commands whose absence means a package above is missing.
-NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium
+# the dashboard's browser test; procps (ps, kill), openssl (the API server's service-account
+# key), gcc (the k8s pause image) and g++ (libFuzzer), which a minimal Debian lacks.
+APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium procps openssl gcc g++ libc6-dev
+# Commands whose absence means a package above is missing; every command the tests run that
+# comes from one of them (scripts/check-tools.sh checks that).
+NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++
+# Commands make test needs and does not install: Debian's are too old (scripts/k8s/build.sh
+# needs Go 1.24+, playwright-core Node.js 20+). The project's machines come with them;
+# `make check-tools` stops make test at once when one is missing, `make doctor` says more.
+HOST_CMDS := cargo go node npm
 # Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
 # by scripts/k8s/build.sh into one cache (a second run is quick).
 K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
@@ -22,18 +29,29 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps check-tools doctor build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
 deps:
-	@missing=""; for c in $(NEEDED_CMDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+# type -P: a program on PATH, as the tests run it (kill is a shell builtin too).
+	@missing=""; for c in $(NEEDED_CMDS); do type -P $$c >/dev/null || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing packages (missing:$$missing)"; \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install rustup (https://rustup.rs)"; exit 1; }
+
+# Fails when a test needs a tool that no step of make test provides (scripts/check-tools.sh;
+# docs/testing.md): a second of reading sources, before the long steps.
+check-tools:
+	scripts/check-tools.sh
+
+# What works on this machine for the tests and what is missing, with the fix
+# (scripts/doctor.sh); POOL=DIR tries reflinks in DIR, where a replica pool would be.
+doctor:
+	@NEEDED_CMDS="$(NEEDED_CMDS)" HOST_CMDS="$(HOST_CMDS)" scripts/doctor.sh $(POOL)
 
 k8s-tools: deps
 	scripts/k8s/build.sh
@@ -54,7 +72,7 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 
 # Unit, simulation and integration tests, then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd).
-test: build lint k8s-tools $(UI_MODULES)
+test: check-tools build lint k8s-tools $(UI_MODULES)
 	$(CARGO) test --release --workspace --exclude hawser-e2e
 	scripts/fuzz.sh
 	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1

@@ -42,13 +42,16 @@ fn phase(c: &Cluster, shots: &Path, name: &str) {
 
 #[test]
 fn the_dashboard_shows_a_degraded_volume_resync_and_manages_volumes() {
-    let ready = have("node")
-        && have("qemu-io")
+    assert!(
+        have("node"),
+        "this test needs node (Node.js 20 or newer; make test does not install it: see make doctor)"
+    );
+    let ready = have("qemu-io")
         && Path::new("/usr/bin/chromium").exists()
         && ui_dir().join("node_modules/playwright-core").exists();
     assert!(
         ready,
-        "this test needs node, qemu-io, /usr/bin/chromium and ui/node_modules (make test installs them)"
+        "this test needs qemu-io, /usr/bin/chromium and ui/node_modules (make test installs them)"
     );
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
