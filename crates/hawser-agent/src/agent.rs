@@ -53,6 +53,12 @@ pub struct AgentArgs {
     /// clients without one use the unix socket.
     #[arg(long, default_value = "127.0.0.1:10809")]
     pub nbd_listen: String,
+    /// Another name clients dial this node by, added to its certificate for clients that
+    /// check names (libnbd, Prometheus): a DNS name or an IP address; repeat for several. The
+    /// certificate always covers `localhost`, 127.0.0.1, ::1 and each listen address that is
+    /// not a wildcard.
+    #[arg(long = "tls-san", value_name = "NAME|IP")]
+    pub tls_san: Vec<String>,
     /// NBD unix socket path (default `<data-dir>/nbd.sock`), mode 0600: only root (or the
     /// agent's user) may connect.
     #[arg(long)]
@@ -171,7 +177,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             agent_token_file: args.token_file.as_deref(),
             ca_file: args.ca_file.as_deref(),
         };
-        let t = NodeTls::load_or_join(&args.data_dir, &args.node, &args.controller, &with).await?;
+        let listen: Vec<std::net::SocketAddr> =
+            [&args.admin_listen, &args.replica_listen, &args.nbd_listen]
+                .into_iter()
+                .filter_map(|a| a.parse().ok())
+                .collect();
+        let names = hawser_tls::server_names(&listen, &args.tls_san);
+        let (dir, node, ctl) = (&args.data_dir, &args.node, &args.controller);
+        let t = NodeTls::load_or_join(dir, node, names, ctl, &with).await?;
         let t = Arc::new(t);
         let link = LinkAuth {
             token: None,

@@ -33,6 +33,12 @@ const CA_FILE: &str = "ca.pem";
 
 pub struct NodeTls {
     node: String,
+    /// Names and addresses clients dial this node by, in its certificate
+    /// (`hawser_tls::server_names`).
+    names: Vec<String>,
+    /// The saved certificate lacks some of `names` (new addresses, or made before nodes'
+    /// certificates had them): renew at once rather than at two thirds of its life.
+    renew_now: bool,
     dir: PathBuf,
     ca_pem: String,
     slot: Arc<CertSlot>,
@@ -93,10 +99,11 @@ impl JoinWith<'_> {
 
 impl NodeTls {
     /// The node's certificate from `<data_dir>/tls`, or a new one got by joining through
-    /// `controllers` (comma-separated URLs) with what `with` names.
+    /// `controllers` (comma-separated URLs) with what `with` names; valid for `names`.
     pub async fn load_or_join(
         data_dir: &Path,
         node: &str,
+        names: Vec<String>,
         controllers: &str,
         with: &JoinWith<'_>,
     ) -> anyhow::Result<NodeTls> {
@@ -112,15 +119,19 @@ impl NodeTls {
             };
             let slot = CertSlot::new(&creds)
                 .with_context(|| format!("the node certificate in {}", dir.display()))?;
+            let has = hawser_tls::cert_names(&creds.chain_pem).unwrap_or_default();
+            let renew_now = names.iter().any(|n| !has.contains(n));
             NodeTls {
                 node: node.into(),
+                names,
+                renew_now,
                 ca_pem: read(&files[2])?,
                 dir,
                 slot,
                 to_nodes: Default::default(),
             }
         } else {
-            join(&dir, node, controllers, &with.bootstrap()?).await?
+            join(&dir, node, names, controllers, &with.bootstrap()?).await?
         };
         anyhow::ensure!(
             tls.slot.peer() == Peer::Node(node.into()),
@@ -174,8 +185,14 @@ impl NodeTls {
     /// Renews the certificate at two thirds of its life, forever; a failed renewal is
     /// retried every minute (the old certificate stays valid meanwhile).
     pub async fn renew_forever(self: Arc<Self>, controllers: String) {
+        let mut first = true;
         loop {
-            tokio::time::sleep(self.slot.renew_in()).await;
+            if !(first && self.renew_now) {
+                tokio::time::sleep(self.slot.renew_in()).await;
+            } else {
+                tracing::info!(names = ?self.names, "renewing the node's certificate now: it lacks some of the names this node is dialled by");
+            }
+            first = false;
             loop {
                 match self.renew(&controllers).await {
                     Ok(()) => {
@@ -195,6 +212,7 @@ impl NodeTls {
         let (key_pem, spki) = hawser_tls::new_key()?;
         let body = RenewCertificate {
             public_key: b64(&spki),
+            names: self.names.clone(),
         };
         let path = format!("/v1/nodes/{}/certificate", self.node);
         let cert: NodeCertificate =
@@ -213,6 +231,7 @@ impl NodeTls {
 async fn join(
     dir: &Path,
     node: &str,
+    names: Vec<String>,
     controllers: &str,
     with: &Bootstrap,
 ) -> anyhow::Result<NodeTls> {
@@ -221,6 +240,7 @@ async fn join(
         node: node.into(),
         token: with.token.clone(),
         public_key: b64(&spki),
+        names: names.clone(),
     };
     let first_der = |pem: &str| -> anyhow::Result<Vec<u8>> {
         Ok(hawser_tls::certs_from_pem(pem)?
@@ -253,6 +273,8 @@ async fn join(
     tracing::info!(%node, dir = %dir.display(), "joined the cluster: certificate saved");
     Ok(NodeTls {
         node: node.into(),
+        names,
+        renew_now: false,
         dir: dir.into(),
         ca_pem: cert.ca_pem,
         slot,

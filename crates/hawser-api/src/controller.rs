@@ -804,6 +804,11 @@ pub struct JoinNode {
     pub token: String,
     /// The node's public key: DER SubjectPublicKeyInfo, base64. The key never leaves it.
     pub public_key: String,
+    /// DNS names and IP addresses clients dial the node by (its listen addresses and
+    /// `--tls-san`), also put in its certificate for clients that check names (libnbd,
+    /// Prometheus); at most 32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
 }
 
 /// `POST /v1/nodes/{node}/certificate` (the node's current certificate authenticates): a
@@ -813,6 +818,9 @@ pub struct JoinNode {
 pub struct RenewCertificate {
     /// As in [`JoinNode`].
     pub public_key: String,
+    /// As in [`JoinNode`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -359,7 +359,7 @@ impl Controller {
         };
         let tls = if !args.insecure {
             let lifetime = std::time::Duration::from_secs(args.cert_lifetime_secs.max(3));
-            let names = tls::server_names(args.listen, &args.tls_san);
+            let names = hawser_tls::server_names(&[args.listen], &args.tls_san);
             let t = match &args.ca_secret {
                 None => tls::ControllerTls::load_or_create(
                     &args.data_dir,

@@ -45,23 +45,8 @@ pub struct ControllerTls {
     slot: Arc<CertSlot>,
     server: Arc<hawser_tls::rustls::ServerConfig>,
     lifetime: Duration,
-    /// DNS names and addresses its certificate is also valid for ([`server_names`]).
+    /// DNS names and addresses its certificate is also valid for (`hawser_tls::server_names`).
     names: Vec<String>,
-}
-
-/// The names a controller's certificate covers besides its principal: `localhost`, the
-/// loopback addresses, the listen address unless it is a wildcard (which names no address
-/// anyone dials), and each `--tls-san`. Hawser's own clients check the principal instead,
-/// but curl and Prometheus check the name they dialled.
-pub fn server_names(listen: std::net::SocketAddr, tls_san: &[String]) -> Vec<String> {
-    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
-    if !listen.ip().is_unspecified() {
-        names.push(listen.ip().to_string());
-    }
-    names.extend(tls_san.iter().map(|n| n.trim().to_string()));
-    let mut seen = std::collections::HashSet::new();
-    names.retain(|n| seen.insert(n.clone()));
-    names
 }
 
 impl ControllerTls {
@@ -213,16 +198,19 @@ impl ControllerTls {
         }
     }
 
+    /// A certificate for `node`, also valid for the `names` it is dialled by (its listen
+    /// addresses and `--tls-san`: what it says, as it says its node name when it joins).
     fn issue_node(
         &self,
         node: &str,
         public_key_b64: &str,
+        names: &[String],
     ) -> Result<NodeCertificate, ControllerError> {
         hawser_api::validate_name("node", node)?;
         let spki = decode_public_key(public_key_b64)?;
         let issued = self
             .ca
-            .issue(&Peer::Node(node.into()), &spki, self.lifetime)
+            .issue_with_names(&Peer::Node(node.into()), &spki, self.lifetime, names)
             .map_err(|e| ControllerError::invalid(format!("cannot issue a certificate: {e:#}")))?;
         Ok(NodeCertificate {
             chain_pem: issued.chain_pem,
@@ -341,7 +329,7 @@ pub async fn join(
     };
     let Some(token) = JoinToken::parse(&req.token) else {
         if st.tokens.is_agent_token(&req.token) {
-            let cert = tls.issue_node(&req.node, &req.public_key)?;
+            let cert = tls.issue_node(&req.node, &req.public_key, &req.names)?;
             tracing::info!(node = %req.node, "node joined the cluster with the agent token");
             return Ok(Json(cert));
         }
@@ -359,7 +347,7 @@ pub async fn join(
             return Err(refused());
         }
         // Issue first (it can fail on a bad key), then spend the use.
-        let cert = tls.issue_node(&req.node, &req.public_key)?;
+        let cert = tls.issue_node(&req.node, &req.public_key, &req.names)?;
         rec.uses_left -= 1;
         let spent = if rec.uses_left == 0 {
             store
@@ -396,7 +384,7 @@ pub async fn renew(
             reason: format!("only node {node}, with its current certificate, renews it"),
         });
     }
-    let cert = tls.issue_node(&node, &req.public_key)?;
+    let cert = tls.issue_node(&node, &req.public_key, &req.names)?;
     tracing::info!(%node, "renewed the node's certificate");
     Ok(Json(cert))
 }

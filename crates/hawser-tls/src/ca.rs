@@ -24,6 +24,10 @@ pub const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// of it, so a certificate taken from a retired node stops working within this time.
 pub const NODE_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// The most extra names ([`Ca::issue_with_names`]) one certificate carries: a server's
+/// addresses and a few DNS names; more is a mistake or an abuse.
+pub const MAX_EXTRA_NAMES: usize = 32;
+
 /// Certificates are valid from a little before they are made: clocks of a cluster differ.
 pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(300);
 
@@ -138,6 +142,11 @@ impl Ca {
         if let Peer::Node(n) = peer {
             anyhow::ensure!(valid_name(n), "invalid node name {n:?}");
         }
+        anyhow::ensure!(
+            extra_names.len() <= MAX_EXTRA_NAMES,
+            "{} names: a certificate carries at most {MAX_EXTRA_NAMES}",
+            extra_names.len()
+        );
         let public =
             SubjectPublicKeyInfo::from_der(spki_der).context("the public key is not valid")?;
         let mut params = CertificateParams::default();
@@ -339,6 +348,21 @@ mod tests {
             Ok(Peer::Controller),
             "names do not change the principal"
         );
+        assert_eq!(
+            crate::config::cert_names(&issued.chain_pem).expect("names"),
+            [
+                CONTROLLER_DNS_NAME,
+                "hawser.example.org",
+                "127.0.0.1",
+                "::1"
+            ]
+        );
+        let too_many: Vec<String> = (0..=MAX_EXTRA_NAMES)
+            .map(|i| format!("n{i}.example"))
+            .collect();
+        assert!(ca
+            .issue_with_names(&Peer::Controller, &spki, NODE_CERT_LIFETIME, &too_many)
+            .is_err());
         for bad in ["", "a..b", "-a.b", "a_b", "*.example.org", "a b"] {
             assert!(
                 ca.issue_with_names(&Peer::Controller, &spki, NODE_CERT_LIFETIME, &[bad.into()])
@@ -346,6 +370,19 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn server_names_cover_loopback_and_the_addresses_listened_on() {
+        let listen = [
+            "10.1.2.3:9500".parse().expect("addr"),
+            "0.0.0.0:9600".parse().expect("addr"),
+        ];
+        let names = crate::config::server_names(&listen, &[" Node1.Example ".into(), "::1".into()]);
+        assert_eq!(
+            names,
+            ["localhost", "127.0.0.1", "::1", "10.1.2.3", "node1.example"]
+        );
     }
 
     #[test]

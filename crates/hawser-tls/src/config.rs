@@ -33,6 +33,52 @@ pub fn not_after_unix(pem: &str) -> anyhow::Result<u64> {
     u64::try_from(cert.validity().not_after.timestamp()).context("a validity before 1970")
 }
 
+/// The DNS names and IP addresses the first certificate in a PEM text is valid for, as
+/// text (addresses as `IpAddr` prints them).
+pub fn cert_names(pem: &str) -> anyhow::Result<Vec<String>> {
+    use x509_parser::extensions::GeneralName;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = certs_from_pem(pem)?;
+    let (_, cert) = X509Certificate::from_der(&der[0]).context("malformed certificate")?;
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Ok(Vec::new());
+    };
+    let mut names = Vec::new();
+    for n in &san.value.general_names {
+        match n {
+            GeneralName::DNSName(d) => names.push(d.to_ascii_lowercase()),
+            GeneralName::IPAddress(b) => {
+                let ip = match b.len() {
+                    4 => <[u8; 4]>::try_from(*b).map(std::net::IpAddr::from).ok(),
+                    16 => <[u8; 16]>::try_from(*b).map(std::net::IpAddr::from).ok(),
+                    _ => None,
+                };
+                names.extend(ip.map(|ip| ip.to_string()));
+            }
+            _ => {}
+        }
+    }
+    Ok(names)
+}
+
+/// The names a server's certificate covers besides its principal, for clients that check
+/// the name they dialled (curl, libnbd, Prometheus): `localhost`, the loopback addresses, each
+/// listen address that is not a wildcard (which names no address anyone dials), and `extra`
+/// (`--tls-san`). Hawser's own clients check the principal instead.
+pub fn server_names(listen: &[std::net::SocketAddr], extra: &[String]) -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    names.extend(
+        listen
+            .iter()
+            .filter(|a| !a.ip().is_unspecified())
+            .map(|a| a.ip().to_string()),
+    );
+    names.extend(extra.iter().map(|n| n.trim().to_ascii_lowercase()));
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    names
+}
+
 fn roots(ca_pem: &str) -> anyhow::Result<Arc<RootCertStore>> {
     let mut roots = RootCertStore::empty();
     for c in certs_from_pem(ca_pem)? {

@@ -25,10 +25,10 @@ mod peer;
 mod slot;
 
 pub use ca::new_key;
-pub use ca::{Ca, Issued, CA_LIFETIME, NODE_CERT_LIFETIME};
+pub use ca::{Ca, Issued, CA_LIFETIME, MAX_EXTRA_NAMES, NODE_CERT_LIFETIME};
 pub use config::{
-    certs_from_pem, client_config, client_peer, not_after_unix, pinned_client_config,
-    server_config, ClientAuth,
+    cert_names, certs_from_pem, client_config, client_peer, not_after_unix, pinned_client_config,
+    server_config, server_names, ClientAuth,
 };
 pub use join::{ca_fingerprint, JoinToken};
 pub use peer::{
