@@ -66,7 +66,8 @@ fi
 "$HAWSER" volume attach demo --node n1 >/dev/null
 "$HAWSER" volume show demo
 # The node's unix socket (mode 0600): local clients need no certificate. Over TCP the
-# volume is nbds://127.0.0.1:10809/demo, which needs a certificate of the cluster's CA.
+# volume is nbds://127.0.0.1:10809/demo, which opens only to a client certificate that names
+# it (`hawser volume client-cert demo --out DIR`).
 uri="nbd+unix:///demo?socket=$DEMO/n1/nbd.sock"
 cat <<MSG
 
