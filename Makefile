@@ -20,6 +20,9 @@ NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qem
 # needs Go 1.24+, playwright-core Node.js 20+). The project's machines come with them;
 # `make check-tools` stops make test at once when one is missing, `make doctor` says more.
 HOST_CMDS := cargo go node npm
+# What `make demo` needs: protoc for the build, and the NBD clients and fio of its tour.
+DEMO_APT_PACKAGES := protobuf-compiler libnbd-bin qemu-utils fio
+DEMO_CMDS := protoc nbdinfo qemu-io fio
 # Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
 # by scripts/k8s/build.sh into one cache (a second run is quick).
 K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
@@ -29,19 +32,30 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps check-tools doctor build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps deps-demo check-tools doctor build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
-deps:
-# type -P: a program on PATH, as the tests run it (kill is a shell builtin too).
-	@missing=""; for c in $(NEEDED_CMDS); do type -P $$c >/dev/null || missing="$$missing $$c"; done; \
+# Installs the Debian packages $(2) when a command of $(1) is missing (type -P: a program on
+# PATH, as the tests run it; kill is a shell builtin too).
+define install_missing
+	@missing=""; for c in $(1); do type -P $$c >/dev/null || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing packages (missing:$$missing)"; \
 		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+		apt-get update -qq && apt-get install -y -qq $(2) >/dev/null; \
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install rustup (https://rustup.rs)"; exit 1; }
+endef
+
+# Everything the tests use.
+deps:
+	$(call install_missing,$(NEEDED_CMDS),$(APT_PACKAGES))
+
+# Only what the build and the demo's tour use, so a newcomer's first command does not wait
+# for a browser, a kubelet's runtime or etcd.
+deps-demo:
+	$(call install_missing,$(DEMO_CMDS),$(DEMO_APT_PACKAGES))
 
 # Fails when a test needs a tool that no step of make test provides (scripts/check-tools.sh;
 # docs/testing.md): a second of reading sources, before the long steps.
@@ -63,7 +77,7 @@ $(UI_MODULES): ui/package-lock.json
 ui: $(UI_MODULES)
 	cd ui && npm run build
 
-build: deps
+build: deps-demo
 	$(CARGO) build --release --workspace --bins
 
 # The end-to-end tests that run a second time with the controller on a real etcd
@@ -72,7 +86,7 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 
 # Unit, simulation and integration tests, then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd).
-test: check-tools build lint k8s-tools $(UI_MODULES)
+test: check-tools deps build lint k8s-tools $(UI_MODULES)
 	$(CARGO) test --release --workspace --exclude hawser-e2e
 	scripts/fuzz.sh
 	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1
@@ -87,7 +101,7 @@ fuzz: deps
 demo: build
 	@scripts/demo.sh
 
-bench: build k8s-tools
+bench: deps build k8s-tools
 	@scripts/bench.sh
 	@scripts/bench-resync.sh
 	@scripts/bench-snapshots.sh
@@ -98,7 +112,7 @@ bench: build k8s-tools
 		-p hawser-e2e --test k8s_failover -- --nocapture --test-threads=1 2>/dev/null | grep '^failover:'
 
 # Instructions per request under callgrind: a CPU-per-I/O figure a noisy machine cannot move.
-instructions: build
+instructions: deps build
 	@scripts/instructions.sh
 
 # The data path's own unsafe code (page-aligned buffers and their free list) under Miri, which

@@ -785,6 +785,10 @@ pub struct CreateJoinToken {
     /// How many nodes may join with it (default 1, at most 1000).
     #[serde(default)]
     pub uses: Option<u32>,
+    /// Only a node of this name may join with it; and it may take the name over from a node
+    /// that is still online (a reinstalled machine), which a token for any name may not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -259,6 +259,9 @@ struct JoinRecord {
     secret_sha256: String,
     expires_ms: u64,
     uses_left: u32,
+    /// The only node name it joins (`hawser cluster join-token --node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
 }
 
 pub(crate) fn tls_of(st: &AppState) -> Result<&Arc<ControllerTls>, ControllerError> {
@@ -287,11 +290,15 @@ pub async fn create_join_token(
             "uses {uses}: use 1 to {MAX_JOIN_USES}"
         )));
     }
+    if let Some(n) = &req.node {
+        hawser_api::validate_name("node", n)?;
+    }
     let token = JoinToken::generate(tls.ca.cert_der());
     let record = JoinRecord {
         secret_sha256: auth::digest_hex(&auth::digest(&token.secret)),
         expires_ms: now_ms().saturating_add(ttl.saturating_mul(1000)),
         uses_left: uses,
+        node: req.node.clone(),
     };
     let store = st.records.store();
     put_json(
@@ -301,7 +308,7 @@ pub async fn create_join_token(
         Expect::Absent,
     )
     .await?;
-    tracing::info!(id = %token.id, ttl, uses, "join token created");
+    tracing::info!(id = %token.id, ttl, uses, node = ?req.node, "join token created");
     Ok(Json(JoinTokenCreated {
         token: token.to_string(),
         expires_ms: record.expires_ms,
@@ -329,6 +336,7 @@ pub async fn join(
     };
     let Some(token) = JoinToken::parse(&req.token) else {
         if st.tokens.is_agent_token(&req.token) {
+            name_is_free(&st, &req.node, None).await?;
             let cert = tls.issue_node(&req.node, &req.public_key, &req.names)?;
             tracing::info!(node = %req.node, "node joined the cluster with the agent token");
             return Ok(Json(cert));
@@ -346,6 +354,7 @@ pub async fn join(
         if !matches || rec.expires_ms < now_ms() || rec.uses_left == 0 {
             return Err(refused());
         }
+        name_is_free(&st, &req.node, rec.node.as_deref()).await?;
         // Issue first (it can fail on a bad key), then spend the use.
         let cert = tls.issue_node(&req.node, &req.public_key, &req.names)?;
         rec.uses_left -= 1;
@@ -369,6 +378,38 @@ pub async fn join(
         }
     }
     Err(ControllerError::Contention { key, retries: 5 })
+}
+
+/// Whether a node may join as `node` with a token bound to `bound_to` (if any). A token bound
+/// to another name is refused. A name whose node is online is held by another machine: a
+/// second registration would take its identity while it runs, so only a token bound to that
+/// name (an operator's explicit choice, as for a reinstalled machine) may take it over.
+async fn name_is_free(
+    st: &AppState,
+    node: &str,
+    bound_to: Option<&str>,
+) -> Result<(), ControllerError> {
+    if let Some(b) = bound_to {
+        if b != node {
+            return Err(ControllerError::ForbiddenFor {
+                reason: format!("this join token is for node {b}, not {node}"),
+            });
+        }
+        return Ok(());
+    }
+    let online = st
+        .records
+        .node(node)
+        .await?
+        .is_some_and(|n| n.is_online(now_ms(), st.node_timeout_ms));
+    if online {
+        return Err(ControllerError::Refused {
+            message: format!(
+                "node {node} is registered and online: another machine holds the name. Stop                  it (the name is free once it is offline), or join with a token made for this                  name: `hawser cluster join-token --node {node}`"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// `POST /v1/nodes/{node}/certificate`: a node renews its certificate with its current one.

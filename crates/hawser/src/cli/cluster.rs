@@ -36,6 +36,10 @@ pub enum ClusterCmd {
         /// How many nodes may join with it.
         #[arg(long, default_value_t = 1)]
         uses: u32,
+        /// Only a node of this name may join with it, and it may replace a node of that name
+        /// that is still online (a reinstalled machine).
+        #[arg(long, value_parser = crate::cli::args::parse_node_name)]
+        node: Option<String>,
     },
     /// Replace the admin token with a new random one. The previous token keeps working for
     /// --grace-secs, while you hand the new one to the CLIs and CSI drivers that use it.
@@ -135,10 +139,15 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
                 }
             }
         }
-        ClusterCmd::JoinToken { ttl_secs, uses } => {
+        ClusterCmd::JoinToken {
+            ttl_secs,
+            uses,
+            node,
+        } => {
             let req = CreateJoinToken {
                 ttl_secs: Some(ttl_secs),
                 uses: Some(uses),
+                node,
             };
             let t: JoinTokenCreated = client.post("/v1/join-tokens", &req)?;
             println!("{}", t.token);
