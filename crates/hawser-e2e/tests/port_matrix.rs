@@ -220,6 +220,11 @@ impl Probes {
             .output()
             .expect("run nbdinfo as nobody");
         let text = String::from_utf8_lossy(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() || err.contains("Permission denied"),
+            "nbdinfo as nobody failed for another reason than permissions: {err}"
+        );
         Seen {
             session: out.status.success(),
             opened: EXPORTS
