@@ -68,7 +68,9 @@ impl Ca {
         })
     }
 
-    /// The CA as kept: its certificate and its key, both PEM.
+    /// The CA as kept: its certificate and its key, both PEM. The certificate is the first
+    /// in `cert_pem` (during a rotation the file also holds the CA trusted beside it), and
+    /// it must be the key's.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> anyhow::Result<Ca> {
         let key = KeyPair::from_pem(key_pem).context("the CA key is not a PEM private key")?;
         let cert_der = crate::config::certs_from_pem(cert_pem)?
@@ -79,11 +81,25 @@ impl Ca {
             Issuer::from_ca_cert_der(&cert_der, &key).is_ok(),
             "the CA certificate cannot be read as a CA"
         );
+        {
+            use x509_parser::prelude::{FromDer, X509Certificate};
+            let (_, cert) =
+                X509Certificate::from_der(&cert_der).context("malformed CA certificate")?;
+            anyhow::ensure!(
+                cert.public_key().raw == key.subject_public_key_info().as_slice(),
+                "the CA key is not the CA certificate's"
+            );
+        }
         Ok(Ca {
+            cert_pem: der_to_pem(&cert_der),
             cert_der,
-            cert_pem: cert_pem.to_string(),
             key,
         })
+    }
+
+    /// The SHA-256 of the CA certificate's DER (what join tokens pin).
+    pub fn fingerprint(&self) -> [u8; 32] {
+        crate::join::ca_fingerprint(&self.cert_der)
     }
 
     pub fn cert_pem(&self) -> &str {
@@ -103,20 +119,18 @@ impl Ca {
     /// (HKDF-SHA256): keys that must be the same on every controller that holds the CA,
     /// and must not be in the cluster store (the epoch grant key).
     pub fn derive_secret(&self, purpose: &str, context: &str) -> anyhow::Result<[u8; 32]> {
-        struct Len32;
-        impl ring::hkdf::KeyType for Len32 {
-            fn len(&self) -> usize {
-                32
-            }
-        }
-        let salt = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, purpose.as_bytes());
-        let prk = salt.extract(&self.key.serialize_der());
-        let info = [context.as_bytes()];
+        derive_from_root(&self.secret_root(purpose), context)
+    }
+
+    /// The HKDF pseudorandom key of [`Ca::derive_secret`] for `purpose` (HKDF-Extract of the
+    /// CA's key with `purpose` as salt): kept when the CA is replaced, so that secrets
+    /// derived from the first CA (the grant key) outlive it without keeping its key.
+    pub fn secret_root(&self, purpose: &str) -> [u8; 32] {
+        let salt = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, purpose.as_bytes());
+        let tag = ring::hmac::sign(&salt, &self.key.serialize_der());
         let mut out = [0u8; 32];
-        prk.expand(&info, Len32)
-            .and_then(|okm| okm.fill(&mut out))
-            .map_err(|_| anyhow::anyhow!("derive a secret from the CA key"))?;
-        Ok(out)
+        out.copy_from_slice(tag.as_ref());
+        out
     }
 
     /// A certificate naming `peer` for the public key `spki_der` (a DER SubjectPublicKeyInfo,
@@ -197,6 +211,36 @@ impl Ca {
     }
 }
 
+/// [`Ca::derive_secret`] from a kept [`Ca::secret_root`] (HKDF-Expand).
+pub fn derive_from_root(root: &[u8; 32], context: &str) -> anyhow::Result<[u8; 32]> {
+    struct Len32;
+    impl ring::hkdf::KeyType for Len32 {
+        fn len(&self) -> usize {
+            32
+        }
+    }
+    let prk = ring::hkdf::Prk::new_less_safe(ring::hkdf::HKDF_SHA256, root);
+    let info = [context.as_bytes()];
+    let mut out = [0u8; 32];
+    prk.expand(&info, Len32)
+        .and_then(|okm| okm.fill(&mut out))
+        .map_err(|_| anyhow::anyhow!("derive a secret"))?;
+    Ok(out)
+}
+
+/// A certificate's DER as PEM.
+fn der_to_pem(der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem
+}
+
 /// A new P-256 key: its PEM (PKCS#8) and its public key (DER SubjectPublicKeyInfo).
 pub fn new_key() -> anyhow::Result<(String, Vec<u8>)> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("make a key")?;
@@ -275,6 +319,47 @@ mod tests {
         assert_ne!(s, ca.derive_secret("p", "y").expect("test"));
         assert_ne!(s, ca.derive_secret("q", "x").expect("test"));
         assert_ne!(s, [0u8; 32]);
+        // What HKDF gave before the root was split out: grant keys must not change.
+        struct Len32;
+        impl ring::hkdf::KeyType for Len32 {
+            fn len(&self) -> usize {
+                32
+            }
+        }
+        let prk =
+            ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, b"p").extract(&ca.key.serialize_der());
+        let mut before = [0u8; 32];
+        prk.expand(&[b"x".as_slice()], Len32)
+            .and_then(|okm| okm.fill(&mut before))
+            .expect("hkdf");
+        assert_eq!(s, before);
+        assert_eq!(
+            derive_from_root(&ca.secret_root("p"), "x").expect("test"),
+            s
+        );
+    }
+
+    #[test]
+    fn a_bundle_loads_as_its_first_ca_and_a_foreign_key_is_refused() {
+        let (a, b) = (
+            Ca::generate("a").expect("ca"),
+            Ca::generate("b").expect("ca"),
+        );
+        let both = format!("{}{}", a.cert_pem(), b.cert_pem());
+        let again = Ca::from_pem(&both, &a.key_pem()).expect("bundle");
+        assert_eq!(
+            again.cert_pem(),
+            a.cert_pem(),
+            "only the CA's own certificate"
+        );
+        assert_eq!(again.fingerprint(), a.fingerprint());
+        let err = Ca::from_pem(a.cert_pem(), &b.key_pem())
+            .err()
+            .expect("mismatch");
+        assert!(
+            format!("{err:#}").contains("not the CA certificate's"),
+            "{err:#}"
+        );
     }
 
     #[test]

@@ -8,13 +8,14 @@ use anyhow::Context;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::verify_server_cert_signed_by_trust_anchor;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
-use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::server::ParsedCertificate;
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::peer::{peer_of, Peer};
 use crate::slot::CertSlot;
+use crate::trust::{SlotClientVerifier, TrustSlot};
 
 /// Every certificate in a PEM text (at least one).
 pub fn certs_from_pem(pem: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
@@ -31,6 +32,16 @@ pub fn not_after_unix(pem: &str) -> anyhow::Result<u64> {
     let der = certs_from_pem(pem)?;
     let (_, cert) = X509Certificate::from_der(&der[0]).context("malformed certificate")?;
     u64::try_from(cert.validity().not_after.timestamp()).context("a validity before 1970")
+}
+
+/// The SHA-256 of the CA certificate in a chain as the cluster's CA issues it (the
+/// certificate, then its CA's): which CA issued the holder's certificate.
+pub fn issuer_fingerprint(chain_pem: &str) -> anyhow::Result<[u8; 32]> {
+    let chain = certs_from_pem(chain_pem)?;
+    let ca = chain
+        .get(1)
+        .context("the chain holds no CA certificate after the certificate")?;
+    Ok(crate::join::ca_fingerprint(ca))
 }
 
 /// The DNS names and IP addresses the first certificate in a PEM text is valid for, as
@@ -79,14 +90,6 @@ pub fn server_names(listen: &[std::net::SocketAddr], extra: &[String]) -> Vec<St
     names
 }
 
-fn roots(ca_pem: &str) -> anyhow::Result<Arc<RootCertStore>> {
-    let mut roots = RootCertStore::empty();
-    for c in certs_from_pem(ca_pem)? {
-        roots.add(c).context("the CA certificate is not usable")?;
-    }
-    Ok(Arc::new(roots))
-}
-
 /// Whether a server demands a client certificate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClientAuth {
@@ -103,12 +106,20 @@ pub fn server_config(
     slot: Arc<CertSlot>,
     auth: ClientAuth,
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let builder = WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, crate::provider());
-    let verifier = match auth {
-        ClientAuth::Required => builder.build(),
-        ClientAuth::Optional => builder.allow_unauthenticated().build(),
-    }
-    .context("build the client verifier")?;
+    server_config_trusting(&TrustSlot::from_pem(ca_pem)?, slot, auth)
+}
+
+/// A server presenting the certificate in `slot` and checking clients against the CAs
+/// `trust` holds at each handshake.
+pub fn server_config_trusting(
+    trust: &Arc<TrustSlot>,
+    slot: Arc<CertSlot>,
+    auth: ClientAuth,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let verifier = Arc::new(SlotClientVerifier {
+        trust: trust.clone(),
+        auth,
+    });
     let config = rustls::ServerConfig::builder_with_provider(crate::provider())
         .with_safe_default_protocol_versions()
         .context("TLS versions")?
@@ -124,8 +135,17 @@ pub fn client_config(
     expect: Peer,
     slot: Option<Arc<CertSlot>>,
 ) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    client_config_trusting(&TrustSlot::from_pem(ca_pem)?, expect, slot)
+}
+
+/// [`client_config`] checking servers against the CAs `trust` holds at each handshake.
+pub fn client_config_trusting(
+    trust: &Arc<TrustSlot>,
+    expect: Peer,
+    slot: Option<Arc<CertSlot>>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     let verifier = PeerVerifier {
-        roots: Trust::Roots(roots(ca_pem)?),
+        roots: Trust::Slot(trust.clone()),
         expect,
         algs: crate::provider().signature_verification_algorithms,
     };
@@ -161,7 +181,7 @@ fn build_client(
 
 #[derive(Debug)]
 enum Trust {
-    Roots(Arc<RootCertStore>),
+    Slot(Arc<TrustSlot>),
     /// The CA whose DER has this SHA-256, found among the certificates the server presents.
     Pinned([u8; 32]),
 }
@@ -185,8 +205,12 @@ impl ServerCertVerifier for PeerVerifier {
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         let pinned;
+        let current;
         let roots = match &self.roots {
-            Trust::Roots(r) => r.as_ref(),
+            Trust::Slot(t) => {
+                current = t.roots();
+                current.as_ref()
+            }
             Trust::Pinned(pin) => {
                 let ca = intermediates
                     .iter()

@@ -23,12 +23,14 @@ mod config;
 mod join;
 mod peer;
 mod slot;
+mod trust;
 
-pub use ca::new_key;
+pub use ca::{derive_from_root, new_key};
 pub use ca::{Ca, Issued, CA_LIFETIME, MAX_EXTRA_NAMES, NODE_CERT_LIFETIME};
 pub use config::{
-    cert_names, certs_from_pem, client_config, client_peer, not_after_unix, pinned_client_config,
-    server_config, server_names, ClientAuth,
+    cert_names, certs_from_pem, client_config, client_config_trusting, client_peer,
+    issuer_fingerprint, not_after_unix, pinned_client_config, server_config,
+    server_config_trusting, server_names, ClientAuth,
 };
 pub use join::{ca_fingerprint, JoinToken};
 pub use peer::{
@@ -36,6 +38,7 @@ pub use peer::{
     MAX_CLIENT_VOLUMES, NODE_DNS_NAME,
 };
 pub use slot::{CertSlot, Credentials};
+pub use trust::{TrustSlot, MAX_TRUSTED_CAS};
 
 pub use rustls;
 pub use rustls_pki_types::CertificateDer;
