@@ -359,6 +359,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         pools: vec![],
         labels,
         cluster_id: None,
+        tls: None,
     };
     tasks.spawn(purge_trash(
         storage.clone(),
@@ -410,10 +411,14 @@ async fn heartbeat(
             .await
             .unwrap_or_default();
         body.cluster_id = storage.cluster_id();
+        body.tls = auth.node.as_ref().map(|t| t.report());
         let answer = link.register(&node, &body).await;
         if let Some(join) = answer.as_ref().ok().and_then(|n| n.cluster.as_ref()) {
             storage.learn_cluster(join);
             metrics.set_scrape_tokens(&join.metrics_sha256);
+            if let (Some(t), Some(ca)) = (&auth.node, &join.ca) {
+                t.learn(ca);
+            }
         }
         match answer {
             Ok(_) if failing => {

@@ -396,6 +396,7 @@ mod tests {
             pools: vec![],
             labels: Default::default(),
             cluster_id: None,
+            tls: None,
         };
         // The fake answers `{}`, which is not a node: reached, but refused as an answer.
         let answer = link.register("n1", &body).await.unwrap_err();

@@ -23,9 +23,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use hawser_api::controller::{JoinNode, NodeCertificate, RenewCertificate};
+use hawser_api::controller::{
+    ClusterCa, JoinNode, NodeCertificate, NodeTlsReport, RenewCertificate,
+};
 use hawser_tls::rustls::{ClientConfig, ServerConfig};
-use hawser_tls::{CertSlot, ClientAuth, Credentials, JoinToken, Peer};
+use hawser_tls::{CertSlot, ClientAuth, Credentials, JoinToken, Peer, TrustSlot};
 
 const KEY_FILE: &str = "node.key";
 const CERT_FILE: &str = "node.pem";
@@ -40,8 +42,13 @@ pub struct NodeTls {
     /// certificates had them): renew at once rather than at two thirds of its life.
     renew_now: bool,
     dir: PathBuf,
-    ca_pem: String,
+    /// The CAs this node accepts peers of: the cluster's, and during a CA rotation the one
+    /// replacing it (`ClusterCa` in heartbeat answers).
+    trust: Arc<TrustSlot>,
     slot: Arc<CertSlot>,
+    /// Wakes the renewal at once: the cluster's CA that issues now is not the one that issued
+    /// this node's certificate (step 2 of a CA rotation).
+    renew_wake: tokio::sync::Notify,
     /// Client configurations for the replica ports of other nodes (each accepts that node).
     to_nodes: std::sync::Mutex<std::collections::HashMap<String, Arc<ClientConfig>>>,
 }
@@ -65,6 +72,19 @@ struct Bootstrap {
 enum KnownCa {
     Fingerprint([u8; 32]),
     Pem(String),
+}
+
+impl KnownCa {
+    /// The CAs it names.
+    fn fingerprints(&self) -> anyhow::Result<Vec<[u8; 32]>> {
+        Ok(match self {
+            KnownCa::Fingerprint(f) => vec![*f],
+            KnownCa::Pem(pem) => hawser_tls::certs_from_pem(pem)?
+                .iter()
+                .map(|c| hawser_tls::ca_fingerprint(c))
+                .collect(),
+        })
+    }
 }
 
 impl JoinWith<'_> {
@@ -109,29 +129,22 @@ impl NodeTls {
     ) -> anyhow::Result<NodeTls> {
         let dir = data_dir.join("tls");
         let files = [KEY_FILE, CERT_FILE, CA_FILE].map(|f| dir.join(f));
-        let tls = if files.iter().all(|f| f.exists()) {
-            let read = |p: &Path| {
-                std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))
-            };
-            let creds = Credentials {
-                chain_pem: read(&files[1])?,
-                key_pem: read(&files[0])?,
-            };
-            let slot = CertSlot::new(&creds)
-                .with_context(|| format!("the node certificate in {}", dir.display()))?;
-            let has = hawser_tls::cert_names(&creds.chain_pem).unwrap_or_default();
-            let renew_now = names.iter().any(|n| !has.contains(n));
-            NodeTls {
-                node: node.into(),
-                names,
-                renew_now,
-                ca_pem: read(&files[2])?,
-                dir,
-                slot,
-                to_nodes: Default::default(),
+        let saved = files.iter().all(|f| f.exists());
+        let tls = match (saved, stale_identity(&dir, &files[2], with)?) {
+            (true, None) => load_saved(dir, &files, node, names)?,
+            (true, Some(bootstrap)) => {
+                tracing::warn!(dir = %dir.display(), "the bootstrap names a CA this node does not trust (the cluster's CA was rotated while it was away?): joining again");
+                match join(&dir, node, names.clone(), controllers, &bootstrap).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // A stale bootstrap beside a current identity (an old join token
+                        // file): the saved identity is the one that works.
+                        tracing::warn!(error = %format!("{e:#}"), "could not join again; keeping the saved certificate");
+                        load_saved(dir, &files, node, names)?
+                    }
+                }
             }
-        } else {
-            join(&dir, node, names, controllers, &with.bootstrap()?).await?
+            (false, _) => join(&dir, node, names, controllers, &with.bootstrap()?).await?,
         };
         anyhow::ensure!(
             tls.slot.peer() == Peer::Node(node.into()),
@@ -144,7 +157,7 @@ impl NodeTls {
 
     /// Presents this node's certificate; accepts only the cluster's controllers.
     pub fn controller_client(&self) -> anyhow::Result<Arc<ClientConfig>> {
-        hawser_tls::client_config(&self.ca_pem, Peer::Controller, Some(self.slot.clone()))
+        hawser_tls::client_config_trusting(&self.trust, Peer::Controller, Some(self.slot.clone()))
     }
 
     /// The admin API. A client certificate is optional at the handshake so that Prometheus
@@ -152,19 +165,19 @@ impl NodeTls {
     /// controller's certificate and nothing else (`admin_api::require_token`), so a client
     /// without one gets a 403 there.
     pub fn admin_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
-        hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Optional)
+        hawser_tls::server_config_trusting(&self.trust, self.slot.clone(), ClientAuth::Optional)
     }
 
     /// The replica port: only clients with a node certificate of the cluster get in (the
     /// server then opens sessions only for grants naming that node).
     pub fn replica_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
-        hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Required)
+        hawser_tls::server_config_trusting(&self.trust, self.slot.clone(), ClientAuth::Required)
     }
 
     /// NBD over TCP: a client without a certificate of the cluster gets no handshake; with
     /// one, it opens only the exports its certificate names (`hawser volume client-cert`).
     pub fn nbd_server(&self) -> anyhow::Result<Arc<ServerConfig>> {
-        hawser_tls::server_config(&self.ca_pem, self.slot.clone(), ClientAuth::Required)
+        hawser_tls::server_config_trusting(&self.trust, self.slot.clone(), ClientAuth::Required)
     }
 
     /// Presents this node's certificate to `node`'s replica port and accepts only `node`.
@@ -173,8 +186,8 @@ impl NodeTls {
         if let Some(c) = map.get(node) {
             return Ok(c.clone());
         }
-        let c = hawser_tls::client_config(
-            &self.ca_pem,
+        let c = hawser_tls::client_config_trusting(
+            &self.trust,
             Peer::Node(node.into()),
             Some(self.slot.clone()),
         )?;
@@ -188,7 +201,12 @@ impl NodeTls {
         let mut first = true;
         loop {
             if !(first && self.renew_now) {
-                tokio::time::sleep(self.slot.renew_in()).await;
+                tokio::select! {
+                    () = tokio::time::sleep(self.slot.renew_in()) => {}
+                    () = self.renew_wake.notified() => {
+                        tracing::info!("renewing the node's certificate now: the cluster's CA that issues is another one");
+                    }
+                }
             } else {
                 tracing::info!(names = ?self.names, "renewing the node's certificate now: it lacks some of the names this node is dialled by");
             }
@@ -223,9 +241,102 @@ impl NodeTls {
         };
         // Check before writing: a bad answer must not replace a working certificate.
         CertSlot::new(&creds)?;
-        save(&self.dir, &creds, &self.ca_pem)?;
+        save(&self.dir, &creds, &self.trust.pem())?;
         self.slot.replace(&creds)
     }
+
+    /// What this node reports of its CAs with each heartbeat.
+    pub fn report(&self) -> NodeTlsReport {
+        NodeTlsReport {
+            trusts_sha256: self.trust.fingerprints().iter().map(|f| hex(f)).collect(),
+            issuer_sha256: self.slot.issuer().map(|f| hex(&f)).unwrap_or_default(),
+        }
+    }
+
+    /// Takes what a heartbeat answer says of the cluster's CAs (from a controller this node
+    /// authenticated with the CAs it trusts): trusts them, and renews at once if another CA
+    /// issues now.
+    pub fn learn(&self, ca: &ClusterCa) {
+        match self.trust.replace(&ca.trust_pem) {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Err(e) = write_replace(&self.dir.join(CA_FILE), &ca.trust_pem, 0o644) {
+                    tracing::error!(error = %format!("{e:#}"), "cannot keep the cluster's CAs");
+                }
+                tracing::info!(
+                    cas = self.trust.fingerprints().len(),
+                    "trusting the cluster's CAs as the controller says (a CA rotation)"
+                );
+            }
+            Err(e) => {
+                return tracing::error!(error = %format!("{e:#}"), "heartbeat answer with unusable CAs ignored");
+            }
+        }
+        let mine = self.slot.issuer().map(|f| hex(&f)).unwrap_or_default();
+        if ca.issuer_sha256 != mine {
+            self.renew_wake.notify_one();
+        }
+    }
+}
+
+/// The node's saved key, certificate and trusted CAs (`files`: key, certificate, CAs).
+fn load_saved(
+    dir: PathBuf,
+    files: &[PathBuf; 3],
+    node: &str,
+    names: Vec<String>,
+) -> anyhow::Result<NodeTls> {
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
+    let creds = Credentials {
+        chain_pem: read(&files[1])?,
+        key_pem: read(&files[0])?,
+    };
+    let slot = CertSlot::new(&creds)
+        .with_context(|| format!("the node certificate in {}", dir.display()))?;
+    let has = hawser_tls::cert_names(&creds.chain_pem).unwrap_or_default();
+    let renew_now = names.iter().any(|n| !has.contains(n));
+    let trust = TrustSlot::from_pem(&read(&files[2])?)
+        .with_context(|| format!("the trusted CAs in {}", dir.display()))?;
+    Ok(NodeTls {
+        node: node.into(),
+        names,
+        renew_now,
+        trust,
+        dir,
+        slot,
+        renew_wake: Default::default(),
+        to_nodes: Default::default(),
+    })
+}
+
+/// The bootstrap to join again with, if the node's saved identity is of a CA that the
+/// bootstrap it was started with does not name: its CA was rotated while it was away (a
+/// join token pins the new CA; the chart's `ca.pem` holds it). `None` keeps the saved one.
+fn stale_identity(
+    dir: &Path,
+    ca_file: &Path,
+    with: &JoinWith<'_>,
+) -> anyhow::Result<Option<Bootstrap>> {
+    if !ca_file.exists() || (with.join_token_file.is_none() && with.ca_file.is_none()) {
+        return Ok(None);
+    }
+    let Ok(bootstrap) = with.bootstrap() else {
+        return Ok(None);
+    };
+    let saved =
+        std::fs::read_to_string(ca_file).with_context(|| format!("read {}", ca_file.display()))?;
+    let trusted: Vec<[u8; 32]> = hawser_tls::certs_from_pem(&saved)
+        .with_context(|| format!("the trusted CAs in {}", dir.display()))?
+        .iter()
+        .map(|c| hawser_tls::ca_fingerprint(c))
+        .collect();
+    let named = bootstrap.ca.fingerprints()?;
+    Ok((!named.iter().any(|f| trusted.contains(f))).then_some(bootstrap))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 async fn join(
@@ -249,18 +360,19 @@ async fn join(
             .context("no certificate in the CA's PEM")?
             .to_vec())
     };
-    let (config, ca_sha256) = match &with.ca {
-        KnownCa::Fingerprint(f) => (hawser_tls::pinned_client_config(*f)?, *f),
-        KnownCa::Pem(pem) => (
-            hawser_tls::client_config(pem, Peer::Controller, None)?,
-            hawser_tls::ca_fingerprint(&first_der(pem)?),
-        ),
+    let config = match &with.ca {
+        KnownCa::Fingerprint(f) => hawser_tls::pinned_client_config(*f)?,
+        KnownCa::Pem(pem) => hawser_tls::client_config(pem, Peer::Controller, None)?,
     };
     let cert: NodeCertificate = post_any(controllers, config, "/v1/join", &body)
         .await
         .context("join the cluster")?;
+    // The CA that issued (first) must be one this node was told of; the one beside it during
+    // a rotation comes over the channel that CA authenticated.
     anyhow::ensure!(
-        hawser_tls::ca_fingerprint(&first_der(&cert.ca_pem)?) == ca_sha256,
+        with.ca
+            .fingerprints()?
+            .contains(&hawser_tls::ca_fingerprint(&first_der(&cert.ca_pem)?)),
         "the controller sent a CA other than the one this node trusts"
     );
     let creds = Credentials {
@@ -276,8 +388,9 @@ async fn join(
         names,
         renew_now: false,
         dir: dir.into(),
-        ca_pem: cert.ca_pem,
+        trust: TrustSlot::from_pem(&cert.ca_pem).context("the CAs the controller sent")?,
         slot,
+        renew_wake: Default::default(),
         to_nodes: Default::default(),
     })
 }

@@ -118,6 +118,7 @@ async fn a_tls_node_without_the_grant_key_opens_no_session() {
 
     b.learn_cluster(&ClusterJoin {
         metrics_sha256: Vec::new(),
+        ca: None,
         id: "c1".into(),
         grant_key: base64::engine::general_purpose::STANDARD.encode(key.public_key().as_ref()),
     });
@@ -151,6 +152,7 @@ async fn replicas_open_only_for_grants_with_their_key_check() {
     let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7u8; 32]).unwrap();
     b.learn_cluster(&ClusterJoin {
         metrics_sha256: Vec::new(),
+        ca: None,
         id: "c1".into(),
         grant_key: base64::engine::general_purpose::STANDARD.encode(key.public_key().as_ref()),
     });

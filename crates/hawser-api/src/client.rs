@@ -65,13 +65,40 @@ impl Client {
     /// A client that also speaks TLS to `https://` controllers, accepting only a controller
     /// of the cluster whose CA certificate (PEM) is `ca_pem`.
     pub fn with_ca(base: &str, token: &str, ca_pem: Option<&str>) -> Result<Client, ClientError> {
+        let trust = ca_pem
+            .map(hawser_tls::TrustSlot::from_pem)
+            .transpose()
+            .map_err(|e| ClientError::Client(format!("the cluster CA: {e:#}")))?;
+        Client::with_trust(base, token, trust)
+    }
+
+    /// [`Client::with_ca`] with the CA certificates in the file `ca_file`, read again when
+    /// it changes (a long-running client, such as the CSI driver, follows a CA rotation).
+    pub fn with_ca_file(
+        base: &str,
+        token: &str,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Client, ClientError> {
+        let trust = ca_file
+            .map(hawser_tls::TrustSlot::from_file)
+            .transpose()
+            .map_err(|e| ClientError::Client(format!("{e:#}")))?;
+        Client::with_trust(base, token, trust)
+    }
+
+    fn with_trust(
+        base: &str,
+        token: &str,
+        trust: Option<std::sync::Arc<hawser_tls::TrustSlot>>,
+    ) -> Result<Client, ClientError> {
         let mut builder = reqwest::blocking::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .pool_idle_timeout(crate::CLIENT_POOL_IDLE_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT);
-        if let Some(ca) = ca_pem {
-            let config = hawser_tls::client_config(ca, hawser_tls::Peer::Controller, None)
-                .map_err(|e| ClientError::Client(format!("the cluster CA: {e:#}")))?;
+        if let Some(trust) = trust {
+            let config =
+                hawser_tls::client_config_trusting(&trust, hawser_tls::Peer::Controller, None)
+                    .map_err(|e| ClientError::Client(format!("the cluster CA: {e:#}")))?;
             builder = builder.use_preconfigured_tls((*config).clone());
         } else if base.contains("https://") {
             return Err(ClientError::Client(

@@ -24,6 +24,9 @@ pub async fn register(
     validate(&name, &req)?;
     let join =
         crate::cluster::admit(&st, &name, &req.admin_addr, req.cluster_id.as_deref()).await?;
+    if let (Some(tls), Some(report)) = (&st.tls, req.tls) {
+        tls.note_report(&name, report);
+    }
     let record = NodeRecord {
         name: name.clone(),
         admin_addr: req.admin_addr,

@@ -69,7 +69,7 @@ pub async fn create(
     );
     Ok(Json(ClientCertificate {
         chain_pem: issued.chain_pem,
-        ca_pem: tls.ca().cert_pem().to_string(),
+        ca_pem: tls.trust_pem(),
         not_after_unix: issued.not_after_unix,
         volumes: scope.volumes().to_vec(),
         node: scope.node().map(str::to_string),

@@ -42,7 +42,7 @@ pub struct ClusterRecord {
     /// Plaintext (`--insecure`) clusters only: the Ed25519 key (PKCS#8, base64) that signs
     /// epoch grants (`hawser_wire::grant`), kept in the store so that every controller signs
     /// with it. A TLS cluster derives its grant key from the CA's key instead
-    /// (`hawser_wire::grant::GRANT_KEY_PURPOSE`), which every controller holds and the store never sees: a
+    /// (`hawser_wire::grant::GRANT_KEY_PURPOSE`; `grant-root.key` once that CA rotated), which every controller holds and the store never sees: a
     /// copy of the store (an etcd backup) cannot sign grants. Agents learn the public half
     /// when they register.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -64,8 +64,7 @@ impl Signer {
         if let Some(tls) = &st.tls {
             // Derived for the cluster id: adopting another id gives another key.
             let seed = tls
-                .ca()
-                .derive_secret(hawser_wire::grant::GRANT_KEY_PURPOSE, &record.id)
+                .grant_seed(&record.id)
                 .map_err(|e| bad(&format!("{e:#}")))?;
             let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
                 .map_err(|_| bad("not an Ed25519 seed"))?;
@@ -274,6 +273,7 @@ pub async fn admit(
                 id: ours.id,
                 grant_key: signer.public_key(),
                 metrics_sha256: st.tokens.metrics_digests_hex(),
+                ca: st.tls.as_deref().and_then(crate::ca_rotation::cluster_ca),
             })
         }
     }

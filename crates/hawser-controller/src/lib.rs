@@ -19,6 +19,8 @@ mod api_status;
 mod api_tokens;
 mod api_volumes;
 mod auth;
+mod ca_home;
+mod ca_rotation;
 mod client_cert;
 mod cluster;
 mod constants;
@@ -360,19 +362,23 @@ impl Controller {
         let tls = if !args.insecure {
             let lifetime = std::time::Duration::from_secs(args.cert_lifetime_secs.max(3));
             let names = hawser_tls::server_names(&[args.listen], &args.tls_san);
-            let t = match &args.ca_secret {
-                None => tls::ControllerTls::load_or_create(
-                    &args.data_dir,
-                    &args.data_dir.display().to_string(),
-                    lifetime,
-                    names,
-                )?,
+            let home = match &args.ca_secret {
+                None => ca_home::CaHome::Files(args.data_dir.clone()),
                 Some(name) => {
-                    let (k, ns) = secret_access(kube.clone(), namespace.clone(), &args)?;
-                    let (dir, lifetime) = (&args.data_dir, lifetime);
-                    tls::ControllerTls::from_secret(&k, &ns, name, dir, lifetime, names).await?
+                    let (kube, namespace) = secret_access(kube.clone(), namespace.clone(), &args)?;
+                    ca_home::CaHome::Secret {
+                        kube,
+                        namespace,
+                        name: name.clone(),
+                        data_dir: args.data_dir.clone(),
+                    }
                 }
             };
+            let hint = match &args.ca_secret {
+                None => args.data_dir.display().to_string(),
+                Some(name) => name.clone(),
+            };
+            let t = tls::ControllerTls::load(home, &hint, lifetime, names).await?;
             Some(Arc::new(t))
         } else {
             tracing::warn!(
@@ -489,6 +495,7 @@ impl Controller {
             .tls
             .clone()
             .map(|t| tokio::spawn(t.renew_forever()));
+        let follow_ca = tokio::spawn(ca_rotation::follow_forever(self.state.clone()));
         let server_tls = self.state.tls.as_ref().map(|t| t.server_config());
         let app = server::router(self.state);
         let result = hawser_listen::serve(
@@ -506,6 +513,7 @@ impl Controller {
         catchup.abort();
         node_events.abort();
         tokens.abort();
+        follow_ca.abort();
         if let Some(r) = renew {
             r.abort();
         }

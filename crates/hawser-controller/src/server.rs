@@ -102,6 +102,18 @@ fn routes() -> Vec<Route> {
         ),
         route(M::POST, "/v1/join", Joining, post(tls::join)),
         route(
+            M::GET,
+            "/v1/cluster/ca-rotation",
+            Admin,
+            get(crate::ca_rotation::show),
+        ),
+        route(
+            M::POST,
+            "/v1/cluster/ca-rotation",
+            Admin,
+            post(crate::ca_rotation::step),
+        ),
+        route(
             M::POST,
             "/v1/client-certificates",
             Admin,

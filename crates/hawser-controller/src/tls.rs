@@ -2,16 +2,13 @@
 //! controller's own certificate (made at start, renewed while it runs, never written down),
 //! join tokens, and the certificates nodes get by joining and renew with their current one.
 //!
-//! The CA lives in the controller's data directory (`ca.pem`, `ca.key`, mode 0600), not in
-//! the store: a wiped or rolled-back store must not cost the nodes their identity (they
-//! could not reach the controller to be recovered), and controllers that share a store are
-//! given the same files, as they are given the same agent token. Join tokens live in the
-//! store (`auth/join/<id>`), which keeps only their secret's digest.
+//! The CA is kept in the controller's data directory or a Secret (`ca_home`), and replaced
+//! by `ca_rotation`: this holds the CAs in force, which both change while the controller
+//! runs. Join tokens live in the store (`auth/join/<id>`), which keeps only their secret's
+//! digest.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -19,153 +16,116 @@ use axum::extract::State;
 use axum::{Extension, Json};
 use hawser_api::auth;
 use hawser_api::controller::{
-    CreateJoinToken, JoinNode, JoinTokenCreated, NodeCertificate, RenewCertificate,
+    CreateJoinToken, JoinNode, JoinTokenCreated, NodeCertificate, NodeTlsReport, RenewCertificate,
 };
 use hawser_listen::Transport;
 use hawser_store::{get_json, put_json, Expect, StoreError};
-use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, JoinToken, Peer};
+use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, JoinToken, Peer, TrustSlot};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Principal;
+use crate::ca_home::CaHome;
 use crate::errors::ControllerError;
 use crate::model::now_ms;
 use crate::server::{ApiJson, ApiPath};
 use crate::state::AppState;
 
-const CA_CERT_FILE: &str = "ca.pem";
-const CA_KEY_FILE: &str = "ca.key";
 const JOIN_PREFIX: &str = "auth/join/";
 const DEFAULT_JOIN_TTL_SECS: u64 = 3600;
 const MAX_JOIN_TTL_SECS: u64 = 7 * 24 * 3600;
 const MAX_JOIN_USES: u32 = 1000;
 
+/// The CAs in force: the one that issues, the one kept with its key (`ca_home`; the old
+/// one until a rotation retires it), and the grant key's root.
+struct Cas {
+    issuer: Arc<Ca>,
+    kept: Arc<Ca>,
+    grant_root: [u8; 32],
+}
+
 /// The controller's TLS state.
 pub struct ControllerTls {
-    ca: Ca,
+    cas: RwLock<Cas>,
+    /// The CAs whose certificates are accepted (two during a rotation).
+    trust: Arc<TrustSlot>,
     slot: Arc<CertSlot>,
     server: Arc<hawser_tls::rustls::ServerConfig>,
     lifetime: Duration,
     /// DNS names and addresses its certificate is also valid for (`hawser_tls::server_names`).
     names: Vec<String>,
+    pub(crate) home: CaHome,
+    /// What each node last reported of its CAs (`RegisterNode::tls`), for the rotation's
+    /// steps.
+    node_reports: Mutex<HashMap<String, NodeTlsReport>>,
+    /// The rotation applied last (`ca_rotation`), if the CA ever rotated.
+    pub(crate) rotation: Mutex<Option<crate::ca_rotation::Applied>>,
 }
 
 impl ControllerTls {
-    /// The cluster's CA.
-    pub fn ca(&self) -> &Ca {
-        &self.ca
+    /// The CA that issues certificates now.
+    pub fn ca(&self) -> Arc<Ca> {
+        self.read().issuer.clone()
     }
 
-    /// Loads the CA from `data_dir`, making it if neither file exists, and issues this
-    /// controller's certificate (valid for `lifetime`).
-    pub fn load_or_create(
-        data_dir: &Path,
-        cluster_hint: &str,
-        lifetime: Duration,
-        names: Vec<String>,
-    ) -> anyhow::Result<ControllerTls> {
-        let (cert_path, key_path) = (data_dir.join(CA_CERT_FILE), data_dir.join(CA_KEY_FILE));
-        let ca = match (cert_path.exists(), key_path.exists()) {
-            (true, true) => {
-                let read = |p: &Path| {
-                    std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))
-                };
-                Ca::from_pem(&read(&cert_path)?, &read(&key_path)?)
-                    .with_context(|| format!("the cluster CA in {}", data_dir.display()))?
-            }
-            (false, false) => {
-                let ca = Ca::generate(cluster_hint)?;
-                write_new(&key_path, &ca.key_pem(), 0o600)?;
-                write_new(&cert_path, ca.cert_pem(), 0o644)?;
-                tracing::info!(
-                    ca = %cert_path.display(),
-                    "made the cluster's certificate authority; give {CA_CERT_FILE} to the CLI \
-                     and the CSI driver, and both files to any other controller of this cluster"
-                );
-                ca
-            }
-            _ => anyhow::bail!(
-                "{} and {} must both exist or both be absent: restore the missing one (a new \
-                 CA would lock every node out)",
-                cert_path.display(),
-                key_path.display()
-            ),
-        };
-        Self::with_ca(ca, lifetime, names)
+    /// The seed of the epoch grant key for cluster `id`: derived from the first CA's key, and
+    /// the same after CA rotations.
+    pub fn grant_seed(&self, id: &str) -> anyhow::Result<[u8; 32]> {
+        hawser_tls::derive_from_root(&self.read().grant_root, id)
     }
 
-    /// Loads the CA from Secret `namespace/name`, making it (and the Secret) if the Secret
-    /// does not exist; controllers starting together agree on the one that was created.
-    /// The CA's certificate (public) is also written to `<data_dir>/ca.pem`, for the
-    /// processes beside this one (the chart's CSI controller in the same pod, which cannot
-    /// mount a Secret that does not exist before this pod starts).
-    pub async fn from_secret(
-        kube: &crate::kube::Kube,
-        namespace: &str,
-        name: &str,
-        data_dir: &Path,
-        lifetime: Duration,
-        names: Vec<String>,
-    ) -> anyhow::Result<ControllerTls> {
-        let tls = Self::load_or_make_secret(kube, namespace, name, lifetime, names).await?;
-        let path = data_dir.join(CA_CERT_FILE);
-        let tmp = data_dir.join(format!(".{CA_CERT_FILE}.tmp"));
-        let _ = std::fs::remove_file(&tmp);
-        write_new(&tmp, tls.ca.cert_pem(), 0o644)?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("write {}", path.display()))?;
-        Ok(tls)
+    pub(crate) fn grant_root(&self) -> [u8; 32] {
+        self.read().grant_root
     }
 
-    async fn load_or_make_secret(
-        kube: &crate::kube::Kube,
-        namespace: &str,
-        name: &str,
-        lifetime: Duration,
-        names: Vec<String>,
-    ) -> anyhow::Result<ControllerTls> {
-        let what = format!("the cluster CA in Secret {namespace}/{name}");
-        for _ in 0..3 {
-            if let Some(data) = kube
-                .secret(namespace, name)
-                .await
-                .map_err(|e| anyhow::anyhow!(e))?
-            {
-                let (Some(cert), Some(key)) = (data.get(CA_CERT_FILE), data.get(CA_KEY_FILE))
-                else {
-                    anyhow::bail!(
-                        "{what} lacks {CA_CERT_FILE} or {CA_KEY_FILE}: restore it (a new CA \
-                         would lock every node out)"
-                    );
-                };
-                let ca = Ca::from_pem(cert, key).with_context(|| what.clone())?;
-                return Self::with_ca(ca, lifetime, names);
+    /// The trusted CAs, the issuing one first (what nodes and clients are given).
+    pub fn trust_pem(&self) -> String {
+        let issuer = self.ca();
+        let mut pem = issuer.cert_pem().to_string();
+        let own = issuer.fingerprint();
+        if let Ok(certs) = hawser_tls::certs_from_pem(&self.trust.pem()) {
+            for c in certs {
+                if hawser_tls::ca_fingerprint(&c) != own {
+                    pem.push_str(&hawser_tls::der_to_pem(&c));
+                }
             }
-            let ca = Ca::generate(&format!("{namespace}/{name}"))?;
-            let created = kube
-                .create_secret(
-                    namespace,
-                    name,
-                    &[(CA_CERT_FILE, ca.cert_pem()), (CA_KEY_FILE, &ca.key_pem())],
-                )
-                .await
-                .map_err(|e| anyhow::anyhow!(e))?;
-            if created {
-                tracing::info!(secret = %format!("{namespace}/{name}"), "made the cluster's certificate authority");
-                return Self::with_ca(ca, lifetime, names);
-            }
-            // Another controller made it first: read theirs.
         }
-        anyhow::bail!("{what}: created and deleted under us; check who deletes it")
+        pem
     }
 
-    fn with_ca(ca: Ca, lifetime: Duration, names: Vec<String>) -> anyhow::Result<ControllerTls> {
-        let slot = CertSlot::new(&own_certificate(&ca, lifetime, &names)?)?;
-        let server = hawser_tls::server_config(ca.cert_pem(), slot.clone(), ClientAuth::Optional)?;
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Cas> {
+        self.cas.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Loads the CA kept at `home`, making it if there is none, and issues this
+    /// controller's certificate (valid for `lifetime`).
+    pub async fn load(
+        home: CaHome,
+        hint: &str,
+        lifetime: Duration,
+        names: Vec<String>,
+    ) -> anyhow::Result<ControllerTls> {
+        let kept = home.load_or_create(hint).await?;
+        let trust = TrustSlot::from_pem(&kept.trust_pem).context("the trusted CAs")?;
+        let slot = CertSlot::new(&own_certificate(&kept.ca, lifetime, &names)?)?;
+        let server =
+            hawser_tls::server_config_trusting(&trust, slot.clone(), ClientAuth::Optional)?;
         Ok(ControllerTls {
-            ca,
+            cas: RwLock::new({
+                let ca = Arc::new(kept.ca);
+                Cas {
+                    issuer: ca.clone(),
+                    kept: ca,
+                    grant_root: kept.grant_root,
+                }
+            }),
+            trust,
             slot,
             server,
             lifetime,
             names,
+            home,
+            node_reports: Mutex::default(),
+            rotation: Mutex::default(),
         })
     }
 
@@ -176,18 +136,64 @@ impl ControllerTls {
     /// A client configuration that presents this controller's certificate and accepts only
     /// `node`'s agent (`AgentClient` keeps one HTTP client per node built from it).
     pub fn client_for(&self, node: &str) -> anyhow::Result<Arc<hawser_tls::rustls::ClientConfig>> {
-        hawser_tls::client_config(
-            self.ca.cert_pem(),
+        hawser_tls::client_config_trusting(
+            &self.trust,
             Peer::Node(node.into()),
             Some(self.slot.clone()),
         )
+    }
+
+    /// Takes `issuer` as the CA that issues, `trust_pem` as the CAs trusted, and reissues
+    /// this controller's certificate if another CA issued it.
+    pub(crate) fn set_cas(&self, issuer: Arc<Ca>, trust_pem: &str) -> anyhow::Result<()> {
+        self.trust.replace(trust_pem)?;
+        let fingerprint = issuer.fingerprint();
+        self.cas.write().unwrap_or_else(|p| p.into_inner()).issuer = issuer.clone();
+        if self.own_issuer() != Some(fingerprint) {
+            self.slot
+                .replace(&own_certificate(&issuer, self.lifetime, &self.names)?)?;
+            tracing::info!(issuer = %hex(&fingerprint), "reissued the controller's certificate on the new CA");
+        }
+        Ok(())
+    }
+
+    /// The CA kept with its key (`ca_home`).
+    pub(crate) fn kept(&self) -> Arc<Ca> {
+        self.read().kept.clone()
+    }
+
+    /// After the old CA is retired: `ca` is the kept one; the grant root stays.
+    pub(crate) fn set_kept(&self, ca: Arc<Ca>, grant_root: [u8; 32]) {
+        let mut cas = self.cas.write().unwrap_or_else(|p| p.into_inner());
+        cas.kept = ca;
+        cas.grant_root = grant_root;
+    }
+
+    fn own_issuer(&self) -> Option<[u8; 32]> {
+        self.slot.issuer()
+    }
+
+    /// Notes what node `node` reported of its CAs.
+    pub fn note_report(&self, node: &str, report: NodeTlsReport) {
+        self.node_reports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.into(), report);
+    }
+
+    pub(crate) fn report_of(&self, node: &str) -> Option<NodeTlsReport> {
+        self.node_reports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .cloned()
     }
 
     /// Renews this controller's certificate at two thirds of its life, forever.
     pub async fn renew_forever(self: Arc<Self>) {
         loop {
             tokio::time::sleep(self.slot.renew_in()).await;
-            let renewed = own_certificate(&self.ca, self.lifetime, &self.names)
+            let renewed = own_certificate(&self.ca(), self.lifetime, &self.names)
                 .and_then(|creds| self.slot.replace(&creds));
             match renewed {
                 Ok(()) => tracing::info!("renewed the controller's certificate"),
@@ -209,12 +215,12 @@ impl ControllerTls {
         hawser_api::validate_name("node", node)?;
         let spki = decode_public_key(public_key_b64)?;
         let issued = self
-            .ca
+            .ca()
             .issue_with_names(&Peer::Node(node.into()), &spki, self.lifetime, names)
             .map_err(|e| ControllerError::invalid(format!("cannot issue a certificate: {e:#}")))?;
         Ok(NodeCertificate {
             chain_pem: issued.chain_pem,
-            ca_pem: self.ca.cert_pem().to_string(),
+            ca_pem: self.trust_pem(),
             not_after_unix: issued.not_after_unix,
         })
     }
@@ -232,24 +238,16 @@ fn own_certificate(ca: &Ca, lifetime: Duration, names: &[String]) -> anyhow::Res
     })
 }
 
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A public key as joining nodes and NBD clients send it: DER SubjectPublicKeyInfo, base64.
 pub(crate) fn decode_public_key(b64: &str) -> Result<Vec<u8>, ControllerError> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
         .map_err(|_| ControllerError::invalid("public_key is not base64"))
-}
-
-fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .with_context(|| format!("create {}", path.display()))?;
-    f.write_all(text.as_bytes())
-        .and_then(|_| f.sync_all())
-        .with_context(|| format!("write {}", path.display()))
 }
 
 /// A join token as the store keeps it.
@@ -293,7 +291,7 @@ pub async fn create_join_token(
     if let Some(n) = &req.node {
         hawser_api::validate_name("node", n)?;
     }
-    let token = JoinToken::generate(tls.ca.cert_der());
+    let token = JoinToken::generate(tls.ca().cert_der());
     let record = JoinRecord {
         secret_sha256: auth::digest_hex(&auth::digest(&token.secret)),
         expires_ms: now_ms().saturating_add(ttl.saturating_mul(1000)),
@@ -405,7 +403,9 @@ async fn name_is_free(
     if online {
         return Err(ControllerError::Refused {
             message: format!(
-                "node {node} is registered and online: another machine holds the name. Stop                  it (the name is free once it is offline), or join with a token made for this                  name: `hawser cluster join-token --node {node}`"
+                "node {node} is registered and online: another machine holds the name. Stop \
+                 it (the name is free once it is offline), or join with a token made for this \
+                 name: `hawser cluster join-token --node {node}`"
             ),
         });
     }

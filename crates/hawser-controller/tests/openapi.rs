@@ -447,6 +447,23 @@ async fn real_responses_validate_against_the_document() {
         )
         .await;
     assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
+    let rotation = "/v1/cluster/ca-rotation";
+    let (s, e) = p.call(a, (Method::GET, rotation), rotation, None).await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
+    let step = json!({"step": "trust"});
+    let (s, e) = p
+        .call(a, (Method::POST, rotation), rotation, Some(step))
+        .await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "{e}");
+    let (s, e) = p
+        .call(
+            a,
+            (Method::POST, rotation),
+            rotation,
+            Some(json!({"step": "rotate"})),
+        )
+        .await;
+    assert_eq!((s, code(&e)), (400, "invalid_argument"), "{e}");
     // Authentication errors.
     let (s, e) = p
         .call(None, (Method::GET, "/v1/volumes"), "/v1/volumes", None)

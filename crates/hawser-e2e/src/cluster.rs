@@ -599,7 +599,7 @@ pub(crate) fn log_file(dir: &Path, name: &str) -> Stdio {
 }
 
 /// Sends `sig` to a child we spawned and have not reaped.
-fn signal(child: &Child, sig: libc::c_int) {
+pub(crate) fn signal(child: &Child, sig: libc::c_int) {
     // Only our own child, by its PID.
     let pid = child.id() as libc::pid_t;
     // SAFETY: kill(2) with a PID we spawned and have not reaped; no memory involved.

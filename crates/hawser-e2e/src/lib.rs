@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod compare;
 pub mod csi;
 pub mod cut;
+pub mod fio;
 pub mod grants;
 pub mod invariants;
 pub mod k8s;

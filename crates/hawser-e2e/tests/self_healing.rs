@@ -68,45 +68,6 @@ fn attach_uri(c: &NetCluster, volume: &str, node: &str) -> String {
         .expect("attached volume has a unix URI")
 }
 
-/// fio's NBD engine writing random 4k-64k blocks with crc32c verification (each block read
-/// back and checked while writing goes on) into `[offset, offset+size)` for `secs`.
-fn fio_verify(uri: &str, offset: &str, size: &str, secs: u32) -> std::process::Child {
-    std::process::Command::new("fio")
-        .args([
-            "--name=heal-verify",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randwrite",
-            "--bsrange=4k-64k",
-            &format!("--offset={offset}"),
-            &format!("--size={size}"),
-            "--iodepth=8",
-            "--verify=crc32c",
-            "--verify_fatal=1",
-            "--verify_backlog=64",
-            "--randrepeat=0",
-            "--verify_state_save=0",
-            "--time_based",
-            &format!("--runtime={secs}"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run fio")
-}
-
-fn fio_passed(fio: std::process::Child) {
-    let out = fio.wait_with_output().expect("wait for fio");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("err= 0"),
-        "fio verify failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let verified = text.lines().find(|l| l.contains("WRITE:")).unwrap_or("");
-    eprintln!("fio verify passed: {}", verified.trim());
-}
-
 fn writer(target: &NbdTarget, seed: u64) -> Writer {
     let w = Writer::start(
         target.clone(),
@@ -177,7 +138,7 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
     let uri = attach_uri(&c, "hv", &engine_host);
     let target = NbdTarget::from_unix_uri(&uri);
     // fio verify (past the writer's 16 MiB) and the write-log writer run throughout.
-    let fio = fio_verify(&uri, "64M", "32M", 45);
+    let fio = hawser_e2e::fio::verify("heal-verify", &uri, "64M", "32M", 45);
     let w = writer(&target, 0x4ea1);
     c.kill9(&victim.node);
     let t0 = Instant::now();
@@ -252,7 +213,7 @@ fn a_replica_host_that_stays_down_is_replaced_and_its_stale_replica_removed_on_r
         c.find_replica_file(&victim).is_none()
     });
     let log = stop_clean(w, "replacement");
-    fio_passed(fio);
+    hawser_e2e::fio::passed(fio);
     wait_until("status to be healthy again", REPLACE_TIMEOUT, || {
         let s = status(&c);
         s.nodes_offline.is_empty() && s.degraded.is_empty() && s.resyncs.is_empty()

@@ -229,7 +229,7 @@ pub fn derive_from_root(root: &[u8; 32], context: &str) -> anyhow::Result<[u8; 3
 }
 
 /// A certificate's DER as PEM.
-fn der_to_pem(der: &[u8]) -> String {
+pub fn der_to_pem(der: &[u8]) -> String {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD.encode(der);
     let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");

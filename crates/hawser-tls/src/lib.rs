@@ -25,7 +25,7 @@ mod peer;
 mod slot;
 mod trust;
 
-pub use ca::{derive_from_root, new_key};
+pub use ca::{der_to_pem, derive_from_root, new_key};
 pub use ca::{Ca, Issued, CA_LIFETIME, MAX_EXTRA_NAMES, NODE_CERT_LIFETIME};
 pub use config::{
     cert_names, certs_from_pem, client_config, client_config_trusting, client_peer,

@@ -35,6 +35,8 @@ struct Current {
     peer: Peer,
     not_before_unix: u64,
     not_after_unix: u64,
+    /// The SHA-256 of the CA certificate after the certificate in the chain, if any.
+    issuer: Option<[u8; 32]>,
 }
 
 /// Holds the certificate a process presents.
@@ -102,6 +104,14 @@ impl CertSlot {
             .not_after_unix
     }
 
+    /// The SHA-256 of the CA that issued the current certificate (the chain's second).
+    pub fn issuer(&self) -> Option<[u8; 32]> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .issuer
+    }
+
     fn key(&self) -> Arc<CertifiedKey> {
         self.current
             .read()
@@ -116,6 +126,7 @@ fn load(creds: &Credentials) -> anyhow::Result<Current> {
     let leaf = chain.first().context("no certificate in the chain")?;
     let peer = peer_of(leaf).context("the certificate")?;
     let (not_before_unix, not_after_unix) = validity(leaf)?;
+    let issuer = chain.get(1).map(|c| crate::join::ca_fingerprint(c));
     let key = PrivateKeyDer::from_pem_slice(creds.key_pem.as_bytes())
         .context("the key is not a PEM private key")?;
     let signing = crate::provider()
@@ -130,6 +141,7 @@ fn load(creds: &Credentials) -> anyhow::Result<Current> {
         peer,
         not_before_unix,
         not_after_unix,
+        issuer,
     })
 }
 

@@ -105,7 +105,10 @@ fn main() -> ExitCode {
         Command::Node(cmd) => client_exit(&conn, |c| node::run(c, cmd)),
         Command::Pool(cmd) => client_exit(&conn, |c| pool::run(c, cmd)),
         Command::Replica(cmd) => client_exit(&conn, |c| replica::run(c, cmd)),
-        Command::Cluster(cmd) => client_exit(&conn, |c| cluster::run(c, cmd)),
+        Command::Cluster(cmd) => {
+            let ca = cli::token::resolve_ca_path(conn.ca_file.as_deref());
+            client_exit(&conn, |c| cluster::run(c, cmd, ca.as_deref()))
+        }
         Command::Status { out } => client_exit(&conn, |c| status::run(c, out)),
         Command::Events(args) => client_exit(&conn, |c| events::run(c, args)),
         Command::Snapshot(cmd) => client_exit(&conn, |c| snapshot::run(c, cmd)),
@@ -180,8 +183,8 @@ struct Conn {
 impl Conn {
     fn client(&self) -> Result<Client, cli::client::CliError> {
         let token = cli::token::resolve(self.token_file.as_deref())?;
-        let ca = cli::token::resolve_ca(self.ca_file.as_deref())?;
-        Client::with_ca(&self.url, &token, ca.as_deref())
+        let ca = cli::token::resolve_ca_path(self.ca_file.as_deref());
+        Client::with_ca_file(&self.url, &token, ca.as_deref())
     }
 }
 

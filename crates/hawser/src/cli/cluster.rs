@@ -41,6 +41,11 @@ pub enum ClusterCmd {
         #[arg(long, value_parser = crate::cli::args::parse_node_name)]
         node: Option<String>,
     },
+    /// Replace the cluster's CA without a detach: trust a new CA beside the old one, reissue
+    /// every certificate from it, retire the old one. Waits for the nodes before each step
+    /// and updates this CLI's CA file. NBD client certificates of the old CA stop working at
+    /// `retire`; nodes offline meanwhile rejoin with a join token.
+    RotateCa(crate::cli::rotate_ca::RotateCaArgs),
     /// Replace the admin token with a new random one. The previous token keeps working for
     /// --grace-secs, while you hand the new one to the CLIs and CSI drivers that use it.
     RotateAdminToken {
@@ -111,7 +116,11 @@ fn rotate(
     Ok(())
 }
 
-pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
+pub fn run(
+    client: &Client,
+    cmd: ClusterCmd,
+    ca_file: Option<&std::path::Path>,
+) -> Result<(), CliError> {
     match cmd {
         ClusterCmd::Show { out } => {
             let c: ClusterInfo = client.get("/v1/cluster")?;
@@ -152,6 +161,7 @@ pub fn run(client: &Client, cmd: ClusterCmd) -> Result<(), CliError> {
             let t: JoinTokenCreated = client.post("/v1/join-tokens", &req)?;
             println!("{}", t.token);
         }
+        ClusterCmd::RotateCa(args) => crate::cli::rotate_ca::run(client, args, ca_file)?,
         ClusterCmd::RotateAdminToken { grace_secs, write } => {
             rotate(client, "admin", grace_secs, write)?;
         }

@@ -11,6 +11,7 @@ pub mod output;
 pub mod pool;
 pub mod qos;
 pub mod replica;
+pub mod rotate_ca;
 pub mod snapshot;
 pub mod status;
 pub mod token;

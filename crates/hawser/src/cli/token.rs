@@ -22,19 +22,15 @@ fn config_dir() -> Option<PathBuf> {
     Some(config.join("hawser"))
 }
 
-/// The cluster's CA certificate (PEM): `--ca-file`, else `ca.pem` in the config directory
+/// The cluster's CA certificate file: `--ca-file`, else `ca.pem` in the config directory
 /// when it exists, else none (then only http:// controllers can be reached).
-pub fn resolve_ca(ca_file: Option<&Path>) -> Result<Option<String>, CliError> {
-    let path = match ca_file {
-        Some(p) => p.to_path_buf(),
-        None => match config_dir().map(|d| d.join("ca.pem")) {
-            Some(p) if p.exists() => p,
-            _ => return Ok(None),
-        },
-    };
-    std::fs::read_to_string(&path)
-        .map(Some)
-        .map_err(|e| CliError::Token(format!("read the CA certificate {}: {e}", path.display())))
+pub fn resolve_ca_path(ca_file: Option<&Path>) -> Option<PathBuf> {
+    match ca_file {
+        Some(p) => Some(p.to_path_buf()),
+        None => config_dir()
+            .map(|d| d.join("ca.pem"))
+            .filter(|p| p.exists()),
+    }
 }
 
 /// The token to send, by the precedence above; a clear error if none is found.
