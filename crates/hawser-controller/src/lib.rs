@@ -19,7 +19,7 @@ mod api_status;
 mod api_tokens;
 mod api_volumes;
 mod auth;
-mod ca_home;
+pub mod ca_home;
 mod ca_rotation;
 mod client_cert;
 mod cluster;
