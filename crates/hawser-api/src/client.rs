@@ -42,7 +42,8 @@ pub struct Client {
     bases: Vec<String>,
     http: reqwest::blocking::Client,
     /// `Bearer <admin token>`, sent on every request.
-    authorization: String,
+    /// `Bearer <token>`; none for a client that authenticates with its certificate.
+    authorization: Option<String>,
 }
 
 /// What one controller did with a request.
@@ -69,7 +70,7 @@ impl Client {
             .map(hawser_tls::TrustSlot::from_pem)
             .transpose()
             .map_err(|e| ClientError::Client(format!("the cluster CA: {e:#}")))?;
-        Client::with_trust(base, token, trust)
+        Client::with_trust(base, Some(token), trust, None)
     }
 
     /// [`Client::with_ca`] with the CA certificates in the file `ca_file`, read again when
@@ -83,13 +84,32 @@ impl Client {
             .map(hawser_tls::TrustSlot::from_file)
             .transpose()
             .map_err(|e| ClientError::Client(format!("{e:#}")))?;
-        Client::with_trust(base, token, trust)
+        Client::with_trust(base, Some(token), trust, None)
+    }
+
+    /// A client that authenticates with a node's certificate instead of a token, from the
+    /// node's TLS directory (`node.pem`, `node.key`, `ca.pem`, which the agent renews and
+    /// a CA rotation rewrites; they are read again when they change). What it may do is
+    /// what the node may read of itself: the CSI node plugin's credential.
+    pub fn with_node_identity(
+        base: &str,
+        tls_dir: &std::path::Path,
+    ) -> Result<Client, ClientError> {
+        let fail =
+            |e: &dyn std::fmt::Display| ClientError::Client(format!("the node's identity: {e}"));
+        let trust = hawser_tls::TrustSlot::from_file(&tls_dir.join("ca.pem"))
+            .map_err(|e| fail(&format!("{e:#}")))?;
+        let slot =
+            hawser_tls::CertSlot::from_files(&tls_dir.join("node.pem"), &tls_dir.join("node.key"))
+                .map_err(|e| fail(&format!("{e:#}")))?;
+        Client::with_trust(base, None, Some(trust), Some(slot))
     }
 
     fn with_trust(
         base: &str,
-        token: &str,
+        token: Option<&str>,
         trust: Option<std::sync::Arc<hawser_tls::TrustSlot>>,
+        identity: Option<std::sync::Arc<hawser_tls::CertSlot>>,
     ) -> Result<Client, ClientError> {
         let mut builder = reqwest::blocking::Client::builder()
             .timeout(REQUEST_TIMEOUT)
@@ -97,7 +117,7 @@ impl Client {
             .connect_timeout(CONNECT_TIMEOUT);
         if let Some(trust) = trust {
             let config =
-                hawser_tls::client_config_trusting(&trust, hawser_tls::Peer::Controller, None)
+                hawser_tls::client_config_trusting(&trust, hawser_tls::Peer::Controller, identity)
                     .map_err(|e| ClientError::Client(format!("the cluster CA: {e:#}")))?;
             builder = builder.use_preconfigured_tls((*config).clone());
         } else if base.contains("https://") {
@@ -124,7 +144,7 @@ impl Client {
         Ok(Client {
             bases,
             http,
-            authorization: format!("Bearer {token}"),
+            authorization: token.map(|t| format!("Bearer {t}")),
         })
     }
 
@@ -187,10 +207,10 @@ impl Client {
         body: Option<&B>,
     ) -> Attempt {
         let url = format!("{base}{path}");
-        let mut req = self
-            .http
-            .request(method, &url)
-            .header(reqwest::header::AUTHORIZATION, &self.authorization);
+        let mut req = self.http.request(method, &url);
+        if let Some(a) = &self.authorization {
+            req = req.header(reqwest::header::AUTHORIZATION, a);
+        }
         if let Some(b) = body {
             req = req.json(b);
         }

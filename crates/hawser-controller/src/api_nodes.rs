@@ -128,8 +128,10 @@ pub async fn list(State(st): State<Arc<AppState>>) -> Result<Json<Vec<Node>>, Co
 
 pub async fn show(
     State(st): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Node>, ControllerError> {
+    principal.may_read_node(&name)?;
     let node = st
         .records
         .node(&name)

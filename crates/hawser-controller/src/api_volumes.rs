@@ -68,8 +68,23 @@ pub async fn list(State(st): Shared) -> Result<Json<Vec<Volume>>, ControllerErro
 
 pub async fn show(
     State(st): Shared,
+    Extension(principal): Extension<Principal>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Volume>, ControllerError> {
+    if let Principal::Node(n) = &principal {
+        // A node reads only the volumes attached to it, and cannot tell the others from
+        // volumes that do not exist.
+        let attached_here = st
+            .records
+            .volume(&name)
+            .await?
+            .is_some_and(|v| v.attached_node.as_deref() == Some(n.as_str()));
+        if !attached_here {
+            return Err(ControllerError::ForbiddenFor {
+                reason: format!("node {n} reads only the volumes attached to it"),
+            });
+        }
+    }
     let rec = st.records.existing_volume(&name).await?;
     let mut v = view(&st, &rec).await?;
     add_engine_view(&st, &rec, &mut v).await;

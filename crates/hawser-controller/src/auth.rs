@@ -46,6 +46,11 @@ pub enum Caller {
     /// The metrics token (a read-only scrape credential: `GET /metrics` only) or the admin
     /// token.
     Metrics,
+    /// What a node reads of itself (the CSI node plugin, which authenticates with its node's
+    /// certificate rather than the admin token): over TLS a node certificate, the handler
+    /// then answering only about that node and the volumes attached to it; the admin token
+    /// always.
+    NodeRead,
 }
 
 /// Who made a request, as the guard established it; in the request's extensions.
@@ -63,6 +68,19 @@ pub enum Principal {
 }
 
 impl Principal {
+    /// Whether the caller may read what concerns `node` (its record, the volumes attached
+    /// to it): the admin, and that node.
+    pub fn may_read_node(&self, node: &str) -> Result<(), ControllerError> {
+        match self {
+            Principal::Admin => Ok(()),
+            Principal::Node(n) if n == node => Ok(()),
+            Principal::Node(n) => Err(ControllerError::ForbiddenFor {
+                reason: format!("node {n} reads only what concerns node {n}, not {node}"),
+            }),
+            _ => Err(ControllerError::Forbidden),
+        }
+    }
+
     /// Whether the caller may act as `node` (register it, report for its engine).
     pub fn may_act_as(&self, node: &str) -> Result<(), ControllerError> {
         match self {
@@ -417,7 +435,7 @@ impl ClusterTokens {
         if headers.get(axum::http::header::AUTHORIZATION).is_none() {
             if let Some(n) = node {
                 return match caller {
-                    Caller::Agent => Ok(Principal::Node(n)),
+                    Caller::Agent | Caller::NodeRead => Ok(Principal::Node(n)),
                     _ => Err(ControllerError::Forbidden),
                 };
             }

@@ -50,12 +50,12 @@ fn route(
 /// Every route the API serves: the router is built from this list, and `docs/openapi.json`
 /// is tested against it ([`route_table`]).
 fn routes() -> Vec<Route> {
-    use Caller::{Admin, Agent, Joining, Metrics};
+    use Caller::{Admin, Agent, Joining, Metrics, NodeRead};
     use Method as M;
     vec![
         route(M::GET, "/v1/nodes", Admin, get(api_nodes::list)),
         route(M::PUT, "/v1/nodes/{node}", Agent, put(api_nodes::register)),
-        route(M::GET, "/v1/nodes/{node}", Admin, get(api_nodes::show)),
+        route(M::GET, "/v1/nodes/{node}", NodeRead, get(api_nodes::show)),
         route(
             M::POST,
             "/v1/nodes/{node}/evacuate",
@@ -154,7 +154,12 @@ fn routes() -> Vec<Route> {
         route(M::GET, "/v1/trash", Admin, get(api_replicas::trash)),
         route(M::POST, "/v1/volumes", Admin, post(api_volumes::create)),
         route(M::GET, "/v1/volumes", Admin, get(api_volumes::list)),
-        route(M::GET, "/v1/volumes/{name}", Admin, get(api_volumes::show)),
+        route(
+            M::GET,
+            "/v1/volumes/{name}",
+            NodeRead,
+            get(api_volumes::show),
+        ),
         route(
             M::DELETE,
             "/v1/volumes/{name}",

@@ -51,6 +51,11 @@ pub struct CsiArgs {
     /// Do not serve the kubelet registration socket (csi-sanity, no kubelet).
     #[arg(long)]
     pub no_register: bool,
+    /// `--mode=node`: reach the controller with this node's own certificate, from its
+    /// agent's TLS directory (`<agent data-dir>/tls`), instead of the admin token: it reads
+    /// only this node and the volumes attached to it. The Helm chart sets it.
+    #[arg(long, value_name = "DIR")]
+    pub node_identity_dir: Option<PathBuf>,
 }
 
 /// `unix:///a/b` or `/a/b` → `/a/b`.

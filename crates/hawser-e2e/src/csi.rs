@@ -45,6 +45,10 @@ pub struct CsiOptions {
     pub netns: Option<String>,
     /// The cluster CA (`--ca-file`), for a controller with TLS.
     pub ca_file: Option<PathBuf>,
+    /// A node plugin that reaches the controller with its node's certificate from this
+    /// directory (`--node-identity-dir`, the agent's `tls/`) rather than the admin token,
+    /// as the Helm chart runs it.
+    pub node_identity: Option<PathBuf>,
 }
 
 impl Default for CsiOptions {
@@ -56,6 +60,7 @@ impl Default for CsiOptions {
             register: false,
             netns: None,
             ca_file: None,
+            node_identity: None,
         }
     }
 }
@@ -133,13 +138,20 @@ impl CsiProc {
             }
             None => Command::new(hawser_bin()),
         };
-        if let Some(ca) = &self.opts.ca_file {
-            cmd.arg("--ca-file").arg(ca);
+        cmd.args(["--controller", &self.url]);
+        match &self.opts.node_identity {
+            Some(dir) => {
+                cmd.args(["csi", "--node-identity-dir"]).arg(dir);
+            }
+            None => {
+                if let Some(ca) = &self.opts.ca_file {
+                    cmd.arg("--ca-file").arg(ca);
+                }
+                cmd.arg("--token-file").arg(&self.token).arg("csi");
+            }
         }
         let mut child = cmd
-            .args(["--controller", &self.url, "--token-file"])
-            .arg(&self.token)
-            .args(["csi", "--mode", self.opts.mode, "--node", &self.node])
+            .args(["--mode", self.opts.mode, "--node", &self.node])
             .args(if self.opts.register {
                 &[][..]
             } else {

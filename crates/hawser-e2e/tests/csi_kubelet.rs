@@ -167,6 +167,8 @@ fn pods_on_a_real_kubelet_use_hawser_volumes() {
             kubelet_dir: Some(k.kubelet_root.clone()),
             endpoint: Some(k.kubelet_root.join("plugins/csi.hawser.dev/csi.sock")),
             register: true,
+            // As the chart runs it: the node's certificate, not the admin token.
+            node_identity: Some(c.agent("n1").data_dir.join("tls")),
             ..Default::default()
         },
     );

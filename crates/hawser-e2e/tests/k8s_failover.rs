@@ -430,6 +430,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
             register: true,
             netns: None,
             ca_file: Some(tokens.ca_file.clone()),
+            node_identity: None,
         },
     );
     let mut csi2 = CsiProc::start_for(
@@ -444,6 +445,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
             register: true,
             netns: Some(netns2.clone()),
             ca_file: Some(tokens.ca_file.clone()),
+            node_identity: None,
         },
     );
     let ctl = CsiProc::start_for(

@@ -2,7 +2,9 @@
 //! by this crate read it at every handshake, so a renewed certificate is used by the next
 //! connection and the open ones carry on.
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
 
 use anyhow::Context;
 use rustls::client::ResolvesClientCert;
@@ -42,6 +44,14 @@ struct Current {
 /// Holds the certificate a process presents.
 pub struct CertSlot {
     current: RwLock<Current>,
+    /// For [`CertSlot::from_files`]: the files and their modification times when read.
+    files: Option<std::sync::Mutex<Files>>,
+}
+
+struct Files {
+    chain: PathBuf,
+    key: PathBuf,
+    seen: (Option<SystemTime>, Option<SystemTime>),
 }
 
 impl std::fmt::Debug for CertSlot {
@@ -56,7 +66,57 @@ impl CertSlot {
     pub fn new(creds: &Credentials) -> anyhow::Result<Arc<CertSlot>> {
         Ok(Arc::new(CertSlot {
             current: RwLock::new(load(creds)?),
+            files: None,
         }))
+    }
+
+    /// The certificate chain and key in two PEM files that another process renews (the
+    /// node's, which the CSI node plugin presents beside its agent): read again at the first
+    /// handshake after either changed. A pair that does not match (read between the two
+    /// renames) leaves the last good one in force until the next change.
+    pub fn from_files(chain: &Path, key: &Path) -> anyhow::Result<Arc<CertSlot>> {
+        let seen = (modified(chain), modified(key));
+        let current = load(&read_pair(chain, key)?)
+            .with_context(|| format!("the certificate in {}", chain.display()))?;
+        Ok(Arc::new(CertSlot {
+            current: RwLock::new(current),
+            files: Some(std::sync::Mutex::new(Files {
+                chain: chain.into(),
+                key: key.into(),
+                seen,
+            })),
+        }))
+    }
+
+    /// For a slot read from files: reads them again if either changed since.
+    fn refresh(&self) {
+        let Some(files) = &self.files else { return };
+        let mut f = files.lock().unwrap_or_else(|p| p.into_inner());
+        let now = (modified(&f.chain), modified(&f.key));
+        if now == f.seen {
+            return;
+        }
+        f.seen = now;
+        let peer = self.peer();
+        let next = read_pair(&f.chain, &f.key)
+            .and_then(|c| load(&c))
+            .and_then(|next| {
+                anyhow::ensure!(
+                    next.peer == peer,
+                    "they name {} instead of {peer}",
+                    next.peer
+                );
+                Ok(next)
+            });
+        match next {
+            Ok(next) => {
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = next;
+                tracing::info!(file = %f.chain.display(), "presenting the renewed certificate");
+            }
+            Err(e) => {
+                tracing::warn!(file = %f.chain.display(), error = %format!("{e:#}"), "the certificate files do not load now; presenting the last good ones")
+            }
+        }
     }
 
     /// Presents `creds` from the next handshake on. They must name the same principal.
@@ -113,12 +173,26 @@ impl CertSlot {
     }
 
     fn key(&self) -> Arc<CertifiedKey> {
+        self.refresh();
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .key
             .clone()
     }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn read_pair(chain: &Path, key: &Path) -> anyhow::Result<Credentials> {
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
+    Ok(Credentials {
+        chain_pem: read(chain)?,
+        key_pem: read(key)?,
+    })
 }
 
 fn load(creds: &Credentials) -> anyhow::Result<Current> {
@@ -201,6 +275,49 @@ mod tests {
         assert_eq!(renew_at(1000 - skew, 1000 + 30 * 86400), 1000 + 20 * 86400);
         // A certificate that does not look like ours: never past its end.
         assert_eq!(renew_at(0, 10), 10);
+    }
+
+    #[test]
+    fn a_file_slot_presents_the_renewed_pair_and_keeps_the_last_good_one() {
+        let ca = crate::Ca::generate("c").expect("ca");
+        let dir = std::env::temp_dir().join(format!("hawser-slot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (chain, key) = (dir.join("node.pem"), dir.join("node.key"));
+        let node = Peer::Node("n1".into());
+        let write = |at: u64| {
+            let (issued, key_pem) = ca
+                .issue_with_key(&node, std::time::Duration::from_secs(3600))
+                .expect("issue");
+            std::fs::write(&key, key_pem).expect("key");
+            std::fs::write(&chain, &issued.chain_pem).expect("chain");
+            let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(at);
+            for p in [&key, &chain] {
+                std::fs::File::options()
+                    .write(true)
+                    .open(p)
+                    .and_then(|f| f.set_modified(t))
+                    .expect("touch");
+            }
+            issued.chain_pem
+        };
+        write(1_000_000);
+        let slot = CertSlot::from_files(&chain, &key).expect("slot");
+        let first = slot.key().cert[0].clone();
+        write(2_000_000);
+        let second = slot.key().cert[0].clone();
+        assert_ne!(first, second, "the renewed certificate is presented");
+        // A key that does not match the chain: the last good pair stays.
+        std::fs::write(&key, crate::new_key().expect("key").0).expect("key");
+        std::fs::File::options()
+            .write(true)
+            .open(&key)
+            .and_then(|f| {
+                f.set_modified(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(3_000_000))
+            })
+            .expect("touch");
+        assert_eq!(slot.key().cert[0], second);
+        assert_eq!(slot.peer(), node);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

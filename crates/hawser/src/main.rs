@@ -118,17 +118,33 @@ fn main() -> ExitCode {
 /// `hawser csi`: the controller client is made (and dropped) outside the async runtime, as
 /// the blocking HTTP client requires.
 fn run_csi(args: hawser_csi::CsiArgs, conn: &Conn) -> anyhow::Result<()> {
-    if let Some(ca) = &conn.ca_file {
-        wait_for_file(ca, std::time::Duration::from_secs(600))?;
-    }
-    let client = std::sync::Arc::new(conn.client()?);
+    let client = match &args.node_identity_dir {
+        Some(dir) => {
+            anyhow::ensure!(
+                args.mode == hawser_csi::Mode::Node,
+                "--node-identity-dir is for --mode=node: the controller service needs the \
+                 admin token"
+            );
+            // The agent beside this plugin writes it when it joins.
+            wait_for_file(&dir.join("node.pem"), std::time::Duration::from_secs(600))?;
+            Client::with_node_identity(&conn.url, dir)?
+        }
+        None => {
+            if let Some(ca) = &conn.ca_file {
+                wait_for_file(ca, std::time::Duration::from_secs(600))?;
+            }
+            conn.client()?
+        }
+    };
+    let client = std::sync::Arc::new(client);
     let result = run_async(hawser_csi::run(args, client.clone()));
     drop(client);
     result
 }
 
 /// Waits (bounded) for a file another process writes at its start: the cluster CA's
-/// certificate, which the controller beside the CSI controller writes once it has it.
+/// certificate, which the controller beside the CSI controller writes once it has it, or
+/// the node certificate the agent beside the CSI node plugin gets when it joins.
 fn wait_for_file(path: &std::path::Path, limit: std::time::Duration) -> anyhow::Result<()> {
     let start = std::time::Instant::now();
     let mut said = false;
@@ -139,7 +155,7 @@ fn wait_for_file(path: &std::path::Path, limit: std::time::Duration) -> anyhow::
             path.display()
         );
         if !said {
-            tracing::info!(path = %path.display(), "waiting for the cluster CA's certificate");
+            tracing::info!(path = %path.display(), "waiting for a file another process writes at its start");
             said = true;
         }
         std::thread::sleep(std::time::Duration::from_millis(500));
