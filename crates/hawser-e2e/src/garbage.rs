@@ -2,16 +2,23 @@
 //! the tests that throw it at them in clear (`tests/bad_input.rs`) and inside TLS
 //! (`tests/tls_garbage.rs`).
 
+use std::ops::Range;
+
 use rand::{Rng, RngCore};
+
+/// Random bytes, as many as `len` picks.
+pub fn random_bytes(rng: &mut impl RngCore, len: Range<usize>) -> Vec<u8> {
+    let mut b = vec![0u8; rng.random_range(len)];
+    rng.fill_bytes(&mut b);
+    b
+}
 
 /// Garbage for an HTTP API: random bytes; a request line and headers with random parts (some
 /// huge); a body announced longer than it is, or longer than any body may be; a request with
 /// a made-up token and a random JSON-ish body. None carries a valid token.
 pub fn http_garbage(rng: &mut impl RngCore) -> Vec<u8> {
     fn junk(rng: &mut impl RngCore, max: usize) -> Vec<u8> {
-        let mut b = vec![0u8; rng.random_range(0..max)];
-        rng.fill_bytes(&mut b);
-        b
+        random_bytes(rng, 0..max)
     }
     fn letters(rng: &mut impl RngCore, max: usize) -> Vec<u8> {
         junk(rng, max).iter().map(|b| b'a' + b % 26).collect()

@@ -42,7 +42,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hawser_e2e::garbage::http_garbage;
+use hawser_e2e::garbage::{http_garbage, random_bytes};
 use hawser_e2e::peer_conn::{Conn, End, Reply};
 use hawser_e2e::probe::{self, Tls};
 use hawser_e2e::tokens::read_credentials;
@@ -52,7 +52,7 @@ use hawser_tls::{Credentials, Peer};
 use hawser_wire::frame::{FrameHeader, Op, Status, HEADER_LEN};
 use hawser_wire::nbd;
 use rand::rngs::StdRng;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, SeedableRng};
 use reqwest::Method;
 
 /// Trials of each case on each port.
@@ -167,12 +167,6 @@ fn check(ok: bool, t: &Target, case: &str, r: &Reply, seed: u64) {
     );
 }
 
-fn random_bytes(rng: &mut impl RngCore, len: std::ops::Range<usize>) -> Vec<u8> {
-    let mut b = vec![0u8; rng.random_range(len)];
-    rng.fill_bytes(&mut b);
-    b
-}
-
 /// A TLS record of type `kind` (protocol version TLS 1.2, as records carry) with `payload`.
 fn record(kind: u8, payload: &[u8]) -> Vec<u8> {
     let len = u16::try_from(payload.len()).expect("a record under 64 KiB");
@@ -182,16 +176,10 @@ fn record(kind: u8, payload: &[u8]) -> Vec<u8> {
     r
 }
 
-/// What answers showed the garbage reached past TLS, per port.
-#[derive(Default)]
-struct Reached {
-    /// Trials whose garbage inside TLS got an answer of the port's protocol.
-    answered: usize,
-}
-
-/// The TLS-layer cases on one port, [`TRIALS`] times each.
-fn tls_layer(t: &Target, rng: &mut StdRng, seed: u64) -> Reached {
-    let mut reached = Reached::default();
+/// The TLS-layer cases on one port, [`TRIALS`] times each. Returns how many trials' garbage
+/// inside TLS got an answer of the port's protocol: what shows it reached past TLS.
+fn tls_layer(t: &Target, rng: &mut StdRng, seed: u64) -> usize {
+    let mut answered = 0;
     for trial in 0..TRIALS {
         // Random bytes instead of a ClientHello. Either held open with a first byte that is
         // no record type (the server must close on its own), or anything, then EOF.
@@ -234,19 +222,19 @@ fn tls_layer(t: &Target, rng: &mut StdRng, seed: u64) -> Reached {
         }
         b.extend(record(APPLICATION_DATA, &random_bytes(rng, 1..512)));
         let r = t.at_tls().exchange(&b, false, WAIT);
-        let answered = r.bytes.starts_with(&[HANDSHAKE, 3]);
+        let server_hello = r.bytes.starts_with(&[HANDSHAKE, 3]);
         let case = "a ClientHello then garbage records";
-        check(r.closed() && answered, t, case, &r, seed);
+        check(r.closed() && server_hello, t, case, &r, seed);
 
         // A completed handshake, then garbage of the port's protocol inside TLS.
         let mut conn = t.in_tls();
-        reached.answered += usize::from(match t.kind {
+        answered += usize::from(match t.kind {
             Kind::Http => http_inside(t, &mut conn, rng, seed),
             Kind::Replica => replica_inside(t, &mut conn, rng, trial, seed),
             Kind::Nbd => nbd_inside(t, &mut conn, rng, seed),
         });
     }
-    reached
+    answered
 }
 
 /// Garbage HTTP inside TLS, then close_notify: answered with a 4xx (no garbage opens
@@ -318,7 +306,6 @@ fn replica_inside(t: &Target, conn: &mut Conn, rng: &mut StdRng, trial: usize, s
 }
 
 /// What an option inside TLS must be answered with.
-#[derive(Debug)]
 enum Want {
     /// One reply of this (error) type.
     Error(u32),
@@ -326,6 +313,16 @@ enum Want {
     List,
     /// `NBD_REP_INFO` replies, then ACK (INFO of the export the certificate opens).
     Info,
+}
+
+impl std::fmt::Debug for Want {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Want::Error(e) => write!(f, "Error({e:#x})"),
+            Want::List => f.write_str("List"),
+            Want::Info => f.write_str("Info"),
+        }
+    }
 }
 
 /// How a garbage haggle inside TLS ends.
@@ -944,13 +941,14 @@ fn garbage_at_every_tls_port_and_abused_starttls_change_nothing() {
         for (i, t) in targets.iter().enumerate() {
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(seed ^ ((i as u64 + 1) << 32));
-                let reached = tls_layer(t, &mut rng, seed);
+                let answered = tls_layer(t, &mut rng, seed);
                 eprintln!(
-                    "{}: {TRIALS} trials of each case; {} of the garbage inside TLS answered",
-                    t.name, reached.answered
+                    "{}: {TRIALS} trials of each case; {answered} of the garbage inside TLS \
+                     answered",
+                    t.name
                 );
                 assert!(
-                    reached.answered > 0,
+                    answered > 0,
                     "{}: no garbage inside TLS got an answer of the port's protocol: it \
                      never got past TLS (seed {seed})",
                     t.name
