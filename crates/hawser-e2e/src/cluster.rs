@@ -490,6 +490,27 @@ impl Cluster {
         matches!(a.child.try_wait(), Ok(None))
     }
 
+    /// What a refused request must not change, one line each: every volume's node, epoch
+    /// and replicas with their states, and every node's state.
+    pub fn state_summary(&self) -> String {
+        let mut out = String::new();
+        for v in self.volumes() {
+            let replicas: Vec<String> = v
+                .replicas
+                .iter()
+                .map(|r| format!("{}@{}:{:?}", r.id, r.node, r.state))
+                .collect();
+            out.push_str(&format!(
+                "{} on {:?} epoch {} {replicas:?}\n",
+                v.name, v.attached_node, v.epoch
+            ));
+        }
+        for n in self.nodes() {
+            out.push_str(&format!("node {} {:?}\n", n.name, n.state));
+        }
+        out
+    }
+
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
     }

@@ -2,7 +2,9 @@
 //! (`tests/port_matrix.rs`): an HTTPS call, an NBD option haggle (in clear, or STARTTLS then
 //! TLS) up to `NBD_OPT_GO`, a replica Hello, and a connection that sends nothing. Each says
 //! only whether the thing was opened; refusals of every kind (no handshake, a closed
-//! connection, an error reply, an HTTP error) are "not opened".
+//! connection, an error reply, an HTTP error) are "not opened". The NBD steps they are made
+//! of (greeting, one option, STARTTLS) are public for tests that take the haggle apart
+//! (`tests/tls_garbage.rs`).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -13,6 +15,8 @@ use hawser_tls::rustls;
 use hawser_tls::{CertSlot, Credentials, Peer};
 use hawser_wire::frame::{FrameHeader, Op, Status, HEADER_LEN};
 use hawser_wire::nbd;
+
+use crate::peer_conn::Conn;
 
 /// How long a probe waits for any one answer.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,7 +35,8 @@ pub enum Tls {
 }
 
 impl Tls {
-    fn client_config(&self) -> Option<Arc<rustls::ClientConfig>> {
+    /// The rustls configuration of this client; `None` for [`Tls::Plain`].
+    pub fn client_config(&self) -> Option<Arc<rustls::ClientConfig>> {
         match self {
             Tls::Plain => None,
             Tls::With {
@@ -101,27 +106,35 @@ pub trait Stream: Read + Write {}
 impl<T: Read + Write> Stream for T {}
 
 fn tls_over(tcp: TcpStream, config: Arc<rustls::ClientConfig>) -> Box<dyn Stream> {
-    // The name plays no part: Hawser's verifier checks the principal in the certificate.
-    let name = rustls::pki_types::ServerName::try_from("hawser").expect("a server name");
-    let conn = rustls::ClientConnection::new(config, name).expect("a TLS client");
-    Box::new(rustls::StreamOwned::new(conn, tcp))
+    Box::new(Conn::tls(tcp, config).expect("a TLS client"))
+}
+
+/// A TCP connection to the NBD listener `addr` (read timeout [`PROBE_TIMEOUT`]) greeted
+/// (fixed newstyle, no zeroes).
+pub fn nbd_greeted(addr: &str) -> std::io::Result<TcpStream> {
+    let mut tcp = TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(PROBE_TIMEOUT))?;
+    nbd_greet(&mut tcp)?;
+    Ok(tcp)
+}
+
+/// [`nbd_greeted`], then `NBD_OPT_STARTTLS` acknowledged: the TLS handshake comes next.
+pub fn nbd_starttls(addr: &str) -> std::io::Result<TcpStream> {
+    let mut tcp = nbd_greeted(addr)?;
+    match nbd_option(&mut tcp, nbd::OPT_STARTTLS, &[])? {
+        nbd::REP_ACK => Ok(tcp),
+        other => Err(std::io::Error::other(format!(
+            "STARTTLS answered {other:#x}"
+        ))),
+    }
 }
 
 /// An NBD connection to the TCP listener `addr` up to option haggling: with TLS it asks for
 /// STARTTLS first and goes on inside TLS. `None` if the greeting or TLS failed.
 fn nbd_tcp(addr: &str, tls: &Tls) -> Option<Box<dyn Stream>> {
-    let tcp = TcpStream::connect(addr).ok()?;
-    tcp.set_read_timeout(Some(PROBE_TIMEOUT)).ok()?;
-    let mut plain = tcp.try_clone().ok()?;
-    greet(&mut plain).ok()?;
     match tls.client_config() {
-        None => Some(Box::new(tcp)),
-        Some(config) => {
-            if option(&mut plain, nbd::OPT_STARTTLS, &[]).ok() != Some(nbd::REP_ACK) {
-                return None;
-            }
-            Some(tls_over(tcp, config))
-        }
+        None => Some(Box::new(nbd_greeted(addr).ok()?)),
+        Some(config) => Some(tls_over(nbd_starttls(addr).ok()?, config)),
     }
 }
 
@@ -135,14 +148,14 @@ pub fn nbd_tcp_session(addr: &str, tls: &Tls) -> bool {
 /// Whether an NBD client with `tls` opens `export` at the TCP listener `addr`: an ACK to
 /// `NBD_OPT_GO` means it would enter transmission.
 pub fn nbd_tcp_opens(addr: &str, tls: &Tls, export: &str) -> bool {
-    nbd_tcp(addr, tls).is_some_and(|mut s| go(&mut s, export))
+    nbd_tcp(addr, tls).is_some_and(|mut s| nbd_go(&mut s, export))
 }
 
 fn nbd_unix(path: &std::path::Path) -> Option<Box<dyn Stream>> {
     let s = std::os::unix::net::UnixStream::connect(path).ok()?;
     s.set_read_timeout(Some(PROBE_TIMEOUT)).ok()?;
     let mut s: Box<dyn Stream> = Box::new(s);
-    greet(&mut s).ok()?;
+    nbd_greet(&mut s).ok()?;
     Some(s)
 }
 
@@ -153,15 +166,15 @@ pub fn nbd_unix_session(path: &std::path::Path) -> bool {
 
 /// Whether a client of the unix socket `path` opens `export` (plain NBD, no TLS).
 pub fn nbd_unix_opens(path: &std::path::Path, export: &str) -> bool {
-    nbd_unix(path).is_some_and(|mut s| go(&mut s, export))
+    nbd_unix(path).is_some_and(|mut s| nbd_go(&mut s, export))
 }
 
 fn list_answered(s: &mut impl Stream) -> bool {
-    option(s, nbd::OPT_LIST, &[]).ok() == Some(nbd::REP_ACK)
+    nbd_option(s, nbd::OPT_LIST, &[]).ok() == Some(nbd::REP_ACK)
 }
 
 /// Reads the server's greeting and answers with fixed newstyle and no zeroes.
-fn greet(s: &mut impl Stream) -> std::io::Result<()> {
+pub fn nbd_greet(s: &mut impl Stream) -> std::io::Result<()> {
     let mut hello = [0u8; 18];
     s.read_exact(&mut hello)?;
     let ok =
@@ -174,29 +187,12 @@ fn greet(s: &mut impl Stream) -> std::io::Result<()> {
 }
 
 /// Sends one option and reads its replies up to the last: the final reply's type (ACK, or
-/// an error). INFO replies before it are skipped.
-fn option(s: &mut impl Stream, opt: u32, payload: &[u8]) -> std::io::Result<u32> {
-    let mut msg = Vec::with_capacity(16 + payload.len());
-    msg.extend_from_slice(&nbd::IHAVEOPT.to_be_bytes());
-    msg.extend_from_slice(&opt.to_be_bytes());
-    let len = u32::try_from(payload.len()).map_err(std::io::Error::other)?;
-    msg.extend_from_slice(&len.to_be_bytes());
-    msg.extend_from_slice(payload);
-    s.write_all(&msg)?;
+/// an error). INFO and SERVER replies before it are skipped.
+pub fn nbd_option(s: &mut impl Stream, opt: u32, payload: &[u8]) -> std::io::Result<u32> {
+    s.write_all(&nbd_option_bytes(opt, payload))?;
     s.flush()?;
     for _ in 0..64 {
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h)?;
-        let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-        let kind = be32(&h[12..16]);
-        let len = be32(&h[16..20]);
-        if u64::from_be_bytes(h[..8].try_into().unwrap_or_default()) != nbd::OPTION_REPLY_MAGIC
-            || len > 1 << 20
-        {
-            return Err(std::io::Error::other("bad option reply"));
-        }
-        let mut data = vec![0u8; len as usize];
-        s.read_exact(&mut data)?;
+        let (kind, _) = nbd_reply(s)?;
         if kind != nbd::REP_INFO && kind != nbd::REP_SERVER {
             return Ok(kind);
         }
@@ -204,17 +200,37 @@ fn option(s: &mut impl Stream, opt: u32, payload: &[u8]) -> std::io::Result<u32>
     Err(std::io::Error::other("too many option replies"))
 }
 
-/// `NBD_OPT_GO` for `export`: whether the server acknowledged it.
-fn go(s: &mut impl Stream, export: &str) -> bool {
-    let mut payload = Vec::new();
-    payload.extend_from_slice(
-        &u32::try_from(export.len())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes(),
-    );
-    payload.extend_from_slice(export.as_bytes());
-    payload.extend_from_slice(&0u16.to_be_bytes());
-    option(s, nbd::OPT_GO, &payload).ok() == Some(nbd::REP_ACK)
+/// One option as a client sends it: `IHAVEOPT`, the option, its length, `payload`.
+pub fn nbd_option_bytes(opt: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("an option payload under 4 GiB");
+    let mut msg = nbd::OptionHeader { option: opt, len }.encode().to_vec();
+    msg.extend_from_slice(payload);
+    msg
+}
+
+/// Reads one option reply: its type and data.
+pub fn nbd_reply(s: &mut impl Read) -> std::io::Result<(u32, Vec<u8>)> {
+    let mut h = [0u8; nbd::OPTION_REPLY_HEADER_LEN];
+    s.read_exact(&mut h)?;
+    let reply = nbd::OptionReply::decode(&h).map_err(std::io::Error::other)?;
+    if reply.len > 1 << 20 {
+        return Err(std::io::Error::other("an option reply over 1 MiB"));
+    }
+    let mut data = vec![0u8; reply.len as usize];
+    s.read_exact(&mut data)?;
+    Ok((reply.reply_type, data))
+}
+
+/// `NBD_OPT_GO` for `export`: whether the server acknowledged it (the connection is then in
+/// transmission).
+pub fn nbd_go(s: &mut impl Stream, export: &str) -> bool {
+    let payload = nbd::InfoRequest {
+        name: export,
+        info_types: vec![],
+    }
+    .encode()
+    .expect("a short export name");
+    nbd_option(s, nbd::OPT_GO, &payload).ok() == Some(nbd::REP_ACK)
 }
 
 /// The status a replica server answers a Hello with (`payload` a `HelloRequest`), or

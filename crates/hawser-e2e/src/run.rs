@@ -75,6 +75,16 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// Resident memory of process `pid`, KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
 /// Where test directories go: `HAWSER_TEST_DIR`, else the system temp dir.
 pub(crate) fn test_base_dir() -> PathBuf {
     std::env::var_os("HAWSER_TEST_DIR")

@@ -126,6 +126,19 @@ impl TokenFiles {
     }
 }
 
+/// The certificate chain in `dir/cert` and its key in `dir/key` (as `hawser volume
+/// client-cert` or an agent writes them).
+pub fn read_credentials(dir: &Path, cert: &str, key: &str) -> Credentials {
+    let read = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .unwrap_or_else(|e| panic!("read {}: {e}", dir.join(f).display()))
+    };
+    Credentials {
+        chain_pem: read(cert),
+        key_pem: read(key),
+    }
+}
+
 fn write_private(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));

@@ -5,8 +5,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use hawser_e2e::garbage::http_garbage;
 use hawser_e2e::peer_conn::{Conn, ReplicaPort};
-use hawser_e2e::{have, qemu_io, Cluster, ClusterOptions, SmallFs, TempDir};
+use hawser_e2e::{have, qemu_io, rss_kib, Cluster, ClusterOptions, SmallFs, TempDir};
 use rand::{Rng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 
@@ -333,81 +334,6 @@ fn connect_bound(source: [u8; 4], target: std::net::SocketAddr) -> TcpStream {
     }
 }
 
-/// Resident memory of process `pid`, KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
-/// Garbage for an HTTP API: random bytes; a request line and headers with random parts (some
-/// huge); a body announced longer than it is, or longer than any body may be; a request with
-/// a made-up token and a random JSON-ish body. None carries a valid token.
-fn http_garbage(rng: &mut impl RngCore) -> Vec<u8> {
-    fn junk(rng: &mut impl RngCore, max: usize) -> Vec<u8> {
-        let mut b = vec![0u8; rng.random_range(0..max)];
-        rng.fill_bytes(&mut b);
-        b
-    }
-    fn letters(rng: &mut impl RngCore, max: usize) -> Vec<u8> {
-        junk(rng, max).iter().map(|b| b'a' + b % 26).collect()
-    }
-    let methods = ["GET", "PUT", "POST", "DELETE", "PATCH", "G\0T", ""];
-    let paths = [
-        "/v1/volumes",
-        "/v1/nodes/n1",
-        "/v1/replicas",
-        "/v1/status",
-        "/",
-        "*",
-    ];
-    let mut v = Vec::new();
-    match rng.random_range(0..4) {
-        0 => return junk(rng, 4096),
-        1 => {
-            let m = methods[rng.random_range(0..methods.len())];
-            let p = paths[rng.random_range(0..paths.len())];
-            v.extend_from_slice(format!("{m} {p} HTTP/1.1\r\nhost: x\r\n").as_bytes());
-            for _ in 0..rng.random_range(0..8) {
-                v.extend_from_slice(b"x-");
-                v.extend(letters(rng, 64));
-                v.extend_from_slice(b": ");
-                v.extend(letters(rng, 20_000));
-                v.extend_from_slice(b"\r\n");
-            }
-            v.extend_from_slice(b"\r\n");
-        }
-        2 => {
-            let announced = [10, 4096, 1 << 20, 10 << 20, u64::from(u32::MAX)];
-            let n = announced[rng.random_range(0..announced.len())];
-            v.extend_from_slice(
-                format!("POST /v1/volumes HTTP/1.1\r\nhost: x\r\ncontent-length: {n}\r\n\r\n")
-                    .as_bytes(),
-            );
-            v.extend(junk(rng, 8192));
-        }
-        _ => {
-            let body = junk(rng, 2048);
-            v.extend_from_slice(
-                format!(
-                    "PUT /v1/nodes/n1 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\n\
-                     content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                    "0".repeat(64),
-                    body.len() + 2
-                )
-                .as_bytes(),
-            );
-            v.push(b'{');
-            v.extend(body);
-            v.push(b'}');
-        }
-    }
-    v
-}
-
 fn send_garbage(addr: &str, bytes: &[u8]) {
     let _ = exchange(addr, bytes, Duration::from_millis(200));
 }
@@ -429,18 +355,7 @@ fn exchange_on(conn: std::io::Result<Conn>, addr: &str, bytes: &[u8], wait: Dura
     let Ok(mut s) = conn else {
         panic!("{addr} stopped accepting")
     };
-    let _ = s.set_read_timeout(Some(wait));
-    let _ = s.write_all(bytes);
-    let _ = s.close_write();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = s.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    got
+    s.exchange(bytes, true, wait).bytes
 }
 
 fn nbd_garbage(rng: &mut impl RngCore) -> Vec<u8> {

@@ -275,17 +275,6 @@ fn read_token(path: &Path) -> String {
         .to_string()
 }
 
-fn files_creds(dir: &Path, cert: &str, key: &str) -> Credentials {
-    let read = |f: &str| {
-        std::fs::read_to_string(dir.join(f))
-            .unwrap_or_else(|e| panic!("read {}: {e}", dir.join(f).display()))
-    };
-    Credentials {
-        chain_pem: read(cert),
-        key_pem: read(key),
-    }
-}
-
 fn b64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -331,27 +320,6 @@ fn markdown(rows: &[(String, Vec<String>)]) -> String {
     out.push('\n');
     for (label, cells) in rows {
         out.push_str(&format!("| {label} | {} |\n", cells.join(" | ")));
-    }
-    out
-}
-
-/// The state a refusal must not change: each volume's node, epoch and replicas with their
-/// states, and the nodes.
-fn state(c: &Cluster) -> String {
-    let mut out = String::new();
-    for v in c.volumes() {
-        let replicas: Vec<String> = v
-            .replicas
-            .iter()
-            .map(|r| format!("{}@{}:{:?}", r.id, r.node, r.state))
-            .collect();
-        out.push_str(&format!(
-            "{} on {:?} epoch {} {replicas:?}\n",
-            v.name, v.attached_node, v.epoch
-        ));
-    }
-    for n in c.nodes() {
-        out.push_str(&format!("node {} {:?}\n", n.name, n.state));
     }
     out
 }
@@ -432,11 +400,16 @@ fn every_port_admits_exactly_the_credentials_docs_security_md_lists() {
 
     // Certificates: n1's own, the controller's, a client certificate for volume ma (written
     // by the CLI, as a user gets one), another CA's.
-    let n1_creds = files_creds(&c.agent("n1").data_dir.join("tls"), "node.pem", "node.key");
+    let n1_creds = hawser_e2e::tokens::read_credentials(
+        &c.agent("n1").data_dir.join("tls"),
+        "node.pem",
+        "node.key",
+    );
     let client_dir: PathBuf = c.dir.path().join("client-ma");
     let client_dir_arg = client_dir.display().to_string();
     c.cli_ok(&["volume", "client-cert", "ma", "--out", &client_dir_arg]);
-    let client = files_creds(&client_dir, "client-cert.pem", "client-key.pem");
+    let client =
+        hawser_e2e::tokens::read_credentials(&client_dir, "client-cert.pem", "client-key.pem");
     let other = hawser_tls::Ca::generate("other").expect("another CA");
     let (issued, key_pem) = other
         .issue_with_key(&Peer::Node("n1".into()), hawser_tls::NODE_CERT_LIFETIME)
@@ -545,7 +518,7 @@ fn every_port_admits_exactly_the_credentials_docs_security_md_lists() {
             cred: Cred::OtherUser,
         },
     ];
-    let before = state(&c);
+    let before = c.state_summary();
     let probes = Probes {
         ca_pem: c.tokens.ca_pem().to_string(),
         replica_hello,
@@ -576,7 +549,7 @@ fn every_port_admits_exactly_the_credentials_docs_security_md_lists() {
     // Nothing was changed by what was refused: the same volumes, epochs, replicas and
     // nodes (no n9 registered), and ma's data.
     let c = &probes.c;
-    assert_eq!(state(c), before, "a probe changed the cluster");
+    assert_eq!(c.state_summary(), before, "a probe changed the cluster");
     assert!(c.nodes().iter().all(|n| n.name != "n9"));
     qemu_io(&ma, &["read -P 0x3d 0 1M"]);
     let mode = std::os::unix::fs::PermissionsExt::mode(
