@@ -84,14 +84,21 @@ build: deps-demo
 # (HAWSER_E2E_STORE=etcd), so both store backends pass "Replicated volumes over NBD".
 E2E_ON_ETCD := --test replicated_volume --test bad_input
 
+# Runs test step $(1), the command $(2), noting its times (scripts/test-times.sh); on a
+# failure prints the times so far and stops.
+timed = set -o pipefail; $(2) 2>&1 | scripts/test-times.sh $(1) || { scripts/test-times.sh --report; exit 1; }
+
 # Unit, simulation and integration tests, then the end-to-end tests against real clients
-# (on the embedded store, then the NBD ones again on etcd).
+# (on the embedded store, then the NBD ones again on etcd; scripts/e2e.sh runs those that
+# can two at a time). Ends with the slowest test binaries and each step's time.
 test: check-tools deps build lint k8s-tools $(UI_MODULES)
-	$(CARGO) test --release --workspace --exclude hawser-e2e
-	scripts/fuzz.sh
-	HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -p hawser-e2e -- --test-threads=1
-	HAWSER_E2E_STORE=etcd HAWSER_BIN=$(abspath $(HAWSER)) \
-		$(CARGO) test --release -p hawser-e2e $(E2E_ON_ETCD) -- --test-threads=1
+	@scripts/test-times.sh --start
+	$(call timed,unit,$(CARGO) test --release --workspace --exclude hawser-e2e)
+	$(call timed,fuzz,scripts/fuzz.sh)
+	$(call timed,e2e,HAWSER_BIN=$(abspath $(HAWSER)) CARGO=$(CARGO) scripts/e2e.sh)
+	$(call timed,e2e-etcd,HAWSER_E2E_STORE=etcd HAWSER_BIN=$(abspath $(HAWSER)) CARGO=$(CARGO) \
+		scripts/e2e.sh $(E2E_ON_ETCD))
+	@scripts/test-times.sh --report
 
 # Every fuzz target (fuzz/) for FUZZ_SECONDS each (default 20), on the pinned stable toolchain;
 # installs cargo-fuzz from crates.io when missing. Fails on any crash.

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# How long make test's steps and test binaries took, printed at the end of every run (issue
+# 40): the slowest first, so the next test that pushes make test past its budget is named.
+#
+#   scripts/test-times.sh --start         forget the last run's times
+#   CMD 2>&1 | scripts/test-times.sh STEP  pass CMD's output through, noting the step's wall
+#                                          time and each test binary's "finished in" time
+#   scripts/test-times.sh --report        print the slowest binaries and every step
+#
+# cargo test names each binary on a "Running tests/x.rs (...)" or "Doc-tests x" line and ends
+# it with "test result: ... finished in N.NNs"; the times are libtest's own.
+set -uo pipefail
+log="${HAWSER_TEST_TIMES:-$(dirname "$0")/../target/test-times.log}"
+
+case "${1:-}" in
+--start)
+    mkdir -p "$(dirname "$log")"
+    : >"$log"
+    ;;
+--report)
+    [ -s "$log" ] || exit 0
+    echo
+    echo "== slowest test binaries (seconds, libtest's own count) =="
+    grep '^binary ' "$log" | sort -k2 -rn | head -n "${TOP:-15}" |
+        awk '{ printf "%8.1f  %s: %s\n", $2, $3, $4 }'
+    echo "== steps (wall seconds) =="
+    grep '^step ' "$log" | awk '{ printf "%8d  %s%s\n", $2, $3, ($4 == "" ? "" : " (" $4 ")") }'
+    grep '^step ' "$log" | awk '{ s += $2 } END { printf "%8d  total\n", s }'
+    ;;
+"")
+    echo "usage: CMD 2>&1 | $0 STEP, or $0 --start|--report" >&2
+    exit 2
+    ;;
+*)
+    step="$1"
+    start=$(date +%s)
+    current="?"
+    while IFS= read -r line; do
+        printf '%s\n' "$line"
+        case "$line" in
+        *"Running "*"("*")"*)
+            # "Running unittests src/lib.rs (target/release/deps/hawser_tls-0123abcd)"
+            current=$(sed -E 's/.*Running (unittests )?([^ ]+) \(.*\/([^/]+)-[0-9a-f]+\).*/\3:\2/' <<<"$line")
+            ;;
+        *"Doc-tests "*)
+            current="doc:$(sed -E 's/.*Doc-tests ([^ ]+).*/\1/' <<<"$line")"
+            ;;
+        "test result:"*"finished in "*)
+            secs=$(sed -E 's/.*finished in ([0-9.]+)s.*/\1/' <<<"$line")
+            echo "binary $secs $step $current" >>"$log"
+            ;;
+        esac
+    done
+    # The step's own exit status is the pipeline's (pipefail); noted here whatever it was.
+    echo "step $(($(date +%s) - start)) $step" >>"$log"
+    ;;
+esac
