@@ -68,28 +68,24 @@ impl Ca {
         })
     }
 
-    /// The CA as kept: its certificate and its key, both PEM. The certificate is the first
-    /// in `cert_pem` (during a rotation the file also holds the CA trusted beside it), and
-    /// it must be the key's.
+    /// The CA as kept: its certificate and its key, both PEM. During a rotation `cert_pem`
+    /// also holds the CA trusted beside it: the certificate taken is the one of the key.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> anyhow::Result<Ca> {
+        use x509_parser::prelude::{FromDer, X509Certificate};
         let key = KeyPair::from_pem(key_pem).context("the CA key is not a PEM private key")?;
-        let cert_der = crate::config::certs_from_pem(cert_pem)?
+        let spki = key.subject_public_key_info();
+        let certs = crate::config::certs_from_pem(cert_pem)?;
+        let cert_der = certs
             .into_iter()
-            .next()
-            .context("no certificate in the CA's PEM")?;
+            .find(|c| {
+                X509Certificate::from_der(c)
+                    .is_ok_and(|(_, cert)| cert.public_key().raw == spki.as_slice())
+            })
+            .context("the CA key is not the CA certificate's (nor of any certificate beside it)")?;
         anyhow::ensure!(
             Issuer::from_ca_cert_der(&cert_der, &key).is_ok(),
             "the CA certificate cannot be read as a CA"
         );
-        {
-            use x509_parser::prelude::{FromDer, X509Certificate};
-            let (_, cert) =
-                X509Certificate::from_der(&cert_der).context("malformed CA certificate")?;
-            anyhow::ensure!(
-                cert.public_key().raw == key.subject_public_key_info().as_slice(),
-                "the CA key is not the CA certificate's"
-            );
-        }
         Ok(Ca {
             cert_pem: der_to_pem(&cert_der),
             cert_der,
@@ -340,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bundle_loads_as_its_first_ca_and_a_foreign_key_is_refused() {
+    fn a_bundle_loads_as_the_keys_ca_and_a_foreign_key_is_refused() {
         let (a, b) = (
             Ca::generate("a").expect("ca"),
             Ca::generate("b").expect("ca"),
@@ -353,6 +349,8 @@ mod tests {
             "only the CA's own certificate"
         );
         assert_eq!(again.fingerprint(), a.fingerprint());
+        let second = Ca::from_pem(&both, &b.key_pem()).expect("the key's, second");
+        assert_eq!(second.fingerprint(), b.fingerprint());
         let err = Ca::from_pem(a.cert_pem(), &b.key_pem())
             .err()
             .expect("mismatch");
