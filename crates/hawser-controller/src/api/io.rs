@@ -13,8 +13,8 @@ use axum::Json;
 use hawser_api::controller::{ClusterEvent, ClusterIo, VolumeState};
 
 use crate::errors::ControllerError;
-use crate::model::now_ms;
 use crate::state::AppState;
+use crate::store::model::now_ms;
 
 /// How long the call waits for each node.
 const AGENT_IO_TIMEOUT: Duration = Duration::from_secs(2);

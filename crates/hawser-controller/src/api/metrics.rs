@@ -27,9 +27,9 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::errors::ControllerError;
-use crate::leader::Role;
-use crate::model::{now_ms, NodeRecord, VolumeRecord};
 use crate::state::AppState;
+use crate::store::leader::Role;
+use crate::store::model::{now_ms, NodeRecord, VolumeRecord};
 
 /// What the controller counts as it happens. Clones share the counters.
 #[derive(Clone, Debug, Default)]

@@ -1,6 +1,17 @@
 //! The HTTP server: routes, the body limit, and extractors that turn every malformed request
 //! into a JSON `ApiError` (axum's defaults answer in plain text, some with 422).
 
+pub(crate) mod io;
+pub(crate) mod metrics;
+pub(crate) mod nodes;
+pub(crate) mod pools;
+pub(crate) mod replicas;
+pub(crate) mod snapshots;
+pub(crate) mod status;
+pub(crate) mod tokens;
+pub(crate) mod ui;
+pub(crate) mod volumes;
+
 use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -16,14 +27,13 @@ use serde::de::DeserializeOwned;
 use axum::Extension;
 use hawser_listen::Transport;
 
+use crate::auth::tls;
 use crate::auth::Caller;
+use crate::cluster;
 use crate::constants::MAX_BODY_BYTES;
 use crate::errors::ControllerError;
-use crate::leader::Role;
 use crate::state::AppState;
-use crate::{
-    api_nodes, api_pools, api_replicas, api_snapshots, api_status, api_volumes, cluster, tls,
-};
+use crate::store::leader::Role;
 
 /// One route of the API: method, path (axum syntax), who may call it, and its handler.
 struct Route {
@@ -53,47 +63,52 @@ fn routes() -> Vec<Route> {
     use Caller::{Admin, Agent, Joining, Metrics, NodeRead};
     use Method as M;
     vec![
-        route(M::GET, "/v1/nodes", Admin, get(api_nodes::list)),
-        route(M::PUT, "/v1/nodes/{node}", Agent, put(api_nodes::register)),
-        route(M::GET, "/v1/nodes/{node}", NodeRead, get(api_nodes::show)),
+        route(M::GET, "/v1/nodes", Admin, get(nodes::list)),
+        route(M::PUT, "/v1/nodes/{node}", Agent, put(nodes::register)),
+        route(M::GET, "/v1/nodes/{node}", NodeRead, get(nodes::show)),
         route(
             M::POST,
             "/v1/nodes/{node}/evacuate",
             Admin,
-            post(api_nodes::evacuate),
+            post(nodes::evacuate),
         ),
         route(
             M::POST,
             "/v1/nodes/{node}/restore",
             Admin,
-            post(api_nodes::restore),
+            post(nodes::restore),
         ),
         route(M::GET, "/v1/cluster", Admin, get(cluster::show)),
         route(
             M::POST,
             "/v1/cluster/admin-token",
             Admin,
-            post(crate::api_tokens::rotate_admin_token),
+            post(crate::api::tokens::rotate_admin_token),
         ),
         route(
             M::POST,
             "/v1/cluster/agent-token",
             Admin,
-            post(crate::api_tokens::rotate_agent_token),
+            post(crate::api::tokens::rotate_agent_token),
         ),
         route(
             M::POST,
             "/v1/cluster/metrics-token",
             Admin,
-            post(crate::api_tokens::rotate_metrics_token),
+            post(crate::api::tokens::rotate_metrics_token),
         ),
         route(
             M::POST,
             "/v1/cluster/volume-key",
             Admin,
-            post(crate::volume_key_rotation::rotate_volume_key),
+            post(crate::volumes::key_rotation::rotate_volume_key),
         ),
-        route(M::GET, "/metrics", Metrics, get(crate::api_metrics::scrape)),
+        route(
+            M::GET,
+            "/metrics",
+            Metrics,
+            get(crate::api::metrics::scrape),
+        ),
         route(
             M::POST,
             "/v1/join-tokens",
@@ -105,19 +120,19 @@ fn routes() -> Vec<Route> {
             M::GET,
             "/v1/cluster/ca-rotation",
             Admin,
-            get(crate::ca_rotation::show),
+            get(crate::auth::ca_rotation::show),
         ),
         route(
             M::POST,
             "/v1/cluster/ca-rotation",
             Admin,
-            post(crate::ca_rotation::step),
+            post(crate::auth::ca_rotation::step),
         ),
         route(
             M::POST,
             "/v1/client-certificates",
             Admin,
-            post(crate::client_cert::create),
+            post(crate::auth::client_cert::create),
         ),
         route(
             M::POST,
@@ -131,94 +146,84 @@ fn routes() -> Vec<Route> {
             Admin,
             post(cluster::recover),
         ),
-        route(M::GET, "/v1/pools", Admin, get(api_pools::list)),
-        route(M::GET, "/v1/status", Admin, get(api_status::show)),
-        route(M::GET, "/v1/io", Admin, get(crate::api_io::io)),
-        route(M::POST, "/v1/snapshots", Admin, post(api_snapshots::create)),
-        route(M::GET, "/v1/snapshots", Admin, get(api_snapshots::list)),
-        route(
-            M::GET,
-            "/v1/snapshots/{name}",
-            Admin,
-            get(api_snapshots::show),
-        ),
+        route(M::GET, "/v1/pools", Admin, get(pools::list)),
+        route(M::GET, "/v1/status", Admin, get(status::show)),
+        route(M::GET, "/v1/io", Admin, get(crate::api::io::io)),
+        route(M::POST, "/v1/snapshots", Admin, post(snapshots::create)),
+        route(M::GET, "/v1/snapshots", Admin, get(snapshots::list)),
+        route(M::GET, "/v1/snapshots/{name}", Admin, get(snapshots::show)),
         route(
             M::DELETE,
             "/v1/snapshots/{name}",
             Admin,
-            delete(api_snapshots::delete),
+            delete(snapshots::delete),
         ),
-        route(M::GET, "/v1/events", Admin, get(crate::api_io::events)),
-        route(M::GET, "/v1/replicas", Admin, get(api_replicas::list)),
-        route(M::GET, "/v1/replicas/{id}", Admin, get(api_replicas::show)),
-        route(M::GET, "/v1/trash", Admin, get(api_replicas::trash)),
-        route(M::POST, "/v1/volumes", Admin, post(api_volumes::create)),
-        route(M::GET, "/v1/volumes", Admin, get(api_volumes::list)),
-        route(
-            M::GET,
-            "/v1/volumes/{name}",
-            NodeRead,
-            get(api_volumes::show),
-        ),
+        route(M::GET, "/v1/events", Admin, get(crate::api::io::events)),
+        route(M::GET, "/v1/replicas", Admin, get(replicas::list)),
+        route(M::GET, "/v1/replicas/{id}", Admin, get(replicas::show)),
+        route(M::GET, "/v1/trash", Admin, get(replicas::trash)),
+        route(M::POST, "/v1/volumes", Admin, post(volumes::create)),
+        route(M::GET, "/v1/volumes", Admin, get(volumes::list)),
+        route(M::GET, "/v1/volumes/{name}", NodeRead, get(volumes::show)),
         route(
             M::DELETE,
             "/v1/volumes/{name}",
             Admin,
-            delete(api_volumes::delete),
+            delete(volumes::delete),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/attach",
             Admin,
-            post(api_volumes::attach),
+            post(volumes::attach),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/detach",
             Admin,
-            post(api_volumes::detach),
+            post(volumes::detach),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/expand",
             Admin,
-            post(api_volumes::expand),
+            post(volumes::expand),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/restore",
             Admin,
-            post(api_volumes::restore),
+            post(volumes::restore),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/qos",
             Admin,
-            post(api_volumes::set_qos),
+            post(volumes::set_qos),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/scrub",
             Admin,
-            post(api_volumes::scrub),
+            post(volumes::scrub),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/force-promote",
             Admin,
-            post(api_volumes::force_promote),
+            post(volumes::force_promote),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/replicas/{id}/outdate",
             Agent,
-            post(api_volumes::outdate),
+            post(volumes::outdate),
         ),
         route(
             M::POST,
             "/v1/volumes/{name}/replicas/{id}/in-sync",
             Agent,
-            post(api_volumes::mark_in_sync),
+            post(volumes::mark_in_sync),
         ),
     ]
 }
@@ -238,7 +243,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         router = router.route(r.path, r.handler.route_layer(guard));
     }
     router
-        .merge(crate::ui::router())
+        .merge(crate::api::ui::router())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

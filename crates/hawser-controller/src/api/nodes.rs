@@ -9,10 +9,10 @@ use axum::Json;
 use hawser_api::controller::{validate_labels, Node, RegisterNode};
 use hawser_api::validate_name;
 
+use crate::api::{ApiJson, ApiPath};
 use crate::errors::ControllerError;
-use crate::model::{now_ms, NodeRecord, NodeSettings};
-use crate::server::{ApiJson, ApiPath};
 use crate::state::AppState;
+use crate::store::model::{now_ms, NodeRecord, NodeSettings};
 
 pub async fn register(
     State(st): State<Arc<AppState>>,

@@ -8,10 +8,10 @@ use axum::extract::State;
 use axum::Json;
 use hawser_api::controller::{OrphanReplica, ReplicaInfo};
 
+use crate::api::ApiPath;
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
-use crate::server::ApiPath;
 use crate::state::AppState;
+use crate::store::model::VolumeRecord;
 
 pub async fn list(
     State(st): State<Arc<AppState>>,

@@ -9,9 +9,8 @@ use axum::Json;
 use hawser_api::controller::{CreateSnapshot, Snapshot};
 use serde::Deserialize;
 
+use crate::api::{ApiJson, ApiPath, ApiQuery};
 use crate::errors::ControllerError;
-use crate::server::{ApiJson, ApiPath, ApiQuery};
-use crate::snapshot_create;
 use crate::state::AppState;
 
 type Shared = State<Arc<AppState>>;
@@ -21,7 +20,7 @@ pub async fn create(
     ApiJson(req): ApiJson<CreateSnapshot>,
 ) -> Result<(StatusCode, Json<Snapshot>), ControllerError> {
     let volume = req.volume.clone();
-    let s = snapshot_create::create_snapshot(&st, req).await?;
+    let s = crate::snapshots::create::create_snapshot(&st, req).await?;
     Ok((StatusCode::CREATED, Json(s.to_api(&volume))))
 }
 
@@ -59,7 +58,7 @@ pub async fn show(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Snapshot>, ControllerError> {
     let volumes = st.records.volumes().await?;
-    let (v, s) = snapshot_create::find(&volumes, &name)
+    let (v, s) = crate::snapshots::create::find(&volumes, &name)
         .ok_or(ControllerError::SnapshotNotFound { snapshot: name })?;
     Ok(Json(s.to_api(&v.name)))
 }
@@ -68,6 +67,6 @@ pub async fn delete(
     State(st): Shared,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ControllerError> {
-    snapshot_create::delete_snapshot(&st, &name).await?;
+    crate::snapshots::create::delete_snapshot(&st, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

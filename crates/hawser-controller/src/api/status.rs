@@ -15,8 +15,8 @@ use hawser_api::controller::{
 };
 
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
 use crate::state::AppState;
+use crate::store::model::VolumeRecord;
 
 /// How long the status waits for each agent.
 const AGENT_STATUS_TIMEOUT: Duration = Duration::from_secs(2);

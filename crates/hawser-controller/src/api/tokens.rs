@@ -12,9 +12,9 @@ use axum::extract::State;
 use axum::Json;
 use hawser_api::controller::{RotateToken, TokenRotated};
 
+use crate::api::ApiJson;
 use crate::auth::TokenKind;
 use crate::errors::ControllerError;
-use crate::server::ApiJson;
 use crate::state::AppState;
 
 const DEFAULT_GRACE_SECS: u64 = 3600;

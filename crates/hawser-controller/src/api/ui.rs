@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 
-const INDEX: &str = include_str!("../../../ui/dist/index.html");
-const APP_JS: &str = include_str!("../../../ui/dist/app.js");
-const APP_CSS: &str = include_str!("../../../ui/dist/app.css");
+const INDEX: &str = include_str!("../../../../ui/dist/index.html");
+const APP_JS: &str = include_str!("../../../../ui/dist/app.js");
+const APP_CSS: &str = include_str!("../../../../ui/dist/app.css");
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
                    connect-src 'self'; img-src 'self' data:; form-action 'self'; \

@@ -12,9 +12,9 @@ use hawser_api::controller::{
     Attach, CreateVolume, ExpandVolume, ForcePromote, MarkInSync, Outdate, RestoreVolume, Volume,
 };
 
+use crate::api::{ApiJson, ApiPath, ApiQuery};
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
-use crate::server::{ApiJson, ApiPath, ApiQuery};
+use crate::store::model::VolumeRecord;
 
 /// `DELETE /v1/volumes/{name}?with_snapshots=true`.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -25,10 +25,6 @@ pub struct DeleteQuery {
     pub with_snapshots: bool,
 }
 use crate::state::AppState;
-use crate::{
-    volume_attach, volume_create, volume_delete, volume_expand, volume_force_promote,
-    volume_outdate,
-};
 
 type Shared = State<Arc<AppState>>;
 
@@ -45,7 +41,7 @@ pub async fn create(
     State(st): Shared,
     ApiJson(req): ApiJson<CreateVolume>,
 ) -> Result<(StatusCode, Json<Volume>), ControllerError> {
-    let rec = volume_create::create_volume(&st, req).await?;
+    let rec = crate::volumes::create::create_volume(&st, req).await?;
     Ok((StatusCode::CREATED, Json(rec.to_api(None))))
 }
 
@@ -130,7 +126,7 @@ pub async fn delete(
     ApiPath(name): ApiPath<String>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> Result<StatusCode, ControllerError> {
-    volume_delete::delete_volume(&st, &name, q.with_snapshots).await?;
+    crate::volumes::delete::delete_volume(&st, &name, q.with_snapshots).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -139,7 +135,7 @@ pub async fn attach(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<Attach>,
 ) -> Result<Json<Volume>, ControllerError> {
-    let (rec, node) = volume_attach::attach_volume(&st, &name, req).await?;
+    let (rec, node) = crate::volumes::attach::attach_volume(&st, &name, req).await?;
     Ok(Json(rec.to_api(Some(&node))))
 }
 
@@ -147,7 +143,7 @@ pub async fn detach(
     State(st): Shared,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Volume>, ControllerError> {
-    let rec = volume_attach::detach_volume(&st, &name).await?;
+    let rec = crate::volumes::attach::detach_volume(&st, &name).await?;
     Ok(Json(rec.to_api(None)))
 }
 
@@ -156,7 +152,7 @@ pub async fn expand(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<ExpandVolume>,
 ) -> Result<Json<Volume>, ControllerError> {
-    let rec = volume_expand::expand_volume(&st, &name, req).await?;
+    let rec = crate::volumes::expand::expand_volume(&st, &name, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }
 
@@ -165,7 +161,7 @@ pub async fn restore(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<RestoreVolume>,
 ) -> Result<Json<Volume>, ControllerError> {
-    let rec = crate::volume_restore::restore_volume(&st, &name, req).await?;
+    let rec = crate::volumes::restore::restore_volume(&st, &name, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }
 
@@ -176,7 +172,7 @@ pub async fn set_qos(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<hawser_api::QosPatch>,
 ) -> Result<Json<Volume>, ControllerError> {
-    let rec = crate::volume_qos::set_qos(&st, &name, req).await?;
+    let rec = crate::volumes::qos::set_qos(&st, &name, req).await?;
     let mut v = view(&st, &rec).await?;
     add_engine_view(&st, &rec, &mut v).await;
     Ok(Json(v))
@@ -188,7 +184,7 @@ pub async fn scrub(
     State(st): Shared,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Volume>, ControllerError> {
-    let (rec, _) = crate::volume_scrub::start(&st, &name).await?;
+    let (rec, _) = crate::volumes::scrub::start(&st, &name).await?;
     let mut v = view(&st, &rec).await?;
     add_engine_view(&st, &rec, &mut v).await;
     Ok(Json(v))
@@ -199,7 +195,7 @@ pub async fn force_promote(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<ForcePromote>,
 ) -> Result<Json<Volume>, ControllerError> {
-    let rec = volume_force_promote::force_promote(&st, &name, req).await?;
+    let rec = crate::volumes::force_promote::force_promote(&st, &name, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }
 
@@ -210,7 +206,7 @@ pub async fn outdate(
     ApiJson(req): ApiJson<Outdate>,
 ) -> Result<Json<Volume>, ControllerError> {
     engine_node_only(&st, &principal, &name).await?;
-    let rec = volume_outdate::outdate_replica(&st, &name, &id, req).await?;
+    let rec = crate::volumes::outdate::outdate_replica(&st, &name, &id, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }
 
@@ -221,7 +217,7 @@ pub async fn mark_in_sync(
     ApiJson(req): ApiJson<MarkInSync>,
 ) -> Result<Json<Volume>, ControllerError> {
     engine_node_only(&st, &principal, &name).await?;
-    let rec = volume_outdate::mark_in_sync(&st, &name, &id, req).await?;
+    let rec = crate::volumes::outdate::mark_in_sync(&st, &name, &id, req).await?;
     Ok(Json(view(&st, &rec).await?))
 }
 

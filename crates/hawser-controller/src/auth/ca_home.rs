@@ -34,7 +34,7 @@ const NEXT_KEY_FILE: &str = "ca-next.key";
 pub enum CaHome {
     Files(PathBuf),
     Secret {
-        kube: Arc<crate::kube::Kube>,
+        kube: Arc<crate::ha::kube::Kube>,
         namespace: String,
         name: String,
         /// The trusted CAs' certificates are also written to `<data_dir>/ca.pem` for the
@@ -182,7 +182,7 @@ fn finish_files(dir: &Path) -> anyhow::Result<()> {
 }
 
 async fn load_secret(
-    kube: &crate::kube::Kube,
+    kube: &crate::ha::kube::Kube,
     namespace: &str,
     name: &str,
 ) -> anyhow::Result<Kept> {
@@ -233,7 +233,7 @@ async fn load_secret(
 /// Changes Secret `namespace/name`'s data with `edit`, retrying when another controller
 /// changed it meanwhile (the same edit is idempotent).
 async fn update_secret(
-    kube: &crate::kube::Kube,
+    kube: &crate::ha::kube::Kube,
     namespace: &str,
     name: &str,
     edit: impl Fn(&mut std::collections::HashMap<String, String>),

@@ -33,11 +33,11 @@ use hawser_store::{get_json, put_json, Expect};
 use hawser_tls::Ca;
 use serde::{Deserialize, Serialize};
 
+use crate::api::ApiJson;
+use crate::auth::tls::{hex, tls_of, ControllerTls};
 use crate::errors::ControllerError;
-use crate::model::now_ms;
-use crate::server::ApiJson;
 use crate::state::AppState;
-use crate::tls::{hex, tls_of, ControllerTls};
+use crate::store::model::now_ms;
 
 const ROTATION_KEY: &str = "auth/ca-rotation";
 const SEAL_PURPOSE: &str = "hawser ca rotation seal v1";

@@ -13,10 +13,10 @@ use axum::Json;
 use hawser_api::controller::{ClientCertificate, CreateClientCertificate};
 use hawser_tls::{ClientScope, Peer, MAX_CLIENT_VOLUMES, NODE_CERT_LIFETIME};
 
+use crate::api::ApiJson;
+use crate::auth::tls::{decode_public_key, tls_of};
 use crate::errors::ControllerError;
-use crate::server::ApiJson;
 use crate::state::AppState;
-use crate::tls::{decode_public_key, tls_of};
 
 /// A day: long enough for a working session, short enough that a lost laptop's key dies soon.
 const DEFAULT_CLIENT_CERT_TTL_SECS: u64 = 24 * 3600;

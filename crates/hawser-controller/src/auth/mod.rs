@@ -11,6 +11,11 @@
 //! generated: that is how several controllers sharing etcd start with the same tokens
 //! (each needs the agent token to call agents; the admin token file is optional for them).
 
+pub mod ca_home;
+pub(crate) mod ca_rotation;
+pub(crate) mod client_cert;
+pub(crate) mod tls;
+
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -359,7 +364,7 @@ impl ClusterTokens {
                     message: "the cluster tokens are gone from the store".into(),
                 });
             };
-            let until = crate::model::now_ms().saturating_add(grace_ms);
+            let until = crate::store::model::now_ms().saturating_add(grace_ms);
             let (current, previous, previous_until) = record.fields(kind);
             *previous = Some(std::mem::replace(
                 current,
@@ -399,13 +404,13 @@ impl ClusterTokens {
 
     /// Digests (hex) of the metrics tokens valid now, for agents' `/metrics`.
     pub fn metrics_digests_hex(&self) -> Vec<String> {
-        read(&self.metrics).valid_hex(crate::model::now_ms())
+        read(&self.metrics).valid_hex(crate::store::model::now_ms())
     }
 
     /// Whether `token` is the cluster's agent token, or the previous one in its grace
     /// period (constant-time comparisons of digests).
     pub fn is_agent_token(&self, token: &str) -> bool {
-        read(&self.agent).admits(&auth::digest(token.trim()), crate::model::now_ms())
+        read(&self.agent).admits(&auth::digest(token.trim()), crate::store::model::now_ms())
     }
 
     /// The agent token the controller sends to agents (plaintext clusters only).
@@ -471,7 +476,7 @@ impl ClusterTokens {
         }
         let d = auth::digest(token);
         // Both comparisons always run, so timing does not say which token was close.
-        let now = crate::model::now_ms();
+        let now = crate::store::model::now_ms();
         let is_admin = read(&self.admin).admits(&d, now);
         let is_agent = read(&self.agent).admits(&d, now);
         let is_metrics = read(&self.metrics).admits(&d, now);

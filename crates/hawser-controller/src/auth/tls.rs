@@ -23,12 +23,12 @@ use hawser_store::{get_json, put_json, Expect, StoreError};
 use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, JoinToken, Peer, TrustSlot};
 use serde::{Deserialize, Serialize};
 
+use crate::api::{ApiJson, ApiPath};
+use crate::auth::ca_home::CaHome;
 use crate::auth::Principal;
-use crate::ca_home::CaHome;
 use crate::errors::ControllerError;
-use crate::model::now_ms;
-use crate::server::{ApiJson, ApiPath};
 use crate::state::AppState;
+use crate::store::model::now_ms;
 
 const JOIN_PREFIX: &str = "auth/join/";
 const DEFAULT_JOIN_TTL_SECS: u64 = 3600;
@@ -58,7 +58,7 @@ pub struct ControllerTls {
     /// steps.
     node_reports: Mutex<HashMap<String, NodeTlsReport>>,
     /// The rotation applied last (`ca_rotation`), if the CA ever rotated.
-    pub(crate) rotation: Mutex<Option<crate::ca_rotation::Applied>>,
+    pub(crate) rotation: Mutex<Option<crate::auth::ca_rotation::Applied>>,
 }
 
 impl ControllerTls {

@@ -14,8 +14,8 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::auth::tls::ControllerTls;
 use crate::constants::{AGENT_CONNECT_TIMEOUT, AGENT_COPY_TIMEOUT, AGENT_REQUEST_TIMEOUT};
-use crate::tls::ControllerTls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -69,7 +69,7 @@ pub struct Agent<'a> {
     pub addr: &'a str,
 }
 
-impl crate::model::NodeRecord {
+impl crate::store::model::NodeRecord {
     pub fn agent(&self) -> Agent<'_> {
         Agent {
             node: &self.name,

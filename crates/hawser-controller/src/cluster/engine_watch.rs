@@ -14,12 +14,12 @@ use std::time::Duration;
 use hawser_api::agent::EngineStatus;
 use hawser_api::controller::VolumeState;
 
-use crate::agent_client::Agent;
-use crate::leader::Role;
-use crate::model::{NodeRecord, VolumeRecord};
+use crate::cluster::agent_client::Agent;
 use crate::state::AppState;
-use crate::volume_attach::ensure_engine;
-use crate::volume_create::find_node;
+use crate::store::leader::Role;
+use crate::store::model::{NodeRecord, VolumeRecord};
+use crate::volumes::attach::ensure_engine;
+use crate::volumes::create::find_node;
 
 /// Runs until the task is aborted; `every` zero disables it. `scrub_every`: the scrub
 /// schedule (zero: none).
@@ -59,7 +59,7 @@ async fn round(st: &AppState, scrub_every: Duration) {
                     give_limits(st, v).await;
                 }
                 let ms = u64::try_from(scrub_every.as_millis()).unwrap_or(u64::MAX);
-                crate::volume_scrub::schedule(st, v, &e, ms).await;
+                crate::volumes::scrub::schedule(st, v, &e, ms).await;
             }
             _ => {}
         }
@@ -97,7 +97,7 @@ async fn give_limits(st: &AppState, v: &VolumeRecord) {
     let Ok(current) = st.records.existing_volume(&v.name).await else {
         return;
     };
-    match crate::volume_qos::push(st, &current).await {
+    match crate::volumes::qos::push(st, &current).await {
         Ok(()) => tracing::info!(
             volume = %v.name, qos = %current.qos.describe(),
             "the engine ran with other limits than the volume's; gave it the volume's"

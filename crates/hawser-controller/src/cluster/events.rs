@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use hawser_api::controller::ClusterEvent;
 use tokio::sync::mpsc;
 
-use crate::kube::{HawserPv, Kube};
+use crate::ha::kube::{HawserPv, Kube};
 
 /// Events waiting to be posted, at most.
 const QUEUE: usize = 256;
@@ -95,7 +95,7 @@ impl ClusterEvents {
         r.next_seq += 1;
         let ev = ClusterEvent {
             seq: r.next_seq,
-            at_ms: crate::model::now_ms(),
+            at_ms: crate::store::model::now_ms(),
             warning,
             reason: reason.to_string(),
             volume: volume.map(str::to_string),
@@ -174,7 +174,10 @@ pub async fn watch_nodes(st: Arc<crate::state::AppState>) {
     let mut seen: Option<HashMap<String, bool>> = None;
     loop {
         tick.tick().await;
-        if matches!(st.leadership.role(), crate::leader::Role::Follower { .. }) {
+        if matches!(
+            st.leadership.role(),
+            crate::store::leader::Role::Follower { .. }
+        ) {
             seen = None;
             continue;
         }

@@ -9,6 +9,11 @@
 //! store without volumes) and rebuilds the record of each volume from its replicas'
 //! metadata and journals ([`rebuild`]).
 
+pub(crate) mod agent_client;
+pub(crate) mod engine_watch;
+pub(crate) mod events;
+pub(crate) mod reconcile;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,10 +27,10 @@ use hawser_api::controller::{
 use hawser_store::{get_json, put_json, Expect, StoreError};
 use serde::{Deserialize, Serialize};
 
+use crate::api::ApiJson;
 use crate::errors::ControllerError;
-use crate::model::{now_ms, VolumeRecord};
-use crate::server::ApiJson;
 use crate::state::AppState;
+use crate::store::model::{now_ms, VolumeRecord};
 
 const CLUSTER_KEY: &str = "cluster/identity";
 
@@ -273,7 +278,10 @@ pub async fn admit(
                 id: ours.id,
                 grant_key: signer.public_key(),
                 metrics_sha256: st.tokens.metrics_digests_hex(),
-                ca: st.tls.as_deref().and_then(crate::ca_rotation::cluster_ca),
+                ca: st
+                    .tls
+                    .as_deref()
+                    .and_then(crate::auth::ca_rotation::cluster_ca),
             })
         }
     }

@@ -35,10 +35,10 @@ use hawser_api::controller::{ReplicaState, VolumeState};
 use tokio::time::Instant;
 
 use crate::constants::{ELECTION_TICK, RECONCILE_INTERVAL};
-use crate::leader::Role;
-use crate::model::NodeRecord;
 use crate::state::AppState;
-use crate::volume_delete::delete_locked;
+use crate::store::leader::Role;
+use crate::store::model::NodeRecord;
+use crate::volumes::delete::delete_locked;
 
 /// Runs until the task is aborted: a round at once whenever this controller starts a new
 /// term as leader, then every [`RECONCILE_INTERVAL`].

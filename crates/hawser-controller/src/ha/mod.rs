@@ -3,7 +3,7 @@
 //! and may not outdate, seen in the agent's status), the leader moves the pods that use the
 //! volume to another node.
 //!
-//! In this order, for each volume [`ha_plan::stranded`] vouches for:
+//! In this order, for each volume [`plan::stranded`] vouches for:
 //! 1. **Fence**: one compare-and-swap on the volume record: detached, epoch + 1. It is a
 //!    leader-fenced write, so a controller that lost its lease fails here and does nothing
 //!    else; and the old engine's outdate reports are refused from now on, so it cannot
@@ -20,6 +20,9 @@
 //! are volumes nobody can vouch for; both get an Event once per outage. Volumes without a
 //! PersistentVolume (attached with the CLI) are not Kubernetes' to move.
 
+pub mod kube;
+pub(crate) mod plan;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,11 +30,11 @@ use std::time::Duration;
 use hawser_api::controller::VolumeState;
 
 use crate::errors::ControllerError;
-use crate::ha_plan::{self, Stranded};
-use crate::kube::{Kube, PodUse};
-use crate::leader::Role;
-use crate::model::now_ms;
+use crate::ha::kube::{Kube, PodUse};
+use crate::ha::plan::Stranded;
 use crate::state::AppState;
+use crate::store::leader::Role;
+use crate::store::model::now_ms;
 
 /// How often the leader looks for stranded volumes.
 pub const HA_TICK: Duration = Duration::from_millis(500);
@@ -85,7 +88,7 @@ async fn round(
         Some(t) => t,
         None => tainted.insert(kube.tainted_nodes().await?),
     };
-    let stranded = ha_plan::stranded(&nodes, &volumes, now, cfg.after_ms, quorum_lost_ms);
+    let stranded = plan::stranded(&nodes, &volumes, now, cfg.after_ms, quorum_lost_ms);
     if stranded.is_empty() && tainted.is_empty() {
         for n in nodes.iter().filter(|n| n.age_ms(now) <= cfg.after_ms) {
             reported.retain(|(_, node, _)| *node != n.name);

@@ -12,7 +12,7 @@
 
 use hawser_api::controller::{ReplicaState, VolumeState};
 
-use crate::model::{NodeRecord, VolumeRecord};
+use crate::store::model::{NodeRecord, VolumeRecord};
 
 /// A volume attached on a silent node.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use hawser_api::controller::{ReplicaState, SnapshotState, VolumeState};
 
-use crate::model::VolumeRecord;
+use crate::store::model::VolumeRecord;
 
 #[derive(Clone, Copy, Debug)]
 pub struct HealConfig {

@@ -8,7 +8,7 @@
 use std::sync::Mutex;
 
 use crate::constants::RESERVATION_HEARTBEATS;
-use crate::placement::{
+use crate::healing::placement::{
     apply_reserved, place, Candidate, Placed, PlacementError, Request, Reserved,
 };
 

@@ -19,13 +19,13 @@ use hawser_api::agent::CreateReplica;
 use hawser_api::controller::{Replica, ReplicaState, VolumeState, ZoneSpread};
 
 use crate::errors::ControllerError;
-use crate::heal_plan::{plan, Action, HealConfig, NodeView};
-use crate::leader::Role;
-use crate::model::{now_ms, NodeRecord, VolumeRecord};
-use crate::placement::Request;
+use crate::healing::placement::Request;
+use crate::healing::plan::{plan, Action, HealConfig, NodeView};
 use crate::state::AppState;
-use crate::volume_attach::{ensure_engine, stop_engine};
-use crate::volume_create::{find_node, replica_id};
+use crate::store::leader::Role;
+use crate::store::model::{now_ms, NodeRecord, VolumeRecord};
+use crate::volumes::attach::{ensure_engine, stop_engine};
+use crate::volumes::create::{find_node, replica_id};
 
 /// Runs until the task is aborted; `every` zero disables it.
 pub async fn run(st: Arc<AppState>, every: Duration, cfg: HealConfig) {
@@ -222,7 +222,7 @@ fn place_one(
     views: &BTreeMap<String, NodeView>,
     leaving: Option<&str>,
     id: &str,
-) -> Result<crate::placement::Placement, ControllerError> {
+) -> Result<crate::healing::placement::Placement, ControllerError> {
     let used: Vec<&str> = v.replicas.iter().map(|r| r.node.as_str()).collect();
     let staying: Vec<&str> = v
         .replicas

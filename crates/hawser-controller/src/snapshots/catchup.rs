@@ -21,9 +21,9 @@ use hawser_api::agent::FetchSnapshot;
 use hawser_api::controller::{ReplicaState, SnapshotState};
 
 use crate::errors::ControllerError;
-use crate::leader::Role;
-use crate::model::{NodeRecord, VolumeRecord};
 use crate::state::AppState;
+use crate::store::leader::Role;
+use crate::store::model::{NodeRecord, VolumeRecord};
 
 /// One copy to make: snapshot (name, id) of `volume` onto `target` from `source`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,7 +120,7 @@ async fn copy(
             .chain(v.retired.iter())
             .find(|r| r.id == id)
             .ok_or_else(|| ControllerError::invalid(format!("replica {id} is gone")))?;
-        crate::volume_create::find_node(nodes, &r.node)
+        crate::volumes::create::find_node(nodes, &r.node)
     };
     let (target, source) = (replica_node(&c.target)?, replica_node(&c.source)?);
     let grant = crate::cluster::signer(st)
@@ -194,7 +194,7 @@ async fn copy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::SnapshotRecord;
+    use crate::store::model::SnapshotRecord;
     use hawser_api::controller::Replica;
 
     fn replica(id: &str, node: &str, state: ReplicaState) -> Replica {

@@ -23,8 +23,8 @@ use hawser_api::agent::{ReplicaSnapshot, TakeSnapshot};
 use hawser_api::controller::{CreateSnapshot, SnapshotState, VolumeState};
 
 use crate::errors::ControllerError;
-use crate::model::{now_ms, NodeRecord, SnapshotRecord, VolumeRecord};
 use crate::state::AppState;
+use crate::store::model::{now_ms, NodeRecord, SnapshotRecord, VolumeRecord};
 
 /// The longest a volume's requests are held while its replicas copy (the pause's lease).
 /// Reflink copies take milliseconds; a full copy (ext4) of a large volume may not fit, and

@@ -55,7 +55,7 @@ impl Leadership {
         let (_tx, rx) = watch::channel(Role::Sole);
         Leadership {
             rx,
-            since_ms: Arc::new(AtomicU64::new(crate::model::now_ms())),
+            since_ms: Arc::new(AtomicU64::new(crate::store::model::now_ms())),
         }
     }
 
@@ -354,7 +354,7 @@ impl Campaign {
             }
             if matches!(role, Role::Leader { .. }) && !matches!(&*r, Role::Leader { .. }) {
                 self.since_ms
-                    .store(crate::model::now_ms(), Ordering::Relaxed);
+                    .store(crate::store::model::now_ms(), Ordering::Relaxed);
             }
             *r = role;
             true

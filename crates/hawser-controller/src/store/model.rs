@@ -144,7 +144,7 @@ pub struct VolumeRecord {
     pub qos: hawser_api::Qos,
     /// An encrypted volume's data key, wrapped (`volume_keys.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub encryption: Option<crate::volume_keys::WrappedKey>,
+    pub encryption: Option<crate::volumes::keys::WrappedKey>,
     /// Its replicas keep block checksums: every replica created for it asks for them.
     /// Chosen at create, never changed. False in records written before checksums existed,
     /// whose replicas have none (a new volume's record says true unless asked otherwise).

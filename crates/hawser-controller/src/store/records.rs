@@ -7,7 +7,7 @@ use hawser_store::{get_json, list_json, put_json, Expect, Store, StoreError};
 
 use crate::constants::MAX_CAS_RETRIES;
 use crate::errors::ControllerError;
-use crate::model::{
+use crate::store::model::{
     node_key, node_settings_key, node_settings_prefix, nodes_prefix, volume_key, volumes_prefix,
     NodeRecord, NodeSettings, VolumeRecord,
 };
@@ -41,7 +41,10 @@ impl Records {
 
     /// The URLs of the live controllers (each registered under its election lease).
     pub async fn controller_urls(&self) -> Result<Vec<String>, ControllerError> {
-        let list = self.store.list(crate::leader::CONTROLLERS_PREFIX).await?;
+        let list = self
+            .store
+            .list(crate::store::leader::CONTROLLERS_PREFIX)
+            .await?;
         Ok(list
             .into_iter()
             .filter_map(|(_, v)| String::from_utf8(v.value).ok())

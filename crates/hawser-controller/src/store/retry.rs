@@ -28,9 +28,9 @@ use async_trait::async_trait;
 use hawser_store::{Expect, LeaseId, Result, Store, StoreError, Versioned, Watch, WriteOptions};
 use tokio::time::Instant;
 
-use crate::api_metrics::StoreMetrics;
+use crate::api::metrics::StoreMetrics;
 use crate::constants::{STORE_RETRY_DEADLINE, STORE_RETRY_FIRST_BACKOFF, STORE_RETRY_MAX_BACKOFF};
-use crate::leader::{Leadership, Role};
+use crate::store::leader::{Leadership, Role};
 
 /// How long and how often to retry.
 #[derive(Clone, Copy, Debug)]
@@ -199,5 +199,5 @@ impl Store for RetryingStore {
 }
 
 #[cfg(test)]
-#[path = "store_retry_tests.rs"]
+#[path = "retry_tests.rs"]
 mod tests;

@@ -10,8 +10,8 @@ use hawser_store::EmbeddedStore;
 
 use super::*;
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
-use crate::records::Records;
+use crate::store::model::VolumeRecord;
+use crate::store::records::Records;
 
 const TEST_POLICY: RetryPolicy = RetryPolicy {
     deadline: Duration::from_millis(400),
@@ -304,7 +304,7 @@ async fn fenced_writes_wait_only_while_no_other_controller_leads() {
 #[tokio::test]
 async fn store_calls_are_timed_and_failures_counted_but_not_lost_swaps() {
     let store = FaultyStore::new();
-    let metrics = crate::api_metrics::ControllerMetrics::default();
+    let metrics = crate::api::metrics::ControllerMetrics::default();
     let inner: Arc<dyn Store> = store.clone();
     let retrying = RetryingStore::new(inner, Leadership::sole(), OWN_URL.into(), TEST_POLICY)
         .with_metrics(metrics.store.clone());
@@ -316,7 +316,7 @@ async fn store_calls_are_timed_and_failures_counted_but_not_lost_swaps() {
     assert!(lost.unwrap_err().is_conflict());
     store.down.store(true, Ordering::SeqCst);
     assert!(retrying.get("k").await.is_err());
-    let r = crate::api_metrics::registry(&metrics, None);
+    let r = crate::api::metrics::registry(&metrics, None);
     let (_, body) = hawser_api::metrics::render(&r, None);
     for line in [
         r#"hawser_store_request_duration_seconds_count{op="put"} 2"#,

@@ -9,9 +9,9 @@ use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::{Attach, VolumeState};
 
 use crate::errors::ControllerError;
-use crate::model::{now_ms, NodeRecord, VolumeRecord};
 use crate::state::AppState;
-use crate::volume_create::find_node;
+use crate::store::model::{now_ms, NodeRecord, VolumeRecord};
+use crate::volumes::create::find_node;
 use hawser_api::Secret;
 
 /// Attaches `name` to `req.node`; returns the record and the node it is attached to.
@@ -143,7 +143,7 @@ async fn data_key(st: &AppState, rec: &VolumeRecord) -> Result<Option<Secret>, C
     let Some(wrapped) = &rec.encryption else {
         return Ok(None);
     };
-    let refused = |e: crate::volume_keys::KeyError| ControllerError::Refused {
+    let refused = |e: crate::volumes::keys::KeyError| ControllerError::Refused {
         message: e.to_string(),
     };
     st.keks.fetch(wrapped.kek).await.map_err(refused)?;

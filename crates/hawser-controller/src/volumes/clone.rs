@@ -21,11 +21,11 @@ use hawser_api::controller::{
 };
 
 use crate::errors::ControllerError;
-use crate::model::{NodeRecord, SnapshotRecord};
-use crate::placement::Request;
-use crate::snapshot_create::{self, find};
+use crate::healing::placement::Request;
+use crate::snapshots::create::{self, find};
 use crate::state::AppState;
-use crate::volume_create::{replica_id, rules};
+use crate::store::model::{NodeRecord, SnapshotRecord};
+use crate::volumes::create::{replica_id, rules};
 
 /// A clone's replicas, its placement rules, and which replica is seeded from which copy.
 pub type Placed = (Vec<Replica>, VolumePlacement, BTreeMap<String, SnapshotRef>);
@@ -35,7 +35,7 @@ pub struct CloneSource {
     pub snapshot: SnapshotRecord,
     /// The source volume's name and wrapped data key, when it is encrypted: the clone's data
     /// is its ciphertext, so the clone gets the same key.
-    pub encryption: Option<(String, crate::volume_keys::WrappedKey)>,
+    pub encryption: Option<(String, crate::volumes::keys::WrappedKey)>,
     /// The replicas holding a copy: their node and pool.
     pub holders: Vec<Replica>,
     /// A snapshot taken for this clone (of a volume), deleted once the clone exists.
@@ -60,7 +60,7 @@ pub async fn resolve(
                 name: name.clone(),
                 volume: v.clone(),
             };
-            snapshot_create::create_snapshot(st, snap).await?;
+            create::create_snapshot(st, snap).await?;
             (name, true)
         }
         _ => {
@@ -113,7 +113,7 @@ pub async fn finish(st: &AppState, source: &CloneSource) {
     if !source.temporary {
         return;
     }
-    if let Err(e) = snapshot_create::delete_snapshot(st, &source.snapshot.name).await {
+    if let Err(e) = create::delete_snapshot(st, &source.snapshot.name).await {
         tracing::warn!(
             snapshot = %source.snapshot.name, error = %e,
             "could not delete the snapshot taken for a clone; delete it by hand"

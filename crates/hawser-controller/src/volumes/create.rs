@@ -11,10 +11,10 @@ use hawser_api::validate_name;
 
 use crate::constants::{MAX_REPLICAS, MAX_UNANSWERED_NODES};
 use crate::errors::ControllerError;
-use crate::model::{NodeRecord, VolumeRecord};
-use crate::placement::{default_zone_spread, Candidate, Request};
+use crate::healing::placement::{default_zone_spread, Candidate, Request};
 use crate::state::AppState;
-use crate::volume_keys::WrappedKey;
+use crate::store::model::{NodeRecord, VolumeRecord};
+use crate::volumes::keys::WrappedKey;
 
 pub async fn create_volume(
     st: &AppState,
@@ -45,21 +45,21 @@ pub async fn create_volume(
     // is rolled back and the volume placed again without that node, so `volume create` works
     // while any other placement does. When none does, the agent's error is the one to show.
     let source = match &req.from {
-        Some(from) => Some(crate::volume_clone::resolve(st, &req, from).await?),
+        Some(from) => Some(crate::volumes::clone::resolve(st, &req, from).await?),
         None => None,
     };
     let encryption = match data_key(st, &req, source.as_ref()).await {
         Ok(k) => k,
         Err(e) => {
             if let Some(s) = &source {
-                crate::volume_clone::finish(st, s).await;
+                crate::volumes::clone::finish(st, s).await;
             }
             return Err(e);
         }
     };
     let created = place_and_create(st, &req, &nodes, usable, source.as_ref(), &encryption).await;
     if let Some(s) = &source {
-        crate::volume_clone::finish(st, s).await;
+        crate::volumes::clone::finish(st, s).await;
     }
     created
 }
@@ -70,9 +70,9 @@ pub async fn create_volume(
 async fn data_key(
     st: &AppState,
     req: &CreateVolume,
-    source: Option<&crate::volume_clone::CloneSource>,
+    source: Option<&crate::volumes::clone::CloneSource>,
 ) -> Result<Option<WrappedKey>, ControllerError> {
-    let keys = |e: crate::volume_keys::KeyError| ControllerError::invalid(e.to_string());
+    let keys = |e: crate::volumes::keys::KeyError| ControllerError::invalid(e.to_string());
     let encrypted = req.encrypted || source.is_some_and(|s| s.encryption.is_some());
     if encrypted {
         st.keks.ready().await.map_err(keys)?;
@@ -98,13 +98,13 @@ async fn place_and_create(
     req: &CreateVolume,
     nodes: &[NodeRecord],
     mut usable: Vec<NodeRecord>,
-    source: Option<&crate::volume_clone::CloneSource>,
+    source: Option<&crate::volumes::clone::CloneSource>,
     encryption: &Option<WrappedKey>,
 ) -> Result<VolumeRecord, ControllerError> {
     let mut unanswered: Option<ControllerError> = None;
     for _ in 0..=MAX_UNANSWERED_NODES {
         let placed = match source {
-            Some(s) => crate::volume_clone::place(st, req, &usable, s),
+            Some(s) => crate::volumes::clone::place(st, req, &usable, s),
             None => place(st, req, &usable).map(|(r, p)| (r, p, BTreeMap::new())),
         };
         let (replicas, placement, seeds) = match placed {

@@ -4,9 +4,9 @@
 use hawser_api::controller::VolumeState;
 
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
 use crate::state::AppState;
-use crate::volume_create::same_replicas;
+use crate::store::model::VolumeRecord;
+use crate::volumes::create::same_replicas;
 
 /// Deletes a volume; one with snapshots only when `with_snapshots` (its replicas' files go,
 /// and their snapshots with them).
@@ -54,7 +54,7 @@ pub(crate) async fn delete_locked(st: &AppState, name: &str) -> Result<(), Contr
         .await?;
     if let Some(node) = &rec.sync_node {
         // The engine syncing its new replicas goes first (it writes to them).
-        crate::volume_attach::stop_engine(st, name, node).await?;
+        crate::volumes::attach::stop_engine(st, name, node).await?;
     }
     let nodes = st.records.nodes().await?;
     // Retired replicas too: their files may still be on their nodes.

@@ -11,9 +11,9 @@ use hawser_api::controller::{ExpandVolume, VolumeState};
 use hawser_api::size::check_volume_size;
 
 use crate::errors::ControllerError;
-use crate::model::{now_ms, VolumeRecord};
 use crate::state::AppState;
-use crate::volume_create::find_node;
+use crate::store::model::{now_ms, VolumeRecord};
+use crate::volumes::create::find_node;
 
 const ATTACHED_HINT: &str = "; an NBD client cannot be told that its export grew, so detach \
      the volume, expand it and attach it again (Kubernetes does this for a CSI volume once no \

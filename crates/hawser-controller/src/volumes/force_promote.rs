@@ -10,9 +10,9 @@
 use hawser_api::controller::{ForcePromote, ReplicaState};
 
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
 use crate::state::AppState;
-use crate::volume_expand::check_unused;
+use crate::store::model::VolumeRecord;
+use crate::volumes::expand::check_unused;
 
 /// Outdates the in-sync replicas of detached volume `name` that `req` does not keep.
 pub async fn force_promote(

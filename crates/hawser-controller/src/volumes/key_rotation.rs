@@ -67,7 +67,7 @@ pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> 
     })
 }
 
-fn refused(e: crate::volume_keys::KeyError) -> ControllerError {
+fn refused(e: crate::volumes::keys::KeyError) -> ControllerError {
     ControllerError::Refused {
         message: e.to_string(),
     }

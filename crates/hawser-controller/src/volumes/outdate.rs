@@ -16,8 +16,8 @@
 use hawser_api::controller::{MarkInSync, Outdate, ReplicaState, VolumeState};
 
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
 use crate::state::AppState;
+use crate::store::model::VolumeRecord;
 
 /// Applies an outdate report to the record. Already outdated (or failed) is a success, so an
 /// engine can retry a report whose answer it lost; `failed` turns an outdated replica failed.
@@ -423,19 +423,19 @@ mod tests {
             .await
             .unwrap();
         let st = Arc::new(AppState {
-            records: crate::records::Records::new(Arc::new(store)),
-            agents: crate::agent_client::AgentClient::new(Some("t"), None).unwrap(),
+            records: crate::store::records::Records::new(Arc::new(store)),
+            agents: crate::cluster::agent_client::AgentClient::new(Some("t"), None).unwrap(),
             tls: None,
             tokens: crate::auth::ClusterTokens::for_tests("admin", "agent"),
             volume_locks: Default::default(),
             reservations: Default::default(),
             node_timeout_ms: 1000,
             controller_url: "http://127.0.0.1:1".into(),
-            leadership: crate::leader::Leadership::sole(),
-            events: crate::events::ClusterEvents::none(),
+            leadership: crate::store::leader::Leadership::sole(),
+            events: crate::cluster::events::ClusterEvents::none(),
             waiting: Default::default(),
             metrics: Default::default(),
-            keks: crate::volume_keys::Keks::new(std::path::Path::new("/nonexistent")),
+            keks: crate::volumes::keys::Keks::new(std::path::Path::new("/nonexistent")),
         });
         let report = |id: &'static str| {
             let st = st.clone();

@@ -9,11 +9,11 @@
 use hawser_api::controller::VolumeState;
 use hawser_api::QosPatch;
 
-use crate::agent_client::AgentError;
+use crate::cluster::agent_client::AgentError;
 use crate::constants::QOS_PUSH_TIMEOUT;
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
 use crate::state::AppState;
+use crate::store::model::VolumeRecord;
 
 /// Applies `patch` to `name`'s limits; returns the record.
 pub async fn set_qos(

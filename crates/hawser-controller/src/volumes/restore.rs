@@ -18,9 +18,9 @@
 use hawser_api::controller::{ReplicaState, RestoreVolume, SnapshotState};
 
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
 use crate::state::AppState;
-use crate::volume_create::find_node;
+use crate::store::model::VolumeRecord;
+use crate::volumes::create::find_node;
 
 pub async fn restore_volume(
     st: &AppState,
@@ -34,7 +34,7 @@ pub async fn restore_volume(
         None => {
             let volumes = st.records.volumes().await?;
             return Err(
-                match crate::snapshot_create::find(&volumes, &req.snapshot) {
+                match crate::snapshots::create::find(&volumes, &req.snapshot) {
                     Some((v, _)) => ControllerError::invalid(format!(
                         "snapshot {:?} is of volume {:?}, not {name:?}; clone it instead \
                      (`hawser volume create NEW --from {}`)",
@@ -148,7 +148,7 @@ fn check_restorable(v: &VolumeRecord, snapshot: &str) -> Result<(), ControllerEr
             snapshot: other.to_string(),
         });
     }
-    crate::volume_expand::check_idle(
+    crate::volumes::expand::check_idle(
         v,
         " (detach it to restore it: its users must not see the data change)",
     )

@@ -7,8 +7,8 @@ use hawser_api::agent::EngineStatus;
 use hawser_api::controller::VolumeState;
 
 use crate::errors::ControllerError;
-use crate::model::VolumeRecord;
 use crate::state::AppState;
+use crate::store::model::VolumeRecord;
 
 /// Asks the attached engine of `name` for a scrub pass (one under way goes on); returns the
 /// record and the engine's status.
@@ -52,7 +52,7 @@ pub async fn start(
 /// that finished since the record's, or start one when the last is `interval_ms` old (a
 /// volume never scrubbed counts from its first round here).
 pub async fn schedule(st: &AppState, v: &VolumeRecord, engine: &EngineStatus, interval_ms: u64) {
-    let now = crate::model::now_ms();
+    let now = crate::store::model::now_ms();
     let finished_ms = engine
         .scrub
         .and_then(|s| s.finished_at)

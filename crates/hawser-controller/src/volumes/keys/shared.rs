@@ -15,7 +15,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 
 use super::{new_kek, Keks, KeyError, KEK_BYTES};
-use crate::kube::Kube;
+use crate::ha::kube::Kube;
 
 /// Compare-and-swap attempts before giving up on a Secret others keep changing.
 const ATTEMPTS: usize = 8;
