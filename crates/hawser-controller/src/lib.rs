@@ -6,7 +6,7 @@
 //! [`Controller::serve`] to run one on an ephemeral port.
 //!
 //! The store is a file (one controller) or etcd (several controllers, one elected leader
-//! serves the API; see `leader.rs`).
+//! serves the API; see `store/leader.rs`).
 
 mod api;
 mod auth;

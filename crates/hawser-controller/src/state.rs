@@ -23,13 +23,13 @@ pub struct AppState {
     pub leadership: Leadership,
     /// What happened: recent events for the API, and Events on the volumes' PVCs.
     pub events: crate::cluster::events::ClusterEvents,
-    /// Nodes refused as of another cluster (`cluster.rs`).
+    /// Nodes refused as of another cluster (`cluster/mod.rs`).
     pub waiting: crate::cluster::Waiting,
     /// The CA and this controller's certificate; `None` with `--insecure`.
     pub tls: Option<std::sync::Arc<crate::auth::tls::ControllerTls>>,
     /// What `/metrics` counts as it happens.
     pub metrics: crate::api::metrics::ControllerMetrics,
-    /// The key-encryption keys of encrypted volumes' data keys (`volume_keys.rs`).
+    /// The key-encryption keys of encrypted volumes' data keys (`volumes/keys.rs`).
     pub keks: crate::volumes::keys::Keks,
 }
 

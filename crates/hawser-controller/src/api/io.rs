@@ -3,7 +3,7 @@
 //! answer is listed as unreachable rather than failing the call. The dashboard looks every
 //! few seconds and draws rates from the differences; nothing is kept here.
 //!
-//! `GET /v1/events`: the leader's recent events (`events.rs`).
+//! `GET /v1/events`: the leader's recent events (`cluster/events.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -148,7 +148,7 @@ pub async fn show(
 }
 
 /// `POST /v1/nodes/{node}/evacuate`: the node takes no new replicas, and self-healing moves
-/// every replica off it, adding each elsewhere before removing it (see `heal_plan.rs`).
+/// every replica off it, adding each elsewhere before removing it (see `healing/plan.rs`).
 pub async fn evacuate(
     State(st): State<Arc<AppState>>,
     ApiPath(name): ApiPath<String>,

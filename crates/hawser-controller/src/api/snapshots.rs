@@ -1,5 +1,5 @@
 //! `/v1/snapshots`: take, list, show and delete snapshots (the logic is in
-//! `snapshot_create.rs`).
+//! `snapshots/create.rs`).
 
 use std::sync::Arc;
 

@@ -5,8 +5,8 @@
 //! node does (the only other engine of that epoch ran in that agent's previous life). The new
 //! engine runs crash recovery before it serves I/O. A start that fails (its replicas are not
 //! reachable yet) is tried again at the next round. The same round gives a running engine
-//! the volume's limits (QoS) when it reports others (`volume_qos.rs`), and starts its scrub
-//! passes on their schedule (`volume_scrub.rs`).
+//! the volume's limits (QoS) when it reports others (`volumes/qos.rs`), and starts its scrub
+//! passes on their schedule (`volumes/scrub.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,7 +91,7 @@ async fn restart(st: &AppState, v: &VolumeRecord, node: &NodeRecord, nodes: &[No
     }
 }
 
-/// Gives the engine's node the volume's limits, which it missed (`volume_qos.rs`).
+/// Gives the engine's node the volume's limits, which it missed (`volumes/qos.rs`).
 async fn give_limits(st: &AppState, v: &VolumeRecord) {
     let _guard = st.volume_locks.lock(&v.name).await;
     let Ok(current) = st.records.existing_volume(&v.name).await else {
@@ -110,7 +110,7 @@ async fn give_limits(st: &AppState, v: &VolumeRecord) {
 }
 
 /// Where `v`'s engine should run: the node it is attached to, or while detached the node
-/// syncing its new replicas (`self_heal.rs`).
+/// syncing its new replicas (`healing/self_heal.rs`).
 fn engine_node(v: &VolumeRecord) -> Option<&str> {
     match v.state {
         VolumeState::Attached => v.attached_node.as_deref(),
@@ -122,7 +122,7 @@ fn engine_node(v: &VolumeRecord) -> Option<&str> {
 /// How `agent` runs the engine of `v`.
 #[derive(Debug, PartialEq, Eq)]
 enum Engine {
-    /// Not at all, or in an older epoch: a membership change (`self_heal.rs`) whose engine
+    /// Not at all, or in an older epoch: a membership change (`healing/self_heal.rs`) whose engine
     /// swap failed left it there, and starting the current one swaps it out.
     Missing,
     /// In the current epoch, with this status.

@@ -12,7 +12,7 @@
 //!
 //! Why deleting an unreferenced replica is safe. Every replica comes from a create, and a
 //! create records the volume, with every replica id it will use, *before* its first agent
-//! call (`volume_create.rs`); ids carry a random tag, so no later record reuses one. A round
+//! call (`volumes/create.rs`); ids carry a random tag, so no later record reuses one. A round
 //! lists the agents' replicas first and reads the records second, so a replica seen on an
 //! agent had its record written before that listing; if the later read has no record naming
 //! it, the record was deleted (rolled back, or the volume deleted) and nothing can name the

@@ -1,5 +1,5 @@
 //! Self-healing decisions, as a pure function of the records, so every rule is unit-tested
-//! without a cluster. `self_heal.rs` carries them out.
+//! without a cluster. `healing/self_heal.rs` carries them out.
 //!
 //! Rules:
 //! 1. A replica whose node has been offline longer than `replace_after` (default 5 minutes;
@@ -99,7 +99,7 @@ pub fn plan(volumes: &[VolumeRecord], nodes: &BTreeMap<String, NodeView>, cfg: H
     for v in volumes {
         for r in v.retired.iter().filter(|r| online(&r.node)) {
             if let Some(s) = only_copy(v, &r.id) {
-                // Kept until a replica of the volume fetched it (`snapshot_catchup.rs`).
+                // Kept until a replica of the volume fetched it (`snapshots/catchup.rs`).
                 p.held.push(format!(
                     "retired replica {} of {} kept: it holds the only copy of snapshot {s}",
                     r.id, v.name

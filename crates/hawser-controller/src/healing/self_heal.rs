@@ -1,4 +1,4 @@
-//! Self-healing and evacuation: the leader runs the plan of `heal_plan.rs` every few seconds
+//! Self-healing and evacuation: the leader runs the plan of `healing/plan.rs` every few seconds
 //! and carries out its actions, one volume at a time under that volume's lock.
 //!
 //! A membership change is one compare-and-swap on the volume record. While the volume is
@@ -7,7 +7,7 @@
 //! agent: requests pause, none fails). The new engine resyncs a blank replica from scratch
 //! and marks it in-sync through the controller as any resync does. If the engine swap
 //! fails, the old engine keeps serving in the old epoch until the engine check restarts it
-//! in the new one (`engine_watch.rs`); it cannot do harm meanwhile: its outdate and
+//! in the new one (`cluster/engine_watch.rs`); it cannot do harm meanwhile: its outdate and
 //! mark-in-sync reports are refused as stale, and the replica it does not know is blank
 //! (not in-sync) in the record.
 

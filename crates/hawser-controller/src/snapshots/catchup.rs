@@ -12,7 +12,7 @@
 //!
 //! Sources: a replica of the volume that holds the snapshot, else a retired one that does
 //! (self-healing keeps a retired replica that holds the only copy of a snapshot until this
-//! has copied it, `heal_plan.rs`).
+//! has copied it, `healing/plan.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;

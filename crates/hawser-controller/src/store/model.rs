@@ -125,24 +125,24 @@ pub struct VolumeRecord {
     #[serde(default)]
     pub retired: Vec<Replica>,
     /// While detached: the node running an engine (not exported) that syncs the volume's
-    /// blank replicas (see `self_heal.rs`). Attaching stops it.
+    /// blank replicas (see `healing/self_heal.rs`). Attaching stops it.
     #[serde(default)]
     pub sync_node: Option<String>,
-    /// Its snapshots (`snapshot_create.rs`), oldest first. In the volume's record so that a
+    /// Its snapshots (`snapshots/create.rs`), oldest first. In the volume's record so that a
     /// snapshot and the replica set it was taken on change together.
     #[serde(default)]
     pub snapshots: Vec<SnapshotRecord>,
     /// A clone's source, as asked (a CSI CreateVolume retried must name the same one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<VolumeSource>,
-    /// Set while its replicas are being restored to this snapshot (`volume_restore.rs`):
+    /// Set while its replicas are being restored to this snapshot (`volumes/restore.rs`):
     /// they may differ until the restore ends, so nothing attaches, grows or copies it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restoring: Option<String>,
-    /// Limits on its client requests (`volume_qos.rs`), applied by its engine's node.
+    /// Limits on its client requests (`volumes/qos.rs`), applied by its engine's node.
     #[serde(default, skip_serializing_if = "hawser_api::Qos::is_unlimited")]
     pub qos: hawser_api::Qos,
-    /// An encrypted volume's data key, wrapped (`volume_keys.rs`).
+    /// An encrypted volume's data key, wrapped (`volumes/keys.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<crate::volumes::keys::WrappedKey>,
     /// Its replicas keep block checksums: every replica created for it asks for them.
@@ -151,7 +151,7 @@ pub struct VolumeRecord {
     #[serde(default)]
     pub checksums: bool,
     /// When the last scrub pass its engine completed finished (ms since the Unix epoch): the
-    /// engine watch starts the next one a scrub interval later (`engine_watch.rs`).
+    /// engine watch starts the next one a scrub interval later (`cluster/engine_watch.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scrubbed_ms: Option<u64>,
 }

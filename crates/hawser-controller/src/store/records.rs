@@ -22,7 +22,7 @@ impl Records {
         Records { store }
     }
 
-    /// The store itself, for records kept outside this module (`cluster.rs`).
+    /// The store itself, for records kept outside this module (`cluster/mod.rs`).
     pub fn store(&self) -> Arc<dyn Store> {
         self.store.clone()
     }
@@ -108,7 +108,7 @@ impl Records {
 
     /// Creates a volume record; fails with `VolumeExists` if the name is taken. A conflict
     /// that turns out to be this very record (a retried write whose first attempt landed,
-    /// see `store_retry.rs`) is success.
+    /// see `store/retry.rs`) is success.
     pub async fn create_volume(&self, volume: &VolumeRecord) -> Result<(), ControllerError> {
         let key = volume_key(&volume.name);
         match put_json(&*self.store, &key, volume, Expect::Absent).await {
@@ -162,7 +162,7 @@ impl Records {
     ///
     /// A lost race whose winner wrote exactly what this call wanted to write is this call's
     /// own write: a retried write whose first answer was lost in a store outage
-    /// (`store_retry.rs`). It counts as done rather than running `change` on its own result.
+    /// (`store/retry.rs`). It counts as done rather than running `change` on its own result.
     pub async fn update_volume<T>(
         &self,
         name: &str,

@@ -9,7 +9,7 @@
 //! - A conditional write whose answer was lost may have happened. Sent again, it either
 //!   happens now or fails with `Conflict` (its own first attempt changed the version), and
 //!   the records treat that like any lost race: they re-read and recognise their own write
-//!   (`records.rs`).
+//!   (`store/records.rs`).
 //! - Each attempt carries the fence of the leadership current at that moment. An operation
 //!   that began before this controller stepped down goes on only if it leads again, and
 //!   then every write it makes is still conditioned on the record it read, so whatever

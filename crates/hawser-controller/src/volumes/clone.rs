@@ -5,7 +5,7 @@
 //! (`hawser-storage` `clone.rs`: shared extents where the filesystem has reflinks, so the
 //! clone is usable at once and takes no space until written). A clone with more replicas
 //! than the snapshot has copies gets the rest as blank replicas elsewhere, which the engine
-//! syncing a detached volume's new replicas fills (`self_heal.rs`), as it fills a rebuilt
+//! syncing a detached volume's new replicas fills (`healing/self_heal.rs`), as it fills a rebuilt
 //! replica. The clone is a volume of its own from then on: deleting the snapshot, or its
 //! volume, leaves it whole (its files share extents, not names).
 //!

@@ -160,7 +160,7 @@ async fn create_placed(
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back
-    // (`reconcile.rs`, which also relies on this order to delete orphan replicas safely).
+    // (`cluster/reconcile.rs`, which also relies on this order to delete orphan replicas safely).
     if let Err(e) = st.records.create_volume(&record).await {
         release_all(st, &record);
         return Err(e);

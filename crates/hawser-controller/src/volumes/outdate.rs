@@ -9,7 +9,7 @@
 //!   about the two replicas of a 2-replica volume cannot both win: the second sees one
 //!   in-sync replica left and is refused.
 //!
-//! It does not take the per-volume lock (see `locks.rs`), and it is allowed while the volume
+//! It does not take the per-volume lock (see `store/locks.rs`), and it is allowed while the volume
 //! is detached in the same epoch: refusing a truthful report about missed writes would let
 //! the next attach read from a replica that lacks them.
 

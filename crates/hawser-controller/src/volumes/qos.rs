@@ -1,7 +1,7 @@
 //! Changing a volume's limits (QoS) while it runs: the record first, then the engine's node.
 //!
 //! The record is the truth. Every engine start carries its limits (attach, an engine watch
-//! restart, a replica swap), and the engine watch (`engine_watch.rs`) gives them to an engine
+//! restart, a replica swap), and the engine watch (`cluster/engine_watch.rs`) gives them to an engine
 //! that reports others, so a node that misses the push here (offline, restarting, a lost
 //! reply) has them within a round of the watch. The push only makes a change take effect at
 //! once. Limits never touch data, so applying them twice or late is harmless.

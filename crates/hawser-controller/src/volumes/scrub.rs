@@ -1,5 +1,5 @@
 //! Scrub passes (docs/checksums.md): started by `POST /v1/volumes/{name}/scrub` or, a scrub
-//! interval after the last one finished, by the engine watch (`engine_watch.rs`). A pass runs
+//! interval after the last one finished, by the engine watch (`cluster/engine_watch.rs`). A pass runs
 //! in the attached volume's engine; the controller only asks for one and records when the last
 //! finished, so the schedule survives engine moves and controller restarts.
 
