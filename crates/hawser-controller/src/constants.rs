@@ -35,7 +35,7 @@ pub const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// one flushes it, so this is generous.
 pub const AGENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Giving an engine's node a volume's new limits (`volume_qos.rs`): short, as the engine watch
+/// Giving an engine's node a volume's new limits (`volumes/qos.rs`): short, as the engine watch
 /// retries a node that did not take them, and the caller waits for this.
 pub const QOS_PUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -81,6 +81,6 @@ pub const STORE_RETRY_FIRST_BACKOFF: Duration = Duration::from_millis(100);
 pub const STORE_RETRY_MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// How often the leader rolls back interrupted creates, finishes interrupted deletes and
-/// deletes orphan replicas (`reconcile.rs`), besides once at the start of each term. Each
+/// deletes orphan replicas (`cluster/reconcile.rs`), besides once at the start of each term. Each
 /// round asks every agent for its replica list, so not much more often than heartbeats.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);

@@ -8,8 +8,8 @@ use hawser_api::controller::VolumeState;
 use hawser_api::{ApiError, ErrorCode};
 use hawser_store::StoreError;
 
-use crate::agent_client::AgentError;
-use crate::placement::PlacementError;
+use crate::cluster::agent_client::AgentError;
+use crate::healing::placement::PlacementError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {

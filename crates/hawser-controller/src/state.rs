@@ -1,13 +1,13 @@
 //! The state shared by all request handlers.
 
-use crate::agent_client::AgentClient;
 use crate::auth::ClusterTokens;
-use crate::leader::Leadership;
-use crate::locks::KeyedLocks;
-use crate::model::{now_ms, NodeRecord};
-use crate::placement::Candidate;
-use crate::records::Records;
-use crate::reservations::Reservations;
+use crate::cluster::agent_client::AgentClient;
+use crate::healing::placement::Candidate;
+use crate::healing::reservations::Reservations;
+use crate::store::leader::Leadership;
+use crate::store::locks::KeyedLocks;
+use crate::store::model::{now_ms, NodeRecord};
+use crate::store::records::Records;
 
 pub struct AppState {
     pub records: Records,
@@ -22,15 +22,15 @@ pub struct AppState {
     /// Whether this controller leads (and may serve the API).
     pub leadership: Leadership,
     /// What happened: recent events for the API, and Events on the volumes' PVCs.
-    pub events: crate::events::ClusterEvents,
-    /// Nodes refused as of another cluster (`cluster.rs`).
+    pub events: crate::cluster::events::ClusterEvents,
+    /// Nodes refused as of another cluster (`cluster/mod.rs`).
     pub waiting: crate::cluster::Waiting,
     /// The CA and this controller's certificate; `None` with `--insecure`.
-    pub tls: Option<std::sync::Arc<crate::tls::ControllerTls>>,
+    pub tls: Option<std::sync::Arc<crate::auth::tls::ControllerTls>>,
     /// What `/metrics` counts as it happens.
-    pub metrics: crate::api_metrics::ControllerMetrics,
-    /// The key-encryption keys of encrypted volumes' data keys (`volume_keys.rs`).
-    pub keks: crate::volume_keys::Keks,
+    pub metrics: crate::api::metrics::ControllerMetrics,
+    /// The key-encryption keys of encrypted volumes' data keys (`volumes/keys.rs`).
+    pub keks: crate::volumes::keys::Keks,
 }
 
 impl AppState {

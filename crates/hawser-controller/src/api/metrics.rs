@@ -1,0 +1,295 @@
+//! `GET /metrics`: the controller's Prometheus metrics.
+//!
+//! Counted as they happen ([`ControllerMetrics`]): replicas outdated and resynced back in,
+//! reports refused for a stale epoch (an engine fenced off by a newer one), and the cluster
+//! store's calls (latency and failures). Read from the store at each scrape: nodes (online, heartbeat age), volumes
+//! and replicas by state, and whether this controller leads. Any controller answers, a
+//! follower too (its own process and leadership; the store as it reads it), so one scrape
+//! config covers all of them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use hawser_api::controller::{ReplicaState, VolumeState};
+use hawser_api::metrics::{ProcessCollector, LATENCY_BUCKETS_SECS};
+use hawser_store::StoreError;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::errors::ControllerError;
+use crate::state::AppState;
+use crate::store::leader::Role;
+use crate::store::model::{now_ms, NodeRecord, VolumeRecord};
+
+/// What the controller counts as it happens. Clones share the counters.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerMetrics {
+    /// Replicas taken out of the in-sync set (an engine lost them), by whether they failed.
+    pub outdated: Counter,
+    pub failed: Counter,
+    /// Outdated replicas an engine resynced and marked in-sync again.
+    pub resynced: Counter,
+    /// Outdate or in-sync reports refused for a stale epoch: a fenced engine.
+    pub stale_epoch_reports: Counter,
+    /// The cluster store's calls (see [`StoreMetrics`]).
+    pub store: StoreMetrics,
+}
+
+/// The cluster store's calls as the records make them (`store_retry`): latency, retries
+/// included, and failures other than a lost compare-and-swap (which is how concurrent
+/// updates are ordered, not an error of the store). Clones share the series.
+#[derive(Clone, Debug)]
+pub struct StoreMetrics {
+    latency: Family<Labels, Histogram, fn() -> Histogram>,
+    errors: Family<Labels, Counter>,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        StoreMetrics {
+            latency: Family::new_with_constructor(|| Histogram::new(LATENCY_BUCKETS_SECS)),
+            errors: Family::default(),
+        }
+    }
+}
+
+impl StoreMetrics {
+    /// One call of `op` (get, list, put, delete, ...) that took `took` and failed with
+    /// `error`, if it did.
+    pub fn observe(&self, op: &'static str, took: Duration, error: Option<&StoreError>) {
+        let labels = vec![("op", op.to_string())];
+        self.latency
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if error.is_some_and(|e| !e.is_conflict()) {
+            self.errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The store as read for one scrape.
+pub(crate) struct Snapshot {
+    leader: bool,
+    nodes: Vec<(NodeRecord, bool)>,
+    volumes: Vec<VolumeRecord>,
+    now_ms: u64,
+}
+
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Snapshot")
+    }
+}
+
+const VOLUME_STATES: [VolumeState; 4] = [
+    VolumeState::Creating,
+    VolumeState::Detached,
+    VolumeState::Attached,
+    VolumeState::Deleting,
+];
+
+const REPLICA_STATES: [ReplicaState; 3] = [
+    ReplicaState::InSync,
+    ReplicaState::Outdated,
+    ReplicaState::Failed,
+];
+
+/// The snake_case name serde gives a state.
+fn state_name<T: serde::Serialize>(s: &T) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    rows: Vec<(Labels, i64)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+    for (labels, v) in rows {
+        ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let e = &mut enc;
+        let leader = ConstGauge::new(i64::from(self.leader));
+        leader.encode(e.encode_descriptor(
+            "controller_leader",
+            "1 if this controller serves the API (leads, or is the only one)",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        let node = |n: &NodeRecord| vec![("node", n.name.clone())];
+        gauges(
+            e,
+            "node_online",
+            "1 if the node's agent was heard within the node timeout",
+            None,
+            self.nodes
+                .iter()
+                .map(|(n, up)| (node(n), i64::from(*up)))
+                .collect(),
+        )?;
+        // Seconds as a float would be finer; whole milliseconds / 1000 keep it an integer
+        // gauge, so it is written in seconds with millisecond precision below.
+        let mut m = e.encode_descriptor(
+            "node_heartbeat_age",
+            "Time since the node's agent last registered or heartbeat",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        for (n, _) in &self.nodes {
+            let age = self.now_ms.saturating_sub(n.last_seen_ms) as f64 / 1000.0;
+            ConstGauge::new(age).encode(m.encode_family(&node(n))?)?;
+        }
+        gauges(
+            e,
+            "volumes",
+            "Volumes by state",
+            None,
+            VOLUME_STATES
+                .iter()
+                .map(|s| {
+                    let n = self.volumes.iter().filter(|v| v.state == *s).count();
+                    (vec![("state", state_name(s))], n as i64)
+                })
+                .collect(),
+        )?;
+        let mut rows = Vec::new();
+        for v in &self.volumes {
+            for s in REPLICA_STATES {
+                let n = v.replicas.iter().filter(|r| r.state == s).count();
+                rows.push((
+                    vec![("volume", v.name.clone()), ("state", state_name(&s))],
+                    n as i64,
+                ));
+            }
+        }
+        gauges(
+            e,
+            "volume_replicas",
+            "Replicas of the volume by store state",
+            None,
+            rows,
+        )?;
+        gauges(
+            e,
+            "volume_replicas_wanted",
+            "Replicas the volume should have in sync",
+            None,
+            self.volumes
+                .iter()
+                .map(|v| (vec![("volume", v.name.clone())], i64::from(v.replica_count)))
+                .collect(),
+        )?;
+        gauges(
+            e,
+            "volume_epoch",
+            "The volume's epoch in the store",
+            None,
+            self.volumes
+                .iter()
+                .map(|v| {
+                    let epoch = i64::try_from(v.epoch).unwrap_or(i64::MAX);
+                    (vec![("volume", v.name.clone())], epoch)
+                })
+                .collect(),
+        )?;
+        Ok(())
+    }
+}
+
+/// The registry of one scrape: the counters, the process, and `snapshot`.
+pub(crate) fn registry(m: &ControllerMetrics, snapshot: Option<Snapshot>) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(Box::new(ProcessCollector));
+    let h = r.sub_registry_with_prefix("hawser");
+    h.register(
+        "replica_outdates",
+        "Replicas taken out of the in-sync set because an engine lost them",
+        m.outdated.clone(),
+    );
+    h.register(
+        "replica_failures",
+        "Replicas marked failed (an I/O error, not only a lost connection)",
+        m.failed.clone(),
+    );
+    h.register(
+        "replica_resyncs_completed",
+        "Outdated replicas resynced and marked in-sync again",
+        m.resynced.clone(),
+    );
+    h.register(
+        "stale_epoch_reports",
+        "Reports from an engine of an older epoch, refused (the engine is fenced)",
+        m.stale_epoch_reports.clone(),
+    );
+    h.register_with_unit(
+        "store_request_duration",
+        "Cluster store calls by operation, retries included",
+        Unit::Seconds,
+        m.store.latency.clone(),
+    );
+    h.register(
+        "store_errors",
+        "Cluster store calls that failed after their retries (lost compare-and-swaps aside)",
+        m.store.errors.clone(),
+    );
+    if let Some(s) = snapshot {
+        h.register_collector(Box::new(s));
+    }
+    r
+}
+
+pub async fn scrape(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let leader = !matches!(st.leadership.role(), Role::Follower { .. });
+    let read = async {
+        let nodes = st.records.nodes().await?;
+        let volumes = st.records.volumes().await?;
+        Ok::<_, ControllerError>((nodes, volumes))
+    };
+    let snapshot = match read.await {
+        Ok((nodes, volumes)) => Some(Snapshot {
+            leader,
+            nodes: nodes
+                .into_iter()
+                .map(|n| {
+                    let up = st.is_online(&n);
+                    (n, up)
+                })
+                .collect(),
+            volumes,
+            now_ms: now_ms(),
+        }),
+        Err(e) => {
+            // Still answer: the process metrics and counters say something, and the missing
+            // store series (with store_errors) say the rest.
+            // Counted with the store's errors already.
+            tracing::warn!(error = %e, "metrics: cannot read the store");
+            None
+        }
+    };
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) =
+        hawser_api::metrics::render(&registry(&st.metrics, snapshot), accept);
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}

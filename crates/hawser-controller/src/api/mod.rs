@@ -1,0 +1,390 @@
+//! The HTTP server: routes, the body limit, and extractors that turn every malformed request
+//! into a JSON `ApiError` (axum's defaults answer in plain text, some with 422).
+
+pub(crate) mod io;
+pub(crate) mod metrics;
+pub(crate) mod nodes;
+pub(crate) mod pools;
+pub(crate) mod replicas;
+pub(crate) mod snapshots;
+pub(crate) mod status;
+pub(crate) mod tokens;
+pub(crate) mod ui;
+pub(crate) mod volumes;
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put, MethodRouter};
+use axum::Router;
+use serde::de::DeserializeOwned;
+
+use axum::Extension;
+use hawser_listen::Transport;
+
+use crate::auth::tls;
+use crate::auth::Caller;
+use crate::cluster;
+use crate::constants::MAX_BODY_BYTES;
+use crate::errors::ControllerError;
+use crate::state::AppState;
+use crate::store::leader::Role;
+
+/// One route of the API: method, path (axum syntax), who may call it, and its handler.
+struct Route {
+    method: Method,
+    path: &'static str,
+    caller: Caller,
+    handler: MethodRouter<Arc<AppState>>,
+}
+
+fn route(
+    method: Method,
+    path: &'static str,
+    caller: Caller,
+    handler: MethodRouter<Arc<AppState>>,
+) -> Route {
+    Route {
+        method,
+        path,
+        caller,
+        handler,
+    }
+}
+
+/// Every route the API serves: the router is built from this list, and `docs/openapi.json`
+/// is tested against it ([`route_table`]).
+fn routes() -> Vec<Route> {
+    use Caller::{Admin, Agent, Joining, Metrics, NodeRead};
+    use Method as M;
+    vec![
+        route(M::GET, "/v1/nodes", Admin, get(nodes::list)),
+        route(M::PUT, "/v1/nodes/{node}", Agent, put(nodes::register)),
+        route(M::GET, "/v1/nodes/{node}", NodeRead, get(nodes::show)),
+        route(
+            M::POST,
+            "/v1/nodes/{node}/evacuate",
+            Admin,
+            post(nodes::evacuate),
+        ),
+        route(
+            M::POST,
+            "/v1/nodes/{node}/restore",
+            Admin,
+            post(nodes::restore),
+        ),
+        route(M::GET, "/v1/cluster", Admin, get(cluster::show)),
+        route(
+            M::POST,
+            "/v1/cluster/admin-token",
+            Admin,
+            post(crate::api::tokens::rotate_admin_token),
+        ),
+        route(
+            M::POST,
+            "/v1/cluster/agent-token",
+            Admin,
+            post(crate::api::tokens::rotate_agent_token),
+        ),
+        route(
+            M::POST,
+            "/v1/cluster/metrics-token",
+            Admin,
+            post(crate::api::tokens::rotate_metrics_token),
+        ),
+        route(
+            M::POST,
+            "/v1/cluster/volume-key",
+            Admin,
+            post(crate::volumes::key_rotation::rotate_volume_key),
+        ),
+        route(
+            M::GET,
+            "/metrics",
+            Metrics,
+            get(crate::api::metrics::scrape),
+        ),
+        route(
+            M::POST,
+            "/v1/join-tokens",
+            Admin,
+            post(tls::create_join_token),
+        ),
+        route(M::POST, "/v1/join", Joining, post(tls::join)),
+        route(
+            M::GET,
+            "/v1/cluster/ca-rotation",
+            Admin,
+            get(crate::auth::ca_rotation::show),
+        ),
+        route(
+            M::POST,
+            "/v1/cluster/ca-rotation",
+            Admin,
+            post(crate::auth::ca_rotation::step),
+        ),
+        route(
+            M::POST,
+            "/v1/client-certificates",
+            Admin,
+            post(crate::auth::client_cert::create),
+        ),
+        route(
+            M::POST,
+            "/v1/nodes/{node}/certificate",
+            Agent,
+            post(tls::renew),
+        ),
+        route(
+            M::POST,
+            "/v1/cluster/recover",
+            Admin,
+            post(cluster::recover),
+        ),
+        route(M::GET, "/v1/pools", Admin, get(pools::list)),
+        route(M::GET, "/v1/status", Admin, get(status::show)),
+        route(M::GET, "/v1/io", Admin, get(crate::api::io::io)),
+        route(M::POST, "/v1/snapshots", Admin, post(snapshots::create)),
+        route(M::GET, "/v1/snapshots", Admin, get(snapshots::list)),
+        route(M::GET, "/v1/snapshots/{name}", Admin, get(snapshots::show)),
+        route(
+            M::DELETE,
+            "/v1/snapshots/{name}",
+            Admin,
+            delete(snapshots::delete),
+        ),
+        route(M::GET, "/v1/events", Admin, get(crate::api::io::events)),
+        route(M::GET, "/v1/replicas", Admin, get(replicas::list)),
+        route(M::GET, "/v1/replicas/{id}", Admin, get(replicas::show)),
+        route(M::GET, "/v1/trash", Admin, get(replicas::trash)),
+        route(M::POST, "/v1/volumes", Admin, post(volumes::create)),
+        route(M::GET, "/v1/volumes", Admin, get(volumes::list)),
+        route(M::GET, "/v1/volumes/{name}", NodeRead, get(volumes::show)),
+        route(
+            M::DELETE,
+            "/v1/volumes/{name}",
+            Admin,
+            delete(volumes::delete),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/attach",
+            Admin,
+            post(volumes::attach),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/detach",
+            Admin,
+            post(volumes::detach),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/expand",
+            Admin,
+            post(volumes::expand),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/restore",
+            Admin,
+            post(volumes::restore),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/qos",
+            Admin,
+            post(volumes::set_qos),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/scrub",
+            Admin,
+            post(volumes::scrub),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/force-promote",
+            Admin,
+            post(volumes::force_promote),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/replicas/{id}/outdate",
+            Agent,
+            post(volumes::outdate),
+        ),
+        route(
+            M::POST,
+            "/v1/volumes/{name}/replicas/{id}/in-sync",
+            Agent,
+            post(volumes::mark_in_sync),
+        ),
+    ]
+}
+
+/// The (method, path) of every route, paths in axum's `{param}` syntax (as OpenAPI's).
+pub fn route_table() -> Vec<(String, String)> {
+    routes()
+        .into_iter()
+        .map(|r| (r.method.to_string(), r.path.to_string()))
+        .collect()
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let mut router = Router::new();
+    for r in routes() {
+        let guard = axum::middleware::from_fn_with_state((state.clone(), r.caller), guard);
+        router = router.route(r.path, r.handler.route_layer(guard));
+    }
+    router
+        .merge(crate::api::ui::router())
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Runs before every handler: the bearer token first (401/403 before anything else, so an
+/// unauthenticated client learns nothing, not even who leads), then leadership.
+///
+/// Only the leader serves the API, reads included: a follower's view may lag behind the
+/// leader's in-memory decisions (reservations, per-volume locks), and one place to ask keeps
+/// clients simple. Followers say where the leader is.
+async fn guard(
+    State((st, caller)): State<(Arc<AppState>, Caller)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let mut req = req;
+    let transport = req.extensions().get::<Transport>().cloned();
+    match st.tokens.check(req.headers(), transport.as_ref(), caller) {
+        Ok(p) => {
+            req.extensions_mut().insert(p);
+        }
+        Err(e) => return e.into_response(),
+    }
+    match st.leadership.role() {
+        // Every controller answers a scrape about itself.
+        _ if caller == Caller::Metrics => next.run(req).await,
+        Role::Follower { leader_url } => ControllerError::NotLeader { leader_url }.into_response(),
+        Role::Sole | Role::Leader { .. } => next.run(req).await,
+    }
+}
+
+/// Unknown paths and methods need the admin token too: without it, 401 like everywhere.
+async fn no_route(
+    State(st): State<Arc<AppState>>,
+    transport: Option<Extension<Transport>>,
+    headers: HeaderMap,
+    method: Method,
+    uri: Uri,
+) -> ControllerError {
+    if let Err(e) = st
+        .tokens
+        .check(&headers, transport.as_deref(), Caller::Admin)
+    {
+        return e;
+    }
+    ControllerError::NoRoute {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}
+
+async fn method_not_allowed(
+    State(st): State<Arc<AppState>>,
+    transport: Option<Extension<Transport>>,
+    headers: HeaderMap,
+    method: Method,
+    uri: Uri,
+) -> ControllerError {
+    if let Err(e) = st
+        .tokens
+        .check(&headers, transport.as_deref(), Caller::Admin)
+    {
+        return e;
+    }
+    ControllerError::BadBody {
+        status: 405,
+        message: format!("method {method} is not allowed on {}", uri.path()),
+    }
+}
+
+/// `axum::Json` whose rejections are JSON `ApiError`s: 400 for anything malformed (syntax,
+/// wrong types, unknown fields, missing content type), 413 past the body limit.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ControllerError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(r: JsonRejection) -> ControllerError {
+    let status = r.status().as_u16();
+    if status == 413 {
+        return ControllerError::BadBody {
+            status,
+            message: format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+        };
+    }
+    let message = match r {
+        JsonRejection::MissingJsonContentType(_) => {
+            "expected a JSON body with Content-Type: application/json".to_string()
+        }
+        other => other.body_text(),
+    };
+    ControllerError::BadBody {
+        status: 400,
+        message,
+    }
+}
+
+/// `axum::extract::Path` with JSON rejections.
+pub struct ApiPath<T>(pub T);
+
+/// The query string, with errors in the API's shape.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ControllerError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(r) => Err(ControllerError::BadBody {
+                status: 400,
+                message: r.body_text(),
+            }),
+        }
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ControllerError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
+            Err(r) => Err(path_rejection(r)),
+        }
+    }
+}
+
+fn path_rejection(r: PathRejection) -> ControllerError {
+    ControllerError::BadBody {
+        status: 400,
+        message: r.body_text(),
+    }
+}

@@ -1,0 +1,77 @@
+//! Certificates for NBD clients (`POST /v1/client-certificates`, admin): a client of some
+//! volumes gets a certificate naming them (`hawser://client/volume/<v>`), and an agent's NBD
+//! port opens those exports to it and no others, at any node or only at the one it names.
+//! The client makes its own key and sends the public half, as a joining node does, so the
+//! key never crosses the network. Such a certificate opens nothing else: no API, no replica
+//! port.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::Json;
+use hawser_api::controller::{ClientCertificate, CreateClientCertificate};
+use hawser_tls::{ClientScope, Peer, MAX_CLIENT_VOLUMES, NODE_CERT_LIFETIME};
+
+use crate::api::ApiJson;
+use crate::auth::tls::{decode_public_key, tls_of};
+use crate::errors::ControllerError;
+use crate::state::AppState;
+
+/// A day: long enough for a working session, short enough that a lost laptop's key dies soon.
+const DEFAULT_CLIENT_CERT_TTL_SECS: u64 = 24 * 3600;
+
+/// `POST /v1/client-certificates`.
+pub async fn create(
+    State(st): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<CreateClientCertificate>,
+) -> Result<Json<ClientCertificate>, ControllerError> {
+    let tls = tls_of(&st)?;
+    let ttl = req.ttl_secs.unwrap_or(DEFAULT_CLIENT_CERT_TTL_SECS);
+    let max = NODE_CERT_LIFETIME.as_secs();
+    if ttl == 0 || ttl > max {
+        return Err(ControllerError::invalid(format!(
+            "ttl_secs {ttl}: use 1 to {max} (30 days)"
+        )));
+    }
+    if req.volumes.is_empty() || req.volumes.len() > MAX_CLIENT_VOLUMES {
+        return Err(ControllerError::invalid(format!(
+            "volumes: name 1 to {MAX_CLIENT_VOLUMES}, not {}",
+            req.volumes.len()
+        )));
+    }
+    for v in &req.volumes {
+        hawser_api::validate_name("volume", v)?;
+        st.records.existing_volume(v).await?;
+    }
+    if let Some(n) = &req.node {
+        hawser_api::validate_name("node", n)?;
+        if st.records.node(n).await?.is_none() {
+            return Err(ControllerError::NodeNotFound { node: n.clone() });
+        }
+    }
+    let scope = ClientScope::new(&req.volumes, req.node.as_deref())
+        .map_err(|e| ControllerError::invalid(e.to_string()))?;
+    let spki = decode_public_key(&req.public_key)?;
+    let issued = tls
+        .ca()
+        .issue(
+            &Peer::Client(scope.clone()),
+            &spki,
+            Duration::from_secs(ttl),
+        )
+        .map_err(|e| ControllerError::invalid(format!("cannot issue a certificate: {e:#}")))?;
+    tracing::info!(
+        volumes = ?scope.volumes(),
+        node = ?scope.node(),
+        ttl,
+        "issued an NBD client certificate"
+    );
+    Ok(Json(ClientCertificate {
+        chain_pem: issued.chain_pem,
+        ca_pem: tls.trust_pem(),
+        not_after_unix: issued.not_after_unix,
+        volumes: scope.volumes().to_vec(),
+        node: scope.node().map(str::to_string),
+    }))
+}

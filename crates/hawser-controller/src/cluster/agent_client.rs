@@ -1,0 +1,404 @@
+//! HTTP client for the agents' admin API (`hawser_api::agent`).
+
+use hawser_api::agent::{
+    AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, FetchSnapshot,
+    PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine,
+    TakeSnapshot, NODE_HEADER,
+};
+use hawser_api::error::{error_chain, truncate_chars};
+use hawser_api::{ApiError, ErrorCode};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::auth::tls::ControllerTls;
+use crate::constants::{AGENT_CONNECT_TIMEOUT, AGENT_COPY_TIMEOUT, AGENT_REQUEST_TIMEOUT};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No answer: connection refused, timeout, reset. Unless `connect` (the connection was
+    /// never made), the request may or may not have run.
+    #[error("agent at {addr} unreachable: {reason}")]
+    Unreachable {
+        addr: String,
+        connect: bool,
+        reason: String,
+    },
+    #[error("agent at {addr} answered {status}: {message}")]
+    Refused {
+        addr: String,
+        status: u16,
+        code: Option<ErrorCode>,
+        message: String,
+    },
+    #[error("agent at {addr} sent an unreadable response: {source}")]
+    BadResponse {
+        addr: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+impl AgentError {
+    /// The agent's error code, when it answered with an `ApiError`.
+    pub fn api_code(&self) -> Option<ErrorCode> {
+        match self {
+            AgentError::Refused { code, .. } => *code,
+            _ => None,
+        }
+    }
+
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, AgentError::Unreachable { .. })
+    }
+
+    /// Whether the request certainly did not reach the agent.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, AgentError::Unreachable { connect: true, .. })
+    }
+}
+
+/// The agent of one node: where to call, and the node the call is meant for (sent in
+/// `NODE_HEADER`, so an agent that now answers at that address refuses it).
+#[derive(Clone, Copy, Debug)]
+pub struct Agent<'a> {
+    pub node: &'a str,
+    pub addr: &'a str,
+}
+
+impl crate::store::model::NodeRecord {
+    pub fn agent(&self) -> Agent<'_> {
+        Agent {
+            node: &self.name,
+            addr: &self.admin_addr,
+        }
+    }
+}
+
+/// One shared connection pool for all agents; over TLS, one per agent (each accepts only
+/// the node it calls).
+#[derive(Clone)]
+pub struct AgentClient {
+    http: reqwest::Client,
+    /// `Bearer <agent token>`: agents without TLS refuse admin calls without it.
+    /// `Bearer <agent token>`, plaintext clusters only: over TLS the controller's
+    /// certificate authenticates it, and the agent token (a node's way in) is never sent.
+    authorization: Option<String>,
+    tls: Option<Arc<ControllerTls>>,
+    per_node: Arc<Mutex<HashMap<String, reqwest::Client>>>,
+}
+
+fn builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(AGENT_CONNECT_TIMEOUT)
+        .timeout(AGENT_REQUEST_TIMEOUT)
+        .pool_idle_timeout(hawser_api::CLIENT_POOL_IDLE_TIMEOUT)
+}
+
+impl AgentClient {
+    pub fn new(agent_token: Option<&str>, tls: Option<Arc<ControllerTls>>) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            tls.is_some() || agent_token.is_some(),
+            "a plaintext controller needs the agent token to call agents"
+        );
+        Ok(AgentClient {
+            http: builder().build()?,
+            authorization: match tls {
+                Some(_) => None,
+                None => agent_token.map(|t| format!("Bearer {t}")),
+            },
+            tls,
+            per_node: Default::default(),
+        })
+    }
+
+    /// The client and URL scheme for calling `node`.
+    fn client_for(&self, node: &str) -> Result<(reqwest::Client, &'static str), String> {
+        let Some(tls) = &self.tls else {
+            return Ok((self.http.clone(), "http"));
+        };
+        let mut map = self.per_node.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(node) {
+            return Ok((c.clone(), "https"));
+        }
+        let config = tls.client_for(node).map_err(|e| format!("{e:#}"))?;
+        let c = builder()
+            .use_preconfigured_tls((*config).clone())
+            .build()
+            .map_err(|e| error_chain(&e))?;
+        map.insert(node.into(), c.clone());
+        Ok((c, "https"))
+    }
+
+    pub async fn create_replica(
+        &self,
+        to: Agent<'_>,
+        req: &CreateReplica,
+    ) -> Result<ReplicaStatus, AgentError> {
+        // From a snapshot, the agent copies its file first.
+        let timeout = match req.from {
+            Some(_) => AGENT_COPY_TIMEOUT,
+            None => AGENT_REQUEST_TIMEOUT,
+        };
+        self.call_within(Method::POST, to, "/v1/replicas", Some(req), timeout)
+            .await
+    }
+
+    /// Deletes a replica; one the agent does not know is already deleted.
+    pub async fn delete_replica(&self, to: Agent<'_>, replica_id: &str) -> Result<(), AgentError> {
+        let path = format!("/v1/replicas/{replica_id}");
+        self.call_no_body(Method::DELETE, to, &path).await
+    }
+
+    /// Moves a replica to its pool's trash (an orphan: kept for the agent's grace period).
+    pub async fn trash_replica(&self, to: Agent<'_>, replica_id: &str) -> Result<(), AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/trash");
+        self.call_no_body(Method::POST, to, &path).await
+    }
+
+    /// Every replica with its newest journal's summary (for `hawser cluster recover`).
+    pub async fn inventory(
+        &self,
+        to: Agent<'_>,
+    ) -> Result<Vec<hawser_api::agent::ReplicaInventory>, AgentError> {
+        self.call::<(), _>(Method::GET, to, "/v1/replicas/inventory", None)
+            .await
+    }
+
+    /// Holds a volume's requests and flushes its replicas, for at most `lease_ms`.
+    pub async fn pause_engine(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+        lease_ms: u64,
+    ) -> Result<EnginePaused, AgentError> {
+        let path = format!("/v1/engines/{volume}/pause");
+        let body = PauseEngine { lease_ms };
+        self.call(Method::POST, to, &path, Some(&body)).await
+    }
+
+    /// Ends a pause; refused when its lease ran out.
+    pub async fn resume_engine(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+        pause_id: u64,
+    ) -> Result<EngineResumed, AgentError> {
+        let path = format!("/v1/engines/{volume}/resume");
+        let body = ResumeEngine { pause_id };
+        self.call(Method::POST, to, &path, Some(&body)).await
+    }
+
+    /// Takes a snapshot of a replica (its writes held by the caller).
+    pub async fn take_snapshot(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        req: &TakeSnapshot,
+    ) -> Result<ReplicaSnapshot, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/snapshots");
+        self.call_within(Method::POST, to, &path, Some(req), AGENT_COPY_TIMEOUT)
+            .await
+    }
+
+    /// Deletes a replica's snapshot; one it does not have is deleted already.
+    pub async fn delete_snapshot(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        snapshot: &str,
+    ) -> Result<(), AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/snapshots/{snapshot}");
+        self.call_no_body(Method::DELETE, to, &path).await
+    }
+
+    /// Gives a replica a copy of a snapshot it lacks, from a holder on another node.
+    pub async fn fetch_snapshot(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        snapshot: &str,
+        req: &FetchSnapshot,
+    ) -> Result<ReplicaSnapshot, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/snapshots/{snapshot}/fetch");
+        self.call_within(Method::POST, to, &path, Some(req), AGENT_COPY_TIMEOUT)
+            .await
+    }
+
+    /// Replaces a replica's data with its copy of a snapshot (no engine may hold it).
+    pub async fn restore_replica(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        snapshot: &str,
+    ) -> Result<ReplicaStatus, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/restore");
+        let body = RestoreReplica {
+            snapshot: snapshot.to_string(),
+        };
+        self.call_within(Method::POST, to, &path, Some(&body), AGENT_COPY_TIMEOUT)
+            .await
+    }
+
+    /// Grows a replica (of a detached volume) to `size_bytes`.
+    pub async fn grow_replica(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        size_bytes: u64,
+    ) -> Result<ReplicaStatus, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/grow");
+        let body = hawser_api::agent::GrowReplica { size_bytes };
+        self.call(Method::POST, to, &path, Some(&body)).await
+    }
+
+    pub async fn start_engine(
+        &self,
+        to: Agent<'_>,
+        req: &StartEngine,
+    ) -> Result<EngineStatus, AgentError> {
+        self.call(Method::POST, to, "/v1/engines", Some(req)).await
+    }
+
+    /// Starts a scrub pass of the volume whose engine the agent runs.
+    pub async fn start_scrub(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+    ) -> Result<EngineStatus, AgentError> {
+        let path = format!("/v1/engines/{volume}/scrub");
+        self.call::<(), _>(Method::POST, to, &path, None).await
+    }
+
+    /// Changes the limits of the volume whose engine the agent runs.
+    pub async fn set_qos(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+        qos: &hawser_api::Qos,
+    ) -> Result<EngineStatus, AgentError> {
+        let path = format!("/v1/engines/{volume}/qos");
+        self.call(Method::PUT, to, &path, Some(qos)).await
+    }
+
+    pub async fn status(&self, to: Agent<'_>) -> Result<AgentStatus, AgentError> {
+        self.call::<(), _>(Method::GET, to, "/v1/status", None)
+            .await
+    }
+
+    /// The request counters of the volumes the agent exports.
+    pub async fn io(&self, to: Agent<'_>) -> Result<AgentIo, AgentError> {
+        self.call::<(), _>(Method::GET, to, "/v1/io", None).await
+    }
+
+    /// Flushes and stops a volume's engine; one the agent does not run is already stopped.
+    pub async fn stop_engine(&self, to: Agent<'_>, volume: &str) -> Result<(), AgentError> {
+        let path = format!("/v1/engines/{volume}");
+        self.call_no_body(Method::DELETE, to, &path).await
+    }
+
+    async fn call<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: Method,
+        to: Agent<'_>,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<R, AgentError> {
+        self.call_within(method, to, path, body, AGENT_REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// [`Self::call`] for a request that may take up to `timeout` (a copy of data).
+    async fn call_within<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: Method,
+        to: Agent<'_>,
+        path: &str,
+        body: Option<&B>,
+        timeout: std::time::Duration,
+    ) -> Result<R, AgentError> {
+        let resp = self.send(method, to, path, body, timeout).await?;
+        resp.json().await.map_err(|source| AgentError::BadResponse {
+            addr: to.addr.into(),
+            source,
+        })
+    }
+
+    async fn call_no_body(
+        &self,
+        method: Method,
+        to: Agent<'_>,
+        path: &str,
+    ) -> Result<(), AgentError> {
+        match self
+            .send::<()>(method, to, path, None, AGENT_REQUEST_TIMEOUT)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(AgentError::Refused { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends the request; a non-2xx answer becomes `Refused` with the agent's message.
+    async fn send<B: Serialize>(
+        &self,
+        method: Method,
+        to: Agent<'_>,
+        path: &str,
+        body: Option<&B>,
+        timeout: std::time::Duration,
+    ) -> Result<reqwest::Response, AgentError> {
+        let addr = to.addr;
+        let (http, scheme) =
+            self.client_for(to.node)
+                .map_err(|reason| AgentError::Unreachable {
+                    addr: addr.into(),
+                    connect: true,
+                    reason,
+                })?;
+        let mut req = http
+            .request(method, format!("{scheme}://{addr}{path}"))
+            .header(NODE_HEADER, to.node)
+            .timeout(timeout);
+        if let Some(a) = &self.authorization {
+            req = req.header(reqwest::header::AUTHORIZATION, a);
+        }
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req.send().await.map_err(|e| AgentError::Unreachable {
+            addr: addr.into(),
+            connect: e.is_connect(),
+            reason: error_chain(&e),
+        })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let (code, message) = match serde_json::from_str::<ApiError>(&text) {
+            Ok(e) => (Some(e.code), e.message),
+            Err(_) => (None, short(&text, status)),
+        };
+        Err(AgentError::Refused {
+            addr: addr.into(),
+            status: status.as_u16(),
+            code,
+            message,
+        })
+    }
+}
+
+/// A non-JSON error body, trimmed so a stray HTML page does not flood the error message.
+fn short(text: &str, status: StatusCode) -> String {
+    const MAX: usize = 200;
+    let t = text.trim();
+    if t.is_empty() {
+        return status.canonical_reason().unwrap_or("error").to_string();
+    }
+    truncate_chars(t, MAX)
+}

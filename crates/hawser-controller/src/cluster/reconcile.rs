@@ -1,0 +1,209 @@
+//! The leader repairs what interrupted operations left behind: on becoming leader, and every
+//! [`RECONCILE_INTERVAL`] while it leads, it
+//! 1. rolls back volumes left `Creating` and finishes volumes left `Deleting` (a controller
+//!    died, was deposed, or lost the store mid-operation), and
+//! 2. deletes replicas that agents hold but no volume record references (orphans: a failed
+//!    create's rollback could not reach the agent, or a deposed leader's call landed late),
+//! 3. records as `Failed` the replicas of detached volumes that their agent reports failed
+//!    (it could not load them: corrupt metadata, a data file of the wrong size), so that
+//!    self-healing rebuilds them elsewhere. Only while another replica is in sync: the last
+//!    one stays as it is for an operator to look at, and an attached volume's engine outdates
+//!    a replica it cannot reach by itself.
+//!
+//! Why deleting an unreferenced replica is safe. Every replica comes from a create, and a
+//! create records the volume, with every replica id it will use, *before* its first agent
+//! call (`volumes/create.rs`); ids carry a random tag, so no later record reuses one. A round
+//! lists the agents' replicas first and reads the records second, so a replica seen on an
+//! agent had its record written before that listing; if the later read has no record naming
+//! it, the record was deleted (rolled back, or the volume deleted) and nothing can name the
+//! replica again. A deposed leader cannot change that: its record writes are fenced (refused
+//! by etcd), and its only late agent calls are creates of replicas its own, now unrecorded,
+//! create listed (orphans the next round deletes) and deletes of replicas of records being
+//! removed anyway (a rollback of its own create, or a delete already marked `Deleting`).
+//!
+//! Why rolling back `Creating` is safe. This leader's own creates hold the volume's lock
+//! from before the record is written until it is `Detached` or gone, and the round takes the
+//! same lock and re-reads: a volume still `Creating` then belongs to no running operation of
+//! this controller. One of a deposed leader can no longer finish (its `Detached` write is
+//! fenced); rolling it back is what that create would have done on failure.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_api::controller::{ReplicaState, VolumeState};
+use tokio::time::Instant;
+
+use crate::constants::{ELECTION_TICK, RECONCILE_INTERVAL};
+use crate::state::AppState;
+use crate::store::leader::Role;
+use crate::store::model::NodeRecord;
+use crate::volumes::delete::delete_locked;
+
+/// Runs until the task is aborted: a round at once whenever this controller starts a new
+/// term as leader, then every [`RECONCILE_INTERVAL`].
+pub async fn run(st: Arc<AppState>) {
+    let mut tick = tokio::time::interval(ELECTION_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<(Role, Instant)> = None;
+    loop {
+        tick.tick().await;
+        let role = st.leadership.role();
+        if matches!(role, Role::Follower { .. }) {
+            last = None;
+            continue;
+        }
+        let due = match &last {
+            Some((term, at)) => *term != role || at.elapsed() >= RECONCILE_INTERVAL,
+            None => true,
+        };
+        if due {
+            round(&st).await;
+            last = Some((role, Instant::now()));
+        }
+    }
+}
+
+/// One round; errors are logged and the next round tries again.
+pub(crate) async fn round(st: &AppState) {
+    let nodes = match st.records.nodes().await {
+        Ok(n) => n,
+        Err(e) => return tracing::warn!(error = %e, "reconcile: cannot read the nodes"),
+    };
+    // Agents first, records second (see the module doc).
+    let held = replicas_on_agents(st, &nodes).await;
+    let volumes = match st.records.volumes().await {
+        Ok(v) => v,
+        Err(e) => return tracing::warn!(error = %e, "reconcile: cannot read the volumes"),
+    };
+    let referenced: BTreeSet<&str> = volumes
+        .iter()
+        .flat_map(|v| v.replicas.iter().chain(&v.retired).map(|r| r.id.as_str()))
+        .collect();
+    for held in held
+        .iter()
+        .filter(|h| !referenced.contains(h.replica.as_str()))
+    {
+        delete_orphan(st, held).await;
+    }
+    for held in held.iter().filter(|h| h.failed) {
+        if let Some(v) = volumes
+            .iter()
+            .find(|v| v.replicas.iter().any(|r| r.id == held.replica))
+        {
+            record_failed(st, &v.name, held).await;
+        }
+    }
+    for v in &volumes {
+        if matches!(v.state, VolumeState::Creating | VolumeState::Deleting) {
+            finish(st, &v.name).await;
+        }
+    }
+}
+
+/// A replica an agent reported.
+struct Held<'a> {
+    node: &'a NodeRecord,
+    replica: String,
+    /// The volume the agent says it belongs to.
+    volume: String,
+    /// The agent cannot serve it.
+    failed: bool,
+}
+
+/// Rule 3 of the module doc, under the volume's lock.
+async fn record_failed(st: &AppState, volume: &str, held: &Held<'_>) {
+    let _guard = st.volume_locks.lock(volume).await;
+    let id = held.replica.as_str();
+    let changed = st
+        .records
+        .update_volume(volume, |v| {
+            let others_in_sync = v.in_sync().filter(|r| r.id != id).count();
+            if v.state != VolumeState::Detached || others_in_sync == 0 {
+                return Ok(false);
+            }
+            match v
+                .replicas
+                .iter_mut()
+                .find(|r| r.id == id && r.node == held.node.name)
+            {
+                Some(r) if r.state != ReplicaState::Failed => {
+                    r.state = ReplicaState::Failed;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+        .await;
+    match changed {
+        Ok((_, true)) => tracing::warn!(
+            volume, replica = id, node = %held.node.name,
+            "the agent reports the replica failed; recorded, self-healing replaces it"
+        ),
+        Ok((_, false)) => {}
+        Err(e) => {
+            tracing::warn!(volume, replica = id, error = %e, "cannot record a failed replica")
+        }
+    }
+}
+
+/// Deletes an unreferenced replica, under its volume's lock and after a fresh read of that
+/// volume: an operation of this controller that creates a replica on an agent before it
+/// records it (as a membership change may) holds that lock throughout, so the replica is
+/// either recorded or rolled back by the time the lock is free.
+async fn delete_orphan(st: &AppState, held: &Held<'_>) {
+    let (node, replica) = (&held.node.name, held.replica.as_str());
+    let _guard = st.volume_locks.lock(&held.volume).await;
+    match st.records.volume(&held.volume).await {
+        // Retired replicas are self-healing's to delete (when their node answers).
+        Ok(Some(v)) if v.replicas.iter().chain(&v.retired).any(|r| r.id == replica) => return,
+        Ok(_) => {}
+        Err(e) => return tracing::warn!(replica, error = %e, "reconcile: cannot read"),
+    }
+    match st.agents.trash_replica(held.node.agent(), replica).await {
+        Ok(()) => tracing::warn!(%node, replica, "moved an orphan replica to its pool's trash"),
+        Err(e) => tracing::warn!(%node, replica, error = %e, "cannot trash an orphan yet"),
+    }
+}
+
+/// Every replica on every agent that answers, with its node.
+async fn replicas_on_agents<'a>(st: &AppState, nodes: &'a [NodeRecord]) -> Vec<Held<'a>> {
+    let mut held = Vec::new();
+    for node in nodes {
+        let status = tokio::time::timeout(STATUS_TIMEOUT, st.agents.status(node.agent()));
+        match status.await {
+            Ok(Ok(s)) => held.extend(s.replicas.into_iter().map(|r| Held {
+                node,
+                replica: r.replica_id,
+                volume: r.volume,
+                failed: r.failed,
+            })),
+            // An agent that does not answer keeps its orphans until a later round.
+            _ => tracing::debug!(node = %node.name, "reconcile: agent does not answer"),
+        }
+    }
+    held
+}
+
+/// How long a round waits for one agent's replica list.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Rolls back a `Creating` volume or finishes a `Deleting` one, if it still is one once this
+/// round holds its lock.
+async fn finish(st: &AppState, name: &str) {
+    let _guard = st.volume_locks.lock(name).await;
+    let state = match st.records.volume(name).await {
+        Ok(Some(v)) => v.state,
+        Ok(None) => return,
+        Err(e) => return tracing::warn!(volume = name, error = %e, "reconcile: cannot read"),
+    };
+    if !matches!(state, VolumeState::Creating | VolumeState::Deleting) {
+        return;
+    }
+    match delete_locked(st, name).await {
+        Ok(()) => tracing::warn!(volume = name, ?state, "interrupted operation cleaned up"),
+        Err(e) => tracing::warn!(
+            volume = name, ?state, error = %e, "cannot clean up an interrupted operation yet"
+        ),
+    }
+}
