@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use hawser_api::auth::digest_hex as hex;
 use hawser_api::controller::{
     ClusterCa, JoinNode, NodeCertificate, NodeTlsReport, RenewCertificate,
 };
@@ -248,7 +249,7 @@ impl NodeTls {
     /// What this node reports of its CAs with each heartbeat.
     pub fn report(&self) -> NodeTlsReport {
         NodeTlsReport {
-            trusts_sha256: self.trust.fingerprints().iter().map(|f| hex(f)).collect(),
+            trusts_sha256: self.trust.fingerprints().iter().map(hex).collect(),
             issuer_sha256: self.slot.issuer().map(|f| hex(&f)).unwrap_or_default(),
         }
     }
@@ -333,10 +334,6 @@ fn stale_identity(
         .collect();
     let named = bootstrap.ca.fingerprints()?;
     Ok((!named.iter().any(|f| trusted.contains(f))).then_some(bootstrap))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 async fn join(

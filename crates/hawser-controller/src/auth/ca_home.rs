@@ -264,10 +264,15 @@ async fn update_secret(
 
 /// The grant key's root: the kept one (`text`, base64), else the CA's own.
 fn grant_root(ca: &Ca, text: Option<&str>) -> anyhow::Result<[u8; 32]> {
+    match text {
+        Some(text) => decode_root(text),
+        None => Ok(ca.secret_root(hawser_wire::grant::GRANT_KEY_PURPOSE)),
+    }
+}
+
+/// A grant root as kept (and as sealed in a rotation): 32 bytes, base64.
+pub(crate) fn decode_root(text: &str) -> anyhow::Result<[u8; 32]> {
     use base64::Engine as _;
-    let Some(text) = text else {
-        return Ok(ca.secret_root(hawser_wire::grant::GRANT_KEY_PURPOSE));
-    };
     base64::engine::general_purpose::STANDARD
         .decode(text.trim())
         .ok()
@@ -275,7 +280,7 @@ fn grant_root(ca: &Ca, text: Option<&str>) -> anyhow::Result<[u8; 32]> {
         .context("not 32 bytes of base64")
 }
 
-fn b64(bytes: &[u8]) -> String {
+pub(crate) fn b64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }

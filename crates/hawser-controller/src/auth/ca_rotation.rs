@@ -28,13 +28,15 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::extract::State;
 use axum::Json;
+use hawser_api::auth::digest_hex as hex;
 use hawser_api::controller::{CaRotation, CaRotationStep, ClusterCa, StartCaRotationStep};
 use hawser_store::{get_json, put_json, Expect};
 use hawser_tls::Ca;
 use serde::{Deserialize, Serialize};
 
 use crate::api::ApiJson;
-use crate::auth::tls::{hex, tls_of, ControllerTls};
+use crate::auth::ca_home::{b64, decode_root};
+use crate::auth::tls::{tls_of, ControllerTls};
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::now_ms;
@@ -212,11 +214,10 @@ pub async fn follow_forever(st: Arc<AppState>) {
 
 /// Brings this controller's CAs to where `r` says the rotation stands.
 async fn apply(tls: &ControllerTls, r: &RotationRecord) -> anyhow::Result<()> {
-    let fingerprint = |pem: &str| -> anyhow::Result<[u8; 32]> {
-        let der = hawser_tls::certs_from_pem(pem)?;
-        Ok(hawser_tls::ca_fingerprint(&der[0]))
-    };
-    let (old_fp, new_fp) = (fingerprint(&r.old_ca_pem)?, fingerprint(&r.new_ca_pem)?);
+    let (old_fp, new_fp) = (
+        first_fingerprint(&r.old_ca_pem)?,
+        first_fingerprint(&r.new_ca_pem)?,
+    );
     let applied = Applied {
         step: r.step,
         old: old_fp,
@@ -235,7 +236,10 @@ async fn apply(tls: &ControllerTls, r: &RotationRecord) -> anyhow::Result<()> {
     let (new, grant_root) = if kept.fingerprint() == old_fp {
         let sealed = unseal(&kept, &new_fp, &r.sealed)?;
         let new = Ca::from_pem(&r.new_ca_pem, &sealed.new_ca_key_pem).context("the new CA")?;
-        (Arc::new(new), root_of(&sealed.grant_root)?)
+        (
+            Arc::new(new),
+            decode_root(&sealed.grant_root).context("the sealed grant root")?,
+        )
     } else if kept.fingerprint() == new_fp {
         (kept.clone(), tls.grant_root())
     } else {
@@ -280,11 +284,7 @@ async fn status(
     tls: &ControllerTls,
     r: Option<&RotationRecord>,
 ) -> Result<CaRotation, ControllerError> {
-    let fp = |pem: &str| {
-        hawser_tls::certs_from_pem(pem)
-            .ok()
-            .and_then(|d| d.first().map(|c| hex(&hawser_tls::ca_fingerprint(c))))
-    };
+    let fp = |pem: &str| first_fingerprint(pem).ok().map(|f| hex(&f));
     let (old, new) = (
         r.and_then(|r| fp(&r.old_ca_pem)),
         r.and_then(|r| fp(&r.new_ca_pem)),
@@ -317,6 +317,12 @@ async fn status(
         waiting_for,
         offline,
     })
+}
+
+/// The SHA-256 of the first certificate in a PEM text.
+fn first_fingerprint(pem: &str) -> anyhow::Result<[u8; 32]> {
+    let der = hawser_tls::certs_from_pem(pem)?;
+    Ok(hawser_tls::ca_fingerprint(&der[0]))
 }
 
 fn step_name(s: CaRotationStep) -> &'static str {
@@ -375,20 +381,6 @@ fn unseal(old: &Ca, new_fp: &[u8; 32], text: &str) -> anyhow::Result<Sealed> {
     serde_json::from_slice(plain).context("the sealed CA")
 }
 
-fn root_of(text: &str) -> anyhow::Result<[u8; 32]> {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .ok()
-        .and_then(|b| <[u8; 32]>::try_from(b).ok())
-        .context("the sealed grant root is not 32 bytes")
-}
-
-fn b64(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,7 +400,7 @@ mod tests {
         assert!(!text.contains("PRIVATE"), "the key is not in clear");
         let back = unseal(&old, &new.fingerprint(), &text).expect("open");
         assert_eq!(back.new_ca_key_pem, new.key_pem());
-        assert_eq!(root_of(&back.grant_root).expect("root"), [7u8; 32]);
+        assert_eq!(decode_root(&back.grant_root).expect("root"), [7u8; 32]);
         assert!(
             unseal(&other, &new.fingerprint(), &text).is_err(),
             "another CA"

@@ -152,7 +152,7 @@ impl ControllerTls {
         if self.own_issuer() != Some(fingerprint) {
             self.slot
                 .replace(&own_certificate(&issuer, self.lifetime, &self.names)?)?;
-            tracing::info!(issuer = %hex(&fingerprint), "reissued the controller's certificate on the new CA");
+            tracing::info!(issuer = %auth::digest_hex(&fingerprint), "reissued the controller's certificate on the new CA");
         }
         Ok(())
     }
@@ -236,10 +236,6 @@ fn own_certificate(ca: &Ca, lifetime: Duration, names: &[String]) -> anyhow::Res
         chain_pem: issued.chain_pem,
         key_pem,
     })
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A public key as joining nodes and NBD clients send it: DER SubjectPublicKeyInfo, base64.
