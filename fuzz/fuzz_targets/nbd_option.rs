@@ -3,7 +3,7 @@
 //! survive an encode/decode roundtrip.
 //!
 //! The same input is also all a client sends to the agent's option haggling
-//! (`nbd_handshake`) on a listener that requires TLS, over an in-memory pipe: before
+//! (`nbd::handshake`) on a listener that requires TLS, over an in-memory pipe: before
 //! STARTTLS only STARTTLS and ABORT may be acknowledged and nothing is listed or described;
 //! after STARTTLS the haggle goes on over the same pipe (TLS itself is the end-to-end test
 //! `tls_garbage.rs`'s business) for a client certificate that names volume `tg`, of a node
@@ -13,8 +13,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use hawser_agent::block::{BlockDevice, ExportRegistry};
-use hawser_agent::nbd_handshake::{greet, haggle, Access, Haggled, Security};
+use hawser_agent::frontends::block::{BlockDevice, ExportRegistry};
+use hawser_agent::nbd::handshake::{greet, haggle, Access, Haggled, Security};
 use hawser_tls::{ClientScope, Peer};
 use hawser_wire::nbd::{
     self, decode_client_flags, encode_option_reply, parse_name, InfoRequest, OptionHeader,

@@ -1,4 +1,4 @@
-//! Stateful fuzzing of the agent's replica server: the real server (`replica_server::serve`,
+//! Stateful fuzzing of the agent's replica server: the real server (`replica::server::serve`,
 //! listening on a loopback port the kernel picks) over a real 1 MiB thin replica in a pool in
 //! a temporary directory, with one snapshot (`s0`, taken while the replica is all zeros),
 //! driven by a program of fuzzer-chosen actions on up to three connections: Hello (any epoch,
@@ -42,8 +42,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use hawser_agent::node_storage::NodeStorage;
-use hawser_agent::replica_server;
+use hawser_agent::storage::pools::NodeStorage;
+use hawser_agent::replica;
 use hawser_fuzz::{runs, Choices};
 use hawser_storage::{node_boot_id, NewReplica, Pool, PoolConfig, PoolKind};
 use hawser_wire::constants::MAX_PAYLOAD_BYTES;
@@ -111,7 +111,7 @@ fn env() -> &'static Env {
             let (stop, stopped) = tokio::sync::watch::channel(false);
             // The server runs for the life of the process.
             std::mem::forget(stop);
-            tokio::spawn(replica_server::serve(
+            tokio::spawn(replica::server::serve(
                 listener,
                 storage.clone(),
                 None,
@@ -347,7 +347,7 @@ fn first_frame(model: &mut Model, state: &mut State, h: &FrameHeader, payload: &
     }
 }
 
-/// What a snapshot session (`snapshot_session.rs`) must do with a frame it accepts: serve
+/// What a snapshot session (`replica/snapshot_session.rs`) must do with a frame it accepts: serve
 /// Ping, Read and Checksum of the snapshot, one by one and whatever their epoch.
 fn snapshot_request(h: &FrameHeader) -> Expect {
     if h.is_reply() || h.payload_len > 0 {

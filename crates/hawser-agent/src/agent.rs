@@ -11,15 +11,15 @@ use hawser_storage::{Pool, PoolConfig, PoolKind};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
-use crate::admin_api::{self, AdminState};
 use crate::constants::{DEFAULT_RESYNC_BUSY_RATE, DEFAULT_RESYNC_RATE, HEARTBEAT_INTERVAL};
-use crate::controller_link::{ControllerLink, LinkAuth};
-use crate::engines::Engines;
-use crate::metrics::AgentMetrics;
-use crate::node_storage::NodeStorage;
-use crate::node_tls::NodeTls;
-use crate::rate_limit::{parse_rate, ResyncRates};
-use crate::{nbd_server, replica_server};
+use crate::control::admin_api::{self, AdminState};
+use crate::control::link::{ControllerLink, LinkAuth};
+use crate::engine::rate_limit::{parse_rate, ResyncRates};
+use crate::engine::registry::Engines;
+use crate::observe::metrics::AgentMetrics;
+use crate::storage::pools::NodeStorage;
+use crate::tls::node::NodeTls;
+use crate::{nbd, replica};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentArgs {
@@ -172,7 +172,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .split(',')
         .any(|u| u.trim().starts_with("https://"));
     let (token, node_tls, link) = if tls_cluster {
-        let with = crate::node_tls::JoinWith {
+        let with = crate::tls::node::JoinWith {
             join_token_file: args.join_token_file.as_deref(),
             agent_token_file: args.token_file.as_deref(),
             ca_file: args.ca_file.as_deref(),
@@ -286,7 +286,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         Some(t) => Some(t.replica_server()?),
         None => None,
     };
-    tasks.spawn(replica_server::serve(
+    tasks.spawn(replica::server::serve(
         replica_l,
         storage.clone(),
         replica_tls,
@@ -294,17 +294,17 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     ));
     if let Some(l) = nbd_l {
         let nbd_tls = match &node_tls {
-            Some(t) => Some(nbd_server::NbdTls::new(t.nbd_server()?, &args.node)),
+            Some(t) => Some(nbd::server::NbdTls::new(t.nbd_server()?, &args.node)),
             None => None,
         };
-        tasks.spawn(nbd_server::serve_tcp(
+        tasks.spawn(nbd::server::serve_tcp(
             l,
             engines.clone(),
             nbd_tls,
             stop_rx.clone(),
         ));
     }
-    tasks.spawn(nbd_server::serve_unix(
+    tasks.spawn(nbd::server::serve_unix(
         unix_l,
         engines.clone(),
         stop_rx.clone(),

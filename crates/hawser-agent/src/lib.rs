@@ -1,39 +1,30 @@
 //! The Hawser node agent. One per node: it owns the node's storage pools and replicas, serves
 //! them to engines on other nodes (replica server), runs the engine of every volume attached on
 //! this node and exports those volumes over NBD.
+//!
+//! The folders, from the disk up (docs/ARCHITECTURE.md walks a write through them):
+//! - [`storage`] holds this node's pools and the threads that do their blocking I/O;
+//! - [`replica`] speaks the replica protocol, both ends: the server of this node's replicas
+//!   and the engine's connections to replicas elsewhere;
+//! - [`engine`] runs each attached volume's engine (`hawser_core`'s driver with real I/O), and
+//!   what stands between it and its frontends: QoS, snapshot pauses, encryption;
+//! - [`frontends`] holds the block-device seam every frontend serves;
+//! - [`nbd`] is the NBD server, one frontend;
+//! - [`tls`] holds the node's identity in the cluster, and TLS on replica connections;
+//! - [`control`] is the agent's side of the controller: its calls out and its admin API;
+//! - [`observe`] counts and reports: metrics.
+//!
+//! [`agent`] starts them all; [`constants`] holds every bound and timing.
 
-pub mod admin_api;
 pub mod agent;
-pub mod block;
 pub mod constants;
-pub mod controller_link;
-pub mod engine_pause;
-pub mod engines;
-pub mod frame_io;
-pub mod grants;
-pub mod io_pool;
-pub mod metrics;
-mod metrics_state;
-pub mod nbd_buffers;
-pub mod nbd_errno;
-pub mod nbd_handshake;
-pub mod nbd_request;
-pub mod nbd_server;
-pub mod nbd_transmission;
-pub mod node_storage;
-pub mod node_tls;
-pub mod outbox;
-mod own_wake;
-pub mod qos;
-pub mod rate_limit;
-pub mod recovery;
-pub mod replica_access;
-pub mod replica_client;
-pub mod replica_server;
-pub mod snapshot_fetch;
-mod snapshot_session;
-pub mod tls_conn;
-pub mod volume_crypt;
-pub mod volume_engine;
+pub mod control;
+pub mod engine;
+pub mod frontends;
+pub mod nbd;
+pub mod observe;
+pub mod replica;
+pub mod storage;
+pub mod tls;
 
 pub use agent::{run, AgentArgs};

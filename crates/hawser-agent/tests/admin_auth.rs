@@ -6,9 +6,9 @@ mod node_support;
 
 use std::sync::Arc;
 
-use hawser_agent::admin_api::{self, AdminState};
-use hawser_agent::engines::Engines;
-use hawser_agent::metrics::AgentMetrics;
+use hawser_agent::control::admin_api::{self, AdminState};
+use hawser_agent::engine::registry::Engines;
+use hawser_agent::observe::metrics::AgentMetrics;
 use hawser_api::ApiError;
 use node_support::{node, TempDir};
 use serde_json::json;
@@ -28,7 +28,7 @@ async fn admin_calls_need_the_agent_token() {
         metrics: metrics.clone(),
         token: Some(TOKEN.into()),
         link: Default::default(),
-        resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
+        resync_rate: hawser_agent::engine::rate_limit::ResyncRates::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -56,7 +56,7 @@ async fn admin_calls_need_the_agent_token() {
             assert_eq!(e.code, hawser_api::ErrorCode::Unauthorized, "{auth:?}");
         }
     }
-    let ids = |s: &hawser_agent::node_storage::NodeStorage| {
+    let ids = |s: &hawser_agent::storage::pools::NodeStorage| {
         s.replica_statuses()
             .into_iter()
             .map(|r| r.replica_id)
@@ -140,7 +140,7 @@ async fn calls_meant_for_another_node_are_refused() {
         metrics: metrics.clone(),
         token: Some(TOKEN.into()),
         link: Default::default(),
-        resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
+        resync_rate: hawser_agent::engine::rate_limit::ResyncRates::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -6,8 +6,8 @@ mod node_support;
 
 use std::sync::Arc;
 
-use hawser_agent::admin_api::{self, AdminState};
-use hawser_agent::engines::Engines;
+use hawser_agent::control::admin_api::{self, AdminState};
+use hawser_agent::engine::registry::Engines;
 use hawser_api::ApiError;
 use node_support::{node, TempDir};
 use serde_json::{json, Value};
@@ -32,10 +32,13 @@ async fn bad_engine_requests_are_refused_and_change_nothing() {
         node: "a".into(),
         storage: storage.clone(),
         engines: engines.clone(),
-        metrics: hawser_agent::metrics::AgentMetrics::new(engines.clone(), storage.clone()),
+        metrics: hawser_agent::observe::metrics::AgentMetrics::new(
+            engines.clone(),
+            storage.clone(),
+        ),
         token: Some(TOKEN.into()),
         link: Default::default(),
-        resync_rate: hawser_agent::rate_limit::ResyncRates::default(),
+        resync_rate: hawser_agent::engine::rate_limit::ResyncRates::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -13,10 +13,10 @@ mod node_support;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hawser_agent::block::BlockDevice;
-use hawser_agent::rate_limit::ResyncRates;
-use hawser_agent::replica_server;
-use hawser_agent::volume_engine::VolumeEngine;
+use hawser_agent::engine::rate_limit::ResyncRates;
+use hawser_agent::engine::volume::VolumeEngine;
+use hawser_agent::frontends::block::BlockDevice;
+use hawser_agent::replica;
 use hawser_api::agent::EngineReplicaStatus;
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::ReplicaState;
@@ -67,8 +67,8 @@ fn pattern(seed: u8, len: usize) -> Bytes {
 async fn two_nodes(
     dir: &TempDir,
 ) -> (
-    std::sync::Arc<hawser_agent::node_storage::NodeStorage>,
-    std::sync::Arc<hawser_agent::node_storage::NodeStorage>,
+    std::sync::Arc<hawser_agent::storage::pools::NodeStorage>,
+    std::sync::Arc<hawser_agent::storage::pools::NodeStorage>,
     String,
     tokio::sync::watch::Sender<bool>,
 ) {
@@ -77,7 +77,7 @@ async fn two_nodes(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica_server::serve(rl, b.clone(), None, stop_rx));
+    tokio::spawn(replica::server::serve(rl, b.clone(), None, stop_rx));
     (a, b, raddr, stop_tx)
 }
 
@@ -233,8 +233,8 @@ const SLOW: ResyncRates = ResyncRates {
 /// Two nodes whose replica b lacks `DIRTY` bytes that a has (b outdated, a in sync).
 struct Lacking {
     _dir: TempDir,
-    a: std::sync::Arc<hawser_agent::node_storage::NodeStorage>,
-    b: std::sync::Arc<hawser_agent::node_storage::NodeStorage>,
+    a: std::sync::Arc<hawser_agent::storage::pools::NodeStorage>,
+    b: std::sync::Arc<hawser_agent::storage::pools::NodeStorage>,
     raddr: String,
     stop_tx: tokio::sync::watch::Sender<bool>,
 }
@@ -262,7 +262,7 @@ async fn lacking_as(label: &str, blank: bool) -> Lacking {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica_server::serve(rl, b.clone(), None, stop_rx));
+    tokio::spawn(replica::server::serve(rl, b.clone(), None, stop_rx));
     let e1 = VolumeEngine::start(
         &lacking_b(1, "127.0.0.1:1", blank),
         "a",

@@ -8,8 +8,8 @@
 mod node_support;
 
 use bytes::Bytes;
-use hawser_agent::block::ExportRegistry;
-use hawser_agent::rate_limit::ResyncRates;
+use hawser_agent::engine::rate_limit::ResyncRates;
+use hawser_agent::frontends::block::ExportRegistry;
 use hawser_api::Secret;
 
 const SIZE: u64 = 64 << 20;

@@ -11,10 +11,10 @@ mod node_support;
 use std::process::Command;
 use std::sync::Arc;
 
-use hawser_agent::engines::Engines;
-use hawser_agent::nbd_server;
-use hawser_agent::node_storage::NodeStorage;
-use hawser_agent::rate_limit::ResyncRates;
+use hawser_agent::engine::rate_limit::ResyncRates;
+use hawser_agent::engine::registry::Engines;
+use hawser_agent::nbd::server as nbd_server;
+use hawser_agent::storage::pools::NodeStorage;
 use hawser_api::agent::StartEngine;
 use hawser_wire::nbd::{self, Command as NbdCommand};
 use nbd_support::raw_client::{export_info, RawClient};

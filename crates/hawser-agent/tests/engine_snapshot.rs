@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hawser_agent::block::{BlockDevice, ExportRegistry};
-use hawser_agent::engine_pause::PauseError;
-use hawser_agent::node_storage::NodeStorage;
+use hawser_agent::engine::pause::PauseError;
+use hawser_agent::frontends::block::{BlockDevice, ExportRegistry};
+use hawser_agent::storage::pools::NodeStorage;
 use node_support::two_nodes;
 
 const SIZE: u64 = 16 << 20;
@@ -147,7 +147,7 @@ async fn a_pause_whose_lease_runs_out_lets_requests_through_and_refuses_its_resu
 /// that differed crossed, and an unknown snapshot or replica is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lacking_replica_fetches_a_snapshot_from_a_holder_by_its_differing_blocks() {
-    use hawser_agent::snapshot_fetch::fetch_snapshot;
+    use hawser_agent::replica::snapshot_fetch::fetch_snapshot;
     use hawser_wire::grant::HelloSnapshotRequest;
     let t = two_nodes("snapshot-fetch", SIZE).await;
     let dev: Arc<dyn BlockDevice> = t.engines.lookup("vol").expect("export");

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hawser_agent::nbd_transmission::MAX_IN_FLIGHT_REQUESTS;
+use hawser_agent::nbd::transmission::MAX_IN_FLIGHT_REQUESTS;
 use hawser_wire::nbd::{self, Command};
 use nbd_support::raw_client::{export_size, RawClient};
 use nbd_support::{within, MemDevice, TestServer, EXPORT};
@@ -231,7 +231,7 @@ async fn option_haggling_recovers_from_unknown_exports() {
             r.iter().any(|x| x.payload == name),
             "INFO_NAME missing: {r:?}"
         );
-        let block = nbd::encode_info_block_size(hawser_agent::nbd_handshake::BLOCK_SIZES);
+        let block = nbd::encode_info_block_size(hawser_agent::nbd::handshake::BLOCK_SIZES);
         assert!(
             r.iter().any(|x| x.payload == block),
             "INFO_BLOCK_SIZE missing: {r:?}"
@@ -260,7 +260,7 @@ async fn export_name_option_with_and_without_zeroes() {
                 .expect("reply");
             assert_eq!(reply[0..8], SIZE.to_be_bytes());
             let tflags = u16::from_be_bytes([reply[8], reply[9]]);
-            assert_eq!(tflags, hawser_agent::nbd_handshake::TRANSMISSION_FLAGS);
+            assert_eq!(tflags, hawser_agent::nbd::handshake::TRANSMISSION_FLAGS);
             assert_usable(&mut c, 1, 0).await;
         })
         .await;
@@ -531,13 +531,13 @@ async fn a_tls_listener_names_and_serves_nothing_before_starttls() {
         .expect("bind");
     let addr = listener.local_addr().expect("address");
     let device = MemDevice::new(SIZE);
-    let registry: std::sync::Arc<dyn hawser_agent::block::ExportRegistry> =
+    let registry: std::sync::Arc<dyn hawser_agent::frontends::block::ExportRegistry> =
         std::sync::Arc::new(nbd_support::OneExport(device));
     let (stop, rx) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(hawser_agent::nbd_server::serve_tcp(
+    let server = tokio::spawn(hawser_agent::nbd::server::serve_tcp(
         listener,
         registry,
-        Some(hawser_agent::nbd_server::NbdTls::new(config, "n1")),
+        Some(hawser_agent::nbd::server::NbdTls::new(config, "n1")),
         rx,
     ));
     let flags = nbd::CLIENT_FIXED_NEWSTYLE | nbd::CLIENT_NO_ZEROES;

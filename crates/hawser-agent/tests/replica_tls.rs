@@ -9,7 +9,7 @@ mod node_support;
 use std::time::Duration;
 
 use base64::Engine as _;
-use hawser_agent::replica_server;
+use hawser_agent::replica;
 use hawser_api::controller::ClusterJoin;
 use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, Peer};
 use hawser_wire::frame::{FrameHeader, Op, Status, HEADER_LEN};
@@ -57,7 +57,7 @@ async fn hello(
 /// Node `b`'s replica server over mutual TLS (a CA of cluster c1): its address, node a's
 /// client configuration for it, and what stops it when dropped.
 async fn serve_b(
-    b: &std::sync::Arc<hawser_agent::node_storage::NodeStorage>,
+    b: &std::sync::Arc<hawser_agent::storage::pools::NodeStorage>,
 ) -> (
     String,
     std::sync::Arc<hawser_tls::rustls::ClientConfig>,
@@ -72,7 +72,7 @@ async fn serve_b(
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let rl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = rl.local_addr().unwrap().to_string();
-    tokio::spawn(replica_server::serve(rl, b.clone(), Some(server), stop_rx));
+    tokio::spawn(replica::server::serve(rl, b.clone(), Some(server), stop_rx));
     (addr, client, stop)
 }
 

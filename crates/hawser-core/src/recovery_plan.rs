@@ -1,6 +1,6 @@
 //! The pure half of crash recovery (the agent's `recovery.rs` does the I/O): what the journals
 //! of the reachable in-sync replicas say must be reconciled, and what the replicas that could not
-//! be reconciled lack. The reasoning is in `hawser-agent/src/recovery.rs` and docs/protocol.md;
+//! be reconciled lack. The reasoning is in `hawser-agent/src/engine/recovery.rs` and docs/protocol.md;
 //! it lives here so the simulator runs the same rules as the agent.
 
 use hawser_wire::journal::{Journal, OutReplica, Runs};

@@ -18,7 +18,7 @@
 //! - a completed handshake with a client certificate of the cluster (the volume's NBD client
 //!   certificate, which opens nothing on the HTTP ports; a node's on the replica port), then
 //!   garbage of the port's own protocol: HTTP (answered 4xx, or closed), replica frames
-//!   (refused, never Ok), NBD options (each answered as `nbd_handshake.rs` says, the listing
+//!   (refused, never Ok), NBD options (each answered as `nbd/handshake.rs` says, the listing
 //!   naming only what the certificate opens, and closed where the haggle must end).
 //!
 //! On n1's NBD port, the STARTTLS negotiation: options before STARTTLS get
@@ -63,7 +63,7 @@ const WAIT: Duration = Duration::from_secs(10);
 /// Longest TLS record payload a peer may announce (2^14 plus expansion, RFC 8446 5.2).
 const MAX_RECORD: u16 = (1 << 14) + 2048;
 /// Options an NBD client may send before it must pick an export
-/// (`hawser_agent::nbd_handshake::MAX_OPTIONS_PER_HANDSHAKE`).
+/// (`hawser_agent::nbd::handshake::MAX_OPTIONS_PER_HANDSHAKE`).
 const MAX_OPTIONS: usize = 1024;
 /// The volume's data: `PATTERN` over its first `DATA` bytes.
 const PATTERN: u8 = 0x5a;
@@ -341,7 +341,7 @@ enum Ending {
 }
 
 /// Random options inside TLS with the volume's client certificate, then an ending; every
-/// reply must be the one `nbd_handshake.rs` gives. Never an export (no GO of the volume).
+/// reply must be the one `nbd/handshake.rs` gives. Never an export (no GO of the volume).
 fn nbd_inside(t: &Target, conn: &mut Conn, rng: &mut StdRng, seed: u64) -> bool {
     let mut bytes = Vec::new();
     let mut wants = Vec::new();

@@ -20,12 +20,12 @@ use hawser_storage::{NewReplica, StorageError};
 use hawser_listen::Transport;
 use hawser_tls::Peer;
 
-use crate::controller_link::LinkAuth;
-use crate::engine_pause::PauseError;
-use crate::engines::Engines;
-use crate::metrics::AgentMetrics;
-use crate::node_storage::{status, NodeStorage};
-use crate::rate_limit::ResyncRates;
+use crate::control::link::LinkAuth;
+use crate::engine::pause::PauseError;
+use crate::engine::rate_limit::ResyncRates;
+use crate::engine::registry::Engines;
+use crate::observe::metrics::AgentMetrics;
+use crate::storage::pools::{status, NodeStorage};
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -298,7 +298,7 @@ fn pause_error(e: PauseError) -> Failure {
     Failure(ApiError::new(code, e.to_string()))
 }
 
-/// Holds a volume's requests for a snapshot (`engine_pause.rs`).
+/// Holds a volume's requests for a snapshot (`engine/pause.rs`).
 async fn pause_engine(
     State(s): State<AdminState>,
     Path(volume): Path<String>,
@@ -374,7 +374,7 @@ async fn take_snapshot(
     Ok((code, Json(view)))
 }
 
-/// Copies a snapshot this node's replica lacks from a holder (`snapshot_fetch.rs`). A
+/// Copies a snapshot this node's replica lacks from a holder (`replica/snapshot_fetch.rs`). A
 /// replica that has it already answers with it.
 async fn fetch_snapshot(
     State(s): State<AdminState>,
@@ -413,7 +413,7 @@ async fn fetch_snapshot(
     };
     let started = std::time::Instant::now();
     let fetched =
-        crate::snapshot_fetch::fetch_snapshot(&s.storage, &id, &req.from_addr, tls, hello)
+        crate::replica::snapshot_fetch::fetch_snapshot(&s.storage, &id, &req.from_addr, tls, hello)
             .await
             .map_err(|e| {
                 Failure(ApiError::new(
@@ -532,13 +532,13 @@ async fn start_engine(
             .transpose()
             .map_err(|_| Failure(ApiError::invalid("the grant is not base64")))?;
         let cluster = s.storage.cluster_id().unwrap_or_default();
-        let want = crate::grants::Expected {
+        let want = crate::replica::grants::Expected {
             cluster: &cluster,
             volume: &req.volume,
             epoch: req.epoch,
             node: Some(&s.node),
         };
-        crate::grants::check(&key, signed.as_deref(), &want).map_err(|e| {
+        crate::replica::grants::check(&key, signed.as_deref(), &want).map_err(|e| {
             Failure(ApiError::new(
                 ErrorCode::Forbidden,
                 format!("start engine: {e}"),

@@ -36,7 +36,7 @@ pub struct LinkAuth {
     /// cluster's controllers.
     pub tls: Option<Arc<hawser_tls::rustls::ClientConfig>>,
     /// The node's certificate, for replica connections (clusters with TLS).
-    pub node: Option<Arc<crate::node_tls::NodeTls>>,
+    pub node: Option<Arc<crate::tls::node::NodeTls>>,
 }
 
 fn client_builder() -> reqwest::ClientBuilder {

@@ -20,9 +20,11 @@ use std::time::{Duration, Instant};
 use hawser_api::agent::{EnginePaused, EngineResumed};
 use tokio::sync::oneshot;
 
-use crate::block::BlockDevice;
 use crate::constants::ENGINE_SWAP_DRAIN_TIMEOUT;
-use crate::engines::Engines;
+// A circle by design: this file is the pause half of `Engines`' impl, and `Engines` holds the
+// `Pauses` below, as it holds each export's gate that a pause takes.
+use crate::engine::registry::Engines;
+use crate::frontends::block::BlockDevice;
 
 /// The longest pause lease granted.
 pub const MAX_PAUSE_LEASE: Duration = Duration::from_secs(60);

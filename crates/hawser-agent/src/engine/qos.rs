@@ -1,5 +1,5 @@
 //! Per-volume QoS: the volume's limits ([`hawser_api::Qos`]) applied to its client requests at
-//! the export (`engines.rs`), before a request passes the export's gate. A request waiting
+//! the export (`engine/registry.rs`), before a request passes the export's gate. A request waiting
 //! here holds nothing an engine swap or a snapshot pause waits for.
 //!
 //! Each limit is a token bucket kept as a theoretical arrival time (GCRA): a request of cost

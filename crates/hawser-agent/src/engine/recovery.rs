@@ -26,7 +26,7 @@ use hawser_wire::frame::{CHECKSUM_DIGEST_BYTES, MAX_CHECKSUM_BYTES};
 
 pub use hawser_core::recovery_plan::Plan;
 
-use crate::replica_access::{Access, AccessError};
+use crate::replica::access::{Access, AccessError};
 
 /// Totals of one reconciliation.
 #[derive(Clone, Copy, Debug, Default)]

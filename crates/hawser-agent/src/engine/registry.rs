@@ -8,7 +8,7 @@
 //! journal says so: the new engine's recovery compares nothing), the new one starts, and the
 //! requests that arrived meanwhile run on it. Clients see a pause, never an error.
 
-use crate::controller_link::LinkAuth;
+use crate::control::link::LinkAuth;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,13 +19,13 @@ use hawser_api::agent::{EngineStatus, StartEngine, VolumeIoCounters};
 use hawser_api::Qos;
 use hawser_core::IoError;
 
-use crate::block::{BlockDevice, ExportRegistry};
 use crate::constants::ENGINE_SWAP_DRAIN_TIMEOUT;
-use crate::metrics::{IoMetrics, IoOp, VolumeIo};
-use crate::node_storage::NodeStorage;
-use crate::qos::{Cost, QosLimiter};
-use crate::rate_limit::ResyncRates;
-use crate::volume_engine::VolumeEngine;
+use crate::engine::qos::{Cost, QosLimiter};
+use crate::engine::rate_limit::ResyncRates;
+use crate::engine::volume::VolumeEngine;
+use crate::frontends::block::{BlockDevice, ExportRegistry};
+use crate::observe::io::{IoMetrics, IoOp, VolumeIo};
+use crate::storage::pools::NodeStorage;
 
 /// One volume's NBD export and the engine currently behind it.
 pub struct Export {
@@ -165,8 +165,8 @@ fn cost_of(op: IoOp, bytes: u64) -> Cost {
 pub struct Engines {
     map: Mutex<HashMap<String, Arc<Export>>>,
     io: IoMetrics,
-    /// Volumes held for a snapshot (`engine_pause.rs`).
-    pauses: Arc<crate::engine_pause::Pauses>,
+    /// Volumes held for a snapshot (`engine/pause.rs`).
+    pauses: Arc<crate::engine::pause::Pauses>,
 }
 
 impl Engines {
@@ -178,7 +178,7 @@ impl Engines {
         self.lock().get(volume).cloned()
     }
 
-    pub(crate) fn pauses(&self) -> &Arc<crate::engine_pause::Pauses> {
+    pub(crate) fn pauses(&self) -> &Arc<crate::engine::pause::Pauses> {
         &self.pauses
     }
 

@@ -42,10 +42,10 @@ use crate::constants::{
     ENGINE_STOP_FLUSH_TIMEOUT, ENGINE_TICK, RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
     RESYNC_SAVE_INTERVAL,
 };
-use crate::controller_link::{ControllerLink, LinkAuth};
-use crate::node_storage::NodeStorage;
-use crate::rate_limit::{self, RateLimiter, ResyncRates};
-use crate::replica_client::ReplicaClient;
+use crate::control::link::{ControllerLink, LinkAuth};
+use crate::engine::rate_limit::{self, RateLimiter, ResyncRates};
+use crate::replica::client::ReplicaClient;
+use crate::storage::pools::NodeStorage;
 
 enum Handle {
     Local(Arc<Replica>),
@@ -89,8 +89,8 @@ pub struct VolumeEngine {
     /// The engine's clock starts here (`now_us`, the sessions policy's time).
     born: Instant,
     resync_rate: Option<Arc<RateLimiter>>,
-    /// An encrypted volume's cipher (`StartEngine::data_key`; `volume_crypt.rs`).
-    cipher: Option<crate::volume_crypt::VolumeCipher>,
+    /// An encrypted volume's cipher (`StartEngine::data_key`; `engine/crypt.rs`).
+    cipher: Option<crate::engine::crypt::VolumeCipher>,
     stopped: AtomicBool,
     /// The sequence number of the last journal commit done (`journal.rs`).
     commits: tokio::sync::watch::Sender<u64>,
@@ -112,7 +112,7 @@ pub struct VolumeEngine {
 
 /// What [`VolumeEngine::keys`] found.
 pub struct Keys {
-    cipher: Option<crate::volume_crypt::VolumeCipher>,
+    cipher: Option<crate::engine::crypt::VolumeCipher>,
     grant: Option<Vec<u8>>,
 }
 
@@ -144,7 +144,7 @@ impl VolumeEngine {
                     .ok_or_else(|| anyhow::anyhow!("the volume's data key is not base64"))?;
                 let check = hawser_api::KeyCheck::of(&bytes).0;
                 (
-                    Some(crate::volume_crypt::VolumeCipher::new(&bytes)?),
+                    Some(crate::engine::crypt::VolumeCipher::new(&bytes)?),
                     Some(check),
                 )
             }
@@ -169,7 +169,7 @@ impl VolumeEngine {
         }
         for r in req.replicas.iter().filter(|r| r.node == node) {
             if let Some(replica) = storage.replica(&r.replica_id) {
-                crate::grants::check_key_of(&r.replica_id, replica.key_check(), check)?;
+                crate::replica::grants::check_key_of(&r.replica_id, replica.key_check(), check)?;
             }
         }
         Ok(Keys { cipher, grant })
@@ -421,7 +421,7 @@ impl VolumeEngine {
         };
         // A request its frontend knows has others queued behind it never runs inline, even
         // if the engine has nothing else in flight yet (see `drive_with`).
-        let alone = crate::block::request_is_alone();
+        let alone = crate::frontends::block::request_is_alone();
         self.drive_with(alone, |k, e, acts| k.submit(e, tag, op, acts));
         rx.await.unwrap_or(Err(IoError::ShutDown))
     }

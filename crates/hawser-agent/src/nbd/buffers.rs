@@ -1,5 +1,5 @@
 //! The two socket buffers of an NBD connection, polled by hand from its one task
-//! (`nbd_transmission`): requests come in through [`Input`], replies go out through
+//! (`transmission`): requests come in through [`Input`], replies go out through
 //! [`Replies`]. Both are plain state, so a poll that returns `Pending` loses nothing: a read or
 //! write that has not happened has not consumed or produced a byte.
 

@@ -26,7 +26,7 @@ use hawser_wire::nbd::{self, BlockSizes, InfoRequest, NbdError, OptionHeader};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::debug;
 
-use crate::block::{BlockDevice, ExportRegistry};
+use crate::frontends::block::{BlockDevice, ExportRegistry};
 
 /// Options a client may send before it must pick an export. A plain connect needs fewer than
 /// ten, but `nbdinfo --list` sends one INFO per export, so this leaves room for a node with

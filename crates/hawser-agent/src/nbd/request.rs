@@ -11,7 +11,7 @@ use hawser_wire::constants::{MAX_PAYLOAD_BYTES, SECTOR_BYTES};
 use hawser_wire::nbd::{self, Command, Request};
 use tracing::warn;
 
-use crate::block::BlockDevice;
+use crate::frontends::block::BlockDevice;
 
 /// A request that passed validation, ready for the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,11 +17,11 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, error, field, info, info_span, warn, Instrument, Span};
 
-use crate::block::ExportRegistry;
-use crate::nbd_handshake::{
+use crate::frontends::block::ExportRegistry;
+use crate::nbd::handshake::{
     greet, haggle, negotiate, Access, Haggled, HandshakeError, Negotiated, Security,
 };
-use crate::nbd_transmission::{self, TransmissionError};
+use crate::nbd::transmission::{self, shutdown_requested, TransmissionError};
 
 /// Connections one listener serves at once. At the bound it stops accepting, and new clients
 /// wait in the kernel's backlog.
@@ -99,12 +99,6 @@ pub async fn serve_unix(
         Ok((stream, peer))
     };
     accept_loop(accept, registry, None, shutdown).await;
-}
-
-/// Resolves once shutdown is requested. A dropped sender counts as a request: nobody could
-/// ever ask again, and the owner going away is the usual way a process stops.
-pub(crate) async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|&stop| stop).await;
 }
 
 async fn accept_loop<S, F, Fut>(
@@ -268,6 +262,6 @@ where
 {
     Span::current().record("export", negotiated.name.as_str());
     debug!(size = negotiated.device.size(), "NBD transmission started");
-    nbd_transmission::serve(stream, negotiated.device, shutdown).await?;
+    transmission::serve(stream, negotiated.device, shutdown).await?;
     Ok(())
 }

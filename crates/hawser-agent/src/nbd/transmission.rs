@@ -37,12 +37,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::block::{with_queue_hint, BlockDevice};
-use crate::nbd_buffers::{Input, Replies};
-use crate::nbd_errno::errno;
-use crate::nbd_request::{check_request, execute, Op};
-use crate::nbd_server::shutdown_requested;
-use crate::own_wake::OwnWake;
+use crate::frontends::block::{with_queue_hint, BlockDevice};
+use crate::nbd::buffers::{Input, Replies};
+use crate::nbd::errno::errno;
+use crate::nbd::own_wake::OwnWake;
+use crate::nbd::request::{check_request, execute, Op};
 
 /// Requests one connection may have unanswered. Deep enough for fio/qemu queue depths of
 /// 32-64 plus slack; at the bound the reader stops reading, so the client's socket fills up.
@@ -74,6 +73,12 @@ pub enum TransmissionError {
     Framing(#[from] NbdError),
     #[error("write {handle:#x} announces {length} bytes, over the {MAX_PAYLOAD_BYTES} maximum")]
     WriteTooLarge { handle: u64, length: u32 },
+}
+
+/// Resolves once shutdown is requested. A dropped sender counts as a request: nobody could
+/// ever ask again, and the owner going away is the usual way a process stops.
+pub(crate) async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|&stop| stop).await;
 }
 
 /// Serve requests from `stream` until DISC, shutdown, end of stream or a framing error, then
@@ -511,5 +516,5 @@ fn step_of(progress: bool) -> Step {
 }
 
 #[cfg(test)]
-#[path = "nbd_transmission_tests.rs"]
+#[path = "transmission_tests.rs"]
 mod tests;

@@ -61,7 +61,7 @@ impl MemDevice {
         self.alone
             .lock()
             .unwrap()
-            .push(crate::block::request_is_alone());
+            .push(crate::frontends::block::request_is_alone());
         let guard = Finishing {
             abandoned: Arc::clone(&self.abandoned),
             done: false,

@@ -1,6 +1,6 @@
 //! The agent's metrics read at scrape time from what already exists: each engine's status
 //! (epoch, replica states, resync progress, activity log) and each pool's usage. See
-//! `metrics` for the rest and for the rules on labels.
+//! `metrics.rs` for the rest and for the rules on labels.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
-use crate::engines::Engines;
-use crate::node_storage::NodeStorage;
+use crate::engine::registry::Engines;
+use crate::storage::pools::NodeStorage;
 
 type Labels = Vec<(&'static str, String)>;
 

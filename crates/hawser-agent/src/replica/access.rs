@@ -9,7 +9,7 @@ use hawser_storage::{Replica, StoredJournal};
 use hawser_wire::frame::{Op, Status};
 use hawser_wire::journal::StoredReport;
 
-use crate::replica_client::ReplicaClient;
+use crate::replica::client::ReplicaClient;
 
 #[derive(Clone)]
 pub enum Access {

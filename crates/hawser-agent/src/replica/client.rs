@@ -22,9 +22,9 @@ use crate::constants::{
     REPLICA_CONNECT_TIMEOUT, REPLICA_PING_INTERVAL, REPLICA_REQUEST_TIMEOUT,
     REPLICA_SILENCE_TIMEOUT, REPLICA_WATCHDOG_INTERVAL,
 };
-use crate::frame_io::{read_frame, FrameIoError};
-use crate::outbox::Outbox;
-use crate::tls_conn::{self, ReadSide};
+use crate::replica::frame_io::{read_frame, FrameIoError};
+use crate::replica::outbox::Outbox;
+use crate::tls::conn::{self, ReadSide};
 
 /// Where replies go.
 pub trait ReplySink: Send + Sync + 'static {
@@ -206,11 +206,11 @@ impl ReplicaClient {
         let (stream, conn) = match tls {
             None => (stream, None),
             Some(cfg) => {
-                let (s, c) = tls_conn::connect(stream, cfg).await.map_err(ctx)?;
+                let (s, c) = conn::connect(stream, cfg).await.map_err(ctx)?;
                 (s, Some(c))
             }
         };
-        let (mut rd, out, _) = tls_conn::split(stream, conn);
+        let (mut rd, out, _) = conn::split(stream, conn);
         let drain = tokio::spawn({
             let out = out.clone();
             async move { out.drain().await }
@@ -385,7 +385,7 @@ fn push_frame(
     h: &FrameHeader,
     payload: Option<Bytes>,
     now: bool,
-) -> Result<(), crate::outbox::Closed> {
+) -> Result<(), crate::replica::outbox::Closed> {
     let header = Bytes::copy_from_slice(&h.encode());
     out.push(std::iter::once(header).chain(payload), now)
 }
@@ -522,5 +522,5 @@ async fn watchdog(shared: Arc<Shared>, out: Arc<Outbox<OwnedWriteHalf>>, epoch: 
 }
 
 #[cfg(test)]
-#[path = "replica_client_tests.rs"]
+#[path = "client_tests.rs"]
 mod tests;

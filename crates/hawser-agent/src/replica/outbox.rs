@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use bytes::{Buf, Bytes};
 use tokio::sync::Notify;
 
-use crate::tls_conn::Sealer;
+use crate::tls::sealer::Sealer;
 
 /// The non-blocking half of a stream socket that an [`Outbox`] writes to.
 pub trait TryWrite: Send + Sync + 'static {
@@ -81,7 +81,7 @@ impl<W: TryWrite> Outbox<W> {
         Self::build(socket, None)
     }
 
-    /// An outbox whose frames go out as TLS records of `tls` (see `tls_conn`).
+    /// An outbox whose frames go out as TLS records of `tls` (see `tls::conn`).
     pub fn with_tls(socket: W, tls: Arc<Sealer>) -> Arc<Outbox<W>> {
         Self::build(socket, Some(tls))
     }

@@ -8,7 +8,7 @@
 //! anything reaches a disk.
 //!
 //! On a node that has joined a cluster, Hello must carry the controller's epoch grant for the
-//! replica's volume at the Hello's epoch (`grants.rs`), or it is refused (`Denied`) before the
+//! replica's volume at the Hello's epoch (`replica/grants.rs`), or it is refused (`Denied`) before the
 //! replica is looked up or its epoch raised.
 //!
 //! Sessions: the engine of one epoch may reconnect to a replica (after a partition, or after
@@ -31,7 +31,6 @@ use hawser_wire::grant::{
     HelloRequest, HelloSnapshotRequest, MAX_HELLO_BYTES, MAX_HELLO_SNAPSHOT_BYTES,
 };
 use hawser_wire::journal::StoredReport;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedRwLockReadGuard, OwnedSemaphorePermit, RwLock, Semaphore};
 use tracing::Instrument;
@@ -42,30 +41,15 @@ use crate::constants::{
     REPLICA_SERVER_MAX_CONNS, REPLICA_SERVER_MAX_CONNS_PER_PEER, REPLICA_SERVER_MEMORY_BUDGET,
     REPLICA_UNGREETED_MAX_CONNS, REPLICA_UNGREETED_MAX_PER_PEER,
 };
-use crate::frame_io::{read_header, read_payload, FrameIoError};
-use crate::grants::{self, Expected};
-use crate::io_pool;
-use crate::node_storage::NodeStorage;
-use crate::outbox::Outbox;
-use crate::snapshot_session::{hello_snapshot, snapshot_loop};
-use crate::tls_conn;
+use crate::replica::frame_io::{read_header, read_payload, FrameIoError};
+use crate::replica::grants::{self, Expected};
+pub use crate::replica::replies::{error_reply, status_of};
+use crate::replica::replies::{memory_cost, reply, reply_now, Replies, Reply};
+use crate::replica::snapshot_session::{hello_snapshot, snapshot_loop};
+use crate::storage::io_pool;
+use crate::storage::pools::NodeStorage;
+use crate::tls::conn;
 use hawser_tls::Peer;
-
-pub(crate) type Reply = (FrameHeader, Option<Bytes>);
-
-/// Where a connection's replies go, written from whichever thread produced them.
-pub(crate) type Replies = Arc<Outbox<OwnedWriteHalf>>;
-
-/// Queue one reply (a closed connection drops it: the engine hears of the loss anyway).
-/// `now`: write it at once (see [`Outbox::push`]).
-fn reply_now(out: &Replies, (h, payload): Reply, now: bool) {
-    let header = Bytes::copy_from_slice(&h.encode());
-    let _ = out.push(std::iter::once(header).chain(payload), now);
-}
-
-pub(crate) fn reply(out: &Replies, r: Reply) {
-    reply_now(out, r, true);
-}
 
 /// The current session of each replica, and the gate that orders a new session after the
 /// requests of older ones (readers: requests executing; writer: a Hello).
@@ -165,7 +149,7 @@ pub async fn serve(
                 let conn = match tls {
                     None => Ok((stream, None)),
                     Some(cfg) => {
-                        let shake = tls_conn::accept(stream, cfg);
+                        let shake = conn::accept(stream, cfg);
                         match tokio::time::timeout(REPLICA_HELLO_TIMEOUT, shake).await {
                             Ok(Ok((s, c))) => Ok((s, Some(c))),
                             Ok(Err(e)) => Err(e.to_string()),
@@ -201,7 +185,7 @@ async fn serve_conn(
     greeting: ConnPermit,
     budget: Arc<Semaphore>,
 ) -> Result<(), FrameIoError> {
-    let (mut rd, out, sealer) = tls_conn::split(stream, tls);
+    let (mut rd, out, sealer) = conn::split(stream, tls);
     // Over TLS, the node the client's certificate names: only its engines get sessions.
     let client = match &sealer {
         None => None,
@@ -397,17 +381,6 @@ async fn hello(
     let ok = h.reply(Status::Ok).with_payload(&info);
     reply(out, (ok, Some(Bytes::copy_from_slice(&info))));
     Ok((replica, Session { gate, id }))
-}
-
-/// What a request may hold in memory, in KiB of the budget: its payload, and for a read the
-/// data it returns (reads longer than a payload can be are refused, so count at most that).
-pub(crate) fn memory_cost(h: &FrameHeader) -> u32 {
-    let read = if h.op == Op::Read {
-        h.length.min(MAX_PAYLOAD_BYTES)
-    } else {
-        0
-    };
-    (h.payload_len.div_ceil(1024)) + read.div_ceil(1024)
 }
 
 async fn request_loop(
@@ -607,31 +580,6 @@ fn reply_of(
             }
             (error_reply(h, e), None)
         }
-    }
-}
-
-/// The reply header of a failed request: its status, and for a corrupt read the first bad
-/// block and the count (`Status::Corrupt`).
-pub fn error_reply(h: &FrameHeader, e: ReplicaIoError) -> FrameHeader {
-    let reply = h.reply(status_of(e));
-    match e {
-        ReplicaIoError::Corrupt { offset, blocks } => FrameHeader {
-            offset,
-            length: blocks,
-            ..reply
-        },
-        _ => reply,
-    }
-}
-
-/// The one place replica errors become wire statuses.
-pub fn status_of(e: ReplicaIoError) -> Status {
-    match e {
-        ReplicaIoError::StaleEpoch { .. } => Status::StaleEpoch,
-        ReplicaIoError::OutOfRange => Status::OutOfRange,
-        ReplicaIoError::NoSpace => Status::NoSpace,
-        ReplicaIoError::Io { .. } | ReplicaIoError::Failed => Status::IoError,
-        ReplicaIoError::Corrupt { .. } => Status::Corrupt,
     }
 }
 

@@ -1,6 +1,6 @@
 //! Giving a replica of this node a snapshot it lacks, from a replica on another node that
 //! holds it (`POST /v1/replicas/{id}/snapshots/{snapshot}/fetch`, asked by the controller):
-//! a read-only snapshot session to the holder (`snapshot_session.rs` there), the copy started
+//! a read-only snapshot session to the holder (`replica/snapshot_session.rs` there), the copy started
 //! from this replica's own data, and only the 64 KiB blocks whose digests differ read over
 //! the network (`hawser_storage::snapshot_fetch`).
 
@@ -14,8 +14,8 @@ use hawser_wire::frame::{
 };
 use hawser_wire::grant::HelloSnapshotRequest;
 
-use crate::node_storage::NodeStorage;
-use crate::replica_client::{ReplicaClient, ReplySink};
+use crate::replica::client::{ReplicaClient, ReplySink};
+use crate::storage::pools::NodeStorage;
 
 /// What a fetch did.
 #[derive(Clone, Debug, PartialEq, Eq)]

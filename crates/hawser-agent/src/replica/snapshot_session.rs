@@ -1,6 +1,6 @@
 //! The replica server's read-only snapshot sessions (`Op::HelloSnapshot`): another node's
 //! agent reads one snapshot copy of a replica here to give its own replica the snapshot
-//! (`snapshot_fetch.rs`). The copy never changes, so the session raises no epoch, replaces no
+//! (`replica/snapshot_fetch.rs`). The copy never changes, so the session raises no epoch, replaces no
 //! engine session and needs no ordering against writes; it serves Read and Checksum of the
 //! copy and Ping, and ends the connection on anything else.
 //!
@@ -18,10 +18,10 @@ use hawser_wire::grant::HelloSnapshotRequest;
 use tokio::sync::Semaphore;
 
 use crate::constants::REPLICA_CONN_MAX_BACKLOG_BYTES;
-use crate::frame_io::{read_header, read_payload, FrameIoError};
-use crate::grants;
-use crate::node_storage::NodeStorage;
-use crate::replica_server::{error_reply, memory_cost, reply, Replies};
+use crate::replica::frame_io::{read_header, read_payload, FrameIoError};
+use crate::replica::grants;
+use crate::replica::replies::{error_reply, memory_cost, reply, Replies};
+use crate::storage::pools::NodeStorage;
 
 /// Opens the snapshot session `req` asks for, or answers why not and ends the connection.
 pub(crate) async fn hello_snapshot(

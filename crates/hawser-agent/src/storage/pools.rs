@@ -16,7 +16,7 @@ pub struct NodeStorage {
     /// taking its replicas for orphans.
     cluster: Mutex<Option<String>>,
     cluster_file: Option<PathBuf>,
-    /// The cluster's public key for epoch grants (`grants.rs`), learned at registration and
+    /// The cluster's public key for epoch grants (`replica/grants.rs`), learned at registration and
     /// kept beside `cluster_file`. While there is none (a node that never joined a cluster)
     /// the replica server accepts Hellos without grants.
     grant_key: Mutex<Option<Vec<u8>>>,

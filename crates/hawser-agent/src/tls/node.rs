@@ -14,7 +14,7 @@
 //! | listener | client certificate at the handshake | then |
 //! |---|---|---|
 //! | admin API ([`NodeTls::admin_server`]) | optional | the controller's certificate for every route; the metrics token for `GET /metrics` only (`admin_api`) |
-//! | replica port ([`NodeTls::replica_server`]) | required | a node's certificate, and sessions only for grants naming that node (`replica_server`) |
+//! | replica port ([`NodeTls::replica_server`]) | required | a node's certificate, and sessions only for grants naming that node (`replica::server`) |
 //! | NBD over TCP ([`NodeTls::nbd_server`]) | required | only the exports an NBD client certificate names (`nbd_handshake::Access`) |
 
 use std::io::Write;

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use hawser_agent::block::{BlockDevice, ExportRegistry};
-use hawser_agent::nbd_server::{serve_tcp, serve_unix};
+use hawser_agent::frontends::block::{BlockDevice, ExportRegistry};
+use hawser_agent::nbd::server::{serve_tcp, serve_unix};
 use hawser_core::IoError;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hawser_agent::agent::parse_pool;
-use hawser_agent::node_storage::NodeStorage;
+use hawser_agent::storage::pools::NodeStorage;
 use hawser_storage::{NewReplica, Pool};
 
 pub struct TempDir(pub PathBuf);
@@ -70,7 +70,7 @@ pub struct TwoNodes {
     pub a: Arc<NodeStorage>,
     pub b: Arc<NodeStorage>,
     pub req: hawser_api::agent::StartEngine,
-    pub engines: Arc<hawser_agent::engines::Engines>,
+    pub engines: Arc<hawser_agent::engine::registry::Engines>,
     /// Stops the replica server (and whatever else a test serves with it).
     pub stop: tokio::sync::watch::Sender<bool>,
 }
@@ -101,7 +101,7 @@ pub async fn two_nodes_with(
         .await
         .expect("bind replica");
     let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(hawser_agent::replica_server::serve(
+    tokio::spawn(hawser_agent::replica::server::serve(
         rl,
         b.clone(),
         None,
@@ -129,13 +129,13 @@ pub async fn two_nodes_with(
         qos: Default::default(),
         data_key,
     };
-    let engines = Arc::new(hawser_agent::engines::Engines::default());
+    let engines = Arc::new(hawser_agent::engine::registry::Engines::default());
     let engine = engines
         .start(
             &req,
             "a",
             &a,
-            hawser_agent::rate_limit::ResyncRates::default(),
+            hawser_agent::engine::rate_limit::ResyncRates::default(),
             &Default::default(),
         )
         .await

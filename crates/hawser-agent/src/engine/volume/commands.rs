@@ -11,8 +11,8 @@ use hawser_storage::{ring, Replica, ReplicaIoError};
 
 use super::{Handle, VolumeEngine};
 use crate::constants::INLINE_IO_MAX_BYTES;
-use crate::controller_link::OutdateOutcome;
-use crate::io_pool;
+use crate::control::link::OutdateOutcome;
+use crate::storage::io_pool;
 
 impl VolumeEngine {
     pub(super) fn dispatch(&self, c: Command, quiet: bool) {
@@ -233,7 +233,7 @@ fn is_small(op: &ClientOp) -> bool {
 }
 
 /// Start a request on the local replica off the caller's thread: reads and writes on the
-/// io_uring (`hawser_storage::ring`); the rest (flushes too: see `replica_server::start`), and
+/// io_uring (`hawser_storage::ring`); the rest (flushes too: see `replica::server::start`), and
 /// what the ring cannot take now, on the I/O pool. `done` runs on the thread that finished it.
 fn start_local(
     r: &Arc<Replica>,

@@ -10,7 +10,7 @@ use hawser_core::{ReplicaIdx, ReplicaResult, SubId};
 use hawser_wire::grant::HelloRequest;
 
 use super::{Handle, VolumeEngine};
-use crate::replica_client::{ConnectError, ReplicaClient, ReplySink};
+use crate::replica::client::{ConnectError, ReplicaClient, ReplySink};
 
 impl VolumeEngine {
     /// Open a new session with remote replica `idx` (Hello) and install it. Returns the boot

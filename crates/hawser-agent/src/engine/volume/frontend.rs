@@ -1,7 +1,7 @@
 //! The volume engine as the frontends (NBD) see it: a block device whose requests go through
 //! the journal keeper and the engine, and make resync yield while they come. An encrypted
 //! volume's requests are encrypted here on their way in and decrypted on their way out
-//! (`volume_crypt.rs`), so nothing past this point sees plaintext.
+//! (`engine/crypt.rs`), so nothing past this point sees plaintext.
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -10,15 +10,15 @@ use hawser_core::{ClientOp, IoError};
 use hawser_storage::AlignedBuf;
 
 use super::VolumeEngine;
-use crate::block::BlockDevice;
-use crate::volume_crypt::VolumeCipher;
+use crate::engine::crypt::VolumeCipher;
+use crate::frontends::block::BlockDevice;
 
 /// An encrypted volume's zeroing is written this much at a time.
 const ZERO_CHUNK_BYTES: u64 = 1 << 20;
 
 impl VolumeEngine {
     /// A request from the volume's client (the frontend): it also makes resync yield (see
-    /// [`crate::rate_limit`]).
+    /// [`crate::engine::rate_limit`]).
     pub(super) async fn client_request(&self, op: ClientOp) -> Result<Option<Bytes>, IoError> {
         if let Some(limit) = &self.resync_rate {
             limit.note_client_io();

@@ -12,7 +12,7 @@ use hawser_wire::journal::Journal;
 use tokio::sync::oneshot;
 
 use super::{Handle, VolumeEngine};
-use crate::replica_access::{Access, AccessError};
+use crate::replica::access::{Access, AccessError};
 
 impl VolumeEngine {
     pub(super) fn idx(i: usize) -> ReplicaIdx {

@@ -11,11 +11,11 @@ use hawser_core::driver::recovery::{decide, Decision, Found, Member, Stored};
 use hawser_core::{EngineConfig, ReplicaIdx, ReplicaSpec};
 
 use super::{keeper_params, VolumeEngine};
-use crate::recovery;
-use crate::replica_access::Access;
+use crate::engine::recovery;
+use crate::replica::access::Access;
 
 impl VolumeEngine {
-    /// Crash recovery (see `recovery.rs`) before any I/O: reconcile the reachable in-sync
+    /// Crash recovery (see `engine/recovery.rs`) before any I/O: reconcile the reachable in-sync
     /// replicas over the previous engine's activity logs, work out what the others lack, then
     /// commit this engine's first journal.
     pub(super) async fn recover(

@@ -1,0 +1,5 @@
+//! How a volume reaches its users: the block-device seam ([`block`]) between a frontend and
+//! the engine that serves it. The NBD server ([`crate::nbd`]) is the frontend today; the
+//! kernel frontends (ublk, kernel NBD over netlink) of issue 42 land here.
+
+pub mod block;
