@@ -13,7 +13,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::controller::{PoolInfo, ReplicaState};
+// A circle by design: the agent's and the controller's APIs describe one cluster, so each
+// names some of the other's types (a pool, a replica's state; an engine's status).
+use crate::controller::{PoolInfo, QuorumLoss, ReplicaState};
 
 /// Header naming the node an admin call is meant for. An agent refuses a call for another
 /// node (`Conflict`): an address can change hands (a node restarted elsewhere, ports reused),
@@ -206,7 +208,7 @@ pub struct StartEngine {
     /// Where the engine reports a lost replica (`POST .../outdate`).
     pub controller_url: String,
     #[serde(default)]
-    pub on_quorum_loss: crate::controller::QuorumLoss,
+    pub on_quorum_loss: QuorumLoss,
     /// Serve it over NBD. False for the engine that syncs new replicas of a detached volume:
     /// nobody should write to a volume its user detached.
     #[serde(default = "yes")]

@@ -13,6 +13,7 @@ use anyhow::Context;
 
 mod chart;
 mod chart_by_test;
+mod chart_files;
 mod chart_history;
 mod chart_run;
 mod chart_scale;
@@ -118,7 +119,7 @@ pub struct BenchArgs {
 /// and the charts. With `--chart-only`, only redraws the charts of an earlier run.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(json) = &args.chart_only {
-        return chart::redraw(json, args.history.as_deref());
+        return chart_files::redraw(json, args.history.as_deref());
     }
     let plan = plan::Plan::from_args(&args).context("check bench arguments")?;
     let report = runner::run(&plan)?;
@@ -128,7 +129,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if plan.charts {
         let run = chart_run::RunData::from_report(&report)?;
         let history = plan.history_dir.as_deref();
-        for path in chart::write_charts(&run, &plan.json_path, history)? {
+        for path in chart_files::write_charts(&run, &plan.json_path, history)? {
             eprintln!("wrote {}", path.display());
         }
     }

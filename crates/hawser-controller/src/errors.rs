@@ -8,7 +8,6 @@ use hawser_api::controller::VolumeState;
 use hawser_api::{ApiError, ErrorCode};
 use hawser_store::StoreError;
 
-use crate::cluster::agent_client::AgentError;
 use crate::healing::placement::PlacementError;
 
 #[derive(Debug, thiserror::Error)]
@@ -221,5 +220,51 @@ impl IntoResponse for ControllerError {
             );
         }
         resp
+    }
+}
+
+/// A call to an agent that failed (`cluster::agent_client`). Here, beside the controller's
+/// own error that carries it, so that this file imports no caller of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No answer: connection refused, timeout, reset. Unless `connect` (the connection was
+    /// never made), the request may or may not have run.
+    #[error("agent at {addr} unreachable: {reason}")]
+    Unreachable {
+        addr: String,
+        connect: bool,
+        reason: String,
+    },
+    #[error("agent at {addr} answered {status}: {message}")]
+    Refused {
+        addr: String,
+        status: u16,
+        code: Option<ErrorCode>,
+        message: String,
+    },
+    #[error("agent at {addr} sent an unreadable response: {source}")]
+    BadResponse {
+        addr: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+impl AgentError {
+    /// The agent's error code, when it answered with an `ApiError`.
+    pub fn api_code(&self) -> Option<ErrorCode> {
+        match self {
+            AgentError::Refused { code, .. } => *code,
+            _ => None,
+        }
+    }
+
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, AgentError::Unreachable { .. })
+    }
+
+    /// Whether the request certainly did not reach the agent.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, AgentError::Unreachable { connect: true, .. })
     }
 }

@@ -1,13 +1,21 @@
 //! The state shared by all request handlers.
 
+// A circle by design: the state holds each part of the controller (its store, agent client,
+// tokens, TLS, events, metrics), and each part's handlers take the state as axum's one
+// `State`. The parts below import the state; the state imports only their types.
+use crate::api::metrics::ControllerMetrics;
+use crate::auth::tls::ControllerTls;
 use crate::auth::ClusterTokens;
 use crate::cluster::agent_client::AgentClient;
+use crate::cluster::events::ClusterEvents;
+use crate::cluster::Waiting;
+use crate::store::records::Records;
+
 use crate::healing::placement::Candidate;
 use crate::healing::reservations::Reservations;
 use crate::store::leader::Leadership;
 use crate::store::locks::KeyedLocks;
 use crate::store::model::{now_ms, NodeRecord};
-use crate::store::records::Records;
 
 pub struct AppState {
     pub records: Records,
@@ -22,13 +30,13 @@ pub struct AppState {
     /// Whether this controller leads (and may serve the API).
     pub leadership: Leadership,
     /// What happened: recent events for the API, and Events on the volumes' PVCs.
-    pub events: crate::cluster::events::ClusterEvents,
+    pub events: ClusterEvents,
     /// Nodes refused as of another cluster (`cluster/mod.rs`).
-    pub waiting: crate::cluster::Waiting,
+    pub waiting: Waiting,
     /// The CA and this controller's certificate; `None` with `--insecure`.
-    pub tls: Option<std::sync::Arc<crate::auth::tls::ControllerTls>>,
+    pub tls: Option<std::sync::Arc<ControllerTls>>,
     /// What `/metrics` counts as it happens.
-    pub metrics: crate::api::metrics::ControllerMetrics,
+    pub metrics: ControllerMetrics,
     /// The key-encryption keys of encrypted volumes' data keys (`volumes/keys.rs`).
     pub keks: crate::volumes::keys::Keks,
 }

@@ -3,6 +3,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+
+use hawser_wire::constants::MAX_ID_BYTES;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
@@ -162,4 +164,14 @@ pub fn sync_dir(path: &Path) -> io::Result<()> {
 
 fn einval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+/// Ids become file names: keep them to a safe alphabet.
+pub(crate) fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.')
+        && !id.starts_with('.')
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use hawser_wire::constants::{BLOCK_BYTES, MAX_ID_BYTES};
+use hawser_wire::constants::BLOCK_BYTES;
 
 use crate::error::StorageError;
 use crate::file_ops;
@@ -362,7 +362,7 @@ impl Pool {
             return Err(StorageError::InvalidSize { size: new.size });
         }
         for id in [&new.id, &new.volume] {
-            if !valid_id(id) {
+            if !file_ops::valid_id(id) {
                 return Err(StorageError::InvalidId { id: id.clone() });
             }
         }
@@ -568,14 +568,4 @@ impl BrokenReplica {
             reason: error.to_string(),
         }
     }
-}
-
-/// Ids become file names: keep them to a safe alphabet.
-pub(crate) fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ID_BYTES
-        && id
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.')
-        && !id.starts_with('.')
 }

@@ -17,6 +17,7 @@ use std::time::Instant;
 use crate::clone::{clone_file, CloneKind};
 use crate::error::StorageError;
 use crate::file_ops;
+// A circle by design: this file is the snapshot part of `Replica`'s impl, which calls it.
 use crate::replica::Replica;
 
 /// One snapshot of a replica, as its file says.
@@ -53,7 +54,7 @@ impl Replica {
     /// Where snapshot `snapshot` is, if the replica has it.
     pub fn snapshot_file(&self, snapshot: &str) -> Result<PathBuf, StorageError> {
         let p = self.snapshot_path(snapshot);
-        if crate::pool::valid_id(snapshot) && p.exists() {
+        if crate::file_ops::valid_id(snapshot) && p.exists() {
             Ok(p)
         } else {
             Err(StorageError::SnapshotNotFound {
@@ -66,7 +67,7 @@ impl Replica {
     /// Takes snapshot `snapshot` of the data as it is now, for an engine of `epoch`. Taking
     /// one that exists already returns it unchanged (a retried request).
     pub fn take_snapshot(&self, epoch: u64, snapshot: &str) -> Result<Taken, StorageError> {
-        if !crate::pool::valid_id(snapshot) {
+        if !crate::file_ops::valid_id(snapshot) {
             return Err(StorageError::InvalidId {
                 id: snapshot.into(),
             });
@@ -132,7 +133,7 @@ impl Replica {
 
     /// Deletes snapshot `snapshot`; one the replica does not have is deleted already.
     pub fn delete_snapshot(&self, snapshot: &str) -> Result<(), StorageError> {
-        if !crate::pool::valid_id(snapshot) {
+        if !crate::file_ops::valid_id(snapshot) {
             return Err(StorageError::InvalidId {
                 id: snapshot.into(),
             });

@@ -96,7 +96,7 @@ impl Replica {
         snapshot: &str,
         size: u64,
     ) -> Result<SnapshotFetch, StorageError> {
-        if !crate::pool::valid_id(snapshot) {
+        if !crate::file_ops::valid_id(snapshot) {
             return Err(StorageError::InvalidId {
                 id: snapshot.into(),
             });

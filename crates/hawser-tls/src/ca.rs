@@ -74,7 +74,7 @@ impl Ca {
         use x509_parser::prelude::{FromDer, X509Certificate};
         let key = KeyPair::from_pem(key_pem).context("the CA key is not a PEM private key")?;
         let spki = key.subject_public_key_info();
-        let certs = crate::config::certs_from_pem(cert_pem)?;
+        let certs = crate::pem::certs_from_pem(cert_pem)?;
         let cert_der = certs
             .into_iter()
             .find(|c| {
@@ -368,7 +368,7 @@ mod tests {
         let issued = again
             .issue(&Peer::Node("n1".into()), &spki, NODE_CERT_LIFETIME)
             .expect("issue");
-        let chain = crate::config::certs_from_pem(&issued.chain_pem).expect("pem");
+        let chain = crate::pem::certs_from_pem(&issued.chain_pem).expect("pem");
         assert_eq!(chain.len(), 2);
         assert_eq!(chain[1], *ca.cert_der());
         assert_eq!(peer_of(&chain[0]), Ok(Peer::Node("n1".into())));
@@ -384,7 +384,7 @@ mod tests {
         let issued = ca
             .issue(&Peer::Client(scope.clone()), &spki, NODE_CERT_LIFETIME)
             .expect("issue");
-        let chain = crate::config::certs_from_pem(&issued.chain_pem).expect("pem");
+        let chain = crate::pem::certs_from_pem(&issued.chain_pem).expect("pem");
         assert_eq!(peer_of(&chain[0]), Ok(Peer::Client(scope)));
     }
 
@@ -402,7 +402,7 @@ mod tests {
         let issued = ca
             .issue_with_names(&Peer::Controller, &spki, NODE_CERT_LIFETIME, &extra)
             .expect("issue");
-        let chain = crate::config::certs_from_pem(&issued.chain_pem).expect("pem");
+        let chain = crate::pem::certs_from_pem(&issued.chain_pem).expect("pem");
         let (_, cert) = X509Certificate::from_der(&chain[0]).expect("der");
         let san = cert.subject_alternative_name().expect("san").expect("san");
         let names: Vec<String> = san

@@ -10,21 +10,12 @@ use rustls::client::verify_server_cert_signed_by_trust_anchor;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
 use rustls::server::ParsedCertificate;
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::peer::{peer_of, Peer};
+use crate::pem::certs_from_pem;
 use crate::slot::CertSlot;
-use crate::trust::{SlotClientVerifier, TrustSlot};
-
-/// Every certificate in a PEM text (at least one).
-pub fn certs_from_pem(pem: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .context("malformed PEM certificate")?;
-    anyhow::ensure!(!certs.is_empty(), "no certificate in the PEM text");
-    Ok(certs)
-}
+use crate::trust::{ClientAuth, SlotClientVerifier, TrustSlot};
 
 /// When the first certificate in a PEM text stops being valid, in Unix seconds.
 pub fn not_after_unix(pem: &str) -> anyhow::Result<u64> {
@@ -88,16 +79,6 @@ pub fn server_names(listen: &[std::net::SocketAddr], extra: &[String]) -> Vec<St
     let mut seen = std::collections::HashSet::new();
     names.retain(|n| seen.insert(n.clone()));
     names
-}
-
-/// Whether a server demands a client certificate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClientAuth {
-    /// Every client presents a certificate of the cluster (replica port, NBD over TCP).
-    Required,
-    /// Clients may come without one and authenticate otherwise (the controller's REST API,
-    /// where the CLI brings the admin token); a certificate that is presented must verify.
-    Optional,
 }
 
 /// A server presenting the certificate in `slot` and checking clients against the CA.

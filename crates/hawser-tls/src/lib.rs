@@ -22,23 +22,24 @@ mod ca;
 mod config;
 mod join;
 mod peer;
+mod pem;
 mod slot;
 mod trust;
 
 pub use ca::{der_to_pem, derive_from_root, new_key};
 pub use ca::{Ca, Issued, CA_LIFETIME, MAX_EXTRA_NAMES, NODE_CERT_LIFETIME};
 pub use config::{
-    cert_names, certs_from_pem, client_config, client_config_trusting, client_peer,
-    issuer_fingerprint, not_after_unix, pinned_client_config, server_config,
-    server_config_trusting, server_names, ClientAuth,
+    cert_names, client_config, client_config_trusting, client_peer, issuer_fingerprint,
+    not_after_unix, pinned_client_config, server_config, server_config_trusting, server_names,
 };
 pub use join::{ca_fingerprint, JoinToken};
 pub use peer::{
     peer_of, ClientScope, Peer, PeerError, CLIENT_DNS_NAME, CONTROLLER_DNS_NAME,
     MAX_CLIENT_VOLUMES, NODE_DNS_NAME,
 };
+pub use pem::certs_from_pem;
 pub use slot::{CertSlot, Credentials};
-pub use trust::{TrustSlot, MAX_TRUSTED_CAS};
+pub use trust::{ClientAuth, TrustSlot, MAX_TRUSTED_CAS};
 
 pub use rustls;
 pub use rustls_pki_types::CertificateDer;

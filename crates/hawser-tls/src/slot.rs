@@ -15,8 +15,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::PrivateKeyDer;
 
 use crate::ca::CLOCK_SKEW;
-use crate::config::certs_from_pem;
 use crate::peer::{peer_of, Peer};
+use crate::pem::certs_from_pem;
 
 /// A certificate chain and its key, both PEM, as the CA issued them and as they are kept on
 /// disk.

@@ -19,8 +19,18 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 
-use crate::config::{certs_from_pem, ClientAuth};
 use crate::join::ca_fingerprint;
+use crate::pem::certs_from_pem;
+
+/// Whether a server demands a client certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Every client presents a certificate of the cluster (replica port, NBD over TCP).
+    Required,
+    /// Clients may come without one and authenticate otherwise (the controller's REST API,
+    /// where the CLI brings the admin token); a certificate that is presented must verify.
+    Optional,
+}
 
 /// The most CAs trusted at once: the cluster's and the one replacing it.
 pub const MAX_TRUSTED_CAS: usize = 2;

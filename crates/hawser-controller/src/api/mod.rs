@@ -1,6 +1,7 @@
 //! The HTTP server: routes, the body limit, and extractors that turn every malformed request
 //! into a JSON `ApiError` (axum's defaults answer in plain text, some with 422).
 
+pub(crate) mod extract;
 pub(crate) mod io;
 pub(crate) mod metrics;
 pub(crate) mod nodes;
@@ -14,15 +15,12 @@ pub(crate) mod volumes;
 
 use std::sync::Arc;
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, Method, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::Router;
-use serde::de::DeserializeOwned;
 
 use axum::Extension;
 use hawser_listen::Transport;
@@ -313,78 +311,5 @@ async fn method_not_allowed(
     ControllerError::BadBody {
         status: 405,
         message: format!("method {method} is not allowed on {}", uri.path()),
-    }
-}
-
-/// `axum::Json` whose rejections are JSON `ApiError`s: 400 for anything malformed (syntax,
-/// wrong types, unknown fields, missing content type), 413 past the body limit.
-pub struct ApiJson<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
-    type Rejection = ControllerError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => Err(json_rejection(rejection)),
-        }
-    }
-}
-
-fn json_rejection(r: JsonRejection) -> ControllerError {
-    let status = r.status().as_u16();
-    if status == 413 {
-        return ControllerError::BadBody {
-            status,
-            message: format!("request body is larger than {MAX_BODY_BYTES} bytes"),
-        };
-    }
-    let message = match r {
-        JsonRejection::MissingJsonContentType(_) => {
-            "expected a JSON body with Content-Type: application/json".to_string()
-        }
-        other => other.body_text(),
-    };
-    ControllerError::BadBody {
-        status: 400,
-        message,
-    }
-}
-
-/// `axum::extract::Path` with JSON rejections.
-pub struct ApiPath<T>(pub T);
-
-/// The query string, with errors in the API's shape.
-pub struct ApiQuery<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
-    type Rejection = ControllerError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(r) => Err(ControllerError::BadBody {
-                status: 400,
-                message: r.body_text(),
-            }),
-        }
-    }
-}
-
-impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
-    type Rejection = ControllerError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
-            Err(r) => Err(path_rejection(r)),
-        }
-    }
-}
-
-fn path_rejection(r: PathRejection) -> ControllerError {
-    ControllerError::BadBody {
-        status: 400,
-        message: r.body_text(),
     }
 }

@@ -9,7 +9,7 @@ use axum::Json;
 use hawser_api::controller::{validate_labels, Node, RegisterNode};
 use hawser_api::validate_name;
 
-use crate::api::{ApiJson, ApiPath};
+use crate::api::extract::{ApiJson, ApiPath};
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, NodeRecord, NodeSettings};

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::Json;
 use hawser_api::controller::{OrphanReplica, ReplicaInfo};
 
-use crate::api::ApiPath;
+use crate::api::extract::ApiPath;
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::VolumeRecord;

@@ -9,7 +9,7 @@ use axum::Json;
 use hawser_api::controller::{CreateSnapshot, Snapshot};
 use serde::Deserialize;
 
-use crate::api::{ApiJson, ApiPath, ApiQuery};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::errors::ControllerError;
 use crate::state::AppState;
 

@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::Json;
 use hawser_api::controller::{RotateToken, TokenRotated};
 
-use crate::api::ApiJson;
+use crate::api::extract::ApiJson;
 use crate::auth::TokenKind;
 use crate::errors::ControllerError;
 use crate::state::AppState;

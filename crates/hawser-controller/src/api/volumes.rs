@@ -12,7 +12,7 @@ use hawser_api::controller::{
     Attach, CreateVolume, ExpandVolume, ForcePromote, MarkInSync, Outdate, RestoreVolume, Volume,
 };
 
-use crate::api::{ApiJson, ApiPath, ApiQuery};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::errors::ControllerError;
 use crate::store::model::VolumeRecord;
 

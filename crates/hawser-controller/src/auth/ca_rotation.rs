@@ -34,8 +34,10 @@ use hawser_store::{get_json, put_json, Expect};
 use hawser_tls::Ca;
 use serde::{Deserialize, Serialize};
 
-use crate::api::ApiJson;
+use crate::api::extract::ApiJson;
 use crate::auth::ca_home::{b64, decode_root};
+// A circle by design: a rotation step changes the controller's TLS material, and that
+// material remembers the step it last applied.
 use crate::auth::tls::{tls_of, ControllerTls};
 use crate::errors::ControllerError;
 use crate::state::AppState;

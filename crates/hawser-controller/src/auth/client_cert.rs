@@ -13,7 +13,7 @@ use axum::Json;
 use hawser_api::controller::{ClientCertificate, CreateClientCertificate};
 use hawser_tls::{ClientScope, Peer, MAX_CLIENT_VOLUMES, NODE_CERT_LIFETIME};
 
-use crate::api::ApiJson;
+use crate::api::extract::ApiJson;
 use crate::auth::tls::{decode_public_key, tls_of};
 use crate::errors::ControllerError;
 use crate::state::AppState;

@@ -23,7 +23,7 @@ use hawser_store::{get_json, put_json, Expect, StoreError};
 use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, JoinToken, Peer, TrustSlot};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{ApiJson, ApiPath};
+use crate::api::extract::{ApiJson, ApiPath};
 use crate::auth::ca_home::CaHome;
 use crate::auth::Principal;
 use crate::errors::ControllerError;

@@ -6,7 +6,7 @@ use hawser_api::agent::{
     TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::error::{error_chain, truncate_chars};
-use hawser_api::{ApiError, ErrorCode};
+use hawser_api::ApiError;
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -17,49 +17,7 @@ use std::sync::{Arc, Mutex};
 use crate::auth::tls::ControllerTls;
 use crate::constants::{AGENT_CONNECT_TIMEOUT, AGENT_COPY_TIMEOUT, AGENT_REQUEST_TIMEOUT};
 
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// No answer: connection refused, timeout, reset. Unless `connect` (the connection was
-    /// never made), the request may or may not have run.
-    #[error("agent at {addr} unreachable: {reason}")]
-    Unreachable {
-        addr: String,
-        connect: bool,
-        reason: String,
-    },
-    #[error("agent at {addr} answered {status}: {message}")]
-    Refused {
-        addr: String,
-        status: u16,
-        code: Option<ErrorCode>,
-        message: String,
-    },
-    #[error("agent at {addr} sent an unreadable response: {source}")]
-    BadResponse {
-        addr: String,
-        #[source]
-        source: reqwest::Error,
-    },
-}
-
-impl AgentError {
-    /// The agent's error code, when it answered with an `ApiError`.
-    pub fn api_code(&self) -> Option<ErrorCode> {
-        match self {
-            AgentError::Refused { code, .. } => *code,
-            _ => None,
-        }
-    }
-
-    pub fn is_unreachable(&self) -> bool {
-        matches!(self, AgentError::Unreachable { .. })
-    }
-
-    /// Whether the request certainly did not reach the agent.
-    pub fn never_sent(&self) -> bool {
-        matches!(self, AgentError::Unreachable { connect: true, .. })
-    }
-}
+pub use crate::errors::AgentError;
 
 /// The agent of one node: where to call, and the node the call is meant for (sent in
 /// `NODE_HEADER`, so an agent that now answers at that address refuses it).

@@ -27,7 +27,7 @@ use hawser_api::controller::{
 use hawser_store::{get_json, put_json, Expect, StoreError};
 use serde::{Deserialize, Serialize};
 
-use crate::api::ApiJson;
+use crate::api::extract::ApiJson;
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, VolumeRecord};

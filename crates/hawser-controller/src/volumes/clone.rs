@@ -25,6 +25,8 @@ use crate::healing::placement::Request;
 use crate::snapshots::create::{self, find};
 use crate::state::AppState;
 use crate::store::model::{NodeRecord, SnapshotRecord};
+// A circle by design: a clone is a create with a source. Create asks this file for the
+// source's part, and this file places the copy by create's rules and replica ids.
 use crate::volumes::create::{replica_id, rules};
 
 /// A clone's replicas, its placement rules, and which replica is seeded from which copy.

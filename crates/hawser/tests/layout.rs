@@ -1,0 +1,375 @@
+//! The workspace's layout rules (issue 41), read from the sources:
+//! - the two largest crates, the controller and the agent, keep at most 12 entries at the top
+//!   of their `src/`: new code goes into a folder by concern, not beside 50 others;
+//! - no file of a crate imports in a circle (a `crate::` or `super::` path from file A to a
+//!   file B that reaches A back), unless a comment right above one of the circle's imports
+//!   (or above the block of `use` lines it is in) says why: it contains the word "circle". A circle is often a design that grew by
+//!   accident; where it is the right design (one type's `impl` split over two files), the
+//!   comment tells the next reader so.
+//!
+//! Test code (`#[cfg(test)]` modules, `*tests.rs` files) is not counted.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The crates whose `src/` must stay in folders, and how many entries their top may hold.
+const FOLDERED: [&str; 2] = ["hawser-controller", "hawser-agent"];
+const MAX_TOP_ENTRIES: usize = 12;
+
+fn crates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn the_controller_and_the_agent_keep_at_most_12_entries_at_the_top_of_src() {
+    for name in FOLDERED {
+        let src = crates_dir().join(name).join("src");
+        let mut entries: Vec<String> = fs::read_dir(&src)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        entries.sort();
+        assert!(
+            entries.len() <= MAX_TOP_ENTRIES,
+            "{name}/src has {} entries at its top, more than {MAX_TOP_ENTRIES}: put new files \
+             into the folder of their concern (docs/ARCHITECTURE.md lists them): {entries:?}",
+            entries.len()
+        );
+    }
+}
+
+#[test]
+fn no_file_imports_in_a_circle_without_a_comment_saying_why() {
+    let mut found = Vec::new();
+    let mut crates: Vec<PathBuf> = fs::read_dir(crates_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("src").is_dir())
+        .collect();
+    crates.sort();
+    assert!(
+        crates.len() >= 10,
+        "the workspace's crates are not where this test looks"
+    );
+    for krate in crates {
+        let graph = Graph::of_crate(&krate.join("src"));
+        for circle in graph.circles() {
+            let name = krate.file_name().unwrap().to_string_lossy().into_owned();
+            let lines: Vec<String> = circle
+                .iter()
+                .flat_map(|m| graph.edges_within(m, &circle))
+                .collect();
+            found.push(format!(
+                "{name}: {}\n    {}",
+                circle.join(" <-> "),
+                lines.join("\n    ")
+            ));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "files that import in a circle, with no comment saying why (break the circle, or put a \
+         comment with the word \"circle\" right above one of its imports):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_check_finds_a_circle_and_accepts_a_commented_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    fs::create_dir(src.join("a")).unwrap();
+    fs::write(src.join("lib.rs"), "pub mod a;\npub mod b;\n").unwrap();
+    fs::write(src.join("a/mod.rs"), "pub mod c;\nuse crate::b::B;\n").unwrap();
+    fs::write(src.join("a/c.rs"), "use super::super::b;\n").unwrap();
+    fs::write(
+        src.join("b.rs"),
+        "use crate::{x, a::c::C};\n#[cfg(test)]\nmod tests { use crate::a::A; }\n",
+    )
+    .unwrap();
+    let circles = Graph::of_crate(src).circles();
+    assert_eq!(circles, vec![vec!["a::c".to_string(), "b".to_string()]]);
+
+    fs::write(
+        src.join("a/c.rs"),
+        "// A circle by design: b is the other half.\nuse super::super::b;\n",
+    )
+    .unwrap();
+    assert!(Graph::of_crate(src).circles().is_empty());
+
+    // The comment covers the block of `use` lines below it, not the code after the block.
+    fs::write(
+        src.join("a/c.rs"),
+        "// The circle: b is the other half.\nuse std::fmt;\nuse super::super::b;\n",
+    )
+    .unwrap();
+    assert!(Graph::of_crate(src).circles().is_empty());
+    fs::write(
+        src.join("a/c.rs"),
+        "// The circle: b is the other half.\nuse std::fmt;\n\nfn f() { super::super::b::g() }\n",
+    )
+    .unwrap();
+    assert_eq!(Graph::of_crate(src).circles().len(), 1);
+}
+
+/// The imports between the files of one crate: module path -> (module path -> the first line
+/// that imports it, unless a comment excuses that import).
+struct Graph {
+    edges: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Graph {
+    fn of_crate(src: &Path) -> Graph {
+        let mut files = Vec::new();
+        collect_rs(src, &mut files);
+        let modules: BTreeMap<String, PathBuf> =
+            files.into_iter().map(|f| (module_of(src, &f), f)).collect();
+        let mut edges = BTreeMap::new();
+        for (module, file) in &modules {
+            let text = fs::read_to_string(file).unwrap();
+            edges.insert(module.clone(), imports(module, &text, &modules));
+        }
+        Graph { edges }
+    }
+
+    /// Every set of two or more files that reach each other (Tarjan's strongly connected
+    /// components), each sorted.
+    fn circles(&self) -> Vec<Vec<String>> {
+        let mut t = Tarjan::default();
+        for m in self.edges.keys() {
+            if !t.index.contains_key(m) {
+                t.visit(m, self);
+            }
+        }
+        let mut out: Vec<Vec<String>> = t.found.into_iter().filter(|c| c.len() > 1).collect();
+        for c in &mut out {
+            c.sort();
+        }
+        out.sort();
+        out
+    }
+
+    fn edges_within(&self, from: &str, circle: &[String]) -> Vec<String> {
+        self.edges[from]
+            .iter()
+            .filter(|(to, _)| circle.contains(to))
+            .map(|(to, line)| format!("{from} -> {to}: {line}"))
+            .collect()
+    }
+}
+
+#[derive(Default)]
+struct Tarjan {
+    next: usize,
+    index: BTreeMap<String, usize>,
+    low: BTreeMap<String, usize>,
+    stack: Vec<String>,
+    on_stack: BTreeSet<String>,
+    found: Vec<Vec<String>>,
+}
+
+impl Tarjan {
+    fn visit(&mut self, v: &str, g: &Graph) {
+        self.index.insert(v.to_string(), self.next);
+        self.low.insert(v.to_string(), self.next);
+        self.next += 1;
+        self.stack.push(v.to_string());
+        self.on_stack.insert(v.to_string());
+        for w in g.edges[v].keys() {
+            if !self.index.contains_key(w) {
+                self.visit(w, g);
+                let low = self.low[v].min(self.low[w]);
+                self.low.insert(v.to_string(), low);
+            } else if self.on_stack.contains(w) {
+                let low = self.low[v].min(self.index[w]);
+                self.low.insert(v.to_string(), low);
+            }
+        }
+        if self.low[v] == self.index[v] {
+            let mut component = Vec::new();
+            while let Some(w) = self.stack.pop() {
+                self.on_stack.remove(&w);
+                let done = w == v;
+                component.push(w);
+                if done {
+                    break;
+                }
+            }
+            self.found.push(component);
+        }
+    }
+}
+
+fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            collect_rs(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs")
+            && !p.file_stem().unwrap().to_string_lossy().ends_with("tests")
+        {
+            out.push(p);
+        }
+    }
+}
+
+/// `a/b.rs` and `a/b/mod.rs` are `a::b`; `lib.rs`, `main.rs` and `a/mod.rs` name their folder.
+fn module_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// The files `module` imports, each with the first line that does, leaving out imports under
+/// a comment that mentions a circle, and test modules.
+fn imports(
+    module: &str,
+    text: &str,
+    modules: &BTreeMap<String, PathBuf>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut excused = false;
+    let mut in_test = false;
+    // A `use crate::{` group that rustfmt spread over lines is read as one line.
+    let mut group = String::new();
+    for raw in text.lines() {
+        let line = raw.trim();
+        if !group.is_empty() || line.contains("crate::{") && !line.contains('}') {
+            group.push_str(line.split("//").next().unwrap_or(""));
+            group.push(' ');
+            if !line.contains('}') {
+                continue;
+            }
+        }
+        let joined = std::mem::take(&mut group);
+        let line = if joined.is_empty() {
+            line
+        } else {
+            joined.trim()
+        };
+        if line.starts_with("#[cfg(test)]") {
+            // What follows is test code: a `mod tests` (to the end, by this codebase's
+            // habit) or a test-only item, which may import what the product does not.
+            in_test = true;
+        }
+        if in_test {
+            continue;
+        }
+        if line.starts_with("//") {
+            excused |= line.to_lowercase().contains("circle");
+            continue;
+        }
+        let code = line.split("//").next().unwrap_or("");
+        for path in paths_in(code, module) {
+            if let Some(target) = longest_module(&path, modules) {
+                if target != module && !module.starts_with(&format!("{target}::")) && !excused {
+                    out.entry(target).or_insert_with(|| line.to_string());
+                }
+            }
+        }
+        // A comment above a block of `use` lines speaks for the whole block.
+        excused &= line.starts_with("use ") || line.starts_with("pub use ");
+    }
+    out
+}
+
+/// The module paths a line names from the crate's root: `crate::a::b`, `super::b` (relative
+/// to `module`), and each name of a `crate::{a, b::c}` group.
+fn paths_in(code: &str, module: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let parent: Vec<String> = {
+        let mut p: Vec<String> = module
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        p.pop();
+        p
+    };
+    let mut rest = code;
+    while let Some(at) = find_root(rest) {
+        let (prefix, after) = if rest[at..].starts_with("crate::") {
+            (Vec::new(), &rest[at + "crate::".len()..])
+        } else {
+            let mut base = parent.clone();
+            let mut after = &rest[at..];
+            while let Some(a) = after.strip_prefix("super::") {
+                after = a;
+                base.pop();
+            }
+            (base, after)
+        };
+        if let Some(group) = after.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let mut p = prefix.clone();
+                p.extend(ident_path(item.trim()));
+                out.push(p);
+            }
+            rest = &group[end..];
+        } else {
+            let mut p = prefix.clone();
+            let names = ident_path(after);
+            let used: usize = names.iter().map(|n| n.len() + 2).sum();
+            p.extend(names);
+            out.push(p);
+            rest = &after[used.min(after.len())..];
+        }
+    }
+    out
+}
+
+/// Where the next `crate::` or `super::` starts, if it is a path (not part of a longer name).
+fn find_root(s: &str) -> Option<usize> {
+    let mut from = 0;
+    while from < s.len() {
+        let hit = ["crate::", "super::"]
+            .iter()
+            .filter_map(|k| s[from..].find(k).map(|i| from + i))
+            .min()?;
+        let before = s[..hit].chars().next_back();
+        if before.is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == '$')) {
+            return Some(hit);
+        }
+        from = hit + 1;
+    }
+    None
+}
+
+/// The leading `a::b::c` of `s`, as names.
+fn ident_path(s: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = s;
+    loop {
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        if end == 0 {
+            break;
+        }
+        names.push(rest[..end].to_string());
+        match rest[end..].strip_prefix("::") {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    names
+}
+
+fn longest_module(path: &[String], modules: &BTreeMap<String, PathBuf>) -> Option<String> {
+    (1..=path.len())
+        .rev()
+        .map(|k| path[..k].join("::"))
+        .find(|m| modules.contains_key(m))
+}
