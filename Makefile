@@ -143,6 +143,7 @@ fmt:
 	$(CARGO) fmt --all
 
 lint:
+	CARGO=$(CARGO) scripts/check-features.sh
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
