@@ -8,7 +8,6 @@
 //! journal says so: the new engine's recovery compares nothing), the new one starts, and the
 //! requests that arrived meanwhile run on it. Clients see a pause, never an error.
 
-use crate::control::link::LinkAuth;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +19,7 @@ use hawser_api::Qos;
 use hawser_core::IoError;
 
 use crate::constants::ENGINE_SWAP_DRAIN_TIMEOUT;
+use crate::control::link::LinkAuth;
 use crate::engine::qos::{Cost, QosLimiter};
 use crate::engine::rate_limit::ResyncRates;
 use crate::engine::volume::VolumeEngine;
