@@ -10,6 +10,7 @@
 # to turn the feature on for every build: in the workspace's dependency table, or as a
 # dependency of a crate that every build has (hawser-storage's bitflags is one).
 set -euo pipefail
+export LC_ALL=C # sort and join must agree on the order
 cd "$(dirname "$0")/.."
 cargo=${CARGO:-cargo}
 target=$(rustc -vV | sed -n 's/^host: //p')

@@ -86,7 +86,7 @@ fn the_circle_check_finds_a_circle_and_accepts_a_commented_one() {
     fs::write(src.join("a/c.rs"), "use super::super::b;\n").unwrap();
     fs::write(
         src.join("b.rs"),
-        "use crate::{x, a::c::C};\n#[cfg(test)]\nmod tests { use crate::a::A; }\n",
+        "#[cfg(test)]\nfn helper() {}\nuse crate::{x, a::c::C};\n#[cfg(test)]\nmod tests { use crate::a::A; }\n",
     )
     .unwrap();
     let circles = Graph::of_crate(src).circles();
@@ -241,6 +241,7 @@ fn imports(
     let mut out = BTreeMap::new();
     let mut excused = false;
     let mut in_test = false;
+    let mut after_cfg_test = false;
     // A `use crate::{` group that rustfmt spread over lines is read as one line.
     let mut group = String::new();
     for raw in text.lines() {
@@ -258,10 +259,19 @@ fn imports(
         } else {
             joined.trim()
         };
+        // A `#[cfg(test)] mod tests` runs to the end of its file, by this codebase's habit,
+        // and may import what the product does not: it is left out. Any other `#[cfg(test)]`
+        // item is read as product code, so that it cannot hide the code after it.
         if line.starts_with("#[cfg(test)]") {
-            // What follows is test code: a `mod tests` (to the end, by this codebase's
-            // habit) or a test-only item, which may import what the product does not.
-            in_test = true;
+            after_cfg_test = true;
+            continue;
+        }
+        if after_cfg_test && line.starts_with("#[") {
+            continue;
+        }
+        if after_cfg_test {
+            after_cfg_test = false;
+            in_test |= line.starts_with("mod ") || line.starts_with("pub mod ");
         }
         if in_test {
             continue;
