@@ -11,11 +11,18 @@ use hawser_storage::{Pool, PoolConfig, PoolKind};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
-use crate::constants::{DEFAULT_RESYNC_BUSY_RATE, DEFAULT_RESYNC_RATE, HEARTBEAT_INTERVAL};
+use crate::constants::{
+    DEFAULT_KERNEL_DEAD_CONN_TIMEOUT, DEFAULT_KERNEL_NBD_CONNECTIONS,
+    DEFAULT_KERNEL_NBD_IO_TIMEOUT, DEFAULT_RESYNC_BUSY_RATE, DEFAULT_RESYNC_RATE,
+    HEARTBEAT_INTERVAL,
+};
 use crate::control::admin_api::{self, AdminState};
+use crate::control::device_api;
 use crate::control::link::{ControllerLink, LinkAuth};
 use crate::engine::rate_limit::{parse_rate, ResyncRates};
 use crate::engine::registry::Engines;
+use crate::frontends::devices::Devices;
+use crate::frontends::kernel_nbd::KernelNbdSettings;
 use crate::observe::metrics::AgentMetrics;
 use crate::storage::pools::NodeStorage;
 use crate::tls::node::NodeTls;
@@ -100,6 +107,23 @@ pub struct AgentArgs {
     #[arg(long, env = "HAWSER_RESYNC_BUSY_RATE", default_value_t = DEFAULT_RESYNC_BUSY_RATE,
         value_parser = parse_rate)]
     pub resync_busy_rate: u64,
+    /// The node-local device API's socket (default `<data-dir>/device.sock`), mode 0600:
+    /// `hawser device attach` and the CSI node service make volumes kernel block devices
+    /// through it.
+    #[arg(long)]
+    pub device_socket: Option<PathBuf>,
+    /// Connections per kernel NBD device.
+    #[arg(long, default_value_t = DEFAULT_KERNEL_NBD_CONNECTIONS)]
+    pub kernel_nbd_connections: usize,
+    /// Seconds a kernel NBD request may go unanswered before the kernel resends it on a new
+    /// connection (the agent hands it one at once). It bounds the pause after the agent is
+    /// killed with requests in flight.
+    #[arg(long, default_value_t = DEFAULT_KERNEL_NBD_IO_TIMEOUT.as_secs())]
+    pub kernel_nbd_io_timeout: u64,
+    /// Seconds a kernel device holds I/O while no agent serves it (a restart, an upgrade)
+    /// before failing it with EIO.
+    #[arg(long, default_value_t = DEFAULT_KERNEL_DEAD_CONN_TIMEOUT.as_secs())]
+    pub kernel_dead_conn_timeout: u64,
 }
 
 /// Parse `KEY=VALUE` (a node label).
@@ -350,6 +374,32 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             tracing::error!(error = %e, "admin API failed");
         }
     });
+    // Kernel devices stop being served before the engines stop (their requests in flight
+    // answered), so a device sees its connections close, never an error: the next agent
+    // takes it back.
+    let (devices_stop_tx, devices_stop_rx) = watch::channel(false);
+    let devices = Arc::new(Devices::new(
+        &args.data_dir,
+        &args.node,
+        engines.clone(),
+        Arc::new(ControllerLink::new(&args.controller).with_auth(&link)),
+        KernelNbdSettings {
+            connections: args.kernel_nbd_connections.clamp(1, 16),
+            io_timeout: std::time::Duration::from_secs(args.kernel_nbd_io_timeout.max(1)),
+            dead_conn_timeout: std::time::Duration::from_secs(args.kernel_dead_conn_timeout.max(1)),
+        },
+        devices_stop_rx.clone(),
+    ));
+    let device_sock = args
+        .device_socket
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("device.sock"));
+    tasks.spawn(device_api::serve(
+        device_api::bind(&device_sock)?,
+        devices.clone(),
+        devices_stop_rx,
+    ));
+    tasks.spawn(devices.clone().recover());
     let register = RegisterNode {
         admin_addr: args.admin_listen.clone(),
         replica_addr: args.replica_listen.clone(),
@@ -378,6 +428,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     tracing::info!(node = %args.node, replica = %args.replica_listen, nbd = %args.nbd_listen, socket = %sock.display(), labels = ?args.labels, "agent running");
 
     shutdown_signal().await;
+    tracing::info!("stopping: ending kernel device connections");
+    let _ = devices_stop_tx.send(true);
+    devices.drain().await;
     tracing::info!("stopping: flushing engines");
     for e in engines.all() {
         e.stop().await;
@@ -385,6 +438,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
     let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(&device_sock);
     tracing::info!("agent stopped");
     Ok(())
 }

@@ -91,3 +91,13 @@ pub const ACTIVITY_IDLE_TICKS: u64 = 10;
 /// The activity log's soft cap, in 4 MiB extents (4 GiB): what crash recovery compares at
 /// most, whatever the volume's size (DRBD's default al-extents, 1237, is about as much).
 pub const ACTIVITY_MAX_EXTENTS: usize = 1024;
+/// Connections per kernel NBD device, until `make bench` in a guest says more are worth a
+/// task and a socket each (`--kernel-nbd-connections`).
+pub const DEFAULT_KERNEL_NBD_CONNECTIONS: usize = 1;
+/// A kernel NBD request unanswered this long is resent on a new connection. Short, because a
+/// resend costs only a reconnect (`frontends/kernel_nbd/link.rs`), and after `kill -9` the
+/// requests that were in flight wait this long before they are resent.
+pub const DEFAULT_KERNEL_NBD_IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a kernel device holds I/O with no agent serving it: a restart or an upgrade of
+/// the agent must fit in it.
+pub const DEFAULT_KERNEL_DEAD_CONN_TIMEOUT: Duration = Duration::from_secs(120);

@@ -458,3 +458,33 @@ pub struct VolumeIoCounters {
 pub struct AgentIo {
     pub volumes: Vec<VolumeIoCounters>,
 }
+
+/// The node-local device API (`<data-dir>/device.sock`, mode 0600): a volume attached to this
+/// node made a kernel block device by the agent itself, so that it outlives a restart of the
+/// agent. `POST /v1/devices` with [`AttachDevice`] answers a [`Device`]; `GET /v1/devices`
+/// lists them; `DELETE /v1/devices/{volume}` ends one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachDevice {
+    pub volume: String,
+    /// `auto` (the best this kernel has), `ublk` or `nbd`.
+    #[serde(default = "auto")]
+    pub frontend: String,
+}
+
+fn auto() -> String {
+    "auto".to_owned()
+}
+
+/// A kernel block device serving a volume on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    pub volume: String,
+    /// `nbd` or `ublk`.
+    pub frontend: String,
+    /// `/dev/nbdN` or `/dev/ublkbN`.
+    pub path: String,
+    pub size_bytes: u64,
+    /// Connections (nbd) or queues (ublk).
+    pub connections: u32,
+}

@@ -7,6 +7,8 @@ pub mod auth;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod controller;
+#[cfg(feature = "client")]
+pub mod device_client;
 pub mod error;
 #[cfg(feature = "metrics")]
 pub mod metrics;

@@ -184,19 +184,28 @@ impl Cluster {
     /// Stop agent `name` (SIGTERM, as a node shutdown) and start it again on the same data
     /// directory and ports; waits until it has registered again.
     pub fn restart_agent(&mut self, name: &str) {
+        self.restart_agent_from(name, &hawser_bin(), true);
+    }
+
+    /// Start agent `name` again from `bin` (another build: an upgrade) on the same data
+    /// directory and ports, after stopping it with SIGTERM if `stop_first` (else it must be
+    /// dead already: [`Self::kill_agent`]); waits until it has registered again.
+    pub fn restart_agent_from(&mut self, name: &str, bin: &Path, stop_first: bool) {
         let i = self
             .agents
             .iter()
             .position(|a| a.name == name)
             .expect("agent by name");
-        stop(&mut self.agents[i].child);
+        if stop_first {
+            stop(&mut self.agents[i].child);
+        }
         let a = &self.agents[i];
         let (pools, addrs) = (
             a.pools.clone(),
             (a.admin.clone(), a.replica.clone(), a.nbd.clone()),
         );
         let before = last_seen(&self.nodes(), name);
-        self.agents[i] = self.launch_agent(name, &pools, addrs);
+        self.agents[i] = self.launch_agent_from(bin, name, &pools, addrs);
         wait_registered(name, before, || self.nodes());
     }
 
@@ -206,10 +215,20 @@ impl Cluster {
         pools: &[String],
         addrs: (String, String, String),
     ) -> AgentProc {
+        self.launch_agent_from(&hawser_bin(), name, pools, addrs)
+    }
+
+    fn launch_agent_from(
+        &self,
+        bin: &Path,
+        name: &str,
+        pools: &[String],
+        addrs: (String, String, String),
+    ) -> AgentProc {
         let (admin, replica, nbd) = addrs;
         let data_dir = self.dir.path().join(name);
         let socket = data_dir.join("nbd.sock");
-        let mut cmd = Command::new(hawser_bin());
+        let mut cmd = Command::new(bin);
         cmd.args(["agent", "--node", name, "--controller", &self.url])
             .args([
                 "--admin-listen",

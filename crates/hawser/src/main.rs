@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::client::Client;
 use crate::cli::output::OutputArg;
-use crate::cli::{cluster, events, node, pool, replica, snapshot, status, volume};
+use crate::cli::{cluster, device, events, node, pool, replica, snapshot, status, volume};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -79,6 +79,10 @@ enum Command {
     /// The cluster's identity; recover the volumes after the store was lost.
     #[command(subcommand)]
     Cluster(cluster::ClusterCmd),
+    /// On a node: kernel block devices (/dev/nbdN) of volumes attached there, served by the
+    /// agent so that they outlive its restarts.
+    #[command(subcommand)]
+    Device(device::DeviceCmd),
 }
 
 fn main() -> ExitCode {
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
         Command::Status { out } => client_exit(&conn, |c| status::run(c, out)),
         Command::Events(args) => client_exit(&conn, |c| events::run(c, args)),
         Command::Snapshot(cmd) => client_exit(&conn, |c| snapshot::run(c, cmd)),
+        Command::Device(cmd) => daemon_exit(device::run(cmd)),
     }
 }
 

@@ -297,6 +297,34 @@ impl ControllerLink {
         }
     }
 
+    /// The node the controller says `volume` is attached to: `Ok(None)` when it is detached
+    /// or no longer exists, an error when no controller answered. A restarted agent asks
+    /// before it serves a kernel device it left behind (`frontends::devices`).
+    pub async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>> {
+        let path = format!("/v1/volumes/{volume}");
+        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
+        let mut last = String::new();
+        for _ in 0..tries {
+            match self.call(reqwest::Method::GET, &path, &()).await {
+                Reply::Ok(b) => {
+                    let v: hawser_api::controller::Volume = serde_json::from_slice(&b)
+                        .map_err(|e| anyhow::anyhow!("bad answer for volume {volume}: {e}"))?;
+                    return Ok(v.attached_node);
+                }
+                Reply::Refused { error: Some(e), .. } if e.code == ErrorCode::NotFound => {
+                    return Ok(None)
+                }
+                Reply::Refused { status, error } => {
+                    let why = error.map(|e| e.message).unwrap_or_default();
+                    anyhow::bail!("controller answered {status} for volume {volume}: {why}")
+                }
+                Reply::NotLeader { error, .. } => last = error.message,
+                Reply::Unreachable(e) => last = e.to_string(),
+            }
+        }
+        anyhow::bail!("no controller answered for volume {volume}: {last}")
+    }
+
     /// Registers (or heartbeats) `node` with the leader, trying each known controller once;
     /// returns the controller's view of the node (with the cluster's id and grant key).
     pub async fn register(
@@ -322,6 +350,13 @@ impl ControllerLink {
             }
         }
         anyhow::bail!("no controller accepted the registration: {last}")
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::frontends::devices::WhereAttached for ControllerLink {
+    async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>> {
+        ControllerLink::attached_node(self, volume).await
     }
 }
 

@@ -6,4 +6,5 @@
 //! other folder calls into it, except engines reporting membership through [`link`].
 
 pub mod admin_api;
+pub mod device_api;
 pub mod link;

@@ -3,3 +3,5 @@
 //! kernel frontends (ublk, kernel NBD over netlink) of issue 42 land here.
 
 pub mod block;
+pub mod devices;
+pub mod kernel_nbd;

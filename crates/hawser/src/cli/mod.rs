@@ -5,6 +5,7 @@ pub mod args;
 pub mod client;
 pub mod client_cert;
 pub mod cluster;
+pub mod device;
 pub mod events;
 pub mod node;
 pub mod output;
