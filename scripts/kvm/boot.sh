@@ -164,6 +164,8 @@ fetch_kernel() {
   [ -e "$KERNEL.tmp/lib" ] || ln -s usr/lib "$KERNEL.tmp/lib"
   depmod -b "$KERNEL.tmp" "$(ls "$KERNEL.tmp/usr/lib/modules")"
   touch "$KERNEL.tmp/.done"
+  # Unpacked, the package is of no more use: 100 MB less in the cache.
+  rm -f "$deb"
   mv "$KERNEL.tmp" "$KERNEL"
 }
 
