@@ -190,8 +190,11 @@ build_initrd() {
   (cd "$t" && find . | cpio -o -H newc --quiet | gzip -1) >"$initrd.tmp"
   mv "$initrd.tmp" "$initrd"
   rm -rf "$t"
-  # Initramfs files of an older init script.
-  find "$CACHE" -maxdepth 1 -name 'initrd-*.cpio.gz' ! -path "$initrd" -delete
+  # This script's initramfs files of an older init (named with a hash; not another tool's
+  # initrd-KVER.cpio.gz: /work/shared/kvm/boot.sh defaults to this cache too).
+  local h='[0-9a-f]' old=()
+  mapfile -t old < <(find "$CACHE" -maxdepth 1 -name "initrd-*-$h$h$h$h$h$h$h$h$h$h$h$h.cpio.gz" ! -path "$initrd")
+  if [ ${#old[@]} -gt 0 ]; then rm -f "${old[@]}"; fi
   log "built $initrd ($(du -h "$initrd" | cut -f1))"
 }
 
