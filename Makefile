@@ -11,11 +11,13 @@ HAWSER := target/release/hawser
 # CNI plugins and busybox for the real kubelet the CSI tests run; valgrind for
 # `make instructions`; prometheus for `promtool check metrics` (the metrics test); chromium for
 # the dashboard's browser test; procps (ps, kill), openssl (the API server's service-account
-# key), gcc (the k8s pause image) and g++ (libFuzzer), which a minimal Debian lacks.
-APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium procps openssl gcc g++ libc6-dev
+# key), gcc (the k8s pause image) and g++ (libFuzzer), which a minimal Debian lacks; for the
+# tests in a real kernel (scripts/kvm/boot.sh), qemu-system-x86, and cpio, xz-utils and kmod
+# (depmod, modprobe), which build its initramfs and which a minimal Debian lacks too.
+APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium procps openssl gcc g++ libc6-dev qemu-system-x86 cpio xz-utils kmod
 # Commands whose absence means a package above is missing; every command the tests run that
 # comes from one of them (scripts/check-tools.sh checks that).
-NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++
+NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++ qemu-system-x86_64 cpio xz depmod modprobe
 # Commands make test needs and does not install: Debian's are too old (scripts/k8s/build.sh
 # needs Go 1.24+, playwright-core Node.js 20+). The project's machines come with them;
 # `make check-tools` stops make test at once when one is missing, `make doctor` says more.
@@ -32,7 +34,7 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps deps-demo check-tools doctor build k8s-tools ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps deps-demo check-tools doctor build k8s-tools kvm-kernel ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -70,6 +72,12 @@ doctor:
 k8s-tools: deps
 	scripts/k8s/build.sh
 
+# The guest kernel the tests in a real kernel boot (Debian's packaged kernel and an initramfs,
+# by scripts/kvm/boot.sh into ~/.cache/hawser-kvm; a second run is quick). Its qemu, cpio, xz
+# and kmod come from deps: the script installs nothing.
+kvm-kernel: deps
+	scripts/kvm/boot.sh --prepare
+
 $(UI_MODULES): ui/package-lock.json
 	cd ui && npm ci --ignore-scripts --no-audit --no-fund
 
@@ -91,7 +99,7 @@ timed = set -o pipefail; $(2) 2>&1 | scripts/test-times.sh $(1) || { scripts/tes
 # Unit, simulation and integration tests, then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd; scripts/e2e.sh runs those that
 # can two at a time). Ends with the slowest test binaries and each step's time.
-test: check-tools deps build lint k8s-tools $(UI_MODULES)
+test: check-tools deps build lint k8s-tools kvm-kernel $(UI_MODULES)
 	@scripts/test-times.sh --start
 	$(call timed,unit,$(CARGO) test --release --workspace --exclude hawser-e2e)
 	$(call timed,fuzz,scripts/fuzz.sh)

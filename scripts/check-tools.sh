@@ -4,10 +4,12 @@
 # tools, so this reads the sources, not the machine. It checks that
 #   - each tool the tests look up (in the Rust sources, and in the scripts that they and make
 #     test run) has a provider: the Makefile's NEEDED_CMDS (the deps step), what
-#     scripts/k8s/build.sh builds, ui/package.json (npm ci), Debian's required packages, or
-#     HOST_CMDS;
+#     scripts/k8s/build.sh builds, ui/package.json (npm ci), the guest kernel that
+#     `scripts/kvm/boot.sh --prepare` prepares (make kvm-kernel; run_in_guest needs it),
+#     Debian's required packages, or HOST_CMDS;
 #   - `make -n -B test`, as on a fresh machine, runs each provider's step before the tests;
-#   - each "missing tool" message names a step that really provides the tool.
+#   - each "missing tool" message names a step that really provides the tool, and each
+#     message about a missing guest kernel names make kvm-kernel, a step of make test.
 # Last, so that a fresh machine stops at once rather than after the long build: the commands
 # make test needs but cannot install (HOST_CMDS) are on this machine.
 # One line per problem and exit status 1 if any. `make test` runs it first (make check-tools);
@@ -30,10 +32,10 @@ declare -A prov=()
 for c in $(mkvar NEEDED_CMDS); do prov[cmd:$c]=deps; done
 for c in $(mkvar HOST_CMDS); do prov[cmd:$c]=host; done
 # Commands of Debian's "required" packages (coreutils, bash, dash, mount, util-linux,
-# e2fsprogs), which every Debian system has. Add one only if `dpkg-query -W -f '${Priority}'
-# PACKAGE` says required.
+# e2fsprogs, apt, dpkg, gzip), which every Debian system has. Add one only if `dpkg-query -W
+# -f '${Priority}' PACKAGE` says required.
 for c in sh bash echo true sleep sync sha256sum mount umount losetup nsenter setsid blkid \
-  e2fsck fsck.ext4 dumpe2fs resize2fs setpriv; do prov[cmd:$c]=base; done
+  e2fsck fsck.ext4 dumpe2fs resize2fs setpriv apt-get dpkg-deb gzip; do prov[cmd:$c]=base; done
 APT_PACKAGES=" $(mkvar APT_PACKAGES) "
 # What a script builds into the Kubernetes tools cache: the Kubernetes commands, `gobin NAME`
 # and "$bin/NAME" (scripts/k8s/build.sh).
@@ -44,6 +46,9 @@ built_by() {
 for t in $(built_by scripts/k8s/build.sh); do prov[k8s:$t]=k8s-tools; done
 while read -r p; do prov[npm:$p]=npm-ci; done < <(
   sed -nE '/"(dev)?[dD]ependencies"/,/}/ s/^ *"([^"]+)": .*/\1/p' ui/package.json)
+# The guest kernel and initramfs in ~/.cache/hawser-kvm, which scripts/kvm/boot.sh boots and
+# never prepares itself (make kvm-kernel runs it with --prepare).
+prov[kvm:guest-kernel]=kvm-kernel
 
 # --- What `make test` runs on a fresh machine: no cache (an empty HOME) and nothing built
 # (-B: a fresh clone has no ui/node_modules, so its npm ci shows even where one exists).
@@ -85,6 +90,8 @@ rust_lookups() {
   matches '(k8s_tool\(|k8s_bin_dir\(\) ?\.join\(|K8S_BIN"\)\) ?\.join\()"[^"]+"' "${files[@]}" |
     names k8s last
   matches 'node_modules/(@[a-z0-9._-]+/)?[a-z0-9][a-z0-9._-]*' "${files[@]}" | sed -E 's|^(.*)\tnode_modules/(.*)|npm \2 \1|'
+  # A command in the real-kernel guest: run_in_guest("name", ...) (crates/hawser-e2e/src/guest.rs).
+  matches 'run_in_guest\("' "${files[@]}" | sed -E 's/^(.*)\t.*/kvm guest-kernel \1/'
 }
 # The scripts that make test and the tests run (k8s.rs: scripts_dir().join("up.sh")); what
 # each checks for itself: `command -v X`, `for c in LIST; do command -v $c`, and "$BIN/X"
@@ -116,6 +123,7 @@ while read -r kind name file; do
     k8s) problem "$file looks up $name in the Kubernetes tools cache, which" \
            "scripts/k8s/build.sh does not build: build it there" ;;
     npm) problem "$file needs ui/node_modules/$name, not in ui/package.json: npm install -D it" ;;
+    kvm) problem "$file needs $name, which no make test step provides" ;;
   esac
 done <<<"$LOOKUPS"
 
@@ -136,6 +144,8 @@ runs() {
 [ -z "${used[k8s-tools]:-}" ] || runs 'scripts/k8s/build.sh' k8s-tools \
   "the Kubernetes tools ($(built_by scripts/k8s/build.sh | tr '\n' ' '| sed 's/ $//'))"
 [ -z "${used[npm-ci]:-}" ] || runs 'npm ci' '$(UI_MODULES)' "ui/node_modules"
+[ -z "${used[kvm-kernel]:-}" ] || runs 'scripts/kvm/boot.sh --prepare' kvm-kernel \
+  "the guest kernel of run_in_guest"
 # cargo-fuzz: scripts/fuzz.sh installs it and is its only user, so it only has to run.
 grep -q 'scripts/fuzz.sh' <<<"$MAKE_N" || problem "make test does not run scripts/fuzz.sh"
 
@@ -179,6 +189,20 @@ while IFS=: read -r file _ msg; do
     [[ $APT_PACKAGES == *" $pkg "* ]] || problem "$file says make test installs $pkg; APT_PACKAGES lacks it"
   done
 done < <(git grep -nE '(make [a-z-]+|the Makefile) (does|installs)' -- 'crates/*.rs')
+
+# --- Each message about a missing guest kernel names make kvm-kernel, which make test does --
+# ("no prepared guest kernel ...: run `make kvm-kernel`", in boot.sh and guest.rs.)
+while IFS=: read -r file line msg; do
+  [[ $msg == *'make kvm-kernel'* ]] ||
+    problem "$file:$line says there is no prepared guest kernel without naming \`make kvm-kernel\`"
+done < <(git grep -nE 'no prepared guest kernel' -- 'crates/*.rs' 'scripts/*.sh' ':!scripts/check-tools.sh')
+if git grep -qF 'make kvm-kernel' -- 'crates/*.rs' 'scripts/*.sh' ':!scripts/check-tools.sh'; then
+  kvm_n=$(HOME=$fresh_home mk -n -B kvm-kernel 2>/dev/null || true)
+  grep -qF 'scripts/kvm/boot.sh --prepare' <<<"$kvm_n" ||
+    problem "messages name make kvm-kernel, which does not run scripts/kvm/boot.sh --prepare"
+  ! grep -vxF -f <(echo "$MAKE_N") <<<"$kvm_n" | grep -q . ||
+    problem "messages name make kvm-kernel, which make test does not do: make it a prerequisite of test"
+fi
 
 # --- Commands make test needs and cannot install are here --------------------------------
 for c in $(mkvar HOST_CMDS); do

@@ -17,7 +17,7 @@ mkvar() { env -u MAKEFLAGS -u MAKELEVEL make -s --no-print-directory --eval 'pri
 NEEDED_CMDS=${NEEDED_CMDS:-$(mkvar NEEDED_CMDS)}
 HOST_CMDS=${HOST_CMDS:-$(mkvar HOST_CMDS)}
 K8S_BIN=${HAWSER_K8S_BIN:-$HOME/.cache/hawser-k8s/bin}
-KR_DIR=${KR_DIR:-$HOME/.cache/hawser-kvm}
+KVM_CACHE=${HAWSER_KVM_CACHE:-$HOME/.cache/hawser-kvm}
 # scripts/k8s/build.sh finds Go there too.
 PATH="$PATH:/usr/local/go/bin"
 
@@ -80,20 +80,18 @@ else
   else row MISSING iptables "iptables fails in a namespace ($(head -c 80 "$tmp/err")): the network-fault tests skip"; fi
 fi
 
-# The kernel block frontends. Without them, their tests boot a kernel that has them (kvm).
+# The kernel block frontends. Without them, their tests boot a kernel that has them in a QEMU
+# guest (scripts/kvm/boot.sh; make kvm-kernel prepares it, make deps installs qemu).
 for m in nbd ublk_drv; do
   if [ -d "/sys/module/$m" ] || modinfo "$m" >/dev/null 2>&1; then row OK "$m" "module available"
   else row SKIP "$m" "not in this kernel ($(uname -r)): kernel-frontend tests run in the KVM guest"; fi
 done
-kvm=$repo/../shared/kvm
-if [ ! -x "$kvm/boot.sh" ]; then row SKIP kvm-guest "no ../shared/kvm/boot.sh beside the repo"
+if ! have qemu-system-x86_64; then
+  row MISSING kvm-guest "no qemu-system-x86_64: make test installs it (make deps)"
+elif scripts/kvm/boot.sh --check 2>/dev/null; then
+  row OK kvm-guest "qemu-system-x86_64 and a prepared guest kernel in $KVM_CACHE"
 else
-  kernel=$(find "$KR_DIR/kernel/boot" -name 'vmlinuz-*' 2>/dev/null | head -1 || true)
-  if have qemu-system-x86_64 && [ -e "$KR_DIR/kernel/.done" ] && [ -n "$kernel" ]; then
-    row OK kvm-guest "qemu-system-x86_64 and ${kernel##*/} in $KR_DIR"
-  else
-    row MISSING kvm-guest "$(have qemu-system-x86_64 && echo qemu ok || echo no qemu-system-x86_64), $([ -n "$kernel" ] && echo kernel ok || echo no guest kernel): ../shared/kvm/boot.sh true installs both (about 20 s)"
-  fi
+  row MISSING kvm-guest "no prepared guest kernel in $KVM_CACHE: make test prepares it (make kvm-kernel, about 15 s)"
 fi
 
 # Snapshots and clones share extents where the pool's filesystem has reflinks, else copy.

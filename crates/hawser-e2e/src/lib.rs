@@ -2,7 +2,8 @@
 //! multi-host cluster in network namespaces for fault tests, a verifying writer (NBD client
 //! with a write log and checker, and the check that a snapshot is a cut of its run), commands
 //! with deadlines, guards that undo mounts, loop devices and FUSE mounts even when a test
-//! fails, and whole-cluster invariant checks.
+//! fails, whole-cluster invariant checks, and commands in a real Linux kernel (a QEMU guest,
+//! `guest`).
 //! Processes are stopped by the PIDs this fixture started, nothing else.
 //!
 //! The binary comes from `HAWSER_BIN` (set by `make test`), else `target/release/hawser`.
@@ -15,6 +16,7 @@ pub mod cut;
 pub mod fio;
 pub mod garbage;
 pub mod grants;
+pub mod guest;
 pub mod invariants;
 pub mod k8s;
 pub mod k8s_sidecars;

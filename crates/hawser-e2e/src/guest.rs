@@ -1,0 +1,117 @@
+//! Commands in a real Linux kernel: Debian trixie's 6.12 booted in QEMU (TCG) by
+//! `scripts/kvm/boot.sh`, for what this machine's own kernel lacks (the `nbd` and `ublk_drv`
+//! modules). The guest sees this machine's root filesystem (read-only, under a tmpfs
+//! overlay), so the hawser binary and the Debian tools run there unchanged; the host's
+//! 127.0.0.1 is 10.0.2.2 in it. `make kvm-kernel` (a step of `make test`) prepares the kernel.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// What `boot.sh` exits with when the guest never reported the command's status (timeout,
+/// kernel panic, qemu killed).
+pub const NO_REPORT: i32 = 125;
+
+/// One command's run in a guest.
+#[derive(Debug)]
+pub struct GuestRun {
+    /// The command's exit status in the guest, or [`NO_REPORT`].
+    pub status: i32,
+    /// The guest's serial console, without carriage returns: the command's stdout and
+    /// stderr, and kernel messages of KERN_ERR and worse (e.g. `nbd0: Connection timed out`).
+    pub output: String,
+    /// `boot.sh`'s own messages (its stderr).
+    pub log: String,
+    /// From the start of `boot.sh` to its end: boot, command and power-off.
+    pub elapsed: Duration,
+}
+
+impl GuestRun {
+    pub fn success(&self) -> bool {
+        self.status == 0
+    }
+}
+
+/// `scripts/kvm/boot.sh` in this checkout.
+pub fn boot_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts/kvm")
+        .join("boot.sh")
+}
+
+/// Runs `command` with bash in a new guest, with `env` exported to it (the guest starts
+/// from an empty environment: HOME, TERM and PATH only), in this process's working
+/// directory. Prints the guest's output as it comes, each line prefixed with `[name]`, and
+/// returns it with the exit status. `HAWSER_KVM_TIMEOUT` (900 s), `HAWSER_KVM_MEM` (2G) and
+/// `HAWSER_KVM_CPUS` (2) reach `boot.sh`. Panics when the guest kernel is not prepared.
+pub fn run_in_guest(name: &str, command: &str, env: &[(&str, &str)]) -> GuestRun {
+    let script = boot_script();
+    // boot.sh never prepares the kernel (that downloads): say at once which step does.
+    let check = Command::new("bash")
+        .arg(&script)
+        .arg("--check")
+        .output()
+        .unwrap_or_else(|e| panic!("run {} --check: {e}", script.display()));
+    assert!(
+        check.status.success(),
+        "no prepared guest kernel: run `make kvm-kernel` (make test does). {}",
+        String::from_utf8_lossy(&check.stderr).trim()
+    );
+
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script);
+    for (k, v) in env {
+        cmd.arg("--env").arg(format!("{k}={v}"));
+    }
+    cmd.arg("--")
+        .arg(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", script.display()));
+    let out = echo_lines(name, child.stdout.take().expect("stdout"));
+    let log = echo_lines(name, child.stderr.take().expect("stderr"));
+    let status = child.wait().expect("wait for boot.sh");
+    let elapsed = start.elapsed();
+    let output = out.join().expect("stdout reader");
+    let log = log.join().expect("stderr reader");
+    // boot.sh exits with the guest's status; a signal (no code) counts as no report.
+    let status = status.code().unwrap_or(NO_REPORT);
+    println!("[{name}] guest exit status {status} after {elapsed:.1?}");
+    GuestRun {
+        status,
+        output,
+        log,
+        elapsed,
+    }
+}
+
+/// Prints each line of `stream` as it comes, prefixed with `[name]`, and returns them all.
+fn echo_lines(name: &str, stream: impl Read + Send + 'static) -> thread::JoinHandle<String> {
+    let name = name.to_string();
+    thread::spawn(move || {
+        let mut all = String::new();
+        let mut reader = BufReader::new(stream);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            // The serial console ends lines with \r\n; the kernel's and the command's bytes
+            // need not be UTF-8.
+            let line = String::from_utf8_lossy(&buf);
+            let line = line.trim_end_matches(['\n', '\r']).replace('\r', "");
+            println!("[{name}] {line}");
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    })
+}
