@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Hawser container image from the release binary: `hawser` plus what the CSI node
 # service runs on the host (mkfs, mount, blkid, losetup, resize2fs, e2fsck, xfs_growfs,
-# nbdfuse, fusermount3, setsid), each with the shared libraries it loads. No Docker and no
+# nbdfuse, fusermount3, setsid) and modprobe (the node's init container loads the kernel
+# frontends' modules), each with the shared libraries it loads. No Docker and no
 # registry: the result is a docker-archive tarball for `ctr images import` (or
 # `docker load`), named hawser.local/hawser:<version> unless IMAGE says otherwise.
 #
@@ -14,7 +15,7 @@ VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 IMAGE=${IMAGE:-hawser.local/hawser:$VERSION}
 OUT=${1:-target/hawser-image.tar}
 TOOLS="mkfs.ext4 mkfs.xfs mount umount blkid losetup resize2fs e2fsck dumpe2fs xfs_growfs
-       nbdfuse fusermount3 setsid sh"
+       nbdfuse fusermount3 setsid modprobe sh"
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
 mkdir -p "$root/bin" "$root/etc" "$root/tmp" "$root/dev" "$root/proc" "$root/sys" "$root/run"

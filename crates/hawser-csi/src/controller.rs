@@ -224,8 +224,20 @@ impl Controller for ControllerService {
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
         let v = self.create(request.get_ref()).await?;
+        let mut volume = csi_volume(&v);
+        // The StorageClass's frontend reaches NodeStage in the volume context (a Hawser
+        // volume does not keep it: it is how this PV is staged, not what the volume is).
+        if let Some(f) = request
+            .get_ref()
+            .parameters
+            .get(params::Frontend::CONTEXT_KEY)
+        {
+            volume
+                .volume_context
+                .insert(params::Frontend::CONTEXT_KEY.to_owned(), f.clone());
+        }
         Ok(Response::new(CreateVolumeResponse {
-            volume: Some(csi_volume(&v)),
+            volume: Some(volume),
         }))
     }
 

@@ -21,6 +21,7 @@ use crate::inflight::InFlight;
 use crate::mounts;
 use crate::names::{TOPOLOGY_NODE_KEY, TOPOLOGY_ZONE_KEY};
 use crate::node_device::{DeviceManager, StagedDevice};
+use crate::params::Frontend;
 use crate::proto::csi::node_server::Node as NodeRpc;
 use crate::proto::csi::node_service_capability::rpc::Type as Rpc;
 use crate::proto::csi::node_service_capability::{self as ncap, Rpc as RpcCap};
@@ -41,9 +42,10 @@ impl NodeService {
         api: Api,
         inflight: InFlight,
         kubelet_dir: &Path,
-        state_dir: &Path,
+        devices: DeviceManager,
     ) -> anyhow::Result<NodeService> {
         hawser_api::validate_name("node", &node).map_err(|e| anyhow::anyhow!(e.message))?;
+        let state_dir = devices.state_dir();
         std::fs::create_dir_all(state_dir)
             .map_err(|e| anyhow::anyhow!("create {}: {e}", state_dir.display()))?;
         Ok(NodeService {
@@ -51,7 +53,7 @@ impl NodeService {
             api,
             inflight,
             kubelet_dir: kubelet_dir.to_path_buf(),
-            devices: std::sync::Arc::new(DeviceManager::new(state_dir.to_path_buf())),
+            devices: std::sync::Arc::new(devices),
         })
     }
 
@@ -138,8 +140,11 @@ fn stage(
     access: &Access,
     read_only: bool,
     staging: &Path,
+    frontend: Frontend,
 ) -> Result<(), Status> {
-    let dev = devices.connect(id, uri, read_only).map_err(internal)?;
+    let dev = devices
+        .connect(id, uri, read_only, frontend)
+        .map_err(internal)?;
     if let Access::Mount { fs, flags } = access {
         std::fs::create_dir_all(staging)
             .map_err(|e| internal(format!("create {}: {e}", staging.display())))?;
@@ -221,9 +226,17 @@ impl NodeRpc for NodeService {
         let access = capability::check_required(req.volume_capability.as_ref())?;
         let ro = read_only(req.volume_capability.as_ref());
         let _guard = self.inflight.begin(&id)?;
+        let frontend = match req.volume_context.get(Frontend::CONTEXT_KEY) {
+            None => Frontend::Auto,
+            Some(f) => Frontend::parse(f).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "volume_context frontend={f:?}: expected auto, ublk, nbd or fuse"
+                ))
+            })?,
+        };
         let uri = self.nbd_uri(&id, &req.publish_context).await?;
         let devices = self.devices.clone();
-        blocking(move || stage(&devices, &id, &uri, &access, ro, &staging)).await?;
+        blocking(move || stage(&devices, &id, &uri, &access, ro, &staging, frontend)).await?;
         Ok(Response::new(NodeStageVolumeResponse {}))
     }
 
@@ -421,7 +434,11 @@ fn expand(
             path.display()
         )));
     }
-    mounts::refresh_loop_size(&dev.device).map_err(internal)?;
+    // A kernel device of the agent keeps the size it was made with until it is staged again
+    // (expansion is offline: docs/csi.md); a loop device rereads its file's.
+    if dev.device.starts_with("/dev/loop") {
+        mounts::refresh_loop_size(&dev.device).map_err(internal)?;
+    }
     let is_block = matches!(access, Some(Access::Block))
         || std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
     if !is_block {

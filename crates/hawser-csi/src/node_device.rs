@@ -1,12 +1,13 @@
-//! A volume's block device on this node: `nbdfuse` exposes the volume's NBD export as a file
-//! in a FUSE mount, and a loop device on that file is the block device the filesystem sits
-//! on.
-//!
-//! Why this path: the kernel `nbd` module would be the direct frontend (netlink interface,
-//! with a dead-connection timeout that holds I/O across an agent restart), but the kernels
-//! Hawser is built and tested on have no `nbd` module, so that path is not implemented. Its
-//! cost, said plainly: nbdfuse does not reconnect, so when the agent serving the export
-//! restarts, I/O on the device fails until the volume is staged again.
+//! A volume's block device on this node, by one of two paths:
+//! - **a kernel device served by the agent** (`/dev/nbdN`, kernel NBD over netlink), asked
+//!   for through the agent's device API (`<agent data-dir>/device.sock`). It survives a
+//!   restart or an upgrade of the agent: I/O pauses, and the restarted agent takes the device
+//!   back. The first choice whenever the node has it (`frontend: auto`).
+//! - **nbdfuse and a loop device**, where the kernel has no `nbd` module (or the StorageClass
+//!   says `frontend: fuse`): `nbdfuse` exposes the volume's NBD export as a file in a FUSE
+//!   mount, and a loop device on that file is the block device. Its cost, said plainly:
+//!   nbdfuse does not reconnect, so when the agent serving the export restarts, I/O on the
+//!   device fails until the volume is staged again.
 //!
 //! Each staged volume has a record, `<state-dir>/<volume>.json`, written before the loop
 //! device exists and removed last, so a node service that restarts (or crashed midway) finds
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::mounts::{self, MountError};
+use crate::params::Frontend;
+use hawser_api::device_client::{DeviceClient, DeviceClientError};
 
 /// How long nbdfuse may take to connect and expose the export.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -50,6 +53,12 @@ pub enum DeviceError {
     BadId(String),
     #[error("losetup gave {0:?}, not a loop device")]
     BadLoop(String),
+    #[error("frontend {frontend} for volume {volume}: {source}")]
+    Agent {
+        frontend: Frontend,
+        volume: String,
+        source: DeviceClientError,
+    },
 }
 
 type Result<T> = std::result::Result<T, DeviceError>;
@@ -73,6 +82,16 @@ struct Record {
     pid: Option<u32>,
     /// The loop device, once attached.
     loop_device: Option<PathBuf>,
+    /// `fuse` (nbdfuse and the loop device above), or the agent's frontend (`nbd`, `ublk`).
+    #[serde(default = "fuse")]
+    frontend: String,
+    /// The agent's kernel device, once it made one.
+    #[serde(default)]
+    kernel_device: Option<PathBuf>,
+}
+
+fn fuse() -> String {
+    "fuse".to_owned()
 }
 
 /// A volume's device, staged and alive.
@@ -87,9 +106,41 @@ pub struct StagedDevice {
 
 pub struct DeviceManager {
     state_dir: PathBuf,
+    /// The agent's device API socket.
+    agent_socket: PathBuf,
+    /// The node's choice when the volume's context has none.
+    default_frontend: Frontend,
 }
 
 impl Record {
+    fn is_kernel(&self) -> bool {
+        self.frontend != "fuse"
+    }
+
+    /// The agent's kernel device of this volume is still configured in the kernel (it may
+    /// be between two lives of the agent: it then holds I/O, and is alive).
+    fn kernel_alive(&self) -> bool {
+        let Some(dev) = self.kernel_device.as_deref() else {
+            return false;
+        };
+        let Some(name) = dev.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            return false;
+        };
+        let backend =
+            std::fs::read_to_string(format!("/sys/block/{name}/backend")).unwrap_or_default();
+        backend
+            .trim_end()
+            .ends_with(&format!("/{}", self.volume_id))
+    }
+
+    fn alive(&self) -> bool {
+        if self.is_kernel() {
+            self.kernel_alive()
+        } else {
+            self.nbdfuse_alive() && self.fuse_mounted() && self.loop_alive()
+        }
+    }
+
     fn export_file(&self) -> PathBuf {
         self.fuse_dir.join(EXPORT_FILE)
     }
@@ -125,8 +176,20 @@ fn loop_backing(device: &Path) -> Option<PathBuf> {
 }
 
 impl DeviceManager {
-    pub fn new(state_dir: PathBuf) -> DeviceManager {
-        DeviceManager { state_dir }
+    pub fn new(
+        state_dir: PathBuf,
+        agent_socket: PathBuf,
+        default_frontend: Frontend,
+    ) -> DeviceManager {
+        DeviceManager {
+            state_dir,
+            agent_socket,
+            default_frontend,
+        }
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
     }
 
     fn record_path(&self, id: &str) -> PathBuf {
@@ -166,7 +229,11 @@ impl DeviceManager {
     }
 
     fn staged(r: &Record) -> Result<StagedDevice> {
-        let device = r.loop_device.clone().unwrap_or_default();
+        let device = if r.is_kernel() {
+            r.kernel_device.clone().unwrap_or_default()
+        } else {
+            r.loop_device.clone().unwrap_or_default()
+        };
         Ok(StagedDevice {
             volume_id: r.volume_id.clone(),
             size_bytes: mounts::block_device_size(&device)?,
@@ -176,16 +243,42 @@ impl DeviceManager {
     }
 
     /// The volume's device: the one already staged when it is alive and the same, else a
-    /// new one (leftovers of a dead one are cleaned first).
-    pub fn connect(&self, id: &str, uri: &str, read_only: bool) -> Result<StagedDevice> {
+    /// new one (leftovers of a dead one are cleaned first). `frontend` is the volume's
+    /// (its context's); `Auto` there defers to the node's `--frontend`.
+    pub fn connect(
+        &self,
+        id: &str,
+        uri: &str,
+        read_only: bool,
+        frontend: Frontend,
+    ) -> Result<StagedDevice> {
         Self::check_id(id)?;
         std::fs::create_dir_all(&self.state_dir).map_err(io_err("create", &self.state_dir))?;
         if let Some(r) = self.load(id)? {
-            let alive = r.nbdfuse_alive() && r.fuse_mounted() && r.loop_alive();
-            if alive && r.uri == uri && r.read_only == read_only {
+            if r.alive() && r.uri == uri && r.read_only == read_only {
                 return Self::staged(&r);
             }
             self.teardown(&r)?;
+        }
+        let frontend = match frontend {
+            Frontend::Auto => self.default_frontend,
+            f => f,
+        };
+        // A read-only stage keeps nbdfuse's read-only export unless a kernel frontend is
+        // asked for by name: the agent's devices are read-write.
+        let kernel = match frontend {
+            Frontend::Fuse => None,
+            Frontend::Auto if read_only => None,
+            f => Some(f),
+        };
+        if let Some(f) = kernel {
+            match self.connect_kernel(id, uri, read_only, f) {
+                Ok(d) => return Ok(d),
+                Err(e) if f == Frontend::Auto => {
+                    tracing::warn!(volume = id, error = %e, "no kernel frontend; staging through nbdfuse, which does not survive an agent restart");
+                }
+                Err(e) => return Err(e),
+            }
         }
         let mut r = Record {
             volume_id: id.into(),
@@ -194,6 +287,8 @@ impl DeviceManager {
             fuse_dir: self.state_dir.join("fuse").join(id),
             pid: None,
             loop_device: None,
+            frontend: fuse(),
+            kernel_device: None,
         };
         self.save(&r)?;
         match self.bring_up(&mut r) {
@@ -205,6 +300,49 @@ impl DeviceManager {
                 Err(e)
             }
         }
+    }
+
+    /// The agent makes the volume a kernel device. The record is written first, so a crash
+    /// between the two leaves something for unstage to find; the agent answers the same
+    /// device to a repeated request.
+    fn connect_kernel(
+        &self,
+        id: &str,
+        uri: &str,
+        read_only: bool,
+        frontend: Frontend,
+    ) -> Result<StagedDevice> {
+        let mut r = Record {
+            volume_id: id.into(),
+            uri: uri.into(),
+            read_only,
+            fuse_dir: self.state_dir.join("fuse").join(id),
+            pid: None,
+            loop_device: None,
+            frontend: frontend.as_str().to_owned(),
+            kernel_device: None,
+        };
+        self.save(&r)?;
+        let agent = DeviceClient::new(&self.agent_socket);
+        let made = agent
+            .attach(id, frontend.as_str())
+            .map_err(|source| DeviceError::Agent {
+                frontend,
+                volume: id.into(),
+                source,
+            });
+        let dev = match made {
+            Ok(d) => d,
+            Err(e) => {
+                remove_file(&self.record_path(id))?;
+                return Err(e);
+            }
+        };
+        r.frontend = dev.frontend.clone();
+        r.kernel_device = Some(PathBuf::from(&dev.path));
+        self.save(&r)?;
+        tracing::info!(volume = id, device = %dev.path, frontend = %dev.frontend, "staged on a kernel device served by the agent");
+        Self::staged(&r)
     }
 
     fn bring_up(&self, r: &mut Record) -> Result<StagedDevice> {
@@ -276,9 +414,7 @@ impl DeviceManager {
     pub fn find(&self, id: &str) -> Result<Option<StagedDevice>> {
         Self::check_id(id)?;
         match self.load(id)? {
-            Some(r) if r.nbdfuse_alive() && r.fuse_mounted() && r.loop_alive() => {
-                Self::staged(&r).map(Some)
-            }
+            Some(r) if r.alive() => Self::staged(&r).map(Some),
             _ => Ok(None),
         }
     }
@@ -306,6 +442,23 @@ impl DeviceManager {
     }
 
     fn teardown(&self, r: &Record) -> Result<()> {
+        if r.is_kernel() {
+            // The agent ends the device (nothing is mounted on it any more: unstage
+            // unmounted first). It may already have none: a detach that crashed midway.
+            let agent = DeviceClient::new(&self.agent_socket);
+            match agent.detach(&r.volume_id) {
+                Ok(()) => {}
+                Err(DeviceClientError::Refused { status: 404, .. }) => {}
+                Err(source) => {
+                    return Err(DeviceError::Agent {
+                        frontend: Frontend::parse(&r.frontend).unwrap_or(Frontend::Nbd),
+                        volume: r.volume_id.clone(),
+                        source,
+                    })
+                }
+            }
+            return remove_file(&self.record_path(&r.volume_id));
+        }
         // Every loop device on the export file (ours, or one a crash left unrecorded).
         let file = r.export_file();
         for dev in loops_on(&file)? {

@@ -32,6 +32,7 @@ use hawser_api::{Qos, QosField, QosPatch};
 const SIDECAR_PREFIX: &str = "csi.storage.k8s.io/";
 const KEYS: &[&str] = &[
     "replicas",
+    "frontend",
     "provisioning",
     "pool",
     "zoneSpread",
@@ -61,6 +62,56 @@ pub struct VolumeParams {
     pub encrypted: bool,
     /// Block checksums (a CRC-32C per 4 KiB block, checked on every read).
     pub checksums: bool,
+    /// How nodes make the volume a block device (passed to NodeStage in the volume context).
+    pub frontend: Frontend,
+}
+
+/// How a node makes a volume a block device: `auto` picks the best the node has (ublk, then
+/// kernel NBD, both served by the agent and surviving its restarts; then nbdfuse with a loop
+/// device, which does not).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Frontend {
+    #[default]
+    Auto,
+    Ublk,
+    Nbd,
+    Fuse,
+}
+
+impl Frontend {
+    pub const CONTEXT_KEY: &'static str = "frontend";
+
+    pub fn parse(s: &str) -> Option<Frontend> {
+        Some(match s {
+            "auto" => Frontend::Auto,
+            "ublk" => Frontend::Ublk,
+            "nbd" => Frontend::Nbd,
+            "fuse" => Frontend::Fuse,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Frontend::Auto => "auto",
+            Frontend::Ublk => "ublk",
+            Frontend::Nbd => "nbd",
+            Frontend::Fuse => "fuse",
+        }
+    }
+}
+
+impl std::fmt::Display for Frontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Frontend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Frontend, String> {
+        Frontend::parse(s).ok_or_else(|| format!("{s:?}: expected auto, ublk, nbd or fuse"))
+    }
 }
 
 impl Default for VolumeParams {
@@ -75,6 +126,7 @@ impl Default for VolumeParams {
             qos: Qos::default(),
             encrypted: false,
             checksums: DEFAULT_CHECKSUMS,
+            frontend: Frontend::Auto,
         }
     }
 }
@@ -127,6 +179,9 @@ pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, String> {
                     "fail" => QuorumLoss::Fail,
                     _ => return Err(bad("suspend or fail")),
                 }
+            }
+            "frontend" => {
+                p.frontend = Frontend::parse(value).ok_or_else(|| bad("auto, ublk, nbd or fuse"))?
             }
             "encrypted" => {
                 p.encrypted = match value {
@@ -255,6 +310,7 @@ mod tests {
             ("locality", "none"),
             ("onQuorumLoss", "fail"),
             ("checksums", "false"),
+            ("frontend", "nbd"),
             ("csi.storage.k8s.io/pvc/name", "data"),
         ]))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -270,7 +326,14 @@ mod tests {
                 qos: Qos::default(),
                 encrypted: false,
                 checksums: false,
+                frontend: Frontend::Nbd,
             }
+        );
+        let bad = parse(&map(&[("frontend", "floppy")]));
+        assert!(
+            bad.as_ref()
+                .is_err_and(|e| e.contains("auto, ublk, nbd or fuse")),
+            "{bad:?}"
         );
         assert_eq!(parse(&map(&[])), Ok(VolumeParams::default()));
         let req = VolumeParams::default().create_request("v", 4096, Some("n1"));

@@ -56,6 +56,19 @@ pub struct CsiArgs {
     /// only this node and the volumes attached to it. The Helm chart sets it.
     #[arg(long, value_name = "DIR")]
     pub node_identity_dir: Option<PathBuf>,
+    /// The node agent's device API socket (`<agent data-dir>/device.sock`): the agent makes
+    /// staged volumes kernel block devices that survive its restarts.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/var/lib/hawser/agent/device.sock"
+    )]
+    pub agent_device_socket: PathBuf,
+    /// How volumes become block devices on this node when their StorageClass does not say
+    /// (`frontend` parameter): auto (a kernel device from the agent when this kernel has
+    /// one, else nbdfuse), ublk, nbd or fuse.
+    #[arg(long, default_value = "auto")]
+    pub frontend: crate::params::Frontend,
 }
 
 /// `unix:///a/b` or `/a/b` → `/a/b`.
@@ -124,7 +137,11 @@ pub async fn run(args: CsiArgs, client: Arc<Client>) -> anyhow::Result<()> {
             api.clone(),
             inflight.clone(),
             &args.kubelet_dir,
-            &args.state_dir,
+            crate::node_device::DeviceManager::new(
+                args.state_dir.clone(),
+                args.agent_device_socket.clone(),
+                args.frontend,
+            ),
         )?;
         router = router.add_service(crate::proto::csi::node_server::NodeServer::new(service));
         if !args.no_register {

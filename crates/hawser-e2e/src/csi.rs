@@ -49,6 +49,11 @@ pub struct CsiOptions {
     /// directory (`--node-identity-dir`, the agent's `tls/`) rather than the admin token,
     /// as the Helm chart runs it.
     pub node_identity: Option<PathBuf>,
+    /// The node agent's device API socket (`--agent-device-socket`); by default the one of
+    /// the cluster's agent of the same node name, when started from a `Cluster`.
+    pub agent_device_socket: Option<PathBuf>,
+    /// `--frontend` (the node's choice when a volume's context has none): auto by default.
+    pub frontend: Option<&'static str>,
 }
 
 impl Default for CsiOptions {
@@ -61,6 +66,8 @@ impl Default for CsiOptions {
             netns: None,
             ca_file: None,
             node_identity: None,
+            agent_device_socket: None,
+            frontend: None,
         }
     }
 }
@@ -87,8 +94,14 @@ impl CsiProc {
     }
 
     pub fn start_with(cluster: &Cluster, node: &str, dir: &Path, opts: CsiOptions) -> CsiProc {
+        let agent_socket = cluster
+            .agents
+            .iter()
+            .find(|a| a.name == node)
+            .map(|a| a.data_dir.join("device.sock"));
         let opts = CsiOptions {
             ca_file: opts.ca_file.or(Some(cluster.tokens.ca_file.clone())),
+            agent_device_socket: opts.agent_device_socket.or(agent_socket),
             ..opts
         };
         Self::start_for(&cluster.url, &cluster.tokens.admin, node, dir, opts)
@@ -163,6 +176,9 @@ impl CsiProc {
             .arg(&self.kubelet_dir)
             .arg("--state-dir")
             .arg(&self.state_dir)
+            .arg("--agent-device-socket")
+            .arg(self.agent_socket())
+            .args(["--frontend", self.opts.frontend.unwrap_or("auto")])
             .env("RUST_LOG", "info,hawser_csi=debug")
             .stdin(Stdio::null())
             .stdout(log)
@@ -227,7 +243,7 @@ fn spawn_placeholder() -> Child {
 
 /// Unmounts whatever is mounted under `dir`, deepest first, and removes the devices a node
 /// service staged in `state_dir`: a failed test leaves no mount, loop device or nbdfuse.
-pub fn clean_node_state(dir: &Path, state_dir: &Path) {
+pub fn clean_node_state(dir: &Path, state_dir: &Path, agent_socket: &Path) {
     let mut under: Vec<PathBuf> = hawser_csi::mounts::mount_entries()
         .unwrap_or_default()
         .into_iter()
@@ -238,7 +254,11 @@ pub fn clean_node_state(dir: &Path, state_dir: &Path) {
     for p in under {
         let _ = Command::new("umount").arg("-l").arg(&p).status();
     }
-    let devices = hawser_csi::node_device::DeviceManager::new(state_dir.to_path_buf());
+    let devices = hawser_csi::node_device::DeviceManager::new(
+        state_dir.to_path_buf(),
+        agent_socket.to_path_buf(),
+        hawser_csi::params::Frontend::Auto,
+    );
     for id in devices.recorded() {
         if let Err(e) = devices.disconnect(&id) {
             eprintln!("cleaning up staged volume {id}: {e}");
@@ -246,11 +266,22 @@ pub fn clean_node_state(dir: &Path, state_dir: &Path) {
     }
 }
 
+impl CsiProc {
+    /// The agent device API socket the node service is given (a path that does not exist
+    /// when no agent of that name was known: the node then stages through nbdfuse).
+    fn agent_socket(&self) -> PathBuf {
+        self.opts
+            .agent_device_socket
+            .clone()
+            .unwrap_or_else(|| self.dir.join("no-agent-device.sock"))
+    }
+}
+
 impl Drop for CsiProc {
     fn drop(&mut self) {
         stop(&mut self.child);
         if self.opts.mode != "controller" {
-            clean_node_state(&self.kubelet_dir, &self.state_dir);
+            clean_node_state(&self.kubelet_dir, &self.state_dir, &self.agent_socket());
         }
         if std::thread::panicking() {
             print_log_tails(&self.dir, [format!("csi-{}", self.opts.mode)]);

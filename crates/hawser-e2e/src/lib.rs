@@ -26,6 +26,7 @@ pub mod netns;
 pub mod peer_conn;
 pub mod probe;
 pub mod run;
+pub mod sanity;
 pub mod tokens;
 pub mod write_log;
 pub mod writer;

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+use hawser_e2e::sanity::specs;
 use hawser_e2e::{k8s_tool, Cluster, CsiProc};
-use serde_json::Value;
 
 /// Skip messages csi-sanity gives for capabilities Hawser does not advertise. Anything else
 /// skipped fails the test: a skip must be a decision, written down in docs/csi.md.
@@ -31,36 +31,6 @@ const ALLOWED_SKIPS: &[&str] = &[
     // One pod per volume and node at a time (no SINGLE_NODE_MULTI_WRITER).
     "Service does not have single node multi writer capability",
 ];
-
-/// (state, "Container > spec", message) of every spec in a ginkgo JSON report.
-fn specs(report: &Path) -> Vec<(String, String, String)> {
-    let text = std::fs::read_to_string(report).expect("read the ginkgo report");
-    let suites: Vec<Value> = serde_json::from_str(&text).expect("parse the ginkgo report");
-    let mut out = Vec::new();
-    for suite in &suites {
-        for spec in suite["SpecReports"].as_array().into_iter().flatten() {
-            let leaf = spec["LeafNodeText"].as_str().unwrap_or("");
-            if leaf.is_empty() {
-                continue; // suite-level setup nodes
-            }
-            let path: Vec<&str> = spec["ContainerHierarchyTexts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
-            out.push((
-                spec["State"].as_str().unwrap_or("?").to_string(),
-                format!("{} > {leaf}", path.join(" > ")),
-                spec["Failure"]["Message"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-            ));
-        }
-    }
-    out
-}
 
 fn run_sanity(csi: &CsiProc, kind: &str, extra: &[&str]) {
     let report = csi.dir.join(format!("sanity-{kind}.json"));

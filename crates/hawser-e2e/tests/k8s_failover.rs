@@ -431,6 +431,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
             netns: None,
             ca_file: Some(tokens.ca_file.clone()),
             node_identity: None,
+            ..CsiOptions::default()
         },
     );
     let mut csi2 = CsiProc::start_for(
@@ -446,6 +447,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
             netns: Some(netns2.clone()),
             ca_file: Some(tokens.ca_file.clone()),
             node_identity: None,
+            ..CsiOptions::default()
         },
     );
     let ctl = CsiProc::start_for(

@@ -1,0 +1,131 @@
+//! csi-sanity's node specs with volumes staged on kernel NBD devices (`frontend: nbd`), in a
+//! real kernel: NodeStage asks the agent for `/dev/nbdN`, NodeUnstage ends it, and nothing is
+//! left. The outer test boots Debian's kernel (`scripts/kvm/boot.sh`) and runs the inner one,
+//! this same binary, inside it with the whole cluster, as `kernel_nbd.rs` does.
+
+use std::process::Command;
+
+use hawser_e2e::sanity::specs;
+use hawser_e2e::{k8s_tool, Cluster, CsiOptions, CsiProc};
+
+const IN_GUEST: &str = "HAWSER_E2E_IN_GUEST";
+
+#[test]
+fn csi_sanity_node_specs_on_kernel_nbd() {
+    let exe = std::env::current_exe().expect("test binary");
+    // The Kubernetes tools' directory, as this process finds it (make test may set it).
+    let sanity = k8s_tool("csi-sanity");
+    let bin_dir = sanity.parent().expect("tool dir").display().to_string();
+    let run = hawser_e2e::guest::run_in_guest(
+        "kernel-csi",
+        &format!(
+            "{} --exact inner_csi_sanity_node_specs --include-ignored --nocapture --test-threads=1",
+            exe.display()
+        ),
+        &[(IN_GUEST, "1"), ("HAWSER_K8S_BIN", &bin_dir)],
+    );
+    assert!(
+        run.output.contains("test result: ok. 1 passed") && run.output.contains("SANITY "),
+        "the inner test did not pass in the guest (exit {})",
+        run.status
+    );
+    assert_eq!(run.status, 0, "guest exit status");
+    use std::io::Write as _;
+    for line in run.output.lines().filter(|l| l.contains("SANITY ")) {
+        let _ = writeln!(std::io::stderr(), "kernel_csi: {line}");
+    }
+}
+
+#[test]
+#[ignore = "runs inside a guest kernel: csi_sanity_node_specs_on_kernel_nbd starts it"]
+fn inner_csi_sanity_node_specs() {
+    assert!(
+        std::env::var_os(IN_GUEST).is_some(),
+        "this test loads kernel modules and makes block devices: run it through its outer test"
+    );
+    let c = Cluster::start("kcsi", 2);
+    let csi = CsiProc::start_with(
+        &c,
+        "n1",
+        &c.dir.path().join("csi"),
+        CsiOptions {
+            frontend: Some("nbd"),
+            ..CsiOptions::default()
+        },
+    );
+    let params = csi.dir.join("parameters.yaml");
+    std::fs::write(&params, "frontend: nbd\n").expect("write the parameters");
+    let report = csi.dir.join("sanity-node.json");
+    let out = Command::new(k8s_tool("csi-sanity"))
+        .arg(format!("--csi.endpoint={}", csi.endpoint.display()))
+        .arg(format!(
+            "--csi.mountdir={}",
+            csi.kubelet_dir.join("target").display()
+        ))
+        .arg(format!(
+            "--csi.stagingdir={}",
+            csi.kubelet_dir.join("staging").display()
+        ))
+        .arg(format!("--csi.testvolumesize={}", 64 << 20))
+        // The guest's pools are on its /tmp, a tmpfs of half its memory.
+        .arg(format!("--csi.testvolumeexpandsize={}", 128 << 20))
+        .arg(format!("--csi.testvolumeparameters={}", params.display()))
+        .arg("--ginkgo.focus=Node Service")
+        .arg(format!("--ginkgo.json-report={}", report.display()))
+        .arg("--ginkgo.timeout=20m")
+        .output()
+        .expect("run csi-sanity");
+    let specs = specs(&report);
+    let failed: Vec<_> = specs
+        .iter()
+        .filter(|s| !matches!(s.0.as_str(), "passed" | "skipped" | "pending"))
+        .collect();
+    let passed = specs.iter().filter(|s| s.0 == "passed").count();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        failed.is_empty() && out.status.success(),
+        "csi-sanity node specs failed ({}): {failed:#?}\n{}",
+        out.status,
+        &stdout[stdout.len().saturating_sub(6000)..]
+    );
+    let log = std::fs::read_to_string(csi.dir.join("csi-all.log")).expect("csi log");
+    let kernel_stages = log
+        .matches("staged on a kernel device served by the agent")
+        .count();
+    eprintln!(
+        "SANITY node specs on kernel NBD: {passed} passed, {} skipped; {kernel_stages} stages on a kernel device",
+        specs.iter().filter(|s| s.0 == "skipped").count()
+    );
+    assert!(passed >= 10, "only {passed} node specs passed: {specs:#?}");
+    assert!(
+        kernel_stages >= 3,
+        "NodeStage used a kernel device {kernel_stages} times"
+    );
+    assert!(
+        !log.contains("staging through nbdfuse"),
+        "a stage fell back to nbdfuse"
+    );
+    // NodeUnstage ended every device: the agent serves none, and the kernel has none of ours.
+    let sock = c.agent("n1").data_dir.join("device.sock");
+    let listed = Command::new(hawser_e2e::cluster::hawser_bin())
+        .args(["device", "list", "-o", "json", "--socket"])
+        .arg(&sock)
+        .output()
+        .expect("hawser device list");
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout).trim(),
+        "[]",
+        "devices left: {}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let ours: Vec<String> = std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            std::fs::read_to_string(e.path().join("backend"))
+                .ok()
+                .filter(|b| b.starts_with("hawser:"))
+        })
+        .collect();
+    assert!(ours.is_empty(), "kernel devices left: {ours:?}");
+}
