@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hawser_e2e::write_log::block_content;
-use hawser_e2e::Cluster;
+use hawser_e2e::{Cluster, ClusterOptions};
 
 /// Set in the guest by the outer test; the inner tests refuse to run without it (they load
 /// modules and make block devices).
@@ -29,29 +29,38 @@ const ACKS_BEFORE: u64 = 300;
 const ACKS_AFTER: u64 = 300;
 const ACK_TIMEOUT: Duration = Duration::from_secs(240);
 
-#[test]
-fn ext4_on_kernel_nbd_survives_agent_kill_9() {
+/// Runs the inner test `inner` (ignored outside a guest) in a new guest; prints its `PAUSE`
+/// and `FAILOVER` lines past the harness's capture, so `make test`'s log shows them.
+fn in_guest(inner: &str) {
     let exe = std::env::current_exe().expect("test binary");
     let run = hawser_e2e::guest::run_in_guest(
-        "kernel-nbd",
+        inner,
         &format!(
-            "{} --exact inner_agent_kill_9 --include-ignored --nocapture --test-threads=1",
+            "{} --exact {inner} --include-ignored --nocapture --test-threads=1",
             exe.display()
         ),
         &[(IN_GUEST, "1")],
     );
     assert!(
-        run.output.contains("test result: ok. 1 passed") && run.output.contains("PAUSE kernel-nbd"),
-        "the inner test did not pass in the guest (exit {})",
+        run.output.contains("test result: ok. 1 passed") && run.output.contains("REPORT "),
+        "{inner} did not pass in the guest (exit {})",
         run.status
     );
     assert_eq!(run.status, 0, "guest exit status");
-    // The measured pause goes to the real stderr, past the test harness's capture, so that
-    // `make test`'s log shows it on success too.
     use std::io::Write as _;
-    for line in run.output.lines().filter(|l| l.contains("PAUSE ")) {
+    for line in run.output.lines().filter(|l| l.contains("REPORT ")) {
         let _ = writeln!(std::io::stderr(), "kernel_nbd: {line}");
     }
+}
+
+#[test]
+fn ext4_on_kernel_nbd_survives_agent_kill_9() {
+    in_guest("inner_agent_kill_9");
+}
+
+#[test]
+fn a_device_whose_volume_moved_away_fails_with_eio_and_the_new_node_has_every_write() {
+    in_guest("inner_failed_over");
 }
 
 /// What the application saw.
@@ -219,7 +228,7 @@ fn inner_agent_kill_9() {
     let back = t.elapsed();
     let seen = app.stop();
     eprintln!(
-        "PAUSE kernel-nbd kill-9: longest write+fdatasync {:?}; acknowledged {} before, {} in all; back to {} more within {back:?}",
+        "REPORT kernel-nbd kill-9 pause: longest write+fdatasync {:?}; acknowledged {} before, {} in all; back to {} more within {back:?}",
         seen.longest, before, seen.acked, ACKS_AFTER
     );
     assert!(seen.errors.is_empty(), "I/O errors: {:?}", seen.errors);
@@ -247,4 +256,106 @@ fn inner_agent_kill_9() {
     );
     let listed = device_cli(&c, &["list", "-o", "json"]);
     assert!(!listed.contains(&dev), "device list after detach: {listed}");
+}
+
+/// The volume moves to n2 while n1's agent is dead (as an operator, or Kubernetes' failover,
+/// would move it). The restarted n1 agent must not serve its old device: the controller says
+/// the volume is elsewhere, so the device fails with EIO and the application stops there.
+/// n2 has every write the application saw acknowledged.
+#[test]
+#[ignore = "runs inside a guest kernel: a_device_whose_volume_moved_away_... starts it"]
+fn inner_failed_over() {
+    assert!(
+        std::env::var_os(IN_GUEST).is_some(),
+        "this test loads kernel modules and makes block devices: run it through its outer test"
+    );
+    let opts = ClusterOptions {
+        controller_args: vec!["--node-timeout-secs".into(), "3".into()],
+        ..ClusterOptions::default()
+    };
+    let mut c = Cluster::start_with("knbdfo", 2, opts);
+    c.attached_volume("fo", "256MiB", 2, "n1");
+    let dev = device_cli(&c, &["attach", "fo", "--frontend", "nbd"]);
+    let dev = dev.trim().to_owned();
+    sh("mkfs.ext4", &["-q", "-F", &dev]);
+    let mnt: PathBuf = c.agent("n1").data_dir.join("../mnt1");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    let mnt_s = mnt.display().to_string();
+    sh("mount", &[&dev, &mnt_s]);
+    let app = App::start(&mnt.join("app.log"));
+    app.wait_acks(ACKS_BEFORE);
+
+    c.kill_agent("n1");
+    let t = Instant::now();
+    hawser_e2e::wait_until("n1 offline", Duration::from_secs(60), || {
+        c.nodes()
+            .iter()
+            .any(|n| n.name == "n1" && n.state == hawser_api::controller::NodeState::Offline)
+    });
+    c.cli_ok(&["volume", "detach", "fo"]);
+    c.cli_ok(&["volume", "attach", "fo", "--node", "n2"]);
+    eprintln!(
+        "volume fo moved to n2 {:?} after n1's agent died",
+        t.elapsed()
+    );
+    c.restart_agent_from("n1", &hawser_e2e::cluster::hawser_bin(), false);
+    // The old device fails: the application's held write ends with EIO.
+    hawser_e2e::wait_until(
+        "the application to see EIO",
+        Duration::from_secs(120),
+        || !app.seen.lock().expect("lock").errors.is_empty(),
+    );
+    let seen = app.stop();
+    // The first failure is the device's EIO; ext4 may then turn read-only (EROFS).
+    assert!(
+        seen.errors
+            .first()
+            .is_some_and(|e| e.contains("os error 5")),
+        "not EIO: {:?}",
+        seen.errors
+    );
+    let listed = device_cli(&c, &["list", "-o", "json"]);
+    assert_eq!(listed.trim(), "[]", "n1 still lists a device");
+    // The kernel frees the disconnected device once its filesystem is unmounted.
+    sh("umount", &[&mnt_s]);
+    let index = dev.trim_start_matches("/dev/nbd");
+    hawser_e2e::wait_until(
+        "n1's old device to be freed",
+        Duration::from_secs(30),
+        || !Path::new(&format!("/sys/block/nbd{index}/backend")).exists(),
+    );
+
+    // On n2, through a kernel device of its own agent: every acknowledged write.
+    let sock2 = c
+        .agent("n2")
+        .data_dir
+        .join("device.sock")
+        .display()
+        .to_string();
+    let bin = hawser_e2e::cluster::hawser_bin().display().to_string();
+    let dev2 = sh(
+        &bin,
+        &[
+            "device",
+            "attach",
+            "fo",
+            "--frontend",
+            "nbd",
+            "--socket",
+            &sock2,
+        ],
+    );
+    let dev2 = dev2.trim().to_owned();
+    let mnt2 = c.agent("n2").data_dir.join("../mnt2");
+    std::fs::create_dir_all(&mnt2).expect("mount point");
+    let mnt2_s = mnt2.display().to_string();
+    sh("mount", &[&dev2, &mnt2_s]);
+    verify(&mnt2.join("app.log"), &seen);
+    eprintln!(
+        "REPORT kernel-nbd failover: the old device failed with EIO ({} errors), {} acknowledged writes all on n2 ({dev2})",
+        seen.errors.len(),
+        seen.acked
+    );
+    sh("umount", &[&mnt2_s]);
+    sh(&bin, &["device", "detach", "fo", "--socket", &sock2]);
 }

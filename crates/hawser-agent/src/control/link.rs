@@ -297,9 +297,11 @@ impl ControllerLink {
         }
     }
 
-    /// The node the controller says `volume` is attached to: `Ok(None)` when it is detached
-    /// or no longer exists, an error when no controller answered. A restarted agent asks
-    /// before it serves a kernel device it left behind (`frontends::devices`).
+    /// The node the controller says `volume` is attached to: `Ok(None)` when it is not
+    /// attached to this node (detached, elsewhere, or gone), an error when no controller
+    /// answered. A restarted agent asks before it serves a kernel device it left behind
+    /// (`frontends::devices`). Over TLS the controller shows a node only the volumes attached
+    /// to it and answers 403 for the rest, which is the answer here.
     pub async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>> {
         let path = format!("/v1/volumes/{volume}");
         let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
@@ -311,7 +313,9 @@ impl ControllerLink {
                         .map_err(|e| anyhow::anyhow!("bad answer for volume {volume}: {e}"))?;
                     return Ok(v.attached_node);
                 }
-                Reply::Refused { error: Some(e), .. } if e.code == ErrorCode::NotFound => {
+                Reply::Refused { error: Some(e), .. }
+                    if matches!(e.code, ErrorCode::NotFound | ErrorCode::Forbidden) =>
+                {
                     return Ok(None)
                 }
                 Reply::Refused { status, error } => {
