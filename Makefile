@@ -34,7 +34,7 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps deps-demo check-tools doctor build k8s-tools kvm-kernel ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps deps-demo check-tools doctor build upgrade-build k8s-tools kvm-kernel ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -88,6 +88,15 @@ ui: $(UI_MODULES)
 build: deps-demo
 	$(CARGO) build --release --workspace --bins
 
+# A second build of the same sources (it says so in --version), target/release/hawser-next:
+# the agent-upgrade test (e2e kernel_nbd) replaces a running agent with it. Only the hawser
+# crate is compiled again; the last command puts the first build back in place (cargo keeps
+# both, so that costs a copy, not a link).
+upgrade-build: build
+	$(CARGO) build --release -p hawser --features upgrade-test-build
+	cp target/release/hawser target/release/hawser-next
+	$(CARGO) build --release --workspace --bins
+
 # The end-to-end tests that run a second time with the controller on a real etcd
 # (HAWSER_E2E_STORE=etcd), so both store backends pass "Replicated volumes over NBD".
 E2E_ON_ETCD := --test replicated_volume --test bad_input
@@ -99,7 +108,7 @@ timed = set -o pipefail; $(2) 2>&1 | scripts/test-times.sh $(1) || { scripts/tes
 # Unit, simulation and integration tests, then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd; scripts/e2e.sh runs those that
 # can two at a time). Ends with the slowest test binaries and each step's time.
-test: check-tools deps build lint k8s-tools kvm-kernel $(UI_MODULES)
+test: check-tools deps build upgrade-build lint k8s-tools kvm-kernel $(UI_MODULES)
 	@scripts/test-times.sh --start
 	$(call timed,unit,$(CARGO) test --release --workspace --exclude hawser-e2e)
 	$(call timed,fuzz,scripts/fuzz.sh)

@@ -23,18 +23,19 @@
 # its exit status out; the host's 127.0.0.1 is 10.0.2.2 (QEMU user networking). No udev: poll
 # for device nodes. The 9p share caches (cache=loose): start a new guest after a rebuild.
 #
-# Settings: HAWSER_KVM_CACHE (~/.cache/hawser-kvm), HAWSER_KVM_MEM (2G), HAWSER_KVM_CPUS (2),
+# Settings: HAWSER_KVM_CACHE (~/.cache/hawser-kvm), HAWSER_KVM_MEM (2G), HAWSER_KVM_CPUS (1),
 # HAWSER_KVM_TIMEOUT (900 s), HAWSER_KVM_APPEND (more kernel arguments), HAWSER_KVM_MIRROR (the
 # Debian mirror; default the first of this machine's apt sources).
 set -euo pipefail
 
 CACHE=${HAWSER_KVM_CACHE:-$HOME/.cache/hawser-kvm}
 MEM=${HAWSER_KVM_MEM:-2G}
-# Two vCPUs, on two host threads (multi-threaded TCG, thread=multi below). Measured on this
-# 2-core machine kind: two busy guest processes finish in 5-6.6 s instead of 8.8-10 s on one
-# vCPU, one alone takes as long, the boot about 1 s longer (4.4 s to the command, not 2.9).
-# A test with a server and a client both in the guest is the case that gains.
-CPUS=${HAWSER_KVM_CPUS:-2}
+# One vCPU. Two, on two host threads (multi-threaded TCG), ran two busy guest processes in
+# 5-6.6 s instead of 8.8-10 s, but the kernel then sometimes dies early in boot with an
+# "Oops: int3" in code it was patching (jump labels: text_poke_bp's int3 seen by the other
+# vCPU after the patch was done; seen in one boot of the tests on 2026-11-28). A test must
+# not fail on that, so one vCPU unless asked.
+CPUS=${HAWSER_KVM_CPUS:-1}
 TIMEOUT=${HAWSER_KVM_TIMEOUT:-900}
 KERNEL=$CACHE/kernel
 # The modules the initramfs loads to reach the host: the rest come from the shared tree.

@@ -45,7 +45,7 @@ pub fn boot_script() -> PathBuf {
 /// from an empty environment: HOME, TERM and PATH only), in this process's working
 /// directory. Prints the guest's output as it comes, each line prefixed with `[name]`, and
 /// returns it with the exit status. `HAWSER_KVM_TIMEOUT` (900 s), `HAWSER_KVM_MEM` (2G) and
-/// `HAWSER_KVM_CPUS` (2) reach `boot.sh`. Panics when the guest kernel is not prepared.
+/// `HAWSER_KVM_CPUS` (1) reach `boot.sh`. Panics when the guest kernel is not prepared.
 pub fn run_in_guest(name: &str, command: &str, env: &[(&str, &str)]) -> GuestRun {
     let script = boot_script();
     // boot.sh never prepares the kernel (that downloads): say at once which step does.

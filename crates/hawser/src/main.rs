@@ -18,10 +18,17 @@ use crate::cli::client::Client;
 use crate::cli::output::OutputArg;
 use crate::cli::{cluster, device, events, node, pool, replica, snapshot, status, volume};
 
+/// `--version`; the upgrade test's second build names itself (Cargo.toml's features).
+const VERSION: &str = if cfg!(feature = "upgrade-test-build") {
+    concat!(env!("CARGO_PKG_VERSION"), " (upgrade-test build)")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "hawser",
-    version,
+    version = VERSION,
     about = "Replicated block storage for Kubernetes"
 )]
 struct Cli {
