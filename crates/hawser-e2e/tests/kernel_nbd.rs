@@ -80,6 +80,11 @@ fn ext4_on_kernel_nbd_survives_an_agent_upgrade() {
 }
 
 #[test]
+fn ext4_on_kernel_nbd_rides_out_a_hung_agent() {
+    in_guest("inner_agent_hang");
+}
+
+#[test]
 fn a_device_whose_volume_moved_away_fails_with_eio_and_the_new_node_has_every_write() {
     in_guest("inner_failed_over");
 }
@@ -240,6 +245,26 @@ fn inner_agent_upgrade() {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the agent's binary");
         let next = next.canonicalize().expect("the second build's path");
         assert_eq!(exe, next, "n1 does not run the second build");
+    });
+}
+
+/// The agent hangs (SIGSTOP) longer than the kernel's I/O timeout (5 s): the kernel gives up
+/// on the live connection, shuts it down and requeues its requests; once the agent runs
+/// again it sees the connection end, hands the kernel a new one, and the requests are served.
+#[test]
+#[ignore = "runs inside a guest kernel: ext4_on_kernel_nbd_rides_out_a_hung_agent starts it"]
+fn inner_agent_hang() {
+    survives("hang", |c| {
+        c.pause_agent("n1");
+        // The fault's length, not a wait for anything: longer than the 5 s I/O timeout.
+        std::thread::sleep(Duration::from_secs(8));
+        c.resume_agent("n1");
+        // The path under test: the agent replaced the connection the kernel gave up on.
+        hawser_e2e::wait_until(
+            "n1 to replace the connection",
+            Duration::from_secs(60),
+            || c.log("n1").contains("kernel NBD connection replaced"),
+        );
     });
 }
 
