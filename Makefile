@@ -125,8 +125,10 @@ fuzz: deps
 demo: build
 	@scripts/demo.sh
 
-bench: deps build k8s-tools
+bench: deps build k8s-tools kvm-kernel
 	@scripts/bench.sh
+	@# The frontends (kernel NBD, nbdfuse) in one guest kernel: ratios only (software emulation).
+	@scripts/bench-frontends.sh
 	@scripts/bench-resync.sh
 	@scripts/bench-snapshots.sh
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# `make bench`, the frontends part: the same 2-replica volume configuration reached through
+# each way a node can make it a block device, measured inside one QEMU guest in one run
+# (scripts/kvm/boot.sh; this machine's own kernel has no nbd module):
+#   baseline    a file on the guest's /tmp (where the replicas live too)
+#   kernel-nbd  /dev/nbdN, served by the agent itself (hawser device attach --frontend nbd)
+#   nbdfuse     nbdfuse + a loop device on the agent's NBD socket, as the CSI node's fallback
+# The guest runs under software emulation (TCG), so only the ratios between targets mean
+# anything, never the absolute figures; `hawser bench` prints both, with CPU time per request
+# of the agents. ublk joins when its frontend lands (issue 42).
+# Environment: BENCH_RUNTIME (s, default 10), BENCH_SIZE (default 192MiB: two volumes of two
+# replicas each must fit the guest's /tmp), BENCH_TESTS (default all 8).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" != "--in-guest" ]; then
+  [ -x target/release/hawser ] || { echo "no target/release/hawser: run make build" >&2; exit 1; }
+  out="$PWD/bench-frontends.out"
+  HAWSER_KVM_MEM=${HAWSER_KVM_MEM:-3G} scripts/kvm/boot.sh \
+    --env "BENCH_RUNTIME=${BENCH_RUNTIME:-10}" --env "BENCH_SIZE=${BENCH_SIZE:-192MiB}" \
+    --env "BENCH_TESTS=${BENCH_TESTS:-}" -- "bash scripts/bench-frontends.sh --in-guest" | tee "$out"
+  exit "${PIPESTATUS[0]}"
+fi
+
+# --- in the guest ------------------------------------------------------------------------
+HAWSER="$PWD/target/release/hawser"
+B=/tmp/bench-frontends
+RUNTIME=${BENCH_RUNTIME:-10}
+SIZE=${BENCH_SIZE:-192MiB}
+TESTS=${BENCH_TESTS:-randwrite_fsync,randwrite_jobs4,randwrite,write,randread_fsync,randread_jobs4,randread,read}
+export HAWSER_CONTROLLER="https://127.0.0.1:9410"
+export HAWSER_TOKEN_FILE="$B/controller/admin.token" HAWSER_CA_FILE="$B/controller/ca.pem"
+mkdir -p "$B/logs"
+"$HAWSER" controller --listen 127.0.0.1:9410 --data-dir "$B/controller" >"$B/logs/controller.log" 2>&1 &
+for _ in $(seq 1 300); do "$HAWSER" node list >/dev/null 2>&1 && break; sleep 0.2; done
+"$HAWSER" cluster join-token --uses 2 >"$B/join.token"
+agents=()
+for i in 1 2; do
+  "$HAWSER" agent --node "b$i" --data-dir "$B/b$i" --controller "$HAWSER_CONTROLLER" \
+    --join-token-file "$B/join.token" \
+    --admin-listen "127.0.0.1:952$i" --replica-listen "127.0.0.1:962$i" --nbd-listen none \
+    >"$B/logs/b$i.log" 2>&1 &
+  agents+=($!)
+done
+for _ in $(seq 1 300); do
+  n=$("$HAWSER" node list -o json 2>/dev/null | grep -o '"state": *"online"' | wc -l || true)
+  [ "$n" -ge 2 ] && break
+  sleep 0.2
+done
+for v in vk vf; do
+  "$HAWSER" volume create "$v" --size "$SIZE" --replicas 2 --checksums off >/dev/null
+  "$HAWSER" volume attach "$v" --node b1 >/dev/null
+done
+knbd=$("$HAWSER" device attach vk --frontend nbd --socket "$B/b1/device.sock")
+mkdir -p "$B/fuse"
+nbdfuse "$B/fuse/vf" "nbd+unix:///vf?socket=$B/b1/nbd.sock" &
+fuse_pid=$!
+for _ in $(seq 1 300); do [ -s "$B/fuse/vf" ] && break; sleep 0.1; done
+loop=$(losetup --find --show "$B/fuse/vf")
+losetup --direct-io=on "$loop" 2>/dev/null || echo "the nbdfuse loop device stays buffered"
+echo "kernel-nbd: $knbd; nbdfuse: $loop on $B/fuse/vf"
+
+"$HAWSER" bench --runtime "$RUNTIME" --size "$SIZE" --tests "$TESTS" --json "$B/bench.json" --no-charts \
+  --target "baseline=file:$B/baseline.img" \
+  --target "kernel-nbd=file:$knbd" \
+  --target "nbdfuse=file:$loop" \
+  --monitor-pid "agent-b1=${agents[0]}" --monitor-pid "agent-b2=${agents[1]}" --monitor-pid "nbdfuse=$fuse_pid" \
+  --targets-ratio kernel-nbd:nbdfuse
+
+losetup -d "$loop"
+fusermount3 -u "$B/fuse" 2>/dev/null || umount "$B/fuse/vf" 2>/dev/null || true
+"$HAWSER" device detach vk --socket "$B/b1/device.sock"
