@@ -280,16 +280,7 @@ impl DeviceManager {
                 Err(e) => return Err(e),
             }
         }
-        let mut r = Record {
-            volume_id: id.into(),
-            uri: uri.into(),
-            read_only,
-            fuse_dir: self.state_dir.join("fuse").join(id),
-            pid: None,
-            loop_device: None,
-            frontend: fuse(),
-            kernel_device: None,
-        };
+        let mut r = self.new_record(id, uri, read_only, fuse());
         self.save(&r)?;
         match self.bring_up(&mut r) {
             Ok(d) => Ok(d),
@@ -299,6 +290,20 @@ impl DeviceManager {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// What is recorded before a device is made: nothing of it exists yet.
+    fn new_record(&self, id: &str, uri: &str, read_only: bool, frontend: String) -> Record {
+        Record {
+            volume_id: id.into(),
+            uri: uri.into(),
+            read_only,
+            fuse_dir: self.state_dir.join("fuse").join(id),
+            pid: None,
+            loop_device: None,
+            frontend,
+            kernel_device: None,
         }
     }
 
@@ -312,16 +317,7 @@ impl DeviceManager {
         read_only: bool,
         frontend: Frontend,
     ) -> Result<StagedDevice> {
-        let mut r = Record {
-            volume_id: id.into(),
-            uri: uri.into(),
-            read_only,
-            fuse_dir: self.state_dir.join("fuse").join(id),
-            pid: None,
-            loop_device: None,
-            frontend: frontend.as_str().to_owned(),
-            kernel_device: None,
-        };
+        let mut r = self.new_record(id, uri, read_only, frontend.as_str().to_owned());
         self.save(&r)?;
         let agent = DeviceClient::new(&self.agent_socket);
         let made = agent

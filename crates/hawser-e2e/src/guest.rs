@@ -115,3 +115,44 @@ fn echo_lines(name: &str, stream: impl Read + Send + 'static) -> thread::JoinHan
         all
     })
 }
+
+/// Set by [`run_inner_test`] in the guest; an inner test refuses to run without it (it loads
+/// modules and makes block devices: [`assert_in_guest`]).
+pub const IN_GUEST: &str = "HAWSER_E2E_IN_GUEST";
+
+/// Runs `inner`, an ignored test of the calling test binary, in a new guest (`--exact`,
+/// `--include-ignored`), with [`IN_GUEST`] and `env` set, and asserts that it passed. Its
+/// lines with `REPORT ` (what it measured) go to the real stderr, past the test harness's
+/// capture, so `make test`'s log shows them on success too.
+pub fn run_inner_test(inner: &str, env: &[(&str, &str)]) -> GuestRun {
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut all = vec![(IN_GUEST, "1")];
+    all.extend_from_slice(env);
+    let run = run_in_guest(
+        inner,
+        &format!(
+            "{} --exact {inner} --include-ignored --nocapture --test-threads=1",
+            exe.display()
+        ),
+        &all,
+    );
+    assert!(
+        run.output.contains("test result: ok. 1 passed") && run.output.contains("REPORT "),
+        "{inner} did not pass in the guest (exit {})",
+        run.status
+    );
+    assert_eq!(run.status, 0, "{inner}: the guest's exit status");
+    use std::io::Write as _;
+    for line in run.output.lines().filter(|l| l.contains("REPORT ")) {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
+    run
+}
+
+/// Panics unless this process runs in a guest started by [`run_inner_test`].
+pub fn assert_in_guest() {
+    assert!(
+        std::env::var_os(IN_GUEST).is_some(),
+        "this test loads kernel modules and makes block devices: its outer test runs it in a guest"
+    );
+}

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use hawser_e2e::sanity::specs;
-use hawser_e2e::{k8s_tool, Cluster, CsiProc};
+use hawser_e2e::sanity::{csi_sanity, specs};
+use hawser_e2e::{Cluster, CsiProc};
 
 /// Skip messages csi-sanity gives for capabilities Hawser does not advertise. Anything else
 /// skipped fails the test: a skip must be a decision, written down in docs/csi.md.
@@ -42,25 +42,12 @@ fn run_sanity(csi: &CsiProc, kind: &str, extra: &[&str]) {
     )
     .expect("write the mutable parameters");
     let start = Instant::now();
-    let out = Command::new(k8s_tool("csi-sanity"))
-        .arg(format!("--csi.endpoint={}", csi.endpoint.display()))
-        .arg(format!(
-            "--csi.mountdir={}",
-            csi.kubelet_dir.join("target").display()
-        ))
-        .arg(format!(
-            "--csi.stagingdir={}",
-            csi.kubelet_dir.join("staging").display()
-        ))
-        .arg(format!("--csi.testvolumesize={}", 64 << 20))
-        .arg(format!("--csi.testvolumeexpandsize={}", 128 << 20))
-        .arg(format!("--ginkgo.json-report={}", report.display()))
+    let out = csi_sanity(csi, &report)
         .arg("--csi.testnodevolumeattachlimit")
         .arg(format!(
             "--csi.testvolumemutableparameters={}",
             mutable.display()
         ))
-        .arg("--ginkgo.timeout=20m")
         .args(extra)
         .output()
         .expect("run csi-sanity");

@@ -5,44 +5,24 @@
 
 use std::process::Command;
 
-use hawser_e2e::sanity::specs;
+use hawser_e2e::sanity::{csi_sanity, specs};
 use hawser_e2e::{k8s_tool, Cluster, CsiOptions, CsiProc};
-
-const IN_GUEST: &str = "HAWSER_E2E_IN_GUEST";
 
 #[test]
 fn csi_sanity_node_specs_on_kernel_nbd() {
-    let exe = std::env::current_exe().expect("test binary");
     // The Kubernetes tools' directory, as this process finds it (make test may set it).
     let sanity = k8s_tool("csi-sanity");
     let bin_dir = sanity.parent().expect("tool dir").display().to_string();
-    let run = hawser_e2e::guest::run_in_guest(
-        "kernel-csi",
-        &format!(
-            "{} --exact inner_csi_sanity_node_specs --include-ignored --nocapture --test-threads=1",
-            exe.display()
-        ),
-        &[(IN_GUEST, "1"), ("HAWSER_K8S_BIN", &bin_dir)],
+    hawser_e2e::guest::run_inner_test(
+        "inner_csi_sanity_node_specs",
+        &[("HAWSER_K8S_BIN", &bin_dir)],
     );
-    assert!(
-        run.output.contains("test result: ok. 1 passed") && run.output.contains("SANITY "),
-        "the inner test did not pass in the guest (exit {})",
-        run.status
-    );
-    assert_eq!(run.status, 0, "guest exit status");
-    use std::io::Write as _;
-    for line in run.output.lines().filter(|l| l.contains("SANITY ")) {
-        let _ = writeln!(std::io::stderr(), "kernel_csi: {line}");
-    }
 }
 
 #[test]
 #[ignore = "runs inside a guest kernel: csi_sanity_node_specs_on_kernel_nbd starts it"]
 fn inner_csi_sanity_node_specs() {
-    assert!(
-        std::env::var_os(IN_GUEST).is_some(),
-        "this test loads kernel modules and makes block devices: run it through its outer test"
-    );
+    hawser_e2e::guest::assert_in_guest();
     let c = Cluster::start("kcsi", 2);
     let csi = CsiProc::start_with(
         &c,
@@ -56,23 +36,10 @@ fn inner_csi_sanity_node_specs() {
     let params = csi.dir.join("parameters.yaml");
     std::fs::write(&params, "frontend: nbd\n").expect("write the parameters");
     let report = csi.dir.join("sanity-node.json");
-    let out = Command::new(k8s_tool("csi-sanity"))
-        .arg(format!("--csi.endpoint={}", csi.endpoint.display()))
-        .arg(format!(
-            "--csi.mountdir={}",
-            csi.kubelet_dir.join("target").display()
-        ))
-        .arg(format!(
-            "--csi.stagingdir={}",
-            csi.kubelet_dir.join("staging").display()
-        ))
-        .arg(format!("--csi.testvolumesize={}", 64 << 20))
-        // The guest's pools are on its /tmp, a tmpfs of half its memory.
-        .arg(format!("--csi.testvolumeexpandsize={}", 128 << 20))
+    // The guest's pools are on its /tmp, a tmpfs of half its memory: small volumes.
+    let out = csi_sanity(&csi, &report)
         .arg(format!("--csi.testvolumeparameters={}", params.display()))
         .arg("--ginkgo.focus=Node Service")
-        .arg(format!("--ginkgo.json-report={}", report.display()))
-        .arg("--ginkgo.timeout=20m")
         .output()
         .expect("run csi-sanity");
     let specs = specs(&report);
@@ -93,7 +60,7 @@ fn inner_csi_sanity_node_specs() {
         .matches("staged on a kernel device served by the agent")
         .count();
     eprintln!(
-        "SANITY node specs on kernel NBD: {passed} passed, {} skipped; {kernel_stages} stages on a kernel device",
+        "REPORT kernel-csi node specs on kernel NBD: {passed} passed, {} skipped; {kernel_stages} stages on a kernel device",
         specs.iter().filter(|s| s.0 == "skipped").count()
     );
     assert!(passed >= 10, "only {passed} node specs passed: {specs:#?}");

@@ -20,9 +20,6 @@ use std::time::{Duration, Instant};
 use hawser_e2e::write_log::block_content;
 use hawser_e2e::{Cluster, ClusterOptions};
 
-/// Set in the guest by the outer test; the inner tests refuse to run without it (they load
-/// modules and make block devices).
-const IN_GUEST: &str = "HAWSER_E2E_IN_GUEST";
 /// The second build the upgrade test replaces the agent with (`make upgrade-build`).
 const NEXT_BIN: &str = "HAWSER_NEXT_BIN";
 /// Blocks of the application's file (4 KiB each).
@@ -45,28 +42,8 @@ fn next_bin() -> String {
     next.display().to_string()
 }
 
-/// Runs the inner test `inner` (ignored outside a guest) in a new guest; prints its `PAUSE`
-/// and `FAILOVER` lines past the harness's capture, so `make test`'s log shows them.
 fn in_guest(inner: &str) {
-    let exe = std::env::current_exe().expect("test binary");
-    let run = hawser_e2e::guest::run_in_guest(
-        inner,
-        &format!(
-            "{} --exact {inner} --include-ignored --nocapture --test-threads=1",
-            exe.display()
-        ),
-        &[(IN_GUEST, "1"), (NEXT_BIN, &next_bin())],
-    );
-    assert!(
-        run.output.contains("test result: ok. 1 passed") && run.output.contains("REPORT "),
-        "{inner} did not pass in the guest (exit {})",
-        run.status
-    );
-    assert_eq!(run.status, 0, "guest exit status");
-    use std::io::Write as _;
-    for line in run.output.lines().filter(|l| l.contains("REPORT ")) {
-        let _ = writeln!(std::io::stderr(), "kernel_nbd: {line}");
-    }
+    hawser_e2e::guest::run_inner_test(inner, &[(NEXT_BIN, &next_bin())]);
 }
 
 #[test]
@@ -272,10 +249,7 @@ fn inner_agent_hang() {
 /// agent away and brings one back: it sees a pause, no error, and loses nothing it saw
 /// acknowledged.
 fn survives(what: &str, restart: impl FnOnce(&mut Cluster)) {
-    assert!(
-        std::env::var_os(IN_GUEST).is_some(),
-        "this test loads kernel modules and makes block devices: run it through its outer test"
-    );
+    hawser_e2e::guest::assert_in_guest();
     let mut c = Cluster::start("knbd", 2);
     c.attached_volume("kv", "256MiB", 2, "n1");
     let dev = device_cli(&c, &["attach", "kv", "--frontend", "nbd"]);
@@ -336,10 +310,7 @@ fn survives(what: &str, restart: impl FnOnce(&mut Cluster)) {
 #[test]
 #[ignore = "runs inside a guest kernel: a_device_whose_volume_moved_away_... starts it"]
 fn inner_failed_over() {
-    assert!(
-        std::env::var_os(IN_GUEST).is_some(),
-        "this test loads kernel modules and makes block devices: run it through its outer test"
-    );
+    hawser_e2e::guest::assert_in_guest();
     let opts = ClusterOptions {
         controller_args: vec!["--node-timeout-secs".into(), "3".into()],
         ..ClusterOptions::default()
@@ -443,10 +414,7 @@ fn stale_devices_and_records_are_cleaned_at_agent_start() {
 #[test]
 #[ignore = "runs inside a guest kernel: stale_devices_and_records_are_cleaned_at_agent_start starts it"]
 fn inner_stale() {
-    assert!(
-        std::env::var_os(IN_GUEST).is_some(),
-        "this test loads kernel modules and makes block devices: run it through its outer test"
-    );
+    hawser_e2e::guest::assert_in_guest();
     let mut c = Cluster::start("knbdstale", 2);
     c.attached_volume("sv", "64MiB", 2, "n1");
     let dev = device_cli(&c, &["attach", "sv", "--frontend", "nbd"]);

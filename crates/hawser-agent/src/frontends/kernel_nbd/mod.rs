@@ -59,12 +59,11 @@ pub async fn connect(
         server_flags: u64::from(TRANSMISSION_FLAGS),
         backend: backend.clone(),
     };
-    let index = tokio::task::spawn_blocking(move || {
+    let index = netlink_call("connect", move || {
         let fds: Vec<i32> = kernel.iter().map(|k| k.as_raw_fd()).collect();
         NbdNetlink::open()?.connect(&cfg, &fds)
     })
-    .await
-    .map_err(|e| std::io::Error::other(format!("connect task: {e}")))??;
+    .await?;
     Ok(DeviceLink::serve(index, backend, export, ours, shutdown)?)
 }
 
@@ -79,21 +78,28 @@ pub async fn reconnect(
 ) -> Result<DeviceLink, KernelNbdError> {
     let (kernel, ours) = pairs(settings.connections)?;
     let name = backend.clone();
-    tokio::task::spawn_blocking(move || {
+    netlink_call("reconfigure", move || {
         let fds: Vec<i32> = kernel.iter().map(|k| k.as_raw_fd()).collect();
         NbdNetlink::open()?.reconfigure(index, &name, &fds)
     })
-    .await
-    .map_err(|e| std::io::Error::other(format!("reconfigure task: {e}")))??;
+    .await?;
     Ok(DeviceLink::serve(index, backend, export, ours, shutdown)?)
 }
 
 /// End device `index` (its I/O fails with EIO), without serving it first.
 pub async fn disconnect(index: u32) -> Result<(), KernelNbdError> {
-    tokio::task::spawn_blocking(move || NbdNetlink::open()?.disconnect(index))
+    netlink_call("disconnect", move || NbdNetlink::open()?.disconnect(index)).await
+}
+
+/// Runs a netlink exchange (`what`) on the blocking pool.
+async fn netlink_call<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, NetlinkError> + Send + 'static,
+) -> Result<T, KernelNbdError> {
+    let done = tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| std::io::Error::other(format!("disconnect task: {e}")))??;
-    Ok(())
+        .map_err(|e| std::io::Error::other(format!("{what} task: {e}")))?;
+    Ok(done?)
 }
 
 type Pairs = (
