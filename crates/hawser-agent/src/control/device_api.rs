@@ -30,7 +30,7 @@ pub fn router(devices: Arc<Devices>) -> Router {
 
 fn error(e: DeviceError) -> Response {
     let code = match &e {
-        DeviceError::NotAttachedHere(_) | DeviceError::OtherFrontend { .. } => ErrorCode::Conflict,
+        DeviceError::NotAttachedHere(_) => ErrorCode::Conflict,
         DeviceError::NoDevice(_) => ErrorCode::NotFound,
         DeviceError::UnknownFrontend(_) => ErrorCode::InvalidArgument,
         // The caller (the CSI node service) falls back to the next frontend.

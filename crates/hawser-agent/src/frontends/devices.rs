@@ -44,12 +44,6 @@ pub enum DeviceError {
     NotAttachedHere(String),
     #[error("volume {0} has no kernel device on this node")]
     NoDevice(String),
-    #[error("volume {volume} already has a device here: {path} ({frontend})")]
-    OtherFrontend {
-        volume: String,
-        frontend: String,
-        path: String,
-    },
     #[error("unknown frontend {0:?}: expected auto, ublk or nbd")]
     UnknownFrontend(String),
     #[error("no kernel frontend on this node: {0}")]

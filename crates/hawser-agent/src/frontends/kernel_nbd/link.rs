@@ -48,7 +48,6 @@ pub(crate) fn pair() -> std::io::Result<(OwnedFd, StdUnixStream)> {
 /// The live connections of one device.
 pub struct DeviceLink {
     pub index: u32,
-    backend: String,
     /// Set before a deliberate DISCONNECT: a slot whose stream ends does not reconnect.
     detaching: Arc<AtomicBool>,
     tasks: JoinSet<()>,
@@ -80,14 +79,9 @@ impl DeviceLink {
         }
         Ok(DeviceLink {
             index,
-            backend,
             detaching,
             tasks,
         })
-    }
-
-    pub fn backend(&self) -> &str {
-        &self.backend
     }
 
     /// DISCONNECT the device (what is queued fails with EIO) and wait for its connections to

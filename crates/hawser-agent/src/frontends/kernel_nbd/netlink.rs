@@ -234,8 +234,3 @@ pub fn backend_of(index: u32) -> Option<String> {
     let t = text.trim_end();
     (!t.is_empty()).then(|| t.to_owned())
 }
-
-/// Whether `/dev/nbd{index}` has a live configuration (a `pid` file appears while it does).
-pub fn is_configured(index: u32) -> bool {
-    std::path::Path::new(&format!("/sys/block/nbd{index}/pid")).exists()
-}
