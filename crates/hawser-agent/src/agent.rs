@@ -22,7 +22,9 @@ use crate::control::link::{ControllerLink, LinkAuth};
 use crate::engine::rate_limit::{parse_rate, ResyncRates};
 use crate::engine::registry::Engines;
 use crate::frontends::devices::Devices;
+use crate::frontends::kernel::Settings as KernelSettings;
 use crate::frontends::kernel_nbd::KernelNbdSettings;
+use crate::frontends::ublk::UblkSettings;
 use crate::observe::metrics::AgentMetrics;
 use crate::storage::pools::NodeStorage;
 use crate::tls::node::NodeTls;
@@ -124,6 +126,12 @@ pub struct AgentArgs {
     /// before failing it with EIO.
     #[arg(long, default_value_t = DEFAULT_KERNEL_DEAD_CONN_TIMEOUT.as_secs())]
     pub kernel_dead_conn_timeout: u64,
+    /// Queues per ublk device (at most one per CPU), each served by a thread of its own.
+    #[arg(long, default_value_t = 1)]
+    pub ublk_queues: u16,
+    /// Requests in flight per ublk queue.
+    #[arg(long, default_value_t = 64)]
+    pub ublk_queue_depth: u16,
 }
 
 /// Parse `KEY=VALUE` (a node label).
@@ -383,10 +391,19 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         &args.node,
         engines.clone(),
         Arc::new(ControllerLink::new(&args.controller).with_auth(&link)),
-        KernelNbdSettings {
-            connections: args.kernel_nbd_connections.clamp(1, 16),
-            io_timeout: std::time::Duration::from_secs(args.kernel_nbd_io_timeout.max(1)),
-            dead_conn_timeout: std::time::Duration::from_secs(args.kernel_dead_conn_timeout.max(1)),
+        KernelSettings {
+            nbd: KernelNbdSettings {
+                connections: args.kernel_nbd_connections.clamp(1, 16),
+                io_timeout: std::time::Duration::from_secs(args.kernel_nbd_io_timeout.max(1)),
+                dead_conn_timeout: std::time::Duration::from_secs(
+                    args.kernel_dead_conn_timeout.max(1),
+                ),
+            },
+            ublk: UblkSettings {
+                queues: args.ublk_queues.clamp(1, 64),
+                depth: args.ublk_queue_depth.clamp(1, 4096),
+                ..UblkSettings::default()
+            },
         },
         devices_stop_rx.clone(),
     ));

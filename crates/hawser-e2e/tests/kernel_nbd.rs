@@ -42,8 +42,44 @@ fn next_bin() -> String {
     next.display().to_string()
 }
 
+/// Which frontend an inner test drives (`nbd` or `ublk`).
+const FRONTEND: &str = "HAWSER_E2E_FRONTEND";
+
 fn in_guest(inner: &str) {
-    hawser_e2e::guest::run_inner_test(inner, &[(NEXT_BIN, &next_bin())]);
+    in_guest_with(inner, "nbd");
+}
+
+fn in_guest_with(inner: &str, frontend: &str) {
+    hawser_e2e::guest::run_inner_test(inner, &[(NEXT_BIN, &next_bin()), (FRONTEND, frontend)]);
+}
+
+/// The frontend under test, inside the guest.
+#[derive(Clone, Copy)]
+struct Front(&'static str);
+
+impl Front {
+    fn from_env() -> Front {
+        match std::env::var(FRONTEND).as_deref() {
+            Ok("ublk") => Front("ublk"),
+            _ => Front("nbd"),
+        }
+    }
+    fn prefix(self) -> &'static str {
+        match self.0 {
+            "ublk" => "/dev/ublkb",
+            _ => "/dev/nbd",
+        }
+    }
+    fn index(self, dev: &str) -> String {
+        dev.trim().trim_start_matches(self.prefix()).to_owned()
+    }
+    /// Whether the kernel still has device `index` configured.
+    fn exists(self, index: &str) -> bool {
+        match self.0 {
+            "ublk" => Path::new(&format!("/sys/class/ublk-char/ublkc{index}")).exists(),
+            _ => Path::new(&format!("/sys/block/nbd{index}/pid")).exists(),
+        }
+    }
 }
 
 #[test]
@@ -64,6 +100,31 @@ fn ext4_on_kernel_nbd_rides_out_a_hung_agent() {
 #[test]
 fn a_device_whose_volume_moved_away_fails_with_eio_and_the_new_node_has_every_write() {
     in_guest("inner_failed_over");
+}
+
+#[test]
+fn ext4_on_ublk_survives_agent_kill_9() {
+    in_guest_with("inner_agent_kill_9", "ublk");
+}
+
+#[test]
+fn ext4_on_ublk_survives_an_agent_upgrade() {
+    in_guest_with("inner_agent_upgrade", "ublk");
+}
+
+#[test]
+fn ext4_on_ublk_rides_out_a_hung_agent() {
+    in_guest_with("inner_agent_hang", "ublk");
+}
+
+#[test]
+fn a_ublk_device_whose_volume_moved_away_fails_with_eio_and_the_new_node_has_every_write() {
+    in_guest_with("inner_failed_over", "ublk");
+}
+
+#[test]
+fn stale_ublk_devices_and_records_are_cleaned_at_agent_start() {
+    in_guest_with("inner_stale", "ublk");
 }
 
 /// What the application saw.
@@ -236,6 +297,10 @@ fn inner_agent_hang() {
         // The fault's length, not a wait for anything: longer than the 5 s I/O timeout.
         std::thread::sleep(Duration::from_secs(8));
         c.resume_agent("n1");
+        if Front::from_env().0 == "ublk" {
+            // ublk has no I/O timeout: the requests simply wait for the agent.
+            return;
+        }
         // The path under test: the agent replaced the connection the kernel gave up on.
         hawser_e2e::wait_until(
             "n1 to replace the connection",
@@ -250,11 +315,12 @@ fn inner_agent_hang() {
 /// acknowledged.
 fn survives(what: &str, restart: impl FnOnce(&mut Cluster)) {
     hawser_e2e::guest::assert_in_guest();
+    let front = Front::from_env();
     let mut c = Cluster::start("knbd", 2);
     c.attached_volume("kv", "256MiB", 2, "n1");
-    let dev = device_cli(&c, &["attach", "kv", "--frontend", "nbd"]);
+    let dev = device_cli(&c, &["attach", "kv", "--frontend", front.0]);
     let dev = dev.trim().to_owned();
-    assert!(dev.starts_with("/dev/nbd"), "{dev}");
+    assert!(dev.starts_with(front.prefix()), "{dev}");
     eprintln!("volume kv is {dev}");
     sh("mkfs.ext4", &["-q", "-F", &dev]);
     let mnt: PathBuf = c.agent("n1").data_dir.join("../mnt");
@@ -273,8 +339,8 @@ fn survives(what: &str, restart: impl FnOnce(&mut Cluster)) {
     let back = t.elapsed();
     let seen = app.stop();
     eprintln!(
-        "REPORT kernel-nbd {what} pause: longest write+fdatasync {:?}; acknowledged {} before, {} in all; back to {} more within {back:?}",
-        seen.longest, before, seen.acked, ACKS_AFTER
+        "REPORT {} {what} pause: longest write+fdatasync {:?}; acknowledged {} before, {} in all; back to {} more within {back:?}",
+        front.0, seen.longest, before, seen.acked, ACKS_AFTER
     );
     assert!(seen.errors.is_empty(), "I/O errors: {:?}", seen.errors);
     let listed = device_cli(&c, &["list", "-o", "json"]);
@@ -294,9 +360,8 @@ fn survives(what: &str, restart: impl FnOnce(&mut Cluster)) {
     sh("umount", &[&mnt_s]);
 
     device_cli(&c, &["detach", "kv"]);
-    let index = dev.trim_start_matches("/dev/nbd");
     assert!(
-        !Path::new(&format!("/sys/block/nbd{index}/pid")).exists(),
+        !front.exists(&front.index(&dev)),
         "{dev} is still configured after detach"
     );
     let listed = device_cli(&c, &["list", "-o", "json"]);
@@ -311,13 +376,14 @@ fn survives(what: &str, restart: impl FnOnce(&mut Cluster)) {
 #[ignore = "runs inside a guest kernel: a_device_whose_volume_moved_away_... starts it"]
 fn inner_failed_over() {
     hawser_e2e::guest::assert_in_guest();
+    let front = Front::from_env();
     let opts = ClusterOptions {
         controller_args: vec!["--node-timeout-secs".into(), "3".into()],
         ..ClusterOptions::default()
     };
     let mut c = Cluster::start_with("knbdfo", 2, opts);
     c.attached_volume("fo", "256MiB", 2, "n1");
-    let dev = device_cli(&c, &["attach", "fo", "--frontend", "nbd"]);
+    let dev = device_cli(&c, &["attach", "fo", "--frontend", front.0]);
     let dev = dev.trim().to_owned();
     sh("mkfs.ext4", &["-q", "-F", &dev]);
     let mnt: PathBuf = c.agent("n1").data_dir.join("../mnt1");
@@ -360,11 +426,15 @@ fn inner_failed_over() {
     assert_eq!(listed.trim(), "[]", "n1 still lists a device");
     // The kernel frees the disconnected device once its filesystem is unmounted.
     sh("umount", &[&mnt_s]);
-    let index = dev.trim_start_matches("/dev/nbd");
+    let index = front.index(&dev);
+    let freed = |index: &str| match front.0 {
+        "ublk" => !front.exists(index),
+        _ => !Path::new(&format!("/sys/block/nbd{index}/backend")).exists(),
+    };
     hawser_e2e::wait_until(
         "n1's old device to be freed",
         Duration::from_secs(30),
-        || !Path::new(&format!("/sys/block/nbd{index}/backend")).exists(),
+        || freed(&index),
     );
 
     // On n2, through a kernel device of its own agent: every acknowledged write.
@@ -382,7 +452,7 @@ fn inner_failed_over() {
             "attach",
             "fo",
             "--frontend",
-            "nbd",
+            front.0,
             "--socket",
             &sock2,
         ],
@@ -394,7 +464,8 @@ fn inner_failed_over() {
     sh("mount", &[&dev2, &mnt2_s]);
     verify(&mnt2.join("app.log"), &seen);
     eprintln!(
-        "REPORT kernel-nbd failover: the old device failed with EIO ({} errors), {} acknowledged writes all on n2 ({dev2})",
+        "REPORT {} failover: the old device failed with EIO ({} errors), {} acknowledged writes all on n2 ({dev2})",
+        front.0,
         seen.errors.len(),
         seen.acked
     );
@@ -415,26 +486,29 @@ fn stale_devices_and_records_are_cleaned_at_agent_start() {
 #[ignore = "runs inside a guest kernel: stale_devices_and_records_are_cleaned_at_agent_start starts it"]
 fn inner_stale() {
     hawser_e2e::guest::assert_in_guest();
+    let front = Front::from_env();
     let mut c = Cluster::start("knbdstale", 2);
     c.attached_volume("sv", "64MiB", 2, "n1");
-    let dev = device_cli(&c, &["attach", "sv", "--frontend", "nbd"]);
-    let index = dev.trim().trim_start_matches("/dev/nbd").to_owned();
-    let backend = format!("/sys/block/nbd{index}/backend");
-    assert!(Path::new(&backend).exists(), "{dev} has no backend id");
+    let dev = device_cli(&c, &["attach", "sv", "--frontend", front.0]);
+    let index = front.index(&dev);
+    assert!(front.exists(&index), "{dev} is not configured");
     let records = c.agent("n1").data_dir.join("devices");
     c.kill_agent("n1");
     std::fs::remove_file(records.join("sv.json")).expect("remove the device's record");
     // A record of a device the kernel does not have.
     std::fs::write(
         records.join("gone.json"),
-        r#"{"volume":"gone","frontend":"nbd","index":15,"connections":1,"size_bytes":4096}"#,
+        format!(
+            r#"{{"volume":"gone","frontend":"{}","index":15,"connections":1,"size_bytes":4096}}"#,
+            front.0
+        ),
     )
     .expect("write a stale record");
     c.restart_agent_from("n1", &hawser_e2e::cluster::hawser_bin(), false);
     hawser_e2e::wait_until(
-        "the unrecorded device to be disconnected",
+        "the unrecorded device to be ended",
         Duration::from_secs(60),
-        || !Path::new(&backend).exists(),
+        || !front.exists(&index),
     );
     hawser_e2e::wait_until("the stale record to go", Duration::from_secs(60), || {
         !records.join("gone.json").exists()
@@ -443,7 +517,7 @@ fn inner_stale() {
     assert_eq!(listed.trim(), "[]", "devices after the restart");
     let log = c.log("n1");
     assert!(
-        log.contains("a Hawser device without a record; disconnecting it"),
+        log.contains("a Hawser device without a record; ending it"),
         "{log}"
     );
     // The volume's engine is back (the controller restarts it), and a device can be made again.
@@ -453,8 +527,8 @@ fn inner_stale() {
             .iter()
             .any(|e| e.volume == "sv")
     });
-    let again = device_cli(&c, &["attach", "sv", "--frontend", "nbd"]);
-    assert!(again.trim().starts_with("/dev/nbd"), "{again}");
+    let again = device_cli(&c, &["attach", "sv", "--frontend", front.0]);
+    assert!(again.trim().starts_with(front.prefix()), "{again}");
     device_cli(&c, &["detach", "sv"]);
-    eprintln!("REPORT kernel-nbd stale: an unrecorded device was disconnected and a record without a device dropped at agent start");
+    eprintln!("REPORT {} stale: an unrecorded device was ended and a record without a device dropped at agent start", front.0);
 }

@@ -20,6 +20,8 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 
 use crate::frontends::devices::{DeviceError, Devices};
+use crate::frontends::kernel::LinkError;
+use crate::frontends::ublk::UblkError;
 
 pub fn router(devices: Arc<Devices>) -> Router {
     Router::new()
@@ -35,7 +37,12 @@ fn error(e: DeviceError) -> Response {
         DeviceError::UnknownFrontend(_) => ErrorCode::InvalidArgument,
         // The caller (the CSI node service) falls back to the next frontend.
         DeviceError::NoFrontend(_) => ErrorCode::Unavailable,
-        DeviceError::KernelNbd { .. } | DeviceError::Record { .. } => ErrorCode::Internal,
+        // The ublk device limit: another frontend may still have room.
+        DeviceError::Link {
+            source: LinkError::Ublk(UblkError::Limit(_)),
+            ..
+        } => ErrorCode::Unavailable,
+        DeviceError::Link { .. } | DeviceError::Record { .. } => ErrorCode::Internal,
     };
     let status =
         StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

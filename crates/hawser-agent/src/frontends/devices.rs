@@ -1,7 +1,7 @@
 //! The kernel block devices this agent serves, and their records.
 //!
-//! A device outlives the agent (kernel NBD holds I/O for `dead_conn_timeout` when its sockets
-//! die), so each has a record, `<data-dir>/devices/<volume>.json`, replaced atomically. At
+//! A device outlives the agent (ublk holds I/O until a new server takes it back; kernel NBD
+//! holds it for `dead_conn_timeout` when its sockets die), so each has a record, `<data-dir>/devices/<volume>.json`, replaced atomically. At
 //! start the agent goes through the records and, for each device the kernel still has:
 //! - serves it again once the volume's engine runs here (the controller restarts engines of
 //!   volumes attached here, in the same epoch), so the application saw a pause;
@@ -10,9 +10,12 @@
 //!   serve stale blocks, or take writes the volume will never have.
 //!
 //! A record whose device the kernel no longer has (a reboot) is removed; a device carrying a
-//! Hawser backend id but no record (the agent died between CONNECT and the record) is
+//! Hawser identity (NBD backend id, ublk owner tag) but no record (the agent died between CONNECT and the record) is
 //! disconnected. Nothing is leaked across a restart.
 
+//!
+//! `auto` picks ublk where the kernel has it, else kernel NBD: ublk has no socket in the data
+//! path and holds I/O across a restart without a timeout.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
 use crate::frontends::block::ExportRegistry;
-use crate::frontends::kernel_nbd::{self, link::DeviceLink, netlink, KernelNbdSettings};
+use crate::frontends::kernel::{self, Kind, Link, LinkError, Settings};
 
 /// Where the cluster says a volume is attached now (the controller, through the agent's
 /// link to it): `Ok(None)` when it is detached or gone.
@@ -48,10 +51,11 @@ pub enum DeviceError {
     UnknownFrontend(String),
     #[error("no kernel frontend on this node: {0}")]
     NoFrontend(String),
-    #[error("kernel NBD for volume {volume}: {source}")]
-    KernelNbd {
+    #[error("{frontend} device for volume {volume}: {source}")]
+    Link {
         volume: String,
-        source: kernel_nbd::KernelNbdError,
+        frontend: &'static str,
+        source: LinkError,
     },
     #[error("{what} {path}: {source}")]
     Record {
@@ -61,7 +65,8 @@ pub enum DeviceError {
     },
 }
 
-/// What is kept on disk per device.
+/// What is kept on disk per device. `index` is the device number (`/dev/nbdN`,
+/// `/dev/ublkbN`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Record {
     volume: String,
@@ -72,11 +77,18 @@ struct Record {
 }
 
 impl Record {
+    fn kind(&self) -> Option<Kind> {
+        Kind::parse(&self.frontend)
+    }
+
     fn device(&self) -> Device {
+        let path = self
+            .kind()
+            .map_or_else(|| format!("?{}", self.index), |k| k.path(self.index));
         Device {
             volume: self.volume.clone(),
             frontend: self.frontend.clone(),
-            path: format!("/dev/nbd{}", self.index),
+            path,
             size_bytes: self.size_bytes,
             connections: self.connections,
         }
@@ -85,7 +97,7 @@ impl Record {
 
 struct Live {
     record: Record,
-    link: DeviceLink,
+    link: Link,
 }
 
 pub struct Devices {
@@ -93,7 +105,7 @@ pub struct Devices {
     node: String,
     exports: Arc<dyn ExportRegistry>,
     controller: Arc<dyn WhereAttached>,
-    settings: KernelNbdSettings,
+    settings: Settings,
     live: Mutex<HashMap<String, Live>>,
     shutdown: watch::Receiver<bool>,
 }
@@ -104,7 +116,7 @@ impl Devices {
         node: &str,
         exports: Arc<dyn ExportRegistry>,
         controller: Arc<dyn WhereAttached>,
-        settings: KernelNbdSettings,
+        settings: Settings,
         shutdown: watch::Receiver<bool>,
     ) -> Devices {
         Devices {
@@ -167,18 +179,14 @@ impl Devices {
     }
 
     /// Make `volume` (whose engine runs here) a kernel block device; the same device again if
-    /// it has one.
+    /// it has one. `auto` tries ublk, then kernel NBD, and says in the log why it fell back.
     pub async fn attach(&self, volume: &str, frontend: &str) -> Result<Device, DeviceError> {
-        match frontend {
-            "auto" | "nbd" => {}
-            // ublk lands here next (issue 42); until then it is refused, not silently swapped.
-            "ublk" => {
-                return Err(DeviceError::NoFrontend(
-                    "the ublk frontend is not built yet; use nbd or auto".into(),
-                ))
-            }
+        let kinds: &[Kind] = match frontend {
+            "auto" => &[Kind::Ublk, Kind::Nbd],
+            "ublk" => &[Kind::Ublk],
+            "nbd" => &[Kind::Nbd],
             other => return Err(DeviceError::UnknownFrontend(other.to_owned())),
-        }
+        };
         let mut live = self.live.lock().await;
         if let Some(l) = live.get(volume) {
             return Ok(l.record.device());
@@ -187,31 +195,58 @@ impl Devices {
             .exports
             .lookup(volume)
             .ok_or_else(|| DeviceError::NotAttachedHere(volume.to_owned()))?;
-        ensure_nbd_module().await?;
         let size_bytes = export.size();
-        let backend = kernel_nbd::backend_id(&self.node, volume);
-        let link = kernel_nbd::connect(backend, export, self.settings, self.shutdown.clone())
-            .await
-            .map_err(|source| DeviceError::KernelNbd {
-                volume: volume.to_owned(),
-                source,
-            })?;
-        let record = Record {
-            volume: volume.to_owned(),
-            frontend: "nbd".into(),
-            index: link.index,
-            connections: u32::try_from(self.settings.connections).unwrap_or(1),
-            size_bytes,
-        };
-        if let Err(e) = self.save(&record) {
-            // Without a record a restarted agent could not find the device: end it now.
-            let _ = link.detach().await;
-            return Err(e);
+        let mut last = None;
+        for (i, &kind) in kinds.iter().enumerate() {
+            let made = match kind.ensure_module().await {
+                Err(why) => Err(DeviceError::NoFrontend(why)),
+                Ok(()) => kernel::make(
+                    kind,
+                    &self.node,
+                    volume,
+                    Arc::clone(&export),
+                    &self.settings,
+                    self.shutdown.clone(),
+                )
+                .await
+                .map_err(|source| DeviceError::Link {
+                    volume: volume.to_owned(),
+                    frontend: kind.name(),
+                    source,
+                }),
+            };
+            match made {
+                Ok(link) => {
+                    let connections = match kind {
+                        Kind::Nbd => self.settings.nbd.connections,
+                        Kind::Ublk => usize::from(self.settings.ublk.queues),
+                    };
+                    let record = Record {
+                        volume: volume.to_owned(),
+                        frontend: kind.name().into(),
+                        index: link.index(),
+                        connections: u32::try_from(connections).unwrap_or(1),
+                        size_bytes,
+                    };
+                    if let Err(e) = self.save(&record) {
+                        // Without a record a restarted agent could not find the device.
+                        let _ = link.detach().await;
+                        return Err(e);
+                    }
+                    info!(%volume, device = %record.device().path, "kernel device attached");
+                    let device = record.device();
+                    live.insert(volume.to_owned(), Live { record, link });
+                    return Ok(device);
+                }
+                Err(e) => {
+                    if let Some(next) = kinds.get(i + 1) {
+                        warn!(%volume, error = %e, next = next.name(), "kernel frontend unavailable; trying the next");
+                    }
+                    last = Some(e);
+                }
+            }
         }
-        info!(%volume, device = %record.device().path, "kernel NBD device attached");
-        let device = record.device();
-        live.insert(volume.to_owned(), Live { record, link });
-        Ok(device)
+        Err(last.unwrap_or_else(|| DeviceError::NoFrontend("none tried".into())))
     }
 
     /// End `volume`'s device: I/O still queued on it fails with EIO, and the record goes.
@@ -222,13 +257,17 @@ impl Devices {
             let Some(r) = self.records().into_iter().find(|r| r.volume == volume) else {
                 return Err(DeviceError::NoDevice(volume.to_owned()));
             };
-            fail_device(&self.node, &r).await;
+            if let Some(kind) = r.kind() {
+                kernel::fail_if_ours(kind, r.index, &self.node, &r.volume).await;
+            }
             self.remove_record(volume);
             return Ok(());
         };
-        l.link.detach().await.map_err(|e| DeviceError::KernelNbd {
+        let frontend = Kind::parse(&l.record.frontend).map_or("kernel", Kind::name);
+        l.link.detach().await.map_err(|source| DeviceError::Link {
             volume: volume.to_owned(),
-            source: e.into(),
+            frontend,
+            source,
         })?;
         self.remove_record(volume);
         info!(%volume, "kernel device detached");
@@ -249,9 +288,9 @@ impl Devices {
         out
     }
 
-    /// After the agent's shutdown signal: wait for every device's connections to end (their
-    /// requests in flight answered) before the engines stop. The devices stay configured in
-    /// the kernel, holding I/O for the next agent.
+    /// After the agent's shutdown signal: wait for every device to stop being served (its
+    /// requests in flight answered) before the engines stop. The devices stay in the kernel,
+    /// holding I/O for the next agent.
     pub async fn drain(&self) {
         let all: Vec<Live> = self.live.lock().await.drain().map(|(_, l)| l).collect();
         for l in all {
@@ -263,29 +302,38 @@ impl Devices {
     /// until each is served again or failed.
     pub async fn recover(self: Arc<Self>) {
         let records = self.records();
-        let ours: Vec<u32> = records.iter().map(|r| r.index).collect();
-        for index in orphans(&self.node, &ours) {
-            warn!(device = %format!("/dev/nbd{index}"), "a Hawser device without a record; disconnecting it");
-            if let Err(e) = kernel_nbd::disconnect(index).await {
-                warn!(error = %e, "disconnect an orphan device");
+        for kind in [Kind::Ublk, Kind::Nbd] {
+            let ours: Vec<u32> = records
+                .iter()
+                .filter(|r| r.kind() == Some(kind))
+                .map(|r| r.index)
+                .collect();
+            for index in kernel::orphans(kind, &self.node, &ours) {
+                warn!(device = %kind.path(index), "a Hawser device without a record; ending it");
+                if let Err(e) = kernel::fail(kind, index).await {
+                    warn!(error = %e, "end an orphan device");
+                }
             }
         }
         let mut tasks = tokio::task::JoinSet::new();
         for r in records {
-            if netlink::backend_of(r.index).as_deref()
-                != Some(kernel_nbd::backend_id(&self.node, &r.volume).as_str())
-            {
+            let Some(kind) = r.kind() else {
+                warn!(volume = %r.volume, frontend = %r.frontend, "device record of an unknown frontend; removed");
+                self.remove_record(&r.volume);
+                continue;
+            };
+            if !kernel::still_ours(kind, r.index, &self.node, &r.volume) {
                 info!(volume = %r.volume, device = %r.device().path, "the kernel no longer has this device (a reboot?); record removed");
                 self.remove_record(&r.volume);
                 continue;
             }
             let me = Arc::clone(&self);
-            tasks.spawn(async move { me.recover_one(r).await });
+            tasks.spawn(async move { me.recover_one(kind, r).await });
         }
         while tasks.join_next().await.is_some() {}
     }
 
-    async fn recover_one(&self, r: Record) {
+    async fn recover_one(&self, kind: Kind, r: Record) {
         let mut shutdown = self.shutdown.clone();
         let mut asked: Option<std::time::Instant> = None;
         loop {
@@ -300,7 +348,7 @@ impl Devices {
                         let now = other.as_deref().unwrap_or("no node");
                         warn!(volume = %r.volume, device = %r.device().path, attached = now,
                             "the volume is no longer attached here: failing its device with EIO");
-                        fail_device(&self.node, &r).await;
+                        kernel::fail_if_ours(kind, r.index, &self.node, &r.volume).await;
                         self.remove_record(&r.volume);
                         return;
                     }
@@ -310,28 +358,28 @@ impl Devices {
                 }
             }
             if let Some(export) = self.exports.lookup(&r.volume) {
-                let settings = KernelNbdSettings {
-                    connections: r.connections.max(1) as usize,
-                    ..self.settings
-                };
-                match kernel_nbd::reconnect(
+                let mut settings = self.settings;
+                settings.nbd.connections = r.connections.max(1) as usize;
+                match kernel::take_back(
+                    kind,
                     r.index,
-                    kernel_nbd::backend_id(&self.node, &r.volume),
+                    &self.node,
+                    &r.volume,
                     export,
-                    settings,
+                    &settings,
                     shutdown.clone(),
                 )
                 .await
                 {
                     Ok(link) => {
-                        info!(volume = %r.volume, device = %r.device().path, "kernel NBD device taken back");
+                        info!(volume = %r.volume, device = %r.device().path, "kernel device taken back");
                         self.live
                             .lock()
                             .await
                             .insert(r.volume.clone(), Live { record: r, link });
                     }
                     Err(e) => {
-                        warn!(volume = %r.volume, error = %e, "kernel NBD device could not be taken back")
+                        warn!(volume = %r.volume, device = %r.device().path, error = %e, "kernel device could not be taken back")
                     }
                 }
                 return;
@@ -342,61 +390,4 @@ impl Devices {
             }
         }
     }
-}
-
-/// Disconnect a recorded device if the kernel still has it as this volume's.
-async fn fail_device(node: &str, r: &Record) {
-    if netlink::backend_of(r.index).as_deref()
-        == Some(kernel_nbd::backend_id(node, &r.volume).as_str())
-    {
-        if let Err(e) = kernel_nbd::disconnect(r.index).await {
-            warn!(volume = %r.volume, error = %e, "disconnect a stale device");
-        }
-    }
-}
-
-/// Configured `nbd` devices carrying this node's backend id whose index no record names
-/// (other agents, on this machine in tests, have their own).
-fn orphans(node: &str, recorded: &[u32]) -> Vec<u32> {
-    let prefix = kernel_nbd::backend_id(node, "");
-    let Ok(dir) = std::fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for e in dir.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(index) = name.strip_prefix("nbd").and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        if recorded.contains(&index) {
-            continue;
-        }
-        if netlink::backend_of(index).is_some_and(|b| b.starts_with(&prefix)) {
-            out.push(index);
-        }
-    }
-    out
-}
-
-/// The `nbd` module, loaded if it is not (the kernel's own auto-load does not cover netlink
-/// families).
-async fn ensure_nbd_module() -> Result<(), DeviceError> {
-    let present = || std::path::Path::new("/sys/module/nbd").exists();
-    if present() {
-        return Ok(());
-    }
-    let out = tokio::process::Command::new("modprobe")
-        .arg("nbd")
-        .output()
-        .await;
-    if present() {
-        return Ok(());
-    }
-    let why = match out {
-        Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_owned(),
-        Err(e) => format!("modprobe: {e}"),
-    };
-    Err(DeviceError::NoFrontend(format!(
-        "the kernel has no nbd module ({why})"
-    )))
 }

@@ -4,4 +4,6 @@
 
 pub mod block;
 pub mod devices;
+pub mod kernel;
 pub mod kernel_nbd;
+pub mod ublk;
