@@ -89,7 +89,7 @@ build: deps-demo
 	$(CARGO) build --release --workspace --bins
 
 # A second build of the same sources (it says so in --version), target/release/hawser-next:
-# the agent-upgrade test (e2e kernel_nbd) replaces a running agent with it. Only the hawser
+# the agent-upgrade test (e2e kernel_devices) replaces a running agent with it. Only the hawser
 # crate is compiled again; the last command puts the first build back in place (cargo keeps
 # both, so that costs a copy, not a link).
 upgrade-build: build

@@ -1,5 +1,5 @@
 //! A volume's block device on this node, by one of two paths:
-//! - **a kernel device served by the agent** (`/dev/nbdN`, kernel NBD over netlink), asked
+//! - **a kernel device served by the agent** (`/dev/ublkbN`, else `/dev/nbdN`), asked
 //!   for through the agent's device API (`<agent data-dir>/device.sock`). It survives a
 //!   restart or an upgrade of the agent: I/O pauses, and the restarted agent takes the device
 //!   back. The first choice whenever the node has it (`frontend: auto`).
@@ -118,14 +118,25 @@ impl Record {
     }
 
     /// The agent's kernel device of this volume is still configured in the kernel (it may
-    /// be between two lives of the agent: it then holds I/O, and is alive).
-    fn kernel_alive(&self) -> bool {
+    /// be between two lives of the agent: it then holds I/O, and is alive). A kernel NBD
+    /// device names its volume in `/sys/block/nbdN/backend`; of a ublk device only the agent
+    /// can say whose it is, so the agent is asked, and while it is away (a restart) the
+    /// device's existence is taken as alive.
+    fn kernel_alive(&self, agent_socket: &Path) -> bool {
         let Some(dev) = self.kernel_device.as_deref() else {
             return false;
         };
         let Some(name) = dev.file_name().map(|n| n.to_string_lossy().into_owned()) else {
             return false;
         };
+        if let Some(n) = name.strip_prefix("ublkb") {
+            return match DeviceClient::new(agent_socket).list() {
+                Ok(devices) => devices
+                    .iter()
+                    .any(|d| d.volume == self.volume_id && Path::new(&d.path) == dev),
+                Err(_) => Path::new(&format!("/sys/class/ublk-char/ublkc{n}")).exists(),
+            };
+        }
         let backend =
             std::fs::read_to_string(format!("/sys/block/{name}/backend")).unwrap_or_default();
         backend
@@ -133,9 +144,9 @@ impl Record {
             .ends_with(&format!("/{}", self.volume_id))
     }
 
-    fn alive(&self) -> bool {
+    fn alive(&self, agent_socket: &Path) -> bool {
         if self.is_kernel() {
-            self.kernel_alive()
+            self.kernel_alive(agent_socket)
         } else {
             self.nbdfuse_alive() && self.fuse_mounted() && self.loop_alive()
         }
@@ -255,7 +266,7 @@ impl DeviceManager {
         Self::check_id(id)?;
         std::fs::create_dir_all(&self.state_dir).map_err(io_err("create", &self.state_dir))?;
         if let Some(r) = self.load(id)? {
-            if r.alive() && r.uri == uri && r.read_only == read_only {
+            if r.alive(&self.agent_socket) && r.uri == uri && r.read_only == read_only {
                 return Self::staged(&r);
             }
             self.teardown(&r)?;
@@ -410,7 +421,7 @@ impl DeviceManager {
     pub fn find(&self, id: &str) -> Result<Option<StagedDevice>> {
         Self::check_id(id)?;
         match self.load(id)? {
-            Some(r) if r.alive() => Self::staged(&r).map(Some),
+            Some(r) if r.alive(&self.agent_socket) => Self::staged(&r).map(Some),
             _ => Ok(None),
         }
     }

@@ -1,6 +1,6 @@
-//! csi-sanity's node specs with volumes staged on kernel NBD devices (`frontend: nbd`), in a
-//! real kernel: NodeStage asks the agent for `/dev/nbdN`, NodeUnstage ends it, and nothing is
-//! left. The outer test boots Debian's kernel (`scripts/kvm/boot.sh`) and runs the inner one,
+//! csi-sanity's node specs with volumes staged on the agent's kernel devices (`frontend:
+//! nbd`, then `frontend: ublk`), in a real kernel: NodeStage asks the agent for `/dev/nbdN`
+//! or `/dev/ublkbN`, NodeUnstage ends it, and nothing is left. The outer test boots Debian's kernel (`scripts/kvm/boot.sh`) and runs the inner one,
 //! this same binary, inside it with the whole cluster, as `kernel_nbd.rs` does.
 
 use std::process::Command;
@@ -8,33 +8,48 @@ use std::process::Command;
 use hawser_e2e::sanity::{csi_sanity, specs};
 use hawser_e2e::{k8s_tool, Cluster, CsiOptions, CsiProc};
 
-#[test]
-fn csi_sanity_node_specs_on_kernel_nbd() {
+const FRONTEND: &str = "HAWSER_E2E_FRONTEND";
+
+fn in_guest(frontend: &str) {
     // The Kubernetes tools' directory, as this process finds it (make test may set it).
     let sanity = k8s_tool("csi-sanity");
     let bin_dir = sanity.parent().expect("tool dir").display().to_string();
     hawser_e2e::guest::run_inner_test(
         "inner_csi_sanity_node_specs",
-        &[("HAWSER_K8S_BIN", &bin_dir)],
+        &[("HAWSER_K8S_BIN", &bin_dir), (FRONTEND, frontend)],
     );
 }
 
 #[test]
-#[ignore = "runs inside a guest kernel: csi_sanity_node_specs_on_kernel_nbd starts it"]
+fn csi_sanity_node_specs_on_kernel_nbd() {
+    in_guest("nbd");
+}
+
+#[test]
+fn csi_sanity_node_specs_on_ublk() {
+    in_guest("ublk");
+}
+
+#[test]
+#[ignore = "runs inside a guest kernel: csi_sanity_node_specs_on_kernel_nbd and _on_ublk start it"]
 fn inner_csi_sanity_node_specs() {
     hawser_e2e::guest::assert_in_guest();
+    let frontend: &'static str = match std::env::var(FRONTEND).as_deref() {
+        Ok("ublk") => "ublk",
+        _ => "nbd",
+    };
     let c = Cluster::start("kcsi", 2);
     let csi = CsiProc::start_with(
         &c,
         "n1",
         &c.dir.path().join("csi"),
         CsiOptions {
-            frontend: Some("nbd"),
+            frontend: Some(frontend),
             ..CsiOptions::default()
         },
     );
     let params = csi.dir.join("parameters.yaml");
-    std::fs::write(&params, "frontend: nbd\n").expect("write the parameters");
+    std::fs::write(&params, format!("frontend: {frontend}\n")).expect("write the parameters");
     let report = csi.dir.join("sanity-node.json");
     // The guest's pools are on its /tmp, a tmpfs of half its memory: small volumes.
     let out = csi_sanity(&csi, &report)
@@ -60,7 +75,7 @@ fn inner_csi_sanity_node_specs() {
         .matches("staged on a kernel device served by the agent")
         .count();
     eprintln!(
-        "REPORT kernel-csi node specs on kernel NBD: {passed} passed, {} skipped; {kernel_stages} stages on a kernel device",
+        "REPORT kernel-csi node specs on {frontend}: {passed} passed, {} skipped; {kernel_stages} stages on a kernel device",
         specs.iter().filter(|s| s.0 == "skipped").count()
     );
     assert!(passed >= 10, "only {passed} node specs passed: {specs:#?}");
@@ -95,4 +110,8 @@ fn inner_csi_sanity_node_specs() {
         })
         .collect();
     assert!(ours.is_empty(), "kernel devices left: {ours:?}");
+    let ublk_left: Vec<_> = std::fs::read_dir("/sys/class/ublk-char")
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(ublk_left.is_empty(), "ublk devices left: {ublk_left:?}");
 }
