@@ -406,6 +406,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             },
         },
         devices_stop_rx.clone(),
+        metrics.devices(),
     ));
     let device_sock = args
         .device_socket

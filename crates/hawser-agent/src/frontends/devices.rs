@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 use crate::frontends::block::ExportRegistry;
 use crate::frontends::kernel::{self, Kind, Link, LinkError, Settings};
+use crate::observe::devices::DeviceMetrics;
 
 /// Where the cluster says a volume is attached now (the controller, through the agent's
 /// link to it): `Ok(None)` when it is detached or gone.
@@ -108,6 +109,7 @@ pub struct Devices {
     settings: Settings,
     live: Mutex<HashMap<String, Live>>,
     shutdown: watch::Receiver<bool>,
+    metrics: DeviceMetrics,
 }
 
 impl Devices {
@@ -118,6 +120,7 @@ impl Devices {
         controller: Arc<dyn WhereAttached>,
         settings: Settings,
         shutdown: watch::Receiver<bool>,
+        metrics: DeviceMetrics,
     ) -> Devices {
         Devices {
             dir: data_dir.join("devices"),
@@ -127,7 +130,15 @@ impl Devices {
             settings,
             live: Mutex::new(HashMap::new()),
             shutdown,
+            metrics,
         }
+    }
+
+    /// Serve `l` from now on, and show it in the metrics.
+    fn insert(&self, live: &mut HashMap<String, Live>, l: Live) {
+        let d = l.record.device();
+        self.metrics.served(&d.volume, &d.frontend, &d.path);
+        live.insert(d.volume, l);
     }
 
     fn record_path(&self, volume: &str) -> PathBuf {
@@ -235,7 +246,7 @@ impl Devices {
                     }
                     info!(%volume, device = %record.device().path, "kernel device attached");
                     let device = record.device();
-                    live.insert(volume.to_owned(), Live { record, link });
+                    self.insert(&mut live, Live { record, link });
                     return Ok(device);
                 }
                 Err(e) => {
@@ -264,6 +275,8 @@ impl Devices {
             return Ok(());
         };
         let frontend = Kind::parse(&l.record.frontend).map_or("kernel", Kind::name);
+        let d = l.record.device();
+        self.metrics.gone(&d.volume, &d.frontend, &d.path);
         l.link.detach().await.map_err(|source| DeviceError::Link {
             volume: volume.to_owned(),
             frontend,
@@ -373,10 +386,8 @@ impl Devices {
                 {
                     Ok(link) => {
                         info!(volume = %r.volume, device = %r.device().path, "kernel device taken back");
-                        self.live
-                            .lock()
-                            .await
-                            .insert(r.volume.clone(), Live { record: r, link });
+                        let mut live = self.live.lock().await;
+                        self.insert(&mut live, Live { record: r, link });
                     }
                     Err(e) => {
                         warn!(volume = %r.volume, device = %r.device().path, error = %e, "kernel device could not be taken back")

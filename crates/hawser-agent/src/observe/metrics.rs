@@ -23,12 +23,14 @@ use hawser_api::metrics::ProcessCollector;
 use prometheus_client::registry::Registry;
 
 use crate::engine::registry::Engines;
+use crate::observe::devices::DeviceMetrics;
 use crate::observe::state::StateCollector;
 use crate::storage::pools::NodeStorage;
 
 /// The agent's metrics registry and its scrape credential.
 pub struct AgentMetrics {
     registry: Registry,
+    devices: DeviceMetrics,
     /// Digests of the metrics tokens the controller last said are valid.
     scrape_tokens: RwLock<Vec<TokenDigest>>,
 }
@@ -42,11 +44,19 @@ impl AgentMetrics {
         registry.register_collector(Box::new(ProcessCollector));
         let h = registry.sub_registry_with_prefix("hawser");
         io.register(h);
+        let devices = DeviceMetrics::default();
+        devices.register(h);
         h.register_collector(Box::new(StateCollector { engines, storage }));
         Arc::new(AgentMetrics {
             registry,
+            devices,
             scrape_tokens: RwLock::new(Vec::new()),
         })
+    }
+
+    /// The kernel devices' family, for [`crate::frontends::devices`] to keep.
+    pub fn devices(&self) -> DeviceMetrics {
+        self.devices.clone()
     }
 
     /// Everything, in the format `accept` asks for: (content type, body).
@@ -158,6 +168,7 @@ mod tests {
     fn only_the_tokens_the_controller_named_are_admitted() {
         let m = AgentMetrics {
             registry: Registry::default(),
+            devices: DeviceMetrics::default(),
             scrape_tokens: RwLock::new(Vec::new()),
         };
         assert!(!m.admits("t1"), "no digest yet: nobody");

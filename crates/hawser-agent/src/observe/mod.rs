@@ -3,6 +3,7 @@
 //! else is read at scrape time from the engines and pools ([`state`]), so observing changes
 //! nothing. [`metrics`] is the registry that serves both.
 
+pub mod devices;
 pub mod io;
 pub mod metrics;
 mod state;
