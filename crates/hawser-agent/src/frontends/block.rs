@@ -7,6 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use hawser_core::IoError;
+use tracing::warn;
 
 #[async_trait]
 pub trait BlockDevice: Send + Sync + 'static {
@@ -51,6 +52,86 @@ pub fn with_queue_hint<F: std::future::Future>(
 /// said (callers inside the agent, tests), which leaves the choice to the device.
 pub fn request_is_alone() -> bool {
     ALONE.try_with(|alone| *alone).unwrap_or(true)
+}
+
+/// A request that passed a frontend's validation (NBD's `check_request`, ublk's `decode`),
+/// ready for the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read {
+        offset: u64,
+        len: u32,
+    },
+    Write {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
+    Flush,
+    Trim {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u32,
+        fua: bool,
+        may_trim: bool,
+    },
+}
+
+impl Op {
+    /// Bytes of data this request holds in memory while in flight.
+    pub fn data_bytes(&self) -> u32 {
+        match *self {
+            Op::Read { len, .. } | Op::Write { len, .. } => len,
+            _ => 0,
+        }
+    }
+}
+
+/// Perform one validated request. A successful read returns its data.
+pub async fn execute(
+    device: &dyn BlockDevice,
+    op: Op,
+    payload: Bytes,
+) -> Result<Option<Bytes>, IoError> {
+    match op {
+        Op::Read { offset, len } => {
+            let data = device.read(offset, len).await?;
+            // A short or long read would desynchronise the stream for every later reply.
+            if u32::try_from(data.len()) != Ok(len) {
+                warn!(
+                    offset,
+                    len,
+                    got = data.len(),
+                    "block device returned a wrong-sized read"
+                );
+                return Err(IoError::Io);
+            }
+            Ok(Some(data))
+        }
+        Op::Write { offset, fua, .. } => device.write(offset, payload, fua).await.map(|()| None),
+        Op::Flush => device.flush().await.map(|()| None),
+        Op::Trim { offset, len, fua } => {
+            device.trim(offset, len).await?;
+            // TRIM has no FUA of its own on the device seam; a flush gives the same guarantee.
+            if fua {
+                device.flush().await?;
+            }
+            Ok(None)
+        }
+        Op::WriteZeroes {
+            offset,
+            len,
+            fua,
+            may_trim,
+        } => device
+            .write_zeroes(offset, len, fua, may_trim)
+            .await
+            .map(|()| None),
+    }
 }
 
 /// Finds the device behind an NBD export name (a volume attached on this node).

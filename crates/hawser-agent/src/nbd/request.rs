@@ -5,49 +5,10 @@
 //! A data request of length 0 is refused with EINVAL: the spec leaves it unspecified, no real
 //! client sends it, and refusing it keeps every request the device sees non-empty.
 
-use bytes::Bytes;
-use hawser_core::IoError;
 use hawser_wire::constants::{MAX_PAYLOAD_BYTES, SECTOR_BYTES};
 use hawser_wire::nbd::{self, Command, Request};
-use tracing::warn;
 
-use crate::frontends::block::BlockDevice;
-
-/// A request that passed validation, ready for the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Read {
-        offset: u64,
-        len: u32,
-    },
-    Write {
-        offset: u64,
-        len: u32,
-        fua: bool,
-    },
-    Flush,
-    Trim {
-        offset: u64,
-        len: u32,
-        fua: bool,
-    },
-    WriteZeroes {
-        offset: u64,
-        len: u32,
-        fua: bool,
-        may_trim: bool,
-    },
-}
-
-impl Op {
-    /// Bytes of data this request holds in memory while in flight.
-    pub fn data_bytes(&self) -> u32 {
-        match *self {
-            Op::Read { len, .. } | Op::Write { len, .. } => len,
-            _ => 0,
-        }
-    }
-}
+pub use crate::frontends::block::{execute, Op};
 
 /// Validate a request against an export of `size` bytes; `Err` is the errno to reply with.
 ///
@@ -105,49 +66,6 @@ fn check_range(offset: u64, len: u32, size: u64, beyond_end: u32) -> Result<(), 
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(beyond_end),
-    }
-}
-
-/// Perform one validated request. A successful read returns its data.
-pub async fn execute(
-    device: &dyn BlockDevice,
-    op: Op,
-    payload: Bytes,
-) -> Result<Option<Bytes>, IoError> {
-    match op {
-        Op::Read { offset, len } => {
-            let data = device.read(offset, len).await?;
-            // A short or long read would desynchronise the stream for every later reply.
-            if u32::try_from(data.len()) != Ok(len) {
-                warn!(
-                    offset,
-                    len,
-                    got = data.len(),
-                    "block device returned a wrong-sized read"
-                );
-                return Err(IoError::Io);
-            }
-            Ok(Some(data))
-        }
-        Op::Write { offset, fua, .. } => device.write(offset, payload, fua).await.map(|()| None),
-        Op::Flush => device.flush().await.map(|()| None),
-        Op::Trim { offset, len, fua } => {
-            device.trim(offset, len).await?;
-            // TRIM has no FUA of its own on the device seam; a flush gives the same guarantee.
-            if fua {
-                device.flush().await?;
-            }
-            Ok(None)
-        }
-        Op::WriteZeroes {
-            offset,
-            len,
-            fua,
-            may_trim,
-        } => device
-            .write_zeroes(offset, len, fua, may_trim)
-            .await
-            .map(|()| None),
     }
 }
 

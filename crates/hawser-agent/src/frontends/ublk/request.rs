@@ -1,36 +1,11 @@
 //! One ublk request: what the kernel's descriptor asks ([`decode`], checked against the
 //! volume), and running it on the block device with the tag's buffer ([`run`]).
 
-use bytes::Bytes;
 use hawser_core::IoError;
 use hawser_storage::AlignedBuf;
 
 use super::abi::{self, IoDesc};
-use crate::frontends::block::BlockDevice;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Read {
-        offset: u64,
-        len: u32,
-    },
-    Write {
-        offset: u64,
-        len: u32,
-        fua: bool,
-    },
-    Flush,
-    Discard {
-        offset: u64,
-        len: u32,
-    },
-    WriteZeroes {
-        offset: u64,
-        len: u32,
-        fua: bool,
-        may_trim: bool,
-    },
-}
+use crate::frontends::block::{execute, BlockDevice, Op};
 
 /// The request in `d`, or the negative errno to answer it with: an unknown operation, or a
 /// range that is misaligned, outside a volume of `size` bytes, or longer than the tag's
@@ -55,7 +30,7 @@ pub fn decode(d: &IoDesc, size: u64, max_bytes: u32) -> Result<Op, i32> {
     match d.op() {
         abi::OP_READ => ranged(true).map(|()| Op::Read { offset, len }),
         abi::OP_WRITE => ranged(true).map(|()| Op::Write { offset, len, fua }),
-        abi::OP_DISCARD => ranged(false).map(|()| Op::Discard { offset, len }),
+        abi::OP_DISCARD => ranged(false).map(|()| Op::Trim { offset, len, fua }),
         abi::OP_WRITE_ZEROES => ranged(false).map(|()| Op::WriteZeroes {
             offset,
             len,
@@ -78,34 +53,20 @@ fn errno(e: IoError) -> i32 {
 /// Run `op` on `dev`; `buf` is the tag's buffer (the kernel filled it for a write, and copies
 /// a read out of it). Returns what the commit carries: bytes done, or a negative errno.
 pub async fn run(dev: &dyn BlockDevice, op: Op, buf: &mut [u8]) -> i32 {
-    let done = match op {
-        Op::Read { offset, len } => match dev.read(offset, len).await {
-            Ok(data) if data.len() == len as usize => {
-                buf[..data.len()].copy_from_slice(&data);
-                Ok(len)
-            }
-            Ok(_) => Err(IoError::Io),
-            Err(e) => Err(e),
-        },
-        Op::Write { offset, len, fua } => {
-            // The replicas write with O_DIRECT: hand them an aligned copy.
-            let data: Bytes = AlignedBuf::copy_from(&buf[..len as usize]).into_bytes();
-            dev.write(offset, data, fua).await.map(|()| len)
-        }
-        Op::Flush => dev.flush().await.map(|()| 0),
-        Op::Discard { offset, len } => dev.trim(offset, len).await.map(|()| 0),
-        Op::WriteZeroes {
-            offset,
-            len,
-            fua,
-            may_trim,
-        } => dev
-            .write_zeroes(offset, len, fua, may_trim)
-            .await
-            .map(|()| 0),
+    let payload = match op {
+        // The replicas write with O_DIRECT: hand them an aligned copy.
+        Op::Write { len, .. } => AlignedBuf::copy_from(&buf[..len as usize]).into_bytes(),
+        _ => bytes::Bytes::new(),
     };
-    match done {
-        Ok(n) => i32::try_from(n).unwrap_or(-libc::EINVAL),
+    match execute(dev, op, payload).await {
+        Ok(Some(data)) => {
+            buf[..data.len()].copy_from_slice(&data);
+            i32::try_from(data.len()).unwrap_or(-libc::EINVAL)
+        }
+        Ok(None) => match op {
+            Op::Write { len, .. } => i32::try_from(len).unwrap_or(-libc::EINVAL),
+            _ => 0,
+        },
         Err(e) => errno(e),
     }
 }
@@ -160,7 +121,14 @@ mod tests {
             })
         );
         // Discard and zeroes may be longer than a buffer: they carry no data.
-        assert!(decode(&desc(abi::OP_DISCARD, 0, 0, 2048), SIZE, MAX).is_ok());
+        assert_eq!(
+            decode(&desc(abi::OP_DISCARD, 0, 0, 2048), SIZE, MAX),
+            Ok(Op::Trim {
+                offset: 0,
+                len: 1 << 20,
+                fua: false
+            })
+        );
     }
 
     #[test]
