@@ -470,9 +470,9 @@ async fn heartbeat(
     metrics: Arc<AgentMetrics>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let link = ControllerLink::new(&controller).with_auth(&auth);
+    let link = Arc::new(ControllerLink::new(&controller).with_auth(&auth));
     let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
-    let mut failing = false;
+    let (mut failing, mut asked_engines) = (false, false);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -491,6 +491,16 @@ async fn heartbeat(
             if let (Some(t), Some(ca)) = (&auth.node, &join.ca) {
                 t.learn(ca);
             }
+        }
+        if answer.is_ok() && !asked_engines {
+            // The first registration of this agent's life: its engines are wanted now.
+            asked_engines = true;
+            let (link, node) = (link.clone(), node.clone());
+            tokio::spawn(async move {
+                if let Err(e) = link.start_engines(&node).await {
+                    tracing::info!(error = %e, "the controller did not start this node's engines at once; its engine watch will");
+                }
+            });
         }
         match answer {
             Ok(_) if failing => {

@@ -124,6 +124,18 @@ async fn real_responses_validate_against_the_document() {
     );
     let bad = json!({"admin_addr": "nowhere", "replica_addr": 9});
     assert_eq!(p.call(g, register, "/v1/nodes/n1", Some(bad)).await.0, 400);
+    // A restarted agent asks for its engines; an unknown node is 404.
+    let engines = (Method::POST, "/v1/nodes/{node}/engines");
+    assert_eq!(
+        p.call(g, engines.clone(), "/v1/nodes/n1/engines", None)
+            .await
+            .0,
+        202
+    );
+    assert_eq!(
+        p.call(a, engines, "/v1/nodes/n9/engines", None).await.0,
+        404
+    );
     p.call(a, (Method::GET, "/v1/nodes"), "/v1/nodes", None)
         .await;
     p.call(a, (Method::GET, "/v1/nodes/{node}"), "/v1/nodes/n1", None)

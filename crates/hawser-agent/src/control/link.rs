@@ -329,6 +329,27 @@ impl ControllerLink {
         anyhow::bail!("no controller answered for volume {volume}: {last}")
     }
 
+    /// Asks the controller to start now the engines `node` should run (the agent has just
+    /// started). A controller without this call (an older one) answers 404: its engine watch
+    /// starts them at its next round instead.
+    pub async fn start_engines(&self, node: &str) -> anyhow::Result<()> {
+        let path = format!("/v1/nodes/{node}/engines");
+        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
+        let mut last = String::new();
+        for _ in 0..tries {
+            match self.call(reqwest::Method::POST, &path, &()).await {
+                Reply::Ok(_) => return Ok(()),
+                Reply::Refused { status, error } => {
+                    let why = error.map(|e| e.message).unwrap_or_default();
+                    anyhow::bail!("controller answered {status}: {why}")
+                }
+                Reply::NotLeader { error, .. } => last = error.message,
+                Reply::Unreachable(e) => last = e.to_string(),
+            }
+        }
+        anyhow::bail!("no controller answered: {last}")
+    }
+
     /// Registers (or heartbeats) `node` with the leader, trying each known controller once;
     /// returns the controller's view of the node (with the cluster's id and grant key).
     pub async fn register(

@@ -66,6 +66,12 @@ fn routes() -> Vec<Route> {
         route(M::GET, "/v1/nodes/{node}", NodeRead, get(nodes::show)),
         route(
             M::POST,
+            "/v1/nodes/{node}/engines",
+            Agent,
+            post(nodes::start_engines),
+        ),
+        route(
+            M::POST,
             "/v1/nodes/{node}/evacuate",
             Admin,
             post(nodes::evacuate),

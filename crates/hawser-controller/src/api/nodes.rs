@@ -156,6 +156,27 @@ pub async fn evacuate(
     set_evacuate(&st, name, true).await
 }
 
+/// `POST /v1/nodes/{node}/engines`: the node's agent has just started (a restart, an upgrade)
+/// and asks for the engines it should run, now; answered at once, started in the background
+/// (`cluster/engine_watch.rs`, which would otherwise start them at its next round).
+pub async fn start_engines(
+    State(st): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<(axum::http::StatusCode, Json<serde_json::Value>), ControllerError> {
+    principal.may_act_as(&name)?;
+    st.records
+        .node(&name)
+        .await?
+        .ok_or(ControllerError::NodeNotFound { node: name.clone() })?;
+    let body = serde_json::json!({ "node": name });
+    tokio::spawn(crate::cluster::engine_watch::start_missing_on(
+        st.clone(),
+        name,
+    ));
+    Ok((axum::http::StatusCode::ACCEPTED, Json(body)))
+}
+
 /// `POST /v1/nodes/{node}/restore`: the node takes replicas again (replicas already moved
 /// off stay where they are).
 pub async fn restore(

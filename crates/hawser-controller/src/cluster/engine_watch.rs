@@ -38,6 +38,27 @@ pub async fn run(st: Arc<AppState>, every: Duration, scrub_every: Duration) {
     }
 }
 
+/// What a restarted agent asks for as soon as it has registered (`POST
+/// /v1/nodes/{node}/engines`): the missing engines of the volumes `node` should run, started
+/// now rather than at the next round. Its kernel devices hold I/O until then, so this is
+/// most of the pause an application sees across an agent restart or upgrade.
+pub async fn start_missing_on(st: Arc<AppState>, node: String) {
+    let (Ok(volumes), Ok(nodes)) = (st.records.volumes().await, st.records.nodes().await) else {
+        return;
+    };
+    let Ok(record) = find_node(&nodes, &node) else {
+        return;
+    };
+    for v in volumes
+        .iter()
+        .filter(|v| engine_node(v) == Some(node.as_str()))
+    {
+        if engine_state(&st, record.agent(), v).await == Some(Engine::Missing) {
+            restart(&st, v, record, &nodes).await;
+        }
+    }
+}
+
 async fn round(st: &AppState, scrub_every: Duration) {
     let (Ok(volumes), Ok(nodes)) = (st.records.volumes().await, st.records.nodes().await) else {
         return;
