@@ -17,7 +17,7 @@ HAWSER := target/release/hawser
 APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium procps openssl gcc g++ libc6-dev qemu-system-x86 cpio xz-utils kmod
 # Commands whose absence means a package above is missing; every command the tests run that
 # comes from one of them (scripts/check-tools.sh checks that).
-NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++ qemu-system-x86_64 cpio xz depmod modprobe
+NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++ qemu-system-x86_64 cpio xz depmod modprobe modinfo rmmod
 # Commands make test needs and does not install: Debian's are too old (scripts/k8s/build.sh
 # needs Go 1.24+, playwright-core Node.js 20+). The project's machines come with them;
 # `make check-tools` stops make test at once when one is missing, `make doctor` says more.
