@@ -106,10 +106,12 @@ pub fn info(dev_id: u32) -> Option<DevInfo> {
     Control::open().ok()?.info(dev_id).ok()
 }
 
-/// A device this agent serves: its queue threads.
+/// A device this agent serves: its queue threads, and what each sends once it has answered
+/// its running requests after the shutdown signal.
 pub struct UblkDevice {
     pub dev_id: u32,
     threads: Vec<std::thread::JoinHandle<()>>,
+    drained: std::sync::mpsc::Receiver<()>,
 }
 
 impl UblkDevice {
@@ -117,13 +119,17 @@ impl UblkDevice {
         format!("/dev/ublkb{dev_id}")
     }
 
-    /// Stop serving: the requests running are answered, the rest stay held by the kernel.
-    /// (The queues end on the agent's shutdown signal.)
+    /// After the agent's shutdown signal: wait until every queue has answered its running
+    /// requests. The queues keep the device until the process exits; the kernel holds what
+    /// comes later for the next agent.
     pub async fn join(self) {
-        let threads = self.threads;
+        let (queues, drained) = (self.threads.len(), self.drained);
         let _ = tokio::task::spawn_blocking(move || {
-            for t in threads {
-                let _ = t.join();
+            // A queue whose device stopped meanwhile ends and drops its sender: also done.
+            for _ in 0..queues {
+                if drained.recv().is_err() {
+                    break;
+                }
             }
         })
         .await;
@@ -132,7 +138,13 @@ impl UblkDevice {
     /// Remove the device: the kernel fails its queued I/O, and the queues end.
     pub async fn detach(self) -> Result<(), UblkError> {
         let removed = remove(self.dev_id).await;
-        self.join().await;
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
         removed
     }
 }
@@ -253,6 +265,7 @@ fn serve(
         .map_err(|source| UblkError::CharDev { dev_id, source })?;
     let char_dev = Arc::new(char_dev);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (drained_tx, drained) = std::sync::mpsc::channel();
     let mut threads = Vec::new();
     for q_id in 0..info.nr_hw_queues {
         let spec = QueueSpec {
@@ -262,19 +275,20 @@ fn serve(
             max_io_bytes: info.max_io_buf_bytes,
             size: export.size(),
         };
-        let (char_dev, export, handle, shutdown, ready) = (
+        let (char_dev, export, handle, shutdown, ready, drained) = (
             Arc::clone(&char_dev),
             Arc::clone(&export),
             handle.clone(),
             shutdown.clone(),
             ready_tx.clone(),
+            drained_tx.clone(),
         );
         let thread = std::thread::Builder::new()
             .name(format!("ublk{dev_id}q{q_id}"))
             .spawn(move || match Queue::fetch_all(spec, char_dev) {
                 Ok(q) => {
                     let _ = ready.send(Ok(()));
-                    handle.block_on(q.run(export, shutdown));
+                    handle.block_on(q.run(export, shutdown, drained));
                 }
                 Err(e) => {
                     let _ = ready.send(Err((q_id, e)));
@@ -288,6 +302,7 @@ fn serve(
         threads.push(thread);
     }
     drop(ready_tx);
+    drop(drained_tx);
     for _ in 0..info.nr_hw_queues {
         match ready_rx.recv() {
             Ok(Ok(())) => {}
@@ -307,7 +322,11 @@ fn serve(
         ctl.start(dev_id)?;
     }
     let _keep: &File = &char_dev;
-    Ok(UblkDevice { dev_id, threads })
+    Ok(UblkDevice {
+        dev_id,
+        threads,
+        drained,
+    })
 }
 
 #[cfg(test)]

@@ -169,10 +169,19 @@ impl Queue {
         IoDesc::decode(&b)
     }
 
-    /// Serve requests until the device stops (every tag aborted), or until `shutdown`, when
-    /// the requests running are answered and the rest are left to the kernel, which holds
-    /// them for the next server (user recovery with reissue).
-    pub async fn run(mut self, dev: Arc<dyn BlockDevice>, mut shutdown: watch::Receiver<bool>) {
+    /// Serve requests until the device stops (every tag aborted). After `shutdown` the
+    /// requests running are answered and `drained` is sent; later ones are taken but not
+    /// started, and the queue keeps its ring until the process exits. The kernel then hands
+    /// what it had given this agent to the next one (user recovery with reissue), as after a
+    /// `kill -9`. (Closing the ring while the process lives on left the kernel's quiesce
+    /// waiting forever for such a request in Linux 6.12, now and then; the process's exit is
+    /// the path that always recovers.)
+    pub async fn run(
+        mut self,
+        dev: Arc<dyn BlockDevice>,
+        mut shutdown: watch::Receiver<bool>,
+        drained: std::sync::mpsc::Sender<()>,
+    ) {
         let ring_fd = RingFd(self.ring.as_raw_fd());
         // SAFETY: the ring's fd stays open until `self` drops, after `ready` (a local).
         let ready = match unsafe { AsyncFd::register_with_interest(ring_fd, Interest::READABLE) } {
@@ -256,8 +265,16 @@ impl Queue {
                     return;
                 }
             }
-            if running.is_empty() && (stopping || ended >= depth) {
+            if running.is_empty() && ended >= depth {
                 return;
+            }
+            if running.is_empty() && stopping {
+                let _ = drained.send(());
+                // Hold the ring, its commands and the buffers until the process exits, even
+                // past the runtime's shutdown (which would wake the wait below with an error).
+                loop {
+                    std::thread::park();
+                }
             }
             tokio::select! {
                 biased;
