@@ -63,6 +63,38 @@ pub struct RegisterNode {
     pub tls: Option<NodeTlsReport>,
 }
 
+/// What an agent reports about a volume attached to it, for the volume's events (and the
+/// Kubernetes Events on its PVC): `POST /v1/nodes/{node}/events`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceEvent {
+    pub volume: String,
+    pub reason: DeviceEventReason,
+    /// What happened, in words (at most [`DEVICE_EVENT_MESSAGE_MAX`] bytes are kept).
+    pub message: String,
+}
+
+/// The longest message of a [`DeviceEvent`] the controller keeps.
+pub const DEVICE_EVENT_MESSAGE_MAX: usize = 1024;
+
+/// Why an agent reports: the events a node may tell about its own kernel devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceEventReason {
+    /// `frontend: auto` passed over a better kernel frontend (ublk) for the next one.
+    FrontendFallback,
+    /// `frontend: auto` found no kernel frontend at all (the CSI node then uses nbdfuse).
+    NoKernelFrontend,
+}
+
+impl DeviceEventReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceEventReason::FrontendFallback => "FrontendFallback",
+            DeviceEventReason::NoKernelFrontend => "NoKernelFrontend",
+        }
+    }
+}
+
 /// A TLS node's CAs, as it reports them with every heartbeat (SHA-256 of each CA
 /// certificate's DER, hex).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

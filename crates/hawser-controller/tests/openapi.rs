@@ -206,6 +206,26 @@ async fn real_responses_validate_against_the_document() {
             .0,
         200
     );
+    // An agent's report about a device of a volume attached to it; about another node's
+    // volume it is refused, and an unknown volume is 404.
+    let dev_event = (Method::POST, "/v1/nodes/{node}/events");
+    let ev = json!({"volume": "v", "reason": "FrontendFallback", "message": "ublk unavailable"});
+    let to = |n: &str| format!("/v1/nodes/{n}/events");
+    assert_eq!(
+        p.call(g, dev_event.clone(), &to("n1"), Some(ev.clone())).await.0,
+        202
+    );
+    assert_eq!(
+        p.call(g, dev_event.clone(), &to("n2"), Some(ev)).await.0,
+        400
+    );
+    let gone = json!({"volume": "nope", "reason": "NoKernelFrontend", "message": "x"});
+    assert_eq!(
+        p.call(g, dev_event.clone(), &to("n1"), Some(gone)).await.0,
+        404
+    );
+    let odd = json!({"volume": "v", "reason": "Anything", "message": "x"});
+    assert_eq!(p.call(g, dev_event, &to("n1"), Some(odd)).await.0, 400);
     // Health, replicas, evacuation (while the volume has an outdated-then-resynced replica).
     p.call(a, (Method::GET, "/v1/status"), "/v1/status", None)
         .await;
@@ -228,6 +248,7 @@ async fn real_responses_validate_against_the_document() {
         "{reasons:?}"
     );
     assert!(at("Attached") < at("Created"), "{reasons:?}");
+    assert!(at("FrontendFallback") < at("Resynced"), "{reasons:?}");
     // Snapshots of the attached volume.
     let snaps = (Method::POST, "/v1/snapshots");
     let body = json!({"name": "s1", "volume": "v"});

@@ -540,7 +540,8 @@ fn sh_fails(cmd: &str, args: &[&str]) -> String {
 }
 
 /// The `ublk_drv` module missing: asking for ublk by name is a clear error, and `auto` falls
-/// back to kernel NBD, saying why in the agent's log. No device is left behind.
+/// back to kernel NBD, saying why in the agent's log and in a warning event of the volume
+/// (a Kubernetes Event on its PVC, where there is one). No device is left behind.
 /// (The other refusal, the kernel's ublk device limit, cannot be reached here: on Linux 6.12
 /// `ublks_max` counts only unprivileged devices, and the agent's are privileged.)
 #[test]
@@ -594,6 +595,12 @@ fn inner_fallback() {
         c.log("n1")
             .contains("kernel frontend unavailable; trying the next"),
         "no fallback warning in n1's log"
+    );
+    // The fallback is a warning event of the volume (on its PVC, on Kubernetes).
+    hawser_e2e::wait_until(
+        "the FrontendFallback event",
+        Duration::from_secs(30),
+        || c.cli_ok(&["events", "--volume", "fb", "--warnings"]).contains("FrontendFallback"),
     );
     sh(&bin, &["device", "detach", "fb", "--socket", &sock]);
     sh("umount", &[&ko]);

@@ -350,6 +350,29 @@ impl ControllerLink {
         anyhow::bail!("no controller answered: {last}")
     }
 
+    /// Tells the controller what happened to a kernel device of `event.volume` on `node`.
+    pub async fn device_event(
+        &self,
+        node: &str,
+        event: &hawser_api::controller::DeviceEvent,
+    ) -> anyhow::Result<()> {
+        let path = format!("/v1/nodes/{node}/events");
+        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
+        let mut last = String::new();
+        for _ in 0..tries {
+            match self.call(reqwest::Method::POST, &path, event).await {
+                Reply::Ok(_) => return Ok(()),
+                Reply::Refused { status, error } => {
+                    let why = error.map(|e| e.message).unwrap_or_default();
+                    anyhow::bail!("controller answered {status}: {why}")
+                }
+                Reply::NotLeader { error, .. } => last = error.message,
+                Reply::Unreachable(e) => last = e.to_string(),
+            }
+        }
+        anyhow::bail!("no controller answered: {last}")
+    }
+
     /// Registers (or heartbeats) `node` with the leader, trying each known controller once;
     /// returns the controller's view of the node (with the cluster's id and grant key).
     pub async fn register(
@@ -382,6 +405,14 @@ impl ControllerLink {
 impl crate::frontends::devices::WhereAttached for ControllerLink {
     async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>> {
         ControllerLink::attached_node(self, volume).await
+    }
+
+    async fn report(
+        &self,
+        node: &str,
+        event: &hawser_api::controller::DeviceEvent,
+    ) -> anyhow::Result<()> {
+        ControllerLink::device_event(self, node, event).await
     }
 }
 

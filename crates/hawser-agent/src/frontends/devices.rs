@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_api::agent::Device;
+use hawser_api::controller::{DeviceEvent, DeviceEventReason};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
@@ -35,6 +36,9 @@ use crate::observe::devices::DeviceMetrics;
 #[async_trait::async_trait]
 pub trait WhereAttached: Send + Sync {
     async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>>;
+    /// Tell the cluster what happened to a device of a volume attached to `node` (its
+    /// events, and the Kubernetes Events on the volume's PVC).
+    async fn report(&self, node: &str, event: &DeviceEvent) -> anyhow::Result<()>;
 }
 
 /// How often a recovering device checks whether the volume's engine runs here yet, and how
@@ -132,6 +136,22 @@ impl Devices {
             shutdown,
             metrics,
         }
+    }
+
+    /// Report `reason` about `volume` to the controller, in the background (an event must
+    /// not hold up an attach).
+    fn report(&self, volume: &str, reason: DeviceEventReason, message: String) {
+        let (controller, node) = (Arc::clone(&self.controller), self.node.clone());
+        let event = DeviceEvent {
+            volume: volume.to_owned(),
+            reason,
+            message,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = controller.report(&node, &event).await {
+                warn!(volume = %event.volume, error = %e, "could not report a device event to the controller");
+            }
+        });
     }
 
     /// Serve `l` from now on, and show it in the metrics.
@@ -245,6 +265,14 @@ impl Devices {
                         return Err(e);
                     }
                     info!(%volume, device = %record.device().path, "kernel device attached");
+                    if let Some(e) = last.as_ref().filter(|_| frontend == "auto") {
+                        let message = format!(
+                            "{} is {} because a better frontend was unavailable: {e}",
+                            volume,
+                            record.device().path
+                        );
+                        self.report(volume, DeviceEventReason::FrontendFallback, message);
+                    }
                     let device = record.device();
                     self.insert(&mut live, Live { record, link });
                     return Ok(device);
@@ -257,7 +285,12 @@ impl Devices {
                 }
             }
         }
-        Err(last.unwrap_or_else(|| DeviceError::NoFrontend("none tried".into())))
+        let err = last.unwrap_or_else(|| DeviceError::NoFrontend("none tried".into()));
+        if frontend == "auto" {
+            let message = format!("no kernel frontend for {volume}: {err}");
+            self.report(volume, DeviceEventReason::NoKernelFrontend, message);
+        }
+        Err(err)
     }
 
     /// End `volume`'s device: I/O still queued on it fails with EIO, and the record goes.

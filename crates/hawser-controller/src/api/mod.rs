@@ -72,6 +72,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             M::POST,
+            "/v1/nodes/{node}/events",
+            Agent,
+            post(nodes::device_event),
+        ),
+        route(
+            M::POST,
             "/v1/nodes/{node}/evacuate",
             Admin,
             post(nodes::evacuate),

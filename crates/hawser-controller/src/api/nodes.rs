@@ -6,7 +6,9 @@ use crate::auth::Principal;
 use axum::extract::State;
 use axum::Extension;
 use axum::Json;
-use hawser_api::controller::{validate_labels, Node, RegisterNode};
+use hawser_api::controller::{
+    validate_labels, DeviceEvent, Node, RegisterNode, DEVICE_EVENT_MESSAGE_MAX,
+};
 use hawser_api::validate_name;
 
 use crate::api::extract::{ApiJson, ApiPath};
@@ -175,6 +177,41 @@ pub async fn start_engines(
         name,
     ));
     Ok((axum::http::StatusCode::ACCEPTED, Json(body)))
+}
+
+/// `POST /v1/nodes/{node}/events`: the node's agent tells what happened to a kernel device
+/// of a volume attached to it (a frontend passed over); a warning in the volume's events and
+/// on its PVC. Only about its own volumes: another node's is refused.
+pub async fn device_event(
+    State(st): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<DeviceEvent>,
+) -> Result<(axum::http::StatusCode, Json<serde_json::Value>), ControllerError> {
+    principal.may_act_as(&name)?;
+    validate_name("volume", &req.volume)?;
+    let v = st.records.existing_volume(&req.volume).await?;
+    if v.attached_node.as_deref() != Some(name.as_str()) {
+        return Err(ControllerError::invalid(format!(
+            "volume {} is not attached to node {name}",
+            req.volume
+        )));
+    }
+    let mut message = req.message;
+    if message.len() > DEVICE_EVENT_MESSAGE_MAX {
+        let mut cut = DEVICE_EVENT_MESSAGE_MAX;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    let message = format!("node {name}: {message}");
+    tracing::warn!(volume = %req.volume, node = %name, reason = req.reason.as_str(), %message, "device event");
+    st.events.warning(&req.volume, req.reason.as_str(), message);
+    Ok((
+        axum::http::StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "volume": req.volume })),
+    ))
 }
 
 /// `POST /v1/nodes/{node}/restore`: the node takes replicas again (replicas already moved
