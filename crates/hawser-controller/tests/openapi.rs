@@ -212,7 +212,9 @@ async fn real_responses_validate_against_the_document() {
     let ev = json!({"volume": "v", "reason": "FrontendFallback", "message": "ublk unavailable"});
     let to = |n: &str| format!("/v1/nodes/{n}/events");
     assert_eq!(
-        p.call(g, dev_event.clone(), &to("n1"), Some(ev.clone())).await.0,
+        p.call(g, dev_event.clone(), &to("n1"), Some(ev.clone()))
+            .await
+            .0,
         202
     );
     assert_eq!(

@@ -600,7 +600,10 @@ fn inner_fallback() {
     hawser_e2e::wait_until(
         "the FrontendFallback event",
         Duration::from_secs(30),
-        || c.cli_ok(&["events", "--volume", "fb", "--warnings"]).contains("FrontendFallback"),
+        || {
+            c.cli_ok(&["events", "--volume", "fb", "--warnings"])
+                .contains("FrontendFallback")
+        },
     );
     sh(&bin, &["device", "detach", "fb", "--socket", &sock]);
     sh("umount", &[&ko]);
