@@ -62,6 +62,11 @@ pub fn run_in_guest(name: &str, command: &str, env: &[(&str, &str)]) -> GuestRun
 
     let mut cmd = Command::new("bash");
     cmd.arg(&script);
+    // Every guest test ends within a minute or two; a hung one (an application in D state on
+    // a device nobody serves) is cut at 5 minutes, not boot.sh's 15.
+    if std::env::var_os("HAWSER_KVM_TIMEOUT").is_none() {
+        cmd.env("HAWSER_KVM_TIMEOUT", "300");
+    }
     for (k, v) in env {
         cmd.arg("--env").arg(format!("{k}={v}"));
     }
