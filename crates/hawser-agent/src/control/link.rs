@@ -297,6 +297,28 @@ impl ControllerLink {
         }
     }
 
+    /// `method path body` on the leader, trying each known controller once and following
+    /// the not-leader answers: the answer's body, or the refusal (`Ok(Err)`), or why no
+    /// controller answered (`Err`).
+    async fn on_leader<B: serde::Serialize>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &B,
+    ) -> Result<Result<bytes::Bytes, Refusal>, String> {
+        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
+        let mut last = String::new();
+        for _ in 0..tries {
+            match self.call(method.clone(), path, body).await {
+                Reply::Ok(b) => return Ok(Ok(b)),
+                Reply::Refused { status, error } => return Ok(Err(Refusal { status, error })),
+                Reply::NotLeader { error, .. } => last = error.message,
+                Reply::Unreachable(e) => last = e.to_string(),
+            }
+        }
+        Err(last)
+    }
+
     /// The node the controller says `volume` is attached to: `Ok(None)` when it is not
     /// attached to this node (detached, elsewhere, or gone), an error when no controller
     /// answered. A restarted agent asks before it serves a kernel device it left behind
@@ -304,29 +326,20 @@ impl ControllerLink {
     /// to it and answers 403 for the rest, which is the answer here.
     pub async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>> {
         let path = format!("/v1/volumes/{volume}");
-        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
-        let mut last = String::new();
-        for _ in 0..tries {
-            match self.call(reqwest::Method::GET, &path, &()).await {
-                Reply::Ok(b) => {
-                    let v: hawser_api::controller::Volume = serde_json::from_slice(&b)
-                        .map_err(|e| anyhow::anyhow!("bad answer for volume {volume}: {e}"))?;
-                    return Ok(v.attached_node);
-                }
-                Reply::Refused { error: Some(e), .. }
-                    if matches!(e.code, ErrorCode::NotFound | ErrorCode::Forbidden) =>
-                {
-                    return Ok(None)
-                }
-                Reply::Refused { status, error } => {
-                    let why = error.map(|e| e.message).unwrap_or_default();
-                    anyhow::bail!("controller answered {status} for volume {volume}: {why}")
-                }
-                Reply::NotLeader { error, .. } => last = error.message,
-                Reply::Unreachable(e) => last = e.to_string(),
+        match self.on_leader(reqwest::Method::GET, &path, &()).await {
+            Ok(Ok(b)) => {
+                let v: hawser_api::controller::Volume = serde_json::from_slice(&b)
+                    .map_err(|e| anyhow::anyhow!("bad answer for volume {volume}: {e}"))?;
+                Ok(v.attached_node)
             }
+            Ok(Err(Refusal { error: Some(e), .. }))
+                if matches!(e.code, ErrorCode::NotFound | ErrorCode::Forbidden) =>
+            {
+                Ok(None)
+            }
+            Ok(Err(r)) => anyhow::bail!("controller answered {r} for volume {volume}"),
+            Err(last) => anyhow::bail!("no controller answered for volume {volume}: {last}"),
         }
-        anyhow::bail!("no controller answered for volume {volume}: {last}")
     }
 
     /// Asks the controller to start now the engines `node` should run (the agent has just
@@ -334,20 +347,11 @@ impl ControllerLink {
     /// starts them at its next round instead.
     pub async fn start_engines(&self, node: &str) -> anyhow::Result<()> {
         let path = format!("/v1/nodes/{node}/engines");
-        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
-        let mut last = String::new();
-        for _ in 0..tries {
-            match self.call(reqwest::Method::POST, &path, &()).await {
-                Reply::Ok(_) => return Ok(()),
-                Reply::Refused { status, error } => {
-                    let why = error.map(|e| e.message).unwrap_or_default();
-                    anyhow::bail!("controller answered {status}: {why}")
-                }
-                Reply::NotLeader { error, .. } => last = error.message,
-                Reply::Unreachable(e) => last = e.to_string(),
-            }
+        match self.on_leader(reqwest::Method::POST, &path, &()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(r)) => anyhow::bail!("controller answered {r}"),
+            Err(last) => anyhow::bail!("no controller answered: {last}"),
         }
-        anyhow::bail!("no controller answered: {last}")
     }
 
     /// Tells the controller what happened to a kernel device of `event.volume` on `node`.
@@ -357,20 +361,11 @@ impl ControllerLink {
         event: &hawser_api::controller::DeviceEvent,
     ) -> anyhow::Result<()> {
         let path = format!("/v1/nodes/{node}/events");
-        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
-        let mut last = String::new();
-        for _ in 0..tries {
-            match self.call(reqwest::Method::POST, &path, event).await {
-                Reply::Ok(_) => return Ok(()),
-                Reply::Refused { status, error } => {
-                    let why = error.map(|e| e.message).unwrap_or_default();
-                    anyhow::bail!("controller answered {status}: {why}")
-                }
-                Reply::NotLeader { error, .. } => last = error.message,
-                Reply::Unreachable(e) => last = e.to_string(),
-            }
+        match self.on_leader(reqwest::Method::POST, &path, event).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(r)) => anyhow::bail!("controller answered {r}"),
+            Err(last) => anyhow::bail!("no controller answered: {last}"),
         }
-        anyhow::bail!("no controller answered: {last}")
     }
 
     /// Registers (or heartbeats) `node` with the leader, trying each known controller once;
@@ -381,23 +376,27 @@ impl ControllerLink {
         body: &RegisterNode,
     ) -> anyhow::Result<hawser_api::controller::Node> {
         let path = format!("/v1/nodes/{node}");
-        let tries = self.targets().urls.len() + MAX_IMMEDIATE_HOPS as usize;
-        let mut last = String::new();
-        for _ in 0..tries {
-            match self.call(reqwest::Method::PUT, &path, body).await {
-                Reply::Ok(b) => {
-                    return serde_json::from_slice(&b)
-                        .map_err(|e| anyhow::anyhow!("bad registration answer: {e}"))
-                }
-                Reply::Refused { status, error } => match error {
-                    Some(e) => anyhow::bail!("controller answered {status}: {}", e.message),
-                    None => anyhow::bail!("controller answered {status}"),
-                },
-                Reply::NotLeader { error, .. } => last = error.message,
-                Reply::Unreachable(e) => last = e.to_string(),
-            }
+        match self.on_leader(reqwest::Method::PUT, &path, body).await {
+            Ok(Ok(b)) => serde_json::from_slice(&b)
+                .map_err(|e| anyhow::anyhow!("bad registration answer: {e}")),
+            Ok(Err(r)) => anyhow::bail!("controller answered {r}"),
+            Err(last) => anyhow::bail!("no controller accepted the registration: {last}"),
         }
-        anyhow::bail!("no controller accepted the registration: {last}")
+    }
+}
+
+/// A controller's refusal: its status, and its error when it sent one.
+struct Refusal {
+    status: reqwest::StatusCode,
+    error: Option<ApiError>,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.error {
+            Some(e) => write!(f, "{}: {}", self.status, e.message),
+            None => write!(f, "{}", self.status),
+        }
     }
 }
 
