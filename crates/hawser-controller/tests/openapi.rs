@@ -126,6 +126,21 @@ async fn real_responses_validate_against_the_document() {
     assert_eq!(p.call(g, register, "/v1/nodes/n1", Some(bad)).await.0, 400);
     // A restarted agent asks for its engines; an unknown node is 404.
     let engines = (Method::POST, "/v1/nodes/{node}/engines");
+    // The client that brings no token is refused on both agent-only node calls.
+    assert_eq!(
+        p.call(None, engines.clone(), "/v1/nodes/n1/engines", None)
+            .await
+            .0,
+        401
+    );
+    let nothing = json!({"volume": "v", "reason": "FrontendFallback", "message": "x"});
+    let events_path = (Method::POST, "/v1/nodes/{node}/events");
+    assert_eq!(
+        p.call(None, events_path, "/v1/nodes/n1/events", Some(nothing))
+            .await
+            .0,
+        401
+    );
     assert_eq!(
         p.call(g, engines.clone(), "/v1/nodes/n1/engines", None)
             .await
