@@ -341,6 +341,32 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         engines.clone(),
         stop_rx.clone(),
     ));
+    // Kernel devices stop being served before the engines stop (their requests in flight
+    // answered), so a device sees its connections close, never an error: the next agent
+    // takes it back.
+    let (devices_stop_tx, devices_stop_rx) = watch::channel(false);
+    let devices = Arc::new(Devices::new(
+        &args.data_dir,
+        &args.node,
+        engines.clone(),
+        Arc::new(ControllerLink::new(&args.controller).with_auth(&link)),
+        KernelSettings {
+            nbd: KernelNbdSettings {
+                connections: args.kernel_nbd_connections.clamp(1, 16),
+                io_timeout: std::time::Duration::from_secs(args.kernel_nbd_io_timeout.max(1)),
+                dead_conn_timeout: std::time::Duration::from_secs(
+                    args.kernel_dead_conn_timeout.max(1),
+                ),
+            },
+            ublk: UblkSettings {
+                queues: args.ublk_queues.clamp(1, 64),
+                depth: args.ublk_queue_depth.clamp(1, 4096),
+                ..UblkSettings::default()
+            },
+        },
+        devices_stop_rx.clone(),
+        metrics.devices(),
+    ));
     let state = AdminState {
         node: args.node.clone(),
         storage: storage.clone(),
@@ -352,6 +378,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             max: args.resync_rate,
             busy: args.resync_busy_rate,
         },
+        devices: Some(devices.clone()),
     };
     let mut admin_stop = stop_rx.clone();
     let admin_tls = match &node_tls {
@@ -382,32 +409,6 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             tracing::error!(error = %e, "admin API failed");
         }
     });
-    // Kernel devices stop being served before the engines stop (their requests in flight
-    // answered), so a device sees its connections close, never an error: the next agent
-    // takes it back.
-    let (devices_stop_tx, devices_stop_rx) = watch::channel(false);
-    let devices = Arc::new(Devices::new(
-        &args.data_dir,
-        &args.node,
-        engines.clone(),
-        Arc::new(ControllerLink::new(&args.controller).with_auth(&link)),
-        KernelSettings {
-            nbd: KernelNbdSettings {
-                connections: args.kernel_nbd_connections.clamp(1, 16),
-                io_timeout: std::time::Duration::from_secs(args.kernel_nbd_io_timeout.max(1)),
-                dead_conn_timeout: std::time::Duration::from_secs(
-                    args.kernel_dead_conn_timeout.max(1),
-                ),
-            },
-            ublk: UblkSettings {
-                queues: args.ublk_queues.clamp(1, 64),
-                depth: args.ublk_queue_depth.clamp(1, 4096),
-                ..UblkSettings::default()
-            },
-        },
-        devices_stop_rx.clone(),
-        metrics.devices(),
-    ));
     let device_sock = args
         .device_socket
         .clone()

@@ -22,6 +22,7 @@ async fn admin_calls_need_the_agent_token() {
     let engines = Arc::new(Engines::default());
     let metrics = AgentMetrics::new(engines.clone(), storage.clone());
     let state = AdminState {
+        devices: None,
         node: "a".into(),
         storage: storage.clone(),
         engines,
@@ -134,6 +135,7 @@ async fn calls_meant_for_another_node_are_refused() {
     let engines = Arc::new(Engines::default());
     let metrics = AgentMetrics::new(engines.clone(), storage.clone());
     let state = AdminState {
+        devices: None,
         node: "a".into(),
         storage: storage.clone(),
         engines,

@@ -29,6 +29,7 @@ async fn bad_engine_requests_are_refused_and_change_nothing() {
     let storage = node(&dir.0, "a", 1 << 20);
     let engines = Arc::new(Engines::default());
     let state = AdminState {
+        devices: None,
         node: "a".into(),
         storage: storage.clone(),
         engines: engines.clone(),

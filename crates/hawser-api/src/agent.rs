@@ -8,6 +8,7 @@
 //! | POST   | /v1/replicas/{id}/grow  | `GrowReplica` → `ReplicaStatus`       |
 //! | POST   | /v1/engines             | `StartEngine` → `EngineStatus`        |
 //! | DELETE | /v1/engines/{volume}    | → 204 (flushes, then stops)           |
+//! | POST   | /v1/engines/{volume}/grow | `GrowEngine` → `EngineStatus`       |
 //! | GET    | /v1/status              | → `AgentStatus`                       |
 //! | GET    | /v1/replicas/inventory  | → `[ReplicaInventory]` (reads journals) |
 
@@ -145,6 +146,18 @@ pub struct EngineResumed {
 #[serde(deny_unknown_fields)]
 pub struct GrowReplica {
     pub size_bytes: u64,
+}
+
+/// Grow a running engine, its export and the volume's kernel device on that node, after
+/// every replica has grown (online expansion).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrowEngine {
+    pub size_bytes: u64,
+    /// Only say whether the volume could grow here now (its device can follow): asked before
+    /// any replica grows.
+    #[serde(default)]
+    pub check_only: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

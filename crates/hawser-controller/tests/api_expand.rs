@@ -1,6 +1,6 @@
 //! Expanding a volume through the REST API against fake agents: every replica grows, then
-//! the record; bad sizes, shrinking, attached volumes, an offline node and a failing agent
-//! are refused with the record unchanged.
+//! the record, then (attached) the engine; bad sizes, shrinking, a node whose device cannot
+//! grow, an offline node and a failing agent are refused with the record unchanged.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -22,13 +22,22 @@ fn replica_ids(v: &serde_json::Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Grow calls the fake agents got.
+/// Replica grow calls the fake agents got.
 fn grow_calls(c: &Cluster) -> usize {
     c.agents
         .iter()
         .flat_map(|a| a.calls())
-        .filter(|x| x.contains("/grow"))
+        .filter(|x| x.contains("/replicas/") && x.contains("/grow"))
         .count()
+}
+
+/// Engine grow calls, in order.
+fn engine_grow_calls(c: &Cluster) -> Vec<String> {
+    c.agents
+        .iter()
+        .flat_map(|a| a.calls())
+        .filter(|x| x.contains("/engines/") && x.contains("/grow"))
+        .collect()
 }
 
 #[tokio::test]
@@ -63,7 +72,43 @@ async fn a_detached_volume_grows_every_replica_then_its_record() {
 }
 
 #[tokio::test]
-async fn bad_sizes_shrinking_and_attached_volumes_are_refused() {
+async fn an_attached_volume_grows_replicas_then_record_then_engine() {
+    let c = Cluster::start(2).await;
+    c.create("v", GIB, 2).await;
+    c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    let (status, v) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 2 * GIB}))
+        .await;
+    assert_eq!((status, &v["size_bytes"]), (200, &json!(2 * GIB)), "{v}");
+    // Asked first whether it can, then told, after every replica grew.
+    let calls = c.agent("n1").calls();
+    let at = |what: &str| calls.iter().position(|x| x.contains(what)).unwrap();
+    let check = at(&format!("/v1/engines/v/grow {} check", 2 * GIB));
+    let grow = calls
+        .iter()
+        .rposition(|x| x == &format!("POST /v1/engines/v/grow {}", 2 * GIB))
+        .unwrap();
+    let replica = at("/v1/replicas/");
+    assert!(check < replica && replica < grow, "{calls:?}");
+    assert_eq!(grow_calls(&c), 2);
+    assert_eq!(c.agent("n1").engine("v").unwrap().size_bytes, 2 * GIB);
+    // An engine that did not hear of a grow (its agent failed) hears of it on a retry.
+    c.agent("n1").fail(Op::GrowEngine, true);
+    let (status, e) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 3 * GIB}))
+        .await;
+    assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("retry"), "{e}");
+    c.agent("n1").fail(Op::GrowEngine, false);
+    let (status, _) = c
+        .post("/v1/volumes/v/expand", json!({"size_bytes": 3 * GIB}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(c.agent("n1").engine("v").unwrap().size_bytes, 3 * GIB);
+}
+
+#[tokio::test]
+async fn bad_sizes_shrinking_and_devices_that_cannot_grow_are_refused() {
     let c = Cluster::start(2).await;
     c.create("v", 2 * GIB, 2).await;
     for (body, want) in [
@@ -84,13 +129,19 @@ async fn bad_sizes_shrinking_and_attached_volumes_are_refused() {
         .await;
     assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
     c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
+    c.agent("n1").fail(Op::GrowEngineCannot, true);
     let (status, e) = c
         .post("/v1/volumes/v/expand", json!({"size_bytes": 4 * GIB}))
         .await;
     assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
-    assert!(e["message"].as_str().unwrap().contains("detach"), "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("ublk") && msg.contains("detach"), "{e}");
     assert_eq!(c.volume("v").await["size_bytes"], 2 * GIB);
     assert_eq!(grow_calls(&c), 0, "a refused expand asked an agent to grow");
+    assert_eq!(
+        engine_grow_calls(&c),
+        [format!("POST /v1/engines/v/grow {} check", 4 * GIB)]
+    );
 }
 
 #[tokio::test]

@@ -41,10 +41,13 @@ impl Identity for IdentityService {
             capability(Type::Service(plugin_capability::Service {
                 r#type: service::Type::VolumeAccessibilityConstraints.into(),
             })),
-            // Offline only: the NBD frontend cannot tell a connected client the new size
-            // (docs/csi.md), so Kubernetes expands a volume while no pod uses it.
+            // Online: a volume staged on kernel NBD (or ublk on Linux 6.16 and later) grows
+            // under its mounted filesystem. Where the node's device cannot follow (ublk before
+            // 6.16), the controller refuses the grow before anything changes
+            // (FAILED_PRECONDITION), and Kubernetes retries it until no pod uses the volume:
+            // offline, as before (docs/csi.md, "Expansion").
             capability(Type::VolumeExpansion(plugin_capability::VolumeExpansion {
-                r#type: volume_expansion::Type::Offline.into(),
+                r#type: volume_expansion::Type::Online.into(),
             })),
         ];
         if self.controller {

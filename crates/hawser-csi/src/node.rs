@@ -324,9 +324,24 @@ impl NodeRpc for NodeService {
             .as_ref()
             .map(|c| capability::check(c).map_err(Status::invalid_argument))
             .transpose()?;
+        let required = req
+            .capacity_range
+            .as_ref()
+            .map_or(0, |r| u64::try_from(r.required_bytes).unwrap_or(0));
         let dev = self.staged(&id).await?;
         let _guard = self.inflight.begin(&id)?;
+        let device = dev.device.clone();
         let size = blocking(move || expand(&id, &dev, &path, access.as_ref())).await?;
+        if size < required {
+            // nbdfuse (and any NBD client) keeps the size it connected with: the filesystem
+            // grows when the volume is staged again. Not a success Kubernetes would record.
+            return Err(Status::failed_precondition(format!(
+                "{} is still {size} bytes, not {required}: its frontend cannot see a \
+                 volume grow while staged; the filesystem grows when the volume is staged again \
+                 (restart the pod)",
+                device.display()
+            )));
+        }
         Ok(Response::new(NodeExpandVolumeResponse {
             capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
         }))
@@ -434,8 +449,8 @@ fn expand(
             path.display()
         )));
     }
-    // A kernel device of the agent keeps the size it was made with until it is staged again
-    // (expansion is offline: docs/csi.md); a loop device rereads its file's.
+    // A kernel device of the agent was told the new size by the agent before the controller
+    // answered the expand; a loop device (over nbdfuse) rereads its file's.
     if dev.device.starts_with("/dev/loop") {
         mounts::refresh_loop_size(&dev.device).map_err(internal)?;
     }

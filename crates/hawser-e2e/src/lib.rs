@@ -14,6 +14,7 @@ pub mod compare;
 pub mod csi;
 pub mod cut;
 pub mod fio;
+pub mod fs_app;
 pub mod garbage;
 pub mod grants;
 pub mod guest;

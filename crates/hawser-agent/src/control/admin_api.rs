@@ -11,7 +11,7 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use hawser_api::agent::{
     AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, FetchSnapshot,
-    GrowReplica, PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine,
+    GrowEngine, GrowReplica, PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine,
     StartEngine, TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::{auth, ApiError, ErrorCode};
@@ -40,6 +40,8 @@ pub struct AdminState {
     /// Resync rate of the engines it starts, bytes per second (0: unlimited).
     pub resync_rate: ResyncRates,
     pub metrics: Arc<AgentMetrics>,
+    /// The kernel devices this agent serves: a growing volume's device is told its new size.
+    pub devices: Option<Arc<crate::frontends::devices::Devices>>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -68,6 +70,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/engines", post(start_engine))
         .route("/v1/engines/{volume}", delete(stop_engine))
         .route("/v1/engines/{volume}/qos", put(set_engine_qos))
+        .route("/v1/engines/{volume}/grow", post(grow_engine))
         .route("/v1/engines/{volume}/scrub", post(scrub_engine))
         .route("/v1/engines/{volume}/pause", post(pause_engine))
         .route("/v1/engines/{volume}/resume", post(resume_engine))
@@ -572,6 +575,65 @@ async fn start_engine(
         .status(&req.volume)
         .unwrap_or_else(|| engine.status());
     Ok((StatusCode::CREATED, Json(status)))
+}
+
+/// `POST /v1/engines/{volume}/grow`: online expansion on the node where the volume is
+/// attached, once the controller has grown every replica. The engine grows first, then its
+/// export (new NBD connections see the new size), then the kernel device, which is what a
+/// mounted filesystem grows into. Refused before anything changes when the device cannot
+/// follow (ublk before Linux 6.16): the controller asks with `check_only` before it grows a
+/// replica.
+async fn grow_engine(
+    State(s): State<AdminState>,
+    Path(volume): Path<String>,
+    Json(req): Json<GrowEngine>,
+) -> Result<Json<EngineStatus>, Failure> {
+    let fail = |code, msg: String| Failure(ApiError::new(code, msg));
+    let size = req.size_bytes;
+    let current = s.engines.size_of(&volume).ok_or_else(|| {
+        fail(
+            ErrorCode::NotFound,
+            format!("no engine of volume {volume} runs on this node"),
+        )
+    })?;
+    if size < current {
+        return Err(fail(
+            ErrorCode::InvalidArgument,
+            format!("volume {volume} is {current} bytes here; it cannot shrink to {size}"),
+        ));
+    }
+    if let Some(devices) = &s.devices {
+        if let Some(why) = devices.cannot_grow(&volume).await {
+            return Err(fail(
+                ErrorCode::Conflict,
+                format!("volume {volume} cannot grow while attached on node {}: its {why}", s.node),
+            ));
+        }
+    }
+    if !req.check_only && size > current {
+        s.engines.grow(&volume, size).await.map_err(|e| {
+            fail(
+                ErrorCode::Unavailable,
+                format!("grow the engine of {volume} to {size} bytes: {e:#}"),
+            )
+        })?;
+        tracing::info!(%volume, size, "engine grown");
+    }
+    if !req.check_only {
+        if let Some(devices) = &s.devices {
+            // Also after a grow whose device step failed before: the engine is already big.
+            devices.grow(&volume, size).await.map_err(|e| {
+                fail(
+                    ErrorCode::Internal,
+                    format!("volume {volume} grew, but its kernel device did not: {e}"),
+                )
+            })?;
+        }
+    }
+    s.engines
+        .status(&volume)
+        .map(Json)
+        .ok_or_else(|| fail(ErrorCode::NotFound, format!("the engine of {volume} stopped")))
 }
 
 /// `PUT /v1/engines/{volume}/qos`: the volume's limits, applied to its client requests from

@@ -34,6 +34,7 @@ fn error(e: DeviceError) -> Response {
     let code = match &e {
         DeviceError::NotAttachedHere(_) => ErrorCode::Conflict,
         DeviceError::NoDevice(_) => ErrorCode::NotFound,
+        DeviceError::NotLive(_) => ErrorCode::Unavailable,
         DeviceError::UnknownFrontend(_) => ErrorCode::InvalidArgument,
         // The caller (the CSI node service) falls back to the next frontend.
         DeviceError::NoFrontend(_) => ErrorCode::Unavailable,

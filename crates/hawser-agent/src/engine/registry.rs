@@ -9,7 +9,7 @@
 //! requests that arrived meanwhile run on it. Clients see a pause, never an error.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -29,7 +29,10 @@ use crate::storage::pools::NodeStorage;
 
 /// One volume's NBD export and the engine currently behind it.
 pub struct Export {
-    size: u64,
+    /// The size NBD clients and kernel devices are given: the engine's, raised after the
+    /// engine's own on an online grow (never before: a request in the new range must find an
+    /// engine that takes it).
+    size: AtomicU64,
     /// Requests hold it shared while they run; a swap or a pause holds it exclusively.
     pub(crate) gate: tokio::sync::RwLock<()>,
     engine: Mutex<Option<Arc<VolumeEngine>>>,
@@ -46,7 +49,7 @@ pub struct Export {
 impl Export {
     fn new(engine: Arc<VolumeEngine>, nbd: bool, io: VolumeIo, qos: Qos) -> Export {
         Export {
-            size: BlockDevice::size(&*engine),
+            size: AtomicU64::new(BlockDevice::size(&*engine)),
             gate: tokio::sync::RwLock::new(()),
             engine: Mutex::new(Some(engine)),
             nbd: AtomicBool::new(nbd),
@@ -109,7 +112,7 @@ impl Export {
 #[async_trait]
 impl BlockDevice for Export {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, IoError> {
         self.counted(IoOp::Read, u64::from(len), async {
@@ -237,6 +240,10 @@ impl Engines {
         let engine =
             VolumeEngine::start_with_auth(req, node, storage, resync_rate, controller_auth).await?;
         export.set(Some(engine.clone()));
+        // A volume grown while no engine ran here (the record had the new size).
+        export
+            .size
+            .fetch_max(BlockDevice::size(&*engine), Ordering::AcqRel);
         export.nbd.store(req.export, Ordering::Release);
         export.qos.set(req.qos);
         drop(closed);
@@ -285,6 +292,26 @@ impl Engines {
         let x = self.export(volume)?;
         let started = x.current().ok()?.start_scrub();
         Some((started, x.status()?))
+    }
+
+    /// The size the volume's export has here, if it has one.
+    pub fn size_of(&self, volume: &str) -> Option<u64> {
+        self.export(volume).map(|x| BlockDevice::size(&*x))
+    }
+
+    /// Grow the volume's engine, then its export, to `size` bytes (see `volume/grow.rs`).
+    /// The gate is held shared, as by a request, so an engine swap waits for the grow.
+    pub async fn grow(&self, volume: &str, size: u64) -> anyhow::Result<()> {
+        let x = self
+            .export(volume)
+            .ok_or_else(|| anyhow::anyhow!("no engine of volume {volume} runs here"))?;
+        let _open = x.gate.read().await;
+        let engine = x
+            .current()
+            .map_err(|e| anyhow::anyhow!("volume {volume} has no running engine: {e}"))?;
+        engine.grow(size)?;
+        x.size.fetch_max(size, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Changes the volume's limits now; false if no engine of the volume runs here.

@@ -29,6 +29,7 @@ use hawser_core::driver::links::{LinkParams, Links};
 mod commands;
 mod connections;
 mod frontend;
+mod grow;
 mod journal;
 mod recover;
 mod status;
@@ -73,8 +74,9 @@ pub struct VolumeEngine {
     /// The controller's signed epoch grant (decoded from `StartEngine::grant`), sent in every
     /// Hello; empty when the controller sent none (an engine outside a cluster).
     grant: Option<Vec<u8>>,
-    /// Fixed for the engine's life; read on every request, so kept outside the lock.
-    size: u64,
+    /// Read on every request, so kept outside the lock; grows (never shrinks) with
+    /// [`VolumeEngine::grow`], after the engine's own size under the lock.
+    size: AtomicU64,
     epoch: u64,
     replica_ids: Vec<String>,
     handles: Vec<Handle>,
@@ -237,7 +239,7 @@ impl VolumeEngine {
         let ve = Arc::new_cyclic(|me| VolumeEngine {
             volume: req.volume.clone(),
             grant,
-            size: req.size_bytes,
+            size: AtomicU64::new(req.size_bytes),
             epoch: req.epoch,
             replica_ids: req.replicas.iter().map(|r| r.replica_id.clone()).collect(),
             handles,

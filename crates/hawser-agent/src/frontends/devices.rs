@@ -52,6 +52,8 @@ pub enum DeviceError {
     NotAttachedHere(String),
     #[error("volume {0} has no kernel device on this node")]
     NoDevice(String),
+    #[error("the kernel device of volume {0} is being taken back after an agent restart; try again")]
+    NotLive(String),
     #[error("unknown frontend {0:?}: expected auto, ublk or nbd")]
     UnknownFrontend(String),
     #[error("no kernel frontend on this node: {0}")]
@@ -320,6 +322,51 @@ impl Devices {
         Ok(())
     }
 
+    /// Why `volume`'s device here could not follow its volume if it grew now (`None`: it
+    /// can, or the volume has no device here). Asked before anything grows, so a volume on a
+    /// device that cannot grow is refused whole, not grown under it.
+    pub async fn cannot_grow(&self, volume: &str) -> Option<String> {
+        let kind = match self.live.lock().await.get(volume) {
+            Some(l) => l.record.kind(),
+            // Being taken back after a restart: its record says which frontend it is.
+            None => self
+                .records()
+                .into_iter()
+                .find(|r| r.volume == volume)
+                .and_then(|r| r.kind()),
+        }?;
+        kernel::cannot_resize(kind).map(|why| format!("{} device: {why}", kind.name()))
+    }
+
+    /// Tell `volume`'s device, if it has one here, that the volume is now `size_bytes`, and
+    /// keep the size in its record.
+    pub async fn grow(&self, volume: &str, size_bytes: u64) -> Result<(), DeviceError> {
+        let mut live = self.live.lock().await;
+        let Some(l) = live.get_mut(volume) else {
+            if self.records().iter().any(|r| r.volume == volume) {
+                return Err(DeviceError::NotLive(volume.to_owned()));
+            }
+            return Ok(());
+        };
+        if l.record.size_bytes >= size_bytes {
+            return Ok(());
+        }
+        let kind = l.record.kind().unwrap_or(Kind::Nbd);
+        kernel::resize(kind, l.record.index, &self.node, volume, size_bytes)
+            .await
+            .map_err(|source| DeviceError::Link {
+                volume: volume.to_owned(),
+                frontend: kind.name(),
+                source,
+            })?;
+        let mut record = l.record.clone();
+        record.size_bytes = size_bytes;
+        self.save(&record)?;
+        l.record = record;
+        info!(%volume, device = %l.record.device().path, size_bytes, "kernel device grown");
+        Ok(())
+    }
+
     pub async fn list(&self) -> Vec<Device> {
         let live = self.live.lock().await;
         let mut out: Vec<Device> = self
@@ -419,8 +466,18 @@ impl Devices {
                 {
                     Ok(link) => {
                         info!(volume = %r.volume, device = %r.device().path, "kernel device taken back");
-                        let mut live = self.live.lock().await;
-                        self.insert(&mut live, Live { record: r, link });
+                        let volume = r.volume.clone();
+                        let grown = self.exports.lookup(&volume).map(|x| x.size());
+                        {
+                            let mut live = self.live.lock().await;
+                            self.insert(&mut live, Live { record: r, link });
+                        }
+                        // The volume grew while no agent served the device.
+                        if let Some(size) = grown {
+                            if let Err(e) = self.grow(&volume, size).await {
+                                warn!(%volume, error = %e, "the device could not follow its grown volume");
+                            }
+                        }
                     }
                     Err(e) => {
                         warn!(volume = %r.volume, device = %r.device().path, error = %e, "kernel device could not be taken back")

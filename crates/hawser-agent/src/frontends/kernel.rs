@@ -74,6 +74,15 @@ pub enum LinkError {
     Nbd(#[from] kernel_nbd::KernelNbdError),
     #[error("ublk: {0}")]
     Ublk(#[from] ublk::UblkError),
+    #[error(
+        "{device} did not take its new size {size_bytes} (it has {}; kernel NBD needs Linux 5.3)",
+        now.map_or_else(|| "an unreadable size".to_string(), |n| format!("{n} bytes"))
+    )]
+    NotResized {
+        device: String,
+        size_bytes: u64,
+        now: Option<u64>,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -181,6 +190,43 @@ pub async fn take_back(
             Link::Ublk(ublk::recover(index, ublk::owner_tag(node, volume), export, shutdown).await?)
         }
     })
+}
+
+/// Why a live device of `kind` cannot be told that its volume grew (`None`: it can).
+pub fn cannot_resize(kind: Kind) -> Option<String> {
+    match kind {
+        // RECONFIGURE takes a size since Linux 5.3; `resize` checks that the kernel did.
+        Kind::Nbd => None,
+        Kind::Ublk => (!ublk::can_resize()).then(|| ublk::UblkError::NoResize.to_string()),
+    }
+}
+
+/// Tell device `index` of `kind`, `volume`'s on `node`, that its volume is now `size_bytes`.
+pub async fn resize(
+    kind: Kind,
+    index: u32,
+    node: &str,
+    volume: &str,
+    size_bytes: u64,
+) -> Result<(), LinkError> {
+    match kind {
+        Kind::Nbd => {
+            kernel_nbd::resize(index, nbd_backend(node, volume), size_bytes).await?;
+            // A kernel before 5.3 ignores the size it does not know to take.
+            let sectors = std::fs::read_to_string(format!("/sys/block/nbd{index}/size"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            match sectors {
+                Some(n) if n * 512 == size_bytes => Ok(()),
+                other => Err(LinkError::NotResized {
+                    device: kind.path(index),
+                    size_bytes,
+                    now: other.map(|n| n * 512),
+                }),
+            }
+        }
+        Kind::Ublk => Ok(ublk::resize(index, size_bytes).await?),
+    }
 }
 
 /// End device `index` of `kind` without serving it: its held I/O fails with EIO.

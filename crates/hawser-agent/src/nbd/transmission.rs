@@ -139,7 +139,6 @@ enum Step {
 struct Connection<S> {
     stream: S,
     device: Arc<dyn BlockDevice>,
-    size: u64,
     input: Input,
     state: ReadState,
     running: FuturesUnordered<Running>,
@@ -161,7 +160,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     fn new(stream: S, device: Arc<dyn BlockDevice>) -> Connection<S> {
         Connection {
             stream,
-            size: device.size(),
             device,
             input: Input::with_capacity(READ_BUFFER_BYTES),
             state: ReadState::Header,
@@ -278,7 +276,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 length: req.length,
             }));
         }
-        let state = match check_request(&req, self.size) {
+        // The device's size now, not at the handshake: a volume grows online, and a kernel
+        // NBD device is told so (`frontends/devices.rs`).
+        let state = match check_request(&req, self.device.size()) {
             Ok(op) => ReadState::Admit {
                 handle: req.handle,
                 op,

@@ -213,6 +213,23 @@ impl AgentClient {
         self.call(Method::POST, to, &path, Some(&body)).await
     }
 
+    /// Grows the running engine of `volume` (and its kernel device) to `size_bytes`; with
+    /// `check_only`, only asks whether it could.
+    pub async fn grow_engine(
+        &self,
+        to: Agent<'_>,
+        volume: &str,
+        size_bytes: u64,
+        check_only: bool,
+    ) -> Result<EngineStatus, AgentError> {
+        let path = format!("/v1/engines/{volume}/grow");
+        let body = hawser_api::agent::GrowEngine {
+            size_bytes,
+            check_only,
+        };
+        self.call(Method::POST, to, &path, Some(&body)).await
+    }
+
     pub async fn start_engine(
         &self,
         to: Agent<'_>,

@@ -32,6 +32,10 @@ pub enum Op {
     StartEngine,
     StopEngine,
     GrowReplica,
+    /// `POST /v1/engines/{volume}/grow` fails (500), but not its `check_only` form.
+    GrowEngine,
+    /// ... is refused with 409, as by a node whose kernel device cannot grow (ublk on 6.12).
+    GrowEngineCannot,
     TakeSnapshot,
     PauseEngine,
     RestoreReplica,
@@ -77,6 +81,7 @@ impl FakeAgent {
             .route("/v1/engines", post(start_engine))
             .route("/v1/engines/{volume}", delete(stop_engine))
             .route("/v1/engines/{volume}/qos", put(set_qos))
+            .route("/v1/engines/{volume}/grow", post(grow_engine))
             .route("/v1/engines/{volume}/scrub", post(scrub_engine))
             .route("/v1/engines/{volume}/pause", post(pause_engine))
             .route("/v1/engines/{volume}/resume", post(resume_engine))
@@ -467,6 +472,50 @@ async fn start_engine(State(st): State<Fake>, Json(req): Json<StartEngine>) -> R
     };
     st.lock().unwrap().engines.insert(req.volume.clone(), req);
     Json(status).into_response()
+}
+
+/// Grows a running engine's size (`check_only`: says whether it could).
+async fn grow_engine(
+    State(st): State<Fake>,
+    Path(volume): Path<String>,
+    Json(req): Json<hawser_api::agent::GrowEngine>,
+) -> Response {
+    let call = format!(
+        "POST /v1/engines/{volume}/grow {}{}",
+        req.size_bytes,
+        if req.check_only { " check" } else { "" }
+    );
+    // Only the grow itself fails: the check before passed (the agent died in between).
+    if record(&st, call, Op::GrowEngine) && !req.check_only {
+        return refuse("grow engine");
+    }
+    let mut s = st.lock().unwrap();
+    if s.failing.contains(&Op::GrowEngineCannot) {
+        let e = ApiError::new(
+            ErrorCode::Conflict,
+            format!("volume {volume} cannot grow while attached: its ublk device cannot"),
+        );
+        return (StatusCode::CONFLICT, Json(e)).into_response();
+    }
+    let Some(e) = s.engines.get_mut(&volume) else {
+        let e = ApiError::new(ErrorCode::NotFound, format!("no engine of {volume}"));
+        return (StatusCode::NOT_FOUND, Json(e)).into_response();
+    };
+    if !req.check_only {
+        e.size_bytes = e.size_bytes.max(req.size_bytes);
+    }
+    Json(EngineStatus {
+        volume: volume.clone(),
+        epoch: e.epoch,
+        size_bytes: e.size_bytes,
+        in_sync: e.replicas.iter().map(|r| r.replica_id.clone()).collect(),
+        replicas: vec![],
+        recovery: None,
+        active_extents: 0,
+        qos: e.qos,
+        scrub: None,
+    })
+    .into_response()
 }
 
 fn down_replicas(st: &Fake, volume: &str) -> Vec<hawser_api::agent::EngineReplicaStatus> {

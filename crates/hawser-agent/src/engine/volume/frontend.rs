@@ -80,7 +80,7 @@ impl VolumeEngine {
 #[async_trait]
 impl BlockDevice for VolumeEngine {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
     }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, IoError> {
         Ok(self

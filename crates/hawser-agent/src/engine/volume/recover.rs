@@ -2,6 +2,7 @@
 //! `hawser_core::driver::recovery` (the decision the simulator runs), whose plan is carried out
 //! here before the engine takes any I/O.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use hawser_api::agent::{RecoveryReport, StartEngine};
@@ -63,7 +64,7 @@ impl VolumeEngine {
             });
             access.push(a);
         }
-        let start = match decide(self.epoch, self.size, cfg.chunk_bytes, &members) {
+        let start = match decide(self.epoch, self.size.load(Ordering::Acquire), cfg.chunk_bytes, &members) {
             Decision::Start(s) => s,
             Decision::Refuse(why) => {
                 anyhow::bail!("crash recovery of volume {}: {why}", req.volume)
@@ -101,11 +102,11 @@ impl VolumeEngine {
         *self.recovery.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
         {
             let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            inner.engine = start.engine(self.size, cfg);
+            inner.engine = start.engine(self.size.load(Ordering::Acquire), cfg);
             inner.keeper = Keeper::new(
                 keeper_params(),
                 self.epoch,
-                self.size,
+                self.size.load(Ordering::Acquire),
                 cfg.chunk_bytes,
                 self.replica_ids.clone(),
                 start.plan.next_seq,

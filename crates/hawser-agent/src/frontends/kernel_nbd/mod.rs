@@ -86,6 +86,14 @@ pub async fn reconnect(
     Ok(DeviceLink::serve(index, backend, export, ours, shutdown)?)
 }
 
+/// Tell device `index` (named `backend`) its new size.
+pub async fn resize(index: u32, backend: String, size_bytes: u64) -> Result<(), KernelNbdError> {
+    netlink_call("resize", move || {
+        NbdNetlink::open()?.resize(index, &backend, size_bytes)
+    })
+    .await
+}
+
 /// End device `index` (its I/O fails with EIO), without serving it first.
 pub async fn disconnect(index: u32) -> Result<(), KernelNbdError> {
     netlink_call("disconnect", move || NbdNetlink::open()?.disconnect(index)).await

@@ -213,6 +213,28 @@ impl NbdNetlink {
             })
     }
 
+    /// Tell device `index` (named `backend`) that its export is now `size_bytes` long. The
+    /// kernel sets the disk's capacity and sends a change uevent; a mounted filesystem can
+    /// then be grown. RECONFIGURE takes the size since Linux 5.3.
+    pub fn resize(
+        &mut self,
+        index: u32,
+        backend: &str,
+        size_bytes: u64,
+    ) -> Result<(), NetlinkError> {
+        let mut b = self.nbd(NbdCmd::Reconfigure);
+        b.u32(genl::NBD_ATTR_INDEX, index)
+            .string(genl::NBD_ATTR_BACKEND_IDENTIFIER, backend)
+            .u64(genl::NBD_ATTR_SIZE_BYTES, size_bytes);
+        self.request(b.finish())
+            .map(drop)
+            .map_err(|err| NetlinkError::Refused {
+                cmd: NbdCmd::Reconfigure,
+                index: Some(index),
+                err,
+            })
+    }
+
     /// End device `index`: what is queued or comes later fails with EIO.
     pub fn disconnect(&mut self, index: u32) -> Result<(), NetlinkError> {
         let mut b = self.nbd(NbdCmd::Disconnect);

@@ -154,6 +154,15 @@ impl Control {
             .map(drop)
     }
 
+    /// Set the device's size to `sectors` of 512 bytes (`UBLK_F_UPDATE_SIZE`, Linux 6.16).
+    pub fn update_size(&mut self, dev_id: u32, sectors: u64) -> Result<(), ControlError> {
+        let cmd = CtrlCmd {
+            data: sectors,
+            ..CtrlCmd::for_device(dev_id)
+        };
+        self.call("UPDATE_SIZE", abi::CMD_UPDATE_SIZE, cmd).map(drop)
+    }
+
     /// Remove the block device; I/O held or queued on it fails.
     pub fn stop(&mut self, dev_id: u32) -> Result<(), ControlError> {
         self.call("STOP_DEV", abi::CMD_STOP_DEV, CtrlCmd::for_device(dev_id))

@@ -72,6 +72,11 @@ pub enum UblkError {
     NotOurs(u32, String),
     #[error("ublk task: {0}")]
     Task(String),
+    #[error(
+        "this kernel's ublk cannot change a live device's size (UBLK_F_UPDATE_SIZE needs \
+         Linux 6.16)"
+    )]
+    NoResize,
 }
 
 /// Whose device this is, kept by the kernel in the device's `ublksrv_flags`: the node in the
@@ -236,6 +241,24 @@ pub async fn recover(
     .await
 }
 
+/// Whether this kernel can change a live device's size.
+pub fn can_resize() -> bool {
+    Control::open().is_ok_and(|mut c| c.features() & abi::F_UPDATE_SIZE != 0)
+}
+
+/// Set device `dev_id`'s size to `size_bytes`; [`UblkError::NoResize`] on kernels before 6.16.
+pub async fn resize(dev_id: u32, size_bytes: u64) -> Result<(), UblkError> {
+    blocking(move || {
+        let mut ctl = Control::open()?;
+        if ctl.features() & abi::F_UPDATE_SIZE == 0 {
+            return Err(UblkError::NoResize);
+        }
+        ctl.update_size(dev_id, size_bytes / 512)?;
+        Ok(())
+    })
+    .await
+}
+
 /// Stop and delete device `dev_id`: its held and queued I/O fails with EIO.
 pub async fn remove(dev_id: u32) -> Result<(), UblkError> {
     blocking(move || {
@@ -273,7 +296,6 @@ fn serve(
             q_id,
             depth: info.queue_depth,
             max_io_bytes: info.max_io_buf_bytes,
-            size: export.size(),
         };
         let (char_dev, export, handle, shutdown, ready, drained) = (
             Arc::clone(&char_dev),

@@ -34,7 +34,6 @@ pub struct QueueSpec {
     pub q_id: u16,
     pub depth: u16,
     pub max_io_bytes: u32,
-    pub size: u64,
 }
 
 /// An `mmap`ed region, unmapped on drop.
@@ -195,7 +194,7 @@ impl Queue {
         let mut running: FuturesUnordered<Running<'_>> = FuturesUnordered::new();
         let depth = usize::from(self.spec.depth);
         let (mut ended, mut stopping) = (0usize, *shutdown.borrow());
-        let (size, max_io) = (self.spec.size, self.spec.max_io_bytes);
+        let max_io = self.spec.max_io_bytes;
         let base = self.bufs.ptr as usize;
         loop {
             let done: Vec<(u16, i32)> = self
@@ -207,7 +206,8 @@ impl Queue {
             for (tag, res) in done {
                 match res {
                     abi::IO_RES_OK if stopping => {} // held by the kernel for the next server
-                    abi::IO_RES_OK => match request::decode(&self.desc(tag), size, max_io) {
+                    // The export's size now: it grows online (`engine/volume/grow.rs`).
+                    abi::IO_RES_OK => match request::decode(&self.desc(tag), dev.size(), max_io) {
                         Ok(op) => {
                             let dev = Arc::clone(&dev);
                             let at = base + usize::from(tag) * max_io as usize;

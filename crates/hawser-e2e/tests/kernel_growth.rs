@@ -1,0 +1,157 @@
+//! Online growth in a real kernel (Debian's 6.12, in QEMU: this machine's kernel has no `nbd`
+//! or `ublk_drv`). On kernel NBD an attached volume grows under its mounted ext4 while an
+//! application writes through it: the agent tells the device its new size (a netlink
+//! reconfigure), `resize2fs` grows the mounted filesystem, the new space takes data, and the
+//! application sees no error and loses nothing. ublk on 6.12 has no UPDATE_SIZE (Linux 6.16),
+//! so the same grow is refused whole, before any replica grows, and the volume grows offline
+//! instead: detached, expanded, attached again.
+
+use std::path::{Path, PathBuf};
+
+use hawser_e2e::fs_app::{device_cli, verify, App};
+use hawser_e2e::run::run_ok;
+use hawser_e2e::Cluster;
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn a_mounted_ext4_grows_online_on_kernel_nbd_and_ublk_refuses_whole() {
+    hawser_e2e::guest::run_inner_test("inner_growth", &[]);
+}
+
+fn device_bytes(dev: &str) -> u64 {
+    run_ok("blockdev", &["--getsize64", dev])
+        .trim()
+        .parse()
+        .expect("blockdev's size")
+}
+
+/// The filesystem's size in bytes (`df`'s 1 KiB blocks).
+fn fs_bytes(mnt: &str) -> u64 {
+    let out = run_ok("df", &["-k", "--output=size", mnt]);
+    let kib: u64 = out
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("df: {out}"));
+    kib * 1024
+}
+
+fn replica_sizes(c: &Cluster, volume: &str) -> Vec<u64> {
+    c.volume(volume)
+        .replicas
+        .iter()
+        .map(|r| {
+            std::fs::metadata(c.replica_path(&r.id))
+                .expect("replica file")
+                .len()
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "runs inside a guest kernel: a_mounted_ext4_grows_online_... starts it"]
+fn inner_growth() {
+    hawser_e2e::guest::assert_in_guest();
+    let c = Cluster::start("kgrow", 2);
+    let mnt: PathBuf = c.agent("n1").data_dir.join("../mnt");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    let mnt_s = mnt.display().to_string();
+    grows_online_on_kernel_nbd(&c, &mnt);
+    ublk_refuses_then_grows_offline(&c, &mnt_s);
+}
+
+fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
+    let mnt_s = mnt.display().to_string();
+    c.attached_volume("g", "128MiB", 2, "n1");
+    let dev = device_cli(c, &["attach", "g", "--frontend", "nbd"]);
+    let dev = dev.trim().to_owned();
+    assert!(dev.starts_with("/dev/nbd"), "{dev}");
+    run_ok("mkfs.ext4", &["-q", "-F", &dev]);
+    run_ok("mount", &[&dev, &mnt_s]);
+    let before = fs_bytes(&mnt_s);
+    let app = App::start(&mnt.join("app.log"));
+    app.wait_acks(100);
+
+    // The grow, while the application writes.
+    c.cli_ok(&["volume", "expand", "g", "--size", "512MiB"]);
+    assert_eq!(device_bytes(&dev), 512 * MIB, "the kernel's size of {dev}");
+    assert_eq!(replica_sizes(c, "g"), [512 * MIB, 512 * MIB]);
+    run_ok("resize2fs", &[&dev]);
+    let after = fs_bytes(&mnt_s);
+    eprintln!("REPORT online growth on kernel NBD: ext4 {before} -> {after} bytes, mounted");
+    assert!(after > before + 300 * MIB, "ext4 did not grow: {before} -> {after}");
+    app.wait_acks(100);
+    // Data into the new space: more than the old filesystem could hold.
+    let big = mnt.join("big");
+    run_ok(
+        "dd",
+        &[
+            "if=/dev/urandom",
+            &format!("of={}", big.display()),
+            "bs=1M",
+            "count=200",
+            "conv=fsync",
+            "status=none",
+        ],
+    );
+    let sum = run_ok("sha256sum", &[&big.display().to_string()]);
+    let seen = app.stop();
+    assert!(seen.errors.is_empty(), "I/O errors: {:?}", seen.errors);
+
+    // Read back through a fresh mount, after a clean fsck: nothing from the page cache.
+    run_ok("umount", &[&mnt_s]);
+    hawser_e2e::run::assert_fsck_clean(&dev, "the grown ext4");
+    run_ok("mount", &[&dev, &mnt_s]);
+    verify(&mnt.join("app.log"), &seen);
+    assert_eq!(run_ok("sha256sum", &[&big.display().to_string()]), sum);
+    run_ok("umount", &[&mnt_s]);
+    device_cli(c, &["detach", "g"]);
+    c.cli_ok(&["volume", "detach", "g"]);
+    let v = c.volume("g");
+    let paths: Vec<_> = v.replicas.iter().map(|r| c.replica_path(&r.id)).collect();
+    hawser_e2e::assert_same_contents(&paths[0], &paths[1], 512 * MIB);
+}
+
+fn ublk_refuses_then_grows_offline(c: &Cluster, mnt_s: &str) {
+    c.attached_volume("u", "128MiB", 2, "n1");
+    let dev = device_cli(c, &["attach", "u", "--frontend", "ublk"]);
+    let dev = dev.trim().to_owned();
+    assert!(dev.starts_with("/dev/ublkb"), "{dev}");
+    run_ok("mkfs.ext4", &["-q", "-F", &dev]);
+    run_ok("mount", &[&dev, mnt_s]);
+    run_ok("sh", &["-c", &format!("echo kept > {mnt_s}/kept && sync")]);
+
+    let out = c.cli(&["volume", "expand", "u", "--size", "256MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("REPORT ublk online growth on this kernel: {}", err.trim());
+    assert!(!out.status.success(), "a ublk volume grew online on 6.12");
+    assert!(
+        err.contains("UPDATE_SIZE") && err.contains("detach"),
+        "the refusal does not say why and what to do: {err}"
+    );
+    // Refused whole: nothing grew.
+    assert_eq!(c.volume("u").size_bytes, 128 * MIB);
+    assert_eq!(replica_sizes(c, "u"), [128 * MIB, 128 * MIB]);
+    assert_eq!(device_bytes(&dev), 128 * MIB);
+
+    // Offline instead.
+    run_ok("umount", &[mnt_s]);
+    device_cli(c, &["detach", "u"]);
+    c.cli_ok(&["volume", "detach", "u"]);
+    c.cli_ok(&["volume", "expand", "u", "--size", "256MiB"]);
+    c.cli_ok(&["volume", "attach", "u", "--node", "n1"]);
+    let dev = device_cli(c, &["attach", "u", "--frontend", "ublk"]);
+    let dev = dev.trim().to_owned();
+    assert_eq!(device_bytes(&dev), 256 * MIB, "{dev} after the offline grow");
+    run_ok("e2fsck", &["-f", "-y", &dev]);
+    run_ok("resize2fs", &[&dev]);
+    run_ok("mount", &[&dev, mnt_s]);
+    assert!(fs_bytes(mnt_s) > 200 * MIB);
+    assert_eq!(
+        std::fs::read_to_string(format!("{mnt_s}/kept")).expect("kept"),
+        "kept\n"
+    );
+    run_ok("umount", &[mnt_s]);
+    device_cli(c, &["detach", "u"]);
+}
