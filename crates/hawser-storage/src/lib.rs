@@ -2,6 +2,7 @@
 //! record) on one node. Blocking I/O only: callers run it on a thread pool.
 
 pub mod aligned;
+mod chunk_bits;
 pub mod clone;
 pub mod error;
 pub mod file_ops;

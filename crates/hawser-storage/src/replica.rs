@@ -21,6 +21,7 @@ use hawser_wire::meta::{ReplicaDiskState, ReplicaMeta};
 use sha2::{Digest, Sha256};
 
 use crate::aligned::{is_aligned, AlignedBuf};
+use crate::chunk_bits::ChunkBits;
 use crate::error::{ReplicaIoError, StorageError};
 use crate::file_ops;
 use crate::gate::{EpochGate, Ticket};
@@ -70,9 +71,10 @@ pub struct Replica {
     /// The volume journal as the engines writing to this replica left it.
     journal: JournalFile,
     failed: AtomicBool,
-    /// Thin replicas: one bit per chunk known to be allocated (see THIN_ALLOC_CHUNK_BYTES).
-    /// Starts empty; a spurious fallocate of an allocated chunk is harmless.
-    allocated: Vec<AtomicU64>,
+    /// Thin replicas: one bit per chunk known to be allocated (see THIN_ALLOC_CHUNK_BYTES);
+    /// `None` for thick ones. Starts clear; a spurious fallocate of an allocated chunk is
+    /// harmless. Grows without a lock (`chunk_bits.rs` says why).
+    allocated: Option<ChunkBits>,
     /// Block checksums (`sums.rs`), for a replica created with them.
     sums: Option<Sums>,
     /// What the stored journal covers (`replica_sums.rs`).
@@ -277,14 +279,9 @@ impl Replica {
             epoch: AtomicU64::new(meta.epoch),
             epoch_gate: Arc::default(),
             failed: AtomicBool::new(meta.state == ReplicaDiskState::Failed),
-            allocated: if meta.thin {
-                let chunks = meta.size.div_ceil(THIN_ALLOC_CHUNK_BYTES);
-                (0..chunks.div_ceil(64))
-                    .map(|_| AtomicU64::new(0))
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            allocated: meta
+                .thin
+                .then(|| ChunkBits::new(meta.size.div_ceil(THIN_ALLOC_CHUNK_BYTES))),
             meta: Mutex::new(meta),
             journal: JournalFile::new(meta_path_journal, boot),
             sums,
@@ -607,58 +604,43 @@ impl Replica {
         })
     }
 
-    fn chunk_bit(&self, chunk: u64) -> (&AtomicU64, u64) {
-        // chunk < size / CHUNK, so chunk / 64 indexes `allocated` (sized from the same size).
-        (&self.allocated[(chunk / 64) as usize], 1 << (chunk % 64))
+    /// The chunks `[offset, offset+len)` touches, for a thin replica (`None`: thick, or empty).
+    fn chunks(&self, offset: u64, len: u64) -> Option<(&ChunkBits, std::ops::RangeInclusive<u64>)> {
+        let bits = self.allocated.as_ref().filter(|_| len > 0)?;
+        let first = offset / THIN_ALLOC_CHUNK_BYTES;
+        let last = (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES;
+        Some((bits, first..=last))
     }
 
     /// Thin replicas: fallocate every chunk of [offset, offset+len) not yet known allocated.
     fn ensure_allocated(&self, offset: u64, len: u64) -> Result<(), ReplicaIoError> {
-        if self.allocated.is_empty() || len == 0 {
+        let Some((bits, chunks)) = self.chunks(offset, len) else {
             return Ok(());
-        }
-        let first = offset / THIN_ALLOC_CHUNK_BYTES;
-        let last = (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES;
-        for chunk in first..=last {
-            let (word, bit) = self.chunk_bit(chunk);
-            if word.load(Ordering::Acquire) & bit != 0 {
+        };
+        for chunk in chunks {
+            if bits.get(chunk) {
                 continue;
             }
             let start = chunk * THIN_ALLOC_CHUNK_BYTES;
             let n = THIN_ALLOC_CHUNK_BYTES.min(self.size - start);
             file_ops::fallocate(&self.file, libc::FALLOC_FL_KEEP_SIZE, start, n)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
-            word.fetch_or(bit, Ordering::AcqRel);
+            bits.set(chunk);
         }
         Ok(())
     }
 
     /// Whether every chunk of [offset, offset+len) is known allocated (always, for a thick
-    /// replica). The range must be within the replica.
+    /// replica).
     fn is_allocated(&self, offset: u64, len: u64) -> bool {
-        if self.allocated.is_empty() || len == 0 {
-            return true;
-        }
-        let first = offset / THIN_ALLOC_CHUNK_BYTES;
-        let last = (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES;
-        (first..=last).all(|chunk| {
-            let (word, bit) = self.chunk_bit(chunk);
-            word.load(Ordering::Acquire) & bit != 0
-        })
+        self.chunks(offset, len)
+            .is_none_or(|(bits, mut chunks)| chunks.all(|c| bits.get(c)))
     }
 
     /// Forget the allocation of every chunk [offset, offset+len) touches (after a punch).
     fn forget_allocated(&self, offset: u64, len: u64) {
-        if self.allocated.is_empty() || len == 0 {
-            return;
-        }
-        let (first, last) = (
-            offset / THIN_ALLOC_CHUNK_BYTES,
-            (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES,
-        );
-        for chunk in first..=last {
-            let (word, bit) = self.chunk_bit(chunk);
-            word.fetch_and(!bit, Ordering::AcqRel);
+        if let Some((bits, chunks)) = self.chunks(offset, len) {
+            chunks.for_each(|c| bits.clear(c));
         }
     }
 
