@@ -26,6 +26,8 @@ pub use replica::{NewReplica, Replica};
 pub use snapshot::{SnapshotFile, Taken};
 
 #[cfg(test)]
+mod grow_tests;
+#[cfg(test)]
 mod snapshot_tests;
 #[cfg(test)]
 mod sums_tests;
