@@ -2,6 +2,7 @@
 //! record) on one node. Blocking I/O only: callers run it on a thread pool.
 
 pub mod aligned;
+mod chunk_bits;
 pub mod clone;
 pub mod error;
 pub mod file_ops;
@@ -24,6 +25,8 @@ pub use pool::{
 pub use replica::{NewReplica, Replica};
 pub use snapshot::{SnapshotFile, Taken};
 
+#[cfg(test)]
+mod grow_tests;
 #[cfg(test)]
 mod snapshot_tests;
 #[cfg(test)]

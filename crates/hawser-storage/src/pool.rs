@@ -8,11 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use hawser_wire::constants::BLOCK_BYTES;
-
 use crate::error::StorageError;
 use crate::file_ops;
-use crate::replica::{NewReplica, Replica};
+use crate::replica::{check_size, NewReplica, Replica};
 
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
@@ -78,9 +76,6 @@ pub struct PoolUsage {
 
 /// A restore's copy of a snapshot, before it replaces the data file.
 const RESTORED_EXT: &str = "restored";
-
-/// How long a grow waits for transient holders of a replica (a status listing) to let go.
-const GROW_WAIT_FOR_USERS: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Pool {
     config: PoolConfig,
@@ -345,6 +340,19 @@ impl Pool {
         })
     }
 
+    /// Bytes a thin (`thin`) or thick replica may still take; see the module doc for the rule.
+    fn room(&self, map: &BTreeMap<String, Arc<Replica>>, thin: bool) -> Result<u64, StorageError> {
+        let usage = self.usage_locked(map)?;
+        Ok(if thin {
+            // Float-to-int casts saturate in Rust, which is the wanted bound here.
+            #[allow(clippy::cast_possible_truncation)]
+            let limit = (usage.capacity_bytes as f64 * self.config.overprovision_ratio) as u64;
+            limit.saturating_sub(usage.provisioned_bytes)
+        } else {
+            usage.free_bytes
+        })
+    }
+
     /// Create a replica if it fits; see the module doc for the rule.
     pub fn create_replica(&self, new: &NewReplica) -> Result<Arc<Replica>, StorageError> {
         self.create_replica_from(new, None)
@@ -358,9 +366,7 @@ impl Pool {
         new: &NewReplica,
         source: Option<&Path>,
     ) -> Result<Arc<Replica>, StorageError> {
-        if new.size == 0 || !new.size.is_multiple_of(BLOCK_BYTES) {
-            return Err(StorageError::InvalidSize { size: new.size });
-        }
+        check_size(new.size)?;
         for id in [&new.id, &new.volume] {
             if !file_ops::valid_id(id) {
                 return Err(StorageError::InvalidId { id: id.clone() });
@@ -380,15 +386,7 @@ impl Pool {
                 id: new.id.clone(),
             });
         }
-        let usage = self.usage_locked(&map)?;
-        let available = if new.thin {
-            // Float-to-int casts saturate in Rust, which is the wanted bound here.
-            #[allow(clippy::cast_possible_truncation)]
-            let limit = (usage.capacity_bytes as f64 * self.config.overprovision_ratio) as u64;
-            limit.saturating_sub(usage.provisioned_bytes)
-        } else {
-            usage.free_bytes
-        };
+        let available = self.room(&map, new.thin)?;
         if new.size > available {
             return Err(StorageError::NoRoom {
                 pool: self.name().into(),
@@ -417,42 +415,25 @@ impl Pool {
     }
 
     /// Grows replica `id` to `size` bytes (to its size or less is a no-op), if the pool has
-    /// room for the growth and no engine uses the replica: a session holding the old object
-    /// would keep serving the old size, and two objects for one replica would split its epoch
-    /// gate. Returns the replica, opened again with its new size.
+    /// room for the growth. The replica grows in place (`Replica::grow`), so the sessions
+    /// that hold it, an attached volume's, see the new size at once. The map's lock is held
+    /// throughout: the room checked is the room taken, as in a create. Returns the replica.
     pub fn grow_replica(&self, id: &str, size: u64) -> Result<Arc<Replica>, StorageError> {
-        if size == 0 || !size.is_multiple_of(BLOCK_BYTES) {
-            return Err(StorageError::InvalidSize { size });
-        }
-        let mut map = self.lock();
-        let old = map
+        check_size(size)?;
+        let map = self.lock();
+        let replica = map
             .get(id)
             .cloned()
             .ok_or(StorageError::ReplicaNotFound { id: id.into() })?;
         // Already that big: an expand that stopped after growing this replica may be retried
         // to any size between the volume's and this one. Replicas never shrink.
-        if size <= old.size() {
-            return Ok(old);
+        let old = replica.size();
+        if size <= old {
+            return Ok(replica);
         }
-        // Other holders of the object: engine sessions, or a status call that briefly listed
-        // the replicas (gone within milliseconds). The map lock keeps new ones out meanwhile.
-        let deadline = std::time::Instant::now() + GROW_WAIT_FOR_USERS;
-        while Arc::strong_count(&old) > 2 {
-            if std::time::Instant::now() > deadline {
-                return Err(StorageError::InUse { id: id.into() });
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        let usage = self.usage_locked(&map)?;
-        let need = size.saturating_sub(old.size());
-        let kind = if old.thin() { "thin" } else { "thick" };
-        let available = if old.thin() {
-            #[allow(clippy::cast_possible_truncation)]
-            let limit = (usage.capacity_bytes as f64 * self.config.overprovision_ratio) as u64;
-            limit.saturating_sub(usage.provisioned_bytes)
-        } else {
-            usage.free_bytes
-        };
+        let need = size - old;
+        let kind = if replica.thin() { "thin" } else { "thick" };
+        let available = self.room(&map, replica.thin())?;
         if need > available {
             return Err(StorageError::NoRoom {
                 pool: self.name().into(),
@@ -461,12 +442,8 @@ impl Pool {
                 available,
             });
         }
-        old.grow_files(size)?;
-        let meta_path = Replica::paths(&self.dir, id).1;
-        drop(old);
-        let grown = Arc::new(Replica::open(self.name(), meta_path, self.config.boot_id)?);
-        map.insert(id.to_owned(), grown.clone());
-        Ok(grown)
+        replica.grow(size)?;
+        Ok(replica)
     }
 
     /// Replaces replica `id`'s data with its snapshot `snapshot` (the volume is detached: no

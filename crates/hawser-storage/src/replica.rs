@@ -14,13 +14,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use hawser_wire::constants::SECTOR_BYTES;
+use hawser_wire::constants::{BLOCK_BYTES, SECTOR_BYTES};
 use hawser_wire::frame::{CHECKSUM_BLOCK_BYTES, CHECKSUM_DIGEST_BYTES, MAX_CHECKSUM_BYTES};
 use hawser_wire::journal::{Journal, ACTIVITY_EXTENT_BYTES};
 use hawser_wire::meta::{ReplicaDiskState, ReplicaMeta};
 use sha2::{Digest, Sha256};
 
 use crate::aligned::{is_aligned, AlignedBuf};
+use crate::chunk_bits::ChunkBits;
 use crate::error::{ReplicaIoError, StorageError};
 use crate::file_ops;
 use crate::gate::{EpochGate, Ticket};
@@ -56,7 +57,10 @@ pub const THIN_ALLOC_CHUNK_BYTES: u64 = 1 << 20;
 pub struct Replica {
     id: String,
     volume: String,
-    size: u64,
+    /// Bytes served. Grows in place (`grow`) while sessions use the replica, so every
+    /// operation loads it once (Acquire) and checks against what it loaded; `grow` stores it
+    /// (Release) only after the files and the allocation bitmap cover the new range.
+    size: AtomicU64,
     thin: bool,
     pool: String,
     data_path: PathBuf,
@@ -70,9 +74,12 @@ pub struct Replica {
     /// The volume journal as the engines writing to this replica left it.
     journal: JournalFile,
     failed: AtomicBool,
-    /// Thin replicas: one bit per chunk known to be allocated (see THIN_ALLOC_CHUNK_BYTES).
-    /// Starts empty; a spurious fallocate of an allocated chunk is harmless.
-    allocated: Vec<AtomicU64>,
+    /// Thin replicas: one bit per chunk known to be allocated (see THIN_ALLOC_CHUNK_BYTES);
+    /// `None` for thick ones. Starts clear; a spurious fallocate of an allocated chunk is
+    /// harmless. Grows without a lock (`chunk_bits.rs` says why).
+    allocated: Option<ChunkBits>,
+    /// Held by a grow from start to end: two grows of one replica run one after the other.
+    growing: Mutex<()>,
     /// Block checksums (`sums.rs`), for a replica created with them.
     sums: Option<Sums>,
     /// What the stored journal covers (`replica_sums.rs`).
@@ -268,7 +275,7 @@ impl Replica {
         Replica {
             id: meta.replica.clone(),
             volume: meta.volume.clone(),
-            size: meta.size,
+            size: AtomicU64::new(meta.size),
             thin: meta.thin,
             pool: pool.to_owned(),
             data_path,
@@ -277,14 +284,10 @@ impl Replica {
             epoch: AtomicU64::new(meta.epoch),
             epoch_gate: Arc::default(),
             failed: AtomicBool::new(meta.state == ReplicaDiskState::Failed),
-            allocated: if meta.thin {
-                let chunks = meta.size.div_ceil(THIN_ALLOC_CHUNK_BYTES);
-                (0..chunks.div_ceil(64))
-                    .map(|_| AtomicU64::new(0))
-                    .collect()
-            } else {
-                Vec::new()
-            },
+            allocated: meta
+                .thin
+                .then(|| ChunkBits::new(meta.size.div_ceil(THIN_ALLOC_CHUNK_BYTES))),
+            growing: Mutex::new(()),
             meta: Mutex::new(meta),
             journal: JournalFile::new(meta_path_journal, boot),
             sums,
@@ -316,8 +319,9 @@ impl Replica {
     pub fn volume(&self) -> &str {
         &self.volume
     }
+    /// Bytes served now; may grow between two calls (never shrinks).
     pub fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
     pub fn thin(&self) -> bool {
         self.thin
@@ -359,25 +363,71 @@ impl Replica {
         self.file.sync_data()
     }
 
-    /// Grows the files to `size` bytes: the data file first (sparse, or allocated for a thick
-    /// replica), made durable, then the metadata, replaced atomically. A crash between the two
-    /// leaves a data file longer than its metadata, which `open` cuts back. The caller makes
-    /// sure no engine uses the replica and opens it again afterwards (this object keeps the
-    /// old size).
-    pub(crate) fn grow_files(&self, size: u64) -> Result<(), StorageError> {
-        let old = self.size;
-        if size < old {
-            return Err(StorageError::Shrink {
-                id: self.id.clone(),
-                size: old,
-                asked: size,
-            });
-        }
-        if size == old {
+    /// Grows the replica to `size` bytes in place, while sessions read and write it; to its
+    /// size or less is a no-op (an expand retried after it stopped half way). In the order
+    /// that keeps a crash safe:
+    /// 1. the data file (sparse, or allocated for a thick replica), made durable;
+    /// 2. the sums file (the new blocks are holes, whose sum is 0), made durable;
+    /// 3. the metadata, replaced atomically: from here a reopen serves the new size;
+    /// 4. the allocation bitmap, then the size in memory, last: no operation is accepted
+    ///    into the new range before the files cover it.
+    ///
+    /// A crash before 3 leaves a data file longer than its metadata, which `open` cuts back;
+    /// a failure before 3 puts the data file back to its length before. Grows of one replica
+    /// run one at a time. The caller checks the pool's room.
+    pub(crate) fn grow(&self, size: u64) -> Result<(), StorageError> {
+        check_size(size)?;
+        let _one = self.growing.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.size();
+        if size <= old {
             return Ok(());
         }
+        // Longer than `old` after a grow whose metadata write failed (which may have reached
+        // the disk anyway): never cut below that, or the metadata could outgrow the data.
+        let before = self
+            .file
+            .metadata()
+            .map_err(|e| StorageError::io("stat replica data file", &self.data_path, e))?
+            .len();
+        if let Err(e) = self.grow_files(old, before, size) {
+            // Nothing was accepted past `old`, and the metadata says at most `before`.
+            let undo = self
+                .file
+                .set_len(before)
+                .and_then(|()| self.file.sync_all());
+            if let Err(undo) = undo {
+                tracing::warn!(
+                    replica = %self.id, error = %undo,
+                    "cannot cut back a failed grow; the next open does"
+                );
+            }
+            return Err(e);
+        }
+        {
+            let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+            let mut next = meta.clone();
+            next.size = size;
+            // On failure the data file stays long: the metadata on disk may already say
+            // `size` (renamed, directory not synced), and a longer data file is always safe.
+            write_meta(&self.meta_path, &next)?;
+            *meta = next;
+        }
+        if let Some(bits) = &self.allocated {
+            bits.cover(size.div_ceil(THIN_ALLOC_CHUNK_BYTES));
+            // A last chunk cut by the old end was allocated only up to it.
+            if !old.is_multiple_of(THIN_ALLOC_CHUNK_BYTES) {
+                bits.clear(old / THIN_ALLOC_CHUNK_BYTES);
+            }
+        }
+        self.size.store(size, Ordering::Release);
+        Ok(())
+    }
+
+    /// Steps 1 and 2 of `grow` from `old` bytes served in a data file of `len` bytes: the data
+    /// file, then the sums file, each made durable. Neither is ever cut.
+    fn grow_files(&self, old: u64, len: u64, size: u64) -> Result<(), StorageError> {
         let grown = if self.thin {
-            self.file.set_len(size)
+            self.file.set_len(size.max(len))
         } else {
             file_ops::fallocate(&self.file, 0, old, size - old)
         };
@@ -388,11 +438,6 @@ impl Replica {
             sums.grow(size)
                 .map_err(|e| StorageError::io("grow replica checksums", sums.path(), e))?;
         }
-        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
-        let mut next = meta.clone();
-        next.size = size;
-        write_meta(&self.meta_path, &next)?;
-        *meta = next;
         Ok(())
     }
 
@@ -427,13 +472,13 @@ impl Replica {
         op: impl FnOnce() -> Result<T, ReplicaIoError>,
     ) -> Result<T, ReplicaIoError> {
         let _ticket = self.epoch_gate.enter();
-        self.check(epoch, offset, len)?;
+        self.check(epoch, offset, len, self.size())?;
         op()
     }
 
     /// What every data operation checks, holding a ticket of the epoch gate: its epoch, the
-    /// replica's health, and its range.
-    fn check(&self, epoch: u64, offset: u64, len: u64) -> Result<(), ReplicaIoError> {
+    /// replica's health, and its range within `size` (the size the operation loaded once).
+    fn check(&self, epoch: u64, offset: u64, len: u64, size: u64) -> Result<(), ReplicaIoError> {
         let current = self.epoch();
         if epoch < current {
             return Err(ReplicaIoError::StaleEpoch {
@@ -446,7 +491,7 @@ impl Replica {
         }
         let aligned = offset.is_multiple_of(SECTOR_BYTES) && len.is_multiple_of(SECTOR_BYTES);
         let end = offset.checked_add(len);
-        if !aligned || end.is_none_or(|end| end > self.size) {
+        if !aligned || end.is_none_or(|end| end > size) {
             return Err(ReplicaIoError::OutOfRange);
         }
         Ok(())
@@ -505,7 +550,7 @@ impl Replica {
             return Err(done);
         };
         let kind = self
-            .check(epoch, offset, u64::from(len))
+            .check(epoch, offset, u64::from(len), self.size())
             .map(|()| Kind::Read(AlignedBuf::for_overwrite(len as usize)));
         // Only a replica with sums needs itself in the completion.
         let summed = self.sums.is_some().then(|| self.clone());
@@ -537,7 +582,8 @@ impl Replica {
         // can wait for the filesystem's journal: not on the caller's thread (an async task
         // that answers pings), but on the pool.
         let len = data.len() as u64;
-        let in_range = offset.checked_add(len).is_some_and(|end| end <= self.size);
+        let size = self.size();
+        let in_range = offset.checked_add(len).is_some_and(|end| end <= size);
         if in_range && !self.is_allocated(offset, len) {
             return Err(done);
         }
@@ -549,7 +595,7 @@ impl Replica {
         let Some(held) = self.ring_slot() else {
             return Err(done);
         };
-        let kind = self.check(epoch, offset, len).and_then(|()| {
+        let kind = self.check(epoch, offset, len, size).and_then(|()| {
             let data = if is_aligned(&data) {
                 data
             } else {
@@ -607,58 +653,46 @@ impl Replica {
         })
     }
 
-    fn chunk_bit(&self, chunk: u64) -> (&AtomicU64, u64) {
-        // chunk < size / CHUNK, so chunk / 64 indexes `allocated` (sized from the same size).
-        (&self.allocated[(chunk / 64) as usize], 1 << (chunk % 64))
+    /// The chunks `[offset, offset+len)` touches, for a thin replica (`None`: thick, or empty).
+    fn chunks(&self, offset: u64, len: u64) -> Option<(&ChunkBits, std::ops::RangeInclusive<u64>)> {
+        let bits = self.allocated.as_ref().filter(|_| len > 0)?;
+        let first = offset / THIN_ALLOC_CHUNK_BYTES;
+        let last = (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES;
+        Some((bits, first..=last))
     }
 
     /// Thin replicas: fallocate every chunk of [offset, offset+len) not yet known allocated.
+    /// The range was checked against a size no larger than the one loaded here (sizes only
+    /// grow, and the file covers a size before it is published).
     fn ensure_allocated(&self, offset: u64, len: u64) -> Result<(), ReplicaIoError> {
-        if self.allocated.is_empty() || len == 0 {
+        let Some((bits, chunks)) = self.chunks(offset, len) else {
             return Ok(());
-        }
-        let first = offset / THIN_ALLOC_CHUNK_BYTES;
-        let last = (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES;
-        for chunk in first..=last {
-            let (word, bit) = self.chunk_bit(chunk);
-            if word.load(Ordering::Acquire) & bit != 0 {
+        };
+        let size = self.size();
+        for chunk in chunks {
+            if bits.get(chunk) {
                 continue;
             }
             let start = chunk * THIN_ALLOC_CHUNK_BYTES;
-            let n = THIN_ALLOC_CHUNK_BYTES.min(self.size - start);
+            let n = THIN_ALLOC_CHUNK_BYTES.min(size - start);
             file_ops::fallocate(&self.file, libc::FALLOC_FL_KEEP_SIZE, start, n)
                 .map_err(|e| ReplicaIoError::from_io(&e))?;
-            word.fetch_or(bit, Ordering::AcqRel);
+            bits.set(chunk);
         }
         Ok(())
     }
 
     /// Whether every chunk of [offset, offset+len) is known allocated (always, for a thick
-    /// replica). The range must be within the replica.
+    /// replica).
     fn is_allocated(&self, offset: u64, len: u64) -> bool {
-        if self.allocated.is_empty() || len == 0 {
-            return true;
-        }
-        let first = offset / THIN_ALLOC_CHUNK_BYTES;
-        let last = (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES;
-        (first..=last).all(|chunk| {
-            let (word, bit) = self.chunk_bit(chunk);
-            word.load(Ordering::Acquire) & bit != 0
-        })
+        self.chunks(offset, len)
+            .is_none_or(|(bits, mut chunks)| chunks.all(|c| bits.get(c)))
     }
 
     /// Forget the allocation of every chunk [offset, offset+len) touches (after a punch).
     fn forget_allocated(&self, offset: u64, len: u64) {
-        if self.allocated.is_empty() || len == 0 {
-            return;
-        }
-        let (first, last) = (
-            offset / THIN_ALLOC_CHUNK_BYTES,
-            (offset + len - 1) / THIN_ALLOC_CHUNK_BYTES,
-        );
-        for chunk in first..=last {
-            let (word, bit) = self.chunk_bit(chunk);
-            word.fetch_and(!bit, Ordering::AcqRel);
+        if let Some((bits, chunks)) = self.chunks(offset, len) {
+            chunks.for_each(|c| bits.clear(c));
         }
     }
 
@@ -668,11 +702,12 @@ impl Replica {
             // A journal of a volume smaller than the replica fits: a replica grown by an
             // expand that stopped before the volume record (docs/protocol.md) serves the
             // volume's size until the expand is retried.
+            let size = self.size();
             let journal = match Journal::decode(encoded) {
-                Ok(j) if j.epoch == epoch && j.size <= self.size => j,
+                Ok(j) if j.epoch == epoch && j.size <= size => j,
                 _ => return Err(ReplicaIoError::OutOfRange),
             };
-            let cover = Cover::of(&journal, &self.id, self.size);
+            let cover = Cover::of(&journal, &self.id, size);
             self.sums_before_journal(&cover)?;
             self.journal
                 .put(encoded)
@@ -791,10 +826,18 @@ impl std::fmt::Debug for Replica {
         f.debug_struct("Replica")
             .field("id", &self.id)
             .field("volume", &self.volume)
-            .field("size", &self.size)
+            .field("size", &self.size())
             .field("epoch", &self.epoch())
             .finish_non_exhaustive()
     }
+}
+
+/// A replica's size must be a positive multiple of `BLOCK_BYTES` (creates and grows).
+pub(crate) fn check_size(size: u64) -> Result<(), StorageError> {
+    if size == 0 || !size.is_multiple_of(BLOCK_BYTES) {
+        return Err(StorageError::InvalidSize { size });
+    }
+    Ok(())
 }
 
 fn write_meta(path: &Path, meta: &ReplicaMeta) -> Result<(), StorageError> {

@@ -66,7 +66,7 @@ async fn connect(addr: &str) -> (ReplicaClient, mpsc::UnboundedReceiver<bool>) {
 /// The watchdog gives up on a replica that stopped answering, and the replica sees the
 /// connection end at once, although the client object is still held (by a request waiting
 /// for a reply, say): a replica whose connection lingers keeps its session, and with it the
-/// replica, open (a grow is refused as "in use").
+/// replica, open (a restore or a trash is refused as "in use").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_given_up_on_sees_the_connection_end_while_the_client_is_held() {
     let (addr, peer) = silent_replica().await;

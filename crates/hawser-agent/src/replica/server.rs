@@ -372,6 +372,9 @@ async fn hello(
         gate.current.fetch_add(1, Ordering::AcqRel) + 1
     };
     let info = HelloInfo {
+        // The size now. A grow (`Pool::grow_replica`) grows this very object in place, and
+        // every request of the session is checked against the size when it runs, so a
+        // session opened before a grow serves the new range after it; clients keep no size.
         size: replica.size(),
         epoch: replica.epoch(),
         generation: replica.generation(),
