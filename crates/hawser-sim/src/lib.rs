@@ -10,6 +10,7 @@
 //! faults and their rules, healing). Each module's doc also says what it does not model.
 //! Runs with `FaultMix::engine_crash` also model the driver's journal (`world/journal.rs`) and
 //! crash the engine itself, then start a new one that runs crash recovery (`world/restart.rs`).
+//! Runs with `FaultMix::grow` grow the volume online at random points (`world/grow.rs`).
 //!
 //! A failing run prints its seed, a one-line replay command and the end of its event trace:
 //! `HAWSER_SEED=<seed> cargo test --release -p hawser-sim replay -- --nocapture` prints the whole

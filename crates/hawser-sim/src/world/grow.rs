@@ -39,7 +39,8 @@ impl World {
         for (r, rep) in self.replicas.iter_mut().enumerate() {
             rep.disk.grow(size);
             if self.mutation == Mutation::GrowWithoutZeroes && r == self.p.replicas - 1 {
-                rep.disk.scribble(old, size - old, JUNK_BASE + 1_000 + self.stats.grows);
+                rep.disk
+                    .scribble(old, size - old, JUNK_BASE + 1_000 + self.stats.grows);
             }
         }
         self.p.size = size;
