@@ -59,6 +59,18 @@ impl ActivityLog {
         }
     }
 
+    /// The volume grew to `size` bytes: requests into the new range need their extents in the
+    /// log like any other. Nothing else changes: every extent tracked is inside the old size,
+    /// and the old partial last extent is one extent whatever the size.
+    pub fn grow(&mut self, size: u64) {
+        assert!(size >= self.size, "the activity log never shrinks");
+        self.size = size;
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
     fn extents(&self, offset: u64, len: u64) -> std::ops::Range<u64> {
         if len == 0 || offset >= self.size {
             return 0..0;
@@ -266,6 +278,24 @@ mod tests {
         assert!(!al.try_begin(5 * MIB, MIB));
         assert_eq!(al.next(u64::MAX), BTreeSet::from([1]));
         assert!(al.try_begin(0, 0), "an empty request needs nothing");
+    }
+
+    #[test]
+    fn a_request_past_the_old_end_needs_its_extent_once_the_log_grows() {
+        let mut al = ActivityLog::new(6 * MIB, 4 * MIB, 1024);
+        assert!(
+            al.try_begin(7 * MIB, 4096),
+            "past the end: no extent (the engine refuses it)"
+        );
+        al.end(7 * MIB, 4096);
+        al.grow(12 * MIB);
+        assert!(
+            !al.try_begin(7 * MIB, 4096),
+            "inside now: it waits for its extent"
+        );
+        assert_eq!(al.next(u64::MAX), BTreeSet::from([1]));
+        assert!(!al.try_begin(9 * MIB, 4096));
+        assert_eq!(al.next(u64::MAX), BTreeSet::from([1, 2]));
     }
 
     #[test]

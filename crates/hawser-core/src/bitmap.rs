@@ -31,6 +31,27 @@ impl ChunkMap {
         m
     }
 
+    /// Cover a volume grown to `size` bytes: chunks past the old end join clean, every
+    /// existing chunk keeps its state, the old partial last one too (its bit already covers
+    /// its whole chunk). Whether clean is right for the new chunks is the caller's argument
+    /// (`Engine::grow`). Panics if `size` would drop a chunk.
+    pub fn grow(&mut self, size: u64) {
+        let chunks = size.div_ceil(self.chunk);
+        assert!(chunks >= self.chunks, "a chunk map never shrinks");
+        let words = usize::try_from(chunks.div_ceil(64)).expect("bitmap fits in memory");
+        // Bits past the old `chunks` in its last word are zero: nothing ever sets them
+        // (`set_chunks` clamps to the map).
+        self.words.resize(words, 0);
+        self.chunks = chunks;
+        debug_assert_eq!(
+            self.set,
+            self.words
+                .iter()
+                .map(|w| u64::from(w.count_ones()))
+                .sum::<u64>()
+        );
+    }
+
     pub fn chunk_bytes(&self) -> u64 {
         self.chunk
     }
@@ -221,6 +242,42 @@ mod tests {
         assert_eq!(m.runs(), vec![(3, 10), (130, 131)]);
         m.clear_chunks(0, 200);
         assert_eq!(m.next_run(0, 100), None);
+    }
+
+    #[test]
+    fn growing_keeps_every_bit_and_adds_clean_chunks() {
+        // 10.5 chunks: the last one partial, and set, so growing must keep it set.
+        let mut m = ChunkMap::new(10 * K + 512, K);
+        m.set_chunks(2, 3);
+        m.set_chunks(10, 11);
+        m.grow(10 * K + 512);
+        assert_eq!(m.chunks(), 11, "the same size changes nothing");
+        m.grow(200 * K);
+        assert_eq!(m.chunks(), 200);
+        assert_eq!(m.runs(), vec![(2, 3), (10, 11)]);
+        assert_eq!(m.count(), 2);
+        assert_eq!(
+            m.next_run(11, 100),
+            Some((2, 3)),
+            "nothing set past the old end"
+        );
+        // The new chunks are ordinary chunks: they can be set and unioned.
+        m.set_chunks(150, 152);
+        let mut f = ChunkMap::full(100 * K, K);
+        f.grow(200 * K);
+        assert_eq!(
+            f.runs(),
+            vec![(0, 100)],
+            "a full map stays full only where it was"
+        );
+        f.union(&m);
+        assert_eq!(f.runs(), vec![(0, 100), (150, 152)]);
+    }
+
+    #[test]
+    #[should_panic(expected = "never shrinks")]
+    fn a_chunk_map_never_shrinks() {
+        ChunkMap::new(10 * K, K).grow(9 * K);
     }
 
     #[test]

@@ -3,6 +3,10 @@
 /// Most replicas a volume can have (replica sets are bit sets in a u32; 8 is plenty).
 pub const MAX_REPLICAS: usize = 8;
 
+/// Client requests and the volume's size are whole sectors of this size (`Engine::submit`
+/// refuses others, `Engine::grow` refuses a size that is not).
+pub const SECTOR_BYTES: u64 = 512;
+
 /// Dirty-tracking granularity: one bit per 64 KiB. Small enough that random 4 KiB writes
 /// during an outage copy little (at most 16x, usually far less as writes cluster), large
 /// enough that a 1 TiB volume's bitmap is 2 MiB.

@@ -33,7 +33,7 @@ use crate::bitmap::ChunkMap;
 use crate::constants::{
     DEFAULT_CHUNK_BYTES, DEFAULT_CORRUPT_LIMIT_BLOCKS, DEFAULT_RESYNC_PARALLEL,
     DEFAULT_RESYNC_UNIT_BYTES, DEFAULT_SCRUB_UNIT_BYTES, INTERNAL_TAG_BASE, MAX_REPLICAS,
-    MAX_SCRUB_UNIT_BYTES, ORDER_BLOCK_BYTES, UNFLUSHED_COMPACT_AT,
+    MAX_SCRUB_UNIT_BYTES, ORDER_BLOCK_BYTES, SECTOR_BYTES, UNFLUSHED_COMPACT_AT,
 };
 use crate::io_error::IoError;
 use crate::range_lock::{span, RangeLock};
@@ -335,7 +335,11 @@ impl Engine {
                     Initial::InSync => (Membership::InSync, ChunkMap::new(size, cfg.chunk_bytes)),
                     Initial::Outdated { dirty: Some(d) } => {
                         assert_eq!(d.chunk_bytes(), cfg.chunk_bytes, "bitmap geometry");
-                        (Membership::Outdated, d.clone())
+                        // A map from before the volume grew lacks nothing past its end: the
+                        // grown range was zeroes on every replica (`grow.rs`).
+                        let mut d = d.clone();
+                        d.grow(size);
+                        (Membership::Outdated, d)
                     }
                     Initial::Outdated { dirty: None } => {
                         (Membership::Outdated, ChunkMap::full(size, cfg.chunk_bytes))
@@ -588,7 +592,7 @@ impl Engine {
             ClientOp::Read { offset, len } => (*offset, u64::from(*len)),
             other => other.write_range().unwrap_or((0, 0)),
         };
-        let aligned = offset % 512 == 0 && len % 512 == 0 && len > 0;
+        let aligned = offset % SECTOR_BYTES == 0 && len % SECTOR_BYTES == 0 && len > 0;
         aligned && offset.checked_add(len).is_some_and(|end| end <= self.size)
     }
 

@@ -9,6 +9,7 @@ pub mod bitmap;
 pub mod constants;
 pub mod driver;
 pub mod engine;
+mod grow;
 pub mod id_map;
 pub mod io_error;
 mod membership;
@@ -25,6 +26,7 @@ pub use bitmap::ChunkMap;
 pub use engine::{
     Engine, EngineConfig, Initial, Membership, NoQuorum, Quorum, ReplicaSpec, ReplicaView,
 };
+pub use grow::GrowError;
 pub use id_map::IdMap;
 pub use io_error::IoError;
 pub use recovery_plan::Plan;
@@ -37,6 +39,8 @@ pub use types::{
 
 #[cfg(test)]
 mod engine_tests;
+#[cfg(test)]
+mod grow_tests;
 #[cfg(test)]
 mod repair_tests;
 #[cfg(test)]

@@ -45,9 +45,12 @@ pub(crate) enum Stage {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Copy {
     pub target: ReplicaIdx,
-    /// Chunk range `[first, end)`.
+    /// Chunk range `[first, end)`; the copy holds the range lock of these whole chunks.
     pub first: u64,
     pub end: u64,
+    /// The bytes its read asked for (the chunks, clipped to the volume's end when it was
+    /// sent): its answer and write are this range even if the volume grew since.
+    pub bytes: (u64, u64),
     pub stage: Stage,
     /// `Engine::promotions` when its data was read.
     pub promotions: u64,
@@ -157,7 +160,7 @@ impl Engine {
                 s.cursor = end;
                 s.copies += 1;
                 let tag = self.new_copy(r, first, end, Stage::Locking);
-                let range = Some(self.byte_range(first, end));
+                let range = Some(self.chunk_lock(first, end));
                 if let Some(Work::Copy) = self.locks.acquire(tag, range, Work::Copy) {
                     self.copy_locked(tag, out);
                 }
@@ -252,6 +255,7 @@ impl Engine {
                 target,
                 first,
                 end,
+                bytes: (0, 0),
                 stage,
                 promotions: self.promotions,
                 tried: Set::default(),
@@ -263,6 +267,15 @@ impl Engine {
     fn byte_range(&self, first: u64, end: u64) -> (u64, u64) {
         let chunk = self.cfg.chunk_bytes;
         (first * chunk, (end * chunk).min(self.size))
+    }
+
+    /// The range lock of a copy of chunks `[first, end)`: whole chunks, past the volume's end
+    /// for a partial last one. Nothing else ever holds bytes past the end, so this orders the
+    /// copy exactly as its byte range would, until the volume grows: then it also keeps
+    /// client writes out of the new part of that chunk while the copy runs (`grow.rs`).
+    fn chunk_lock(&self, first: u64, end: u64) -> (u64, u64) {
+        let chunk = self.cfg.chunk_bytes;
+        (first * chunk, end * chunk)
     }
 
     /// The copy holds its range: read it from an in-sync replica.
@@ -298,6 +311,7 @@ impl Engine {
         self.copies.insert(
             tag,
             Copy {
+                bytes: (offset, end),
                 stage: Stage::Reading(source),
                 promotions: self.promotions,
                 tried,
@@ -325,7 +339,7 @@ impl Engine {
         let Some(c) = self.copies.get(&tag).copied() else {
             return;
         };
-        let (offset, end) = self.byte_range(c.first, c.end);
+        let (offset, end) = c.bytes;
         match (c.stage, result) {
             (Stage::Reading(_), Ok(Some(data))) if data.len() as u64 == end - offset => {
                 let t = self.slot(c.target);
@@ -362,6 +376,8 @@ impl Engine {
                 let current = c.promotions == self.promotions;
                 let s = self.slot_mut(c.target);
                 if s.membership == Membership::Syncing && current {
+                    // Also a partial last chunk the volume grew past since the read: its new
+                    // part is zeroes everywhere, kept so by this copy's lock (`chunk_lock`).
                     s.dirty.clear_chunks(c.first, c.end);
                     s.copied_bytes += end - offset;
                     // Not durable until the resync's final flush: if the node loses power
@@ -398,7 +414,7 @@ impl Engine {
         }
         match self.pick_reader(c.tried) {
             Some(source) => {
-                let (offset, end) = self.byte_range(c.first, c.end);
+                let (offset, end) = c.bytes;
                 let len = u32::try_from(end - offset).expect("resync unit fits in u32");
                 self.repair(from, offset, len, out);
                 self.copy_read(tag, c, source, c.tried, out);

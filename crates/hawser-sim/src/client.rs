@@ -93,6 +93,19 @@ impl Model {
         self.sectors.len() as u64
     }
 
+    /// The volume grew to `size` bytes: its new sectors hold zeroes, as new ones do.
+    pub fn grow(&mut self, size: u64) {
+        let n = idx(size / SECTOR);
+        assert!(n >= self.sectors.len(), "a volume never shrinks");
+        let init = Cand {
+            val: 0,
+            inv: 0,
+            resp: 0,
+        };
+        self.sectors.resize(n, vec![init]);
+        self.busy.resize(n, 0);
+    }
+
     fn tick(&mut self) -> u64 {
         self.clock += 1;
         self.clock
@@ -214,6 +227,12 @@ impl Client {
 
     pub fn outstanding(&self) -> usize {
         self.reqs.len()
+    }
+
+    /// The volume grew to `size` bytes: the model and the workload take in the new range.
+    pub fn grow(&mut self, size: u64) {
+        self.model.grow(size);
+        self.size = size;
     }
 
     pub fn outstanding_tags(&self) -> Vec<Tag> {

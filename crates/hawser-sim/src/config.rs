@@ -37,6 +37,11 @@ pub const HEAL_DEADLINE_US: u64 = 20_000_000;
 pub const MAX_EVENTS: u64 = 5_000_000;
 /// Largest read the final read-back issues.
 pub const FINAL_READ_BYTES: u64 = 64 * 1024;
+/// Most online growths of the volume per run (`FaultMix::grow`), and the most chunks one adds:
+/// enough to cross the old end with requests in flight and crashes after, bounded so the
+/// volume stays a few MiB.
+pub const MAX_GROWS: u64 = 2;
+pub const MAX_GROW_CHUNKS: u64 = 16;
 
 /// Which faults a run injects, as relative weights (0: never).
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +65,10 @@ pub struct FaultMix {
     /// Rot: a few random blocks of one in-sync replica stop matching their checksums
     /// (`Replica::corrupt`). Only while another replica holds a clean good copy.
     pub corrupt: u32,
+    /// Online growth of the volume (`world/grow.rs`), at most `MAX_GROWS` times a run: every
+    /// replica's disk grows with zeroes, then the engine and its keeper, then the client's
+    /// workload takes in the new range.
+    pub grow: u32,
 }
 
 impl FaultMix {
@@ -74,6 +83,7 @@ impl FaultMix {
         engine_moves_pct: 0,
         early_engine_crash: false,
         corrupt: 0,
+        grow: 0,
     };
     /// Every fault, and rot at a low rate (1 in about 14 faults). Kept out of `ALL` so that
     /// the pinned seeds keep the traces they were found with.
@@ -97,6 +107,20 @@ impl FaultMix {
         early_engine_crash: true,
         ..FaultMix::ALL_WITH_ENGINE_CRASHES
     };
+    /// Every fault, rot and scrubs too, and the volume grows online (1 in about 8 faults,
+    /// `MAX_GROWS` at most, so most faults of a run are still others; a scrub pass may be
+    /// under way across a growth). Kept out of `ALL` so that the pinned seeds keep the traces
+    /// they were found with.
+    pub const ALL_WITH_GROWTH: FaultMix = FaultMix {
+        grow: 2,
+        ..FaultMix::ALL_WITH_CORRUPTION
+    };
+    /// Growth with engine crashes (and the journal): restarts after a grow start with the
+    /// grown size and recover from journals of either size.
+    pub const ALL_WITH_GROWTH_AND_ENGINE_CRASHES: FaultMix = FaultMix {
+        grow: 2,
+        ..FaultMix::ALL_WITH_ENGINE_CRASHES
+    };
     pub const NONE: FaultMix = FaultMix {
         process_crash: 0,
         node_crash: 0,
@@ -108,6 +132,7 @@ impl FaultMix {
         engine_moves_pct: 0,
         early_engine_crash: false,
         corrupt: 0,
+        grow: 0,
     };
 }
 

@@ -47,6 +47,15 @@ impl Disk {
         self.cur.len() as u64
     }
 
+    /// Grow to `size` bytes, durably: the new range is zeroes in both layers (a replica
+    /// reports its growth only once it would survive a power loss).
+    pub fn grow(&mut self, size: u64) {
+        assert!(size >= self.size() && size.is_multiple_of(SECTOR));
+        self.cur.resize(idx(size), 0);
+        self.durable.resize(idx(size), 0);
+        self.is_volatile.resize(idx(size / SECTOR), false);
+    }
+
     /// The whole disk as reads see it.
     pub fn view(&self) -> &[u8] {
         &self.cur

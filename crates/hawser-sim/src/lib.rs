@@ -10,6 +10,7 @@
 //! faults and their rules, healing). Each module's doc also says what it does not model.
 //! Runs with `FaultMix::engine_crash` also model the driver's journal (`world/journal.rs`) and
 //! crash the engine itself, then start a new one that runs crash recovery (`world/restart.rs`).
+//! Runs with `FaultMix::grow` grow the volume online at random points (`world/grow.rs`).
 //!
 //! A failing run prints its seed, a one-line replay command and the end of its event trace:
 //! `HAWSER_SEED=<seed> cargo test --release -p hawser-sim replay -- --nocapture` prints the whole
@@ -60,6 +61,11 @@ pub enum Mutation {
     /// The keeper asks the store to mark a resynced replica in sync at once, before a
     /// journal says it lacks nothing (`Params::in_sync_commit` off).
     MarkWithoutCommit,
+    /// A growth of the volume gives one replica junk, not zeroes, over the new range (the
+    /// controller told the engine before every replica was grown and zeroed): the engine
+    /// takes the new chunks as clean everywhere, so that replica must be caught holding data
+    /// no client wrote.
+    GrowWithoutZeroes,
 }
 
 impl Mutation {
@@ -146,6 +152,22 @@ impl RunOptions {
         }
     }
 
+    /// Every fault, and online growth of the volume (`FaultMix::grow`).
+    pub fn with_growth() -> RunOptions {
+        RunOptions {
+            faults: FaultMix::ALL_WITH_GROWTH,
+            mutation: Mutation::None,
+        }
+    }
+
+    /// Growth with engine crashes (and the journal).
+    pub fn with_growth_and_engine_crashes() -> RunOptions {
+        RunOptions {
+            faults: FaultMix::ALL_WITH_GROWTH_AND_ENGINE_CRASHES,
+            mutation: Mutation::None,
+        }
+    }
+
     /// Engine crashes, and restarts on another node.
     pub fn with_engine_moves() -> RunOptions {
         RunOptions {
@@ -160,7 +182,11 @@ impl RunOptions {
 
     /// What `replay_command` adds for this fault mix.
     pub fn mode(&self) -> &'static str {
-        if self.faults.early_engine_crash {
+        if self.faults.grow > 0 && self.engine_crashes() {
+            " HAWSER_GROWTH=1 HAWSER_ENGINE_CRASHES=1"
+        } else if self.faults.grow > 0 {
+            " HAWSER_GROWTH=1"
+        } else if self.faults.early_engine_crash {
             " HAWSER_EARLY_ENGINE_CRASH=1"
         } else if self.faults.engine_moves_pct > 0 {
             " HAWSER_ENGINE_MOVES=1"

@@ -213,6 +213,8 @@ pub struct Stats {
     /// Scrub passes started and completed (`Command::ScrubDone`).
     pub scrubs_started: u64,
     pub scrubs_done: u64,
+    /// Online growths of the volume (`world/grow.rs`).
+    pub grows: u64,
 }
 
 /// Whether the engine runs.
@@ -293,6 +295,7 @@ macro_rules! trace {
 
 mod describe;
 mod faults;
+mod grow;
 mod heal;
 mod journal;
 mod restart;

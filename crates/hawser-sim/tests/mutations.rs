@@ -134,6 +134,15 @@ fn a_mark_before_the_in_sync_commit_is_caught() {
     );
 }
 
+/// Online growth: a replica that holds junk, not zeroes, over the new range when the engine
+/// grows (taken as clean there, as every replica should be) is caught by the checks, which
+/// cover the grown range.
+#[test]
+fn a_grow_before_every_replica_is_zeroed_is_caught() {
+    let m = first_failure(Mutation::GrowWithoutZeroes, FaultMix::ALL_WITH_GROWTH);
+    assert!(m.contains("version") || m.contains("differ"), "{m}");
+}
+
 /// `HAWSER_MUTATION=<name> HAWSER_SEED_BASE=<first> HAWSER_SEEDS=<n> cargo test --release -p
 /// hawser-sim --test mutations scan -- --ignored --nocapture`: list the seeds of a range that
 /// fail under a mutation (with engine crashes), to pin one; `None` lists the seeds that fail

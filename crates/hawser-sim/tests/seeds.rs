@@ -32,7 +32,7 @@ fn shard_stats(i: u64, opts: RunOptions) -> (u64, u64, u64) {
     let (mut faults, mut writes, mut reads) = (0u64, 0u64, 0u64);
     let (mut crashes, mut moves, mut recovery, mut saves) = (0u64, 0u64, 0u64, 0u64);
     let (mut rotted, mut repaired, mut lost) = (0u64, 0u64, 0u64);
-    let (mut scrubs, mut scrubbed) = (0u64, 0u64);
+    let (mut scrubs, mut scrubbed, mut grows, mut grown) = (0u64, 0u64, 0u64, 0u64);
     for seed in base..base + n {
         match run_seed(seed, opts) {
             Ok(s) => {
@@ -52,6 +52,8 @@ fn shard_stats(i: u64, opts: RunOptions) -> (u64, u64, u64) {
                 lost += s.corrupt_unrecoverable;
                 scrubs += s.scrubs_started;
                 scrubbed += s.scrubs_done;
+                grows += s.grows;
+                grown += u64::from(s.grows > 0);
             }
             Err(f) => failures.push(f),
         }
@@ -62,7 +64,7 @@ fn shard_stats(i: u64, opts: RunOptions) -> (u64, u64, u64) {
          {dirtied} bytes, written while out {missed} bytes; {crashes} engine crashes \
          ({moves} restarted elsewhere), recovery compared {recovery} bytes; {saves} resync saves; \
          {rotted} blocks rotted, {repaired} repaired, {lost} unrecoverable; {scrubs} scrub \
-         passes started, {scrubbed} completed",
+         passes started, {scrubbed} completed; {grows} growths in {grown} seeds",
         base + n,
         failures.len()
     );
@@ -73,6 +75,12 @@ fn shard_stats(i: u64, opts: RunOptions) -> (u64, u64, u64) {
         panic!(
             "{} of {n} seeds failed; the first:\n{first}",
             failures.len()
+        );
+    }
+    if opts.faults.grow > 0 {
+        assert!(
+            grown * 4 >= n,
+            "growth was not exercised: {grows} growths in {grown} of {n} seeds"
         );
     }
     (rotted, repaired, lost)
@@ -143,6 +151,29 @@ fn engine_crash_seeds_4() {
 #[test]
 fn engine_crash_seeds_5() {
     shard_with(5, RunOptions::with_engine_crashes());
+}
+
+/// The same seeds with online growth of the volume: the checks cover the grown range.
+#[test]
+fn growth_seeds_0() {
+    shard_with(0, RunOptions::with_growth());
+}
+
+#[test]
+fn growth_seeds_1() {
+    shard_with(1, RunOptions::with_growth());
+}
+
+/// Growth with engine crashes: restarts after a growth start with the grown size, and
+/// recovery reads journals stored before and after it.
+#[test]
+fn growth_engine_crash_seeds_0() {
+    shard_with(0, RunOptions::with_growth_and_engine_crashes());
+}
+
+#[test]
+fn growth_engine_crash_seeds_1() {
+    shard_with(1, RunOptions::with_growth_and_engine_crashes());
 }
 
 /// And with engines that restart on a node without a replica.
@@ -310,7 +341,13 @@ fn replay() {
     else {
         return;
     };
-    let opts = if std::env::var_os("HAWSER_EARLY_ENGINE_CRASH").is_some() {
+    let growth = std::env::var_os("HAWSER_GROWTH").is_some();
+    let crashes = std::env::var_os("HAWSER_ENGINE_CRASHES").is_some();
+    let opts = if growth && crashes {
+        RunOptions::with_growth_and_engine_crashes()
+    } else if growth {
+        RunOptions::with_growth()
+    } else if std::env::var_os("HAWSER_EARLY_ENGINE_CRASH").is_some() {
         RunOptions::with_early_engine_crash()
     } else if std::env::var_os("HAWSER_ENGINE_MOVES").is_some() {
         RunOptions::with_engine_moves()

@@ -35,8 +35,8 @@ use hawser_wire::journal::{Journal, JournalError, OutReplica};
 use crate::activity::to_runs;
 use crate::recovery_plan::{add_out, out_entry, returning_lacks, said_lost};
 use crate::{
-    ActivityLog, ChunkMap, ClientOp, Command, Engine, IoError, Membership, ReplicaFailure,
-    ReplicaIdx, ResyncPoint, Tag,
+    ActivityLog, ChunkMap, ClientOp, Command, Engine, GrowError, IoError, Membership,
+    ReplicaFailure, ReplicaIdx, ResyncPoint, Tag,
 };
 
 /// Identifies one journal operation of a keeper (unique for its life).
@@ -218,6 +218,59 @@ impl Keeper {
             finishing: false,
             finish_commit: None,
         }
+    }
+
+    /// Grow the volume to `size` bytes online: the engine (`Engine::grow`, whose doc says
+    /// what the caller must have done first) and then the keeper's own state. The one call a
+    /// driver makes, under the lock that runs the engine; on an error nothing changed.
+    ///
+    /// What the keeper holds about sizes follows the engine's argument (the new range is
+    /// zeroes on every replica, and no request ever reached it): the activity log admits
+    /// requests there once their extents are committed, as anywhere; persisted dirty maps and
+    /// resync points waiting for a flush or a commit cover the new chunks as clean; and the
+    /// last committed journal (and one being committed) says the new size, so a joining
+    /// replica is given a journal whose maps have the engine's geometry. A journal stored
+    /// before the grow says less but nothing wrong: recovery reads its maps over the larger
+    /// size with the new chunks clean (`recovery_plan`). Journals written from now on carry
+    /// the new size; a write into the new range waits for a commit of its extent, so no
+    /// replica holds such a write without a journal of the new size.
+    pub fn grow(&mut self, e: &mut Engine, size: u64) -> Result<(), GrowError> {
+        assert_eq!(self.size, e.size(), "keeper and engine sizes differ");
+        e.grow(size)?;
+        if size == self.size {
+            return Ok(());
+        }
+        self.size = size;
+        self.al.grow(size);
+        for m in self.out.values_mut().flatten() {
+            m.grow(size);
+        }
+        for s in &mut self.shrinks {
+            s.point.lacks.grow(size);
+        }
+        for p in self.marks.values_mut() {
+            p.lacks.grow(size);
+        }
+        for s in self.saves.iter_mut().flatten() {
+            if let SaveStage::Flushing { point, .. } = &mut s.stage {
+                point.lacks.grow(size);
+            }
+        }
+        if let Some(j) = &mut self.last {
+            j.size = size;
+        }
+        if let Some(Busy::Commit { journal, marks, .. }) = &mut self.busy {
+            journal.size = size;
+            for (_, p) in marks {
+                p.lacks.grow(size);
+            }
+        }
+        Ok(())
+    }
+
+    /// The volume's size as this keeper knows it (its journals say it).
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     /// Journal commits this keeper completed (every replica it was written to stored it

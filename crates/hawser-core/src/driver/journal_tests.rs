@@ -699,3 +699,139 @@ fn k_last(k: &mut Keeper, e: &mut Engine) -> Journal {
     store_all(k, e, &acts);
     j
 }
+
+/// Write at `offset` through the keeper, commit and answer everything; returns the journal
+/// the commit stored.
+fn write_committed(k: &mut Keeper, e: &mut Engine, tag: u64, offset: u64) -> Journal {
+    let mut acts = Vec::new();
+    k.submit(e, tag, write(offset), &mut acts);
+    let j = puts(&acts)
+        .first()
+        .expect("a commit of the write's extent")
+        .2
+        .clone();
+    let after = store_all(k, e, &acts);
+    answer_sends(k, e, after, usize::MAX);
+    j
+}
+
+/// Crash recovery of a grown volume (`big` bytes) from one journal, replica 0 unreachable.
+fn recover_from(j: Journal, big: u64) -> ChunkMap {
+    let members = [
+        Member {
+            id: "a".into(),
+            local: true,
+            stored: Stored::InSync,
+            found: Found::Unreachable,
+        },
+        Member {
+            id: "b".into(),
+            local: false,
+            stored: Stored::InSync,
+            found: Found::Journal {
+                journal: Some(j),
+                rebooted: false,
+            },
+        },
+    ];
+    match recovery::decide(6, big, CHUNK, &members) {
+        Decision::Start(s) => s.plan.reconcile,
+        Decision::Refuse(r) => panic!("refused: {r}"),
+    }
+}
+
+/// A journal stored before the volume grew (smaller size) and one stored after both recover
+/// the grown volume: the old one's maps cover the new chunks as clean, the new one's log
+/// names writes in the new range. And one larger than the engine (an engine started with the
+/// old size) is read over the engine's size, as before growth existed.
+#[test]
+fn journals_written_before_and_after_a_grow_both_recover_the_grown_volume() {
+    let big = 2 * SIZE;
+    let (mut e, mut k) = setup(None);
+    let before = write_committed(&mut k, &mut e, 1, 3 * CHUNK);
+    assert_eq!((before.size, before.active.clone()), (SIZE, vec![(3, 4)]));
+    assert_eq!(k.grow(&mut e, big), Ok(()));
+    assert_eq!((e.size(), k.size()), (big, big));
+    let new_chunk = SIZE / CHUNK + 5;
+    let after = write_committed(&mut k, &mut e, 2, new_chunk * CHUNK);
+    assert_eq!(
+        after.size, big,
+        "journals after the grow must say the new size"
+    );
+    assert!(after
+        .active
+        .iter()
+        .any(|&(a, b)| a <= new_chunk && new_chunk < b));
+    after.encode().expect("a valid journal");
+    let old = recover_from(before.clone(), big);
+    assert_eq!(old.chunks(), big / CHUNK);
+    assert_eq!(old.runs(), vec![(3, 4)]);
+    let new = recover_from(after.clone(), big);
+    assert!(
+        new.is_set(new_chunk),
+        "a write in the new range escaped recovery"
+    );
+    let small = recover_from(after, SIZE);
+    assert_eq!(
+        small.chunks(),
+        SIZE / CHUNK,
+        "a larger journal is clipped to the engine"
+    );
+}
+
+/// An outdated replica that returns after a grow with a journal of before it: what it lacks
+/// has the grown geometry (the new chunks clean), and the journal it is given too.
+#[test]
+fn a_replica_returning_after_a_grow_with_an_older_smaller_journal_joins() {
+    let big = 2 * SIZE;
+    let mut lacks = ChunkMap::new(SIZE, CHUNK);
+    lacks.set_chunks(2, 3);
+    let (mut e, mut k) = setup(Some(lacks));
+    let mut acts = Vec::new();
+    k.commit(&mut e, 0, &mut acts);
+    store_all(&mut k, &mut e, &acts);
+    k.grow(&mut e, big).expect("grows");
+    let mut acts = Vec::new();
+    k.join(&mut e, R1, Some(false), &mut acts);
+    let [Act::GetJournal { op, .. }] = acts[..] else {
+        panic!("{acts:?}")
+    };
+    let mut acts = Vec::new();
+    k.read(
+        &mut e,
+        op,
+        R1,
+        Ok(Some((older(vec![(9, 10)], vec![]), false))),
+        &mut acts,
+    );
+    assert_eq!(e.dirty(R1).runs(), vec![(2, 3), (9, 10)]);
+    assert_eq!(e.dirty(R1).chunks(), big / CHUNK);
+    let (_, _, given) = puts(&acts).pop().expect("the join gives it a journal");
+    assert_eq!(given.size, big);
+    assert_eq!(out_of(&given, "b"), Some(Some(vec![(2, 3), (9, 10)])));
+    given.encode().expect("a valid journal");
+}
+
+/// A resync save whose flush is under way when the volume grows is still committed: its
+/// point covers the new chunks as clean.
+#[test]
+fn a_resync_save_under_way_across_a_grow_is_committed() {
+    let mut lacks = ChunkMap::new(SIZE, CHUNK);
+    lacks.set_chunks(0, 8);
+    let (mut e, mut k, op) = resync_until_a_save(&lacks, 6);
+    k.grow(&mut e, 2 * SIZE).expect("grows");
+    let mut acts = Vec::new();
+    k.save_flushed(&mut e, op, R1, Ok(()), &mut acts);
+    let p = puts(&acts);
+    assert!(!p.is_empty(), "a flushed save must be committed");
+    assert_eq!(p[0].2.size, 2 * SIZE);
+    let saved = out_of(&p[0].2, "b")
+        .expect("an entry")
+        .expect("a known map");
+    assert!(
+        saved.iter().all(|&(_, b)| b <= 8),
+        "the new range is not lacking: {saved:?}"
+    );
+    store_all(&mut k, &mut e, &acts);
+    assert!(k.quiet());
+}

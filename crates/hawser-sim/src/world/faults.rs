@@ -138,6 +138,10 @@ impl World {
         if m.engine_crash > 0 && self.may_crash_engine() {
             options.push((m.engine_crash, 6, 0));
         }
+        // Only in runs with growth: other mixes draw what they drew before it existed.
+        if self.may_grow() {
+            options.push((m.grow, 10, 0));
+        }
         let total: u32 = options.iter().map(|o| o.0).sum();
         if total > 0 {
             let mut pick = self.rng.random_range(0..total);
@@ -152,7 +156,9 @@ impl World {
                     }
                 })
                 .expect("pick below the total");
-            if kind >= 8 {
+            if kind == 10 {
+                self.grow_volume();
+            } else if kind >= 8 {
                 self.scrub_action(kind == 8);
             } else {
                 self.inject(kind, r);
