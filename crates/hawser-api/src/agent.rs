@@ -9,6 +9,7 @@
 //! | POST   | /v1/engines             | `StartEngine` → `EngineStatus`        |
 //! | DELETE | /v1/engines/{volume}    | → 204 (flushes, then stops)           |
 //! | POST   | /v1/engines/{volume}/grow | `GrowEngine` → `EngineStatus`       |
+//! | GET    | /v1/devices             | → `[Device]` (its kernel block devices) |
 //! | GET    | /v1/status              | → `AgentStatus`                       |
 //! | GET    | /v1/replicas/inventory  | → `[ReplicaInventory]` (reads journals) |
 

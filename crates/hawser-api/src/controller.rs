@@ -547,6 +547,10 @@ pub struct VolumeEngineView {
     /// Its scrub pass under way, or the last one it ran.
     #[serde(default)]
     pub scrub: Option<crate::agent::ScrubStatus>,
+    /// The kernel block device its node serves the volume as (ublk or kernel NBD); absent
+    /// when none (NBD clients only, such as nbdfuse), or when the agent is older.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<crate::agent::Device>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{code, schema, Cluster, GIB};
+use common::{code, schema, Cluster, Op, GIB};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -346,8 +346,11 @@ async fn real_responses_validate_against_the_document() {
             .0,
         404
     );
+    // Expand: refused (409) where the attached volume's device cannot grow, else online.
     let expand = (Method::POST, "/v1/volumes/{name}/expand");
     let bigger = json!({"size_bytes": 2 * GIB});
+    let node = c.volume("v").await["attached_node"].as_str().unwrap().to_string();
+    c.agent(&node).fail(Op::GrowEngineCannot, true);
     let attached = p.call(
         a,
         expand.clone(),
@@ -355,6 +358,7 @@ async fn real_responses_validate_against_the_document() {
         Some(bigger.clone()),
     );
     assert_eq!(attached.await.0, 409);
+    c.agent(&node).fail(Op::GrowEngineCannot, false);
     let detach = (Method::POST, "/v1/volumes/{name}/detach");
     assert_eq!(p.call(a, detach, "/v1/volumes/v/detach", None).await.0, 200);
     // A detached volume has no engine to scrub.

@@ -71,6 +71,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/engines/{volume}", delete(stop_engine))
         .route("/v1/engines/{volume}/qos", put(set_engine_qos))
         .route("/v1/engines/{volume}/grow", post(grow_engine))
+        .route("/v1/devices", get(list_devices))
         .route("/v1/engines/{volume}/scrub", post(scrub_engine))
         .route("/v1/engines/{volume}/pause", post(pause_engine))
         .route("/v1/engines/{volume}/resume", post(resume_engine))
@@ -575,6 +576,14 @@ async fn start_engine(
         .status(&req.volume)
         .unwrap_or_else(|| engine.status());
     Ok((StatusCode::CREATED, Json(status)))
+}
+
+/// `GET /v1/devices`: the kernel block devices this agent serves (for `hawser volume show`).
+async fn list_devices(State(s): State<AdminState>) -> Json<Vec<hawser_api::agent::Device>> {
+    match &s.devices {
+        Some(d) => Json(d.list().await),
+        None => Json(Vec::new()),
+    }
 }
 
 /// `POST /v1/engines/{volume}/grow`: online expansion on the node where the volume is

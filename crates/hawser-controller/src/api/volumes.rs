@@ -105,12 +105,22 @@ async fn add_engine_view(st: &AppState, rec: &VolumeRecord, v: &mut Volume) {
     let Some(engine) = status.engines.into_iter().find(|e| e.volume == rec.name) else {
         return;
     };
+    let devices = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        st.agents.devices(n.agent()),
+    )
+    .await;
+    let device = match devices {
+        Ok(Ok(list)) => list.into_iter().find(|d| d.volume == rec.name),
+        _ => None,
+    };
     v.engine = Some(hawser_api::controller::VolumeEngineView {
         epoch: engine.epoch,
         recovery: engine.recovery,
         active_extents: engine.active_extents,
         qos: engine.qos,
         scrub: engine.scrub,
+        device,
     });
     for r in &mut v.replicas {
         r.engine = engine

@@ -230,6 +230,18 @@ impl AgentClient {
         self.call(Method::POST, to, &path, Some(&body)).await
     }
 
+    /// The kernel block devices the agent serves (empty from an agent too old to say).
+    pub async fn devices(&self, to: Agent<'_>) -> Result<Vec<hawser_api::agent::Device>, AgentError> {
+        match self
+            .call::<(), _>(Method::GET, to, "/v1/devices", None)
+            .await
+        {
+            Err(e) if e.api_code() == Some(hawser_api::ErrorCode::NotFound) => Ok(Vec::new()),
+            Err(AgentError::Refused { status: 404, .. }) => Ok(Vec::new()),
+            other => other,
+        }
+    }
+
     pub async fn start_engine(
         &self,
         to: Agent<'_>,

@@ -475,6 +475,13 @@ fn details(v: &Volume) -> String {
     );
     if let Some(e) = &v.engine {
         line(
+            "Device:",
+            match &e.device {
+                Some(d) => format!("{} ({}, {})", d.path, d.frontend, format_size(d.size_bytes)),
+                None => "none on its node (NBD clients only)".into(),
+            },
+        );
+        line(
             "Activity:",
             format!("{} extents of 4 MiB in the activity log", e.active_extents),
         );

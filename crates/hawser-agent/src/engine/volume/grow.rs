@@ -16,12 +16,12 @@ impl VolumeEngine {
             return Ok(());
         }
         {
-            let mut inner = self.lock();
+            let mut guard = self.lock();
+            let inner = &mut *guard;
             inner
-                .engine
-                .grow(size)
+                .keeper
+                .grow(&mut inner.engine, size)
                 .map_err(|e| anyhow::anyhow!("engine of {}: {e}", self.volume))?;
-            inner.keeper.grow(size);
         }
         self.size.fetch_max(size, Ordering::AcqRel);
         Ok(())
