@@ -349,7 +349,10 @@ async fn real_responses_validate_against_the_document() {
     // Expand: refused (409) where the attached volume's device cannot grow, else online.
     let expand = (Method::POST, "/v1/volumes/{name}/expand");
     let bigger = json!({"size_bytes": 2 * GIB});
-    let node = c.volume("v").await["attached_node"].as_str().unwrap().to_string();
+    let node = c.volume("v").await["attached_node"]
+        .as_str()
+        .unwrap()
+        .to_string();
     c.agent(&node).fail(Op::GrowEngineCannot, true);
     let attached = p.call(
         a,

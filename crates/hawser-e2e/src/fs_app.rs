@@ -82,6 +82,11 @@ impl App {
         }
     }
 
+    /// Whether any write has failed so far.
+    pub fn has_errors(&self) -> bool {
+        !self.seen.lock().expect("lock").errors.is_empty()
+    }
+
     pub fn acked(&self) -> u64 {
         self.seen.lock().expect("lock").acked
     }
@@ -133,4 +138,3 @@ pub fn verify(path: &Path, seen: &Seen) {
         );
     }
 }
-

@@ -277,7 +277,7 @@ fn inner_failed_over() {
     hawser_e2e::wait_until(
         "the application to see EIO",
         Duration::from_secs(120),
-        || !app.seen.lock().expect("lock").errors.is_empty(),
+        || app.has_errors(),
     );
     let seen = app.stop();
     // The first failure is the device's EIO; ext4 may then turn read-only (EROFS).

@@ -80,7 +80,10 @@ fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
     run_ok("resize2fs", &[&dev]);
     let after = fs_bytes(&mnt_s);
     eprintln!("REPORT online growth on kernel NBD: ext4 {before} -> {after} bytes, mounted");
-    assert!(after > before + 300 * MIB, "ext4 did not grow: {before} -> {after}");
+    assert!(
+        after > before + 300 * MIB,
+        "ext4 did not grow: {before} -> {after}"
+    );
     app.wait_acks(100);
     // Data into the new space: more than the old filesystem could hold.
     let big = mnt.join("big");
@@ -143,7 +146,11 @@ fn ublk_refuses_then_grows_offline(c: &Cluster, mnt_s: &str) {
     c.cli_ok(&["volume", "attach", "u", "--node", "n1"]);
     let dev = device_cli(c, &["attach", "u", "--frontend", "ublk"]);
     let dev = dev.trim().to_owned();
-    assert_eq!(device_bytes(&dev), 256 * MIB, "{dev} after the offline grow");
+    assert_eq!(
+        device_bytes(&dev),
+        256 * MIB,
+        "{dev} after the offline grow"
+    );
     run_ok("e2fsck", &["-f", "-y", &dev]);
     run_ok("resize2fs", &[&dev]);
     run_ok("mount", &[&dev, mnt_s]);

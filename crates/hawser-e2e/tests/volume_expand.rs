@@ -73,7 +73,11 @@ fn an_attached_volume_grows_online_under_a_verifying_writer() {
     c.cli_ok(&["volume", "expand", "live", "--size", "128MiB"]);
     assert_eq!(c.volume("live").size_bytes, 128 << 20);
     let size = run_ok("nbdinfo", &["--size", &uri]);
-    assert_eq!(size.trim(), (128u64 << 20).to_string(), "a new connection's size");
+    assert_eq!(
+        size.trim(),
+        (128u64 << 20).to_string(),
+        "a new connection's size"
+    );
     qemu_io(
         &uri,
         &[

@@ -11,8 +11,8 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use hawser_api::agent::{
     AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, FetchSnapshot,
-    GrowEngine, GrowReplica, PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine,
-    StartEngine, TakeSnapshot, NODE_HEADER,
+    GrowEngine, GrowReplica, PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica,
+    ResumeEngine, StartEngine, TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
@@ -615,7 +615,10 @@ async fn grow_engine(
         if let Some(why) = devices.cannot_grow(&volume).await {
             return Err(fail(
                 ErrorCode::Conflict,
-                format!("volume {volume} cannot grow while attached on node {}: its {why}", s.node),
+                format!(
+                    "volume {volume} cannot grow while attached on node {}: its {why}",
+                    s.node
+                ),
             ));
         }
     }
@@ -639,10 +642,12 @@ async fn grow_engine(
             })?;
         }
     }
-    s.engines
-        .status(&volume)
-        .map(Json)
-        .ok_or_else(|| fail(ErrorCode::NotFound, format!("the engine of {volume} stopped")))
+    s.engines.status(&volume).map(Json).ok_or_else(|| {
+        fail(
+            ErrorCode::NotFound,
+            format!("the engine of {volume} stopped"),
+        )
+    })
 }
 
 /// `PUT /v1/engines/{volume}/qos`: the volume's limits, applied to its client requests from

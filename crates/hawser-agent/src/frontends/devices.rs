@@ -52,7 +52,9 @@ pub enum DeviceError {
     NotAttachedHere(String),
     #[error("volume {0} has no kernel device on this node")]
     NoDevice(String),
-    #[error("the kernel device of volume {0} is being taken back after an agent restart; try again")]
+    #[error(
+        "the kernel device of volume {0} is being taken back after an agent restart; try again"
+    )]
     NotLive(String),
     #[error("unknown frontend {0:?}: expected auto, ublk or nbd")]
     UnknownFrontend(String),

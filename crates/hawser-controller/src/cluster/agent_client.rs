@@ -231,7 +231,10 @@ impl AgentClient {
     }
 
     /// The kernel block devices the agent serves (empty from an agent too old to say).
-    pub async fn devices(&self, to: Agent<'_>) -> Result<Vec<hawser_api::agent::Device>, AgentError> {
+    pub async fn devices(
+        &self,
+        to: Agent<'_>,
+    ) -> Result<Vec<hawser_api::agent::Device>, AgentError> {
         match self
             .call::<(), _>(Method::GET, to, "/v1/devices", None)
             .await

@@ -64,7 +64,12 @@ impl VolumeEngine {
             });
             access.push(a);
         }
-        let start = match decide(self.epoch, self.size.load(Ordering::Acquire), cfg.chunk_bytes, &members) {
+        let start = match decide(
+            self.epoch,
+            self.size.load(Ordering::Acquire),
+            cfg.chunk_bytes,
+            &members,
+        ) {
             Decision::Start(s) => s,
             Decision::Refuse(why) => {
                 anyhow::bail!("crash recovery of volume {}: {why}", req.volume)

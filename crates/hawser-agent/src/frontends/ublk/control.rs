@@ -160,7 +160,8 @@ impl Control {
             data: sectors,
             ..CtrlCmd::for_device(dev_id)
         };
-        self.call("UPDATE_SIZE", abi::CMD_UPDATE_SIZE, cmd).map(drop)
+        self.call("UPDATE_SIZE", abi::CMD_UPDATE_SIZE, cmd)
+            .map(drop)
     }
 
     /// Remove the block device; I/O held or queued on it fails.
