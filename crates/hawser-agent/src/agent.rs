@@ -359,8 +359,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 ),
             },
             ublk: UblkSettings {
-                queues: args.ublk_queues.clamp(1, 64),
-                depth: args.ublk_queue_depth.clamp(1, 4096),
+                queues: args
+                    .ublk_queues
+                    .clamp(1, crate::frontends::devices::MAX_UBLK_QUEUES),
+                depth: args
+                    .ublk_queue_depth
+                    .clamp(1, crate::frontends::devices::MAX_UBLK_QUEUE_DEPTH),
                 ..UblkSettings::default()
             },
         },

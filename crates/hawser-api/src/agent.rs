@@ -484,6 +484,12 @@ pub struct AttachDevice {
     /// `auto` (the best this kernel has), `ublk` or `nbd`.
     #[serde(default = "auto")]
     pub frontend: String,
+    /// A ublk device's queues and queue depth, in place of the agent's `--ublk-queues` and
+    /// `--ublk-queue-depth` (for measuring them: scripts/bench-ublk-settings.sh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ublk_queues: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ublk_queue_depth: Option<u16>,
 }
 
 fn auto() -> String {

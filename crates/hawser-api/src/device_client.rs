@@ -48,12 +48,18 @@ impl DeviceClient {
     }
 
     pub fn attach(&self, volume: &str, frontend: &str) -> Result<Device, DeviceClientError> {
-        let body = AttachDevice {
+        self.attach_with(&AttachDevice {
             volume: volume.to_owned(),
             frontend: frontend.to_owned(),
-        };
+            ublk_queues: None,
+            ublk_queue_depth: None,
+        })
+    }
+
+    /// `attach`, with every field of the request given.
+    pub fn attach_with(&self, body: &AttachDevice) -> Result<Device, DeviceClientError> {
         // Serialising a plain struct cannot fail.
-        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let body = serde_json::to_vec(body).unwrap_or_default();
         let answer = self.call("POST", "/v1/devices", Some(&body))?;
         self.json(&answer)
     }

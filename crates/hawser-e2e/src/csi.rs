@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use hawser_csi::proto::csi::controller_client::ControllerClient;
+use hawser_csi::proto::csi::identity_client::IdentityClient;
 use hawser_csi::proto::csi::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};
 
@@ -219,6 +220,10 @@ impl CsiProc {
 
     pub async fn node(&self) -> NodeClient<Channel> {
         NodeClient::new(self.channel().await)
+    }
+
+    pub async fn identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(self.channel().await)
     }
 }
 

@@ -4,13 +4,19 @@
 //! reconfigure), `resize2fs` grows the mounted filesystem, the new space takes data, and the
 //! application sees no error and loses nothing. ublk on 6.12 has no UPDATE_SIZE (Linux 6.16),
 //! so the same grow is refused whole, before any replica grows, and the volume grows offline
-//! instead: detached, expanded, attached again.
+//! instead: detached, expanded, attached again. The same again through the CSI plugin, as
+//! Kubernetes drives it: ControllerExpandVolume of a published volume, then NodeExpandVolume
+//! grows the mounted ext4 on kernel NBD; on ublk ControllerExpandVolume is FAILED_PRECONDITION
+//! (Kubernetes retries it until no pod uses the volume) and nothing grows.
 
 use std::path::{Path, PathBuf};
 
+use hawser_csi::proto::csi::volume_capability::access_mode::Mode;
+use hawser_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use hawser_csi::proto::csi::*;
 use hawser_e2e::fs_app::{device_cli, verify, App};
 use hawser_e2e::run::run_ok;
-use hawser_e2e::Cluster;
+use hawser_e2e::{Cluster, CsiOptions, CsiProc};
 
 const MIB: u64 = 1 << 20;
 
@@ -59,6 +65,7 @@ fn inner_growth() {
     let mnt_s = mnt.display().to_string();
     grows_online_on_kernel_nbd(&c, &mnt);
     ublk_refuses_then_grows_offline(&c, &mnt_s);
+    through_csi(&c);
 }
 
 fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
@@ -76,6 +83,20 @@ fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
     // The grow, while the application writes.
     c.cli_ok(&["volume", "expand", "g", "--size", "512MiB"]);
     assert_eq!(device_bytes(&dev), 512 * MIB, "the kernel's size of {dev}");
+    // `hawser volume show` names the device, its frontend and its new size.
+    let shown = c
+        .volume("g")
+        .engine
+        .and_then(|e| e.device)
+        .expect("a device");
+    assert_eq!(
+        (
+            shown.path.as_str(),
+            shown.frontend.as_str(),
+            shown.size_bytes
+        ),
+        (dev.as_str(), "nbd", 512 * MIB)
+    );
     assert_eq!(replica_sizes(c, "g"), [512 * MIB, 512 * MIB]);
     run_ok("resize2fs", &[&dev]);
     let after = fs_bytes(&mnt_s);
@@ -137,6 +158,15 @@ fn ublk_refuses_then_grows_offline(c: &Cluster, mnt_s: &str) {
     assert_eq!(c.volume("u").size_bytes, 128 * MIB);
     assert_eq!(replica_sizes(c, "u"), [128 * MIB, 128 * MIB]);
     assert_eq!(device_bytes(&dev), 128 * MIB);
+    let shown = c
+        .volume("u")
+        .engine
+        .and_then(|e| e.device)
+        .expect("a device");
+    assert_eq!(
+        (shown.path, shown.frontend),
+        (dev.clone(), "ublk".to_string())
+    );
 
     // Offline instead.
     run_ok("umount", &[mnt_s]);
@@ -161,4 +191,178 @@ fn ublk_refuses_then_grows_offline(c: &Cluster, mnt_s: &str) {
     );
     run_ok("umount", &[mnt_s]);
     device_cli(c, &["detach", "u"]);
+}
+
+fn mount_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter.into(),
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
+    }
+}
+
+/// A volume of `frontend` created, published, staged and mounted on n1 through the plugin;
+/// returns its id and its target path.
+async fn mounted(csi: &CsiProc, name: &str, frontend: &str) -> (String, PathBuf) {
+    let mut ctl = csi.controller().await;
+    let vol = ctl
+        .create_volume(CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 128 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![mount_cap()],
+            parameters: [("frontend".to_string(), frontend.to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let id = vol.volume_id;
+    let ctx = ctl
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "n1".into(),
+            volume_capability: Some(mount_cap()),
+            volume_context: vol.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerPublishVolume")
+        .into_inner()
+        .publish_context;
+    let staging = csi
+        .kubelet_dir
+        .join("plugins/csi.hawser.dev/staging")
+        .join(name);
+    let target = csi.kubelet_dir.join("pods/p1/volumes").join(name);
+    let mut node = csi.node().await;
+    node.node_stage_volume(NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        publish_context: ctx,
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(mount_cap()),
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("NodeStageVolume");
+    node.node_publish_volume(NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_cap()),
+        volume_context: vol.volume_context,
+        ..Default::default()
+    })
+    .await
+    .expect("NodePublishVolume");
+    (id, target)
+}
+
+async fn expand(csi: &CsiProc, id: &str, bytes: i64) -> Result<i64, tonic::Status> {
+    csi.controller()
+        .await
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: id.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().capacity_bytes)
+}
+
+/// As Kubernetes expands a PVC in use: the plugin says ONLINE; a volume staged on kernel NBD
+/// grows under its mounted ext4; one staged on ublk (6.12) is refused, unchanged.
+fn through_csi(c: &Cluster) {
+    let csi = CsiProc::start_with(c, "n1", &c.dir.path().join("csi"), CsiOptions::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let caps = csi
+            .identity()
+            .await
+            .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+            .await
+            .expect("GetPluginCapabilities")
+            .into_inner();
+        let online = caps.capabilities.iter().any(|c| {
+            matches!(
+                &c.r#type,
+                Some(plugin_capability::Type::VolumeExpansion(e))
+                    if e.r#type == plugin_capability::volume_expansion::Type::Online as i32
+            )
+        });
+        assert!(
+            online,
+            "the plugin does not advertise ONLINE expansion: {caps:?}"
+        );
+
+        let (id, target) = mounted(&csi, "csi-nbd", "nbd").await;
+        let t = target.display().to_string();
+        std::fs::write(target.join("kept"), "kept\n").expect("write");
+        let before = fs_bytes(&t);
+        assert_eq!(
+            expand(&csi, &id, 384 << 20).await.expect("expand"),
+            384 << 20
+        );
+        let grown = csi
+            .node()
+            .await
+            .node_expand_volume(NodeExpandVolumeRequest {
+                volume_id: id.clone(),
+                volume_path: t.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: 384 << 20,
+                    limit_bytes: 0,
+                }),
+                volume_capability: Some(mount_cap()),
+                ..Default::default()
+            })
+            .await
+            .expect("NodeExpandVolume")
+            .into_inner();
+        assert_eq!(grown.capacity_bytes, 384 << 20);
+        let after = fs_bytes(&t);
+        eprintln!("REPORT CSI online growth on kernel NBD: mounted ext4 {before} -> {after} bytes");
+        assert!(
+            after > before + 200 * MIB,
+            "ext4 did not grow: {before} -> {after}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(target.join("kept")).expect("kept"),
+            "kept\n"
+        );
+
+        let (id, target) = mounted(&csi, "csi-ublk", "ublk").await;
+        let err = expand(&csi, &id, 384 << 20)
+            .await
+            .expect_err("a ublk volume grew online");
+        eprintln!(
+            "REPORT CSI online growth on ublk (6.12): {:?}: {}",
+            err.code(),
+            err.message()
+        );
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+        assert!(err.message().contains("UPDATE_SIZE"), "{err}");
+        assert_eq!(
+            c.volume(&id).size_bytes,
+            128 * MIB,
+            "the refused grow changed the volume"
+        );
+        assert!(fs_bytes(&target.display().to_string()) < 128 * MIB);
+    });
 }

@@ -19,7 +19,7 @@ use hawser_api::{ApiError, ErrorCode};
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
-use crate::frontends::devices::{DeviceError, Devices};
+use crate::frontends::devices::{DeviceError, Devices, Tuning};
 use crate::frontends::kernel::LinkError;
 use crate::frontends::ublk::UblkError;
 
@@ -54,7 +54,11 @@ async fn attach(State(d): State<Arc<Devices>>, Json(req): Json<AttachDevice>) ->
     if let Err(e) = hawser_api::validate_name("volume", &req.volume) {
         return (StatusCode::BAD_REQUEST, Json(e)).into_response();
     }
-    match d.attach(&req.volume, &req.frontend).await {
+    let tuning = Tuning {
+        ublk_queues: req.ublk_queues,
+        ublk_queue_depth: req.ublk_queue_depth,
+    };
+    match d.attach_tuned(&req.volume, &req.frontend, tuning).await {
         Ok(dev) => Json::<Device>(dev).into_response(),
         Err(e) => error(e),
     }

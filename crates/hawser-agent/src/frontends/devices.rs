@@ -74,6 +74,17 @@ pub enum DeviceError {
     },
 }
 
+/// A device's own settings, in place of the agent's (`None`: the agent's).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tuning {
+    pub ublk_queues: Option<u16>,
+    pub ublk_queue_depth: Option<u16>,
+}
+
+/// The bounds the agent's `--ublk-queues` and `--ublk-queue-depth` are held to.
+pub const MAX_UBLK_QUEUES: u16 = 64;
+pub const MAX_UBLK_QUEUE_DEPTH: u16 = 4096;
+
 /// What is kept on disk per device. `index` is the device number (`/dev/nbdN`,
 /// `/dev/ublkbN`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -216,6 +227,24 @@ impl Devices {
     /// Make `volume` (whose engine runs here) a kernel block device; the same device again if
     /// it has one. `auto` tries ublk, then kernel NBD, and says in the log why it fell back.
     pub async fn attach(&self, volume: &str, frontend: &str) -> Result<Device, DeviceError> {
+        self.attach_tuned(volume, frontend, Tuning::default()).await
+    }
+
+    /// `attach`, with a ublk device's queues and depth in place of the agent's settings. A
+    /// device taken back after a restart keeps them: the kernel holds them.
+    pub async fn attach_tuned(
+        &self,
+        volume: &str,
+        frontend: &str,
+        tuning: Tuning,
+    ) -> Result<Device, DeviceError> {
+        let mut settings = self.settings;
+        if let Some(q) = tuning.ublk_queues {
+            settings.ublk.queues = q.clamp(1, MAX_UBLK_QUEUES);
+        }
+        if let Some(d) = tuning.ublk_queue_depth {
+            settings.ublk.depth = d.clamp(1, MAX_UBLK_QUEUE_DEPTH);
+        }
         let kinds: &[Kind] = match frontend {
             "auto" => &[Kind::Ublk, Kind::Nbd],
             "ublk" => &[Kind::Ublk],
@@ -240,7 +269,7 @@ impl Devices {
                     &self.node,
                     volume,
                     Arc::clone(&export),
-                    &self.settings,
+                    &settings,
                     self.shutdown.clone(),
                 )
                 .await
@@ -253,8 +282,8 @@ impl Devices {
             match made {
                 Ok(link) => {
                     let connections = match kind {
-                        Kind::Nbd => self.settings.nbd.connections,
-                        Kind::Ublk => usize::from(self.settings.ublk.queues),
+                        Kind::Nbd => settings.nbd.connections,
+                        Kind::Ublk => usize::from(settings.ublk.queues),
                     };
                     let record = Record {
                         volume: volume.to_owned(),

@@ -17,6 +17,12 @@ pub enum DeviceCmd {
         /// auto (the best this kernel has), ublk or nbd.
         #[arg(long, default_value = "auto")]
         frontend: String,
+        /// A ublk device's queues, in place of the agent's --ublk-queues.
+        #[arg(long, value_name = "N")]
+        ublk_queues: Option<u16>,
+        /// A ublk device's queue depth, in place of the agent's --ublk-queue-depth.
+        #[arg(long, value_name = "N")]
+        ublk_queue_depth: Option<u16>,
         #[command(flatten)]
         socket: SocketArg,
         #[command(flatten)]
@@ -62,10 +68,19 @@ pub fn run(cmd: DeviceCmd) -> anyhow::Result<()> {
         DeviceCmd::Attach {
             volume,
             frontend,
+            ublk_queues,
+            ublk_queue_depth,
             socket,
             out,
         } => {
-            let d = socket.client().attach(&volume, &frontend)?;
+            let d = socket
+                .client()
+                .attach_with(&hawser_api::agent::AttachDevice {
+                    volume,
+                    frontend,
+                    ublk_queues,
+                    ublk_queue_depth,
+                })?;
             match out.format {
                 Format::Json => print_json(&d),
                 Format::Table => println!("{}", d.path),
