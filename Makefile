@@ -129,6 +129,8 @@ bench: deps build k8s-tools kvm-kernel
 	@scripts/bench.sh
 	@# The frontends (kernel NBD, nbdfuse) in one guest kernel: ratios only (software emulation).
 	@scripts/bench-frontends.sh
+	@# ublk's queue count and depth, measured in a guest of two CPUs (ratios only).
+	@scripts/bench-ublk-settings.sh
 	@scripts/bench-resync.sh
 	@scripts/bench-snapshots.sh
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \

@@ -281,9 +281,9 @@ impl Devices {
             };
             match made {
                 Ok(link) => {
-                    let connections = match kind {
-                        Kind::Nbd => settings.nbd.connections,
-                        Kind::Ublk => usize::from(settings.ublk.queues),
+                    let connections = match &link {
+                        Link::Nbd(_) => settings.nbd.connections,
+                        Link::Ublk(d) => d.queues(),
                     };
                     let record = Record {
                         volume: volume.to_owned(),

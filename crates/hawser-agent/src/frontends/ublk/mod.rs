@@ -37,13 +37,19 @@ pub struct UblkSettings {
     pub max_io_bytes: u32,
 }
 
+impl UblkSettings {
+    /// The agent's defaults (`--ublk-queues`, `--ublk-queue-depth`), chosen by measurement:
+    /// docs/performance.md, "ublk queues and depth".
+    pub const DEFAULT: UblkSettings = UblkSettings {
+        queues: 2,
+        depth: 64,
+        max_io_bytes: 256 << 10,
+    };
+}
+
 impl Default for UblkSettings {
     fn default() -> UblkSettings {
-        UblkSettings {
-            queues: 1,
-            depth: 64,
-            max_io_bytes: 256 << 10,
-        }
+        UblkSettings::DEFAULT
     }
 }
 
@@ -122,6 +128,11 @@ pub struct UblkDevice {
 impl UblkDevice {
     pub fn path(dev_id: u32) -> String {
         format!("/dev/ublkb{dev_id}")
+    }
+
+    /// The queues it has (what was asked, cut to the CPU count).
+    pub fn queues(&self) -> usize {
+        self.threads.len()
     }
 
     /// After the agent's shutdown signal: wait until every queue has answered its running
