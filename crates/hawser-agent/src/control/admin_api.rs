@@ -611,7 +611,9 @@ async fn grow_engine(
             format!("volume {volume} is {current} bytes here; it cannot shrink to {size}"),
         ));
     }
-    if let Some(devices) = &s.devices {
+    // Only a real grow needs the device to follow: the same size again (a retried expand)
+    // is answered for any device.
+    if let Some(devices) = s.devices.as_ref().filter(|_| size > current) {
         if let Some(why) = devices.cannot_grow(&volume).await {
             return Err(fail(
                 ErrorCode::Conflict,
