@@ -44,6 +44,9 @@ async fn admin_calls_need_the_agent_token() {
             http.post(format!("{base}/v1/replicas")).json(&create),
             http.delete(format!("{base}/v1/replicas/vol-a")),
             http.delete(format!("{base}/v1/engines/vol")),
+            http.post(format!("{base}/v1/engines/vol/grow"))
+                .json(&json!({"size_bytes": 2 << 20})),
+            http.get(format!("{base}/v1/devices")),
         ];
         for req in calls {
             let req = match auth {

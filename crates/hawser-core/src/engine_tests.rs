@@ -9,6 +9,28 @@ use crate::io_error::IoError;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, SubId, Tag};
 use bytes::Bytes;
 
+/// What an in-memory replica disk `d` answers to `op` (and what it does to `d`); also the
+/// replicas of `grow_tests.rs`.
+pub(crate) fn answer(d: &mut [u8], op: &ClientOp) -> Option<Bytes> {
+    match op {
+        ClientOp::Write { offset, data, .. } => {
+            let o = *offset as usize;
+            d[o..o + data.len()].copy_from_slice(data);
+            None
+        }
+        ClientOp::Trim { offset, len } | ClientOp::WriteZeroes { offset, len, .. } => {
+            let o = *offset as usize;
+            d[o..o + *len as usize].fill(0);
+            None
+        }
+        ClientOp::Read { offset, len } => {
+            let o = *offset as usize;
+            Some(Bytes::copy_from_slice(&d[o..o + *len as usize]))
+        }
+        ClientOp::Flush => None,
+    }
+}
+
 const R0: ReplicaIdx = ReplicaIdx(0);
 const R1: ReplicaIdx = ReplicaIdx(1);
 
@@ -365,24 +387,7 @@ impl Rig {
                 return false;
             };
             let (r, sub, op) = self.queue.remove(i).expect("index from position");
-            let d = &mut self.disks[usize::from(r.0)];
-            let result = match &op {
-                ClientOp::Write { offset, data, .. } => {
-                    let o = *offset as usize;
-                    d[o..o + data.len()].copy_from_slice(data);
-                    None
-                }
-                ClientOp::Trim { offset, len } | ClientOp::WriteZeroes { offset, len, .. } => {
-                    let o = *offset as usize;
-                    d[o..o + *len as usize].fill(0);
-                    None
-                }
-                ClientOp::Read { offset, len } => {
-                    let o = *offset as usize;
-                    Some(Bytes::copy_from_slice(&d[o..o + *len as usize]))
-                }
-                ClientOp::Flush => None,
-            };
+            let result = answer(&mut self.disks[usize::from(r.0)], &op);
             self.with(|e, out| e.on_reply(sub, Ok(result), out));
         }
         true

@@ -107,24 +107,7 @@ impl Rig {
         let Some((r, sub, op)) = self.queue.pop_front() else {
             return false;
         };
-        let d = &mut self.disks[usize::from(r.0)];
-        let result = match &op {
-            ClientOp::Write { offset, data, .. } => {
-                let o = *offset as usize;
-                d[o..o + data.len()].copy_from_slice(data);
-                None
-            }
-            ClientOp::Trim { offset, len } | ClientOp::WriteZeroes { offset, len, .. } => {
-                let o = *offset as usize;
-                d[o..o + *len as usize].fill(0);
-                None
-            }
-            ClientOp::Read { offset, len } => {
-                let o = *offset as usize;
-                Some(Bytes::copy_from_slice(&d[o..o + *len as usize]))
-            }
-            ClientOp::Flush => None,
-        };
+        let result = crate::engine_tests::answer(&mut self.disks[usize::from(r.0)], &op);
         self.with(|e, out| e.on_reply(sub, Ok(result), out));
         true
     }

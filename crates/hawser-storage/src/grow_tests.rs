@@ -355,26 +355,12 @@ fn a_grow_cut_short_before_its_metadata_is_undone_at_open() {
 /// journals of the volume's (smaller) engines; a journal larger than the replica is refused.
 #[test]
 fn a_grown_replica_accepts_journals_of_the_smaller_volume() {
-    use hawser_wire::frame::CHECKSUM_BLOCK_BYTES;
-    use hawser_wire::journal::{Journal, ACTIVITY_EXTENT_BYTES};
     let dir = TempDir::new("growjournal");
     let p = pool(&dir, 1.0, None);
     p.create_replica(&new("a", 1 << 20, true)).expect("create");
     let r = p.grow_replica("a", 2 << 20).expect("grow");
     r.raise_epoch(2).expect("epoch");
-    let journal = |size: u64| {
-        Journal {
-            epoch: 2,
-            seq: 1,
-            size,
-            extent_bytes: ACTIVITY_EXTENT_BYTES,
-            chunk_bytes: CHECKSUM_BLOCK_BYTES,
-            active: Vec::new(),
-            out: Vec::new(),
-        }
-        .encode()
-        .expect("encode")
-    };
+    let journal = |size: u64| journal(2, size);
     r.put_journal(2, &journal(1 << 20))
         .expect("the volume's size");
     r.put_journal(2, &journal(2 << 20))
