@@ -25,8 +25,9 @@ HOST_CMDS := cargo go node npm
 # What `make demo` needs: protoc for the build, and the NBD clients and fio of its tour.
 DEMO_APT_PACKAGES := protobuf-compiler libnbd-bin qemu-utils fio
 DEMO_CMDS := protoc nbdinfo qemu-io fio
-# Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, built from the Go module proxy
-# by scripts/k8s/build.sh into one cache (a second run is quick).
+# Kubernetes v1.33 binaries, csi-sanity, helm and kubeconform, and the backup tests' S3 server
+# (SeaweedFS), built from the Go module proxy by scripts/k8s/build.sh into one cache (a second
+# run is quick).
 K8S_CACHE ?= $(HOME)/.cache/hawser-k8s
 export HAWSER_K8S_CACHE := $(K8S_CACHE)
 export HAWSER_K8S_BIN := $(K8S_CACHE)/bin

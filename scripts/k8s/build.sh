@@ -2,8 +2,9 @@
 # Builds the Kubernetes and CSI test tools from the Go module proxy into one cache directory,
 # so a second run is quick: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
 # and kubectl (v1.33, through the wrapper module beside this script), csi-sanity, helm and
-# kubeconform, and the VolumeSnapshot CRDs (external-snapshotter's client module, into
-# bin/snapshot-crds). Prints the bin directory on its last line.
+# kubeconform, the VolumeSnapshot CRDs (external-snapshotter's client module, into
+# bin/snapshot-crds), and the S3 server of the backup tests (SeaweedFS, `weed`, through the
+# wrapper module in scripts/s3). Prints the bin directory on its last line.
 #
 # HAWSER_K8S_CACHE (default ~/.cache/hawser-k8s) holds GOMODCACHE, GOCACHE and bin/.
 set -euo pipefail
@@ -61,5 +62,18 @@ if ! built snapshot-crds "$SNAPSHOT_CLIENT_VERSION"; then
   mkdir -p "$bin/snapshot-crds"
   cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$bin/snapshot-crds/"
   stamp snapshot-crds "$SNAPSHOT_CLIENT_VERSION"
+fi
+
+# SeaweedFS (Apache-2.0): `go install ...@version` is refused because its go.mod has a
+# replace directive, so it is built as a dependency of the small wrapper module in
+# scripts/s3 (go.mod and go.sum pin every dependency; tools.go imports it).
+s3_mod="$here/../s3"
+WEED_VERSION="$(sed -n 's|^require github.com/seaweedfs/seaweedfs \(.*\)$|\1|p' "$s3_mod/go.mod")"
+[ -n "$WEED_VERSION" ] || { echo "no seaweedfs version in $s3_mod/go.mod" >&2; exit 1; }
+if ! built weed "$WEED_VERSION" || [ ! -x "$bin/weed" ]; then
+  echo "building SeaweedFS $WEED_VERSION (about 4 minutes on a cold cache)" >&2
+  (cd "$s3_mod" && GOFLAGS="$GOFLAGS -mod=readonly" go build -trimpath -ldflags "-s -w" \
+    -o "$bin/weed" github.com/seaweedfs/seaweedfs/weed)
+  stamp weed "$WEED_VERSION"
 fi
 echo "$bin"

@@ -1,0 +1,193 @@
+//! Making a backup: a snapshot file is cut into blocks; each block that is not all zeros and
+//! not on the target yet is compressed and stored under its hash; the manifest goes last.
+
+use std::collections::HashSet;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+
+use crate::constants::MAX_IN_FLIGHT_BLOCKS;
+use crate::error::BackupError;
+use crate::manifest::{BackupKey, BackupStats, Manifest, FORMAT};
+use crate::progress::{Pacer, Progress};
+use crate::target::Target;
+use crate::{block, names};
+
+/// What to back up, and how.
+#[derive(Clone, Debug)]
+pub struct BackupPlan {
+    pub backup: String,
+    pub volume: String,
+    pub cluster: Option<String>,
+    pub snapshot: Option<String>,
+    pub taken_ms: u64,
+    pub size_bytes: u64,
+    pub block_bytes: u64,
+    pub encryption: Option<BackupKey>,
+    /// The volume's last backup on this target: its blocks are known to be there.
+    pub previous: Option<Manifest>,
+    /// The most the job reads per second (0: no limit).
+    pub bytes_per_sec: u64,
+}
+
+/// What became of one block.
+enum Stored {
+    Zero,
+    Reused(String),
+    New(String, u64),
+}
+
+/// Backs up the first `plan.size_bytes` of `source` (a snapshot file) to `target`, and
+/// returns the manifest it wrote. Killed midway, it leaves blocks and no manifest; the next
+/// run finds those blocks and does not send them again.
+pub async fn back_up(
+    target: &Target,
+    source: &Path,
+    plan: BackupPlan,
+    progress: Arc<Progress>,
+) -> Result<Manifest, BackupError> {
+    names::validate_backup(&plan.backup)?;
+    let started = std::time::Instant::now();
+    if target.size(&names::manifest(&plan.backup)).await?.is_some() {
+        return Err(BackupError::Exists {
+            target: target.name().to_owned(),
+            backup: plan.backup.clone(),
+        });
+    }
+    let file = open_source(source, plan.size_bytes)?;
+    let mut manifest = Manifest {
+        format: FORMAT,
+        backup: plan.backup.clone(),
+        volume: plan.volume.clone(),
+        cluster: plan.cluster.clone(),
+        snapshot: plan.snapshot.clone(),
+        taken_ms: plan.taken_ms,
+        size_bytes: plan.size_bytes,
+        block_bytes: plan.block_bytes,
+        hash: "sha256".into(),
+        compression: "zstd".into(),
+        blocks: Default::default(),
+        encryption: plan.encryption.clone(),
+        previous: plan.previous.as_ref().map(|p| p.backup.clone()),
+        stats: BackupStats::default(),
+    };
+    // Checked before any block is read, so a bad size fails at once.
+    manifest.validate()?;
+    let known: Arc<HashSet<String>> = Arc::new(
+        plan.previous
+            .iter()
+            .flat_map(|p| p.blocks.values().cloned())
+            .collect(),
+    );
+    let pacer = Arc::new(Pacer::new(plan.bytes_per_sec));
+    let ctx = Arc::new((target.clone(), file, source.to_owned(), manifest.clone()));
+    let results: Vec<(u64, Stored)> = futures::stream::iter(0..manifest.block_count())
+        .map(|index| {
+            let (ctx, known, pacer, progress) =
+                (ctx.clone(), known.clone(), pacer.clone(), progress.clone());
+            async move {
+                let (target, file, path, m) = &*ctx;
+                let (at, len) = m.block_range(index);
+                pacer.take(len).await;
+                let stored = one_block(target, file, path, at, len, &known).await?;
+                let sent = if let Stored::New(_, n) = &stored {
+                    *n
+                } else {
+                    0
+                };
+                progress.advance(len, sent);
+                Ok::<_, BackupError>((index, stored))
+            }
+        })
+        .buffer_unordered(MAX_IN_FLIGHT_BLOCKS)
+        .try_collect()
+        .await?;
+    let stats = &mut manifest.stats;
+    for (index, stored) in results {
+        match stored {
+            Stored::Zero => stats.zero_blocks += 1,
+            Stored::Reused(h) => {
+                stats.reused_blocks += 1;
+                manifest.blocks.insert(index, h);
+            }
+            Stored::New(h, n) => {
+                stats.new_blocks += 1;
+                stats.stored_bytes += n;
+                manifest.blocks.insert(index, h);
+            }
+        }
+    }
+    manifest.stats.read_bytes = plan.size_bytes;
+    manifest.stats.micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    // Every block durable before the manifest that names them, and the manifest durable
+    // before the backup is reported done.
+    target.barrier().await?;
+    target
+        .put(
+            &names::manifest(&plan.backup),
+            Bytes::from(manifest.encode()?),
+        )
+        .await?;
+    target.barrier().await?;
+    Ok(manifest)
+}
+
+fn open_source(source: &Path, size: u64) -> Result<Arc<std::fs::File>, BackupError> {
+    let file = std::fs::File::open(source).map_err(|e| BackupError::io("open", source, e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| BackupError::io("stat", source, e))?
+        .len();
+    if len < size {
+        return Err(BackupError::Invalid {
+            what: format!(
+                "{} is {len} bytes, less than the volume's {size}",
+                source.display()
+            ),
+        });
+    }
+    Ok(Arc::new(file))
+}
+
+async fn one_block(
+    target: &Target,
+    file: &Arc<std::fs::File>,
+    path: &Path,
+    at: u64,
+    len: u64,
+    known: &HashSet<String>,
+) -> Result<Stored, BackupError> {
+    let (file, path2) = (file.clone(), path.to_owned());
+    let read = tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        file.read_exact_at(&mut buf, at)
+            .map_err(|e| BackupError::io("read", &path2, e))?;
+        if block::is_zero(&buf) {
+            return Ok(None);
+        }
+        let h = block::hash(&buf);
+        Ok::<_, BackupError>(Some((buf, h)))
+    });
+    let Some((buf, hash)) = join(read).await?? else {
+        return Ok(Stored::Zero);
+    };
+    let object = names::block(&hash);
+    if known.contains(&hash) || target.size(&object).await?.is_some_and(|n| n > 0) {
+        return Ok(Stored::Reused(hash));
+    }
+    let zipped = join(tokio::task::spawn_blocking(move || block::compress(&buf)))
+        .await?
+        .map_err(|e| BackupError::io("compress a block of", path, e))?;
+    let n = zipped.len() as u64;
+    target.put(&object, Bytes::from(zipped)).await?;
+    Ok(Stored::New(hash, n))
+}
+
+pub(crate) async fn join<T>(h: tokio::task::JoinHandle<T>) -> Result<T, BackupError> {
+    h.await.map_err(|e| BackupError::Invalid {
+        what: format!("a block task failed: {e}"),
+    })
+}

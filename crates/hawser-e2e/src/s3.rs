@@ -1,0 +1,167 @@
+//! A real S3 server for the backup tests: SeaweedFS's S3 gateway (built by
+//! `scripts/s3/build.sh` into the Kubernetes tools' cache), on loopback ports, with one access
+//! key, so a request without it is refused. Faults: [`S3Server::kill`] (down),
+//! [`S3Server::pause`] (hangs), its data directory (corrupt a block, fill the disk).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::cluster::free_port;
+use crate::run::wait_until;
+
+pub const ACCESS_KEY: &str = "AKHAWSERTEST";
+pub const SECRET_KEY: &str = "sk-hawser-test-secret";
+
+pub struct S3Server {
+    child: Option<Child>,
+    dir: PathBuf,
+    pub port: u16,
+    filer_port: u16,
+    pub bucket: String,
+}
+
+impl S3Server {
+    /// Starts the server with its data in `dir/data` and makes bucket `bucket`.
+    pub fn start(dir: &Path, bucket: &str) -> S3Server {
+        let weed = crate::k8s_tool("weed");
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).expect("s3 data dir");
+        let identities = serde_json::json!({"identities": [{
+            "name": "hawser",
+            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]});
+        let config = dir.join("s3-identities.json");
+        std::fs::write(&config, identities.to_string()).expect("s3 identities");
+        let (s3, filer) = (free_port(), free_port());
+        let flag = |k: &str, v: String| format!("-{k}={v}");
+        let args = vec![
+            "server".to_owned(),
+            flag("dir", data.display().to_string()),
+            flag("ip", "127.0.0.1".into()),
+            flag("ip.bind", "127.0.0.1".into()),
+            // No statistics leave the machine.
+            flag("master.telemetry", "false".into()),
+            flag("master.port", free_port().to_string()),
+            flag("master.port.grpc", free_port().to_string()),
+            flag("volume.port", free_port().to_string()),
+            flag("volume.port.grpc", free_port().to_string()),
+            flag("volume.preStopSeconds", "0".into()),
+            flag("filer.port", filer.to_string()),
+            flag("filer.port.grpc", free_port().to_string()),
+            flag(
+                "filer.localSocket",
+                dir.join("filer.sock").display().to_string(),
+            ),
+            "-s3".to_owned(),
+            flag("s3.port", s3.to_string()),
+            flag("s3.port.grpc", free_port().to_string()),
+            flag("s3.port.iceberg", "0".into()),
+            flag("s3.port.lance", "0".into()),
+            flag("s3.localSocket", dir.join("s3.sock").display().to_string()),
+            flag("s3.config", config.display().to_string()),
+        ];
+        let log = std::fs::File::create(dir.join("weed.log")).expect("weed log");
+        let child = Command::new(weed)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start weed");
+        let mut server = S3Server {
+            child: Some(child),
+            dir: dir.to_owned(),
+            port: s3,
+            filer_port: filer,
+            bucket: bucket.to_owned(),
+        };
+        server.wait_serving();
+        // The filer makes a bucket as a folder under /buckets (no signed request needed).
+        let url = format!("http://127.0.0.1:{filer}/buckets/{bucket}/");
+        wait_until(
+            "the s3 server's filer makes the bucket",
+            Duration::from_secs(60),
+            || {
+                reqwest::blocking::Client::new()
+                    .post(&url)
+                    .send()
+                    .is_ok_and(|r| r.status().is_success())
+            },
+        );
+        server
+    }
+
+    fn wait_serving(&mut self) {
+        let url = self.endpoint();
+        let log = self.dir.join("weed.log");
+        wait_until("the s3 server to answer", Duration::from_secs(90), || {
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("weed exited ({st}); its log:\n{tail}");
+            }
+            reqwest::blocking::get(&url).is_ok()
+        });
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Where its data lives (volume files: corrupt them or fill their disk).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// A credentials file for `hawser backup target add --credentials-file` (mode 0600).
+    pub fn credentials_file(&self) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.dir.join("s3-credentials");
+        let body = format!("access_key_id = {ACCESS_KEY}\nsecret_access_key = {SECRET_KEY}\n");
+        std::fs::write(&p, body).expect("credentials file");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        p
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// kill -9: the server is down.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP: the server hangs (connections accepted by the kernel, never answered).
+    pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        signal(self.pid(), libc::SIGCONT);
+    }
+
+    /// The filer's port (an unsigned HTTP API onto the same files, for tests that look).
+    pub fn filer_port(&self) -> u16 {
+        self.filer_port
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    let Ok(pid) = i32::try_from(pid) else { return };
+    if pid > 0 {
+        // SAFETY: kill(2) on a child this fixture started and has not reaped.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+    }
+}
