@@ -386,6 +386,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             busy: args.resync_busy_rate,
         },
         devices: Some(devices.clone()),
+        backups: Default::default(),
     };
     let mut admin_stop = stop_rx.clone();
     let admin_tls = match &node_tls {

@@ -101,3 +101,10 @@ pub const DEFAULT_KERNEL_NBD_IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a kernel device holds I/O with no agent serving it: a restart or an upgrade of
 /// the agent must fit in it.
 pub const DEFAULT_KERNEL_DEAD_CONN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Backups this node runs at once (`backup/`): each reads a snapshot and keeps up to
+/// `hawser_backup::constants::MAX_IN_FLIGHT_BLOCKS` blocks in flight; more would compete
+/// with the volumes' own I/O. A start past it is refused (503) and retried by the controller.
+pub const MAX_BACKUP_JOBS: usize = 2;
+/// Finished backup jobs kept for the controller to read their result.
+pub const MAX_FINISHED_BACKUP_JOBS: usize = 64;

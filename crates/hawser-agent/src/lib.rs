@@ -17,6 +17,7 @@
 //! [`agent`] starts them all; [`constants`] holds every bound and timing.
 
 pub mod agent;
+pub mod backup;
 pub mod constants;
 pub mod control;
 pub mod engine;

@@ -23,6 +23,7 @@ async fn admin_calls_need_the_agent_token() {
     let metrics = AgentMetrics::new(engines.clone(), storage.clone());
     let state = AdminState {
         devices: None,
+        backups: Default::default(),
         node: "a".into(),
         storage: storage.clone(),
         engines,
@@ -47,6 +48,10 @@ async fn admin_calls_need_the_agent_token() {
             http.post(format!("{base}/v1/engines/vol/grow"))
                 .json(&json!({"size_bytes": 2 << 20})),
             http.get(format!("{base}/v1/devices")),
+            http.post(format!("{base}/v1/backup-jobs"))
+                .json(&json!({"backup": "b"})),
+            http.get(format!("{base}/v1/backup-jobs/b")),
+            http.post(format!("{base}/v1/restore-jobs")).json(&json!({"replica": "vol-a"})),
         ];
         for req in calls {
             let req = match auth {
@@ -139,6 +144,7 @@ async fn calls_meant_for_another_node_are_refused() {
     let metrics = AgentMetrics::new(engines.clone(), storage.clone());
     let state = AdminState {
         devices: None,
+        backups: Default::default(),
         node: "a".into(),
         storage: storage.clone(),
         engines,

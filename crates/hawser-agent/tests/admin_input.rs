@@ -30,6 +30,7 @@ async fn bad_engine_requests_are_refused_and_change_nothing() {
     let engines = Arc::new(Engines::default());
     let state = AdminState {
         devices: None,
+        backups: Default::default(),
         node: "a".into(),
         storage: storage.clone(),
         engines: engines.clone(),

@@ -357,6 +357,11 @@ pub struct CreateVolume {
     /// Chosen at create, never changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksums: Option<bool>,
+    /// Start with the data of this backup, `TARGET/BACKUP` (docs/backup.md): every replica's
+    /// node reads it from the target; the volume stays `restoring` until all have. Its size
+    /// is at least the backup's (0: the backup's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_backup: Option<String>,
 }
 
 /// Whether a volume whose create request does not say keeps block checksums. Volumes

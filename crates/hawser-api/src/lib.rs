@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod auth;
+pub mod backup;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod controller;

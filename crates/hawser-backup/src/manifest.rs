@@ -46,30 +46,7 @@ pub struct Manifest {
     pub stats: BackupStats,
 }
 
-/// An encrypted volume's key as the manifest carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BackupKey {
-    /// The KEK it is wrapped under.
-    pub kek: u32,
-    /// Nonce, ciphertext and tag, base64 (docs/encryption.md).
-    pub wrapped: String,
-    /// The data key's check value, hex.
-    pub check: String,
-}
-
-/// What making the backup cost.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BackupStats {
-    /// Bytes of the snapshot read.
-    pub read_bytes: u64,
-    /// Compressed bytes this backup stored (blocks no earlier backup had).
-    pub stored_bytes: u64,
-    pub new_blocks: u64,
-    /// Blocks already on the target (in the previous backup, or left by an interrupted run).
-    pub reused_blocks: u64,
-    pub zero_blocks: u64,
-    pub micros: u64,
-}
+pub use hawser_api::backup::{BackupKey, BackupStats};
 
 impl Manifest {
     /// How many blocks the volume is cut into (the last may be short).

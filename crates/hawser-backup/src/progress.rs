@@ -5,8 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 /// Counters that the job bumps and anyone may read.
 #[derive(Debug)]
 pub struct Progress {
@@ -16,20 +14,7 @@ pub struct Progress {
     sent: AtomicU64,
 }
 
-/// A reading of [`Progress`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ProgressView {
-    /// Bytes of the volume to go through.
-    pub total_bytes: u64,
-    /// Bytes gone through (read and stored, or checked and written).
-    pub done_bytes: u64,
-    /// Bytes that crossed the network to or from the target (compressed).
-    pub transferred_bytes: u64,
-    /// Of the volume, per second, since the start.
-    pub bytes_per_sec: u64,
-    /// At that rate (None before there is one).
-    pub eta_secs: Option<u64>,
-}
+pub use hawser_api::backup::ProgressView;
 
 impl Progress {
     pub fn new(total: u64) -> Progress {

@@ -40,8 +40,11 @@ pub async fn list_backups(target: &Target) -> Result<Vec<String>, BackupError> {
         .collect())
 }
 
+/// Writes one block's data at an offset (blocking: it runs on the blocking pool).
+pub type BlockSink = Arc<dyn Fn(u64, &[u8]) -> std::io::Result<()> + Send + Sync>;
+
 /// Where a restore writes, and what it does with the blocks that are all zeros.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Dest<'a> {
     /// Check every block and write nothing (`hawser backup verify`).
     Verify,
@@ -49,6 +52,9 @@ pub enum Dest<'a> {
     Blank(&'a Path),
     /// A file with other data in it: zero blocks are written as zeros.
     Overwrite(&'a Path),
+    /// Something that reads as zeros where nothing is written (a new replica, written through
+    /// its own checks and checksums); `name` is what errors call it.
+    Sink { name: &'a str, write: BlockSink },
 }
 
 /// Restores `manifest`'s volume into `dest`. Fails before writing anything past the first bad
@@ -61,26 +67,36 @@ pub async fn restore(
     bytes_per_sec: u64,
 ) -> Result<(), BackupError> {
     manifest.validate()?;
-    let (file, path, zeros) = match dest {
-        Dest::Verify => (None, None, false),
+    let (file, path, zeros) = match &dest {
+        Dest::Verify | Dest::Sink { .. } => (None, None, false),
         Dest::Blank(p) => (
             Some(open_dest(p, manifest.size_bytes)?),
-            Some(p.to_owned()),
+            Some(p.to_path_buf()),
             false,
         ),
         Dest::Overwrite(p) => (
             Some(open_dest(p, manifest.size_bytes)?),
-            Some(p.to_owned()),
+            Some(p.to_path_buf()),
             true,
         ),
     };
+    let sink = match &dest {
+        Dest::Sink { name, write } => Some((name.to_string(), write.clone())),
+        _ => None,
+    };
     let pacer = Arc::new(Pacer::new(bytes_per_sec));
-    let ctx = Arc::new((target.clone(), manifest.clone(), file.clone(), path.clone()));
+    let ctx = Arc::new((
+        target.clone(),
+        manifest.clone(),
+        file.clone(),
+        path.clone(),
+        sink,
+    ));
     futures::stream::iter(0..manifest.block_count())
         .map(|index| {
             let (ctx, pacer, progress) = (ctx.clone(), pacer.clone(), progress.clone());
             async move {
-                let (target, m, file, path) = &*ctx;
+                let (target, m, file, path, sink) = &*ctx;
                 let (at, len) = m.block_range(index);
                 let Some(hash) = m.blocks.get(&index) else {
                     if let (true, Some(f), Some(p)) = (zeros, file, path) {
@@ -94,6 +110,16 @@ pub async fn restore(
                 let (data, sent) = fetch(target, m, index, hash).await?;
                 if let (Some(f), Some(p)) = (file, path) {
                     write_at(f.clone(), p, data, at).await?;
+                } else if let Some((name, write)) = sink {
+                    let (write, name) = (write.clone(), name.clone());
+                    join(tokio::task::spawn_blocking(move || {
+                        write(at, &data).map_err(|e| BackupError::Io {
+                            what: "write a block to",
+                            path: name,
+                            source: e,
+                        })
+                    }))
+                    .await??;
                 }
                 progress.advance(len, sent);
                 Ok::<_, BackupError>(())

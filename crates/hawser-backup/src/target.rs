@@ -10,32 +10,11 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
-use serde::{Deserialize, Serialize};
 
 use crate::constants::*;
 use crate::error::BackupError;
 
-/// Where a target is.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
-pub enum TargetSpec {
-    S3 {
-        /// The server's URL, `http(s)://host:port`: path-style requests, as every
-        /// S3-compatible server takes them.
-        endpoint: String,
-        bucket: String,
-        /// Objects go under this prefix in the bucket ("" for the bucket's top).
-        #[serde(default)]
-        prefix: String,
-        /// The signing region (most S3-compatible servers accept any; default us-east-1).
-        #[serde(default)]
-        region: Option<String>,
-    },
-    Dir {
-        /// An existing directory, the same path on every node that runs backups.
-        path: String,
-    },
-}
+pub use hawser_api::backup::TargetSpec;
 
 /// An S3 access key.
 #[derive(Clone, PartialEq, Eq)]
@@ -51,6 +30,22 @@ impl std::fmt::Debug for S3Credentials {
 }
 
 impl S3Credentials {
+    /// The key as the API carries it; None if its secret is not base64 or not UTF-8.
+    pub fn from_api(key: &hawser_api::backup::S3Key) -> Option<S3Credentials> {
+        let secret = String::from_utf8(key.secret_access_key.bytes()?).ok()?;
+        Some(S3Credentials {
+            access_key_id: key.access_key_id.clone(),
+            secret_access_key: secret,
+        })
+    }
+
+    pub fn to_api(&self) -> hawser_api::backup::S3Key {
+        hawser_api::backup::S3Key {
+            access_key_id: self.access_key_id.clone(),
+            secret_access_key: hawser_api::Secret::new(self.secret_access_key.as_bytes()),
+        }
+    }
+
     /// Reads a credentials file: `key = value` lines with `access_key_id` and
     /// `secret_access_key` (or AWS's `aws_access_key_id`, `aws_secret_access_key`, so an
     /// `~/.aws/credentials` file with one profile works); `#` comments and `[section]`
@@ -367,13 +362,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not a directory"), "{e}");
-    }
-
-    #[test]
-    fn specs_serialize_with_their_kind() {
-        let spec = TargetSpec::Dir { path: "/b".into() };
-        let json = serde_json::to_string(&spec).unwrap();
-        assert_eq!(json, r#"{"kind":"dir","path":"/b"}"#);
-        assert_eq!(serde_json::from_str::<TargetSpec>(&json).unwrap(), spec);
     }
 }

@@ -84,3 +84,7 @@ pub const STORE_RETRY_MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// deletes orphan replicas (`cluster/reconcile.rs`), besides once at the start of each term. Each
 /// round asks every agent for its replica list, so not much more often than heartbeats.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The default of `--backup-rate`: what a backup may read per second on its node, as the
+/// agent's default resync rate (200 MiB/s), so a backup takes at most what a resync would.
+pub const DEFAULT_BACKUP_RATE: u64 = 200 * 1024 * 1024;

@@ -121,6 +121,13 @@ pub enum ControllerError {
     },
     #[error("{message}")]
     Refused { message: String },
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{kind} {name:?} exists already")]
+    Exists { kind: &'static str, name: String },
+    /// A backup target that cannot be used: its check failed, or it has no credentials here.
+    #[error("backup target {target:?}: {reason}")]
+    BackupTarget { target: String, reason: String },
 }
 
 fn not_leader_message(leader_url: &Option<String>) -> String {
@@ -146,8 +153,12 @@ impl ControllerError {
             | E::NodeNotFound { .. }
             | E::ReplicaNotFound { .. }
             | E::UnknownReplica { .. }
-            | E::SnapshotNotFound { .. } => ErrorCode::NotFound,
-            E::VolumeExists { .. } | E::SnapshotExists { .. } => ErrorCode::AlreadyExists,
+            | E::SnapshotNotFound { .. }
+            | E::NotFound { .. } => ErrorCode::NotFound,
+            E::VolumeExists { .. } | E::SnapshotExists { .. } | E::Exists { .. } => {
+                ErrorCode::AlreadyExists
+            }
+            E::BackupTarget { .. } => ErrorCode::Unavailable,
             E::HasSnapshots { .. } => ErrorCode::Conflict,
             E::SnapshotFailed { .. } => ErrorCode::Unavailable,
             E::Attached { .. }

@@ -87,6 +87,10 @@ pub struct ControllerArgs {
     /// schedule (`hawser volume scrub` still starts one).
     #[arg(long, default_value_t = DEFAULT_SCRUB_INTERVAL_SECS)]
     pub scrub_interval_secs: u64,
+    /// The most a backup reads per second on its node, in bytes (0: no limit), so that a
+    /// backup does not crowd the volumes' own I/O (docs/backup.md).
+    #[arg(long, env = "HAWSER_BACKUP_RATE", default_value_t = crate::constants::DEFAULT_BACKUP_RATE)]
+    pub backup_rate: u64,
     /// Seconds a node may stay offline before its replicas are replaced by new ones on
     /// other nodes (LINSTOR waits 3600, Longhorn 600).
     #[arg(long, default_value_t = DEFAULT_REPLACE_AFTER_SECS)]
@@ -411,6 +415,10 @@ impl Controller {
             waiting: Default::default(),
             metrics,
             keks,
+            backups: crate::snapshots::backup_targets::BackupSettings::new(
+                &args.data_dir,
+                args.backup_rate,
+            ),
         };
         Ok(Controller {
             listener,
@@ -453,6 +461,10 @@ impl Controller {
             self.state.clone(),
             self.heal_check,
         ));
+        let backups = tokio::spawn(crate::snapshots::backups::run(
+            self.state.clone(),
+            std::time::Duration::from_secs(10),
+        ));
         let node_events = tokio::spawn(crate::cluster::events::watch_nodes(self.state.clone()));
         let tokens = tokio::spawn(crate::api::tokens::refresh_forever(self.state.clone()));
         let failover = self
@@ -479,6 +491,7 @@ impl Controller {
         heal.abort();
         reconcile.abort();
         catchup.abort();
+        backups.abort();
         node_events.abort();
         tokens.abort();
         follow_ca.abort();

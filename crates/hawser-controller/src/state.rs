@@ -39,6 +39,8 @@ pub struct AppState {
     pub metrics: ControllerMetrics,
     /// The key-encryption keys of encrypted volumes' data keys (`volumes/keys.rs`).
     pub keks: crate::volumes::keys::Keks,
+    /// Backups' credentials directory and rate (`snapshots/backup_targets.rs`).
+    pub backups: crate::snapshots::backup_targets::BackupSettings,
 }
 
 impl AppState {

@@ -299,6 +299,7 @@ async fn real_responses_validate_against_the_document() {
         204
     );
     assert_eq!(p.call(a, del, "/v1/snapshots/s1", None).await.0, 404);
+    probe_backups(&mut p, a).await;
     let (s, list) = p
         .call(a, (Method::GET, "/v1/replicas"), "/v1/replicas", None)
         .await;
@@ -637,6 +638,96 @@ async fn real_responses_validate_against_the_document() {
         .map(|(m, t, _)| (m.clone(), t.clone()))
         .collect();
     assert_eq!(exercised, documented(&p.doc));
+}
+
+/// Backup targets and backups: a directory target added (and refused without a token, for a
+/// missing directory, and under another spec), an S3 target whose check fails (nothing
+/// listens), the backups of unknown volumes and targets.
+async fn probe_backups(p: &mut Probe<'_>, a: Option<&str>) {
+    let dir = std::env::temp_dir().join(format!("hawser-openapi-backups-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let add = (Method::POST, "/v1/backup-targets");
+    let spec = json!({"name": "t1", "spec": {"kind": "dir", "path": dir.display().to_string()}});
+    let call = |body: &Value| Some(body.clone());
+    assert_eq!(
+        p.call(None, add.clone(), "/v1/backup-targets", call(&spec))
+            .await
+            .0,
+        401
+    );
+    let (s, t) = p
+        .call(a, add.clone(), "/v1/backup-targets", call(&spec))
+        .await;
+    assert_eq!((s, &t["credentials"]), (201, &json!(false)), "{t}");
+    let other = json!({"name": "t1", "spec": {"kind": "dir", "path": "/tmp"}});
+    assert_eq!(
+        p.call(a, add.clone(), "/v1/backup-targets", call(&other))
+            .await
+            .0,
+        409
+    );
+    let missing = json!({"name": "t2", "spec": {"kind": "dir", "path": "/no/such/dir"}});
+    assert_eq!(
+        p.call(a, add.clone(), "/v1/backup-targets", call(&missing))
+            .await
+            .0,
+        400
+    );
+    let s3 = json!({"name": "t3", "spec": {"kind": "s3", "endpoint": "http://127.0.0.1:9",
+        "bucket": "b"}, "credentials": {"access_key_id": "a", "secret_access_key": "c2s="}});
+    let (s, e) = p.call(a, add, "/v1/backup-targets", call(&s3)).await;
+    assert_eq!(s, 503, "nothing listens on port 9: {e}");
+    let list = (Method::GET, "/v1/backup-targets");
+    let (s, all) = p.call(a, list, "/v1/backup-targets", None).await;
+    assert_eq!((s, all.as_array().map(Vec::len)), (200, Some(1)), "{all}");
+    let one = (Method::GET, "/v1/backup-targets/{name}");
+    assert_eq!(
+        p.call(a, one.clone(), "/v1/backup-targets/t1", None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(p.call(a, one, "/v1/backup-targets/t9", None).await.0, 404);
+
+    let create = (Method::POST, "/v1/backups");
+    let nope = json!({"volume": "nope", "target": "t1"});
+    assert_eq!(
+        p.call(None, create.clone(), "/v1/backups", call(&nope))
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        p.call(a, create.clone(), "/v1/backups", call(&nope))
+            .await
+            .0,
+        404
+    );
+    let junk = json!({"volume": "v1", "target": "t1", "junk": 1});
+    assert_eq!(p.call(a, create, "/v1/backups", call(&junk)).await.0, 400);
+    let backups = (Method::GET, "/v1/backups");
+    assert_eq!(p.call(a, backups.clone(), "/v1/backups", None).await.0, 200);
+    assert_eq!(
+        p.call(a, backups, "/v1/backups?volume=v1&target=t1", None)
+            .await
+            .0,
+        200
+    );
+    let show = (Method::GET, "/v1/backups/{name}");
+    assert_eq!(p.call(a, show, "/v1/backups/nope", None).await.0, 404);
+
+    let remove = (Method::DELETE, "/v1/backup-targets/{name}");
+    assert_eq!(
+        p.call(a, remove.clone(), "/v1/backup-targets/t1", None)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        p.call(a, remove, "/v1/backup-targets/t1", None).await.0,
+        404
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The checker finds what it must: a wrong type, a missing or unknown property, a value

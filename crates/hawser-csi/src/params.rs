@@ -269,6 +269,7 @@ impl VolumeParams {
             qos: self.qos,
             encrypted: self.encrypted,
             checksums: Some(self.checksums),
+            from_backup: None,
         }
     }
 

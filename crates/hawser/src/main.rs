@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::client::Client;
 use crate::cli::output::OutputArg;
-use crate::cli::{cluster, device, events, node, pool, replica, snapshot, status, volume};
+use crate::cli::{backup, cluster, device, events, node, pool, replica, snapshot, status, volume};
 
 /// `--version`; the upgrade test's second build names itself (Cargo.toml's features).
 const VERSION: &str = if cfg!(feature = "upgrade-test-build") {
@@ -74,6 +74,9 @@ enum Command {
     /// Take, list and delete crash-consistent snapshots of volumes.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCmd),
+    /// Back volumes up off the cluster, to S3 or a directory (docs/backup.md).
+    #[command(subcommand)]
+    Backup(backup::BackupCmd),
     /// Inspect, evacuate and restore nodes.
     #[command(subcommand)]
     Node(node::NodeCmd),
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
         Command::Status { out } => client_exit(&conn, |c| status::run(c, out)),
         Command::Events(args) => client_exit(&conn, |c| events::run(c, args)),
         Command::Snapshot(cmd) => client_exit(&conn, |c| snapshot::run(c, cmd)),
+        Command::Backup(cmd) => client_exit(&conn, |c| backup::run(c, cmd)),
         Command::Device(cmd) => daemon_exit(device::run(cmd)),
     }
 }

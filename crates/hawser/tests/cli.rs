@@ -47,6 +47,7 @@ impl Env {
             advertise_url: None,
             engine_check_secs: 0,
             scrub_interval_secs: 0,
+            backup_rate: 0,
             replace_after_secs: 300,
             max_rebuilds: 2,
             heal_check_secs: 0,

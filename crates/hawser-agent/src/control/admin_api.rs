@@ -42,6 +42,8 @@ pub struct AdminState {
     pub metrics: Arc<AgentMetrics>,
     /// The kernel devices this agent serves: a growing volume's device is told its new size.
     pub devices: Option<Arc<crate::frontends::devices::Devices>>,
+    /// The backups this node runs (`backup/`).
+    pub backups: Arc<crate::backup::BackupJobs>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -72,6 +74,9 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/engines/{volume}/qos", put(set_engine_qos))
         .route("/v1/engines/{volume}/grow", post(grow_engine))
         .route("/v1/devices", get(list_devices))
+        .route("/v1/backup-jobs", post(crate::backup::start_job))
+        .route("/v1/backup-jobs/{backup}", get(crate::backup::get_job))
+        .route("/v1/restore-jobs", post(crate::backup::start_restore))
         .route("/v1/engines/{volume}/scrub", post(scrub_engine))
         .route("/v1/engines/{volume}/pause", post(pause_engine))
         .route("/v1/engines/{volume}/resume", post(resume_engine))
@@ -205,7 +210,7 @@ fn misdirected(node: &str, req: &Request) -> Option<ApiError> {
     ))
 }
 
-pub struct Failure(ApiError);
+pub struct Failure(pub ApiError);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {

@@ -1,6 +1,7 @@
 //! The HTTP server: routes, the body limit, and extractors that turn every malformed request
 //! into a JSON `ApiError` (axum's defaults answer in plain text, some with 422).
 
+pub(crate) mod backups;
 pub(crate) mod extract;
 pub(crate) mod io;
 pub(crate) mod metrics;
@@ -168,6 +169,33 @@ fn routes() -> Vec<Route> {
             Admin,
             delete(snapshots::delete),
         ),
+        route(
+            M::POST,
+            "/v1/backup-targets",
+            Admin,
+            post(backups::add_target),
+        ),
+        route(
+            M::GET,
+            "/v1/backup-targets",
+            Admin,
+            get(backups::list_targets),
+        ),
+        route(
+            M::GET,
+            "/v1/backup-targets/{name}",
+            Admin,
+            get(backups::show_target),
+        ),
+        route(
+            M::DELETE,
+            "/v1/backup-targets/{name}",
+            Admin,
+            delete(backups::remove_target),
+        ),
+        route(M::POST, "/v1/backups", Admin, post(backups::create)),
+        route(M::GET, "/v1/backups", Admin, get(backups::list)),
+        route(M::GET, "/v1/backups/{name}", Admin, get(backups::show)),
         route(M::GET, "/v1/events", Admin, get(crate::api::io::events)),
         route(M::GET, "/v1/replicas", Admin, get(replicas::list)),
         route(M::GET, "/v1/replicas/{id}", Admin, get(replicas::show)),

@@ -274,6 +274,36 @@ impl AgentClient {
         self.call(Method::PUT, to, &path, Some(qos)).await
     }
 
+    /// Starts a backup job on the node (`backup/` in the agent); a retried start answers with
+    /// the job it started before.
+    pub async fn start_backup(
+        &self,
+        to: Agent<'_>,
+        req: &hawser_api::backup::StartBackupJob,
+    ) -> Result<hawser_api::backup::BackupJob, AgentError> {
+        self.call(Method::POST, to, "/v1/backup-jobs", Some(req))
+            .await
+    }
+
+    /// Starts filling a blank replica from a backup; its job is `req.job()`.
+    pub async fn start_restore(
+        &self,
+        to: Agent<'_>,
+        req: &hawser_api::backup::StartRestoreJob,
+    ) -> Result<hawser_api::backup::BackupJob, AgentError> {
+        self.call(Method::POST, to, "/v1/restore-jobs", Some(req))
+            .await
+    }
+
+    pub async fn backup_job(
+        &self,
+        to: Agent<'_>,
+        backup: &str,
+    ) -> Result<hawser_api::backup::BackupJob, AgentError> {
+        let path = format!("/v1/backup-jobs/{backup}");
+        self.call::<(), _>(Method::GET, to, &path, None).await
+    }
+
     pub async fn status(&self, to: Agent<'_>) -> Result<AgentStatus, AgentError> {
         self.call::<(), _>(Method::GET, to, "/v1/status", None)
             .await

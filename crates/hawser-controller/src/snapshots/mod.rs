@@ -1,6 +1,12 @@
 //! Snapshots: taking one on every in-sync replica at one cut of the write stream
-//! (`create`), and bringing a replica that missed a snapshot up to it (`catchup`). The
-//! routes are in `api::snapshots`; restoring a volume from one is `volumes::restore`.
+//! (`create`), bringing a replica that missed a snapshot up to it (`catchup`), and sending
+//! one off the cluster as a backup (`backups`, to the targets of `backup_targets`) and
+//! making a volume from one (`restores`). The
+//! routes are in `api::snapshots` and `api::backups`; restoring a volume from a snapshot is
+//! `volumes::restore`.
 
+pub(crate) mod backup_targets;
+pub(crate) mod backups;
 pub(crate) mod catchup;
 pub(crate) mod create;
+pub(crate) mod restores;

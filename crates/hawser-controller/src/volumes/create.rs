@@ -17,9 +17,14 @@ use crate::store::model::{NodeRecord, VolumeRecord};
 use crate::volumes::keys::WrappedKey;
 
 pub async fn create_volume(
-    st: &AppState,
-    req: CreateVolume,
+    st: &std::sync::Arc<AppState>,
+    mut req: CreateVolume,
 ) -> Result<VolumeRecord, ControllerError> {
+    // From a backup: its manifest says the size and whether it is encrypted.
+    let restore = match req.from_backup.clone() {
+        Some(from) => Some(crate::snapshots::restores::resolve(st, &mut req, &from).await?),
+        None => None,
+    };
     validate(&req)?;
     let _guard = st.volume_locks.lock(&req.name).await;
     if st.records.volume(&req.name).await?.is_some() {
@@ -48,7 +53,11 @@ pub async fn create_volume(
         Some(from) => Some(crate::volumes::clone::resolve(st, &req, from).await?),
         None => None,
     };
-    let encryption = match data_key(st, &req, source.as_ref()).await {
+    let key = match &restore {
+        Some(r) => crate::snapshots::restores::data_key(st, &req.name, r).await,
+        None => data_key(st, &req, source.as_ref()).await,
+    };
+    let encryption = match key {
         Ok(k) => k,
         Err(e) => {
             if let Some(s) = &source {
@@ -61,7 +70,10 @@ pub async fn create_volume(
     if let Some(s) = &source {
         crate::volumes::clone::finish(st, s).await;
     }
-    created
+    match (created, restore) {
+        (Ok(v), Some(r)) => crate::snapshots::restores::start(st, &v, r).await,
+        (created, _) => created,
+    }
 }
 
 /// The new volume's wrapped data key: a clone of an encrypted volume gets its source's key

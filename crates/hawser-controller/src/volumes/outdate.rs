@@ -436,6 +436,10 @@ mod tests {
             waiting: Default::default(),
             metrics: Default::default(),
             keks: crate::volumes::keys::Keks::new(std::path::Path::new("/nonexistent")),
+            backups: crate::snapshots::backup_targets::BackupSettings::new(
+                std::path::Path::new("/nonexistent"),
+                0,
+            ),
         });
         let report = |id: &'static str| {
             let st = st.clone();

@@ -2,6 +2,7 @@
 //! controller and human or JSON output.
 
 pub mod args;
+pub mod backup;
 pub mod client;
 pub mod client_cert;
 pub mod cluster;

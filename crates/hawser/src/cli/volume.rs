@@ -28,13 +28,18 @@ pub enum VolumeCmd {
             long,
             value_parser = parse_volume_size,
             allow_hyphen_values = true,
-            required_unless_present = "from"
+            required_unless_present_any = ["from", "from_backup"]
         )]
         size: Option<u64>,
         /// A clone: start with the data of this snapshot or volume (`snapshot:NAME` or
         /// `volume:NAME` when a snapshot and a volume share the name).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "from_backup")]
         from: Option<String>,
+        /// Start with the data of a backup, `TARGET/BACKUP` (`hawser backup list`), in this
+        /// cluster or another that was given the target. The volume stays `restoring` (it
+        /// cannot attach) until every replica holds it, each block checked against its hash.
+        #[arg(long)]
+        from_backup: Option<String>,
         /// Number of replicas (1-5), each on a different node.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=5))]
         replicas: u32,
@@ -201,6 +206,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             prefer_node,
             on_quorum_loss,
             from,
+            from_backup,
             encrypted,
             checksums,
             limits,
@@ -226,6 +232,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 qos: limits.qos(),
                 encrypted,
                 checksums: Some(checksums == OnOff::On),
+                from_backup,
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");

@@ -1,0 +1,78 @@
+//! `/v1/backup-targets` and `/v1/backups`: where backups go, and the backups themselves (the
+//! logic is in `snapshots/backup_targets.rs` and `snapshots/backups.rs`).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use hawser_api::backup::{AddBackupTarget, Backup, BackupTarget, CreateBackup};
+use serde::Deserialize;
+
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::errors::ControllerError;
+use crate::snapshots::{backup_targets, backups};
+use crate::state::AppState;
+
+type Shared = State<Arc<AppState>>;
+
+pub async fn add_target(
+    State(st): Shared,
+    ApiJson(req): ApiJson<AddBackupTarget>,
+) -> Result<(StatusCode, Json<BackupTarget>), ControllerError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(backup_targets::add(&st, req).await?),
+    ))
+}
+
+pub async fn list_targets(State(st): Shared) -> Result<Json<Vec<BackupTarget>>, ControllerError> {
+    Ok(Json(backup_targets::list(&st).await?))
+}
+
+pub async fn show_target(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<BackupTarget>, ControllerError> {
+    Ok(Json(backup_targets::show(&st, &name).await?))
+}
+
+pub async fn remove_target(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<StatusCode, ControllerError> {
+    backup_targets::remove(&st, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Starts a backup: 202, Running; `GET /v1/backups/{name}` follows it.
+pub async fn create(
+    State(st): Shared,
+    ApiJson(req): ApiJson<CreateBackup>,
+) -> Result<(StatusCode, Json<Backup>), ControllerError> {
+    Ok((StatusCode::ACCEPTED, Json(backups::create(&st, req).await?)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub volume: Option<String>,
+    pub target: Option<String>,
+}
+
+/// Every backup (of one volume, to one target), oldest first.
+pub async fn list(
+    State(st): Shared,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Vec<Backup>>, ControllerError> {
+    Ok(Json(
+        backups::list(&st, q.volume.as_deref(), q.target.as_deref()).await?,
+    ))
+}
+
+pub async fn show(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Backup>, ControllerError> {
+    Ok(Json(backups::record(&st, &name).await?.backup))
+}

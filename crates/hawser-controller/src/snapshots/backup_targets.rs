@@ -1,0 +1,242 @@
+//! Backup targets (docs/backup.md): where backups go. The store keeps each target's
+//! [`TargetSpec`] under `backup-targets/<name>`; an S3 target's access key is kept only in a
+//! 0600 file of the controller's data directory (`backup-targets/<name>.credentials`), never
+//! in the store, as the KEKs are. Removing a target forgets it; nothing on it is deleted.
+
+use std::path::{Path, PathBuf};
+
+use hawser_api::backup::{AddBackupTarget, BackupTarget, S3Key, TargetSpec};
+use hawser_backup::{S3Credentials, Target};
+use hawser_store::{get_json, list_json, put_json, Expect};
+use serde::{Deserialize, Serialize};
+
+use crate::errors::ControllerError;
+use crate::state::AppState;
+use crate::store::model::now_ms;
+
+const PREFIX: &str = "backup-targets/";
+
+/// A target as the store keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetRecord {
+    pub name: String,
+    pub spec: TargetSpec,
+    pub created_ms: u64,
+}
+
+/// Where a controller keeps what backups need outside the store, and how fast they may read.
+#[derive(Clone, Debug)]
+pub struct BackupSettings {
+    /// `<data-dir>/backup-targets`: one 0600 credentials file per S3 target.
+    pub credentials_dir: PathBuf,
+    /// The most a backup reads per second on its node (0: no limit).
+    pub bytes_per_sec: u64,
+    /// The running backups this controller follows (`backups::follow`).
+    pub following: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+impl BackupSettings {
+    pub fn new(data_dir: &Path, bytes_per_sec: u64) -> BackupSettings {
+        BackupSettings {
+            credentials_dir: data_dir.join("backup-targets"),
+            bytes_per_sec,
+            following: Default::default(),
+        }
+    }
+
+    fn credentials_path(&self, target: &str) -> PathBuf {
+        self.credentials_dir.join(format!("{target}.credentials"))
+    }
+
+    /// The target's access key, if this controller holds one.
+    pub fn credentials(&self, target: &str) -> Result<Option<S3Credentials>, ControllerError> {
+        let path = self.credentials_path(target);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                S3Credentials::parse(&text)
+                    .map(Some)
+                    .map_err(|e| ControllerError::BackupTarget {
+                        target: target.into(),
+                        reason: e.to_string(),
+                    })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ControllerError::BackupTarget {
+                target: target.into(),
+                reason: format!("read {}: {e}", path.display()),
+            }),
+        }
+    }
+
+    /// Writes the key as a 0600 file, whole or not at all (a temporary file renamed).
+    fn save_credentials(&self, target: &str, key: &S3Credentials) -> Result<(), ControllerError> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let fail = |what: &str, e: std::io::Error| ControllerError::BackupTarget {
+            target: target.into(),
+            reason: format!("{what} {}: {e}", self.credentials_dir.display()),
+        };
+        std::fs::create_dir_all(&self.credentials_dir).map_err(|e| fail("create", e))?;
+        let tmp = self
+            .credentials_dir
+            .join(format!(".{target}.credentials.tmp"));
+        let body = format!(
+            "access_key_id = {}\nsecret_access_key = {}\n",
+            key.access_key_id, key.secret_access_key
+        );
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| fail("write in", e))?;
+        f.write_all(body.as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(|e| fail("write in", e))?;
+        std::fs::rename(&tmp, self.credentials_path(target)).map_err(|e| fail("rename in", e))
+    }
+}
+
+fn key(name: &str) -> String {
+    format!("{PREFIX}{name}")
+}
+
+fn view(st: &AppState, r: &TargetRecord) -> BackupTarget {
+    let has = matches!(st.backups.credentials(&r.name), Ok(Some(_)));
+    BackupTarget {
+        name: r.name.clone(),
+        spec: r.spec.clone(),
+        credentials: has,
+    }
+}
+
+pub async fn target_record(st: &AppState, name: &str) -> Result<TargetRecord, ControllerError> {
+    get_json::<TargetRecord>(&*st.records.store(), &key(name))
+        .await?
+        .map(|(r, _)| r)
+        .ok_or_else(|| ControllerError::NotFound {
+            kind: "backup target",
+            name: name.into(),
+        })
+}
+
+/// Opens a stored target with this controller's credentials for it.
+pub async fn open(
+    st: &AppState,
+    name: &str,
+) -> Result<(TargetRecord, Option<S3Key>, Target), ControllerError> {
+    let record = target_record(st, name).await?;
+    let creds = st.backups.credentials(name)?;
+    if matches!(record.spec, TargetSpec::S3 { .. }) && creds.is_none() {
+        return Err(ControllerError::BackupTarget {
+            target: name.into(),
+            reason: format!(
+                "this controller has no credentials for it (expected {}): add the target again \
+                 with --credentials-file, or copy that file from another controller",
+                st.backups.credentials_path(name).display()
+            ),
+        });
+    }
+    let target = Target::open(name, &record.spec, creds.as_ref()).map_err(|e| {
+        ControllerError::BackupTarget {
+            target: name.into(),
+            reason: e.to_string(),
+        }
+    })?;
+    Ok((record, creds.as_ref().map(S3Credentials::to_api), target))
+}
+
+/// `POST /v1/backup-targets`: checks the target can be written, read and listed from here,
+/// then keeps it. The same target added again (same spec) is success, with the new key.
+pub async fn add(st: &AppState, req: AddBackupTarget) -> Result<BackupTarget, ControllerError> {
+    hawser_api::validate_name("backup target", &req.name)?;
+    let bad = |reason: String| ControllerError::BackupTarget {
+        target: req.name.clone(),
+        reason,
+    };
+    let creds = match (&req.spec, &req.credentials) {
+        (TargetSpec::S3 { .. }, None) => {
+            return Err(ControllerError::invalid(format!(
+                "backup target {:?}: an S3 target needs credentials (--credentials-file)",
+                req.name
+            )))
+        }
+        (TargetSpec::Dir { .. }, Some(_)) => {
+            return Err(ControllerError::invalid(
+                "a directory target takes no credentials",
+            ))
+        }
+        (_, Some(k)) => Some(S3Credentials::from_api(k).ok_or_else(|| {
+            ControllerError::invalid("the S3 secret is not base64 of UTF-8 text")
+        })?),
+        (_, None) => None,
+    };
+    let existing = get_json::<TargetRecord>(&*st.records.store(), &key(&req.name)).await?;
+    if let Some((r, _)) = &existing {
+        if r.spec != req.spec {
+            return Err(ControllerError::Exists {
+                kind: "backup target",
+                name: req.name,
+            });
+        }
+    }
+    let target = Target::open(&req.name, &req.spec, creds.as_ref())
+        .map_err(|e| ControllerError::invalid(e.to_string()))?;
+    target
+        .check()
+        .await
+        .map_err(|e| bad(format!("connection check failed: {e}")))?;
+    if let Some(c) = &creds {
+        st.backups.save_credentials(&req.name, c)?;
+    }
+    let record = match existing {
+        Some((r, _)) => r,
+        None => {
+            let r = TargetRecord {
+                name: req.name.clone(),
+                spec: req.spec,
+                created_ms: now_ms(),
+            };
+            put_json(&*st.records.store(), &key(&r.name), &r, Expect::Absent).await?;
+            r
+        }
+    };
+    tracing::info!(target = %record.name, spec = %record.spec.describe(), "backup target added");
+    Ok(view(st, &record))
+}
+
+pub async fn list(st: &AppState) -> Result<Vec<BackupTarget>, ControllerError> {
+    let all = list_json::<TargetRecord>(&*st.records.store(), PREFIX).await?;
+    Ok(all.iter().map(|(_, r, _)| view(st, r)).collect())
+}
+
+pub async fn show(st: &AppState, name: &str) -> Result<BackupTarget, ControllerError> {
+    Ok(view(st, &target_record(st, name).await?))
+}
+
+/// Forgets a target and this controller's key for it. Its backups stay where they are.
+pub async fn remove(st: &AppState, name: &str) -> Result<(), ControllerError> {
+    let Some((_, version)) = get_json::<TargetRecord>(&*st.records.store(), &key(name)).await?
+    else {
+        return Err(ControllerError::NotFound {
+            kind: "backup target",
+            name: name.into(),
+        });
+    };
+    st.records
+        .store()
+        .delete(&key(name), Expect::Version(version))
+        .await?;
+    let path = st.backups.credentials_path(name);
+    if let Err(e) = std::fs::remove_file(&path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove a target's key");
+        }
+    }
+    tracing::info!(
+        target = name,
+        "backup target removed (its backups are kept on it)"
+    );
+    Ok(())
+}
