@@ -153,6 +153,7 @@ impl Replica {
             cluster: new.cluster.clone(),
             key_check: new.key_check,
             checksums: new.checksums,
+            wrapped_key: None,
         };
         // A new replica starts with an empty journal: nothing can differ yet. (No journal at
         // all means a replica from before journals, which recovery treats as unknown.)
