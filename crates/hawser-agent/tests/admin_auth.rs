@@ -47,6 +47,8 @@ async fn admin_calls_need_the_agent_token() {
             http.post(format!("{base}/v1/engines/vol/grow"))
                 .json(&json!({"size_bytes": 2 << 20})),
             http.get(format!("{base}/v1/devices")),
+            http.put(format!("{base}/v1/replicas/vol-a/wrapped-key"))
+                .json(&json!({"kek": 2, "wrapped": "AAAA", "check": "00".repeat(16)})),
         ];
         for req in calls {
             let req = match auth {

@@ -100,6 +100,7 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         from: None,
         key_check: None,
         checksums: false,
+        wrapped_key: None,
     };
     let resp = c
         .agent_request(reqwest::Method::POST, "n1", "/v1/replicas")

@@ -570,6 +570,7 @@ mod tests {
                 cluster_id: Some("c1".into()),
                 key_check: None,
                 checksums: false,
+                wrapped_key: None,
             },
             journal: journal.map(|(epoch, seq, lacking)| JournalSummary {
                 epoch,

@@ -282,6 +282,7 @@ fn replica_status(req: &CreateReplica) -> ReplicaStatus {
         cluster_id: None,
         key_check: req.key_check,
         checksums: req.checksums,
+        wrapped_key: req.wrapped_key.clone(),
     }
 }
 
