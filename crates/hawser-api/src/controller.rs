@@ -985,8 +985,9 @@ pub struct VolumeKeyRotated {
     pub wrapping: std::collections::BTreeMap<u32, u64>,
     /// The replicas whose copy of their volume's wrapped data key the rotation could not
     /// update (a node down), each with why: they may still hold a copy under an older key.
-    /// Rotating again once their nodes are back updates them.
-    #[serde(default)]
+    /// Rotating again once their nodes are back updates them. Left out when empty, so a CLI
+    /// from before it still reads the answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub behind: Vec<String>,
 }
 
