@@ -28,7 +28,7 @@ fn copies(c: &Cluster, volume: &str) -> Vec<(String, Option<u32>)> {
 async fn rotate(c: &Cluster) -> VolumeKeyRotated {
     let (status, body) = c.post("/v1/cluster/volume-key", json!({})).await;
     assert_eq!(status, 200, "{body}");
-    serde_json::from_value(body).unwrap()
+    serde_json::from_value(body).expect("a rotation report")
 }
 
 #[tokio::test]
@@ -48,7 +48,7 @@ async fn a_rotation_updates_every_replicas_copy_and_lists_the_ones_it_could_not(
     for n in ["n1", "n2"] {
         let a = c.agent(n);
         for id in a.replicas() {
-            let r = a.replica(&id).unwrap();
+            let r = a.replica(&id).expect("listed");
             match r.volume.as_str() {
                 "sec" => {
                     let w = r.wrapped_key.expect("a copy of the wrapped key");
