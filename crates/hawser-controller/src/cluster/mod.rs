@@ -572,7 +572,7 @@ pub fn rebuild(
 /// 1. No replica has a key check: a plain volume.
 /// 2. Every replica must have the same key check; otherwise the volume is left alone.
 /// 3. The copies (every one of that check) usually agree. When they do not (a rotation that
-///    missed a replica), the one under the newest KEK in `keks` wins; if `keks` has none of
+///    missed a replica), the one under the newest KEK in `keks` wins. If `keks` has none of
 ///    theirs, the newest one, with a note: its KEK file must come back before an attach.
 /// 4. Encrypted, but no replica has a copy (created before replicas kept one): rebuilt as it
 ///    was before, without its key, with a note; its replicas refuse every engine of it.
@@ -616,22 +616,21 @@ fn encryption_of(
             )),
         ));
     };
-    if copies.len() == 1 {
-        return Ok((Some((*newest).clone()), None));
-    }
-    if let Some(w) = copies.iter().find(|w| keks.contains(&w.kek)) {
-        return Ok((Some((*w).clone()), None));
-    }
-    Ok((
-        Some((*newest).clone()),
-        Some(format!(
+    // The newest KEK this controller has; without any of theirs, the newest.
+    let chosen = copies
+        .iter()
+        .find(|w| keks.contains(&w.kek))
+        .unwrap_or(newest);
+    let note = (!keks.contains(&chosen.kek)).then(|| {
+        format!(
             "volume {name}: its replicas keep its data key under key-encryption keys {:?}, \
              none of which this controller has: rebuilt with key {}; put its file back \
              before attaching",
             copies.iter().map(|w| w.kek).collect::<Vec<_>>(),
-            newest.kek
-        )),
-    ))
+            chosen.kek
+        )
+    });
+    Ok((Some((*chosen).clone()), note))
 }
 
 #[cfg(test)]
@@ -769,7 +768,8 @@ mod tests {
 
     /// The store is lost, the KEK files are not: an encrypted volume comes back with the
     /// wrapped key its replicas keep, which opens to its data key with this controller's
-    /// KEKs (the one its record had, after a rotation too).
+    /// KEKs (the one its record had, after a rotation too). Without the KEK file it comes
+    /// back too, and the report names the key to put back.
     #[tokio::test]
     async fn an_encrypted_volume_is_rebuilt_with_the_wrapped_key_its_replicas_keep() {
         let dir = tempfile::tempdir().unwrap();
@@ -793,6 +793,11 @@ mod tests {
         assert_eq!(records[0].encryption.as_ref(), Some(&w1));
         let rebuilt = records[0].encryption.as_ref().unwrap();
         assert_eq!(keks.unwrap("sec", rebuilt).unwrap(), key);
+        // Its KEK file is missing here: rebuilt all the same, and the report says which file
+        // to put back.
+        let (records, skipped) = rebuild("c1", &[], &found(&w1), &BTreeSet::new());
+        assert_eq!(records[0].encryption.as_ref(), Some(&w1));
+        assert!(skipped[0].contains("put its file back"), "{skipped:?}");
 
         assert_eq!(keks.rotate().await.unwrap(), 2);
         let w2 = keks.rewrap("sec", &w1).unwrap();
