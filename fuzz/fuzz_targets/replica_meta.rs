@@ -1,13 +1,14 @@
 //! Fuzzes the on-disk replica metadata decoder. Each input is tried as is, and as a 4096-byte
 //! record with magic, checksum and a version (the current one; version 1, which still
-//! decodes; version 3, which adds a key check; version 4, which adds flags) patched in, so the field checks behind the
+//! decodes; version 3, which adds a key check; version 4, which adds flags; version 5, which adds a
+//! wrapped data key) patched in, so the field checks behind the
 //! checksum are reached too. A decoded record must survive an encode/decode roundtrip (an old
 //! record re-encodes in the current version).
 #![no_main]
 
 use hawser_wire::meta::{
-    ReplicaMeta, KEY_CHECK_BYTES, META_LEN, META_MAGIC, META_VERSION, META_VERSION_FLAGS,
-    META_VERSION_KEYED,
+    ReplicaMeta, WrappedKey, KEY_CHECK_BYTES, META_LEN, META_MAGIC, META_VERSION,
+    META_VERSION_FLAGS, META_VERSION_KEYED, META_VERSION_WRAPPED,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -53,6 +54,16 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let summed = ReplicaMeta {
         key_check: Some([0x5a; KEY_CHECK_BYTES]),
         checksums: true,
+        ..meta.clone()
+    }
+    .encode()
+    .expect("meta");
+    let wrapped = ReplicaMeta {
+        key_check: Some([0x5a; KEY_CHECK_BYTES]),
+        wrapped_key: Some(WrappedKey {
+            kek: 2,
+            sealed: vec![0xa7; 92],
+        }),
         ..meta
     }
     .encode()
@@ -62,6 +73,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("current", current),
         ("keyed", keyed),
         ("summed", summed),
+        ("wrapped", wrapped),
     ]
 }
 
@@ -70,6 +82,7 @@ fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
     check(&patched(data, META_VERSION));
     check(&patched(data, META_VERSION_KEYED));
     check(&patched(data, META_VERSION_FLAGS));
+    check(&patched(data, META_VERSION_WRAPPED));
     if META_VERSION != 1 {
         check(&patched(data, 1));
     }

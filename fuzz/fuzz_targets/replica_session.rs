@@ -1172,6 +1172,7 @@ fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
                 // With block checksums: every read is checked and every write summed, so
                 // the model's answers hold for that path too (nothing rots here).
                 checksums: true,
+                wrapped_key: None,
             },
         )
         .expect("create the replica");

@@ -6,6 +6,7 @@
 //! | DELETE | /v1/replicas/{id}       | → 204                                 |
 //! | POST   | /v1/replicas/{id}/trash | → 204 (moved to the pool's trash)     |
 //! | POST   | /v1/replicas/{id}/grow  | `GrowReplica` → `ReplicaStatus`       |
+//! | PUT    | /v1/replicas/{id}/wrapped-key | `WrappedKey` → `ReplicaStatus` (a key rotation) |
 //! | POST   | /v1/engines             | `StartEngine` → `EngineStatus`        |
 //! | DELETE | /v1/engines/{volume}    | → 204 (flushes, then stops)           |
 //! | POST   | /v1/engines/{volume}/grow | `GrowEngine` → `EngineStatus`       |
@@ -46,6 +47,11 @@ pub struct CreateReplica {
     /// Keep a checksum per 4 KiB block and check every read (docs/checksums.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub checksums: bool,
+    /// An encrypted volume's wrapped data key, as its record holds it (its `check` is
+    /// `key_check`): kept in the replica's metadata, so `hawser cluster recover` can rebuild
+    /// the record (docs/encryption.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrapped_key: Option<crate::WrappedKey>,
 }
 
 /// A snapshot of a replica.
@@ -187,6 +193,10 @@ pub struct ReplicaStatus {
     /// It keeps block checksums.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub checksums: bool,
+    /// The wrapped data key recorded in its metadata (an encrypted volume's replica created
+    /// by a controller that sends it; an older agent sends none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrapped_key: Option<crate::WrappedKey>,
 }
 
 /// One replica an engine writes to.

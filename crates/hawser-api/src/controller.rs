@@ -985,9 +985,15 @@ pub struct VolumeKeyRotated {
     /// The volumes whose data keys were re-wrapped under it.
     pub rewrapped: Vec<String>,
     /// After the rotation: how many volumes each key-encryption key wraps. A key that wraps
-    /// none can be deleted; one below the new id that still wraps some (a volume created
-    /// during the rotation) is taken by rotating again.
+    /// none, when `behind` is empty, can be deleted; one below the new id that still wraps
+    /// some (a volume created during the rotation) is taken by rotating again.
     pub wrapping: std::collections::BTreeMap<u32, u64>,
+    /// The replicas whose copy of their volume's wrapped data key the rotation could not
+    /// update (a node down), each with why: they may still hold a copy under an older key.
+    /// Rotating again once their nodes are back updates them. Left out when empty, so a CLI
+    /// from before it still reads the answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub behind: Vec<String>,
 }
 
 /// `POST /v1/cluster/admin-token` and `/v1/cluster/agent-token`: replace a cluster token.

@@ -19,7 +19,7 @@ pub mod size;
 
 pub use error::{ApiError, ErrorCode};
 pub use qos::{Qos, QosField, QosPatch};
-pub use secret::{KeyCheck, Secret};
+pub use secret::{KeyCheck, Secret, WrappedKey};
 pub use size::{format_size, parse_bytes, parse_size, SizeError};
 
 /// How long HTTP clients of Hawser's APIs keep an idle connection for reuse: less than the

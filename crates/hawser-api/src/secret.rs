@@ -93,6 +93,41 @@ impl<'de> Deserialize<'de> for KeyCheck {
     }
 }
 
+/// An encrypted volume's data key as its record keeps it, and as each of its replicas keeps a
+/// copy: AES-256-GCM under key-encryption key `kek`, whose associated data names the volume
+/// and the KEK, so only a controller holding that KEK opens it, and only for that volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WrappedKey {
+    /// The KEK it is wrapped with.
+    pub kek: u32,
+    /// Nonce, ciphertext and tag, base64.
+    pub wrapped: String,
+    /// The data key's check value, which the volume's replicas record at create and its
+    /// engines' grants carry. A rotation leaves it as it is.
+    pub check: KeyCheck,
+}
+
+impl WrappedKey {
+    /// A wrapping from its sealed bytes (nonce, ciphertext, tag).
+    pub fn from_sealed(kek: u32, sealed: &[u8], check: KeyCheck) -> WrappedKey {
+        use base64::Engine as _;
+        WrappedKey {
+            kek,
+            wrapped: base64::engine::general_purpose::STANDARD.encode(sealed),
+            check,
+        }
+    }
+
+    /// The sealed bytes; `None` if `wrapped` is not base64.
+    pub fn sealed(&self) -> Option<Vec<u8>> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(&self.wrapped)
+            .ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

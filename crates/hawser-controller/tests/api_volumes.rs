@@ -498,6 +498,7 @@ async fn orphan_replicas_are_trashed_and_referenced_ones_kept() {
         from: None,
         key_check: None,
         checksums: false,
+        wrapped_key: None,
     };
     let n1 = c.agent("n1");
     n1.state

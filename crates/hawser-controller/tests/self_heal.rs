@@ -79,7 +79,7 @@ async fn a_lost_replica_is_replaced_in_its_zone_synced_and_its_stale_copy_delete
     let (status, v) = c
         .post(
             "/v1/volumes",
-            json!({"name": "z", "size_bytes": GIB, "replicas": 2}),
+            json!({"name": "z", "size_bytes": GIB, "replicas": 2, "encrypted": true}),
         )
         .await;
     assert_eq!(status, 201, "{v}");
@@ -119,8 +119,22 @@ async fn a_lost_replica_is_replaced_in_its_zone_synced_and_its_stale_copy_delete
         .unwrap();
     let blank_id = blank["id"].as_str().unwrap().to_string();
     assert!(c.agent(spare).replicas().contains(&blank_id));
-    // Like the volume's first replicas, with block checksums (the default at create).
-    assert!(c.agent(spare).replica(&blank_id).unwrap().checksums);
+    // Like the volume's first replicas, with block checksums (the default at create), and
+    // the encrypted volume's key check and a copy of its wrapped data key.
+    let made = c.agent(spare).replica(&blank_id).unwrap();
+    assert!(made.checksums);
+    let first = c
+        .agent(&keeper)
+        .replicas()
+        .into_iter()
+        .find_map(|id| c.agent(&keeper).replica(&id))
+        .unwrap();
+    assert!(made.key_check.is_some());
+    assert_eq!(
+        (made.key_check, &made.wrapped_key),
+        (first.key_check, &first.wrapped_key)
+    );
+    assert!(made.wrapped_key.is_some());
     // Detached: an engine that is not exported syncs it, on the in-sync replica's node.
     eventually(10, || async { c.agent(&keeper).engine("z").is_some() }).await;
     let engine = c.agent(&keeper).engine("z").unwrap();

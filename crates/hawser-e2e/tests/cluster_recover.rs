@@ -2,12 +2,50 @@
 //! store file lost) while the agents hold replicas deletes nothing: it refuses the nodes as of
 //! another cluster until `hawser cluster recover` adopts them, and then every volume is back
 //! with its data. An orphan replica goes to its pool's trash, not to unlink.
+//!
+//! An encrypted volume comes back too (issue 43, item 8): its replicas keep its wrapped data
+//! key, a key rotation updates their copies (so the old key-encryption key can be deleted
+//! first), and after the recovery it reads back byte for byte what was written to it.
 
 use std::time::Duration;
 
-use hawser_api::controller::{ClusterInfo, OrphanReplica, RecoverReport, ReplicaState};
+use hawser_api::agent::ReplicaInventory;
+use hawser_api::controller::{
+    ClusterInfo, OrphanReplica, RecoverReport, ReplicaState, VolumeKeyRotated,
+};
+use hawser_e2e::nbd_client::{NbdConn, NbdTarget};
 use hawser_e2e::{have, qemu_io, wait_until, Cluster};
 use sha2::{Digest, Sha256};
+
+/// Apart, and one of them sector- but not page-aligned.
+const SECRET_AT: [u64; 3] = [0, (5 << 20) + 512, 40 << 20];
+
+/// 1 MiB of data no two offsets share (a counter hashed), so a read of the wrong place, or
+/// with the wrong key, does not match.
+fn known(at: u64) -> Vec<u8> {
+    (0..(1u64 << 15))
+        .flat_map(|i| Sha256::digest([at.to_le_bytes(), i.to_le_bytes()].concat()))
+        .collect()
+}
+
+fn nbd(c: &Cluster, volume: &str) -> NbdConn {
+    let uri = c.volume(volume).nbd_unix_uri.expect("attached");
+    NbdConn::connect(&NbdTarget::from_unix_uri(&uri)).expect("connect")
+}
+
+/// The KEK ids of the copies of `volume`'s wrapped key that node `node`'s replicas keep.
+fn copies_on(c: &Cluster, node: &str, volume: &str) -> Vec<Option<u32>> {
+    let resp = c
+        .agent_request(reqwest::Method::GET, node, "/v1/replicas/inventory")
+        .send()
+        .expect("inventory");
+    assert_eq!(resp.status(), 200);
+    let list: Vec<ReplicaInventory> = resp.json().expect("inventory JSON");
+    list.iter()
+        .filter(|r| r.status.volume == volume)
+        .map(|r| r.status.wrapped_key.as_ref().map(|w| w.kek))
+        .collect()
+}
 
 /// The first `len` bytes of replica `id`'s data file, hashed.
 fn digest(c: &Cluster, id: &str, len: usize) -> Vec<u8> {
@@ -42,6 +80,52 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         }
     }
 
+    // An encrypted volume, written through NBD, its data key then re-wrapped under key 2:
+    // every replica's copy follows, so key 1 can go before the store does.
+    c.cli_ok(&[
+        "volume",
+        "create",
+        "gamma",
+        "--size",
+        "64MiB",
+        "--replicas",
+        "2",
+        "--encrypted",
+    ]);
+    c.cli_ok(&["volume", "attach", "gamma", "--node", "n1"]);
+    let mut conn = nbd(&c, "gamma");
+    for at in SECRET_AT {
+        conn.write_at(at, &known(at)).expect("write");
+    }
+    conn.disconnect();
+    c.cli_ok(&["volume", "detach", "gamma"]);
+    let copies = |c: &Cluster| {
+        let mut all = copies_on(c, "n1", "gamma");
+        all.extend(copies_on(c, "n2", "gamma"));
+        all
+    };
+    assert_eq!(copies(&c), [Some(1), Some(1)], "each replica keeps a copy");
+    let out = c.cli_ok(&["cluster", "rotate-volume-key", "-o", "json"]);
+    let rotated: VolumeKeyRotated = serde_json::from_str(&out).expect("a rotation report");
+    assert_eq!(rotated.kek, 2);
+    assert!(rotated.behind.is_empty(), "{rotated:?}");
+    assert_eq!(rotated.wrapping, [(2, 1)].into_iter().collect());
+    assert_eq!(
+        copies(&c),
+        [Some(2), Some(2)],
+        "the rotation updated the copies"
+    );
+    let kek1 = c.dir.path().join("controller/volume-keys/kek-1.key");
+    std::fs::remove_file(&kek1).expect("delete key 1, which wraps nothing now");
+    for r in &c.volume("gamma").replicas {
+        before.push((
+            "gamma",
+            r.id.clone(),
+            c.replica_path(&r.id),
+            digest(&c, &r.id, 64 << 20),
+        ));
+    }
+
     c.restart_controller_with_empty_store();
     // Both agents are refused as of another cluster; the new store has no volume.
     wait_until("both nodes waiting", Duration::from_secs(30), || {
@@ -70,7 +154,8 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
     assert_eq!(report.cluster_id, first.id);
     let mut names: Vec<&str> = report.volumes.iter().map(|v| v.name.as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, ["alpha", "beta"], "{report:?}");
+    assert_eq!(names, ["alpha", "beta", "gamma"], "{report:?}");
+    assert!(report.skipped.is_empty(), "{report:?}");
     for v in &report.volumes {
         assert_eq!(v.size_bytes, 64 << 20);
         assert!(
@@ -89,6 +174,21 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
     qemu_io(&uri, &["read -P 0x11 0 8M", "write -P 0x33 8M 1M"]);
     c.cli_ok(&["volume", "detach", "alpha"]);
 
+    // The encrypted volume: encrypted again, and its data reads back byte for byte, on the
+    // node that did not write it, with key 2 (key 1 is gone).
+    assert!(c.volume("gamma").encrypted, "recovered with its key");
+    c.cli_ok(&["volume", "attach", "gamma", "--node", "n2"]);
+    let mut conn = nbd(&c, "gamma");
+    for at in SECRET_AT {
+        let want = known(at);
+        let mut got = vec![0u8; want.len()];
+        conn.read_at(at, &mut got).expect("read");
+        let first = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert_eq!(first, None, "gamma at {at}: the first byte that differs");
+    }
+    conn.disconnect();
+    c.cli_ok(&["volume", "detach", "gamma"]);
+
     // An orphan (a replica no volume names) goes to its pool's trash.
     let stray = hawser_api::agent::CreateReplica {
         replica_id: "stray-r0-0000aa".into(),
@@ -100,6 +200,7 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         from: None,
         key_check: None,
         checksums: false,
+        wrapped_key: None,
     };
     let resp = c
         .agent_request(reqwest::Method::POST, "n1", "/v1/replicas")

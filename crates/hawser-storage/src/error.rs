@@ -29,6 +29,8 @@ pub enum StorageError {
          key (or is not encrypted where the copy would be, or the reverse)"
     )]
     KeyMismatch { id: String, source_id: String },
+    #[error("replica {id:?} is not an encrypted volume's: it keeps no wrapped data key")]
+    NotEncrypted { id: String },
     #[error("invalid replica size {size}: must be a positive multiple of 4096")]
     InvalidSize { size: u64 },
     #[error(

@@ -21,6 +21,7 @@ const BLOCK: u64 = 4096;
 fn summed(id: &str, size: u64, thin: bool) -> NewReplica {
     NewReplica {
         checksums: true,
+        wrapped_key: None,
         ..new(id, size, thin)
     }
 }

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use hawser_wire::constants::{BLOCK_BYTES, SECTOR_BYTES};
 use hawser_wire::frame::{CHECKSUM_BLOCK_BYTES, CHECKSUM_DIGEST_BYTES, MAX_CHECKSUM_BYTES};
 use hawser_wire::journal::{Journal, ACTIVITY_EXTENT_BYTES};
-use hawser_wire::meta::{ReplicaDiskState, ReplicaMeta};
+use hawser_wire::meta::{ReplicaDiskState, ReplicaMeta, WrappedKey};
 use sha2::{Digest, Sha256};
 
 use crate::aligned::{is_aligned, AlignedBuf};
@@ -99,6 +99,9 @@ pub struct NewReplica {
     pub key_check: Option<[u8; hawser_wire::meta::KEY_CHECK_BYTES]>,
     /// Keep a checksum per 4 KiB block and check every read (`sums.rs`).
     pub checksums: bool,
+    /// An encrypted volume's wrapped data key (recorded in its metadata, beside the key
+    /// check, so that a controller that lost its store can rebuild the volume's record).
+    pub wrapped_key: Option<WrappedKey>,
 }
 
 impl Replica {
@@ -153,6 +156,7 @@ impl Replica {
             cluster: new.cluster.clone(),
             key_check: new.key_check,
             checksums: new.checksums,
+            wrapped_key: new.wrapped_key.clone(),
         };
         // A new replica starts with an empty journal: nothing can differ yet. (No journal at
         // all means a replica from before journals, which recovery treats as unknown.)
@@ -348,6 +352,40 @@ impl Replica {
             .unwrap_or_else(|p| p.into_inner())
             .key_check
     }
+    /// The wrapped data key recorded in its metadata (None: a plain volume, or one created
+    /// before replicas kept it).
+    pub fn wrapped_key(&self) -> Option<WrappedKey> {
+        self.meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .wrapped_key
+            .clone()
+    }
+
+    /// Records `w` as the wrapped data key (a key rotation: the same data key under a newer
+    /// KEK). Only on an encrypted volume's replica. A no-op when the one recorded is `w` or
+    /// under a newer KEK, so a late or repeated rotation never takes a copy back to a KEK
+    /// that may already be deleted: the caller reads [`Replica::wrapped_key`] to see which.
+    pub fn set_wrapped_key(&self, w: &WrappedKey) -> Result<(), StorageError> {
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        if meta.key_check.is_none() {
+            return Err(StorageError::NotEncrypted {
+                id: self.id.clone(),
+            });
+        }
+        if let Some(held) = &meta.wrapped_key {
+            if held == w || held.kek > w.kek {
+                return Ok(());
+            }
+        }
+        let mut next = meta.clone();
+        next.wrapped_key = Some(w.clone());
+        next.generation += 1;
+        write_meta(&self.meta_path, &next)?;
+        *meta = next;
+        Ok(())
+    }
+
     pub fn generation(&self) -> u64 {
         self.meta.lock().map(|m| m.generation).unwrap_or(0)
     }

@@ -17,6 +17,7 @@ const MIB: u64 = 1 << 20;
 fn summed(id: &str, size: u64, thin: bool) -> NewReplica {
     NewReplica {
         checksums: true,
+        wrapped_key: None,
         ..new(id, size, thin)
     }
 }

@@ -43,6 +43,7 @@ pub(crate) fn new(id: &str, size: u64, thin: bool) -> NewReplica {
     NewReplica {
         key_check: None,
         checksums: false,
+        wrapped_key: None,
         id: id.into(),
         volume: "vol".into(),
         size,
@@ -428,4 +429,51 @@ fn ring_forms_check_epoch_and_range_and_round_trip() {
     assert_eq!(r.read(3, 4096, 8192).expect("sync read"), data);
     // Every ticket is back: the epoch can change.
     r.raise_epoch(4).expect("raise");
+}
+
+/// An encrypted volume's replica keeps its wrapped data key through a reopen, an epoch change
+/// and a grow; a rotation's newer wrapping replaces it for good, an older one changes nothing, and
+/// a plain replica takes none.
+#[test]
+fn the_wrapped_key_survives_reopen_and_only_moves_to_newer_keks() {
+    use hawser_wire::meta::WrappedKey;
+    let dir = TempDir::new("wrapped");
+    let under = |kek: u32, fill: u8| WrappedKey {
+        kek,
+        sealed: vec![fill; 92],
+    };
+    {
+        let p = pool(&dir, 1.0, None);
+        let keyed = NewReplica {
+            key_check: Some([7; 16]),
+            wrapped_key: Some(under(1, 0xa1)),
+            ..new("r1", 1 << 20, true)
+        };
+        let r = p.create_replica(&keyed).expect("create");
+        assert_eq!(r.wrapped_key(), Some(under(1, 0xa1)));
+        let plain = p.create_replica(&new("r2", 1 << 20, true)).expect("create");
+        assert!(matches!(
+            plain.set_wrapped_key(&under(2, 0xb2)),
+            Err(StorageError::NotEncrypted { .. })
+        ));
+        assert_eq!(plain.wrapped_key(), None);
+    }
+    {
+        let p = pool(&dir, 1.0, None);
+        let r = p.get("r1").expect("reopened");
+        assert_eq!(r.wrapped_key(), Some(under(1, 0xa1)));
+        assert_eq!(r.key_check(), Some([7; 16]));
+        r.raise_epoch(4).expect("epoch");
+        p.grow_replica("r1", 2 << 20).expect("grow");
+        r.set_wrapped_key(&under(3, 0xc3)).expect("rotated");
+        r.set_wrapped_key(&under(3, 0xc3)).expect("the same again");
+        r.set_wrapped_key(&under(2, 0xb2))
+            .expect("an older one: kept as is");
+        assert_eq!(r.wrapped_key(), Some(under(3, 0xc3)));
+    }
+    let p = pool(&dir, 1.0, None);
+    let r = p.get("r1").expect("reopened");
+    assert_eq!(r.wrapped_key(), Some(under(3, 0xc3)));
+    assert_eq!((r.epoch(), r.size()), (4, 2 << 20));
+    assert_eq!(p.get("r2").expect("plain").wrapped_key(), None);
 }

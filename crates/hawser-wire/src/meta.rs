@@ -13,10 +13,18 @@ pub const META_VERSION_KEYED: u32 = 3;
 /// Version 4 adds a flags byte (`FLAG_CHECKSUMS`, `FLAG_KEY_CHECK`); it is written only for a
 /// replica with block checksums, so other records stay readable by older agents.
 pub const META_VERSION_FLAGS: u32 = 4;
+/// Version 5 adds an encrypted volume's wrapped data key (`FLAG_WRAPPED_KEY`); it is written
+/// only for a replica that holds one, so other records stay readable by older agents.
+pub const META_VERSION_WRAPPED: u32 = 5;
 /// Version 4 flag: the replica keeps block checksums (`<id>.sums`).
 pub const FLAG_CHECKSUMS: u8 = 1 << 0;
 /// Version 4 flag: the key check at `KEY_CHECK_AT` is set (an encrypted volume).
 pub const FLAG_KEY_CHECK: u8 = 1 << 1;
+/// Version 5 flag: the wrapped data key at `WRAPPED_AT` is set (never without a key check).
+pub const FLAG_WRAPPED_KEY: u8 = 1 << 2;
+/// Longest sealed data key (nonce, ciphertext and tag): a 64-byte data key sealed with
+/// AES-256-GCM takes 12 + 64 + 16 = 92.
+pub const MAX_WRAPPED_KEY_BYTES: usize = 128;
 pub use crate::grant::KEY_CHECK_BYTES;
 /// Longest cluster id.
 pub const MAX_CLUSTER_ID_BYTES: usize = 64;
@@ -31,6 +39,17 @@ pub enum ReplicaDiskState {
     Ok = 1,
     /// Marked failed after a disk error; never read from.
     Failed = 2,
+}
+
+/// An encrypted volume's data key as its controller's record holds it: sealed (nonce,
+/// ciphertext, tag) under key-encryption key `kek`, with associated data that names the
+/// volume and the KEK. Only a controller holding that KEK can open it; a replica keeps a copy
+/// so that a controller that lost its store can rebuild the volume's record
+/// (`hawser cluster recover`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrappedKey {
+    pub kek: u32,
+    pub sealed: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +75,10 @@ pub struct ReplicaMeta {
     /// The replica keeps a checksum per 4 KiB block beside its data and checks every read
     /// against it (set at create, never changed).
     pub checksums: bool,
+    /// An encrypted volume's wrapped data key (None: a plain volume, or a replica created
+    /// before replicas kept it). Set at create; a key rotation replaces it with the same data
+    /// key wrapped under a newer KEK.
+    pub wrapped_key: Option<WrappedKey>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -75,6 +98,7 @@ pub enum MetaError {
 // Layout: magic u64 | version u32 | state u8 | thin u8 | cluster_len u16 (0 in version 1) |
 // size u64 | epoch u64 | generation u64 | vol_len u16 | rep_len u16 | volume bytes |
 // replica bytes | cluster bytes | zeroes | (version 3) key check at KEY_CHECK_AT | zeroes |
+// (version 5) at WRAPPED_AT: kek u32 | sealed_len u16 | sealed bytes | zeroes |
 // (version 4) flags at FLAGS_AT | crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
 const IDS_AT: usize = 44;
 /// Past the longest ids (44 + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES).
@@ -84,6 +108,11 @@ const _: () = assert!(KEY_CHECK_AT + KEY_CHECK_BYTES <= META_LEN - 4);
 /// Just before the key check.
 const FLAGS_AT: usize = KEY_CHECK_AT - 1;
 const _: () = assert!(IDS_AT + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES <= FLAGS_AT);
+/// Just before the flags, room for the longest sealed key with its KEK id and length.
+const WRAPPED_AT: usize = FLAGS_AT - 6 - MAX_WRAPPED_KEY_BYTES;
+const _: () = assert!(IDS_AT + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES <= WRAPPED_AT);
+const _: () = assert!(WRAPPED_AT + 6 + MAX_WRAPPED_KEY_BYTES <= FLAGS_AT);
+const _: () = assert!(MAX_WRAPPED_KEY_BYTES <= u16::MAX as usize);
 
 impl ReplicaMeta {
     pub fn encode(&self) -> Result<Vec<u8>, MetaError> {
@@ -100,14 +129,26 @@ impl ReplicaMeta {
         if let Some(check) = self.key_check {
             b[KEY_CHECK_AT..KEY_CHECK_AT + KEY_CHECK_BYTES].copy_from_slice(&check);
         }
-        let version = match (self.checksums, self.key_check) {
-            (false, None) => META_VERSION,
-            (false, Some(_)) => META_VERSION_KEYED,
-            (true, check) => {
-                b[FLAGS_AT] = FLAG_CHECKSUMS | if check.is_some() { FLAG_KEY_CHECK } else { 0 };
-                META_VERSION_FLAGS
-            }
+        let mut flags = 0;
+        if self.checksums {
+            flags |= FLAG_CHECKSUMS;
+        }
+        if self.key_check.is_some() {
+            flags |= FLAG_KEY_CHECK;
+        }
+        if let Some(w) = &self.wrapped_key {
+            self.put_wrapped_key(&mut b, w)?;
+            flags |= FLAG_WRAPPED_KEY;
+        }
+        let version = match (self.wrapped_key.is_some(), self.checksums, self.key_check) {
+            (true, _, _) => META_VERSION_WRAPPED,
+            (false, false, None) => META_VERSION,
+            (false, false, Some(_)) => META_VERSION_KEYED,
+            (false, true, _) => META_VERSION_FLAGS,
         };
+        if version >= META_VERSION_FLAGS {
+            b[FLAGS_AT] = flags;
+        }
         b[8..12].copy_from_slice(&version.to_le_bytes());
         b[12] = self.state as u8;
         b[13] = u8::from(self.thin);
@@ -135,6 +176,23 @@ impl ReplicaMeta {
         Ok(b)
     }
 
+    /// Lays out `w` at `WRAPPED_AT`; only beside a key check.
+    fn put_wrapped_key(&self, b: &mut [u8], w: &WrappedKey) -> Result<(), MetaError> {
+        let len = w.sealed.len();
+        if self.key_check.is_none() || len == 0 || len > MAX_WRAPPED_KEY_BYTES {
+            return Err(MetaError::BadField {
+                field: "wrapped key",
+            });
+        }
+        let len16 = u16::try_from(len).map_err(|_| MetaError::BadField {
+            field: "wrapped key",
+        })?;
+        b[WRAPPED_AT..WRAPPED_AT + 4].copy_from_slice(&w.kek.to_le_bytes());
+        b[WRAPPED_AT + 4..WRAPPED_AT + 6].copy_from_slice(&len16.to_le_bytes());
+        b[WRAPPED_AT + 6..WRAPPED_AT + 6 + len].copy_from_slice(&w.sealed);
+        Ok(())
+    }
+
     /// Decode a record read from disk. Never panics.
     pub fn decode(b: &[u8]) -> Result<ReplicaMeta, MetaError> {
         if b.len() != META_LEN {
@@ -145,7 +203,7 @@ impl ReplicaMeta {
             return Err(MetaError::BadMagic { found: magic });
         }
         let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if !(1..=META_VERSION_FLAGS).contains(&version) {
+        if !(1..=META_VERSION_WRAPPED).contains(&version) {
             return Err(MetaError::BadVersion { found: version });
         }
         let found = u32::from_le_bytes([b[4092], b[4093], b[4094], b[4095]]);
@@ -174,14 +232,24 @@ impl ReplicaMeta {
                 field: "cluster length",
             });
         }
-        let flags = match version {
-            META_VERSION_FLAGS => b[FLAGS_AT],
-            META_VERSION_KEYED => FLAG_KEY_CHECK,
-            _ => 0,
+        let (flags, known) = match version {
+            META_VERSION_WRAPPED => (
+                b[FLAGS_AT],
+                FLAG_CHECKSUMS | FLAG_KEY_CHECK | FLAG_WRAPPED_KEY,
+            ),
+            META_VERSION_FLAGS => (b[FLAGS_AT], FLAG_CHECKSUMS | FLAG_KEY_CHECK),
+            META_VERSION_KEYED => (FLAG_KEY_CHECK, FLAG_KEY_CHECK),
+            _ => (0, 0),
         };
-        if flags & !(FLAG_CHECKSUMS | FLAG_KEY_CHECK) != 0 {
+        let wrapped_alone = flags & FLAG_WRAPPED_KEY != 0 && flags & FLAG_KEY_CHECK == 0;
+        if flags & !known != 0 || wrapped_alone {
             return Err(MetaError::BadField { field: "flags" });
         }
+        let wrapped_key = if flags & FLAG_WRAPPED_KEY != 0 {
+            Some(wrapped_key_at(b)?)
+        } else {
+            None
+        };
         let id = |from: usize, len: usize, field| {
             std::str::from_utf8(&b[from..from + len])
                 .map(str::to_owned)
@@ -205,8 +273,30 @@ impl ReplicaMeta {
                 check
             }),
             checksums: flags & FLAG_CHECKSUMS != 0,
+            wrapped_key,
         })
     }
+}
+
+/// The wrapped key of a version 5 record (`b` is META_LEN long).
+fn wrapped_key_at(b: &[u8]) -> Result<WrappedKey, MetaError> {
+    let kek = u32::from_le_bytes([
+        b[WRAPPED_AT],
+        b[WRAPPED_AT + 1],
+        b[WRAPPED_AT + 2],
+        b[WRAPPED_AT + 3],
+    ]);
+    let len = usize::from(u16::from_le_bytes([b[WRAPPED_AT + 4], b[WRAPPED_AT + 5]]));
+    if len == 0 || len > MAX_WRAPPED_KEY_BYTES {
+        return Err(MetaError::BadField {
+            field: "wrapped key length",
+        });
+    }
+    let from = WRAPPED_AT + 6;
+    Ok(WrappedKey {
+        kek,
+        sealed: b[from..from + len].to_vec(),
+    })
 }
 
 fn arr8(s: &[u8]) -> [u8; 8] {
@@ -231,6 +321,168 @@ mod tests {
             cluster: Some("0123456789abcdef0123456789abcdef".into()),
             key_check: None,
             checksums: false,
+            wrapped_key: None,
+        }
+    }
+
+    fn wrapped(kek: u32, len: usize) -> WrappedKey {
+        WrappedKey {
+            kek,
+            sealed: (0..len).map(|i| i.to_le_bytes()[0] ^ 0x5c).collect(),
+        }
+    }
+
+    /// Recomputes a hand-edited record's checksum.
+    fn resealed(mut b: Vec<u8>) -> Vec<u8> {
+        let crc = crc32c::crc32c(&b[..META_LEN - 4]);
+        b[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// An encrypted volume's replica that holds its wrapped data key has a version 5 record,
+    /// with or without checksums, and gets it back byte for byte, KEK id included.
+    #[test]
+    fn wrapped_keys_roundtrip_in_version_5_only() {
+        for checksums in [false, true] {
+            for len in [1, 92, MAX_WRAPPED_KEY_BYTES] {
+                let m = ReplicaMeta {
+                    key_check: Some([0x5a; KEY_CHECK_BYTES]),
+                    checksums,
+                    wrapped_key: Some(wrapped(u32::MAX - 3, len)),
+                    ..sample()
+                };
+                let b = m.encode().expect("encode");
+                assert_eq!(b[8..12], META_VERSION_WRAPPED.to_le_bytes());
+                assert_eq!(ReplicaMeta::decode(&b), Ok(m.clone()));
+                // The longest ids and cluster still fit beside it.
+                let long = ReplicaMeta {
+                    volume: "v".repeat(MAX_ID_BYTES),
+                    replica: "r".repeat(MAX_ID_BYTES),
+                    cluster: Some("c".repeat(MAX_CLUSTER_ID_BYTES)),
+                    ..m
+                };
+                let b = long.encode().expect("encode");
+                assert_eq!(ReplicaMeta::decode(&b), Ok(long));
+            }
+        }
+        // Without it, an encrypted replica's record stays version 3 or 4, as agents that do
+        // not know version 5 read it.
+        let keyed = ReplicaMeta {
+            key_check: Some([0x5a; KEY_CHECK_BYTES]),
+            ..sample()
+        };
+        assert_eq!(keyed.encode().expect("encode")[8..12], 3u32.to_le_bytes());
+    }
+
+    /// A wrapped key with no key check, an empty one or one too long is refused on encode.
+    #[test]
+    fn wrapped_keys_that_cannot_be_right_are_refused_on_encode() {
+        let keyed = ReplicaMeta {
+            key_check: Some([0x5a; KEY_CHECK_BYTES]),
+            ..sample()
+        };
+        for (key_check, len) in [
+            (None, 92),
+            (keyed.key_check, 0),
+            (keyed.key_check, MAX_WRAPPED_KEY_BYTES + 1),
+        ] {
+            let m = ReplicaMeta {
+                key_check,
+                wrapped_key: Some(wrapped(1, len)),
+                ..keyed.clone()
+            };
+            assert_eq!(
+                m.encode(),
+                Err(MetaError::BadField {
+                    field: "wrapped key"
+                })
+            );
+        }
+    }
+
+    /// Garbage behind a good checksum in a version 5 record is an error, never a panic or a
+    /// key: a length of 0 or past the room, a wrapped key without a key check, an unknown
+    /// flag; and a version 4 record cannot claim a wrapped key.
+    #[test]
+    fn garbage_in_a_version_5_record_is_refused() {
+        let m = ReplicaMeta {
+            key_check: Some([0x5a; KEY_CHECK_BYTES]),
+            wrapped_key: Some(wrapped(2, 92)),
+            ..sample()
+        };
+        let good = m.encode().expect("encode");
+        let bad_len = |len: u16| {
+            let mut b = good.clone();
+            b[WRAPPED_AT + 4..WRAPPED_AT + 6].copy_from_slice(&len.to_le_bytes());
+            resealed(b)
+        };
+        let past = u16::try_from(MAX_WRAPPED_KEY_BYTES + 1).expect("fits");
+        for len in [0, past, u16::MAX] {
+            assert_eq!(
+                ReplicaMeta::decode(&bad_len(len)),
+                Err(MetaError::BadField {
+                    field: "wrapped key length"
+                })
+            );
+        }
+        let with_flags = |version: u32, flags: u8| {
+            let mut b = good.clone();
+            b[8..12].copy_from_slice(&version.to_le_bytes());
+            b[FLAGS_AT] = flags;
+            resealed(b)
+        };
+        let flags = Err(MetaError::BadField { field: "flags" });
+        assert_eq!(ReplicaMeta::decode(&with_flags(5, FLAG_WRAPPED_KEY)), flags);
+        assert_eq!(
+            ReplicaMeta::decode(&with_flags(5, 0x80 | FLAG_KEY_CHECK)),
+            flags
+        );
+        let claimed = FLAG_WRAPPED_KEY | FLAG_KEY_CHECK;
+        assert_eq!(ReplicaMeta::decode(&with_flags(4, claimed)), flags);
+        // A version 5 record without the flag has no wrapped key, whatever its room holds.
+        let none = ReplicaMeta::decode(&with_flags(5, FLAG_KEY_CHECK)).expect("decodes");
+        assert_eq!(none.wrapped_key, None);
+        assert_eq!(none.key_check, m.key_check);
+        // Every single bit flipped anywhere is caught.
+        for bit in 0..META_LEN * 8 {
+            let mut b = good.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(ReplicaMeta::decode(&b).is_err(), "bit {bit}");
+        }
+        // Random garbage with a good checksum and version 5: never a panic.
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..2000 {
+            let mut b = good.clone();
+            for _ in 0..8 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let at = usize::try_from(seed % 4092).expect("small");
+                b[at] = seed.to_le_bytes()[4];
+            }
+            b[8..12].copy_from_slice(&5u32.to_le_bytes());
+            let _ = ReplicaMeta::decode(&resealed(b));
+        }
+    }
+
+    /// Records of every older version, written as those versions' encoders wrote them, decode
+    /// with no wrapped key.
+    #[test]
+    fn older_versions_decode_with_no_wrapped_key() {
+        let keyed = ReplicaMeta {
+            key_check: Some([0x11; KEY_CHECK_BYTES]),
+            ..sample()
+        };
+        let summed = ReplicaMeta {
+            checksums: true,
+            ..keyed.clone()
+        };
+        for (m, version) in [(sample(), 2u32), (keyed, 3), (summed, 4)] {
+            let b = m.encode().expect("encode");
+            assert_eq!(b[8..12], version.to_le_bytes());
+            let got = ReplicaMeta::decode(&b).expect("decode");
+            assert_eq!(got.wrapped_key, None);
+            assert_eq!(got, m);
         }
     }
 
@@ -251,12 +503,12 @@ mod tests {
         flipped[KEY_CHECK_AT + 3] ^= 1;
         assert!(ReplicaMeta::decode(&flipped).is_err(), "checksum covers it");
         let mut future = b;
-        future[8..12].copy_from_slice(&5u32.to_le_bytes());
+        future[8..12].copy_from_slice(&6u32.to_le_bytes());
         let crc = crc32c::crc32c(&future[..META_LEN - 4]);
         future[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             ReplicaMeta::decode(&future),
-            Err(MetaError::BadVersion { found: 5 })
+            Err(MetaError::BadVersion { found: 6 })
         );
     }
 

@@ -155,6 +155,7 @@ async fn fake_agent() -> SocketAddr {
             cluster_id: None,
             key_check: r.key_check,
             checksums: r.checksums,
+            wrapped_key: r.wrapped_key,
         };
         (StatusCode::CREATED, Json(status))
     }

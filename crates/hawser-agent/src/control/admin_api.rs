@@ -25,7 +25,7 @@ use crate::engine::pause::PauseError;
 use crate::engine::rate_limit::ResyncRates;
 use crate::engine::registry::Engines;
 use crate::observe::metrics::AgentMetrics;
-use crate::storage::pools::{status, NodeStorage};
+use crate::storage::pools::{sealed_key, status, NodeStorage};
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -54,6 +54,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/replicas", post(create_replica))
         .route("/v1/replicas/{id}", delete(delete_replica))
         .route("/v1/replicas/{id}/grow", post(grow_replica))
+        .route("/v1/replicas/{id}/wrapped-key", put(set_wrapped_key))
         .route("/v1/replicas/{id}/trash", post(trash_replica))
         .route("/v1/replicas/inventory", get(inventory))
         .route(
@@ -235,7 +236,8 @@ fn storage_error(e: StorageError) -> Failure {
         | StorageError::InvalidId { .. }
         | StorageError::Shrink { .. }
         | StorageError::WrongKind { .. }
-        | StorageError::KeyMismatch { .. } => ErrorCode::InvalidArgument,
+        | StorageError::KeyMismatch { .. }
+        | StorageError::NotEncrypted { .. } => ErrorCode::InvalidArgument,
         StorageError::InUse { .. } | StorageError::OtherCluster { .. } => ErrorCode::Conflict,
         StorageError::Io { .. } | StorageError::Meta { .. } => ErrorCode::Internal,
     };
@@ -274,6 +276,12 @@ async fn create_replica(
     State(s): State<AdminState>,
     Json(req): Json<CreateReplica>,
 ) -> Result<impl IntoResponse, Failure> {
+    let wrapped_key = req
+        .wrapped_key
+        .as_ref()
+        .map(|w| sealed_key(w, req.key_check))
+        .transpose()
+        .map_err(Failure)?;
     let new = NewReplica {
         id: req.replica_id.clone(),
         volume: req.volume.clone(),
@@ -282,6 +290,7 @@ async fn create_replica(
         cluster: req.cluster_id.clone(),
         key_check: req.key_check.map(|k| k.0),
         checksums: req.checksums,
+        wrapped_key,
     };
     let storage = s.storage.clone();
     let replica = tokio::task::spawn_blocking(move || {
@@ -524,6 +533,32 @@ async fn grow_replica(
         .map_err(|e| Failure(ApiError::new(ErrorCode::Internal, e.to_string())))?
         .map_err(storage_error)?;
     tracing::info!(replica = %id, size = replica.size(), "replica grown");
+    Ok(Json(status(&replica)))
+}
+
+/// A key rotation: the replica's copy of its volume's wrapped data key, now under a newer KEK.
+/// One under an older KEK than the copy held changes nothing; the answer shows the copy held.
+async fn set_wrapped_key(
+    State(s): State<AdminState>,
+    Path(id): Path<String>,
+    Json(req): Json<hawser_api::WrappedKey>,
+) -> Result<Json<ReplicaStatus>, Failure> {
+    let replica = s
+        .storage
+        .replica(&id)
+        .ok_or_else(|| storage_error(StorageError::ReplicaNotFound { id: id.clone() }))?;
+    let sealed =
+        sealed_key(&req, replica.key_check().map(hawser_api::KeyCheck)).map_err(Failure)?;
+    let storage = s.storage.clone();
+    let rid = id.clone();
+    let replica = tokio::task::spawn_blocking(move || storage.set_wrapped_key(&rid, &sealed))
+        .await
+        .map_err(|e| Failure(ApiError::new(ErrorCode::Internal, e.to_string())))?
+        .map_err(storage_error)?;
+    tracing::info!(
+        replica = %id, kek = replica.wrapped_key().map(|w| w.kek),
+        "replica's wrapped data key updated"
+    );
     Ok(Json(status(&replica)))
 }
 

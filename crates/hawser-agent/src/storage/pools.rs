@@ -230,6 +230,18 @@ impl NodeStorage {
         pool.restore_replica(id, snapshot)
     }
 
+    /// Records a replica's wrapped data key anew (a key rotation); see
+    /// `Replica::set_wrapped_key`.
+    pub fn set_wrapped_key(
+        &self,
+        id: &str,
+        w: &hawser_wire::meta::WrappedKey,
+    ) -> Result<Arc<Replica>, StorageError> {
+        let replica = self.existing(id)?;
+        replica.set_wrapped_key(w)?;
+        Ok(replica)
+    }
+
     /// Grows a replica; see `Pool::grow_replica`.
     pub fn grow(&self, id: &str, size: u64) -> Result<Arc<Replica>, StorageError> {
         let pool = self
@@ -358,6 +370,7 @@ impl NodeStorage {
                 cluster_id: None,
                 key_check: None,
                 checksums: false,
+                wrapped_key: None,
             })
         });
         self.pools
@@ -384,5 +397,36 @@ pub fn status(r: &Replica) -> ReplicaStatus {
         cluster_id: r.cluster(),
         key_check: r.key_check().map(hawser_api::KeyCheck),
         checksums: r.checksums(),
+        wrapped_key: wrapped_key(r),
     }
+}
+
+/// A replica's wrapped data key as the API carries it (with its key check).
+fn wrapped_key(r: &Replica) -> Option<hawser_api::WrappedKey> {
+    let w = r.wrapped_key()?;
+    let check = hawser_api::KeyCheck(r.key_check()?);
+    Some(hawser_api::WrappedKey::from_sealed(w.kek, &w.sealed, check))
+}
+
+/// The sealed form of an API wrapping for replica metadata; refused if it is not base64, or
+/// names another key check than `key_check` (the replica's, or the one it is created with).
+pub fn sealed_key(
+    w: &hawser_api::WrappedKey,
+    key_check: Option<hawser_api::KeyCheck>,
+) -> Result<hawser_wire::meta::WrappedKey, hawser_api::ApiError> {
+    if key_check != Some(w.check) {
+        return Err(hawser_api::ApiError::invalid(
+            "the wrapped data key names another key check than the replica's",
+        ));
+    }
+    let sealed = w
+        .sealed()
+        .filter(|b| !b.is_empty() && b.len() <= hawser_wire::meta::MAX_WRAPPED_KEY_BYTES)
+        .ok_or_else(|| {
+            hawser_api::ApiError::invalid(format!(
+                "the wrapped data key is not base64 of 1 to {} bytes",
+                hawser_wire::meta::MAX_WRAPPED_KEY_BYTES
+            ))
+        })?;
+    Ok(hawser_wire::meta::WrappedKey { kek: w.kek, sealed })
 }

@@ -47,6 +47,7 @@ pub fn node_keyed(
         cluster: None,
         key_check: key_check.map(|k| k.0),
         checksums: false,
+        wrapped_key: None,
     };
     s.create("default", &new).expect("create replica");
     s

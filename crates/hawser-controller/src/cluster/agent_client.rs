@@ -213,6 +213,19 @@ impl AgentClient {
         self.call(Method::POST, to, &path, Some(&body)).await
     }
 
+    /// Gives a replica its volume's data key wrapped under a newer KEK (a key rotation); the
+    /// answer shows the copy it holds, which is newer still if another rotation got there
+    /// first.
+    pub async fn set_wrapped_key(
+        &self,
+        to: Agent<'_>,
+        replica_id: &str,
+        wrapped: &hawser_api::WrappedKey,
+    ) -> Result<ReplicaStatus, AgentError> {
+        let path = format!("/v1/replicas/{replica_id}/wrapped-key");
+        self.call(Method::PUT, to, &path, Some(wrapped)).await
+    }
+
     /// Grows the running engine of `volume` (and its kernel device) to `size_bytes`; with
     /// `check_only`, only asks whether it could.
     pub async fn grow_engine(

@@ -7,7 +7,8 @@
 //! backup, or a wrong etcd prefix must not make a controller treat the node's replicas as
 //! orphans. `hawser cluster recover` then adopts the waiting nodes' cluster (only into a
 //! store without volumes) and rebuilds the record of each volume from its replicas'
-//! metadata and journals ([`rebuild`]).
+//! metadata and journals ([`rebuild`]), an encrypted volume's wrapped data key included (each
+//! replica keeps a copy; the KEKs are in the controller's data directory, not the store).
 
 pub(crate) mod agent_client;
 pub(crate) mod engine_watch;
@@ -31,6 +32,7 @@ use crate::api::extract::ApiJson;
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, VolumeRecord};
+use crate::volumes::keys::WrappedKey;
 
 const CLUSTER_KEY: &str = "cluster/identity";
 
@@ -408,7 +410,18 @@ async fn rebuild_all(
         }
     }
     let existing = st.records.volumes().await?;
-    let (records, why) = rebuild(cluster_id, &existing, &found);
+    // On Kubernetes, the KEKs this controller has not copied from the Secret yet.
+    if let Err(e) = st.keks.sync().await {
+        skipped.push(format!("the key-encryption keys: {e}"));
+    }
+    let keks: BTreeSet<u32> = match st.keks.ids() {
+        Ok(ids) => ids.into_iter().collect(),
+        Err(e) => {
+            skipped.push(format!("the key-encryption keys: {e}"));
+            BTreeSet::new()
+        }
+    };
+    let (records, why) = rebuild(cluster_id, &existing, &found, &keks);
     skipped.extend(why);
     let mut created = Vec::new();
     for r in records {
@@ -430,11 +443,13 @@ async fn rebuild_all(
 /// it does not name, and that are not failed, are in sync; the rest are outdated (resynced
 /// at the next attach) or failed. The record's epoch is the highest, so the next attach
 /// fences every engine that ever ran. A volume none of whose replicas qualifies as in sync
-/// is left alone, with why.
+/// is left alone, with why. An encrypted volume's wrapped key comes from its replicas
+/// ([`encryption_of`]); `keks` are the ids of the KEKs this controller has.
 pub fn rebuild(
     cluster_id: &str,
     existing: &[VolumeRecord],
     found: &[(String, ReplicaInventory)],
+    keks: &BTreeSet<u32>,
 ) -> (Vec<VolumeRecord>, Vec<String>) {
     let known: BTreeSet<&str> = existing
         .iter()
@@ -514,6 +529,16 @@ pub fn rebuild(
             Some(j) => j.size_bytes,
             None => in_sync_sizes.min().unwrap_or(0),
         };
+        let encryption = match encryption_of(name, &reps, keks) {
+            Ok((w, note)) => {
+                skipped.extend(note);
+                w
+            }
+            Err(why) => {
+                skipped.push(why);
+                continue;
+            }
+        };
         let n = u32::try_from(replicas.len()).unwrap_or(u32::MAX);
         records.push(VolumeRecord {
             name: name.into(),
@@ -532,15 +557,80 @@ pub fn rebuild(
             origin: None,
             restoring: None,
             qos: Default::default(),
-            // Not in the replicas' metadata yet: an encrypted volume recovered this way
-            // cannot be read (issue 21).
-            encryption: None,
+            encryption,
             // In the replicas' metadata: replacements keep sums if every replica found does.
             checksums: reps.iter().all(|f| f.1.status.checksums),
             scrubbed_ms: None,
         });
     }
     (records, skipped)
+}
+
+/// An encrypted volume's wrapping, from the copies its replicas keep, with a note for the
+/// report when it is not the obvious one; `Err` (why) when the replicas' key checks disagree.
+///
+/// 1. No replica has a key check: a plain volume.
+/// 2. Every replica must have the same key check; otherwise the volume is left alone.
+/// 3. The copies (every one of that check) usually agree. When they do not (a rotation that
+///    missed a replica), the one under the newest KEK in `keks` wins. If `keks` has none of
+///    theirs, the newest one, with a note: its KEK file must come back before an attach.
+/// 4. Encrypted, but no replica has a copy (created before replicas kept one): rebuilt as it
+///    was before, without its key, with a note; its replicas refuse every engine of it.
+fn encryption_of(
+    name: &str,
+    reps: &[&(String, ReplicaInventory)],
+    keks: &BTreeSet<u32>,
+) -> Result<(Option<WrappedKey>, Option<String>), String> {
+    let checks: BTreeSet<Option<[u8; hawser_api::secret::KEY_CHECK_BYTES]>> = reps
+        .iter()
+        .map(|f| f.1.status.key_check.map(|k| k.0))
+        .collect();
+    let check = match checks.iter().collect::<Vec<_>>()[..] {
+        [None] | [] => return Ok((None, None)),
+        [Some(c)] => hawser_api::KeyCheck(*c),
+        ref many => {
+            let shown: Vec<String> = many
+                .iter()
+                .map(|c| c.map_or("none".into(), |c| hawser_api::KeyCheck(c).hex()))
+                .collect();
+            return Err(format!(
+                "volume {name}: its replicas disagree on the data key's check ({}); left alone",
+                shown.join(", ")
+            ));
+        }
+    };
+    let mut copies: Vec<&WrappedKey> = reps
+        .iter()
+        .filter_map(|f| f.1.status.wrapped_key.as_ref())
+        .filter(|w| w.check == check)
+        .collect();
+    copies.sort_by_key(|w| std::cmp::Reverse(w.kek));
+    copies.dedup();
+    let Some(newest) = copies.first() else {
+        return Ok((
+            None,
+            Some(format!(
+                "volume {name}: encrypted, but no replica keeps its wrapped data key (made \
+                 before replicas kept it): rebuilt without it, and its replicas refuse every \
+                 engine of it"
+            )),
+        ));
+    };
+    // The newest KEK this controller has; without any of theirs, the newest.
+    let chosen = copies
+        .iter()
+        .find(|w| keks.contains(&w.kek))
+        .unwrap_or(newest);
+    let note = (!keks.contains(&chosen.kek)).then(|| {
+        format!(
+            "volume {name}: its replicas keep its data key under key-encryption keys {:?}, \
+             none of which this controller has: rebuilt with key {}; put its file back \
+             before attaching",
+            copies.iter().map(|w| w.kek).collect::<Vec<_>>(),
+            chosen.kek
+        )
+    });
+    Ok((Some((*chosen).clone()), note))
 }
 
 #[cfg(test)]
@@ -570,6 +660,7 @@ mod tests {
                 cluster_id: Some("c1".into()),
                 key_check: None,
                 checksums: false,
+                wrapped_key: None,
             },
             journal: journal.map(|(epoch, seq, lacking)| JournalSummary {
                 epoch,
@@ -595,7 +686,7 @@ mod tests {
             // Left behind at an older epoch, named by nobody.
             ("n4".to_string(), inv("d", "v", 5, None)),
         ];
-        let (records, skipped) = rebuild("c1", &[], &found);
+        let (records, skipped) = rebuild("c1", &[], &found, &BTreeSet::new());
         assert!(skipped.is_empty(), "{skipped:?}");
         let v = &records[0];
         assert_eq!(
@@ -632,7 +723,7 @@ mod tests {
             ("n2".to_string(), foreign),
             ("n3".to_string(), failed),
         ];
-        let (records, skipped) = rebuild("c1", &[existing], &found);
+        let (records, skipped) = rebuild("c1", &[existing], &found, &BTreeSet::new());
         assert!(records.is_empty(), "{records:?}");
         assert_eq!(skipped.len(), 3, "{skipped:?}");
         assert!(skipped[0].contains("volume v exists"), "{skipped:?}");
@@ -658,12 +749,127 @@ mod tests {
             ("n1".to_string(), summed("c", "mixed", true)),
             ("n2".to_string(), summed("d", "mixed", false)),
         ];
-        let (records, skipped) = rebuild("c1", &[], &found);
+        let (records, skipped) = rebuild("c1", &[], &found, &BTreeSet::new());
         assert!(skipped.is_empty(), "{skipped:?}");
         let sums: Vec<(&str, bool)> = records
             .iter()
             .map(|v| (v.name.as_str(), v.checksums))
             .collect();
         assert_eq!(sums, [("all", true), ("mixed", false)]);
+    }
+
+    /// `inv` of an encrypted volume's replica keeping `wrapped` (its key check `check`).
+    fn keyed(id: &str, check: u8, wrapped: Option<WrappedKey>) -> ReplicaInventory {
+        let mut r = inv(id, "sec", 1, None);
+        r.status.key_check = Some(hawser_api::KeyCheck([check; 16]));
+        r.status.wrapped_key = wrapped;
+        r
+    }
+
+    /// The store is lost, the KEK files are not: an encrypted volume comes back with the
+    /// wrapped key its replicas keep, which opens to its data key with this controller's
+    /// KEKs (the one its record had, after a rotation too). Without the KEK file it comes
+    /// back too, and the report names the key to put back.
+    #[tokio::test]
+    async fn an_encrypted_volume_is_rebuilt_with_the_wrapped_key_its_replicas_keep() {
+        let dir = tempfile::tempdir().unwrap();
+        let keks = crate::volumes::keys::Keks::new(dir.path());
+        let (key, w1) = keks.new_data_key("sec").unwrap();
+        let on = |w: &WrappedKey| {
+            let mut r = keyed("x", 0, Some(w.clone()));
+            r.status.key_check = Some(w.check);
+            r
+        };
+        let found = |w: &WrappedKey| {
+            let mut a = on(w);
+            a.status.replica_id = "a".into();
+            let mut b = on(w);
+            b.status.replica_id = "b".into();
+            vec![("n1".to_string(), a), ("n2".to_string(), b)]
+        };
+        let have: BTreeSet<u32> = keks.ids().unwrap().into_iter().collect();
+        let (records, skipped) = rebuild("c1", &[], &found(&w1), &have);
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(records[0].encryption.as_ref(), Some(&w1));
+        let rebuilt = records[0].encryption.as_ref().unwrap();
+        assert_eq!(keks.unwrap("sec", rebuilt).unwrap(), key);
+        // Its KEK file is missing here: rebuilt all the same, and the report says which file
+        // to put back.
+        let (records, skipped) = rebuild("c1", &[], &found(&w1), &BTreeSet::new());
+        assert_eq!(records[0].encryption.as_ref(), Some(&w1));
+        assert!(skipped[0].contains("put its file back"), "{skipped:?}");
+
+        assert_eq!(keks.rotate().await.unwrap(), 2);
+        let w2 = keks.rewrap("sec", &w1).unwrap();
+        let have: BTreeSet<u32> = keks.ids().unwrap().into_iter().collect();
+        let (records, _) = rebuild("c1", &[], &found(&w2), &have);
+        let rebuilt = records[0].encryption.as_ref().unwrap();
+        assert_eq!(
+            (rebuilt.kek, keks.unwrap("sec", rebuilt).unwrap()),
+            (2, key)
+        );
+    }
+
+    /// Replicas whose copies differ (a rotation missed one): the copy under the newest KEK this
+    /// controller has wins; with none of theirs, the newest, and the report says which file
+    /// to put back.
+    #[test]
+    fn disagreeing_copies_give_the_newest_kek_this_controller_has() {
+        let w = |kek: u32| WrappedKey {
+            kek,
+            wrapped: format!("c2VhbGVk{kek}"),
+            check: hawser_api::KeyCheck([7; 16]),
+        };
+        let found = vec![
+            ("n1".to_string(), keyed("a", 7, Some(w(1)))),
+            ("n2".to_string(), keyed("b", 7, Some(w(3)))),
+            // Made by an older agent or controller: no copy, the same check.
+            ("n3".to_string(), keyed("c", 7, None)),
+        ];
+        for (have, want, noted) in [
+            (vec![1, 2, 3], 3, false),
+            (vec![1, 2], 1, false),
+            (vec![2], 3, true),
+        ] {
+            let have: BTreeSet<u32> = have.into_iter().collect();
+            let (records, skipped) = rebuild("c1", &[], &found, &have);
+            assert_eq!(records.len(), 1, "{skipped:?}");
+            assert_eq!(records[0].encryption, Some(w(want)), "{have:?}");
+            assert_eq!(records[0].replicas.len(), 3);
+            assert_eq!(!skipped.is_empty(), noted, "{have:?}: {skipped:?}");
+            if noted {
+                assert!(skipped[0].contains("put its file back"), "{skipped:?}");
+            }
+        }
+    }
+
+    /// Replicas that disagree on the data key's check are left alone; encrypted replicas with
+    /// no copy at all (made before replicas kept one) come back without a key, as before, and
+    /// the report says so.
+    #[test]
+    fn disagreeing_key_checks_are_left_alone_and_missing_copies_are_reported() {
+        let w = WrappedKey {
+            kek: 1,
+            wrapped: "c2VhbGVk".into(),
+            check: hawser_api::KeyCheck([7; 16]),
+        };
+        let mut plain = inv("p", "sec", 1, None);
+        plain.status.volume = "sec".into();
+        for other in [keyed("b", 8, None), plain] {
+            let found = vec![
+                ("n1".to_string(), keyed("a", 7, Some(w.clone()))),
+                ("n2".to_string(), other),
+            ];
+            let (records, skipped) = rebuild("c1", &[], &found, &BTreeSet::from([1]));
+            assert!(records.is_empty(), "{records:?}");
+            assert!(skipped[0].contains("disagree"), "{skipped:?}");
+        }
+        let found = vec![
+            ("n1".to_string(), keyed("a", 7, None)),
+            ("n2".to_string(), keyed("b", 7, None)),
+        ];
+        let (records, skipped) = rebuild("c1", &[], &found, &BTreeSet::from([1]));
+        assert_eq!(records[0].encryption, None);
+        assert!(skipped[0].contains("no replica keeps"), "{skipped:?}");
     }
 }

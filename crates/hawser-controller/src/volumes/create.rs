@@ -306,6 +306,7 @@ async fn create_replicas(
             from: seeds.get(&r.id).cloned(),
             key_check: record.encryption.as_ref().map(|w| w.check),
             checksums: record.checksums,
+            wrapped_key: record.encryption.clone(),
         };
         if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
             // A create that timed out or got an error answer may still have happened on the

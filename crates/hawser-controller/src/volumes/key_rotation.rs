@@ -6,7 +6,13 @@
 //! so a concurrent attach, expand or clone neither loses the change nor is lost by it. A
 //! volume created while the rotation runs may still be wrapped under the previous KEK; the
 //! answer counts the volumes each KEK still wraps, and a second rotation (or the next one)
-//! takes them. An old KEK file can be deleted once no volume names it.
+//! takes them.
+//!
+//! Every replica of an encrypted volume keeps a copy of the wrapped key (for `hawser cluster
+//! recover`), so the rotation then gives each replica of every encrypted volume its record's
+//! wrapping (an agent admin call; a replica never goes back to an older KEK). The answer
+//! lists the replicas it could not reach as `behind`. An old KEK file can be deleted once no
+//! volume names it and no replica is behind: then no copy anywhere needs it.
 
 use std::collections::BTreeMap;
 
@@ -53,18 +59,55 @@ pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> 
             }
         }
     }
+    let behind = update_replicas(st).await?;
     let mut wrapping = BTreeMap::new();
     for v in st.records.volumes().await? {
         if let Some(w) = &v.encryption {
             *wrapping.entry(w.kek).or_insert(0u64) += 1;
         }
     }
-    tracing::info!(kek, rewrapped = rewrapped.len(), "data keys re-wrapped");
+    tracing::info!(
+        kek,
+        rewrapped = rewrapped.len(),
+        behind = behind.len(),
+        "data keys re-wrapped"
+    );
     Ok(VolumeKeyRotated {
         kek,
         rewrapped,
         wrapping,
+        behind,
     })
+}
+
+/// Gives every replica of every encrypted volume the wrapping its record holds now; returns
+/// those it could not, each with why. Replicas of one volume are called one after the other,
+/// each call bounded by the agent timeout.
+async fn update_replicas(st: &AppState) -> Result<Vec<String>, ControllerError> {
+    let nodes = st.records.nodes().await?;
+    let mut behind = Vec::new();
+    for v in st.records.volumes().await? {
+        let Some(w) = &v.encryption else { continue };
+        for r in &v.replicas {
+            let why = match nodes.iter().find(|n| n.name == r.node) {
+                None => "its node is not registered".to_string(),
+                Some(n) => match st.agents.set_wrapped_key(n.agent(), &r.id, w).await {
+                    Ok(s) if s.wrapped_key.as_ref().is_some_and(|h| h.kek >= w.kek) => continue,
+                    Ok(_) => "its agent does not keep wrapped keys (an older agent)".into(),
+                    Err(e) => e.to_string(),
+                },
+            };
+            tracing::warn!(
+                volume = %v.name, replica = %r.id, node = %r.node, why,
+                "a replica keeps its copy of the data key under an older key-encryption key"
+            );
+            behind.push(format!(
+                "replica {} of volume {} on node {}: {why}",
+                r.id, v.name, r.node
+            ));
+        }
+    }
+    Ok(behind)
 }
 
 fn refused(e: crate::volumes::keys::KeyError) -> ControllerError {

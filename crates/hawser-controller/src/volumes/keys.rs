@@ -26,7 +26,6 @@ use std::path::{Path, PathBuf};
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
-use serde::{Deserialize, Serialize};
 
 /// A volume data key's length (two AES-256 keys).
 pub const DATA_KEY_BYTES: usize = 64;
@@ -77,18 +76,8 @@ pub enum KeyError {
     },
 }
 
-/// A data key as a volume record keeps it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WrappedKey {
-    /// The KEK it is wrapped with.
-    pub kek: u32,
-    /// Nonce, ciphertext and tag, base64.
-    pub wrapped: String,
-    /// The data key's check value, which the volume's replicas record at create and its
-    /// engines' grants carry (`hawser_api::KeyCheck`). A rotation leaves it as it is.
-    pub check: hawser_api::KeyCheck,
-}
+/// A data key as a volume record keeps it, and as its replicas keep a copy.
+pub use hawser_api::WrappedKey;
 
 /// The KEKs in a controller's data directory, a copy of a Secret's when `shared`.
 pub struct Keks {

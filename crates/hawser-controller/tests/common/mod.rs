@@ -40,6 +40,8 @@ pub enum Op {
     PauseEngine,
     RestoreReplica,
     SetQos,
+    /// `PUT /v1/replicas/{id}/wrapped-key` (a key rotation) fails, as on a node that is down.
+    SetWrappedKey,
 }
 
 #[derive(Default)]
@@ -76,6 +78,7 @@ impl FakeAgent {
             .route("/v1/replicas", post(create_replica))
             .route("/v1/replicas/{id}", delete(delete_replica))
             .route("/v1/replicas/{id}/grow", post(grow_replica))
+            .route("/v1/replicas/{id}/wrapped-key", put(set_wrapped_key))
             .route("/v1/replicas/{id}/restore", post(restore_replica))
             .route("/v1/replicas/{id}/trash", post(trash_replica))
             .route("/v1/engines", post(start_engine))
@@ -268,6 +271,33 @@ async fn create_replica(State(st): State<Fake>, Json(req): Json<CreateReplica>) 
     Json(status).into_response()
 }
 
+/// Keeps the newer wrapping, as a real agent does.
+async fn set_wrapped_key(
+    State(st): State<Fake>,
+    Path(id): Path<String>,
+    Json(w): Json<hawser_api::WrappedKey>,
+) -> Response {
+    if record(
+        &st,
+        format!("PUT /v1/replicas/{id}/wrapped-key"),
+        Op::SetWrappedKey,
+    ) {
+        return refuse("set wrapped key");
+    }
+    let mut s = st.lock().unwrap();
+    let Some(r) = s.replicas.get_mut(&id) else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(ApiError::new(ErrorCode::NotFound, "no such replica")),
+        )
+            .into_response();
+    };
+    if r.wrapped_key.as_ref().is_none_or(|held| held.kek < w.kek) {
+        r.wrapped_key = Some(w);
+    }
+    Json(replica_status(r)).into_response()
+}
+
 fn replica_status(req: &CreateReplica) -> ReplicaStatus {
     ReplicaStatus {
         replica_id: req.replica_id.clone(),
@@ -283,6 +313,7 @@ fn replica_status(req: &CreateReplica) -> ReplicaStatus {
         cluster_id: None,
         key_check: req.key_check,
         checksums: req.checksums,
+        wrapped_key: req.wrapped_key.clone(),
     }
 }
 

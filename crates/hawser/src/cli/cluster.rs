@@ -187,6 +187,16 @@ pub fn run(
                         t.row(vec![kek.to_string(), n.to_string()]);
                     }
                     t.print();
+                    if !r.behind.is_empty() {
+                        println!(
+                            "{} replicas keep their copy under an older key (rotate again once \
+                             their nodes are back; delete no older key until then):",
+                            r.behind.len()
+                        );
+                        for why in &r.behind {
+                            println!("  {why}");
+                        }
+                    }
                 }
             }
         }

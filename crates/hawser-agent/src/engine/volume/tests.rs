@@ -35,6 +35,7 @@ async fn a_queued_resync_send_for_a_closed_session_is_dropped() {
         cluster: None,
         key_check: None,
         checksums: false,
+        wrapped_key: None,
     };
     let replica = storage.create("default", &new).expect("create replica");
     let req = StartEngine {
