@@ -51,7 +51,8 @@ async fn admin_calls_need_the_agent_token() {
             http.post(format!("{base}/v1/backup-jobs"))
                 .json(&json!({"backup": "b"})),
             http.get(format!("{base}/v1/backup-jobs/b")),
-            http.post(format!("{base}/v1/restore-jobs")).json(&json!({"replica": "vol-a"})),
+            http.post(format!("{base}/v1/restore-jobs"))
+                .json(&json!({"replica": "vol-a"})),
             http.put(format!("{base}/v1/replicas/vol-a/wrapped-key"))
                 .json(&json!({"kek": 2, "wrapped": "AAAA", "check": "00".repeat(16)})),
         ];

@@ -29,6 +29,7 @@ async fn a_replica_keeps_its_wrapped_key_lists_it_and_takes_only_newer_ones() {
     let engines = Arc::new(Engines::default());
     let state = AdminState {
         devices: None,
+        backups: Default::default(),
         node: "a".into(),
         storage: storage.clone(),
         engines: engines.clone(),

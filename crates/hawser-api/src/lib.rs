@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod qos;
 pub mod secret;
 pub mod size;
+pub mod time;
 
 pub use error::{ApiError, ErrorCode};
 pub use qos::{Qos, QosField, QosPatch};
@@ -34,8 +35,13 @@ pub const DEFAULT_CONTROLLER_URL: &str = "https://127.0.0.1:9400";
 /// Checks a user-chosen name (volume, node, pool): 1-63 characters of `[a-z0-9-]`, starting
 /// with a letter or digit, like a Kubernetes DNS label, so it is safe in paths and URIs.
 pub fn validate_name(kind: &str, name: &str) -> Result<(), ApiError> {
+    validate_name_up_to(kind, name, 63)
+}
+
+/// [`validate_name`] for names that may be longer (a backup's: its volume's and a time).
+pub fn validate_name_up_to(kind: &str, name: &str, max: usize) -> Result<(), ApiError> {
     let ok = !name.is_empty()
-        && name.len() <= 63
+        && name.len() <= max
         && name
             .bytes()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
@@ -46,7 +52,7 @@ pub fn validate_name(kind: &str, name: &str) -> Result<(), ApiError> {
         Err(ApiError::new(
             ErrorCode::InvalidArgument,
             format!(
-                "invalid {kind} name {name:?}: use 1-63 characters a-z, 0-9 and '-', \
+                "invalid {kind} name {name:?}: use 1-{max} characters a-z, 0-9 and '-', \
                  not starting with '-'"
             ),
         ))

@@ -37,23 +37,8 @@ pub fn backup_of(object: &str) -> Option<&str> {
 /// A backup name: 1-100 characters of `[a-z0-9-]`, not starting with '-', so it is safe as
 /// an object name, a path and in a URI.
 pub fn validate_backup(name: &str) -> Result<(), BackupError> {
-    let ok = !name.is_empty()
-        && name.len() <= crate::constants::MAX_BACKUP_NAME_BYTES
-        && name
-            .bytes()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-        && !name.starts_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(BackupError::Invalid {
-            what: format!(
-                "invalid backup name {name:?}: use 1-{} characters a-z, 0-9 and '-', not \
-                 starting with '-'",
-                crate::constants::MAX_BACKUP_NAME_BYTES
-            ),
-        })
-    }
+    hawser_api::validate_name_up_to("backup", name, crate::constants::MAX_BACKUP_NAME_BYTES)
+        .map_err(|e| BackupError::Invalid { what: e.message })
 }
 
 /// A block hash as manifests write it: 64 lowercase hex digits.

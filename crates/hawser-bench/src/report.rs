@@ -282,29 +282,8 @@ fn fmt_opt(value: Option<f64>, decimals: usize) -> String {
 
 /// Seconds since the Unix epoch as RFC 3339 UTC, e.g. `2026-11-22T04:14:36Z`.
 pub fn rfc3339_utc(unix_secs: u64) -> String {
-    let (days, rem) = (unix_secs / 86400, unix_secs % 86400);
-    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(i64::MAX));
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day), after Howard Hinnant's
-/// `civil_from_days`; spares a date crate for one timestamp.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z.rem_euclid(146097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+    let (y, m, d, hh, mm, ss) = hawser_api::time::utc(unix_secs);
+    format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")
 }
 
 #[cfg(test)]

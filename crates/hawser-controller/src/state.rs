@@ -9,6 +9,7 @@ use crate::auth::ClusterTokens;
 use crate::cluster::agent_client::AgentClient;
 use crate::cluster::events::ClusterEvents;
 use crate::cluster::Waiting;
+use crate::snapshots::backup_targets::BackupSettings;
 use crate::store::records::Records;
 
 use crate::healing::placement::Candidate;
@@ -40,7 +41,7 @@ pub struct AppState {
     /// The key-encryption keys of encrypted volumes' data keys (`volumes/keys.rs`).
     pub keks: crate::volumes::keys::Keks,
     /// Backups' credentials directory and rate (`snapshots/backup_targets.rs`).
-    pub backups: crate::snapshots::backup_targets::BackupSettings,
+    pub backups: BackupSettings,
 }
 
 impl AppState {

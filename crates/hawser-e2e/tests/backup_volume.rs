@@ -5,6 +5,7 @@
 //! volume's bytes, the snapshot a backup took is dropped, and the S3 server down fails a
 //! backup with a clear status while the volume keeps serving.
 
+use std::process::Output;
 use std::sync::Arc;
 
 use hawser_api::backup::{Backup, BackupState, BackupTarget};
@@ -22,6 +23,24 @@ fn backup(c: &Cluster, volume: &str, target: &str) -> Backup {
     serde_json::from_str(&out).expect("backup JSON")
 }
 
+/// `hawser backup target add NAME --s3 ...`: bucket `backups`, prefix `cluster-1`.
+fn add_s3_target(c: &Cluster, name: &str, endpoint: &str, credentials: &str) -> Output {
+    c.cli(&[
+        "backup",
+        "target",
+        "add",
+        name,
+        "--s3",
+        endpoint,
+        "--bucket",
+        "backups",
+        "--prefix",
+        "cluster-1",
+        "--credentials-file",
+        credentials,
+    ])
+}
+
 /// Waits until `volume` is no longer restoring.
 fn wait_restored(c: &Cluster, volume: &str) {
     hawser_e2e::wait_until("the restore", std::time::Duration::from_secs(120), || {
@@ -36,22 +55,7 @@ fn volumes_back_up_incrementally_to_s3_and_restore_byte_for_byte() {
     let mut s3 = S3Server::start(dir.path(), "backups");
     let creds = s3.credentials_file();
     let endpoint = s3.endpoint();
-    let add = |name: &str, file: &str| {
-        c.cli(&[
-            "backup",
-            "target",
-            "add",
-            name,
-            "--s3",
-            &endpoint,
-            "--bucket",
-            "backups",
-            "--prefix",
-            "cluster-1",
-            "--credentials-file",
-            file,
-        ])
-    };
+    let add = |name: &str, file: &str| add_s3_target(&c, name, &endpoint, file);
 
     // A wrong secret, a missing directory and an unknown target are refused, saying why.
     let wrong = dir.path().join("wrong-credentials");
@@ -229,22 +233,61 @@ fn volumes_back_up_incrementally_to_s3_and_restore_byte_for_byte() {
     rt.block_on(target.put(&object, good))
         .expect("put the block back");
 
+    // An encrypted volume: its blocks on the target are ciphertext, and a volume restored
+    // from them in this cluster (its key unwrapped and wrapped again for the new name) reads
+    // back the plaintext.
+    let sec_uri = {
+        c.cli_ok(&[
+            "volume",
+            "create",
+            "sec",
+            "--size",
+            "16MiB",
+            "--replicas",
+            "2",
+            "--encrypted",
+        ]);
+        c.cli_ok(&["volume", "attach", "sec", "--node", "n1"]);
+        c.volume("sec").nbd_unix_uri.expect("an NBD URI")
+    };
+    qemu_io(&sec_uri, &["write -P 0x5a 0 2M", "flush"]);
+    let sb = backup(&c, "sec", "offsite");
+    assert_eq!(sb.state, BackupState::Ready, "{sb:?}");
+    let sm = rt
+        .block_on(hawser_backup::read_manifest(&target, &sb.name))
+        .expect("manifest");
+    assert!(sm.encryption.is_some(), "{sm:?}");
+    let (&i0, h0) = sm.blocks.iter().next().expect("a block");
+    let obj = rt
+        .block_on(target.get(&hawser_backup::names::block(h0), 4 * MIB))
+        .expect("get");
+    let plain = hawser_backup::block::open(&obj.expect("the block"), sm.block_range(i0).1, h0)
+        .expect("a whole block");
+    assert!(
+        !plain.windows(64).any(|w| w.iter().all(|&b| b == 0x5a)),
+        "plaintext on the target"
+    );
+    c.cli_ok(&[
+        "volume",
+        "create",
+        "sec2",
+        "--from-backup",
+        &format!("offsite/{}", sb.name),
+    ]);
+    wait_restored(&c, "sec2");
+    assert!(
+        c.volume("sec2").encrypted,
+        "a restore of an encrypted backup is encrypted"
+    );
+    c.cli_ok(&["volume", "attach", "sec2", "--node", "n2"]);
+    let sec2 = c.volume("sec2").nbd_unix_uri.expect("an NBD URI");
+    // (Never-written ranges of an encrypted volume read as noise, here as in the source.)
+    let io = qemu_io(&sec2, &["read -P 0x5a 0 2M"]);
+    assert!(!io.contains("verification failed"), "{io}");
+
     // A new cluster given only the target restores the same bytes.
     let c2 = Cluster::start("backup-volume-2", 1);
-    let out2 = c2.cli(&[
-        "backup",
-        "target",
-        "add",
-        "offsite",
-        "--s3",
-        &endpoint,
-        "--bucket",
-        "backups",
-        "--prefix",
-        "cluster-1",
-        "--credentials-file",
-        &creds.display().to_string(),
-    ]);
+    let out2 = add_s3_target(&c2, "offsite", &endpoint, &creds.display().to_string());
     assert!(
         out2.status.success(),
         "{}",

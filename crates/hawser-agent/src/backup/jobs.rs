@@ -116,15 +116,7 @@ pub async fn start_job(
     let file = replica
         .snapshot_file(&req.snapshot)
         .map_err(|e| Failure(ApiError::new(ErrorCode::NotFound, e.to_string())))?;
-    let credentials = match &req.credentials {
-        Some(k) => Some(
-            S3Credentials::from_api(k)
-                .ok_or_else(|| bad("the S3 secret is not base64 of UTF-8 text".into()))?,
-        ),
-        None => None,
-    };
-    let target = Target::open(&req.target, &req.spec, credentials.as_ref())
-        .map_err(|e| bad(e.to_string()))?;
+    let target = open_target(&req.target, &req.spec, req.credentials.as_ref())?;
     let (job, new) = s
         .backups
         .admit(&req.backup, req.size_bytes)

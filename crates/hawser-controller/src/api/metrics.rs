@@ -14,6 +14,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
+use hawser_api::backup::BackupState;
 use hawser_api::controller::{ReplicaState, VolumeState};
 use hawser_api::metrics::{ProcessCollector, LATENCY_BUCKETS_SECS};
 use hawser_store::StoreError;
@@ -84,6 +85,7 @@ pub(crate) struct Snapshot {
     leader: bool,
     nodes: Vec<(NodeRecord, bool)>,
     volumes: Vec<VolumeRecord>,
+    backups: Vec<hawser_api::backup::Backup>,
     now_ms: u64,
 }
 
@@ -214,6 +216,74 @@ impl Collector for Snapshot {
                 })
                 .collect(),
         )?;
+        self.encode_backups(e)
+    }
+}
+
+const BACKUP_STATES: [BackupState; 3] = [
+    BackupState::Running,
+    BackupState::Ready,
+    BackupState::Failed,
+];
+
+impl Snapshot {
+    /// Backups by state, each running one's progress, and each volume's recovery point per
+    /// target (the age of its newest ready backup: what an alert on stale backups watches).
+    fn encode_backups(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        gauges(
+            e,
+            "backups",
+            "Backups by state",
+            None,
+            BACKUP_STATES
+                .iter()
+                .map(|s| {
+                    let n = self.backups.iter().filter(|b| b.state == *s).count();
+                    (vec![("state", state_name(s))], n as i64)
+                })
+                .collect(),
+        )?;
+        let running: Vec<_> = self
+            .backups
+            .iter()
+            .filter(|b| b.state == BackupState::Running)
+            .collect();
+        let done = |b: &&hawser_api::backup::Backup| {
+            let n = b.progress.as_ref().map_or(0, |p| p.done_bytes);
+            (
+                vec![("backup", b.name.clone()), ("volume", b.volume.clone())],
+                i64::try_from(n).unwrap_or(i64::MAX),
+            )
+        };
+        gauges(
+            e,
+            "backup_done",
+            "Bytes of the volume a running backup has gone through",
+            Some(Unit::Bytes),
+            running.iter().map(done).collect(),
+        )?;
+        let mut newest: std::collections::BTreeMap<(String, String), u64> = Default::default();
+        for b in self
+            .backups
+            .iter()
+            .filter(|b| b.state == BackupState::Ready)
+        {
+            let at = newest
+                .entry((b.volume.clone(), b.target.clone()))
+                .or_default();
+            *at = (*at).max(b.taken_ms);
+        }
+        let mut m = e.encode_descriptor(
+            "volume_recovery_point_age",
+            "Time since the snapshot of the volume's newest ready backup on the target was taken",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        for ((volume, target), taken) in newest {
+            let age = self.now_ms.saturating_sub(taken) as f64 / 1000.0;
+            let labels: Labels = vec![("volume", volume), ("target", target)];
+            ConstGauge::new(age).encode(m.encode_family(&labels)?)?;
+        }
         Ok(())
     }
 }
@@ -265,10 +335,11 @@ pub async fn scrape(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     let read = async {
         let nodes = st.records.nodes().await?;
         let volumes = st.records.volumes().await?;
-        Ok::<_, ControllerError>((nodes, volumes))
+        let backups = crate::snapshots::backups::list(&st, None, None).await?;
+        Ok::<_, ControllerError>((nodes, volumes, backups))
     };
     let snapshot = match read.await {
-        Ok((nodes, volumes)) => Some(Snapshot {
+        Ok((nodes, volumes, backups)) => Some(Snapshot {
             leader,
             nodes: nodes
                 .into_iter()
@@ -278,6 +349,7 @@ pub async fn scrape(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
                 })
                 .collect(),
             volumes,
+            backups,
             now_ms: now_ms(),
         }),
         Err(e) => {

@@ -13,6 +13,7 @@ use hawser_store::{get_json, list_json, put_json, Expect};
 use serde::{Deserialize, Serialize};
 
 use crate::errors::ControllerError;
+use crate::snapshots::restores::JobError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, SnapshotRecord, VolumeRecord};
 
@@ -72,34 +73,13 @@ async fn save(st: &AppState, r: &BackupRecord, expect: Expect) -> Result<(), Con
 
 /// A backup's name: its volume and the UTC time, `db-20261128-101500`.
 fn backup_name(volume: &str, ms: u64, n: u32) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(0));
-    let stamp = format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    );
+    let (y, m, d, hh, mm, ss) = hawser_api::time::utc(ms / 1000);
+    let stamp = format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}");
     if n == 0 {
         format!("{volume}-{stamp}")
     } else {
         format!("{volume}-{stamp}-{n}")
     }
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
-    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// The snapshot to read, and whether it was taken for this backup.
@@ -294,15 +274,7 @@ async fn follow(st: &AppState, name: &str) {
         let Some(node) = rec.backup.node.clone() else {
             return;
         };
-        let job = match st.records.node(&node).await {
-            Ok(Some(n)) => st
-                .agents
-                .backup_job(n.agent(), name)
-                .await
-                .map_err(|e| e.to_string()),
-            Ok(None) => Err(format!("node {node} is gone")),
-            Err(e) => Err(e.to_string()),
-        };
+        let job = crate::snapshots::restores::read_job(st, &node, name).await;
         match job {
             Ok(BackupJob {
                 state: JobState::Running,
@@ -326,12 +298,12 @@ async fn follow(st: &AppState, name: &str) {
                 finish(st, &mut rec, result).await;
                 return;
             }
-            Err(e) if e.contains("404") || e.contains("not found") => {
+            Err(JobError::Gone(e)) => {
                 let why = format!("node {node} has no such job (its agent restarted?): {e}");
                 finish(st, &mut rec, Err(why)).await;
                 return;
             }
-            Err(e) => {
+            Err(JobError::Silent(e)) => {
                 let since = *silent_since.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() > UNREACHABLE_FOR {
                     let why = format!("node {node} did not answer for {UNREACHABLE_FOR:?}: {e}");
@@ -428,7 +400,5 @@ mod tests {
             "db-20261128-101500-2"
         );
         assert_eq!(backup_name("v", 0, 0), "v-19700101-000000");
-        assert_eq!(civil_from_days(59), (1970, 3, 1));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     }
 }

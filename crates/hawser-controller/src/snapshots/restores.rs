@@ -24,6 +24,30 @@ const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 /// How long a node may not answer about a restore before the restore is failed.
 const UNREACHABLE_FOR: Duration = Duration::from_secs(120);
 
+/// Why a node's job could not be read.
+pub enum JobError {
+    /// The node, or its job, is no more (its agent restarted): the job will never end.
+    Gone(String),
+    /// The node did not answer: it may yet.
+    Silent(String),
+}
+
+/// A backup or restore job on `node` (`hawser-agent` `backup/`).
+pub async fn read_job(st: &AppState, node: &str, job: &str) -> Result<BackupJob, JobError> {
+    match st.records.node(node).await {
+        Ok(Some(n)) => st
+            .agents
+            .backup_job(n.agent(), job)
+            .await
+            .map_err(|e| match e.api_code() {
+                Some(hawser_api::ErrorCode::NotFound) => JobError::Gone(e.to_string()),
+                _ => JobError::Silent(e.to_string()),
+            }),
+        Ok(None) => Err(JobError::Gone(format!("node {node} is not registered"))),
+        Err(e) => Err(JobError::Silent(e.to_string())),
+    }
+}
+
 /// A backup to restore, read from its target.
 pub struct RestoreSource {
     pub target: TargetRecord,
@@ -167,15 +191,7 @@ async fn follow(st: &AppState, volume: &str, label: &str, jobs: Vec<(String, Str
         let mut failed = None;
         let mut silent = None;
         for (node, job) in &jobs {
-            let answer = match st.records.node(node).await {
-                Ok(Some(n)) => st
-                    .agents
-                    .backup_job(n.agent(), job)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Ok(None) => Err(format!("node {node} is gone")),
-                Err(e) => Err(e.to_string()),
-            };
+            let answer = read_job(st, node, job).await;
             match answer {
                 Ok(BackupJob {
                     state: JobState::Done,
@@ -189,10 +205,10 @@ async fn follow(st: &AppState, volume: &str, label: &str, jobs: Vec<(String, Str
                     failed = Some(format!("on node {node}: {}", error.unwrap_or_default()));
                 }
                 Ok(_) => {}
-                Err(e) if e.contains("404") || e.contains("not found") => {
+                Err(JobError::Gone(e)) => {
                     failed = Some(format!("node {node} has no restore job (restarted?): {e}"));
                 }
-                Err(e) => silent = Some(e),
+                Err(JobError::Silent(e)) => silent = Some(e),
             }
         }
         if let Some(f) = failed {
