@@ -33,6 +33,8 @@ pub struct BackupSettings {
     pub bytes_per_sec: u64,
     /// The running backups this controller follows (`backups::follow`).
     pub following: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// Wakes the standby loop (`standby::run`) when a standby is created or activated.
+    pub standby_wake: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl BackupSettings {
@@ -41,6 +43,7 @@ impl BackupSettings {
             credentials_dir: data_dir.join("backup-targets"),
             bytes_per_sec,
             following: Default::default(),
+            standby_wake: Default::default(),
         }
     }
 
