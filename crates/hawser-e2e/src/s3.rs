@@ -18,6 +18,7 @@ pub struct S3Server {
     dir: PathBuf,
     pub port: u16,
     filer_port: u16,
+    metrics_port: u16,
     pub bucket: String,
 }
 
@@ -34,7 +35,7 @@ impl S3Server {
         }]});
         let config = dir.join("s3-identities.json");
         std::fs::write(&config, identities.to_string()).expect("s3 identities");
-        let (s3, filer) = (free_port(), free_port());
+        let (s3, filer, metrics) = (free_port(), free_port(), free_port());
         let flag = |k: &str, v: String| format!("-{k}={v}");
         let args = vec![
             "server".to_owned(),
@@ -43,6 +44,8 @@ impl S3Server {
             flag("ip.bind", "127.0.0.1".into()),
             // No statistics leave the machine.
             flag("master.telemetry", "false".into()),
+            // Prometheus metrics on loopback: what the S3 gateway received, per bucket.
+            flag("metricsPort", metrics.to_string()),
             flag("master.port", free_port().to_string()),
             flag("master.port.grpc", free_port().to_string()),
             flag("volume.port", free_port().to_string()),
@@ -75,6 +78,7 @@ impl S3Server {
             dir: dir.to_owned(),
             port: s3,
             filer_port: filer,
+            metrics_port: metrics,
             bucket: bucket.to_owned(),
         };
         server.wait_serving();
@@ -143,6 +147,22 @@ impl S3Server {
 
     pub fn resume(&self) {
         signal(self.pid(), libc::SIGCONT);
+    }
+
+    /// The bytes the S3 gateway has received from clients into the bucket, as the server
+    /// counts them (its `SeaweedFS_s3_bucket_traffic_received_bytes_total`).
+    pub fn received_bytes(&self) -> u64 {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
+        let body = reqwest::blocking::get(&url)
+            .and_then(|r| r.text())
+            .unwrap_or_else(|e| panic!("scrape {url}: {e}"));
+        let series = format!(
+            "SeaweedFS_s3_bucket_traffic_received_bytes_total{{bucket=\"{}\"}} ",
+            self.bucket
+        );
+        body.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0.0, |v| v.trim().parse::<f64>().unwrap_or(0.0)) as u64
     }
 
     /// The filer's port (an unsigned HTTP API onto the same files, for tests that look).
