@@ -160,9 +160,16 @@ impl S3Server {
             "SeaweedFS_s3_bucket_traffic_received_bytes_total{{bucket=\"{}\"}} ",
             self.bucket
         );
-        body.lines()
+        let value = body
+            .lines()
             .find_map(|l| l.strip_prefix(&series))
-            .map_or(0.0, |v| v.trim().parse::<f64>().unwrap_or(0.0)) as u64
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        // Prometheus writes counters as floats: a byte count, far below 2^53 and never
+        // negative here.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let bytes = value.round() as u64;
+        bytes
     }
 
     /// The filer's port (an unsigned HTTP API onto the same files, for tests that look).
