@@ -220,11 +220,24 @@ impl Conn {
     }
 }
 
+/// A client command prints tables and JSON: when its stdout is a pipe whose reader is gone
+/// (`hawser volume list | head -1`, `grep -q`), it ends at once, killed by SIGPIPE as Unix
+/// tools are, rather than panicking in `println!`. Only client commands: the daemons keep
+/// Rust's default (SIGPIPE ignored), and sockets are written with MSG_NOSIGNAL anyway.
+fn quiet_on_closed_stdout() {
+    // SAFETY: signal(2) with the default action, from the main thread before the command
+    // starts any other; no handler of ours is replaced.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Runs a client command against the controller(s) `conn` names.
 fn client_exit(
     conn: &Conn,
     f: impl FnOnce(&Client) -> Result<(), cli::client::CliError>,
 ) -> ExitCode {
+    quiet_on_closed_stdout();
     match conn.client().and_then(|c| f(&c)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

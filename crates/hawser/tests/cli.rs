@@ -246,6 +246,32 @@ fn node_and_pool_lists() {
     );
 }
 
+/// A reader that stops early (`| head -1`, `| grep -q`): the CLI ends quietly, as Unix tools
+/// do, instead of panicking about a broken pipe.
+#[test]
+fn a_closed_stdout_ends_the_cli_quietly() {
+    let env = Env::start();
+    env.register(2);
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = hawser_cmd()
+        .args(["node", "list", "-o", "json"])
+        .env("HAWSER_CONTROLLER", &env.url)
+        .env("HAWSER_TOKEN_FILE", env.token_file())
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        out.status
+    );
+}
+
 #[test]
 fn volume_lifecycle() {
     let env = Env::start();
