@@ -95,6 +95,29 @@ export interface ClusterIo {
   unreachable: string[];
 }
 
+export interface BackupProgress {
+  total_bytes: number;
+  done_bytes: number;
+  transferred_bytes: number;
+  bytes_per_sec: number;
+  eta_secs: number | null;
+}
+
+/// `GET /v1/backups` (docs/backup.md).
+export interface Backup {
+  name: string;
+  volume: string;
+  target: string;
+  state: "running" | "ready" | "failed";
+  taken_ms: number;
+  size_bytes: number;
+  node?: string | null;
+  progress?: BackupProgress | null;
+  stats?: { stored_bytes: number; new_blocks: number; reused_blocks: number } | null;
+  error?: string | null;
+  created_ms: number;
+}
+
 export interface ClusterEvent {
   seq: number;
   at_ms: number;

@@ -6,6 +6,7 @@ import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import {
   ApiError,
+  Backup,
   bytes,
   call,
   ClusterEvent,
@@ -24,6 +25,8 @@ import { Rate, Rates, sparkPoints } from "./rates";
 const POLL_MS = 2000;
 /// Recent events shown, at most.
 const EVENTS_SHOWN = 20;
+/// Backups shown: every running one, then the newest others up to this many.
+const BACKUPS_SHOWN = 10;
 
 interface Snapshot {
   nodes: Node[];
@@ -31,6 +34,7 @@ interface Snapshot {
   volumes: Volume[];
   status: Status;
   events: ClusterEvent[];
+  backups: Backup[];
   at: Date;
 }
 
@@ -38,16 +42,17 @@ interface Snapshot {
 const rates = new Rates();
 
 async function load(): Promise<Snapshot> {
-  const [nodes, pools, volumes, status, io, events] = await Promise.all([
+  const [nodes, pools, volumes, status, io, events, backups] = await Promise.all([
     call<Node[]>("GET", "/v1/nodes"),
     call<Pool[]>("GET", "/v1/pools"),
     call<Volume[]>("GET", "/v1/volumes"),
     call<Status>("GET", "/v1/status"),
     call<ClusterIo>("GET", "/v1/io"),
     call<ClusterEvent[]>("GET", "/v1/events"),
+    call<Backup[]>("GET", "/v1/backups"),
   ]);
   rates.add(io);
-  return { nodes, pools, volumes, status, events, at: new Date() };
+  return { nodes, pools, volumes, status, events, backups, at: new Date() };
 }
 
 function Login(props: { onDone: () => void; error: string | null }) {
@@ -184,6 +189,57 @@ function Resyncs(props: { resyncs: Resync[] }) {
                     label={`${bytes(r.copied_bytes)} of ${bytes(total)}${r.eta_secs !== null ? `, ${r.eta_secs} s left` : ""}`}
                   />
                 </td>
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
+/// Backups (docs/backup.md): running ones with their progress (bytes, rate, ETA), then the
+/// newest finished ones with their recovery point, or why they failed.
+function Backups(props: { backups: Backup[] }) {
+  if (props.backups.length === 0) return null;
+  const running = props.backups.filter((b) => b.state === "running");
+  const rest = props.backups
+    .filter((b) => b.state !== "running")
+    .sort((a, b) => b.created_ms - a.created_ms)
+    .slice(0, Math.max(0, BACKUPS_SHOWN - running.length));
+  return (
+    <section>
+      <h2>Backups</h2>
+      <table id="backups">
+        <tbody>
+          {[...running, ...rest].map((b) => {
+            const p = b.progress;
+            const point = new Date(b.taken_ms).toISOString().replace(/\.\d+Z$/, "Z");
+            let detail;
+            if (b.state === "running" && p) {
+              const rate = p.bytes_per_sec > 0 ? `, ${bytes(p.bytes_per_sec)}/s` : "";
+              const eta = p.eta_secs !== null ? `, ${p.eta_secs} s left` : "";
+              detail = (
+                <Bar
+                  used={p.done_bytes}
+                  total={p.total_bytes}
+                  label={`${bytes(p.done_bytes)} of ${bytes(p.total_bytes)}${rate}${eta}`}
+                />
+              );
+            } else if (b.state === "failed") {
+              detail = <span class="error">{b.error ?? "failed"}</span>;
+            } else {
+              const sent = b.stats ? `, ${bytes(b.stats.stored_bytes)} stored` : "";
+              detail = `recovery point ${point}${sent}`;
+            }
+            return (
+              <tr key={b.name} data-backup={b.name} data-state={b.state}>
+                <td>
+                  {b.volume} → {b.target}
+                </td>
+                <td>{b.name}</td>
+                <td>{b.state}</td>
+                <td>{detail}</td>
               </tr>
             );
           })}
@@ -444,6 +500,7 @@ function Dashboard(props: { onLogout: (why: string | null) => void }) {
           <Nodes s={snap} act={act} />
           <Resyncs resyncs={snap.status.resyncs} />
           <Volumes s={snap} act={act} />
+          <Backups backups={snap.backups} />
           <Events events={snap.events} />
         </>
       )}

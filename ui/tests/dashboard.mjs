@@ -145,6 +145,25 @@ try {
       await shot("resynced");
       break;
     }
+    case "backups": {
+      await login();
+      // The test's controller lets a backup read 2 MiB/s, so it runs for several polls: its
+      // row shows progress, then the recovery point once it is ready.
+      const running = `#backups tr[data-state="running"]`;
+      await page.waitForSelector(running, { timeout: 30_000 });
+      const first = await page.textContent(running);
+      if (!/ of /.test(first)) fail(`no progress on the backup row: ${first}`);
+      await shot("progress");
+      console.log(`backup progress on the page: ${first}`);
+      const ready = `#backups tr[data-state="ready"]`;
+      await page.waitForSelector(ready);
+      const done = await page.textContent(ready);
+      if (!/recovery point \d{4}-\d\d-\d\dT/.test(done)) fail(`no recovery point: ${done}`);
+      if (!done.includes("web → local")) fail(`not web's backup to local: ${done}`);
+      await page.waitForSelector(`#events tr[data-reason="BackupReady"]`);
+      await shot("ready");
+      break;
+    }
     case "delete": {
       await login();
       await page.click(`${row("web")} button:text("detach")`);

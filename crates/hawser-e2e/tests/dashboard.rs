@@ -4,7 +4,8 @@
 //! its message shown as text), see the volume degraded while a replica's agent is killed,
 //! see it resync to whole after the agent is back, detach and delete it through the page;
 //! the volume's IOPS sparkline while it is written, and the recent events (the outdate, the
-//! node gone silent and back, the resync) as they happen. The viewport is a phone's.
+//! node gone silent and back, the resync) as they happen; a backup's progress, then its
+//! recovery point. The viewport is a phone's.
 //! Screenshots of every phase are kept in the test's target directory.
 
 use std::path::{Path, PathBuf};
@@ -60,10 +61,12 @@ fn the_dashboard_shows_a_degraded_volume_resync_and_manages_volumes() {
 
     // A slow resync (2 MiB/s, busy or not), so the page has several polls to show its
     // progress: 16 MiB missed takes about 8 s to copy.
+    // A slow backup too (2 MiB/s of the volume read), for the same reason.
     let opts = ClusterOptions {
         agent_args: ["--resync-rate", "2MiB", "--resync-busy-rate", "0"]
             .map(String::from)
             .to_vec(),
+        controller_args: ["--backup-rate", "2097152"].map(String::from).to_vec(),
         ..ClusterOptions::default()
     };
     let mut c = Cluster::start_with("dashboard", 3, opts);
@@ -116,11 +119,18 @@ fn the_dashboard_shows_a_degraded_volume_resync_and_manages_volumes() {
             "`hawser events` lacks {reason}: {events}"
         );
     }
+    // A backup to a directory target, shown running with its progress, then ready.
+    let target = c.dir.path().join("backups");
+    std::fs::create_dir_all(&target).expect("the target directory");
+    let target = target.display().to_string();
+    c.cli_ok(&["backup", "target", "add", "local", "--dir", &target]);
+    c.cli_ok(&["backup", "create", "web", "--target", "local"]);
+    phase(&c, &shots, "backups");
     phase(&c, &shots, "delete");
     assert!(
         c.volumes().iter().all(|v| v.name != "web"),
         "the page deleted the volume"
     );
     let taken = std::fs::read_dir(&shots).expect("screenshots").count();
-    assert!(taken >= 7, "{taken} screenshots");
+    assert!(taken >= 9, "{taken} screenshots");
 }
