@@ -31,15 +31,18 @@ pub struct BackupSettings {
     pub credentials_dir: PathBuf,
     /// The most a backup reads per second on its node (0: no limit).
     pub bytes_per_sec: u64,
+    /// How long one request to a target is retried before the backup fails.
+    pub retry_secs: u64,
     /// The running backups this controller follows (`backups::follow`).
     pub following: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl BackupSettings {
-    pub fn new(data_dir: &Path, bytes_per_sec: u64) -> BackupSettings {
+    pub fn new(data_dir: &Path, bytes_per_sec: u64, retry_secs: u64) -> BackupSettings {
         BackupSettings {
             credentials_dir: data_dir.join("backup-targets"),
             bytes_per_sec,
+            retry_secs,
             following: Default::default(),
         }
     }
