@@ -22,16 +22,18 @@ pub enum BackupError {
         answer: String,
         /// Error answers of the target so far (each retried, but the last).
         answers: u64,
+        /// Boxed: the variant would be the enum's largest by far.
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     /// The target has no space left (ENOSPC, or a quota: EDQUOT).
     #[error("backup target {target} is full: {what}: {source}")]
     Full {
         target: String,
         what: String,
+        /// Boxed, as in `Throttled`: the enum stays as small as before the two were added.
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     #[error("backup target {target} is not usable: {why}")]
     BadTarget { target: String, why: String },

@@ -221,7 +221,7 @@ impl Target {
             return BackupError::Full {
                 target,
                 what,
-                source,
+                source: Box::new(source),
             };
         }
         // Only an error after retries can come from throttling: a 404 or 403 is the store's
@@ -238,7 +238,7 @@ impl Target {
                 what,
                 answer: answer.describe(),
                 answers: self.health.retries(),
-                source,
+                source: Box::new(source),
             },
             _ => BackupError::Target {
                 target,

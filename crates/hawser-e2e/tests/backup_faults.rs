@@ -15,6 +15,7 @@ use hawser_e2e::cluster::{hawser_bin, Cluster, ClusterOptions};
 use hawser_e2e::{wait_until, NbdConn, NbdTarget, S3Server, SmallFs, TempDir};
 
 const MIB: u64 = 1 << 20;
+const MIB_BYTES: usize = 1 << 20;
 
 fn cluster(name: &str, agents: usize, controller_args: &[&str]) -> Cluster {
     let opts = ClusterOptions {
@@ -28,8 +29,8 @@ fn cluster(name: &str, agents: usize, controller_args: &[&str]) -> Cluster {
 /// seed, and incompressible, so each block is one object of about its size).
 fn block(seed: u64, i: u64) -> Vec<u8> {
     let mut x = (seed << 32 | i).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(MIB as usize);
-    while out.len() < MIB as usize {
+    let mut out = Vec::with_capacity(MIB_BYTES);
+    while out.len() < MIB_BYTES {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -58,7 +59,7 @@ fn write_blocks(uri: &str, seed: u64, blocks: std::ops::Range<u64>) {
 /// The volume reads back blocks `blocks` of run `seed`: nothing was lost.
 fn assert_blocks(uri: &str, seed: u64, blocks: std::ops::Range<u64>) {
     let mut conn = nbd(uri);
-    let mut buf = vec![0u8; MIB as usize];
+    let mut buf = vec![0u8; MIB_BYTES];
     for i in blocks {
         conn.read_at(i * MIB, &mut buf).expect("read a block");
         assert!(buf == block(seed, i), "block {i} of the volume changed");
@@ -238,9 +239,9 @@ fn kill9_of_the_agent_mid_upload_fails_the_backup_and_the_next_one_reuses_its_bl
     .expect("restore the next backup");
     let restored = std::fs::read(&out).expect("read the restored file");
     for i in 0..40u64 {
-        let at = (i * MIB) as usize;
+        let at = usize::try_from(i * MIB).expect("an offset");
         assert!(
-            restored[at..at + MIB as usize] == block(1, i),
+            restored[at..at + MIB_BYTES] == block(1, i),
             "block {i} restored wrong"
         );
     }
@@ -395,7 +396,8 @@ fn a_full_directory_target_fails_the_backup_saying_so_and_the_next_one_completes
     // Room for about 5 of the volume's 12 incompressible 1 MiB blocks.
     let ballast = fs.mount.dir.join("ballast");
     let room = free_bytes(&fs.mount.dir).saturating_sub(5 * MIB + MIB / 2);
-    std::fs::write(&ballast, vec![0x5au8; room as usize]).expect("write the ballast");
+    let room = usize::try_from(room).expect("a size");
+    std::fs::write(&ballast, vec![0x5au8; room]).expect("write the ballast");
     let uri = c.attached_volume("db", "16MiB", 1, "n1");
     write_blocks(&uri, 5, 0..12);
 
@@ -431,7 +433,7 @@ fn a_full_directory_target_fails_the_backup_saying_so_and_the_next_one_completes
     std::fs::remove_file(&ballast).expect("remove the ballast");
     let next = backup_ok(&c, "db", "small");
     let st = next.stats.clone().expect("stats");
-    assert_eq!(st.found_blocks as usize, stored.len(), "{st:?}");
+    assert_eq!(st.found_blocks, stored.len() as u64, "{st:?}");
     assert_eq!(st.found_blocks + st.new_blocks, 13, "{st:?}");
     let m = rt
         .block_on(hawser_backup::read_manifest(&target, &next.name))
