@@ -31,6 +31,11 @@ pub const MAX_RETRIES: usize = 200;
 pub const RETRY_FIRST_MS: u64 = 100;
 pub const RETRY_MAX_BACKOFF_MS: u64 = 10_000;
 pub const RETRY_TIMEOUT_SECS: u64 = 120;
+/// The retry time of a request someone waits on: the connection check of `hawser backup
+/// target add`, the controller reading a manifest for `volume create --from-backup`. The
+/// person learns of a target that is down or throttling in seconds, not after
+/// `RETRY_TIMEOUT_SECS`, and an API call does not hold its caller for minutes.
+pub const CHECK_RETRY_SECS: u64 = 10;
 /// The longest retry time a controller may set (a day: a backup that waits longer for its
 /// target is better failed and retried by a person).
 pub const MAX_RETRY_TIMEOUT_SECS: u64 = 86_400;

@@ -141,7 +141,9 @@ pub async fn open(
             ),
         });
     }
-    let target = Target::open(name, &record.spec, creds.as_ref()).map_err(|e| {
+    // Opened for requests an API caller waits on: retried briefly.
+    let retry = hawser_backup::constants::CHECK_RETRY_SECS;
+    let target = Target::open_with(name, &record.spec, creds.as_ref(), retry).map_err(|e| {
         ControllerError::BackupTarget {
             target: name.into(),
             reason: e.to_string(),
@@ -184,7 +186,8 @@ pub async fn add(st: &AppState, req: AddBackupTarget) -> Result<BackupTarget, Co
             });
         }
     }
-    let target = Target::open(&req.name, &req.spec, creds.as_ref())
+    let retry = hawser_backup::constants::CHECK_RETRY_SECS;
+    let target = Target::open_with(&req.name, &req.spec, creds.as_ref(), retry)
         .map_err(|e| ControllerError::invalid(e.to_string()))?;
     target
         .check()
