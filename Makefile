@@ -134,6 +134,8 @@ bench: deps build k8s-tools kvm-kernel
 	@scripts/bench-ublk-settings.sh
 	@scripts/bench-resync.sh
 	@scripts/bench-snapshots.sh
+	@# Backup and restore throughput against the disk's sequential write, CPU per MiB.
+	@scripts/bench-backup.sh
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
 		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
 	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere.

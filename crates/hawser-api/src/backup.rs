@@ -222,12 +222,20 @@ pub struct StartRestoreJob {
     pub credentials: Option<S3Key>,
     /// The most the job writes per second (0: no limit).
     pub bytes_per_sec: u64,
+    /// The backup the replica holds already (a standby volume applying the next one): only
+    /// the blocks that differ from it are written. None: the replica is blank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 impl StartRestoreJob {
-    /// The name its job goes by.
+    /// The name its job goes by: one per replica for a restore into a blank replica, one per
+    /// replica and backup for a standby's apply.
     pub fn job(&self) -> String {
-        format!("restore-{}", self.replica)
+        match &self.base {
+            None => format!("restore-{}", self.replica),
+            Some(_) => format!("apply-{}-{}", self.replica, self.backup),
+        }
     }
 }
 
@@ -281,4 +289,59 @@ mod tests {
         };
         assert!(!format!("{k:?}").contains("c2s"), "{k:?}");
     }
+}
+
+/// A standby volume (docs/backup.md): a copy of another cluster's volume kept from its
+/// backups on a target, each new backup applied as it lands. It cannot be attached until
+/// `hawser volume activate` makes it a normal volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Standby {
+    pub target: String,
+    /// The volume it follows, by the name its backups carry.
+    pub source: String,
+    /// The backup every replica holds: its snapshot's time is the recovery point. None until
+    /// the first restore is done.
+    #[serde(default)]
+    pub applied: Option<AppliedBackup>,
+    /// The backup being written over `applied` (or into blank replicas). An apply that fails
+    /// or stops is started again: writing the same blocks again ends in the same bytes.
+    #[serde(default)]
+    pub applying: Option<String>,
+    /// `hawser volume activate` was asked: the newest backup is applied, then the volume
+    /// becomes a normal one.
+    #[serde(default)]
+    pub activating: bool,
+    /// When the target was last read for new backups (ms since the Unix epoch).
+    #[serde(default)]
+    pub checked_ms: Option<u64>,
+    /// Why the last check or apply failed (cleared by the next that works).
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl Standby {
+    /// What `restoring` says of a standby volume.
+    pub fn label(&self) -> String {
+        format!("standby of {}/{}", self.target, self.source)
+    }
+}
+
+/// A backup a standby volume holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedBackup {
+    pub backup: String,
+    /// Its snapshot's time (ms since the Unix epoch): the standby's recovery point.
+    pub taken_ms: u64,
+    /// When every replica held it.
+    pub applied_ms: u64,
+}
+
+/// `POST /v1/volumes/{name}/activate`: a standby volume becomes a normal one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActivateVolume {
+    /// Do not read the target: keep the backup applied last (refused while an apply is half
+    /// done, whose replicas hold neither backup). For a target that cannot be reached.
+    #[serde(default)]
+    pub as_is: bool,
 }

@@ -362,6 +362,11 @@ pub struct CreateVolume {
     /// is at least the backup's (0: the backup's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_backup: Option<String>,
+    /// A standby of another cluster's volume, `TARGET/VOLUME` (docs/backup.md): it starts as
+    /// the volume's newest backup on the target, applies each new one as it lands, and
+    /// cannot be attached until `POST /v1/volumes/{name}/activate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_of: Option<String>,
 }
 
 /// Whether a volume whose create request does not say keeps block checksums. Volumes
@@ -526,6 +531,9 @@ pub struct Volume {
     /// next pass is due a scrub interval later.
     #[serde(default)]
     pub last_scrub_ms: Option<u64>,
+    /// A standby volume: what it follows, and the backup it holds (its recovery point).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<crate::backup::Standby>,
 }
 
 /// `POST /v1/volumes/{name}/restore`: put a detached volume's data back to one of its

@@ -8,6 +8,12 @@ pub fn utc(unix_secs: u64) -> (i64, i64, i64, u64, u64, u64) {
     (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// Unix seconds as an RFC 3339 UTC time, `2026-11-28T10:15:00Z`.
+pub fn rfc3339(unix_secs: u64) -> String {
+    let (y, m, d, hh, mm, ss) = utc(unix_secs);
+    format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")
+}
+
 /// Days since 1970-01-01 to a proleptic Gregorian (year, month, day), after Howard Hinnant's
 /// `civil_from_days`.
 fn civil_from_days(days: i64) -> (i64, i64, i64) {
@@ -33,5 +39,6 @@ mod tests {
         assert_eq!(utc(951_782_400), (2000, 2, 29, 0, 0, 0));
         assert_eq!(utc(1_795_860_900), (2026, 11, 28, 10, 15, 0));
         assert_eq!(utc(5_097_600 + 59), (1970, 3, 1, 0, 0, 59));
+        assert_eq!(rfc3339(1_795_860_900), "2026-11-28T10:15:00Z");
     }
 }

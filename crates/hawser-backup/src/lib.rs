@@ -21,6 +21,8 @@ pub mod upload;
 pub use error::BackupError;
 pub use manifest::{BackupKey, BackupStats, Manifest};
 pub use progress::{Progress, ProgressView};
-pub use restore::{list_backups, read_manifest, restore, Dest};
+pub use restore::{
+    latest_backup, list_backups, read_manifest, restore, restore_over, Before, Chunk, Dest,
+};
 pub use target::{S3Credentials, Target, TargetSpec};
 pub use upload::{back_up, BackupPlan};

@@ -40,8 +40,16 @@ pub async fn list_backups(target: &Target) -> Result<Vec<String>, BackupError> {
         .collect())
 }
 
-/// Writes one block's data at an offset (blocking: it runs on the blocking pool).
-pub type BlockSink = Arc<dyn Fn(u64, &[u8]) -> std::io::Result<()> + Send + Sync>;
+/// What a sink is given to write at an offset.
+pub enum Chunk<'a> {
+    /// A block's data.
+    Data(&'a [u8]),
+    /// This many bytes of zeros: a block that held data in the base and is all zeros now.
+    Zeros(u64),
+}
+
+/// Writes one block at an offset (blocking: it runs on the blocking pool).
+pub type BlockSink = Arc<dyn Fn(u64, Chunk<'_>) -> std::io::Result<()> + Send + Sync>;
 
 /// Where a restore writes, and what it does with the blocks that are all zeros.
 #[derive(Clone)]
@@ -57,6 +65,64 @@ pub enum Dest<'a> {
     Sink { name: &'a str, write: BlockSink },
 }
 
+/// The newest complete backup of `volume` on `target` (by the time in its name; its manifest
+/// must name the volume too), if any.
+pub async fn latest_backup(target: &Target, volume: &str) -> Result<Option<Manifest>, BackupError> {
+    let mut mine: Vec<((u64, u32), String)> = list_backups(target)
+        .await?
+        .into_iter()
+        .filter_map(|b| names::order_of(&b, volume).map(|o| (o, b)))
+        .collect();
+    mine.sort();
+    for (_, b) in mine.iter().rev() {
+        match read_manifest(target, b).await {
+            Ok(m) if m.volume == volume => return Ok(Some(m)),
+            // Another volume's backup under a name that looks like one of this volume's,
+            // or a manifest deleted since it was listed: not this volume's newest.
+            Ok(_) | Err(BackupError::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// What one block of a restore needs.
+#[derive(Debug, PartialEq, Eq)]
+enum Step<'a> {
+    /// The destination holds it already.
+    Skip,
+    /// Write zeros: the destination may hold other data there.
+    Zeros,
+    /// Fetch this block and write it.
+    Fetch(&'a str),
+}
+
+/// What the destination holds before a restore.
+#[derive(Clone, Copy)]
+pub enum Before<'a> {
+    /// Zeros everywhere.
+    Blank,
+    /// Anything.
+    Unknown,
+    /// Exactly this backup, and zeros past its end.
+    Backup(&'a Manifest),
+}
+
+fn step<'a>(m: &'a Manifest, before: Before<'_>, index: u64) -> Step<'a> {
+    let new = m.blocks.get(&index).map(String::as_str);
+    let old = match before {
+        Before::Blank => None,
+        Before::Unknown => return new.map_or(Step::Zeros, Step::Fetch),
+        Before::Backup(b) => b.blocks.get(&index).map(String::as_str),
+    };
+    match (new, old) {
+        (new, old) if new == old => Step::Skip,
+        (Some(h), _) => Step::Fetch(h),
+        (None, Some(_)) => Step::Zeros,
+        (None, None) => Step::Skip,
+    }
+}
+
 /// Restores `manifest`'s volume into `dest`. Fails before writing anything past the first bad
 /// block, and says which block, at which offset, and what was wrong with it.
 pub async fn restore(
@@ -66,18 +132,36 @@ pub async fn restore(
     progress: Arc<Progress>,
     bytes_per_sec: u64,
 ) -> Result<(), BackupError> {
+    let before = match dest {
+        Dest::Overwrite(_) => Before::Unknown,
+        _ => Before::Blank,
+    };
+    restore_over(target, manifest, before, dest, progress, bytes_per_sec).await
+}
+
+/// Restores `manifest` over a destination that holds `before`: with a backup there (a
+/// standby volume applying the next backup, docs/backup.md), only the blocks whose content
+/// differs are written, and a block that became zeros is written as zeros. A base cut in
+/// blocks of another size counts as unknown data: every block is written. Applying the same
+/// manifest over a base again, after an apply that stopped half-way, ends in the same bytes.
+pub async fn restore_over(
+    target: &Target,
+    manifest: &Manifest,
+    before: Before<'_>,
+    dest: Dest<'_>,
+    progress: Arc<Progress>,
+    bytes_per_sec: u64,
+) -> Result<(), BackupError> {
     manifest.validate()?;
-    let (file, path, zeros) = match &dest {
-        Dest::Verify | Dest::Sink { .. } => (None, None, false),
-        Dest::Blank(p) => (
+    let before = match before {
+        Before::Backup(b) if b.block_bytes != manifest.block_bytes => Before::Unknown,
+        b => b,
+    };
+    let (file, path) = match &dest {
+        Dest::Verify | Dest::Sink { .. } => (None, None),
+        Dest::Blank(p) | Dest::Overwrite(p) => (
             Some(open_dest(p, manifest.size_bytes)?),
             Some(p.to_path_buf()),
-            false,
-        ),
-        Dest::Overwrite(p) => (
-            Some(open_dest(p, manifest.size_bytes)?),
-            Some(p.to_path_buf()),
-            true,
         ),
     };
     let sink = match &dest {
@@ -98,29 +182,21 @@ pub async fn restore(
             async move {
                 let (target, m, file, path, sink) = &*ctx;
                 let (at, len) = m.block_range(index);
-                let Some(hash) = m.blocks.get(&index) else {
-                    if let (true, Some(f), Some(p)) = (zeros, file, path) {
-                        write_at(f.clone(), p, vec![0; usize::try_from(len).unwrap_or(0)], at)
-                            .await?;
+                let hash = match step(m, before, index) {
+                    Step::Skip => {
+                        progress.advance(len, 0);
+                        return Ok(());
                     }
-                    progress.advance(len, 0);
-                    return Ok(());
+                    Step::Zeros => {
+                        put(file, path, sink, at, Put::Zeros(len)).await?;
+                        progress.advance(len, 0);
+                        return Ok(());
+                    }
+                    Step::Fetch(h) => h,
                 };
                 pacer.take(len).await;
                 let (data, sent) = fetch(target, m, index, hash).await?;
-                if let (Some(f), Some(p)) = (file, path) {
-                    write_at(f.clone(), p, data, at).await?;
-                } else if let Some((name, write)) = sink {
-                    let (write, name) = (write.clone(), name.clone());
-                    join(tokio::task::spawn_blocking(move || {
-                        write(at, &data).map_err(|e| BackupError::Io {
-                            what: "write a block to",
-                            path: name,
-                            source: e,
-                        })
-                    }))
-                    .await??;
-                }
+                put(file, path, sink, at, Put::Data(data)).await?;
                 progress.advance(len, sent);
                 Ok::<_, BackupError>(())
             }
@@ -135,6 +211,45 @@ pub async fn restore(
         .await??;
     }
     Ok(())
+}
+
+/// A block to write, owned (it crosses to the blocking pool).
+enum Put {
+    Data(Vec<u8>),
+    Zeros(u64),
+}
+
+/// Writes one block into a file or a sink; nothing for `Dest::Verify`.
+async fn put(
+    file: &Option<Arc<std::fs::File>>,
+    path: &Option<std::path::PathBuf>,
+    sink: &Option<(String, BlockSink)>,
+    at: u64,
+    block: Put,
+) -> Result<(), BackupError> {
+    if let (Some(f), Some(p)) = (file, path) {
+        let data = match block {
+            Put::Data(d) => d,
+            Put::Zeros(len) => vec![0; usize::try_from(len).unwrap_or(0)],
+        };
+        return write_at(f.clone(), p, data, at).await;
+    }
+    let Some((name, write)) = sink else {
+        return Ok(());
+    };
+    let (write, name) = (write.clone(), name.clone());
+    join(tokio::task::spawn_blocking(move || {
+        let chunk = match &block {
+            Put::Data(d) => Chunk::Data(d),
+            Put::Zeros(len) => Chunk::Zeros(*len),
+        };
+        write(at, chunk).map_err(|e| BackupError::Io {
+            what: "write a block to",
+            path: name,
+            source: e,
+        })
+    }))
+    .await?
 }
 
 /// One block, checked: its bytes and how many crossed the network.
@@ -218,4 +333,43 @@ async fn write_at(
             .map_err(|e| BackupError::io("write", &path, e))
     }))
     .await?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(blocks: &[(u64, &str)], block_bytes: u64) -> Manifest {
+        let mut m = crate::manifest::tests::sample();
+        m.block_bytes = block_bytes;
+        m.size_bytes = 8 * block_bytes;
+        m.blocks = blocks.iter().map(|(i, h)| (*i, h.repeat(64))).collect();
+        m
+    }
+
+    #[test]
+    fn applying_over_a_base_writes_only_what_changed() {
+        let base = manifest(&[(0, "a"), (1, "b"), (2, "c")], 1024);
+        let next = manifest(&[(0, "a"), (1, "d"), (3, "e")], 1024);
+        let a = "a".repeat(64);
+        let steps: Vec<Step> = (0..5)
+            .map(|i| step(&next, Before::Backup(&base), i))
+            .collect();
+        let (d, e) = ("d".repeat(64), "e".repeat(64));
+        assert_eq!(
+            steps,
+            [
+                Step::Skip,
+                Step::Fetch(&d),
+                Step::Zeros,
+                Step::Fetch(&e),
+                Step::Skip
+            ]
+        );
+        // Blank: zeros are skipped; unknown data: zeros are written.
+        assert_eq!(step(&next, Before::Blank, 0), Step::Fetch(&a));
+        assert_eq!(step(&next, Before::Blank, 2), Step::Skip);
+        assert_eq!(step(&next, Before::Unknown, 2), Step::Zeros);
+        assert_eq!(step(&next, Before::Unknown, 0), Step::Fetch(&a));
+    }
 }

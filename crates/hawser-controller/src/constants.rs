@@ -88,3 +88,8 @@ pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 /// The default of `--backup-rate`: what a backup may read per second on its node, as the
 /// agent's default resync rate (200 MiB/s), so a backup takes at most what a resync would.
 pub const DEFAULT_BACKUP_RATE: u64 = 200 * 1024 * 1024;
+
+/// The default of `--standby-poll-secs`: how often a standby volume's target is read for a
+/// newer backup. A minute adds at most a minute to the recovery point a standby holds, for
+/// one LIST and one GET a minute per standby.
+pub const DEFAULT_STANDBY_POLL_SECS: u64 = 60;

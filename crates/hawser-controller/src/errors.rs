@@ -71,6 +71,17 @@ pub enum ControllerError {
          half-way: run `hawser volume restore {volume} --snapshot {snapshot}` to finish it"
     )]
     Restoring { volume: String, snapshot: String },
+    #[error(
+        "volume {volume:?} is being filled from {from}, or that restore failed (`hawser \
+         events` says why): it cannot be used until the restore ends, and a failed one can \
+         only be deleted"
+    )]
+    FromBackup { volume: String, from: String },
+    #[error(
+        "volume {volume:?} is a {of}: it follows that volume's backups and cannot be used \
+         until `hawser volume activate {volume}` makes it a normal volume"
+    )]
+    Standby { volume: String, of: String },
     #[error("node {node:?} is offline (no heartbeat for {age_secs}s)")]
     NodeOffline { node: String, age_secs: u64 },
     /// The answer does not say the current epoch: a caller that is not the volume's engine
@@ -138,6 +149,26 @@ fn not_leader_message(leader_url: &Option<String>) -> String {
 }
 
 impl ControllerError {
+    /// Why a volume whose record says `restoring` cannot be used: a standby, a restore from
+    /// a backup, or one to a snapshot (`restoring` holds its label).
+    pub fn restoring(v: &crate::store::model::VolumeRecord, label: &str) -> Self {
+        let volume = v.name.clone();
+        match (&v.standby, label.strip_prefix("backup ")) {
+            (Some(s), _) => ControllerError::Standby {
+                volume,
+                of: s.label(),
+            },
+            (None, Some(_)) => ControllerError::FromBackup {
+                volume,
+                from: label.to_owned(),
+            },
+            (None, None) => ControllerError::Restoring {
+                volume,
+                snapshot: label.to_owned(),
+            },
+        }
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
         ControllerError::InvalidArgument {
             message: message.into(),
@@ -165,6 +196,8 @@ impl ControllerError {
             | E::Busy { .. }
             | E::Syncing { .. }
             | E::Restoring { .. }
+            | E::FromBackup { .. }
+            | E::Standby { .. }
             | E::LastInSyncReplica { .. }
             | E::ReplicaFailed { .. }
             | E::Changed { .. }

@@ -100,6 +100,10 @@ pub struct ControllerArgs {
         default_value_t = hawser_backup::constants::RETRY_TIMEOUT_SECS
     )]
     pub backup_retry_secs: u64,
+    /// Seconds between reads of a standby volume's target for a newer backup to apply
+    /// (docs/backup.md).
+    #[arg(long, env = "HAWSER_STANDBY_POLL_SECS", default_value_t = crate::constants::DEFAULT_STANDBY_POLL_SECS)]
+    pub standby_poll_secs: u64,
     /// Seconds a node may stay offline before its replicas are replaced by new ones on
     /// other nodes (LINSTOR waits 3600, Longhorn 600).
     #[arg(long, default_value_t = DEFAULT_REPLACE_AFTER_SECS)]
@@ -189,6 +193,7 @@ pub struct Controller {
     engine_check: std::time::Duration,
     scrub_interval: std::time::Duration,
     heal_check: std::time::Duration,
+    standby_poll: std::time::Duration,
     heal: crate::healing::plan::HealConfig,
     /// Failover on Kubernetes, when the store is there and it is enabled.
     ha: Option<(Arc<crate::ha::kube::Kube>, crate::ha::HaConfig)>,
@@ -437,6 +442,7 @@ impl Controller {
             engine_check: std::time::Duration::from_secs(args.engine_check_secs),
             scrub_interval: std::time::Duration::from_secs(args.scrub_interval_secs),
             heal_check: std::time::Duration::from_secs(args.heal_check_secs),
+            standby_poll: std::time::Duration::from_secs(args.standby_poll_secs.max(1)),
             heal: crate::healing::plan::HealConfig {
                 replace_after_ms: args.replace_after_secs.saturating_mul(1000),
                 max_rebuilds: args.max_rebuilds,
@@ -475,6 +481,10 @@ impl Controller {
             self.state.clone(),
             std::time::Duration::from_secs(10),
         ));
+        let standby = tokio::spawn(crate::snapshots::standby::run(
+            self.state.clone(),
+            self.standby_poll,
+        ));
         let node_events = tokio::spawn(crate::cluster::events::watch_nodes(self.state.clone()));
         let tokens = tokio::spawn(crate::api::tokens::refresh_forever(self.state.clone()));
         let failover = self
@@ -502,6 +512,7 @@ impl Controller {
         reconcile.abort();
         catchup.abort();
         backups.abort();
+        standby.abort();
         node_events.abort();
         tokens.abort();
         follow_ca.abort();

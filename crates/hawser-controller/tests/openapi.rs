@@ -399,6 +399,19 @@ async fn real_responses_validate_against_the_document() {
             .0,
         404
     );
+    // Activate: only a standby volume (`tests/` has no second cluster to follow; e2e
+    // standby_volume does), so here the refusals.
+    let activate = (Method::POST, "/v1/volumes/{name}/activate");
+    let plain = json!({"as_is": true});
+    for (token, path, body, want) in [
+        (None, "/v1/volumes/v/activate", json!({}), 401),
+        (a, "/v1/volumes/v/activate", plain.clone(), 400),
+        (a, "/v1/volumes/v/activate", json!({"junk": 1}), 400),
+        (a, "/v1/volumes/nope/activate", plain, 404),
+    ] {
+        let (s, e) = p.call(token, activate.clone(), path, Some(body)).await;
+        assert_eq!(s, want, "{path}: {e}");
+    }
     let del_snap = (Method::DELETE, "/v1/snapshots/{name}");
     assert_eq!(p.call(a, del_snap, "/v1/snapshots/s2", None).await.0, 204);
     let shrink = json!({"size_bytes": GIB});

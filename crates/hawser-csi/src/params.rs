@@ -270,6 +270,7 @@ impl VolumeParams {
             encrypted: self.encrypted,
             checksums: Some(self.checksums),
             from_backup: None,
+            standby_of: None,
         }
     }
 

@@ -22,6 +22,7 @@ pub struct S3Server {
     /// `host:port.grpcport` of the master and the filer, as `weed shell` takes them.
     master: String,
     filer: String,
+    metrics_port: u16,
     pub bucket: String,
 }
 
@@ -38,7 +39,7 @@ impl S3Server {
         }]});
         let config = dir.join("s3-identities.json");
         std::fs::write(&config, identities.to_string()).expect("s3 identities");
-        let (s3, filer) = (free_port(), free_port());
+        let (s3, filer, metrics) = (free_port(), free_port(), free_port());
         let (master_port, master_grpc, filer_grpc) = (free_port(), free_port(), free_port());
         let flag = |k: &str, v: String| format!("-{k}={v}");
         let args = vec![
@@ -48,6 +49,8 @@ impl S3Server {
             flag("ip.bind", "127.0.0.1".into()),
             // No statistics leave the machine.
             flag("master.telemetry", "false".into()),
+            // Prometheus metrics on loopback: what the S3 gateway received, per bucket.
+            flag("metricsPort", metrics.to_string()),
             flag("master.port", master_port.to_string()),
             flag("master.port.grpc", master_grpc.to_string()),
             flag("volume.port", free_port().to_string()),
@@ -82,6 +85,7 @@ impl S3Server {
             filer_port: filer,
             master: format!("127.0.0.1:{master_port}.{master_grpc}"),
             filer: format!("127.0.0.1:{filer}.{filer_grpc}"),
+            metrics_port: metrics,
             bucket: bucket.to_owned(),
         };
         server.wait_serving();
@@ -191,6 +195,29 @@ impl S3Server {
             "s3.circuitBreaker -delete -apply"
         };
         self.shell(cmd);
+    }
+
+    /// The bytes the S3 gateway has received from clients into the bucket, as the server
+    /// counts them (its `SeaweedFS_s3_bucket_traffic_received_bytes_total`).
+    pub fn received_bytes(&self) -> u64 {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
+        let body = reqwest::blocking::get(&url)
+            .and_then(|r| r.text())
+            .unwrap_or_else(|e| panic!("scrape {url}: {e}"));
+        let series = format!(
+            "SeaweedFS_s3_bucket_traffic_received_bytes_total{{bucket=\"{}\"}} ",
+            self.bucket
+        );
+        let value = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        // Prometheus writes counters as floats: a byte count, far below 2^53 and never
+        // negative here.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let bytes = value.round() as u64;
+        bytes
     }
 
     /// The filer's port (an unsigned HTTP API onto the same files, for tests that look).

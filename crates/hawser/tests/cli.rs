@@ -49,6 +49,7 @@ impl Env {
             scrub_interval_secs: 0,
             backup_rate: 0,
             backup_retry_secs: 120,
+            standby_poll_secs: 60,
             replace_after_secs: 300,
             max_rebuilds: 2,
             heal_check_secs: 0,

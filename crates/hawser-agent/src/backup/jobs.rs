@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use hawser_api::backup::{BackupJob, BackupStats, JobState, StartBackupJob, StartRestoreJob};
 use hawser_api::{ApiError, ErrorCode};
-use hawser_backup::{BackupPlan, Dest, Progress, S3Credentials, Target};
+use hawser_backup::{BackupPlan, Before, Chunk, Dest, Progress, S3Credentials, Target};
 
 use crate::constants::{MAX_BACKUP_JOBS, MAX_FINISHED_BACKUP_JOBS};
 use crate::control::admin_api::{AdminState, Failure};
@@ -50,12 +50,20 @@ impl BackupJobs {
         jobs.get(backup).map(|j| Self::view(backup, j))
     }
 
-    /// Registers a new job, or returns the one of that name (a retried start). Refuses past
-    /// `MAX_BACKUP_JOBS` running, and drops the oldest finished ones past their bound.
+    /// Registers a new job, or returns the one of that name (a retried start) unless it
+    /// failed: a failed job is started again. Refuses past `MAX_BACKUP_JOBS` running, and
+    /// drops the oldest finished ones past their bound.
     fn admit(&self, backup: &str, total: u64) -> Result<(Arc<Job>, bool), ApiError> {
         let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(j) = jobs.get(backup) {
-            return Ok((j.clone(), false));
+            let failed = matches!(
+                *j.result.lock().unwrap_or_else(|p| p.into_inner()),
+                Some(Err(_))
+            );
+            if !failed {
+                return Ok((j.clone(), false));
+            }
+            jobs.remove(backup);
         }
         let running = jobs
             .values()
@@ -204,9 +212,10 @@ fn open_target(
     Target::open_with(name, spec, credentials.as_ref(), retry_secs).map_err(|e| bad(e.to_string()))
 }
 
-/// `POST /v1/restore-jobs`: fills a blank replica of this node from a backup, through the
-/// replica's own writes (so its checksums and allocation follow), every block checked
-/// against its hash first. Refused for a replica whose size or key check is not the backup's.
+/// `POST /v1/restore-jobs`: fills a blank replica of this node from a backup, or brings a
+/// standby's replica from the backup it holds (`base`) to the next, through the replica's
+/// own writes (so its checksums and allocation follow), every block checked against its
+/// hash first. Refused for a replica whose size or key check is not the backup's.
 pub async fn start_restore(
     State(s): State<AdminState>,
     Json(req): Json<StartRestoreJob>,
@@ -264,17 +273,38 @@ async fn restore(
             m.backup, req.replica
         ));
     }
+    // The backup a standby's replica holds. One gone from the target (pruned) leaves the
+    // replica's content unknown: every block is written, zeros too.
+    let base = match &req.base {
+        Some(b) => match hawser_backup::read_manifest(target, b).await {
+            Ok(base) => Some(base),
+            Err(hawser_backup::BackupError::NotFound { .. }) => None,
+            Err(e) => return Err(e.to_string()),
+        },
+        None => None,
+    };
+    let before = match (&req.base, &base) {
+        (_, Some(b)) => Before::Backup(b),
+        (Some(_), None) => Before::Unknown,
+        (None, None) => Before::Blank,
+    };
     let epoch = replica.epoch();
     let r = replica.clone();
-    let write: hawser_backup::restore::BlockSink = Arc::new(move |at, data: &[u8]| {
-        r.write(epoch, at, data, false)
-            .map_err(|e| std::io::Error::other(format!("{e:?}")))
+    let write: hawser_backup::restore::BlockSink = Arc::new(move |at, chunk| {
+        let done = match chunk {
+            Chunk::Data(data) => r.write(epoch, at, data, false),
+            Chunk::Zeros(len) => {
+                let len = u32::try_from(len).map_err(std::io::Error::other)?;
+                r.write_zeroes(epoch, at, len, false, true)
+            }
+        };
+        done.map_err(|e| std::io::Error::other(format!("{e:?}")))
     });
     let dest = Dest::Sink {
         name: &req.replica,
         write,
     };
-    hawser_backup::restore(target, &m, dest, progress, req.bytes_per_sec)
+    hawser_backup::restore_over(target, &m, before, dest, progress, req.bytes_per_sec)
         .await
         .map_err(|e| e.to_string())?;
     tokio::task::spawn_blocking(move || replica.flush(epoch))

@@ -284,7 +284,44 @@ impl Snapshot {
             let labels: Labels = vec![("volume", volume), ("target", target)];
             ConstGauge::new(age).encode(m.encode_family(&labels)?)?;
         }
-        Ok(())
+        self.encode_standbys(e)
+    }
+
+    /// Each standby volume's recovery point: the age of the backup it holds (absent until
+    /// its first restore is done), and whether its last check or apply failed.
+    fn encode_standbys(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let standbys: Vec<_> = self
+            .volumes
+            .iter()
+            .filter_map(|v| v.standby.as_ref().map(|s| (v, s)))
+            .collect();
+        let mut m = e.encode_descriptor(
+            "standby_recovery_point_age",
+            "Time since the snapshot of the backup a standby volume holds was taken",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        for (v, s) in &standbys {
+            let Some(a) = &s.applied else { continue };
+            let age = self.now_ms.saturating_sub(a.taken_ms) as f64 / 1000.0;
+            let labels: Labels = vec![("volume", v.name.clone()), ("target", s.target.clone())];
+            ConstGauge::new(age).encode(m.encode_family(&labels)?)?;
+        }
+        gauges(
+            e,
+            "standby_failing",
+            "1 for a standby volume whose last check or apply of its target failed",
+            None,
+            standbys
+                .iter()
+                .map(|(v, s)| {
+                    (
+                        vec![("volume", v.name.clone())],
+                        i64::from(s.error.is_some()),
+                    )
+                })
+                .collect(),
+        )
     }
 }
 

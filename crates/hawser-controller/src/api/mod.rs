@@ -235,6 +235,12 @@ fn routes() -> Vec<Route> {
         ),
         route(
             M::POST,
+            "/v1/volumes/{name}/activate",
+            Admin,
+            post(volumes::activate),
+        ),
+        route(
+            M::POST,
             "/v1/volumes/{name}/qos",
             Admin,
             post(volumes::set_qos),

@@ -175,6 +175,17 @@ pub async fn restore(
     Ok(Json(view(&st, &rec).await?))
 }
 
+/// `POST /v1/volumes/{name}/activate`: a standby volume becomes a normal one, after the
+/// newest backup on its target is applied (or at once, `as_is`).
+pub async fn activate(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(req): ApiJson<hawser_api::backup::ActivateVolume>,
+) -> Result<Json<Volume>, ControllerError> {
+    let rec = crate::snapshots::standby::activate(&st, &name, req.as_is).await?;
+    Ok(Json(view(&st, &rec).await?))
+}
+
 /// `POST /v1/volumes/{name}/qos`: change its limits; the reply shows what the engine's node
 /// applies now.
 pub async fn set_qos(

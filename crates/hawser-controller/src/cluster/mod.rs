@@ -556,6 +556,7 @@ pub fn rebuild(
             snapshots: Vec::new(),
             origin: None,
             restoring: None,
+            standby: None,
             qos: Default::default(),
             encryption,
             // In the replicas' metadata: replacements keep sums if every replica found does.

@@ -20,6 +20,8 @@
 //! 6. A detached volume with a blank replica gets an engine (not exported) on the node of an
 //!    online in-sync replica, which syncs it; the engine stops once no replica is blank (or
 //!    its node went offline; then another is chosen). Attaching the volume stops it too.
+//! 7. A volume marked `restoring` (to a snapshot, from a backup, or a standby applying
+//!    backups) is neither rebuilt nor synced: its replicas may differ until that ends.
 
 use std::collections::BTreeMap;
 
@@ -112,6 +114,18 @@ pub fn plan(volumes: &[VolumeRecord], nodes: &BTreeMap<String, NodeView>, cfg: H
             });
         }
         if !matches!(v.state, VolumeState::Attached | VolumeState::Detached) {
+            continue;
+        }
+        // Being restored (to a snapshot, from a backup) or a standby applying backups: its
+        // replicas may differ until that ends, so none is a source to copy from.
+        if let Some(why) = &v.restoring {
+            if v.replicas
+                .iter()
+                .any(|r| r.blank || r.state != ReplicaState::InSync)
+            {
+                p.held
+                    .push(format!("volume {}: no rebuild while {why}", v.name));
+            }
             continue;
         }
         if let Some(a) = retire_moved(v, nodes) {
@@ -269,6 +283,7 @@ mod tests {
             snapshots: Vec::new(),
             origin: None,
             restoring: None,
+            standby: None,
             qos: Default::default(),
             encryption: None,
             checksums: false,
@@ -326,6 +341,18 @@ mod tests {
         d.state = VolumeState::Detached;
         let p = plan(&[d], &nodes(4, &["n2"], 60_000), CFG);
         assert_eq!(p.actions.len(), 1, "{p:?}");
+    }
+
+    #[test]
+    fn a_restoring_volume_is_not_rebuilt_until_its_restore_ends() {
+        let mut d = attached_pair("v", ReplicaState::Failed);
+        d.state = VolumeState::Detached;
+        d.restoring = Some("standby of offsite/db".into());
+        let p = plan(std::slice::from_ref(&d), &nodes(4, &[], 0), CFG);
+        assert!(p.actions.is_empty(), "{p:?}");
+        assert_eq!(p.held, ["volume v: no rebuild while standby of offsite/db"]);
+        d.restoring = None;
+        assert_eq!(plan(&[d], &nodes(4, &[], 0), CFG).actions.len(), 1);
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct BackupSettings {
     pub retry_secs: u64,
     /// The running backups this controller follows (`backups::follow`).
     pub following: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// Wakes the standby loop (`standby::run`) when a standby is created or activated.
+    pub standby_wake: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl BackupSettings {
@@ -44,6 +46,7 @@ impl BackupSettings {
             bytes_per_sec,
             retry_secs,
             following: Default::default(),
+            standby_wake: Default::default(),
         }
     }
 

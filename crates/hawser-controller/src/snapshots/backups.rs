@@ -71,17 +71,6 @@ async fn save(st: &AppState, r: &BackupRecord, expect: Expect) -> Result<(), Con
     Ok(())
 }
 
-/// A backup's name: its volume and the UTC time, `db-20261128-101500`.
-fn backup_name(volume: &str, ms: u64, n: u32) -> String {
-    let (y, m, d, hh, mm, ss) = hawser_api::time::utc(ms / 1000);
-    let stamp = format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}");
-    if n == 0 {
-        format!("{volume}-{stamp}")
-    } else {
-        format!("{volume}-{stamp}-{n}")
-    }
-}
-
 /// The snapshot to read, and whether it was taken for this backup.
 async fn snapshot_for(
     st: &AppState,
@@ -147,7 +136,7 @@ pub async fn create(st: &Arc<AppState>, req: CreateBackup) -> Result<Backup, Con
     let (target_rec, credentials, _) =
         crate::snapshots::backup_targets::open(st, &req.target).await?;
     let created = now_ms();
-    let mut name = backup_name(&req.volume, created, 0);
+    let mut name = hawser_backup::names::backup_name(&req.volume, created, 0);
     for n in 1..10 {
         if get_json::<BackupRecord>(&*st.records.store(), &key(&name))
             .await?
@@ -155,7 +144,7 @@ pub async fn create(st: &Arc<AppState>, req: CreateBackup) -> Result<Backup, Con
         {
             break;
         }
-        name = backup_name(&req.volume, created, n);
+        name = hawser_backup::names::backup_name(&req.volume, created, n);
     }
     let previous = list(st, Some(&req.volume), Some(&req.target))
         .await?
@@ -403,24 +392,5 @@ pub async fn run(st: Arc<AppState>, every: Duration) {
         for b in all.into_iter().filter(|b| b.state == BackupState::Running) {
             spawn_follow(&st, &b.name);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_carry_the_utc_time() {
-        // 2026-11-28 10:15:00 UTC.
-        assert_eq!(
-            backup_name("db", 1_795_860_900_000, 0),
-            "db-20261128-101500"
-        );
-        assert_eq!(
-            backup_name("db", 1_795_860_900_999, 2),
-            "db-20261128-101500-2"
-        );
-        assert_eq!(backup_name("v", 0, 0), "v-19700101-000000");
     }
 }

@@ -69,11 +69,8 @@ pub async fn create_snapshot(
         }
     }
     let v = st.records.existing_volume(&req.volume).await?;
-    if let Some(snapshot) = &v.restoring {
-        return Err(ControllerError::Restoring {
-            volume: v.name,
-            snapshot: snapshot.clone(),
-        });
+    if let Some(label) = &v.restoring {
+        return Err(ControllerError::restoring(&v, label));
     }
     if !matches!(v.state, VolumeState::Attached | VolumeState::Detached) {
         return Err(ControllerError::Busy {

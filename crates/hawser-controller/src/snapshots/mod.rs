@@ -1,7 +1,8 @@
 //! Snapshots: taking one on every in-sync replica at one cut of the write stream
 //! (`create`), bringing a replica that missed a snapshot up to it (`catchup`), and sending
 //! one off the cluster as a backup (`backups`, to the targets of `backup_targets`) and
-//! making a volume from one (`restores`). The
+//! making a volume from one (`restores`), or keeping a standby of another cluster's volume
+//! from its backups (`standby`). The
 //! routes are in `api::snapshots` and `api::backups`; restoring a volume from a snapshot is
 //! `volumes::restore`.
 
@@ -10,3 +11,4 @@ pub(crate) mod backups;
 pub(crate) mod catchup;
 pub(crate) mod create;
 pub(crate) mod restores;
+pub(crate) mod standby;

@@ -74,11 +74,6 @@ pub async fn resolve(
             "--from-backup {from:?}: give TARGET/BACKUP (hawser backup list)"
         )));
     };
-    if req.from.is_some() {
-        return Err(ControllerError::invalid(
-            "a volume comes from a backup or a clone, not both",
-        ));
-    }
     let (record, credentials, t) = crate::snapshots::backup_targets::open(st, target).await?;
     let manifest = hawser_backup::read_manifest(&t, backup)
         .await
@@ -92,6 +87,17 @@ pub async fn resolve(
                 reason: e.to_string(),
             },
         })?;
+    fit(req, &manifest, from)?;
+    Ok(RestoreSource {
+        target: record,
+        credentials,
+        manifest,
+    })
+}
+
+/// Fits a create request to the backup it starts from: its size (at least the backup's; 0
+/// takes the backup's), and encrypted if the backup is.
+pub fn fit(req: &mut CreateVolume, manifest: &Manifest, from: &str) -> Result<(), ControllerError> {
     if req.size_bytes == 0 {
         req.size_bytes = manifest.size_bytes;
     }
@@ -102,11 +108,7 @@ pub async fn resolve(
         )));
     }
     req.encrypted = manifest.encryption.is_some();
-    Ok(RestoreSource {
-        target: record,
-        credentials,
-        manifest,
-    })
+    Ok(())
 }
 
 /// The new volume's data key: the backup's, unwrapped under the name it was backed up as
@@ -165,6 +167,7 @@ pub async fn start(
             spec: src.target.spec.clone(),
             credentials: src.credentials.clone(),
             bytes_per_sec: st.backups.bytes_per_sec,
+            base: None,
         };
         st.agents
             .start_restore(node.agent(), &req)

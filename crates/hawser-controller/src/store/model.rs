@@ -154,6 +154,9 @@ pub struct VolumeRecord {
     /// engine watch starts the next one a scrub interval later (`cluster/engine_watch.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scrubbed_ms: Option<u64>,
+    /// A standby volume (`snapshots/standby.rs`): `restoring` says so while this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<hawser_api::backup::Standby>,
 }
 
 /// A snapshot of the volume whose record holds it.
@@ -234,6 +237,7 @@ impl VolumeRecord {
             encrypted: self.encryption.is_some(),
             checksums: self.checksums,
             last_scrub_ms: self.scrubbed_ms,
+            standby: self.standby.clone(),
         }
     }
 }

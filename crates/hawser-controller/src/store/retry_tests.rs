@@ -158,6 +158,7 @@ fn volume(name: &str) -> VolumeRecord {
         snapshots: Vec::new(),
         origin: None,
         restoring: None,
+        standby: None,
         qos: Default::default(),
         encryption: None,
         checksums: false,

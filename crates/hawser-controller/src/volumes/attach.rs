@@ -195,11 +195,8 @@ async fn undo_attach(st: &AppState, rec: &VolumeRecord, node: &str) {
 }
 
 fn check_detached(v: &VolumeRecord, hint: &'static str) -> Result<(), ControllerError> {
-    if let Some(snapshot) = &v.restoring {
-        return Err(ControllerError::Restoring {
-            volume: v.name.clone(),
-            snapshot: snapshot.clone(),
-        });
+    if let Some(label) = &v.restoring {
+        return Err(ControllerError::restoring(v, label));
     }
     match v.state {
         VolumeState::Detached => Ok(()),

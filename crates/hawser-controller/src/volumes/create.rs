@@ -20,10 +20,22 @@ pub async fn create_volume(
     st: &std::sync::Arc<AppState>,
     mut req: CreateVolume,
 ) -> Result<VolumeRecord, ControllerError> {
-    // From a backup: its manifest says the size and whether it is encrypted.
-    let restore = match req.from_backup.clone() {
-        Some(from) => Some(crate::snapshots::restores::resolve(st, &mut req, &from).await?),
-        None => None,
+    // From a backup, or a standby of one's volume: the manifest says the size and whether
+    // it is encrypted.
+    let sources = [
+        req.from.is_some(),
+        req.from_backup.is_some(),
+        req.standby_of.is_some(),
+    ];
+    if sources.iter().filter(|s| **s).count() > 1 {
+        return Err(ControllerError::invalid(
+            "a volume comes from one of a clone's source, a backup or a standby's volume",
+        ));
+    }
+    let restore = match (req.from_backup.clone(), req.standby_of.clone()) {
+        (Some(from), _) => Some(crate::snapshots::restores::resolve(st, &mut req, &from).await?),
+        (_, Some(of)) => Some(crate::snapshots::standby::resolve(st, &mut req, &of).await?),
+        (None, None) => None,
     };
     validate(&req)?;
     let _guard = st.volume_locks.lock(&req.name).await;
@@ -71,6 +83,9 @@ pub async fn create_volume(
         crate::volumes::clone::finish(st, s).await;
     }
     match (created, restore) {
+        (Ok(v), Some(r)) if req.standby_of.is_some() => {
+            crate::snapshots::standby::start(st, &v, r).await
+        }
         (Ok(v), Some(r)) => crate::snapshots::restores::start(st, &v, r).await,
         (created, _) => created,
     }
@@ -165,6 +180,7 @@ async fn create_placed(
         snapshots: Vec::new(),
         origin: req.from.clone(),
         restoring: None,
+        standby: None,
         qos: req.qos,
         encryption: encryption.clone(),
         checksums: req.wants_checksums(),

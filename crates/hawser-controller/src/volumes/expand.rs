@@ -176,10 +176,7 @@ fn check_growable(v: &VolumeRecord) -> Result<(), ControllerError> {
 
 fn check_not_restoring(v: &VolumeRecord) -> Result<(), ControllerError> {
     match &v.restoring {
-        Some(snapshot) => Err(ControllerError::Restoring {
-            volume: v.name.clone(),
-            snapshot: snapshot.clone(),
-        }),
+        Some(label) => Err(ControllerError::restoring(v, label)),
         None => Ok(()),
     }
 }

@@ -250,6 +250,7 @@ mod tests {
             snapshots: Vec::new(),
             origin: None,
             restoring: None,
+            standby: None,
             qos: Default::default(),
             encryption: None,
             checksums: false,

@@ -143,10 +143,7 @@ pub async fn restore_volume(
 /// Detached, no sync engine, and not half-way through a restore to another snapshot.
 fn check_restorable(v: &VolumeRecord, snapshot: &str) -> Result<(), ControllerError> {
     if let Some(other) = v.restoring.as_deref().filter(|s| *s != snapshot) {
-        return Err(ControllerError::Restoring {
-            volume: v.name.clone(),
-            snapshot: other.to_string(),
-        });
+        return Err(ControllerError::restoring(v, other));
     }
     crate::volumes::expand::check_idle(
         v,

@@ -15,6 +15,7 @@ pub mod qos;
 pub mod replica;
 pub mod rotate_ca;
 pub mod snapshot;
+pub mod standby;
 pub mod status;
 pub mod token;
 pub mod volume;

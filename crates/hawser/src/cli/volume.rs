@@ -28,7 +28,7 @@ pub enum VolumeCmd {
             long,
             value_parser = parse_volume_size,
             allow_hyphen_values = true,
-            required_unless_present_any = ["from", "from_backup"]
+            required_unless_present_any = ["from", "from_backup", "standby_of"]
         )]
         size: Option<u64>,
         /// A clone: start with the data of this snapshot or volume (`snapshot:NAME` or
@@ -38,8 +38,13 @@ pub enum VolumeCmd {
         /// Start with the data of a backup, `TARGET/BACKUP` (`hawser backup list`), in this
         /// cluster or another that was given the target. The volume stays `restoring` (it
         /// cannot attach) until every replica holds it, each block checked against its hash.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "standby_of")]
         from_backup: Option<String>,
+        /// A standby of another cluster's volume, `TARGET/VOLUME` (as its backups name it):
+        /// it starts as the newest backup on the target and applies each new one as it
+        /// lands. It cannot attach until `hawser volume activate`.
+        #[arg(long, conflicts_with = "from")]
+        standby_of: Option<String>,
         /// Number of replicas (1-5), each on a different node.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=5))]
         replicas: u32,
@@ -148,6 +153,20 @@ pub enum VolumeCmd {
         #[command(flatten)]
         out: OutputArg,
     },
+    /// Make a standby volume a normal one: the newest backup on its target is applied first
+    /// (or, with --as-is, the backup it holds is kept, for a target that cannot be read).
+    Activate {
+        #[arg(value_parser = parse_volume_name)]
+        name: String,
+        /// Keep the backup it holds; do not read the target.
+        #[arg(long)]
+        as_is: bool,
+        /// Return when it is a normal volume (else when activation is asked).
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        out: OutputArg,
+    },
     /// Let a detached volume attach without the in-sync replicas crash recovery waits for
     /// (DRBD's --force primary). Every in-sync replica but the kept ones is outdated and
     /// copied in full when it returns: acknowledged writes only it held are LOST.
@@ -207,6 +226,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             on_quorum_loss,
             from,
             from_backup,
+            standby_of,
             encrypted,
             checksums,
             limits,
@@ -233,6 +253,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 encrypted,
                 checksums: Some(checksums == OnOff::On),
                 from_backup,
+                standby_of,
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
@@ -293,6 +314,19 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
             let req = RestoreVolume { snapshot };
             let v: Volume = client.post(&format!("/v1/volumes/{name}/restore"), &req)?;
             print_volume(&v, out.format, &what);
+        }
+        VolumeCmd::Activate {
+            name,
+            as_is,
+            wait,
+            out,
+        } => {
+            let v = crate::cli::standby::activate(client, &name, as_is, wait)?;
+            let what = match &v.standby {
+                Some(_) => "activating: the newest backup is applied first",
+                None => "activated",
+            };
+            print_volume(&v, out.format, what);
         }
         VolumeCmd::ForcePromote {
             name,
@@ -438,14 +472,19 @@ fn details(v: &Volume) -> String {
         );
     }
     line("Epoch:", v.epoch.to_string());
-    if let Some(s) = &v.restoring {
-        line(
-            "Restoring:",
-            format!(
+    if let Some(s) = &v.standby {
+        for (k, val) in crate::cli::standby::lines(s, crate::cli::output::now_ms()) {
+            line(k, val);
+        }
+    } else if let Some(s) = &v.restoring {
+        let how = match s.strip_prefix("backup ") {
+            Some(b) => format!("from backup {b} (`hawser events` says if it failed)"),
+            None => format!(
                 "to snapshot {s}; `hawser volume restore {} --snapshot {s}` finishes it",
                 v.name
             ),
-        );
+        };
+        line("Restoring:", how);
     }
     if let Some(o) = &v.origin {
         let from = match (&o.snapshot, &o.volume) {
