@@ -35,7 +35,7 @@ for c in $(mkvar HOST_CMDS); do prov[cmd:$c]=host; done
 # e2fsprogs, apt, dpkg, gzip), which every Debian system has. Add one only if `dpkg-query -W
 # -f '${Priority}' PACKAGE` says required.
 for c in sh bash echo true sleep sync sha256sum mount umount losetup nsenter setsid blkid \
-  e2fsck fsck.ext4 dumpe2fs resize2fs setpriv apt-get dpkg-deb gzip blockdev dd df du; do
+  e2fsck fsck.ext4 dumpe2fs resize2fs setpriv apt-get dpkg-deb gzip blockdev dd df du stat; do
   prov[cmd:$c]=base
 done
 APT_PACKAGES=" $(mkvar APT_PACKAGES) "

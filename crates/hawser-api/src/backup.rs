@@ -117,6 +117,10 @@ pub struct ProgressView {
     pub bytes_per_sec: u64,
     /// At that rate (None before there is one).
     pub eta_secs: Option<u64>,
+    /// Requests to the target answered with a 5xx, 429 or SlowDown, or not at all, and
+    /// retried: above 0, the target is throttling or failing (docs/backup.md).
+    #[serde(default)]
+    pub retries: u64,
 }
 
 /// What making a backup cost (also in its manifest).
@@ -129,8 +133,15 @@ pub struct BackupStats {
     pub new_blocks: u64,
     /// Blocks already on the target (in the previous backup, or left by an interrupted run).
     pub reused_blocks: u64,
+    /// Of `reused_blocks`, those the previous backup did not name but a look-up found on the
+    /// target: left there by an interrupted backup, or by another volume's.
+    #[serde(default)]
+    pub found_blocks: u64,
     pub zero_blocks: u64,
     pub micros: u64,
+    /// Requests to the target that were retried (5xx, 429, SlowDown, dropped connections).
+    #[serde(default)]
+    pub retries: u64,
 }
 
 /// A backup as the API shows it.
@@ -192,6 +203,10 @@ pub struct StartBackupJob {
     pub encryption: Option<BackupKey>,
     /// The most the job reads per second (0: no limit).
     pub bytes_per_sec: u64,
+    /// How long one request to the target is retried before the backup fails (None: the
+    /// agent's default, `hawser_backup::constants::RETRY_TIMEOUT_SECS`).
+    #[serde(default)]
+    pub retry_secs: Option<u64>,
 }
 
 /// `POST /v1/restore-jobs` on the agent: fill a new, blank replica from a backup. The job is

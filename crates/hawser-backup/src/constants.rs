@@ -20,12 +20,26 @@ pub const MAX_BACKUP_NAME_BYTES: usize = 100;
 /// The largest manifest a restore will read (a 64 TiB volume of 1 MiB blocks, all written,
 /// is about 5 GiB of JSON; so this bounds volumes with manifests of up to ~6 TiB of data).
 pub const MAX_MANIFEST_BYTES: u64 = 512 << 20;
-/// Retries of one request to the target (5xx, 429, SlowDown, dropped connections), with
-/// exponential backoff from `RETRY_FIRST_MS` up to `RETRY_MAX_BACKOFF_MS`, all within
-/// `RETRY_TIMEOUT_SECS`: then the backup fails with the target's last answer.
-pub const MAX_RETRIES: usize = 8;
+/// A request to the target (5xx, 429, SlowDown, dropped connections) is retried with a
+/// jittered exponential backoff from `RETRY_FIRST_MS` up to `RETRY_MAX_BACKOFF_MS` until
+/// `RETRY_TIMEOUT_SECS` have passed since its first try (a controller may set another time:
+/// `--backup-retry-secs`); then the backup fails with the target's last answer. The time is
+/// the budget, not the count: object_store's backoff is random (each wait is drawn between
+/// the first and twice the previous one), so 8 retries took anywhere from 1 s to 25 s, too
+/// short for a store that throttles for a minute. `MAX_RETRIES` only bounds the count.
+pub const MAX_RETRIES: usize = 200;
 pub const RETRY_FIRST_MS: u64 = 100;
 pub const RETRY_MAX_BACKOFF_MS: u64 = 10_000;
 pub const RETRY_TIMEOUT_SECS: u64 = 120;
+/// The retry time of a request someone waits on: the connection check of `hawser backup
+/// target add`, the controller reading a manifest for `volume create --from-backup`. The
+/// person learns of a target that is down or throttling in seconds, not after
+/// `RETRY_TIMEOUT_SECS`, and an API call does not hold its caller for minutes.
+pub const CHECK_RETRY_SECS: u64 = 10;
+/// The longest retry time a controller may set (a day: a backup that waits longer for its
+/// target is better failed and retried by a person).
+pub const MAX_RETRY_TIMEOUT_SECS: u64 = 86_400;
+/// An error answer's body is read (for its S3 code, such as SlowDown) only up to this size.
+pub const MAX_ERROR_BODY_BYTES: u64 = 64 << 10;
 /// A request to the target that takes longer than this is abandoned (and retried).
 pub const REQUEST_TIMEOUT_SECS: u64 = 60;

@@ -11,6 +11,30 @@ pub enum BackupError {
         #[source]
         source: object_store::Error,
     },
+    /// The target kept answering "slow down" (503 SlowDown, 429) past the retry time.
+    #[error(
+        "backup target {target} is throttling requests ({answer}; {answers} error answers): \
+         {what}: {source}"
+    )]
+    Throttled {
+        target: String,
+        what: String,
+        answer: String,
+        /// Error answers of the target so far (each retried, but the last).
+        answers: u64,
+        /// Boxed: the variant would be the enum's largest by far.
+        #[source]
+        source: Box<object_store::Error>,
+    },
+    /// The target has no space left (ENOSPC, or a quota: EDQUOT).
+    #[error("backup target {target} is full: {what}: {source}")]
+    Full {
+        target: String,
+        what: String,
+        /// Boxed, as in `Throttled`: the enum stays as small as before the two were added.
+        #[source]
+        source: Box<object_store::Error>,
+    },
     #[error("backup target {target} is not usable: {why}")]
     BadTarget { target: String, why: String },
     #[error("backup {backup} not found on target {target}")]
@@ -51,6 +75,23 @@ pub enum BackupError {
     },
     #[error("{what}")]
     Invalid { what: String },
+}
+
+/// Whether `e`, or an error it was caused by, is a disk full (ENOSPC) or a quota (EDQUOT).
+pub(crate) fn is_out_of_space(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(err) = at {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+                || io.kind() == std::io::ErrorKind::StorageFull
+                || io.kind() == std::io::ErrorKind::QuotaExceeded
+            {
+                return true;
+            }
+        }
+        at = err.source();
+    }
+    false
 }
 
 impl BackupError {

@@ -10,6 +10,7 @@
 pub mod block;
 pub mod constants;
 mod error;
+pub mod health;
 pub mod manifest;
 pub mod names;
 pub mod progress;

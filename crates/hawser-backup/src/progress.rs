@@ -12,6 +12,8 @@ pub struct Progress {
     total: AtomicU64,
     done: AtomicU64,
     sent: AtomicU64,
+    /// Requests to the target retried so far (bumped by the target as they happen).
+    retries: AtomicU64,
 }
 
 pub use hawser_api::backup::ProgressView;
@@ -23,12 +25,18 @@ impl Progress {
             total: AtomicU64::new(total),
             done: AtomicU64::new(0),
             sent: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn advance(&self, bytes: u64, transferred: u64) {
         self.done.fetch_add(bytes, Relaxed);
         self.sent.fetch_add(transferred, Relaxed);
+    }
+
+    /// A request to the target is being retried.
+    pub(crate) fn retried(&self) {
+        self.retries.fetch_add(1, Relaxed);
     }
 
     pub fn view(&self) -> ProgressView {
@@ -41,6 +49,7 @@ impl Progress {
             transferred_bytes: self.sent.load(Relaxed),
             bytes_per_sec: rate,
             eta_secs: (rate > 0).then(|| total.saturating_sub(done) / rate),
+            retries: self.retries.load(Relaxed),
         }
     }
 }

@@ -12,7 +12,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 
 use crate::constants::*;
-use crate::error::BackupError;
+use crate::error::{is_out_of_space, BackupError};
+use crate::health::{Health, WatchConnector};
+use crate::progress::Progress;
 
 pub use hawser_api::backup::TargetSpec;
 
@@ -87,6 +89,8 @@ pub struct Target {
     prefix: ObjectPath,
     /// A directory target: made durable with syncfs at the two points a backup needs it.
     dir: Option<PathBuf>,
+    /// What an S3 target answered (retries, the last error answer); a directory's stays empty.
+    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for Target {
@@ -102,6 +106,18 @@ impl Target {
         spec: &TargetSpec,
         credentials: Option<&S3Credentials>,
     ) -> Result<Target, BackupError> {
+        Self::open_with(name, spec, credentials, RETRY_TIMEOUT_SECS)
+    }
+
+    /// [`Target::open`], with each request retried for `retry_secs` (at most
+    /// `MAX_RETRY_TIMEOUT_SECS`) before it fails.
+    pub fn open_with(
+        name: &str,
+        spec: &TargetSpec,
+        credentials: Option<&S3Credentials>,
+        retry_secs: u64,
+    ) -> Result<Target, BackupError> {
+        let health = Arc::new(Health::default());
         let bad = |why: String| BackupError::BadTarget {
             target: name.to_owned(),
             why,
@@ -126,7 +142,7 @@ impl Target {
                         base: 2.0,
                     },
                     max_retries: MAX_RETRIES,
-                    retry_timeout: Duration::from_secs(RETRY_TIMEOUT_SECS),
+                    retry_timeout: Duration::from_secs(retry_secs.min(MAX_RETRY_TIMEOUT_SECS)),
                 };
                 let client = object_store::ClientOptions::new()
                     .with_allow_http(http)
@@ -141,6 +157,7 @@ impl Target {
                     .with_virtual_hosted_style_request(false)
                     .with_retry(retry)
                     .with_client_options(client)
+                    .with_http_connector(WatchConnector(health.clone()))
                     .build()
                     .map_err(|e| bad(e.to_string()))?;
                 let prefix = ObjectPath::parse(prefix.trim_matches('/'))
@@ -150,6 +167,7 @@ impl Target {
                     store: Arc::new(store),
                     prefix,
                     dir: None,
+                    health,
                 })
             }
             TargetSpec::Dir { path } => {
@@ -167,6 +185,7 @@ impl Target {
                     store: Arc::new(store),
                     prefix: ObjectPath::default(),
                     dir: Some(dir),
+                    health,
                 })
             }
         }
@@ -184,11 +203,48 @@ impl Target {
         p
     }
 
+    /// Requests retried so far (an S3 target's; a directory is not retried).
+    pub fn retries(&self) -> u64 {
+        self.health.retries()
+    }
+
+    /// Shows this target's retries in `progress` as they happen.
+    pub fn report_to(&self, progress: &Arc<Progress>) {
+        self.health.report_to(progress);
+    }
+
+    /// The error for a failed request: a full target and a throttling one said as such
+    /// (what an operator acts on differs), anything else with the store's own words.
     fn err(&self, what: String, source: object_store::Error) -> BackupError {
-        BackupError::Target {
-            target: self.name.clone(),
-            what,
+        let target = self.name.clone();
+        if is_out_of_space(&source) {
+            return BackupError::Full {
+                target,
+                what,
+                source: Box::new(source),
+            };
+        }
+        // Only an error after retries can come from throttling: a 404 or 403 is the store's
+        // answer to this request, whatever it said to others before.
+        let retried = !matches!(
             source,
+            object_store::Error::NotFound { .. }
+                | object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }
+        );
+        match self.health.last_error() {
+            Some(answer) if retried && answer.is_throttling() => BackupError::Throttled {
+                target,
+                what,
+                answer: answer.describe(),
+                answers: self.health.retries(),
+                source: Box::new(source),
+            },
+            _ => BackupError::Target {
+                target,
+                what,
+                source,
+            },
         }
     }
 

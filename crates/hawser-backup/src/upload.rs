@@ -38,7 +38,10 @@ enum Stored {
     /// A hole in the file: nothing read.
     Hole,
     Zero,
-    Reused(String),
+    /// Named by the previous backup.
+    Known(String),
+    /// Not named by it, but found on the target (an interrupted run's, another volume's).
+    Found(String),
     New(String, u64),
 }
 
@@ -53,6 +56,7 @@ pub async fn back_up(
 ) -> Result<Manifest, BackupError> {
     names::validate_backup(&plan.backup)?;
     let started = std::time::Instant::now();
+    target.report_to(&progress);
     if target.size(&names::manifest(&plan.backup)).await?.is_some() {
         return Err(BackupError::Exists {
             target: target.name().to_owned(),
@@ -116,8 +120,13 @@ pub async fn back_up(
     for (index, stored) in results {
         match stored {
             Stored::Hole | Stored::Zero => stats.zero_blocks += 1,
-            Stored::Reused(h) => {
+            Stored::Known(h) => {
                 stats.reused_blocks += 1;
+                manifest.blocks.insert(index, h);
+            }
+            Stored::Found(h) => {
+                stats.reused_blocks += 1;
+                stats.found_blocks += 1;
                 manifest.blocks.insert(index, h);
             }
             Stored::New(h, n) => {
@@ -127,6 +136,7 @@ pub async fn back_up(
             }
         }
     }
+    manifest.stats.retries = target.retries();
     manifest.stats.micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
     // Every block durable before the manifest that names them, and the manifest durable
     // before the backup is reported done.
@@ -205,8 +215,11 @@ async fn one_block(
         return Ok(Stored::Zero);
     };
     let object = names::block(&hash);
-    if known.contains(&hash) || target.size(&object).await?.is_some_and(|n| n > 0) {
-        return Ok(Stored::Reused(hash));
+    if known.contains(&hash) {
+        return Ok(Stored::Known(hash));
+    }
+    if target.size(&object).await?.is_some_and(|n| n > 0) {
+        return Ok(Stored::Found(hash));
     }
     let zipped = join(tokio::task::spawn_blocking(move || block::compress(&buf)))
         .await?

@@ -91,6 +91,15 @@ pub struct ControllerArgs {
     /// backup does not crowd the volumes' own I/O (docs/backup.md).
     #[arg(long, env = "HAWSER_BACKUP_RATE", default_value_t = crate::constants::DEFAULT_BACKUP_RATE)]
     pub backup_rate: u64,
+    /// Seconds one request to a backup target is retried (5xx, 429, SlowDown, no answer),
+    /// with a backoff growing to 10 s, before the backup fails saying why: longer rides out a
+    /// store that throttles for minutes, shorter fails a backup sooner (docs/backup.md).
+    #[arg(
+        long,
+        env = "HAWSER_BACKUP_RETRY_SECS",
+        default_value_t = hawser_backup::constants::RETRY_TIMEOUT_SECS
+    )]
+    pub backup_retry_secs: u64,
     /// Seconds between reads of a standby volume's target for a newer backup to apply
     /// (docs/backup.md).
     #[arg(long, env = "HAWSER_STANDBY_POLL_SECS", default_value_t = crate::constants::DEFAULT_STANDBY_POLL_SECS)]
@@ -423,6 +432,7 @@ impl Controller {
             backups: crate::snapshots::backup_targets::BackupSettings::new(
                 &args.data_dir,
                 args.backup_rate,
+                args.backup_retry_secs,
             ),
         };
         Ok(Controller {

@@ -1,7 +1,8 @@
 //! A real S3 server for the backup tests: SeaweedFS's S3 gateway (built by
 //! `scripts/s3/build.sh` into the Kubernetes tools' cache), on loopback ports, with one access
 //! key, so a request without it is refused. Faults: [`S3Server::kill`] (down),
-//! [`S3Server::pause`] (hangs), its data directory (corrupt a block, fill the disk).
+//! [`S3Server::pause`] (hangs), [`S3Server::throttle`] (503 SlowDown, from SeaweedFS's own
+//! circuit breaker), its data directory (corrupt a block, fill the disk).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +19,9 @@ pub struct S3Server {
     dir: PathBuf,
     pub port: u16,
     filer_port: u16,
+    /// `host:port.grpcport` of the master and the filer, as `weed shell` takes them.
+    master: String,
+    filer: String,
     metrics_port: u16,
     pub bucket: String,
 }
@@ -36,6 +40,7 @@ impl S3Server {
         let config = dir.join("s3-identities.json");
         std::fs::write(&config, identities.to_string()).expect("s3 identities");
         let (s3, filer, metrics) = (free_port(), free_port(), free_port());
+        let (master_port, master_grpc, filer_grpc) = (free_port(), free_port(), free_port());
         let flag = |k: &str, v: String| format!("-{k}={v}");
         let args = vec![
             "server".to_owned(),
@@ -46,13 +51,13 @@ impl S3Server {
             flag("master.telemetry", "false".into()),
             // Prometheus metrics on loopback: what the S3 gateway received, per bucket.
             flag("metricsPort", metrics.to_string()),
-            flag("master.port", free_port().to_string()),
-            flag("master.port.grpc", free_port().to_string()),
+            flag("master.port", master_port.to_string()),
+            flag("master.port.grpc", master_grpc.to_string()),
             flag("volume.port", free_port().to_string()),
             flag("volume.port.grpc", free_port().to_string()),
             flag("volume.preStopSeconds", "0".into()),
             flag("filer.port", filer.to_string()),
-            flag("filer.port.grpc", free_port().to_string()),
+            flag("filer.port.grpc", filer_grpc.to_string()),
             flag(
                 "filer.localSocket",
                 dir.join("filer.sock").display().to_string(),
@@ -78,6 +83,8 @@ impl S3Server {
             dir: dir.to_owned(),
             port: s3,
             filer_port: filer,
+            master: format!("127.0.0.1:{master_port}.{master_grpc}"),
+            filer: format!("127.0.0.1:{filer}.{filer_grpc}"),
             metrics_port: metrics,
             bucket: bucket.to_owned(),
         };
@@ -147,6 +154,47 @@ impl S3Server {
 
     pub fn resume(&self) {
         signal(self.pid(), libc::SIGCONT);
+    }
+
+    /// Runs `commands` (`;`-separated) in `weed shell` against this server, as an operator
+    /// would; panics with its output unless it succeeds. Returns what it printed.
+    pub fn shell(&self, commands: &str) -> String {
+        use std::io::Write;
+        let weed = crate::k8s_tool("weed");
+        let mut child = Command::new(weed)
+            .args(["shell", &format!("-master={}", self.master)])
+            .arg(format!("-filer={}", self.filer))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start weed shell");
+        let mut stdin = child.stdin.take().expect("weed shell stdin");
+        stdin
+            .write_all(format!("{commands}\n").as_bytes())
+            .expect("write to weed shell");
+        drop(stdin);
+        let out = child.wait_with_output().expect("run weed shell");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "weed shell {commands:?}: {text}");
+        text
+    }
+
+    /// SeaweedFS's S3 circuit breaker (`s3.circuitBreaker`): while on, every read and write
+    /// is over a limit of 0 simultaneous requests and answered `503 SlowDown`, as a store
+    /// that throttles does. The gateway applies it when the filer tells it of the change
+    /// (within a second): wait on a request's answer, not on this call.
+    pub fn throttle(&self, on: bool) {
+        let cmd = if on {
+            "s3.circuitBreaker -global -type Count -actions Read,Write -values 0,0 -apply"
+        } else {
+            "s3.circuitBreaker -delete -apply"
+        };
+        self.shell(cmd);
     }
 
     /// The bytes the S3 gateway has received from clients into the bucket, as the server

@@ -325,18 +325,25 @@ fn s3_target_incremental_restore_and_faults() {
     interrupted_then_reused(&target, dir.path());
     missing_and_corrupt_blocks(&target);
 
-    // The server down: retried with backoff, then a failure that names the target.
+    // The server down: retried with backoff for the retry time (5 s here, as a controller's
+    // --backup-retry-secs sets it; 120 s by default), then a failure that names the target.
     s3.kill();
+    let down = Target::open_with("offsite", &spec, Some(&creds), 5).expect("open target");
     let t = std::time::Instant::now();
     let err = rt()
         .block_on(back_up(
-            &target,
+            &down,
             &dir.path().join("image"),
             plan("db-4", None),
             Arc::new(Progress::new(SIZE)),
         ))
         .expect_err("no server, no backup");
     assert!(matches!(err, BackupError::Target { .. }), "{err}");
+    assert!(
+        t.elapsed() >= std::time::Duration::from_secs(5),
+        "gave up early: {err}"
+    );
+    assert!(down.retries() > 0, "{err}");
     println!("backup: server down failed after {:?}: {err}", t.elapsed());
 }
 

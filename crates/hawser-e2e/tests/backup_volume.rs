@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use hawser_api::backup::{Backup, BackupState, BackupTarget};
 use hawser_backup::{Dest, Progress, S3Credentials, Target, TargetSpec};
-use hawser_e2e::cluster::Cluster;
+use hawser_e2e::cluster::{Cluster, ClusterOptions};
 use hawser_e2e::run::qemu_io;
 use hawser_e2e::{assert_same_contents, S3Server, TempDir};
 
@@ -50,7 +50,12 @@ fn wait_restored(c: &Cluster, volume: &str) {
 
 #[test]
 fn volumes_back_up_incrementally_to_s3_and_restore_byte_for_byte() {
-    let c = Cluster::start("backup-volume", 2);
+    // The S3 server is killed at the end: its backup fails after 10 s of retries, not 120.
+    let opts = ClusterOptions {
+        controller_args: vec!["--backup-retry-secs".into(), "10".into()],
+        ..Default::default()
+    };
+    let c = Cluster::start_with("backup-volume", 2, opts);
     let dir = TempDir::new("backup-volume-s3");
     let mut s3 = S3Server::start(dir.path(), "backups");
     let creds = s3.credentials_file();

@@ -48,6 +48,7 @@ impl Env {
             engine_check_secs: 0,
             scrub_interval_secs: 0,
             backup_rate: 0,
+            backup_retry_secs: 120,
             standby_poll_secs: 60,
             replace_after_secs: 300,
             max_rebuilds: 2,

@@ -124,7 +124,10 @@ pub async fn start_job(
     let file = replica
         .snapshot_file(&req.snapshot)
         .map_err(|e| Failure(ApiError::new(ErrorCode::NotFound, e.to_string())))?;
-    let target = open_target(&req.target, &req.spec, req.credentials.as_ref())?;
+    let retry_secs = req
+        .retry_secs
+        .unwrap_or(hawser_backup::constants::RETRY_TIMEOUT_SECS);
+    let target = open_target(&req.target, &req.spec, req.credentials.as_ref(), retry_secs)?;
     let (job, new) = s
         .backups
         .admit(&req.backup, req.size_bytes)
@@ -145,6 +148,8 @@ pub async fn start_job(
                 stored = st.stored_bytes,
                 new = st.new_blocks,
                 reused = st.reused_blocks,
+                found = st.found_blocks,
+                retries = st.retries,
                 micros = st.micros,
                 "backup done"
             ),
@@ -161,6 +166,8 @@ async fn run(
     req: StartBackupJob,
     progress: Arc<Progress>,
 ) -> Result<BackupStats, String> {
+    // From the first request (the previous manifest's), so retries show while they happen.
+    target.report_to(&progress);
     let previous = match &req.previous {
         Some(p) => match hawser_backup::read_manifest(target, p).await {
             Ok(m) if m.volume == req.volume => Some(m),
@@ -193,6 +200,7 @@ fn open_target(
     name: &str,
     spec: &hawser_api::backup::TargetSpec,
     key: Option<&hawser_api::backup::S3Key>,
+    retry_secs: u64,
 ) -> Result<Target, Failure> {
     let credentials = match key {
         Some(k) => Some(
@@ -201,7 +209,7 @@ fn open_target(
         ),
         None => None,
     };
-    Target::open(name, spec, credentials.as_ref()).map_err(|e| bad(e.to_string()))
+    Target::open_with(name, spec, credentials.as_ref(), retry_secs).map_err(|e| bad(e.to_string()))
 }
 
 /// `POST /v1/restore-jobs`: fills a blank replica of this node from a backup, or brings a
@@ -216,7 +224,8 @@ pub async fn start_restore(
         .storage
         .replica(&req.replica)
         .ok_or_else(|| Failure(ApiError::not_found("replica", &req.replica)))?;
-    let target = open_target(&req.target, &req.spec, req.credentials.as_ref())?;
+    let retry_secs = hawser_backup::constants::RETRY_TIMEOUT_SECS;
+    let target = open_target(&req.target, &req.spec, req.credentials.as_ref(), retry_secs)?;
     let name = req.job();
     let (job, new) = s.backups.admit(&name, replica.size()).map_err(Failure)?;
     let view = BackupJobs::view(&name, &job);

@@ -31,6 +31,8 @@ pub struct BackupSettings {
     pub credentials_dir: PathBuf,
     /// The most a backup reads per second on its node (0: no limit).
     pub bytes_per_sec: u64,
+    /// How long one request to a target is retried before the backup fails.
+    pub retry_secs: u64,
     /// The running backups this controller follows (`backups::follow`).
     pub following: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     /// Wakes the standby loop (`standby::run`) when a standby is created or activated.
@@ -38,10 +40,11 @@ pub struct BackupSettings {
 }
 
 impl BackupSettings {
-    pub fn new(data_dir: &Path, bytes_per_sec: u64) -> BackupSettings {
+    pub fn new(data_dir: &Path, bytes_per_sec: u64, retry_secs: u64) -> BackupSettings {
         BackupSettings {
             credentials_dir: data_dir.join("backup-targets"),
             bytes_per_sec,
+            retry_secs,
             following: Default::default(),
             standby_wake: Default::default(),
         }
@@ -141,7 +144,9 @@ pub async fn open(
             ),
         });
     }
-    let target = Target::open(name, &record.spec, creds.as_ref()).map_err(|e| {
+    // Opened for requests an API caller waits on: retried briefly.
+    let retry = hawser_backup::constants::CHECK_RETRY_SECS;
+    let target = Target::open_with(name, &record.spec, creds.as_ref(), retry).map_err(|e| {
         ControllerError::BackupTarget {
             target: name.into(),
             reason: e.to_string(),
@@ -184,7 +189,8 @@ pub async fn add(st: &AppState, req: AddBackupTarget) -> Result<BackupTarget, Co
             });
         }
     }
-    let target = Target::open(&req.name, &req.spec, creds.as_ref())
+    let retry = hawser_backup::constants::CHECK_RETRY_SECS;
+    let target = Target::open_with(&req.name, &req.spec, creds.as_ref(), retry)
         .map_err(|e| ControllerError::invalid(e.to_string()))?;
     target
         .check()

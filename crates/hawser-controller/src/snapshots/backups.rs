@@ -214,6 +214,7 @@ async fn start_on_a_holder(
             check: k.check.hex(),
         }),
         bytes_per_sec: st.backups.bytes_per_sec,
+        retry_secs: Some(st.backups.retry_secs),
     };
     let answer = st
         .agents
@@ -294,6 +295,10 @@ async fn follow(st: &AppState, name: &str) {
             }
             Err(JobError::Silent(e)) => {
                 let since = *silent_since.get_or_insert_with(std::time::Instant::now);
+                if let Some(why) = went_offline(st, &node).await {
+                    finish(st, &mut rec, Err(format!("{why}: {e}"))).await;
+                    return;
+                }
                 if since.elapsed() > UNREACHABLE_FOR {
                     let why = format!("node {node} did not answer for {UNREACHABLE_FOR:?}: {e}");
                     finish(st, &mut rec, Err(why)).await;
@@ -302,6 +307,23 @@ async fn follow(st: &AppState, name: &str) {
             }
         }
     }
+}
+
+/// Why the backup job on `node` is lost, if the node is offline: no heartbeat for the node
+/// timeout (its agent was killed, or its machine stopped). A job lives in its agent's memory,
+/// so an agent that comes back does not have it; waiting `UNREACHABLE_FOR` would only keep a
+/// dead backup `running`. (A node cut off but alive may still finish its job: its manifest
+/// is then on the target while the record says failed; a later backup reuses its blocks.)
+async fn went_offline(st: &AppState, node: &str) -> Option<String> {
+    let n = st.records.node(node).await.ok()??;
+    if st.is_online(&n) {
+        return None;
+    }
+    Some(format!(
+        "node {node} went offline (no heartbeat for {} s) while it ran the backup, and the \
+         job is lost with it",
+        st.node_timeout_ms / 1000
+    ))
 }
 
 /// Records how a backup ended, and drops the snapshot it took.

@@ -440,6 +440,7 @@ mod tests {
             backups: crate::snapshots::backup_targets::BackupSettings::new(
                 std::path::Path::new("/nonexistent"),
                 0,
+                120,
             ),
         });
         let report = |id: &'static str| {

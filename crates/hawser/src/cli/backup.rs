@@ -276,8 +276,13 @@ fn progress(b: &Backup) -> String {
         .checked_div(p.total_bytes)
         .unwrap_or(0);
     let eta = p.eta_secs.map_or_else(|| "-".into(), |s| format!("{s}s"));
+    // Retries mean the target throttles or fails: worth a look while it runs.
+    let retries = match p.retries {
+        0 => String::new(),
+        n => format!(", {n} requests retried"),
+    };
     format!(
-        "{pct}% of {}, {}/s, sent {}, ETA {eta}",
+        "{pct}% of {}, {}/s, sent {}, ETA {eta}{retries}",
         format_size(p.total_bytes),
         format_size(p.bytes_per_sec),
         format_size(p.transferred_bytes)
@@ -325,12 +330,15 @@ fn details(b: &Backup, now: u64) -> String {
     s += &format!("Progress:       {}\n", progress(b));
     if let Some(st) = &b.stats {
         s += &format!(
-            "Stored:         {} ({} new blocks, {} already there, {} zero) in {:.1} s\n",
+            "Stored:         {} ({} new blocks, {} already there of which {} found on the \
+             target, {} zero) in {:.1} s, {} requests retried\n",
             format_size(st.stored_bytes),
             st.new_blocks,
             st.reused_blocks,
+            st.found_blocks,
             st.zero_blocks,
-            st.micros as f64 / 1e6
+            st.micros as f64 / 1e6,
+            st.retries
         );
     }
     if let Some(e) = &b.error {
