@@ -220,6 +220,36 @@ impl S3Server {
         bytes
     }
 
+    /// `hawser backup target add NAME --s3 ...` on cluster `c`: this server's bucket, under
+    /// `prefix` ("" for none), with its access key.
+    pub fn add_to(&self, c: &crate::cluster::Cluster, name: &str, prefix: &str) {
+        let (endpoint, creds) = (self.endpoint(), self.credentials_file());
+        let creds = creds.display().to_string();
+        let mut args = vec!["backup", "target", "add", name, "--s3", &endpoint];
+        args.extend(["--bucket", &self.bucket, "--credentials-file", &creds]);
+        if !prefix.is_empty() {
+            args.extend(["--prefix", prefix]);
+        }
+        c.cli_ok(&args);
+    }
+
+    /// The target [`S3Server::add_to`] added, opened here as a node opens it, its requests
+    /// retried for `retry_secs`.
+    pub fn target(&self, name: &str, prefix: &str, retry_secs: u64) -> hawser_backup::Target {
+        let spec = hawser_backup::TargetSpec::S3 {
+            endpoint: self.endpoint(),
+            bucket: self.bucket.clone(),
+            prefix: prefix.into(),
+            region: None,
+        };
+        let key = hawser_backup::S3Credentials {
+            access_key_id: ACCESS_KEY.into(),
+            secret_access_key: SECRET_KEY.into(),
+        };
+        hawser_backup::Target::open_with(name, &spec, Some(&key), retry_secs)
+            .expect("open the target")
+    }
+
     /// The filer's port (an unsigned HTTP API onto the same files, for tests that look).
     pub fn filer_port(&self) -> u16 {
         self.filer_port

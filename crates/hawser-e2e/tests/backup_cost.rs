@@ -41,18 +41,7 @@ fn a_second_backup_after_one_percent_changed_costs_under_two_percent() {
     let dir = TempDir::new("backup-cost-s3");
     let s3 = S3Server::start(dir.path(), "backups");
     let c = Cluster::start("backup-cost", 1);
-    c.cli_ok(&[
-        "backup",
-        "target",
-        "add",
-        "offsite",
-        "--s3",
-        &s3.endpoint(),
-        "--bucket",
-        "backups",
-        "--credentials-file",
-        &s3.credentials_file().display().to_string(),
-    ]);
+    s3.add_to(&c, "offsite", "");
     let uri = c.attached_volume("big", "1GiB", 1, "n1");
     // 1 GiB of random data, streamed into the volume.
     let fill = format!(

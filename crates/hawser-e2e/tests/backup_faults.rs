@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_api::backup::{Backup, BackupState};
-use hawser_backup::{BackupError, Dest, Progress, S3Credentials, Target, TargetSpec};
+use hawser_backup::{BackupError, Dest, Progress, Target, TargetSpec};
 use hawser_e2e::cluster::{hawser_bin, Cluster, ClusterOptions};
 use hawser_e2e::{wait_until, NbdConn, NbdTarget, S3Server, SmallFs, TempDir};
 
@@ -117,39 +117,6 @@ fn assert_failed(c: &Cluster, b: &Backup, words: &[&str]) {
     );
 }
 
-fn add_s3(c: &Cluster, s3: &S3Server) {
-    let creds = s3.credentials_file().display().to_string();
-    c.cli_ok(&[
-        "backup",
-        "target",
-        "add",
-        "offsite",
-        "--s3",
-        &s3.endpoint(),
-        "--bucket",
-        &s3.bucket,
-        "--prefix",
-        "cluster-1",
-        "--credentials-file",
-        &creds,
-    ]);
-}
-
-/// The target `add_s3` added, opened here as a node would, retrying for `retry_secs`.
-fn s3_target(s3: &S3Server, retry_secs: u64) -> Target {
-    let spec = TargetSpec::S3 {
-        endpoint: s3.endpoint(),
-        bucket: s3.bucket.clone(),
-        prefix: "cluster-1".into(),
-        region: None,
-    };
-    let key = S3Credentials {
-        access_key_id: hawser_e2e::s3::ACCESS_KEY.into(),
-        secret_access_key: hawser_e2e::s3::SECRET_KEY.into(),
-    };
-    Target::open_with("offsite", &spec, Some(&key), retry_secs).expect("open the target")
-}
-
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("runtime")
 }
@@ -178,7 +145,7 @@ fn kill9_of_the_agent_mid_upload_fails_the_backup_and_the_next_one_reuses_its_bl
     );
     let dir = TempDir::new("backup-kill9-s3");
     let s3 = S3Server::start(dir.path(), "backups");
-    add_s3(&c, &s3);
+    s3.add_to(&c, "offsite", "cluster-1");
     let uri = c.attached_volume("db", "48MiB", 2, "n1");
     write_blocks(&uri, 1, 0..40);
     // Detached, so that killing whichever node runs the backup stops no engine.
@@ -199,7 +166,7 @@ fn kill9_of_the_agent_mid_upload_fails_the_backup_and_the_next_one_reuses_its_bl
     let failed = wait_ended(&c, &b.name, Duration::from_secs(30));
     assert_failed(&c, &failed, &[&node, "offline", "lost"]);
     let rt = runtime();
-    let target = s3_target(&s3, 10);
+    let target = s3.target("offsite", "cluster-1", 10);
     assert_no_manifest(&rt, &target, &b.name);
     let left = rt.block_on(target.list("blocks")).expect("list blocks/");
     assert!(
@@ -287,11 +254,11 @@ fn s3_throttling_is_ridden_out_with_retries_and_past_the_retry_time_fails_clearl
     let c = cluster("backup-throttle", 1, &["--backup-retry-secs", "12"]);
     let dir = TempDir::new("backup-throttle-s3");
     let s3 = S3Server::start(dir.path(), "backups");
-    add_s3(&c, &s3);
+    s3.add_to(&c, "offsite", "cluster-1");
     let uri = c.attached_volume("db", "16MiB", 1, "n1");
     write_blocks(&uri, 3, 0..8);
     let rt = runtime();
-    let probe = s3_target(&s3, 0);
+    let probe = s3.target("offsite", "cluster-1", 0);
 
     // Briefly: the backup retries, shows it, and completes once the store lets it.
     s3.throttle(true);
@@ -354,7 +321,7 @@ fn s3_throttling_is_ridden_out_with_retries_and_past_the_retry_time_fails_clearl
         Duration::from_secs(20),
         || !throttled(&rt, &probe),
     );
-    assert_no_manifest(&rt, &s3_target(&s3, 10), &b.name);
+    assert_no_manifest(&rt, &s3.target("offsite", "cluster-1", 10), &b.name);
     assert_blocks(&uri, 3, 0..8);
     assert_blocks(&uri, 4, 8..12);
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_api::backup::{Backup, BackupState};
-use hawser_backup::{Dest, Progress, S3Credentials, Target, TargetSpec};
+use hawser_backup::{Dest, Progress, Target};
 use hawser_e2e::cluster::{Cluster, ClusterOptions};
 use hawser_e2e::run::qemu_io;
 use hawser_e2e::{assert_same_contents, S3Server, TempDir};
@@ -25,23 +25,6 @@ fn backup(c: &Cluster, volume: &str) -> Backup {
     let b: Backup = serde_json::from_str(&out).expect("backup JSON");
     assert_eq!(b.state, BackupState::Ready, "{b:?}");
     b
-}
-
-fn add_target(c: &Cluster, endpoint: &str, credentials: &Path) {
-    c.cli_ok(&[
-        "backup",
-        "target",
-        "add",
-        "offsite",
-        "--s3",
-        endpoint,
-        "--bucket",
-        "backups",
-        "--prefix",
-        "site-a",
-        "--credentials-file",
-        &credentials.display().to_string(),
-    ]);
 }
 
 /// Waits until the standby `dr` of `c` holds `backup`.
@@ -97,21 +80,11 @@ fn image(target: &Target, backup: &str, dir: &Path) -> std::path::PathBuf {
 fn a_standby_follows_backups_and_activates_as_the_last_one() {
     let dir = TempDir::new("standby-s3");
     let s3 = S3Server::start(dir.path(), "backups");
-    let creds = s3.credentials_file();
-    let endpoint = s3.endpoint();
-    let key = S3Credentials::parse(&std::fs::read_to_string(&creds).expect("credentials"))
-        .expect("credentials");
-    let spec = TargetSpec::S3 {
-        endpoint: endpoint.clone(),
-        bucket: "backups".into(),
-        prefix: "site-a".into(),
-        region: None,
-    };
-    let target = Target::open("offsite", &spec, Some(&key)).expect("open the target");
+    let target = s3.target("offsite", "site-a", 120);
 
     // Site A: db, backed up once.
     let a = Cluster::start("standby-a", 1);
-    add_target(&a, &endpoint, &creds);
+    s3.add_to(&a, "offsite", "site-a");
     let uri = a.attached_volume("db", "32MiB", 1, "n1");
     qemu_io(
         &uri,
@@ -134,7 +107,7 @@ fn a_standby_follows_backups_and_activates_as_the_last_one() {
             ..Default::default()
         },
     );
-    add_target(&b, &endpoint, &creds);
+    s3.add_to(&b, "offsite", "site-a");
     b.cli_fails(
         &["volume", "create", "x", "--standby-of", "offsite/nothing"],
         "not found",
