@@ -8,6 +8,7 @@
 //!
 //! The binary comes from `HAWSER_BIN` (set by `make test`), else `target/release/hawser`.
 
+pub mod backups;
 pub mod capture;
 pub mod cluster;
 pub mod compare;

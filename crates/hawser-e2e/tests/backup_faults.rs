@@ -189,21 +189,8 @@ fn kill9_of_the_agent_mid_upload_fails_the_backup_and_the_next_one_reuses_its_bl
     assert_eq!(st.reused_blocks, st.found_blocks, "{st:?}");
     let shown = c.cli_ok(&["backup", "show", &next.name]);
     assert!(shown.contains("found on the target"), "{shown}");
-    let m = rt
-        .block_on(hawser_backup::read_manifest(&target, &next.name))
-        .expect("the manifest");
     let out = dir.path().join("restored");
-    std::fs::File::create(&out)
-        .and_then(|f| f.set_len(48 * MIB))
-        .expect("blank file");
-    rt.block_on(hawser_backup::restore(
-        &target,
-        &m,
-        Dest::Blank(&out),
-        Arc::new(Progress::new(0)),
-        0,
-    ))
-    .expect("restore the next backup");
+    hawser_e2e::backups::restore_to_file(&target, &next.name, &out, 48 * MIB);
     let restored = std::fs::read(&out).expect("read the restored file");
     for i in 0..40u64 {
         let at = usize::try_from(i * MIB).expect("an offset");

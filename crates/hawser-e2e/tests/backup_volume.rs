@@ -6,10 +6,9 @@
 //! backup with a clear status while the volume keeps serving.
 
 use std::process::Output;
-use std::sync::Arc;
 
 use hawser_api::backup::{Backup, BackupState, BackupTarget};
-use hawser_backup::{Dest, Progress, S3Credentials, Target, TargetSpec};
+use hawser_backup::{S3Credentials, Target, TargetSpec};
 use hawser_e2e::cluster::{Cluster, ClusterOptions};
 use hawser_e2e::run::qemu_io;
 use hawser_e2e::{assert_same_contents, S3Server, TempDir};
@@ -144,22 +143,9 @@ fn volumes_back_up_incrementally_to_s3_and_restore_byte_for_byte() {
     };
     let target = Target::open("offsite", &spec, Some(&key)).expect("open the target");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let m = rt
-        .block_on(hawser_backup::read_manifest(&target, &second.name))
-        .expect("manifest");
-    assert_eq!(m.previous.as_deref(), Some(first.name.as_str()));
     let out = dir.path().join("restored");
-    std::fs::File::create(&out)
-        .and_then(|f| f.set_len(64 * MIB))
-        .expect("blank file");
-    rt.block_on(hawser_backup::restore(
-        &target,
-        &m,
-        Dest::Blank(&out),
-        Arc::new(Progress::new(0)),
-        0,
-    ))
-    .expect("restore");
+    let m = hawser_e2e::backups::restore_to_file(&target, &second.name, &out, 64 * MIB);
+    assert_eq!(m.previous.as_deref(), Some(first.name.as_str()));
     let replica = c.replica_on("db", "n2");
     assert_same_contents(&out, &c.replica_path(&replica.id), 64 * MIB);
 

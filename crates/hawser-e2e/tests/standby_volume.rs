@@ -6,11 +6,10 @@
 //! every replica, and what it reads, equal the last backup.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_api::backup::{Backup, BackupState};
-use hawser_backup::{Dest, Progress, Target};
+use hawser_backup::Target;
 use hawser_e2e::cluster::{Cluster, ClusterOptions};
 use hawser_e2e::run::qemu_io;
 use hawser_e2e::{assert_same_contents, S3Server, TempDir};
@@ -57,22 +56,8 @@ fn metrics(c: &Cluster) -> String {
 
 /// `backup` restored from the target into a file of its own, to compare replicas with.
 fn image(target: &Target, backup: &str, dir: &Path) -> std::path::PathBuf {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let m = rt
-        .block_on(hawser_backup::read_manifest(target, backup))
-        .expect("manifest");
     let out = dir.join(backup);
-    std::fs::File::create(&out)
-        .and_then(|f| f.set_len(SIZE))
-        .expect("blank file");
-    rt.block_on(hawser_backup::restore(
-        target,
-        &m,
-        Dest::Blank(&out),
-        Arc::new(Progress::new(0)),
-        0,
-    ))
-    .expect("restore into a file");
+    hawser_e2e::backups::restore_to_file(target, backup, &out, SIZE);
     out
 }
 
