@@ -43,3 +43,13 @@ pub const MAX_RETRY_TIMEOUT_SECS: u64 = 86_400;
 pub const MAX_ERROR_BODY_BYTES: u64 = 64 << 10;
 /// A request to the target that takes longer than this is abandoned (and retried).
 pub const REQUEST_TIMEOUT_SECS: u64 = 60;
+/// A holder rewrites its lock on the target this often (`locks.rs`).
+pub const LOCK_REFRESH_SECS: u64 = 30;
+/// A lock the target stamped longer ago than this is a dead holder's: ignored. A killed
+/// backup or prune blocks the other for at most this long.
+pub const LOCK_STALE_SECS: u64 = 600;
+/// A holder whose lock went unwritten this long (half the stale time, a margin for clock
+/// rates and slow answers) may have looked dead: it stops before it does harm.
+pub const LOCK_LAPSE_SECS: u64 = LOCK_STALE_SECS / 2;
+/// How often a backup that found a prune running looks again.
+pub const LOCK_WAIT_POLL_MS: u64 = 1000;

@@ -66,6 +66,19 @@ pub enum BackupError {
         object: String,
         why: String,
     },
+    /// A backup and a prune of one target would overlap (`locks.rs`).
+    #[error("backup target {target} is busy: {why}")]
+    Busy { target: String, why: String },
+    /// This holder's lock went unwritten long enough to look dead to others.
+    #[error(
+        "backup target {target}: lock {lock} could not be rewritten for {secs} s, so a prune \
+         may have run meanwhile; stopped before anything relies on it (try again)"
+    )]
+    LockLapsed {
+        target: String,
+        lock: String,
+        secs: u64,
+    },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,

@@ -81,6 +81,21 @@ impl S3Credentials {
     }
 }
 
+/// An object as a listing gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// Relative to the target.
+    pub name: String,
+    pub size: u64,
+    /// When the target last wrote it, by the target's clock (S3's Last-Modified, a file's
+    /// mtime), in ms since the Unix epoch.
+    pub modified_ms: u64,
+}
+
+fn millis(m: &object_store::ObjectMeta) -> u64 {
+    u64::try_from(m.last_modified.timestamp_millis()).unwrap_or(0)
+}
+
 /// An open target.
 #[derive(Clone)]
 pub struct Target {
@@ -294,6 +309,17 @@ impl Target {
 
     /// Every object under `rel` (recursively), as names relative to the target.
     pub async fn list(&self, rel: &str) -> Result<Vec<String>, BackupError> {
+        Ok(self
+            .list_listed(rel)
+            .await?
+            .into_iter()
+            .map(|o| o.name)
+            .collect())
+    }
+
+    /// Every object under `rel` (recursively), with its size and the time the target gave
+    /// it, sorted by name.
+    pub async fn list_listed(&self, rel: &str) -> Result<Vec<Listed>, BackupError> {
         let under = self.path(rel);
         let metas: Vec<_> = self
             .store
@@ -302,7 +328,7 @@ impl Target {
             .await
             .map_err(|e| self.err(format!("list {rel}"), e))?;
         let skip = self.prefix.parts().count();
-        let mut out: Vec<String> = metas
+        let mut out: Vec<Listed> = metas
             .into_iter()
             .map(|m| {
                 let parts: Vec<String> = m
@@ -311,11 +337,25 @@ impl Target {
                     .skip(skip)
                     .map(|p| p.as_ref().to_owned())
                     .collect();
-                parts.join("/")
+                Listed {
+                    name: parts.join("/"),
+                    size: m.size,
+                    modified_ms: millis(&m),
+                }
             })
             .collect();
-        out.sort();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    /// The time the target gave the object at `rel` when it was last written (its clock, not
+    /// ours), or None if there is none.
+    pub async fn modified_ms(&self, rel: &str) -> Result<Option<u64>, BackupError> {
+        match self.store.head(&self.path(rel)).await {
+            Ok(meta) => Ok(Some(millis(&meta))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(format!("look up {rel}"), e)),
+        }
     }
 
     /// Makes everything stored so far durable. S3 acknowledges a PUT once it is durable; a

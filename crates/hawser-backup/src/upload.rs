@@ -5,12 +5,14 @@ use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
-use crate::constants::MAX_IN_FLIGHT_BLOCKS;
+use crate::constants::{LOCK_STALE_SECS, LOCK_WAIT_POLL_MS, MAX_IN_FLIGHT_BLOCKS};
 use crate::error::BackupError;
+use crate::locks::{Lock, LockBody, LockKind};
 use crate::manifest::{BackupKey, BackupStats, Manifest, FORMAT};
 use crate::progress::{Pacer, Progress};
 use crate::target::Target;
@@ -64,6 +66,69 @@ pub async fn back_up(
         });
     }
     let file = open_source(source, plan.size_bytes)?;
+    // Before anything on the target is relied on: no prune runs while this is held.
+    let mut lock = Lock::take(
+        target,
+        LockBody {
+            kind: LockKind::Backup,
+            holder: plan.backup.clone(),
+            cluster: plan.cluster.clone(),
+            host: hostname(),
+            started_ms: now_ms(),
+        },
+    )
+    .await?;
+    let made = async {
+        wait_out_prunes(target, &mut lock).await?;
+        locked(target, source, file, plan, progress, &lock, started).await
+    }
+    .await;
+    lock.release().await;
+    made
+}
+
+/// Waits while a prune holds the target (at most the stale time of its lock).
+async fn wait_out_prunes(target: &Target, lock: &mut Lock) -> Result<(), BackupError> {
+    let since = std::time::Instant::now();
+    loop {
+        let prunes: Vec<_> = lock
+            .others()
+            .await?
+            .into_iter()
+            .filter(|h| h.kind == LockKind::Prune)
+            .collect();
+        let Some(first) = prunes.first() else {
+            return Ok(());
+        };
+        if since.elapsed() > Duration::from_secs(LOCK_STALE_SECS) {
+            return Err(BackupError::Busy {
+                target: target.name().to_owned(),
+                why: format!("a prune still holds it after {LOCK_STALE_SECS} s: {first}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(LOCK_WAIT_POLL_MS)).await;
+    }
+}
+
+/// The backup proper, under the target's lock.
+async fn locked(
+    target: &Target,
+    source: &Path,
+    file: Arc<std::fs::File>,
+    mut plan: BackupPlan,
+    progress: Arc<Progress>,
+    lock: &Lock,
+    started: std::time::Instant,
+) -> Result<Manifest, BackupError> {
+    // The previous backup was read before the lock: if it was deleted since, a prune may
+    // have taken its blocks, so none of them is assumed to be there.
+    if let Some(p) = &plan.previous {
+        if target.size(&names::manifest(&p.backup)).await?.is_none() {
+            tracing::info!(backup = %plan.backup, previous = %p.backup,
+                "the previous backup was deleted; every block is looked up");
+            plan.previous = None;
+        }
+    }
     let mut manifest = Manifest {
         format: FORMAT,
         backup: plan.backup.clone(),
@@ -141,6 +206,8 @@ pub async fn back_up(
     // Every block durable before the manifest that names them, and the manifest durable
     // before the backup is reported done.
     target.barrier().await?;
+    // The blocks it reuses are still there only if no prune could have run meanwhile.
+    lock.check()?;
     target
         .put(
             &names::manifest(&plan.backup),
@@ -149,6 +216,20 @@ pub async fn back_up(
         .await?;
     target.barrier().await?;
     Ok(manifest)
+}
+
+/// This machine's name, for a lock's reader.
+pub(crate) fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn open_source(source: &Path, size: u64) -> Result<Arc<std::fs::File>, BackupError> {
