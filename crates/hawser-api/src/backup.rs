@@ -345,3 +345,55 @@ pub struct ActivateVolume {
     #[serde(default)]
     pub as_is: bool,
 }
+
+/// A volume's backups on a schedule (docs/backup.md), kept in the volume's record (so on
+/// Kubernetes it is the `backup_schedules` field of the HawserVolume's spec). One per target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupSchedule {
+    pub target: String,
+    /// When to back up: a cron expression in UTC, five fields (minute hour day-of-month month
+    /// day-of-week), or six with seconds first.
+    pub cron: String,
+    /// How many of the backups this schedule made are kept on the target; older ones are
+    /// deleted, then their blocks pruned. Backups made by hand are never deleted by it.
+    pub retain: u32,
+    /// The time the schedule last ran (or was first seen, for one that has not run): the
+    /// next run is the first cron time after it. A controller that was down across several
+    /// cron times runs once when it is back, not once for each.
+    #[serde(default)]
+    pub last_run_ms: Option<u64>,
+    /// The backup it last started.
+    #[serde(default)]
+    pub last_backup: Option<String>,
+    /// Why its last run did not start a backup (cleared by the next run that starts one).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// When it runs next (ms since the Unix epoch): shown by the API, not stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_run_ms: Option<u64>,
+}
+
+/// `PUT /v1/volumes/{name}/backup-schedules/{target}`: sets (or replaces) the volume's
+/// schedule for that target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetBackupSchedule {
+    pub cron: String,
+    pub retain: u32,
+}
+
+/// `POST /v1/backup-targets/{name}/prune`: what a prune of a target did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneReport {
+    /// Backups on the target (their manifests), all kept.
+    pub backups: u64,
+    /// Block objects on the target before the prune.
+    pub blocks: u64,
+    /// Named by no manifest, and deleted.
+    pub deleted_blocks: u64,
+    /// Their stored (compressed) bytes.
+    pub freed_bytes: u64,
+    /// Named by no manifest but written too recently to be sure no backup names them: kept
+    /// for a later prune.
+    pub young_blocks: u64,
+}

@@ -162,6 +162,15 @@ impl Client {
         self.decode(path, &body)
     }
 
+    pub fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        b: &B,
+    ) -> Result<T, ClientError> {
+        let body = self.send(reqwest::Method::PUT, path, Some(b))?;
+        self.decode(path, &body)
+    }
+
     pub fn delete(&self, path: &str) -> Result<(), ClientError> {
         self.send(reqwest::Method::DELETE, path, None::<&()>)
             .map(|_| ())

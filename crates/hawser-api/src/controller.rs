@@ -534,6 +534,9 @@ pub struct Volume {
     /// A standby volume: what it follows, and the backup it holds (its recovery point).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<crate::backup::Standby>,
+    /// Its backups on a schedule, one per target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backup_schedules: Vec<crate::backup::BackupSchedule>,
 }
 
 /// `POST /v1/volumes/{name}/restore`: put a detached volume's data back to one of its

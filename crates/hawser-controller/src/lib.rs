@@ -104,6 +104,15 @@ pub struct ControllerArgs {
     /// (docs/backup.md).
     #[arg(long, env = "HAWSER_STANDBY_POLL_SECS", default_value_t = crate::constants::DEFAULT_STANDBY_POLL_SECS)]
     pub standby_poll_secs: u64,
+    /// Seconds since the target wrote it before a block that no backup names is pruned: a
+    /// backup the prune cannot see (an agent older than target locks) may be about to name
+    /// a fresh one (docs/backup.md). Lower it only where every agent takes target locks.
+    #[arg(
+        long,
+        env = "HAWSER_BACKUP_PRUNE_GRACE_SECS",
+        default_value_t = hawser_backup::constants::LOCK_STALE_SECS
+    )]
+    pub backup_prune_grace_secs: u64,
     /// Seconds a node may stay offline before its replicas are replaced by new ones on
     /// other nodes (LINSTOR waits 3600, Longhorn 600).
     #[arg(long, default_value_t = DEFAULT_REPLACE_AFTER_SECS)]
@@ -429,11 +438,14 @@ impl Controller {
             waiting: Default::default(),
             metrics,
             keks,
-            backups: crate::snapshots::backup_targets::BackupSettings::new(
-                &args.data_dir,
-                args.backup_rate,
-                args.backup_retry_secs,
-            ),
+            backups: crate::snapshots::backup_targets::BackupSettings {
+                prune_grace_secs: args.backup_prune_grace_secs,
+                ..crate::snapshots::backup_targets::BackupSettings::new(
+                    &args.data_dir,
+                    args.backup_rate,
+                    args.backup_retry_secs,
+                )
+            },
         };
         Ok(Controller {
             listener,
@@ -485,6 +497,7 @@ impl Controller {
             self.state.clone(),
             self.standby_poll,
         ));
+        let schedules = tokio::spawn(crate::snapshots::schedules::run(self.state.clone()));
         let node_events = tokio::spawn(crate::cluster::events::watch_nodes(self.state.clone()));
         let tokens = tokio::spawn(crate::api::tokens::refresh_forever(self.state.clone()));
         let failover = self
@@ -513,6 +526,7 @@ impl Controller {
         catchup.abort();
         backups.abort();
         standby.abort();
+        schedules.abort();
         node_events.abort();
         tokens.abort();
         follow_ca.abort();

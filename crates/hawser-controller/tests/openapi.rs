@@ -728,6 +728,62 @@ async fn probe_backups(p: &mut Probe<'_>, a: Option<&str>) {
     );
     let show = (Method::GET, "/v1/backups/{name}");
     assert_eq!(p.call(a, show, "/v1/backups/nope", None).await.0, 404);
+    let del = (Method::DELETE, "/v1/backups/{name}");
+    for (token, path, want) in [
+        (None, "/v1/backups/nope", 401),
+        (a, "/v1/backups/nope", 404),
+        (a, "/v1/backups/No_Such", 400),
+    ] {
+        let (s, e) = p.call(token, del.clone(), path, None).await;
+        assert_eq!(s, want, "{path}: {e}");
+    }
+
+    // A schedule of volume v (made by the caller) to t1.
+    let set = (Method::PUT, "/v1/volumes/{name}/backup-schedules/{target}");
+    let at = "/v1/volumes/v/backup-schedules/t1";
+    let good = json!({"cron": "0 * * * *", "retain": 3});
+    for (token, path, body, want) in [
+        (None, at, good.clone(), 401),
+        (a, at, json!({"cron": "junk", "retain": 3}), 400),
+        (a, at, json!({"cron": "0 * * * *", "retain": 0}), 400),
+        (
+            a,
+            at,
+            json!({"cron": "0 * * * *", "retain": 3, "junk": 1}),
+            400,
+        ),
+        (a, "/v1/volumes/v/backup-schedules/t9", good.clone(), 404),
+        (a, "/v1/volumes/nope/backup-schedules/t1", good.clone(), 404),
+    ] {
+        let (s, e) = p.call(token, set.clone(), path, Some(body)).await;
+        assert_eq!(s, want, "{path}: {e}");
+    }
+    let (s, sch) = p.call(a, set, at, Some(good)).await;
+    assert_eq!((s, &sch["retain"]), (200, &json!(3)), "{sch}");
+    assert!(sch["next_run_ms"].as_u64().is_some(), "{sch}");
+    let vol = (Method::GET, "/v1/volumes/{name}");
+    let (_, v) = p.call(a, vol, "/v1/volumes/v", None).await;
+    assert_eq!(v["backup_schedules"][0]["target"], json!("t1"), "{v}");
+    let unset = (
+        Method::DELETE,
+        "/v1/volumes/{name}/backup-schedules/{target}",
+    );
+    for (token, want) in [(None, 401), (a, 204), (a, 404)] {
+        let (s, e) = p.call(token, unset.clone(), at, None).await;
+        assert_eq!(s, want, "{e}");
+    }
+
+    // A prune of t1: nothing on it yet.
+    let prune = (Method::POST, "/v1/backup-targets/{name}/prune");
+    for (token, path, want) in [
+        (None, "/v1/backup-targets/t1/prune", 401),
+        (a, "/v1/backup-targets/t9/prune", 404),
+    ] {
+        let (s, e) = p.call(token, prune.clone(), path, None).await;
+        assert_eq!(s, want, "{path}: {e}");
+    }
+    let (s, r) = p.call(a, prune, "/v1/backup-targets/t1/prune", None).await;
+    assert_eq!((s, &r["deleted_blocks"]), (200, &json!(0)), "{r}");
 
     let remove = (Method::DELETE, "/v1/backup-targets/{name}");
     assert_eq!(

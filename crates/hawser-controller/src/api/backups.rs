@@ -6,12 +6,15 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use hawser_api::backup::{AddBackupTarget, Backup, BackupTarget, CreateBackup};
+use hawser_api::backup::{
+    AddBackupTarget, Backup, BackupSchedule, BackupTarget, CreateBackup, PruneReport,
+    SetBackupSchedule,
+};
 use serde::Deserialize;
 
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::errors::ControllerError;
-use crate::snapshots::{backup_targets, backups};
+use crate::snapshots::{backup_targets, backups, retention, schedules};
 use crate::state::AppState;
 
 type Shared = State<Arc<AppState>>;
@@ -75,4 +78,39 @@ pub async fn show(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Backup>, ControllerError> {
     Ok(Json(backups::record(&st, &name).await?.backup))
+}
+
+/// Deletes a backup (ready or failed) from its target and the store; 409 while it runs.
+pub async fn delete_backup(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<StatusCode, ControllerError> {
+    backups::delete(&st, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Prunes a target now: deletes the blocks no backup on it names. 409 while a backup (of
+/// any cluster) runs on it.
+pub async fn prune_target(
+    State(st): Shared,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<PruneReport>, ControllerError> {
+    hawser_api::validate_name("backup target", &name)?;
+    Ok(Json(retention::prune(&st, &name).await?))
+}
+
+pub async fn set_schedule(
+    State(st): Shared,
+    ApiPath((volume, target)): ApiPath<(String, String)>,
+    ApiJson(req): ApiJson<SetBackupSchedule>,
+) -> Result<Json<BackupSchedule>, ControllerError> {
+    Ok(Json(schedules::set(&st, &volume, &target, req).await?))
+}
+
+pub async fn remove_schedule(
+    State(st): Shared,
+    ApiPath((volume, target)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ControllerError> {
+    schedules::remove(&st, &volume, &target).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

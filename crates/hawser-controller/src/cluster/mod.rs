@@ -557,6 +557,7 @@ pub fn rebuild(
             origin: None,
             restoring: None,
             standby: None,
+            backup_schedules: vec![],
             qos: Default::default(),
             encryption,
             // In the replicas' metadata: replacements keep sums if every replica found does.

@@ -37,6 +37,12 @@ pub struct BackupSettings {
     pub following: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     /// Wakes the standby loop (`standby::run`) when a standby is created or activated.
     pub standby_wake: std::sync::Arc<tokio::sync::Notify>,
+    /// Wakes the schedule loop (`schedules::run`) when a schedule is set or a prune wanted.
+    pub schedule_wake: std::sync::Arc<tokio::sync::Notify>,
+    /// Targets a backup was deleted from, to prune (`retention.rs`).
+    pub prune_wanted: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// A block no manifest names is pruned only once the target wrote it this long ago.
+    pub prune_grace_secs: u64,
 }
 
 impl BackupSettings {
@@ -47,6 +53,9 @@ impl BackupSettings {
             retry_secs,
             following: Default::default(),
             standby_wake: Default::default(),
+            schedule_wake: Default::default(),
+            prune_wanted: Default::default(),
+            prune_grace_secs: hawser_backup::constants::LOCK_STALE_SECS,
         }
     }
 
@@ -132,6 +141,16 @@ pub async fn open(
     st: &AppState,
     name: &str,
 ) -> Result<(TargetRecord, Option<S3Key>, Target), ControllerError> {
+    // Opened for requests an API caller waits on: retried briefly.
+    open_with_retry(st, name, hawser_backup::constants::CHECK_RETRY_SECS).await
+}
+
+/// [`open`], with each request retried for `retry_secs` (work nobody waits on: a prune).
+pub async fn open_with_retry(
+    st: &AppState,
+    name: &str,
+    retry: u64,
+) -> Result<(TargetRecord, Option<S3Key>, Target), ControllerError> {
     let record = target_record(st, name).await?;
     let creds = st.backups.credentials(name)?;
     if matches!(record.spec, TargetSpec::S3 { .. }) && creds.is_none() {
@@ -144,8 +163,6 @@ pub async fn open(
             ),
         });
     }
-    // Opened for requests an API caller waits on: retried briefly.
-    let retry = hawser_backup::constants::CHECK_RETRY_SECS;
     let target = Target::open_with(name, &record.spec, creds.as_ref(), retry).map_err(|e| {
         ControllerError::BackupTarget {
             target: name.into(),

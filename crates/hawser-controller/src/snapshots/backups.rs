@@ -34,6 +34,9 @@ pub struct BackupRecord {
     /// The snapshot was taken for this backup, and goes when it ends.
     #[serde(default)]
     pub owns_snapshot: bool,
+    /// A schedule made it: its retention may delete it (`snapshots/schedules.rs`).
+    #[serde(default)]
+    pub scheduled: bool,
 }
 
 fn key(name: &str) -> String {
@@ -56,13 +59,31 @@ pub async fn list(
     volume: Option<&str>,
     target: Option<&str>,
 ) -> Result<Vec<Backup>, ControllerError> {
-    let all = list_json::<BackupRecord>(&*st.records.store(), PREFIX).await?;
-    let mut out: Vec<Backup> = all
+    Ok(records(st, volume, target)
+        .await?
         .into_iter()
-        .map(|(_, r, _)| r.backup)
-        .filter(|b| volume.is_none_or(|v| b.volume == v) && target.is_none_or(|t| b.target == t))
+        .map(|r| r.backup)
+        .collect())
+}
+
+/// [`list`], as the store keeps them.
+pub async fn records(
+    st: &AppState,
+    volume: Option<&str>,
+    target: Option<&str>,
+) -> Result<Vec<BackupRecord>, ControllerError> {
+    let all = list_json::<BackupRecord>(&*st.records.store(), PREFIX).await?;
+    let mut out: Vec<BackupRecord> = all
+        .into_iter()
+        .map(|(_, r, _)| r)
+        .filter(|r| {
+            volume.is_none_or(|v| r.backup.volume == v)
+                && target.is_none_or(|t| r.backup.target == t)
+        })
         .collect();
-    out.sort_by(|a, b| (a.created_ms, &a.name).cmp(&(b.created_ms, &b.name)));
+    out.sort_by(|a, b| {
+        (a.backup.created_ms, &a.backup.name).cmp(&(b.backup.created_ms, &b.backup.name))
+    });
     Ok(out)
 }
 
@@ -131,6 +152,15 @@ async fn holder(
 /// `POST /v1/backups`: starts a backup and answers at once (Running); `hawser backup show`
 /// follows it.
 pub async fn create(st: &Arc<AppState>, req: CreateBackup) -> Result<Backup, ControllerError> {
+    create_as(st, req, false).await
+}
+
+/// Starts a backup, made by a schedule or not.
+pub async fn create_as(
+    st: &Arc<AppState>,
+    req: CreateBackup,
+    scheduled: bool,
+) -> Result<Backup, ControllerError> {
     hawser_api::validate_name("volume", &req.volume)?;
     let v = st.records.existing_volume(&req.volume).await?;
     let (target_rec, credentials, _) =
@@ -171,6 +201,7 @@ pub async fn create(st: &Arc<AppState>, req: CreateBackup) -> Result<Backup, Con
         },
         replica: None,
         owns_snapshot: owns,
+        scheduled,
     };
     save(st, &rec, Expect::Absent).await?;
     let started = start_on_a_holder(st, &mut rec, &snap, &target_rec, credentials, previous).await;
@@ -373,6 +404,61 @@ async fn finish(
     if let Err(e) = save(st, rec, Expect::Any).await {
         tracing::warn!(backup = %name, error = %e, "cannot record how a backup ended");
     }
+}
+
+/// `DELETE /v1/backups/{name}`: deletes the backup's manifest from its target, then its
+/// record. Its blocks stay until the target is pruned (`POST /v1/backup-targets/{t}/prune`,
+/// or the prune after a schedule's retention), since other backups may name them. A running
+/// backup is refused: it would write its manifest after this. A failed one has no manifest.
+pub async fn delete(st: &AppState, name: &str) -> Result<(), ControllerError> {
+    hawser_api::validate_name_up_to(
+        "backup",
+        name,
+        hawser_backup::constants::MAX_BACKUP_NAME_BYTES,
+    )?;
+    let (rec, version) = get_json::<BackupRecord>(&*st.records.store(), &key(name))
+        .await?
+        .ok_or_else(|| ControllerError::NotFound {
+            kind: "backup",
+            name: name.into(),
+        })?;
+    if rec.backup.state == BackupState::Running {
+        return Err(ControllerError::Refused {
+            message: format!(
+                "backup {name} is running; delete it once it is ready or failed (`hawser \
+                 backup show {name}`)"
+            ),
+        });
+    }
+    if rec.backup.state == BackupState::Ready {
+        let (_, _, target) = crate::snapshots::backup_targets::open(st, &rec.backup.target).await?;
+        target
+            .delete(&hawser_backup::names::manifest(name))
+            .await
+            .map_err(|e| ControllerError::BackupTarget {
+                target: rec.backup.target.clone(),
+                reason: e.to_string(),
+            })?;
+    }
+    st.records
+        .store()
+        .delete(&key(name), Expect::Version(version))
+        .await?;
+    tracing::info!(backup = name, target = %rec.backup.target, "backup deleted");
+    if rec.backup.state == BackupState::Ready {
+        crate::snapshots::retention::want_prune(st, &rec.backup.target);
+    }
+    st.events.keep(
+        Some(&rec.backup.volume),
+        None,
+        false,
+        "BackupDeleted",
+        &format!(
+            "backup {name} was deleted from target {}; its blocks go at the next prune",
+            rec.backup.target
+        ),
+    );
+    Ok(())
 }
 
 /// On the leader, every `every`: follow the running backups nobody here follows (after this

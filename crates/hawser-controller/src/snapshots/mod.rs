@@ -2,8 +2,8 @@
 //! (`create`), bringing a replica that missed a snapshot up to it (`catchup`), and sending
 //! one off the cluster as a backup (`backups`, to the targets of `backup_targets`) and
 //! making a volume from one (`restores`), or keeping a standby of another cluster's volume
-//! from its backups (`standby`). The
-//! routes are in `api::snapshots` and `api::backups`; restoring a volume from a snapshot is
+//! from its backups (`standby`); backups on a schedule (`schedules`), and what they keep
+//! and prune (`retention`). The routes are in `api::snapshots` and `api::backups`; restoring a volume from a snapshot is
 //! `volumes::restore`.
 
 pub(crate) mod backup_targets;
@@ -11,4 +11,6 @@ pub(crate) mod backups;
 pub(crate) mod catchup;
 pub(crate) mod create;
 pub(crate) mod restores;
+pub(crate) mod retention;
+pub(crate) mod schedules;
 pub(crate) mod standby;

@@ -157,6 +157,10 @@ pub struct VolumeRecord {
     /// A standby volume (`snapshots/standby.rs`): `restoring` says so while this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<hawser_api::backup::Standby>,
+    /// Backups on a schedule, one per target (`snapshots/schedules.rs`); on Kubernetes the
+    /// HawserVolume's `spec.backup_schedules`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backup_schedules: Vec<hawser_api::backup::BackupSchedule>,
 }
 
 /// A snapshot of the volume whose record holds it.
@@ -238,6 +242,11 @@ impl VolumeRecord {
             checksums: self.checksums,
             last_scrub_ms: self.scrubbed_ms,
             standby: self.standby.clone(),
+            backup_schedules: self
+                .backup_schedules
+                .iter()
+                .map(crate::snapshots::schedules::view)
+                .collect(),
         }
     }
 }

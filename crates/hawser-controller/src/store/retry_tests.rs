@@ -159,6 +159,7 @@ fn volume(name: &str) -> VolumeRecord {
         origin: None,
         restoring: None,
         standby: None,
+        backup_schedules: vec![],
         qos: Default::default(),
         encryption: None,
         checksums: false,

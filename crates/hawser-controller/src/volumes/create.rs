@@ -181,6 +181,7 @@ async fn create_placed(
         origin: req.from.clone(),
         restoring: None,
         standby: None,
+        backup_schedules: vec![],
         qos: req.qos,
         encryption: encryption.clone(),
         checksums: req.wants_checksums(),

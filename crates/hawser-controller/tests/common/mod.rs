@@ -214,6 +214,7 @@ pub fn controller_args(
         backup_rate: 0,
         backup_retry_secs: 120,
         standby_poll_secs: 60,
+        backup_prune_grace_secs: 600,
         replace_after_secs: 300,
         max_rebuilds: 2,
         heal_check_secs: 0,

@@ -1,10 +1,12 @@
-//! `hawser backup target add|list|show|remove` and `hawser backup create|list|show`: backups
-//! off the cluster (docs/backup.md).
+//! `hawser backup target add|list|show|remove|prune` and `hawser backup
+//! create|list|show|delete`: backups off the cluster (docs/backup.md). Schedules are in
+//! `backup_schedule.rs`.
 
 use std::path::PathBuf;
 
 use hawser_api::backup::{
-    AddBackupTarget, Backup, BackupState, BackupTarget, CreateBackup, S3Key, TargetSpec,
+    AddBackupTarget, Backup, BackupState, BackupTarget, CreateBackup, PruneReport, S3Key,
+    TargetSpec,
 };
 use hawser_api::{format_size, Secret};
 use serde_json::json;
@@ -53,6 +55,31 @@ pub enum BackupCmd {
         #[command(flatten)]
         out: OutputArg,
     },
+    /// Delete a backup from its target (a ready or failed one). Its blocks go when the
+    /// target is next pruned, which follows on its own.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Back a volume up on a schedule, keeping its newest N backups.
+    Schedule(crate::cli::backup_schedule::ScheduleArgs),
+    /// Stop a volume's schedule for a target (the backups it made stay).
+    Unschedule {
+        #[arg(value_parser = parse_volume_name)]
+        volume: String,
+        #[arg(long)]
+        target: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// List backup schedules: when each last ran and will run next, and what it keeps.
+    Schedules {
+        #[arg(long, value_parser = parse_volume_name)]
+        volume: Option<String>,
+        #[command(flatten)]
+        out: OutputArg,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -93,6 +120,13 @@ pub enum TargetCmd {
     },
     /// Forget a target. Its backups stay on it.
     Remove {
+        name: String,
+        #[command(flatten)]
+        out: OutputArg,
+    },
+    /// Delete the blocks no backup on the target names (after backups were deleted).
+    /// Refused while a backup runs on it, from this cluster or another.
+    Prune {
         name: String,
         #[command(flatten)]
         out: OutputArg,
@@ -160,6 +194,25 @@ pub fn run(client: &Client, cmd: BackupCmd) -> Result<(), CliError> {
                 Format::Table => print!("{}", details(&b, now_ms())),
             }
             Ok(())
+        }
+        BackupCmd::Delete { name, out } => {
+            client.delete(&format!("/v1/backups/{name}"))?;
+            match out.format {
+                Format::Json => print_json(&json!({ "name": name, "deleted": true })),
+                Format::Table => {
+                    println!("backup {name} deleted (its blocks go when the target is next pruned)")
+                }
+            }
+            Ok(())
+        }
+        BackupCmd::Schedule(args) => crate::cli::backup_schedule::set(client, args),
+        BackupCmd::Unschedule {
+            volume,
+            target,
+            out,
+        } => crate::cli::backup_schedule::remove(client, &volume, &target, out),
+        BackupCmd::Schedules { volume, out } => {
+            crate::cli::backup_schedule::list(client, volume.as_deref(), out)
         }
     }
 }
@@ -246,6 +299,22 @@ fn run_target(client: &Client, cmd: TargetCmd) -> Result<(), CliError> {
             match out.format {
                 Format::Json => print_json(&t),
                 Format::Table => println!("{}: {}", t.name, t.spec.describe()),
+            }
+        }
+        TargetCmd::Prune { name, out } => {
+            let r: PruneReport =
+                client.post(&format!("/v1/backup-targets/{name}/prune"), &json!({}))?;
+            match out.format {
+                Format::Json => print_json(&r),
+                Format::Table => println!(
+                    "target {name} pruned: {} blocks deleted ({}), {} kept for {} backups, {} \
+                     too recent to prune yet",
+                    r.deleted_blocks,
+                    format_size(r.freed_bytes),
+                    r.blocks.saturating_sub(r.deleted_blocks + r.young_blocks),
+                    r.backups,
+                    r.young_blocks
+                ),
             }
         }
         TargetCmd::Remove { name, out } => {

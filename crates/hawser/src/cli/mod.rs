@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod backup;
+pub mod backup_schedule;
 pub mod client;
 pub mod client_cert;
 pub mod cluster;
