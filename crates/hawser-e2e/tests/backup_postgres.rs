@@ -191,13 +191,15 @@ fn check_database(pg: &Postgres, source: &Source) {
         "PostgreSQL did not recover from a crash:\n{log}"
     );
     let checked = amcheck(pg);
+    // pg_amcheck --verbose names each relation it checks.
     for rel in [
-        "commits_pkey",
-        "pgbench_accounts_pkey",
-        "pgbench_accounts\"",
+        "heap table \"bench.public.commits\"",
+        "btree index \"bench.public.commits_pkey\"",
+        "heap table \"bench.public.pgbench_accounts\"",
+        "btree index \"bench.public.pgbench_accounts_pkey\"",
     ] {
         assert!(
-            checked.contains(rel),
+            checked.contains(&format!("checking {rel}")),
             "pg_amcheck did not check {rel}:\n{checked}"
         );
     }
