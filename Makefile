@@ -13,11 +13,15 @@ HAWSER := target/release/hawser
 # the dashboard's browser test; procps (ps, kill), openssl (the API server's service-account
 # key), gcc (the k8s pause image) and g++ (libFuzzer), which a minimal Debian lacks; for the
 # tests in a real kernel (scripts/kvm/boot.sh), qemu-system-x86, and cpio, xz-utils and kmod
-# (depmod, modprobe), which build its initramfs and which a minimal Debian lacks too.
-APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium procps openssl gcc g++ libc6-dev qemu-system-x86 cpio xz-utils kmod
+# (depmod, modprobe), which build its initramfs and which a minimal Debian lacks too;
+# PostgreSQL 15 (postgresql-15, which brings postgresql-client-15: psql, pgbench, pg_amcheck)
+# for the backup of a database under load (e2e backup_postgres).
+APT_PACKAGES := fio valgrind libnbd-bin nbdkit qemu-utils e2fsprogs xfsprogs fuse3 iproute2 iptables etcd-server etcd-client protobuf-compiler containerd runc containernetworking-plugins busybox-static prometheus chromium procps openssl gcc g++ libc6-dev qemu-system-x86 cpio xz-utils kmod postgresql-15
 # Commands whose absence means a package above is missing; every command the tests run that
-# comes from one of them (scripts/check-tools.sh checks that).
-NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++ qemu-system-x86_64 cpio xz depmod modprobe modinfo rmmod
+# comes from one of them (scripts/check-tools.sh checks that). A program that is not on PATH
+# is named by its path: Debian's PostgreSQL programs, in its versioned directory.
+PG_BIN := /usr/lib/postgresql/15/bin
+NEEDED_CMDS := fio valgrind callgrind_control nbdinfo nbdcopy nbdfuse nbdkit qemu-io mkfs.ext4 mkfs.xfs xfs_growfs fusermount3 ip iptables etcd etcdctl protoc containerd runc busybox promtool chromium ps kill openssl gcc c++ qemu-system-x86_64 cpio xz depmod modprobe modinfo rmmod $(addprefix $(PG_BIN)/,initdb postgres psql pgbench pg_amcheck)
 # Commands make test needs and does not install: Debian's are too old (scripts/k8s/build.sh
 # needs Go 1.24+, playwright-core Node.js 20+). The project's machines come with them;
 # `make check-tools` stops make test at once when one is missing, `make doctor` says more.

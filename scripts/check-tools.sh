@@ -29,7 +29,9 @@ mkvar() { mk -s --eval 'print-var-%: ; @echo $($*)' "print-var-$1"; }
 
 # --- Providers: prov[KIND:NAME] = the step that provides it ---------------------------------
 declare -A prov=()
-for c in $(mkvar NEEDED_CMDS); do prov[cmd:$c]=deps; done
+# A program off PATH is named there by its path (Debian's PostgreSQL); the tests name it by
+# its last part (pg_bin("initdb")).
+for c in $(mkvar NEEDED_CMDS); do prov[cmd:${c##*/}]=deps; done
 for c in $(mkvar HOST_CMDS); do prov[cmd:$c]=host; done
 # Commands of Debian's "required" packages (coreutils, bash, dash, mount, util-linux,
 # e2fsprogs, apt, dpkg, gzip), which every Debian system has. Add one only if `dpkg-query -W

@@ -2,8 +2,8 @@
 //! multi-host cluster in network namespaces for fault tests, a verifying writer (NBD client
 //! with a write log and checker, and the check that a snapshot is a cut of its run), commands
 //! with deadlines, guards that undo mounts, loop devices and FUSE mounts even when a test
-//! fails, whole-cluster invariant checks, and commands in a real Linux kernel (a QEMU guest,
-//! `guest`).
+//! fails, whole-cluster invariant checks, commands in a real Linux kernel (a QEMU guest,
+//! `guest`), and PostgreSQL 15 on a volume (`postgres`).
 //! Processes are stopped by the PIDs this fixture started, nothing else.
 //!
 //! The binary comes from `HAWSER_BIN` (set by `make test`), else `target/release/hawser`.
@@ -26,6 +26,7 @@ pub mod mounts;
 pub mod nbd_client;
 pub mod netns;
 pub mod peer_conn;
+pub mod postgres;
 pub mod probe;
 pub mod run;
 pub mod s3;

@@ -24,6 +24,9 @@ pub struct S3Server {
     filer: String,
     metrics_port: u16,
     pub bucket: String,
+    /// The unix sockets weed makes for its own gRPC services, at paths it fixes in /tmp
+    /// (`weed/command/server.go`) and leaves behind: removed on drop.
+    grpc_sockets: [PathBuf; 4],
 }
 
 impl S3Server {
@@ -41,8 +44,11 @@ impl S3Server {
         std::fs::write(&config, identities.to_string()).expect("s3 identities");
         let (s3, filer, metrics) = (free_port(), free_port(), free_port());
         let (master_port, master_grpc, filer_grpc) = (free_port(), free_port(), free_port());
+        let (volume_grpc, s3_grpc) = (free_port(), free_port());
         let flag = |k: &str, v: String| format!("-{k}={v}");
         let args = vec![
+            // Its log files in its directory, not the system's temp directory.
+            flag("logdir", dir.display().to_string()),
             "server".to_owned(),
             flag("dir", data.display().to_string()),
             flag("ip", "127.0.0.1".into()),
@@ -54,7 +60,7 @@ impl S3Server {
             flag("master.port", master_port.to_string()),
             flag("master.port.grpc", master_grpc.to_string()),
             flag("volume.port", free_port().to_string()),
-            flag("volume.port.grpc", free_port().to_string()),
+            flag("volume.port.grpc", volume_grpc.to_string()),
             flag("volume.preStopSeconds", "0".into()),
             flag("filer.port", filer.to_string()),
             flag("filer.port.grpc", filer_grpc.to_string()),
@@ -64,7 +70,7 @@ impl S3Server {
             ),
             "-s3".to_owned(),
             flag("s3.port", s3.to_string()),
-            flag("s3.port.grpc", free_port().to_string()),
+            flag("s3.port.grpc", s3_grpc.to_string()),
             flag("s3.port.iceberg", "0".into()),
             flag("s3.port.lance", "0".into()),
             flag("s3.localSocket", dir.join("s3.sock").display().to_string()),
@@ -87,6 +93,13 @@ impl S3Server {
             filer: format!("127.0.0.1:{filer}.{filer_grpc}"),
             metrics_port: metrics,
             bucket: bucket.to_owned(),
+            grpc_sockets: [
+                ("master", master_grpc),
+                ("volume", volume_grpc),
+                ("filer", filer_grpc),
+                ("s3", s3_grpc),
+            ]
+            .map(|(name, port)| PathBuf::from(format!("/tmp/seaweedfs-{name}-grpc-{port}.sock"))),
         };
         server.wait_serving();
         // The filer makes a bucket as a folder under /buckets (no signed request needed).
@@ -268,5 +281,8 @@ impl Drop for S3Server {
     fn drop(&mut self) {
         self.resume();
         self.kill();
+        for s in &self.grpc_sockets {
+            let _ = std::fs::remove_file(s);
+        }
     }
 }
