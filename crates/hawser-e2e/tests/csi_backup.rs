@@ -79,6 +79,8 @@ async fn create_volume(
     let req = CreateVolumeRequest {
         name: name.into(),
         volume_capabilities: vec![block_cap()],
+        // One node per cluster here.
+        parameters: class(&[("replicas", "1")]),
         volume_content_source: Some(VolumeContentSource {
             r#type: Some(SourceType::Snapshot(SnapshotSource {
                 snapshot_id: snapshot_id.into(),
