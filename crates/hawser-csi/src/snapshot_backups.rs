@@ -292,3 +292,58 @@ impl ControllerService {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backup(state: BackupState, node: Option<&str>) -> Backup {
+        Backup {
+            name: "db-20261129-101500".into(),
+            volume: "db".into(),
+            target: "offsite".into(),
+            state,
+            snapshot: backup_snapshot_name("snapshot-1"),
+            taken_ms: 1_795_860_900_250,
+            size_bytes: 32 << 20,
+            node: node.map(str::to_string),
+            progress: None,
+            stats: None,
+            error: Some("target offsite: store blocks/…: connection refused".into()),
+            created_ms: 1_795_860_900_300,
+            finished_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_backup_is_a_snapshot_cut_at_its_snapshot_and_ready_once_on_the_target() {
+        let running = csi_backup(&backup(BackupState::Running, Some("n1")));
+        assert_eq!(running.snapshot_id, "backup:offsite:db-20261129-101500");
+        assert_eq!(running.source_volume_id, "db");
+        assert_eq!(running.size_bytes, 32 << 20);
+        assert!(!running.ready_to_use);
+        let t = running.creation_time.unwrap_or_default();
+        assert_eq!((t.seconds, t.nanos), (1_795_860_900, 250_000_000));
+        assert!(csi_backup(&backup(BackupState::Ready, Some("n1"))).ready_to_use);
+        assert_eq!(
+            BackupId::decode(&running.snapshot_id).map(|i| i.from_backup()),
+            Some("offsite/db-20261129-101500".to_string())
+        );
+    }
+
+    #[test]
+    fn only_a_backup_that_never_started_is_nobodys_snapshot() {
+        assert!(started(&backup(BackupState::Running, Some("n1"))));
+        assert!(started(&backup(BackupState::Ready, Some("n1"))));
+        assert!(started(&backup(BackupState::Failed, Some("n1"))));
+        assert!(!started(&backup(BackupState::Failed, None)));
+        let s = failed(&backup(BackupState::Failed, Some("n1")));
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert!(
+            s.message().contains("connection refused"),
+            "{}",
+            s.message()
+        );
+        assert!(s.message().contains("take another"), "{}", s.message());
+    }
+}
