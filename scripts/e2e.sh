@@ -18,7 +18,7 @@ jobs=${E2E_JOBS:-2}
 PARALLEL=" ca_rotation tls_garbage port_matrix nbd_tls tls_identity join_names node_credential
   snapshots snapshot_restore snapshot_catchup checksums encryption epoch_grants write_log
   volume_expand force_promote bad_replicas metrics cluster_recover device_api backup_targets
-  backup_volume standby_volume backup_cost backup_schedule "
+  backup_volume standby_volume backup_cost backup_schedule csi_backup "
 
 # Build first (cargo's own output), then take the test executables from its JSON messages.
 mapfile -t bins < <("$cargo" test --release -p hawser-e2e --no-run --message-format=json "$@" |

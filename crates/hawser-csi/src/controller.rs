@@ -153,7 +153,7 @@ impl ControllerService {
             Some(src) => Some(self.source(src).await?),
             None => None,
         };
-        let from = source.as_ref().map(|s| &s.from);
+        let from = source.as_ref().and_then(|s| s.from.as_ref());
         if let Some(v) = self.volume(&id).await? {
             return Self::existing(v, name, req, &p, from);
         }
@@ -163,6 +163,7 @@ impl ControllerService {
         };
         let mut body = p.create_request(&id, size, preferred_node(req));
         body.from = from.cloned();
+        body.from_backup = source.as_ref().and_then(|s| s.from_backup.clone());
         match self.api.post::<_, Volume>("/v1/volumes".into(), body).await {
             Ok(v) => Ok(v),
             // Created by a concurrent call (another provisioner replica): same rules.
@@ -225,6 +226,13 @@ impl Controller for ControllerService {
     ) -> Result<Response<CreateVolumeResponse>, Status> {
         let v = self.create(request.get_ref()).await?;
         let mut volume = csi_volume(&v);
+        // A volume restored from a backup keeps no origin (a clone does): the source is the
+        // request's. external-provisioner deletes a volume whose answer lacks its source.
+        if volume.content_source.is_none() {
+            volume
+                .content_source
+                .clone_from(&request.get_ref().volume_content_source);
+        }
         // The StorageClass's frontend reaches NodeStage in the volume context (a Hawser
         // volume does not keep it: it is how this PV is staged, not what the volume is).
         if let Some(f) = request
@@ -456,9 +464,7 @@ impl Controller for ControllerService {
         request: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
         let s = self.take_snapshot(request.get_ref()).await?;
-        Ok(Response::new(CreateSnapshotResponse {
-            snapshot: Some(snapshots::csi_snapshot(&s)),
-        }))
+        Ok(Response::new(CreateSnapshotResponse { snapshot: Some(s) }))
     }
 
     async fn delete_snapshot(
@@ -486,8 +492,6 @@ impl Controller for ControllerService {
         let s = self
             .get_snapshot_by_id(&request.get_ref().snapshot_id)
             .await?;
-        Ok(Response::new(GetSnapshotResponse {
-            snapshot: Some(snapshots::csi_snapshot(&s)),
-        }))
+        Ok(Response::new(GetSnapshotResponse { snapshot: Some(s) }))
     }
 }

@@ -7,8 +7,9 @@
 //! with reflinks that is milliseconds), so a snapshot returned is ready to use. A volume with
 //! snapshots is not deleted (FAILED_PRECONDITION, as the spec allows for snapshots that
 //! depend on their volume): delete the VolumeSnapshots first, or clone the volume.
-
-use std::collections::HashMap;
+//!
+//! A VolumeSnapshotClass with `type: backup` makes backups instead (`snapshot_class.rs`,
+//! `snapshot_backups.rs`); every RPC here hands their ids (`backup:...`) over to those.
 
 use hawser_api::controller::{CreateSnapshot, Snapshot, SnapshotState, Volume, VolumeSource};
 use tonic::Status;
@@ -22,22 +23,24 @@ use crate::names::{is_hawser_name, snapshot_id_for, MAX_CSI_NAME_LEN};
 use crate::paging;
 use crate::proto::csi::volume_content_source::{self as vcs, Type as SourceType};
 use crate::proto::csi::{self as csi, VolumeContentSource};
+use crate::snapshot_class::{self, SnapshotKind, BACKUP_ID_PREFIX};
 
-/// Parameters the CO adds to every request (external-snapshotter's `--extra-create-metadata`
-/// and secret references); they say nothing about the snapshot.
-const CO_PREFIX: &str = "csi.storage.k8s.io/";
+/// A time in ms since the Unix epoch as a protobuf timestamp.
+pub fn timestamp(ms: u64) -> prost_types::Timestamp {
+    let ms = i64::try_from(ms).unwrap_or(i64::MAX);
+    prost_types::Timestamp {
+        seconds: ms / 1000,
+        nanos: i32::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
+    }
+}
 
 /// The CSI view of a snapshot.
 pub fn csi_snapshot(s: &Snapshot) -> csi::Snapshot {
-    let ms = i64::try_from(s.created_ms).unwrap_or(i64::MAX);
     csi::Snapshot {
         size_bytes: i64::try_from(s.size_bytes).unwrap_or(i64::MAX),
         snapshot_id: s.name.clone(),
         source_volume_id: s.volume.clone(),
-        creation_time: Some(prost_types::Timestamp {
-            seconds: ms / 1000,
-            nanos: i32::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
-        }),
+        creation_time: Some(timestamp(s.created_ms)),
         ready_to_use: s.state == SnapshotState::Ready,
         ..Default::default()
     }
@@ -58,10 +61,13 @@ pub fn content_source(origin: Option<&VolumeSource>) -> Option<VolumeContentSour
     Some(VolumeContentSource { r#type: Some(t) })
 }
 
-/// A CreateVolume's content source as a Hawser clone source, checked to exist.
+/// A CreateVolume's content source as a Hawser clone source or a backup, checked to exist.
 pub struct Source {
-    pub from: VolumeSource,
-    /// The source's size: the smallest the clone can be.
+    pub from: Option<VolumeSource>,
+    /// `TARGET/BACKUP` (`CreateVolume.from_backup`).
+    pub from_backup: Option<String>,
+    /// The source's size: the smallest the clone can be (0: not known here; the controller
+    /// makes a restored volume at least its backup's size).
     pub size_bytes: u64,
 }
 
@@ -98,6 +104,9 @@ impl ControllerService {
         match &src.r#type {
             Some(SourceType::Snapshot(s)) => {
                 let id = required("volume_content_source.snapshot.snapshot_id", &s.snapshot_id)?;
+                if id.starts_with(BACKUP_ID_PREFIX) {
+                    return self.backup_source(id).await;
+                }
                 let snap = self
                     .snapshot(id)
                     .await?
@@ -109,10 +118,11 @@ impl ControllerService {
                     )));
                 }
                 Ok(Source {
-                    from: VolumeSource {
+                    from: Some(VolumeSource {
                         snapshot: Some(snap.name),
                         volume: None,
-                    },
+                    }),
+                    from_backup: None,
                     size_bytes: snap.size_bytes,
                 })
             }
@@ -123,10 +133,11 @@ impl ControllerService {
                     .await?
                     .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))?;
                 Ok(Source {
-                    from: VolumeSource {
+                    from: Some(VolumeSource {
                         snapshot: None,
                         volume: Some(vol.name),
-                    },
+                    }),
+                    from_backup: None,
                     size_bytes: vol.size_bytes,
                 })
             }
@@ -139,7 +150,7 @@ impl ControllerService {
     pub async fn take_snapshot(
         &self,
         req: &csi::CreateSnapshotRequest,
-    ) -> Result<Snapshot, Status> {
+    ) -> Result<csi::Snapshot, Status> {
         let name = required("name", &req.name)?;
         let volume = required("source_volume_id", &req.source_volume_id)?;
         if name.len() > MAX_CSI_NAME_LEN {
@@ -148,7 +159,10 @@ impl ControllerService {
                 name.len()
             )));
         }
-        check_parameters(&req.parameters)?;
+        let kind = snapshot_class::parse(&req.parameters).map_err(Status::invalid_argument)?;
+        if let SnapshotKind::Backup { target } = kind {
+            return self.take_backup(name, volume, &target).await;
+        }
         let id = snapshot_id_for(name);
         let _guard = self.inflight.begin(&format!("snapshot {id}"))?;
         if !is_hawser_name(volume) {
@@ -161,10 +175,14 @@ impl ControllerService {
         self.api
             .post::<_, Snapshot>("/v1/snapshots".into(), body)
             .await
+            .map(|s| csi_snapshot(&s))
             .map_err(|e| status(&format!("snapshot volume {volume} as {id} for {name:?}"), e))
     }
 
     pub async fn drop_snapshot(&self, id: &str) -> Result<(), Status> {
+        if id.starts_with(BACKUP_ID_PREFIX) {
+            return self.drop_backup(id).await;
+        }
         if !is_hawser_name(id) {
             return Ok(());
         }
@@ -176,71 +194,81 @@ impl ControllerService {
         }
     }
 
-    /// ListSnapshots: one snapshot by id, a volume's, or all; being deleted ones left out.
+    /// ListSnapshots: one snapshot by id, a volume's, or all; being deleted ones left out, and
+    /// backups this driver made listed with them.
     pub async fn list_snapshots_page(
         &self,
         req: &csi::ListSnapshotsRequest,
     ) -> Result<csi::ListSnapshotsResponse, Status> {
-        let mut snaps: Vec<Snapshot> = if !req.snapshot_id.is_empty() {
-            self.snapshot(&req.snapshot_id).await?.into_iter().collect()
+        let snaps: Vec<csi::Snapshot> = if !req.snapshot_id.is_empty() {
+            self.snapshot_by_id(&req.snapshot_id)
+                .await?
+                .into_iter()
+                .collect()
         } else if !req.source_volume_id.is_empty() {
             let v = &req.source_volume_id;
             if !is_hawser_name(v) {
                 Vec::new()
             } else {
-                match self.api.get(format!("/v1/snapshots?volume={v}")).await {
+                let snaps = match self.api.get(format!("/v1/snapshots?volume={v}")).await {
                     Ok(s) => s,
                     Err(e) if is_not_found(&e) => Vec::new(),
                     Err(e) => return Err(status(&format!("list snapshots of volume {v}"), e)),
-                }
+                };
+                let mut all = listed(snaps, Some(v));
+                all.extend(self.backup_snapshots(Some(v)).await?);
+                all
             }
         } else {
-            self.api
+            let snaps = self
+                .api
                 .get("/v1/snapshots".into())
                 .await
-                .map_err(|e| status("list snapshots", e))?
+                .map_err(|e| status("list snapshots", e))?;
+            let mut all = listed(snaps, None);
+            all.extend(self.backup_snapshots(None).await?);
+            all
         };
-        snaps.retain(|s| {
-            s.state != SnapshotState::Deleting
-                && (req.source_volume_id.is_empty() || s.volume == req.source_volume_id)
-        });
-        let (snaps, next_token) =
-            paging::page(snaps, |s| &s.name, req.max_entries, &req.starting_token)?;
+        let (snaps, next_token) = paging::page(
+            snaps,
+            |s| &s.snapshot_id,
+            req.max_entries,
+            &req.starting_token,
+        )?;
         Ok(csi::ListSnapshotsResponse {
             entries: snaps
-                .iter()
-                .map(|s| csi::list_snapshots_response::Entry {
-                    snapshot: Some(csi_snapshot(s)),
-                })
+                .into_iter()
+                .map(|s| csi::list_snapshots_response::Entry { snapshot: Some(s) })
                 .collect(),
             next_token,
         })
     }
 
-    pub async fn get_snapshot_by_id(&self, id: &str) -> Result<Snapshot, Status> {
+    /// One snapshot or backup by its CSI id (None: there is none).
+    async fn snapshot_by_id(&self, id: &str) -> Result<Option<csi::Snapshot>, Status> {
+        if id.starts_with(BACKUP_ID_PREFIX) {
+            return self.backup_snapshot(id).await;
+        }
+        Ok(self.snapshot(id).await?.map(|s| csi_snapshot(&s)))
+    }
+
+    pub async fn get_snapshot_by_id(&self, id: &str) -> Result<csi::Snapshot, Status> {
         let id = required("snapshot_id", id)?;
-        self.snapshot(id)
+        self.snapshot_by_id(id)
             .await?
             .ok_or_else(|| Status::not_found(format!("snapshot {id} does not exist")))
     }
 }
 
-/// Hawser snapshots take no parameters; the CO's own (`csi.storage.k8s.io/...`) are ignored,
-/// anything else is a mistake in a VolumeSnapshotClass worth saying so.
-fn check_parameters(p: &HashMap<String, String>) -> Result<(), Status> {
-    let mut unknown: Vec<&str> = p
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !k.starts_with(CO_PREFIX))
-        .collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    unknown.sort_unstable();
-    Err(Status::invalid_argument(format!(
-        "unknown snapshot parameter(s) {unknown:?}: Hawser snapshots take none (check the \
-         VolumeSnapshotClass)"
-    )))
+/// Hawser snapshots as CSI lists them: of `volume` if given, not being deleted, and not the
+/// ones taken for backups (they are listed as their backups).
+fn listed(mut snaps: Vec<Snapshot>, volume: Option<&str>) -> Vec<csi::Snapshot> {
+    snaps.retain(|s| {
+        s.state != SnapshotState::Deleting
+            && volume.is_none_or(|v| s.volume == v)
+            && !snapshot_class::is_backup_snapshot_name(&s.name)
+    });
+    snaps.iter().map(csi_snapshot).collect()
 }
 
 /// The size of a clone of a source of `source` bytes for a capacity range: the range's size,
@@ -285,15 +313,6 @@ mod tests {
                 .map(|s| s.code()),
             Some(tonic::Code::OutOfRange)
         );
-    }
-
-    #[test]
-    fn only_the_cos_own_parameters_are_accepted() {
-        let p = |k: &str| HashMap::from([(k.to_string(), "x".to_string())]);
-        assert!(check_parameters(&HashMap::new()).is_ok());
-        assert!(check_parameters(&p("csi.storage.k8s.io/volumesnapshot/name")).is_ok());
-        let e = check_parameters(&p("pool")).err().map(|s| s.code());
-        assert_eq!(e, Some(tonic::Code::InvalidArgument));
     }
 
     #[test]

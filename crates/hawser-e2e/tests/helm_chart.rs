@@ -33,6 +33,14 @@ const NOWHERE: &[&str] = &[
     "node.nodeSelector.hawser-test/none=none",
 ];
 
+/// The second VolumeSnapshotClass, whose snapshots are backups to a target (docs/backup.md).
+const BACKUP_CLASS: &[&str] = &[
+    "--set",
+    "snapshots.backupClass.enabled=true",
+    "--set",
+    "snapshots.backupClass.target=offsite",
+];
+
 fn kubeconform(schemas: &Path, manifest: &Path) -> std::process::Output {
     Command::new(k8s_tool("kubeconform"))
         .args(["-strict", "-summary", "-schema-location"])
@@ -92,7 +100,8 @@ fn the_chart_lints_validates_strictly_installs_every_object_and_uninstalls() {
         "1.33.0",
     ];
     template.extend_from_slice(NOWHERE);
-    // Without the snapshot API: neither the sidecar nor the class (the install would fail).
+    template.extend_from_slice(BACKUP_CLASS);
+    // Without the snapshot API: neither the sidecar nor the classes (the install would fail).
     let plain = run_ok(helm, &template);
     assert!(
         !plain.contains("csi-snapshotter") && !plain.contains("VolumeSnapshotClass"),
@@ -107,6 +116,26 @@ fn the_chart_lints_validates_strictly_installs_every_object_and_uninstalls() {
     ] {
         assert!(manifest.contains(needed), "{needed} missing:\n{manifest}");
     }
+    // The backup class, beside the snapshot class; without a target it is refused.
+    assert_eq!(manifest.matches("kind: VolumeSnapshotClass").count(), 2);
+    assert!(
+        manifest.contains("name: hawser-backup")
+            && manifest.contains("type: backup")
+            && manifest.contains("target: \"offsite\""),
+        "{manifest}"
+    );
+    let mut no_target = template.clone();
+    no_target.extend_from_slice(&["--set", "snapshots.backupClass.target="]);
+    let out = Command::new(helm)
+        .args(&no_target)
+        .output()
+        .expect("run helm");
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("snapshots.backupClass.target"),
+        "a backup class without a target rendered: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rendered = dir.path().join("rendered.yaml");
     std::fs::write(&rendered, &manifest).expect("write manifest");
     // Schemas from the running apiserver, strict.
@@ -220,6 +249,7 @@ fn the_chart_lints_validates_strictly_installs_every_object_and_uninstalls() {
         "--create-namespace",
     ];
     install.extend_from_slice(NOWHERE);
+    install.extend_from_slice(BACKUP_CLASS);
     install.extend_from_slice(&["--kubeconfig", &kubeconfig]);
     run_ok(helm, &install);
     for (kind, name, namespaced) in &objs {
