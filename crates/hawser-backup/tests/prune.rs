@@ -45,7 +45,7 @@ fn fixture() -> Fixture {
 
 fn write(image: &Path, at: u64, byte: u8) {
     let f = std::fs::OpenOptions::new().write(true).open(image).unwrap();
-    f.write_all_at(&vec![byte; MIB as usize], at).unwrap();
+    f.write_all_at(&vec![byte; 1 << 20], at).unwrap();
 }
 
 fn plan(backup: &str, previous: Option<hawser_backup::Manifest>) -> BackupPlan {

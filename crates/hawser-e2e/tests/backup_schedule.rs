@@ -15,6 +15,8 @@ use hawser_e2e::run::qemu_io;
 use hawser_e2e::{S3Server, TempDir};
 
 const MIB: u64 = 1 << 20;
+/// [`MIB`], to index with.
+const MIB_LEN: usize = 1 << 20;
 const SIZE: u64 = 16 * MIB;
 
 fn backups(c: &Cluster) -> Vec<Backup> {
@@ -43,7 +45,7 @@ fn on_target(t: &Target) -> BTreeSet<String> {
 
 /// Whether the block holding 1 MiB of `byte` is on the target.
 fn has_block(t: &Target, byte: u8) -> bool {
-    let hash = hawser_backup::block::hash(&vec![byte; MIB as usize]);
+    let hash = hawser_backup::block::hash(&vec![byte; MIB_LEN]);
     runtime()
         .block_on(t.size(&hawser_backup::names::block(&hash)))
         .expect("look up a block")
@@ -204,10 +206,8 @@ fn schedules_keep_their_newest_backups_and_prune_the_rest() {
         .max_by_key(|n| hawser_backup::names::order_of(n, "db"))
         .expect("a scheduled backup kept");
     let data = std::fs::read(dir.path().join(format!("{newest}.img"))).expect("restored image");
-    assert!(data[..4 * MIB as usize].iter().all(|b| *b == 0x11));
-    assert!(data[4 * MIB as usize..5 * MIB as usize]
-        .iter()
-        .all(|b| *b == 0x23));
+    assert!(data[..4 * MIB_LEN].iter().all(|b| *b == 0x11));
+    assert!(data[4 * MIB_LEN..5 * MIB_LEN].iter().all(|b| *b == 0x23));
     drop(s3);
 }
 
