@@ -59,6 +59,14 @@ impl BackupSettings {
         }
     }
 
+    /// Asks for a prune of `target` on the leader's next pass (`retention::prune_wanted`).
+    pub fn want_prune(&self, target: &str) {
+        if let Ok(mut w) = self.prune_wanted.lock() {
+            w.insert(target.to_owned());
+        }
+        self.schedule_wake.notify_one();
+    }
+
     fn credentials_path(&self, target: &str) -> PathBuf {
         self.credentials_dir.join(format!("{target}.credentials"))
     }

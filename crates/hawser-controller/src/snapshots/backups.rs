@@ -446,7 +446,7 @@ pub async fn delete(st: &AppState, name: &str) -> Result<(), ControllerError> {
         .await?;
     tracing::info!(backup = name, target = %rec.backup.target, "backup deleted");
     if rec.backup.state == BackupState::Ready {
-        crate::snapshots::retention::want_prune(st, &rec.backup.target);
+        st.backups.want_prune(&rec.backup.target);
     }
     st.events.keep(
         Some(&rec.backup.volume),

@@ -10,6 +10,7 @@ pub(crate) mod backup_targets;
 pub(crate) mod backups;
 pub(crate) mod catchup;
 pub(crate) mod create;
+pub(crate) mod cron;
 pub(crate) mod restores;
 pub(crate) mod retention;
 pub(crate) mod schedules;

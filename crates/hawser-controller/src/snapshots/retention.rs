@@ -64,14 +64,6 @@ pub async fn apply(
     Ok(deleted)
 }
 
-/// Asks for a prune of `target` on the leader's next pass.
-pub fn want_prune(st: &AppState, target: &str) {
-    if let Ok(mut w) = st.backups.prune_wanted.lock() {
-        w.insert(target.to_owned());
-    }
-    st.backups.schedule_wake.notify_one();
-}
-
 /// Prunes each target that waits for one. A target busy with a backup stays waiting.
 pub async fn prune_wanted(st: &Arc<AppState>) {
     let wanted: Vec<String> = st

@@ -26,28 +26,12 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 /// Nor more often than this, whatever a cron with seconds says.
 const MIN_WAIT: Duration = Duration::from_secs(1);
 
-/// A cron expression: five fields, or six with seconds first; UTC.
+/// A cron expression, or the error the API gives for it.
 pub fn parse(cron: &str) -> Result<croner::Cron, ControllerError> {
-    cron.parse::<croner::Cron>().map_err(|e| {
-        ControllerError::invalid(format!(
-            "cron {cron:?}: {e} (give five fields, minute hour day-of-month month \
-             day-of-week, in UTC; or six, with seconds first)"
-        ))
-    })
+    crate::snapshots::cron::parse(cron).map_err(ControllerError::invalid)
 }
 
-/// The first cron time after `after_ms` (ms since the Unix epoch), if there is one.
-pub fn next_after(cron: &croner::Cron, after_ms: u64) -> Option<u64> {
-    let after = chrono::DateTime::from_timestamp_millis(i64::try_from(after_ms).ok()?)?;
-    let next = cron.find_next_occurrence(&after, false).ok()?;
-    u64::try_from(next.timestamp_millis()).ok()
-}
-
-/// Whether a schedule that last ran at `last_ms` is due at `now_ms`: some cron time passed
-/// in between (one or many: either way, one run).
-pub fn due(cron: &croner::Cron, last_ms: u64, now_ms: u64) -> bool {
-    next_after(cron, last_ms).is_some_and(|n| n <= now_ms)
-}
+pub use crate::snapshots::cron::{due, next_after};
 
 /// `PUT /v1/volumes/{name}/backup-schedules/{target}`: sets the volume's schedule for the
 /// target, or replaces it (keeping when it last ran).
@@ -92,18 +76,7 @@ pub async fn set(
         .await?;
     st.backups.schedule_wake.notify_one();
     tracing::info!(volume, target, cron = %set.cron, retain = set.retain, "backup schedule set");
-    Ok(view(&set))
-}
-
-/// A schedule as the API shows it: with its next run.
-pub fn view(s: &BackupSchedule) -> BackupSchedule {
-    let next = parse(&s.cron)
-        .ok()
-        .and_then(|c| next_after(&c, s.last_run_ms.unwrap_or_else(now_ms)));
-    BackupSchedule {
-        next_run_ms: next,
-        ..s.clone()
-    }
+    Ok(crate::snapshots::cron::view(&set))
 }
 
 /// `DELETE /v1/volumes/{name}/backup-schedules/{target}`: no more backups on that schedule.

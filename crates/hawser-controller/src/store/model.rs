@@ -245,7 +245,7 @@ impl VolumeRecord {
             backup_schedules: self
                 .backup_schedules
                 .iter()
-                .map(crate::snapshots::schedules::view)
+                .map(crate::snapshots::cron::view)
                 .collect(),
         }
     }
