@@ -189,24 +189,20 @@ impl Lock {
         self.stamped_ms
     }
 
-    /// The live locks of others on the target now, judged by the target's clock: our lock
-    /// is written again first, so its stamp is "now".
-    pub async fn others(&mut self) -> Result<Vec<Held>, BackupError> {
-        self.others_within(Duration::from_secs(LOCK_STALE_SECS))
-            .await
-    }
-
-    pub(crate) async fn others_within(
-        &mut self,
-        stale: Duration,
-    ) -> Result<Vec<Held>, BackupError> {
+    /// The live locks of others on the target, judged by the target's clock: against the
+    /// stamp of our own lock's latest write in the same listing.
+    pub async fn others(&self) -> Result<Vec<Held>, BackupError> {
         let listed = self.target.list_listed(LOCKS).await?;
         let own_ms = listed
             .iter()
             .find(|l| l.name == self.object)
             .map_or(self.stamped_ms, |l| l.modified_ms);
-        let stale_ms = u64::try_from(stale.as_millis()).unwrap_or(u64::MAX);
-        Ok(live_others(&listed, &self.object, own_ms, stale_ms))
+        Ok(live_others(
+            &listed,
+            &self.object,
+            own_ms,
+            LOCK_STALE_SECS * 1000,
+        ))
     }
 
     /// Fails if the lock may have looked dead to another holder at any time since it was

@@ -39,7 +39,7 @@ pub async fn prune(
     cluster: Option<String>,
     grace_secs: u64,
 ) -> Result<PruneReport, BackupError> {
-    let mut lock = Lock::take(
+    let lock = Lock::take(
         target,
         LockBody {
             kind: LockKind::Prune,
@@ -50,16 +50,12 @@ pub async fn prune(
         },
     )
     .await?;
-    let done = locked(target, &mut lock, grace_secs).await;
+    let done = locked(target, &lock, grace_secs).await;
     lock.release().await;
     done
 }
 
-async fn locked(
-    target: &Target,
-    lock: &mut Lock,
-    grace_secs: u64,
-) -> Result<PruneReport, BackupError> {
+async fn locked(target: &Target, lock: &Lock, grace_secs: u64) -> Result<PruneReport, BackupError> {
     let others = lock.others().await?;
     if let Some(first) = others.first() {
         return Err(BackupError::Busy {

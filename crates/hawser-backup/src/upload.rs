@@ -67,7 +67,7 @@ pub async fn back_up(
     }
     let file = open_source(source, plan.size_bytes)?;
     // Before anything on the target is relied on: no prune runs while this is held.
-    let mut lock = Lock::take(
+    let lock = Lock::take(
         target,
         LockBody {
             kind: LockKind::Backup,
@@ -79,7 +79,7 @@ pub async fn back_up(
     )
     .await?;
     let made = async {
-        wait_out_prunes(target, &mut lock).await?;
+        wait_out_prunes(target, &lock).await?;
         locked(target, source, file, plan, progress, &lock, started).await
     }
     .await;
@@ -88,7 +88,7 @@ pub async fn back_up(
 }
 
 /// Waits while a prune holds the target (at most the stale time of its lock).
-async fn wait_out_prunes(target: &Target, lock: &mut Lock) -> Result<(), BackupError> {
+async fn wait_out_prunes(target: &Target, lock: &Lock) -> Result<(), BackupError> {
     let since = std::time::Instant::now();
     loop {
         let prunes: Vec<_> = lock

@@ -176,7 +176,7 @@ async fn a_running_backup_stops_a_prune_until_its_lock_is_stale() {
 async fn a_backup_waits_for_a_running_prune() {
     let f = fixture();
     write(&f.image, 0, 7);
-    let mut prune_lock = Lock::take(
+    let prune_lock = Lock::take(
         &f.target,
         LockBody {
             kind: LockKind::Prune,
