@@ -382,6 +382,17 @@ pub struct SetBackupSchedule {
     pub retain: u32,
 }
 
+/// A schedule a volume is created with (`CreateVolume.backup_schedules`; on Kubernetes a
+/// StorageClass's `backupTarget`, `backupCron` and `backupRetain`): the same checks as
+/// [`SetBackupSchedule`], made before the volume exists, so a typo creates nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewBackupSchedule {
+    pub target: String,
+    pub cron: String,
+    pub retain: u32,
+}
+
 /// `POST /v1/backup-targets/{name}/prune`: what a prune of a target did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PruneReport {

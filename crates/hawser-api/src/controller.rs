@@ -367,6 +367,9 @@ pub struct CreateVolume {
     /// cannot be attached until `POST /v1/volumes/{name}/activate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby_of: Option<String>,
+    /// Back it up on these schedules (one per target), from its creation on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backup_schedules: Vec<crate::backup::NewBackupSchedule>,
 }
 
 /// Whether a volume whose create request does not say keeps block checksums. Volumes

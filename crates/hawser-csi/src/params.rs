@@ -13,10 +13,16 @@
 //! | `checksums`    | `true`, `false`                | `true`                           |
 //! | `iopsLimit`, `readIopsLimit`, `writeIopsLimit` | requests per second | no limit      |
 //! | `bandwidthLimit`, `readBandwidthLimit`, `writeBandwidthLimit` | bytes per second, `100MiB` | no limit |
+//! | `backupTarget`, `backupCron`, `backupRetain` | a backup target, a cron (UTC), backups kept | no schedule |
 //!
 //! The limits (QoS, `hawser_api::qos`) are also the volume's mutable parameters: a
 //! VolumeAttributesClass may set them at create and change them later (ControllerModifyVolume);
 //! `0` removes one.
+//!
+//! The three `backup*` keys go together: each volume of the class is created with a backup
+//! schedule (docs/backup.md), which `hawser backup schedule` can change later. The controller
+//! checks the target and the cron before it creates anything, so a typo fails the claim and
+//! leaves no volume.
 //!
 //! `locality: preferred` puts one replica on the node Kubernetes picked for the pod (the
 //! first preferred topology segment, set with `volumeBindingMode: WaitForFirstConsumer`), so
@@ -25,6 +31,7 @@
 
 use std::collections::HashMap;
 
+use hawser_api::backup::NewBackupSchedule;
 use hawser_api::controller::{CreateVolume, QuorumLoss, ZoneSpread, DEFAULT_CHECKSUMS};
 use hawser_api::{Qos, QosField, QosPatch};
 
@@ -46,6 +53,9 @@ const KEYS: &[&str] = &[
     "bandwidthLimit",
     "readBandwidthLimit",
     "writeBandwidthLimit",
+    "backupTarget",
+    "backupCron",
+    "backupRetain",
 ];
 pub const DEFAULT_REPLICAS: u32 = 2;
 pub const MAX_REPLICAS: u32 = 5;
@@ -64,6 +74,8 @@ pub struct VolumeParams {
     pub checksums: bool,
     /// How nodes make the volume a block device (passed to NodeStage in the volume context).
     pub frontend: Frontend,
+    /// Back each volume up on this schedule.
+    pub backup_schedule: Option<NewBackupSchedule>,
 }
 
 /// How a node makes a volume a block device: `auto` picks the best the node has (ublk, then
@@ -127,6 +139,7 @@ impl Default for VolumeParams {
             encrypted: false,
             checksums: DEFAULT_CHECKSUMS,
             frontend: Frontend::Auto,
+            backup_schedule: None,
         }
     }
 }
@@ -140,6 +153,7 @@ pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, String> {
         let value = params[key].as_str();
         let bad = |takes: &str| format!("parameter {key}={value:?}: {takes}");
         match key.as_str() {
+            "backupTarget" | "backupCron" | "backupRetain" => {}
             "replicas" => {
                 p.replicas = value
                     .parse()
@@ -210,7 +224,33 @@ pub fn parse(params: &HashMap<String, String>) -> Result<VolumeParams, String> {
             }
         }
     }
+    p.backup_schedule = backup_schedule(params)?;
     Ok(p)
+}
+
+/// The `backup*` keys: all three or none.
+fn backup_schedule(params: &HashMap<String, String>) -> Result<Option<NewBackupSchedule>, String> {
+    let get = |k: &str| params.get(k).map(String::as_str);
+    match (get("backupTarget"), get("backupCron"), get("backupRetain")) {
+        (None, None, None) => Ok(None),
+        (Some(target), Some(cron), Some(retain)) => {
+            hawser_api::validate_name("backup target", target)
+                .map_err(|e| format!("parameter backupTarget={target:?}: {}", e.message))?;
+            let retain = retain.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                format!("parameter backupRetain={retain:?}: a number of backups to keep, 1 or more")
+            })?;
+            Ok(Some(NewBackupSchedule {
+                target: target.to_string(),
+                cron: cron.to_string(),
+                retain,
+            }))
+        }
+        _ => Err(
+            "parameters backupTarget, backupCron and backupRetain go together: a \
+                  schedule needs a target, a cron and how many backups to keep"
+                .to_string(),
+        ),
+    }
 }
 
 /// The limit a parameter sets, if it names one.
@@ -271,6 +311,7 @@ impl VolumeParams {
             checksums: Some(self.checksums),
             from_backup: None,
             standby_of: None,
+            backup_schedules: self.backup_schedule.iter().cloned().collect(),
         }
     }
 
@@ -329,6 +370,7 @@ mod tests {
                 encrypted: false,
                 checksums: false,
                 frontend: Frontend::Nbd,
+                backup_schedule: None,
             }
         );
         let bad = parse(&map(&[("frontend", "floppy")]));
@@ -396,6 +438,54 @@ mod tests {
             ("replica", "2"),
         ] {
             let e = parse(&map(&[(k, v)])).expect_err(k);
+            assert!(e.contains(k), "{e}");
+        }
+    }
+
+    /// A StorageClass's schedule reaches the create request whole; a part of one is refused,
+    /// naming all three keys, and so is a bad target name or count.
+    #[test]
+    fn a_backup_schedule_takes_all_three_keys() {
+        let p = parse(&map(&[
+            ("backupTarget", "s3"),
+            ("backupCron", "0 * * * *"),
+            ("backupRetain", "24"),
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            p.create_request("v", 4096, None).backup_schedules,
+            vec![NewBackupSchedule {
+                target: "s3".into(),
+                cron: "0 * * * *".into(),
+                retain: 24,
+            }]
+        );
+        assert!(parse(&map(&[])).is_ok_and(|p| p
+            .create_request("v", 4096, None)
+            .backup_schedules
+            .is_empty()));
+        for part in [
+            map(&[("backupTarget", "s3")]),
+            map(&[("backupCron", "0 * * * *"), ("backupRetain", "24")]),
+        ] {
+            let e = parse(&part).expect_err("a part of a schedule");
+            assert!(
+                e.contains("backupTarget, backupCron and backupRetain"),
+                "{e}"
+            );
+        }
+        for (k, v) in [
+            ("backupTarget", "Bad_Name"),
+            ("backupRetain", "0"),
+            ("backupRetain", "many"),
+        ] {
+            let mut m = map(&[
+                ("backupTarget", "s3"),
+                ("backupCron", "0 * * * *"),
+                ("backupRetain", "24"),
+            ]);
+            m.insert(k.into(), v.into());
+            let e = parse(&m).expect_err(k);
             assert!(e.contains(k), "{e}");
         }
     }

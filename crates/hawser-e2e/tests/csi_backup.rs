@@ -359,3 +359,89 @@ fn a_backup_class_snapshot_is_a_backup_that_restores_here_and_in_another_cluster
     drop(a);
     drop(s3);
 }
+
+/// A StorageClass's `backupTarget`, `backupCron` and `backupRetain` (issue 43 item 4): a
+/// mistaken schedule fails CreateVolume with INVALID_ARGUMENT and creates no volume; a good
+/// one creates the volume with that schedule, which then makes backups on its own.
+#[test]
+fn a_storage_class_schedule_backs_up_its_volumes() {
+    let dir = TempDir::new("csi-backup-class");
+    let s3 = S3Server::start(dir.path(), "backups");
+    let c = Cluster::start("csibackup-sc", 1);
+    s3.add_to(&c, "offsite", "site-sc");
+    let csi = controller_csi(&c, &dir.path().join("csi"));
+    let rt = runtime();
+    let schedule = |target: &str, cron: &str| {
+        class(&[
+            ("replicas", "1"),
+            ("backupTarget", target),
+            ("backupCron", cron),
+            ("backupRetain", "2"),
+        ])
+    };
+    let create = |ctl: &mut ControllerClient<Channel>, parameters| {
+        let req = CreateVolumeRequest {
+            name: "pvc-scheduled".into(),
+            volume_capabilities: vec![block_cap()],
+            capacity_range: Some(CapacityRange {
+                required_bytes: 32 << 20,
+                limit_bytes: 0,
+            }),
+            parameters,
+            ..Default::default()
+        };
+        let mut ctl = ctl.clone();
+        async move { ctl.create_volume(req).await }
+    };
+    rt.block_on(async {
+        let mut ctl = csi.controller().await;
+        for (params, says) in [
+            (schedule("offsite", "every hour"), "every hour"),
+            (schedule("nowhere", "0 * * * *"), "\"nowhere\""),
+            (
+                class(&[("backupTarget", "offsite"), ("backupCron", "0 * * * *")]),
+                "backupRetain",
+            ),
+        ] {
+            let e = create(&mut ctl, params).await.expect_err("a bad schedule");
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(e.message().contains(says), "{says}: {e:?}");
+        }
+    });
+    assert!(c.volumes().is_empty(), "{:?}", c.volumes());
+
+    rt.block_on(async {
+        let mut ctl = csi.controller().await;
+        create(&mut ctl, schedule("offsite", "*/2 * * * * *"))
+            .await
+            .expect("CreateVolume with a schedule");
+    });
+    let v = c.volume("pvc-scheduled");
+    let s: Vec<(&str, &str, u32)> = v
+        .backup_schedules
+        .iter()
+        .map(|s| (s.target.as_str(), s.cron.as_str(), s.retain))
+        .collect();
+    assert_eq!(s, [("offsite", "*/2 * * * * *", 2)], "{v:?}");
+    hawser_e2e::wait_until(
+        "a backup made by the StorageClass's schedule",
+        Duration::from_secs(60),
+        || {
+            let list = c.cli_ok(&["backup", "list", "--volume", "pvc-scheduled", "-o", "json"]);
+            let all: Vec<hawser_api::backup::Backup> =
+                serde_json::from_str(&list).expect("backup list");
+            all.iter()
+                .any(|b| b.state == hawser_api::backup::BackupState::Ready)
+        },
+    );
+    c.cli_ok(&[
+        "backup",
+        "unschedule",
+        "pvc-scheduled",
+        "--target",
+        "offsite",
+    ]);
+    drop(csi);
+    drop(c);
+    drop(s3);
+}

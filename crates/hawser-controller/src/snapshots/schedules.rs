@@ -42,16 +42,7 @@ pub async fn set(
     req: SetBackupSchedule,
 ) -> Result<BackupSchedule, ControllerError> {
     hawser_api::validate_name("volume", volume)?;
-    hawser_api::validate_name("backup target", target)?;
-    parse(&req.cron)?;
-    if req.retain == 0 || req.retain > MAX_RETAIN {
-        return Err(ControllerError::invalid(format!(
-            "--retain {}: keep from 1 to {MAX_RETAIN} backups (a schedule that keeps none \
-             would delete each backup it makes)",
-            req.retain
-        )));
-    }
-    crate::snapshots::backup_targets::target_record(st, target).await?;
+    check(st, target, &req).await?;
     let (_, set) = st
         .records
         .update_volume(volume, |v| {
@@ -77,6 +68,73 @@ pub async fn set(
     st.backups.schedule_wake.notify_one();
     tracing::info!(volume, target, cron = %set.cron, retain = set.retain, "backup schedule set");
     Ok(crate::snapshots::cron::view(&set))
+}
+
+/// Refuses a schedule whose target is not configured, whose cron does not parse, or that
+/// would keep no backup.
+async fn check(
+    st: &AppState,
+    target: &str,
+    req: &SetBackupSchedule,
+) -> Result<(), ControllerError> {
+    hawser_api::validate_name("backup target", target)?;
+    parse(&req.cron)?;
+    if req.retain == 0 || req.retain > MAX_RETAIN {
+        return Err(ControllerError::invalid(format!(
+            "--retain {}: keep from 1 to {MAX_RETAIN} backups (a schedule that keeps none \
+             would delete each backup it makes)",
+            req.retain
+        )));
+    }
+    crate::snapshots::backup_targets::target_record(st, target).await?;
+    Ok(())
+}
+
+/// The schedules a volume is created with (`CreateVolume.backup_schedules`), checked as
+/// [`set`] checks one, before anything is created. They start now: the first run is at the
+/// first cron time after the create.
+pub async fn initial(
+    st: &AppState,
+    req: &hawser_api::controller::CreateVolume,
+) -> Result<Vec<BackupSchedule>, ControllerError> {
+    if req.standby_of.is_some() && !req.backup_schedules.is_empty() {
+        return Err(ControllerError::invalid(
+            "a standby volume cannot have backup schedules: it is a copy of another \
+             cluster's backups until it is activated",
+        ));
+    }
+    let mut all: Vec<BackupSchedule> = Vec::new();
+    for s in &req.backup_schedules {
+        if all.iter().any(|a| a.target == s.target) {
+            return Err(ControllerError::invalid(format!(
+                "two backup schedules for target {:?}: a volume has one per target",
+                s.target
+            )));
+        }
+        let set = SetBackupSchedule {
+            cron: s.cron.clone(),
+            retain: s.retain,
+        };
+        // The target is a field of the request here, not a name in its path: invalid.
+        check(st, &s.target, &set).await.map_err(|e| match e {
+            ControllerError::NotFound { kind, name } => ControllerError::invalid(format!(
+                "backup schedule: {kind} {name:?} is not configured here (`hawser backup \
+                 target add`)"
+            )),
+            e => e,
+        })?;
+        all.push(BackupSchedule {
+            target: s.target.clone(),
+            cron: set.cron,
+            retain: set.retain,
+            last_run_ms: Some(now_ms()),
+            last_backup: None,
+            error: None,
+            next_run_ms: None,
+        });
+    }
+    all.sort_by(|a, b| a.target.cmp(&b.target));
+    Ok(all)
 }
 
 /// `DELETE /v1/volumes/{name}/backup-schedules/{target}`: no more backups on that schedule.

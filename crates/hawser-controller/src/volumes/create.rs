@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use hawser_api::agent::{CreateReplica, SnapshotRef};
+use hawser_api::backup::BackupSchedule;
 use hawser_api::controller::{CreateVolume, Replica, ReplicaState, VolumePlacement, VolumeState};
 use hawser_api::size::check_volume_size;
 use hawser_api::validate_name;
@@ -38,6 +39,7 @@ pub async fn create_volume(
         (None, None) => None,
     };
     validate(&req)?;
+    let schedules = crate::snapshots::schedules::initial(st, &req).await?;
     let _guard = st.volume_locks.lock(&req.name).await;
     if st.records.volume(&req.name).await?.is_some() {
         return Err(ControllerError::VolumeExists { volume: req.name });
@@ -78,7 +80,16 @@ pub async fn create_volume(
             return Err(e);
         }
     };
-    let created = place_and_create(st, &req, &nodes, usable, source.as_ref(), &encryption).await;
+    let created = place_and_create(
+        st,
+        &req,
+        &nodes,
+        usable,
+        source.as_ref(),
+        &encryption,
+        &schedules,
+    )
+    .await;
     if let Some(s) = &source {
         crate::volumes::clone::finish(st, s).await;
     }
@@ -127,6 +138,7 @@ async fn place_and_create(
     mut usable: Vec<NodeRecord>,
     source: Option<&crate::volumes::clone::CloneSource>,
     encryption: &Option<WrappedKey>,
+    schedules: &[BackupSchedule],
 ) -> Result<VolumeRecord, ControllerError> {
     let mut unanswered: Option<ControllerError> = None;
     for _ in 0..=MAX_UNANSWERED_NODES {
@@ -138,7 +150,12 @@ async fn place_and_create(
             Ok(placed) => placed,
             Err(e) => return Err(unanswered.unwrap_or(e)),
         };
-        match create_placed(st, req, replicas, placement, nodes, &seeds, encryption).await {
+        let placed = Placed {
+            replicas,
+            placement,
+            seeds,
+        };
+        match create_placed(st, req, placed, nodes, encryption, schedules).await {
             Err(ControllerError::Agent { node, op, source }) if source.never_sent() => {
                 tracing::warn!(
                     volume = %req.name, node = %node, error = %source,
@@ -153,17 +170,29 @@ async fn place_and_create(
     Err(unanswered.expect("the loop only continues after an unanswered create"))
 }
 
+/// Where a volume's replicas go: each replica's pool, the volume's rules, and a clone's
+/// seed snapshot on each node.
+struct Placed {
+    replicas: Vec<Replica>,
+    placement: VolumePlacement,
+    seeds: BTreeMap<String, SnapshotRef>,
+}
+
 /// Records the volume as Creating with the placed replicas, creates them, marks it Detached;
 /// any failure rolls all of it back.
 async fn create_placed(
     st: &AppState,
     req: &CreateVolume,
-    replicas: Vec<Replica>,
-    placement: VolumePlacement,
+    placed: Placed,
     nodes: &[NodeRecord],
-    seeds: &BTreeMap<String, SnapshotRef>,
     encryption: &Option<WrappedKey>,
+    schedules: &[BackupSchedule],
 ) -> Result<VolumeRecord, ControllerError> {
+    let Placed {
+        replicas,
+        placement,
+        seeds,
+    } = placed;
     let record = VolumeRecord {
         name: req.name.clone(),
         size_bytes: req.size_bytes,
@@ -181,7 +210,7 @@ async fn create_placed(
         origin: req.from.clone(),
         restoring: None,
         standby: None,
-        backup_schedules: vec![],
+        backup_schedules: schedules.to_vec(),
         qos: req.qos,
         encryption: encryption.clone(),
         checksums: req.wants_checksums(),
@@ -195,7 +224,7 @@ async fn create_placed(
         return Err(e);
     }
     let mut attempted = Vec::new();
-    let result = create_replicas(st, &record, nodes, seeds, &mut attempted).await;
+    let result = create_replicas(st, &record, nodes, &seeds, &mut attempted).await;
     let result = match result {
         Ok(()) => mark_detached(st, &record.name).await,
         Err(e) => Err(e),
@@ -214,6 +243,9 @@ async fn create_placed(
             );
             st.events
                 .keep(Some(&created.name), None, false, "Created", &msg);
+            if !created.backup_schedules.is_empty() {
+                st.backups.schedule_wake.notify_one();
+            }
             Ok(created)
         }
         Err(e) => {

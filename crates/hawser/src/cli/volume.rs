@@ -254,6 +254,7 @@ pub fn run(client: &Client, cmd: VolumeCmd) -> Result<(), CliError> {
                 checksums: Some(checksums == OnOff::On),
                 from_backup,
                 standby_of,
+                backup_schedules: Vec::new(),
             };
             let v: Volume = client.post("/v1/volumes", &req)?;
             print_volume(&v, out.format, "created");
