@@ -93,14 +93,11 @@ ui: $(UI_MODULES)
 build: deps-demo
 	$(CARGO) build --release --workspace --bins
 
-# A second build of the same sources (it says so in --version), target/release/hawser-next:
-# the agent-upgrade test (e2e kernel_devices) replaces a running agent with it. Only the hawser
-# crate is compiled again; the last command puts the first build back in place (cargo keeps
-# both, so that costs a copy, not a link).
+# A second executable, target/release/hawser-next: the agent-upgrade test (e2e kernel_devices)
+# replaces a running agent with it. A copy of the build with a note in --version
+# (scripts/build-note.sh), so make test does not compile the binary's crate a second time.
 upgrade-build: build
-	$(CARGO) build --release -p hawser --features upgrade-test-build
-	cp target/release/hawser target/release/hawser-next
-	$(CARGO) build --release --workspace --bins
+	scripts/build-note.sh $(HAWSER) target/release/hawser-next "upgrade-test build"
 
 # The end-to-end tests that run a second time with the controller on a real etcd
 # (HAWSER_E2E_STORE=etcd), so both store backends pass "Replicated volumes over NBD".
@@ -110,12 +107,13 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 # failure prints the times so far and stops.
 timed = set -o pipefail; $(2) 2>&1 | scripts/test-times.sh $(1) || { scripts/test-times.sh --report; exit 1; }
 
-# Unit, simulation and integration tests, then the end-to-end tests against real clients
+# Unit, simulation and integration tests (in the `unit` profile of Cargo.toml: the project's
+# crates at opt-level 1, so they compile fast), then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd; scripts/e2e.sh runs those that
 # can two at a time). Ends with the slowest test binaries and each step's time.
 test: check-tools deps build upgrade-build lint k8s-tools kvm-kernel $(UI_MODULES)
 	@scripts/test-times.sh --start
-	$(call timed,unit,$(CARGO) test --release --workspace --exclude hawser-e2e)
+	$(call timed,unit,$(CARGO) test --profile unit --workspace --exclude hawser-e2e)
 	$(call timed,fuzz,scripts/fuzz.sh)
 	$(call timed,e2e,HAWSER_BIN=$(abspath $(HAWSER)) CARGO=$(CARGO) scripts/e2e.sh)
 	$(call timed,e2e-etcd,HAWSER_E2E_STORE=etcd HAWSER_BIN=$(abspath $(HAWSER)) CARGO=$(CARGO) \

@@ -18,17 +18,42 @@ use crate::cli::client::Client;
 use crate::cli::output::OutputArg;
 use crate::cli::{backup, cluster, device, events, node, pool, replica, snapshot, status, volume};
 
-/// `--version`; the upgrade test's second build names itself (Cargo.toml's features).
-const VERSION: &str = if cfg!(feature = "upgrade-test-build") {
-    concat!(env!("CARGO_PKG_VERSION"), " (upgrade-test build)")
-} else {
-    env!("CARGO_PKG_VERSION")
+/// Marks the bytes of [`BUILD_NOTE`] in the executable; what follows it is the note.
+const NOTE_MARKER: &[u8] = b"@@hawser-build-note@@";
+
+/// What `--version` says after the version: nothing in a build, a note in a copy of the
+/// executable that `scripts/build-note.sh` wrote one into (these bytes, after the marker).
+/// The upgrade test (e2e kernel_devices) replaces a running agent with such a copy, a second
+/// executable that says it is one, without compiling the crate a second time.
+#[used]
+static BUILD_NOTE: [u8; 64] = {
+    let mut b = [0u8; 64];
+    let mut i = 0;
+    while i < NOTE_MARKER.len() {
+        b[i] = NOTE_MARKER[i];
+        i += 1;
+    }
+    b
 };
+
+/// The version, with the build note if the executable carries one.
+fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        // Read through black_box: the bytes are a constant to the compiler, not to the script.
+        let note = &std::hint::black_box(&BUILD_NOTE)[NOTE_MARKER.len()..];
+        let note = note.split(|b| *b == 0).next().unwrap_or_default();
+        match std::str::from_utf8(note) {
+            Ok(n) if !n.is_empty() => format!("{} ({n})", env!("CARGO_PKG_VERSION")),
+            _ => env!("CARGO_PKG_VERSION").to_string(),
+        }
+    })
+}
 
 #[derive(Debug, Parser)]
 #[command(
     name = "hawser",
-    version = VERSION,
+    version = version(),
     about = "Replicated block storage for Kubernetes"
 )]
 struct Cli {
