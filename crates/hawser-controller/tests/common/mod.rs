@@ -708,8 +708,13 @@ pub fn pool(node: &str, capacity: u64, free: u64) -> PoolInfo {
 
 impl Cluster {
     /// A controller and `nodes` fake agents n1..nN, each registered with one 100 GiB pool.
+    ///
+    /// Fake agents register once and never heartbeat, so their nodes stay online only for
+    /// the node timeout. Here it is 10 minutes: a test's length on a loaded machine must not
+    /// decide whether a node is offline (a 15 s timeout once turned an expected 409 into a
+    /// 503 in CI). Tests of offline nodes use `start_with` with a short timeout.
     pub async fn start(nodes: usize) -> Cluster {
-        Cluster::start_with(nodes, 15).await
+        Cluster::start_with(nodes, 600).await
     }
 
     pub async fn start_with(nodes: usize, node_timeout_secs: u64) -> Cluster {
