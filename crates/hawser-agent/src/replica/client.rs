@@ -92,6 +92,11 @@ struct Shared {
     /// Waiters of `call`s; dropped (the caller sees the connection lost) on close.
     calls: Mutex<IdMap<u64, tokio::sync::oneshot::Sender<CallReply>>>,
     next_call: std::sync::atomic::AtomicU64,
+    /// Set while the watchdog waits for a request: an idle connection runs no timer, so a
+    /// node's idle volumes cost it nothing (issue 44: 1,000 of them ticked 8,000 times a
+    /// second). A request that finds it set wakes the watchdog through `wake`.
+    parked: AtomicBool,
+    wake: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -106,7 +111,31 @@ impl Shared {
                 .clear();
             self.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
             self.sink.on_lost(self.corrupt.load(Ordering::Acquire));
+            self.wake.notify_one();
         }
+    }
+
+    /// Records request `id` as outstanding, and wakes a parked watchdog. The flag is read
+    /// after the insert, under the same lock the watchdog's last look takes after it sets the
+    /// flag: either that look sees the request, or this sees the flag (and a `notify_one`
+    /// before the watchdog waits is kept for it).
+    fn outstanding_add(&self, id: SubId, op: Op) {
+        self.outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, (op, Instant::now()));
+        if self.parked.load(Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whether requests other than the watchdog's own pings are outstanding.
+    fn busy(&self) -> bool {
+        self.outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|(op, _)| *op != Op::Ping)
     }
 }
 
@@ -169,6 +198,8 @@ impl ReplicaClient {
             sink,
             calls: Mutex::new(IdMap::default()),
             next_call: std::sync::atomic::AtomicU64::new(CALL_ID_BASE),
+            parked: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
         });
         let tasks = vec![
             tokio::spawn(writer(drain, shared.clone())),
@@ -266,11 +297,7 @@ impl ReplicaClient {
             self.shared.sink.on_reply(sub, Err(ReplicaFailure::Lost));
             return;
         }
-        self.shared
-            .outstanding
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(sub, (header.op, Instant::now()));
+        self.shared.outstanding_add(sub, header.op);
         // Alone (an idle engine): write it now, so it overlaps the local write that follows.
         if push_frame(&self.out, &header, payload, quiet).is_err() {
             self.shared.close();
@@ -297,11 +324,7 @@ impl ReplicaClient {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, tx);
-        self.shared
-            .outstanding
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, (op, Instant::now()));
+        self.shared.outstanding_add(id, op);
         // Checked after the waiter is in place: a close that ran before it could not have
         // dropped it, and nothing would ever answer it.
         if self.shared.closed.load(Ordering::Acquire) {
@@ -472,29 +495,47 @@ async fn reader(mut rd: ReadSide, shared: Arc<Shared>) {
 /// the replica (answered without touching the disk), so a partition is detected after
 /// `REPLICA_SILENCE_TIMEOUT` even when a request may legitimately take longer; a request
 /// unanswered for `REPLICA_REQUEST_TIMEOUT` (a hung disk) also ends it.
+///
+/// Silence counts from the later of the last frame received and the start of the current
+/// busy spell: a connection idle for longer than the timeout has heard nothing for that
+/// long, and its next request must not be taken for a partition (it was, when the watchdog
+/// ticked while that request was in flight). While nothing is outstanding the watchdog
+/// parks (`Shared::parked`) and the next request wakes it.
 async fn watchdog(shared: Arc<Shared>, out: Arc<Outbox<OwnedWriteHalf>>, epoch: u64) {
     let mut tick = tokio::time::interval(REPLICA_WATCHDOG_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pings = 0u64;
     let mut last_ping = Instant::now();
+    let mut busy_since = Instant::now();
     loop {
         tick.tick().await;
         if shared.closed.load(Ordering::Acquire) {
             return;
         }
-        let (busy, overdue) = {
-            let out = shared.outstanding.lock().unwrap_or_else(|p| p.into_inner());
-            let busy = out.values().any(|(op, _)| *op != Op::Ping);
-            let overdue = out
-                .values()
-                .any(|(_, at)| at.elapsed() > REPLICA_REQUEST_TIMEOUT);
-            (busy, overdue)
-        };
+        if !shared.busy() {
+            shared.parked.store(true, Ordering::SeqCst);
+            if !shared.busy() && !shared.closed.load(Ordering::Acquire) {
+                shared.wake.notified().await;
+            }
+            shared.parked.store(false, Ordering::SeqCst);
+            busy_since = Instant::now();
+            last_ping = busy_since;
+            tick.reset();
+            continue;
+        }
+        let overdue = shared
+            .outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|(_, at)| at.elapsed() > REPLICA_REQUEST_TIMEOUT);
         let silent = shared
             .last_rx
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .elapsed();
-        if overdue || (busy && silent > REPLICA_SILENCE_TIMEOUT) {
+            .elapsed()
+            .min(busy_since.elapsed());
+        if overdue || silent > REPLICA_SILENCE_TIMEOUT {
             tracing::warn!(
                 overdue,
                 silent_ms = silent.as_millis(),
@@ -503,15 +544,11 @@ async fn watchdog(shared: Arc<Shared>, out: Arc<Outbox<OwnedWriteHalf>>, epoch: 
             shared.close();
             return;
         }
-        if busy && last_ping.elapsed() >= REPLICA_PING_INTERVAL {
+        if last_ping.elapsed() >= REPLICA_PING_INTERVAL {
             last_ping = Instant::now();
             pings += 1;
             let id = PING_ID_BASE + pings;
-            shared
-                .outstanding
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id, (Op::Ping, Instant::now()));
+            shared.outstanding_add(id, Op::Ping);
             let h = FrameHeader::request(Op::Ping, id, epoch, 0, 0);
             if push_frame(&out, &h, None, false).is_err() {
                 shared.close();

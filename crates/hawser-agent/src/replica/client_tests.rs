@@ -112,3 +112,54 @@ async fn a_dropped_client_ends_its_connection() {
         .expect("the peer task");
     assert_eq!(frames, 0);
 }
+
+/// A replica that answers Hello, then answers every frame `delay` after it read it, in
+/// order (pings too).
+async fn slow_replica(delay: Duration) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let (h, _) = read_frame(&mut s).await.expect("a Hello");
+        let info = HelloInfo {
+            size: 1 << 20,
+            epoch: h.epoch,
+            generation: 1,
+            boot_id: 7,
+        }
+        .encode();
+        let reply = h.reply(Status::Ok).with_payload(&info);
+        s.write_all(&reply.encode()).await.expect("write");
+        s.write_all(&info).await.expect("write");
+        while let Ok((h, _)) = read_frame(&mut s).await {
+            tokio::time::sleep(delay).await;
+            if s.write_all(&h.reply(Status::Ok).encode()).await.is_err() {
+                break;
+            }
+        }
+    });
+    addr
+}
+
+/// A connection idle for longer than the silence timeout has heard nothing for that long;
+/// its next request, answered well within the timeout, must not be taken for a partition.
+/// (It was: the watchdog counted silence from the last reply of the busy spell before, and
+/// dropped the connection whenever it ticked while that request was in flight.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_after_a_long_idle_spell_is_not_taken_for_silence() {
+    // Answers take several watchdog ticks, and far less than the silence timeout.
+    let delay = REPLICA_WATCHDOG_INTERVAL * 2;
+    assert!(delay * 2 < REPLICA_SILENCE_TIMEOUT);
+    let addr = slow_replica(delay).await;
+    let (client, mut lost) = connect(&addr).await;
+    // The idle spell is the scenario, not a wait for something to happen.
+    tokio::time::sleep(REPLICA_SILENCE_TIMEOUT + REPLICA_WATCHDOG_INTERVAL * 2).await;
+    for _ in 0..2 {
+        let answer = timeout(Duration::from_secs(5), client.call(Op::Flush, 0, 0, None))
+            .await
+            .expect("the call returns");
+        assert_eq!(answer.map(|(s, _)| s), Some(Status::Ok), "the flush is answered");
+    }
+    assert!(lost.try_recv().is_err(), "the connection was dropped");
+    drop(client);
+}
