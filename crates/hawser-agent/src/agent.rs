@@ -325,6 +325,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         replica_l,
         storage.clone(),
         replica_tls,
+        metrics.refusals(),
         stop_rx.clone(),
     ));
     if let Some(l) = nbd_l {

@@ -276,3 +276,64 @@ fn scraped_metrics_match_a_workload_with_a_lost_replica_and_its_resync() {
     assert_eq!(status, 200);
     assert!(om.ends_with("# EOF\n"), "{om}");
 }
+
+/// A connection the replica port refuses at a limit is counted by the limit's name and
+/// logged with it (issue 44: refusals were debug lines, and a node pair out of connections
+/// failed attaches with nothing said on either side). The limit here is the one anyone can
+/// reach: connections from one address that have not said Hello.
+#[test]
+fn a_refused_replica_connection_is_counted_and_logged_by_its_limit() {
+    use hawser_agent::constants::REPLICA_UNGREETED_MAX_PER_PEER as LIMIT;
+    use std::io::Read;
+    use std::net::TcpStream;
+
+    let c = Cluster::start("refusals", 1);
+    let scraper = Scraper {
+        token: std::fs::read_to_string(c.dir.path().join("controller/metrics.token"))
+            .expect("the metrics token")
+            .trim()
+            .to_string(),
+        ca_pem: c.tokens.ca_pem().to_string(),
+    };
+    let n1 = c.agent("n1");
+    let (admin, replica_addr) = (n1.admin.clone(), n1.replica.clone());
+    let series = r#"hawser_replica_connections_refused_total{limit="REPLICA_UNGREETED_MAX_PER_PEER"}"#;
+    let refused = || {
+        let (status, body) = scraper.get(
+            &admin,
+            Peer::Node("n1".into()),
+            Some(&scraper.token),
+            "text/plain",
+        );
+        (status == 200).then(|| samples(&body).get(series).copied().unwrap_or(0.0))
+    };
+    wait_until("n1 takes the metrics token", Duration::from_secs(20), || {
+        refused().is_some()
+    });
+    assert_eq!(refused(), Some(0.0), "refused before anything was");
+    // LIMIT silent connections hold every place an address has; the next is closed unread.
+    let held: Vec<TcpStream> = (0..LIMIT)
+        .map(|_| TcpStream::connect(&replica_addr).expect("connect"))
+        .collect();
+    wait_until("the held connections are admitted", Duration::from_secs(10), || {
+        let mut extra = TcpStream::connect(&replica_addr).expect("connect");
+        extra
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .expect("timeout");
+        // Closed at once (EOF or reset), not held for the Hello timeout.
+        let closed = match extra.read(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        };
+        closed && refused().is_some_and(|n| n >= 1.0)
+    });
+    let log = c.log("n1");
+    assert!(
+        log.contains(&format!(
+            "replica connection refused: REPLICA_UNGREETED_MAX_PER_PEER ({LIMIT}) reached"
+        )),
+        "n1's log names the limit"
+    );
+    drop(held);
+}

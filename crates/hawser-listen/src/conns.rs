@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Counts the connections of one listener (or one phase of it, like the replica port's
@@ -15,8 +16,8 @@ pub struct ConnLimits {
 }
 
 struct Inner {
-    total: usize,
-    per_peer: usize,
+    total: AtomicUsize,
+    per_peer: AtomicUsize,
     counts: Mutex<Counts>,
 }
 
@@ -53,8 +54,8 @@ impl ConnLimits {
     pub fn new(total: usize, per_peer: usize) -> ConnLimits {
         ConnLimits {
             inner: Arc::new(Inner {
-                total: total.max(1),
-                per_peer: per_peer.max(1),
+                total: AtomicUsize::new(total.max(1)),
+                per_peer: AtomicUsize::new(per_peer.max(1)),
                 counts: Mutex::new(Counts::default()),
             }),
         }
@@ -67,11 +68,11 @@ impl ConnLimits {
             .counts
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if c.total >= self.inner.total {
+        if c.total >= self.inner.total.load(Ordering::Relaxed) {
             return Err(Refused::Total);
         }
         let n = c.by_peer.entry(peer).or_insert(0);
-        if *n >= self.inner.per_peer {
+        if *n >= self.inner.per_peer.load(Ordering::Relaxed) {
             return Err(Refused::Peer);
         }
         *n += 1;
@@ -80,6 +81,22 @@ impl ConnLimits {
             inner: self.inner.clone(),
             peer,
         })
+    }
+
+    /// Raises the limits to at least `total` and `per_peer` (never lowers them): for a
+    /// listener whose legitimate load grows with something it serves, like the replica port
+    /// with the replicas it holds.
+    pub fn raise_to(&self, total: usize, per_peer: usize) {
+        self.inner.total.fetch_max(total, Ordering::Relaxed);
+        self.inner.per_peer.fetch_max(per_peer, Ordering::Relaxed);
+    }
+
+    /// The limits now: (total, per peer).
+    pub fn limits(&self) -> (usize, usize) {
+        (
+            self.inner.total.load(Ordering::Relaxed),
+            self.inner.per_peer.load(Ordering::Relaxed),
+        )
     }
 
     /// Connections admitted and not yet dropped.
@@ -131,6 +148,20 @@ mod tests {
         assert_eq!(l.open(), 2);
         let _c1 = l.admit(ip(3)).unwrap();
         assert_eq!(l.admit(ip(1)).err(), Some(Refused::Total));
+    }
+
+    #[test]
+    fn raised_limits_admit_more_and_are_never_lowered() {
+        let l = ConnLimits::new(2, 1);
+        let _a = l.admit(ip(1)).unwrap();
+        assert_eq!(l.admit(ip(1)).err(), Some(Refused::Peer));
+        l.raise_to(3, 2);
+        let _b = l.admit(ip(1)).unwrap();
+        assert_eq!(l.admit(ip(1)).err(), Some(Refused::Peer));
+        l.raise_to(1, 1);
+        assert_eq!(l.limits(), (3, 2));
+        let _c = l.admit(ip(2)).unwrap();
+        assert_eq!(l.admit(ip(3)).err(), Some(Refused::Total));
     }
 
     #[test]

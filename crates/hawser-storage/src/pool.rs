@@ -414,6 +414,11 @@ impl Pool {
         self.lock().values().cloned().collect()
     }
 
+    /// How many replicas the pool holds.
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
     /// Grows replica `id` to `size` bytes (to its size or less is a no-op), if the pool has
     /// room for the growth. The replica grows in place (`Replica::grow`), so the sessions
     /// that hold it, an attached volume's, see the new size at once. The map's lock is held

@@ -24,6 +24,7 @@ use prometheus_client::registry::Registry;
 
 use crate::engine::registry::Engines;
 use crate::observe::devices::DeviceMetrics;
+use crate::observe::refusals::RefusalMetrics;
 use crate::observe::state::StateCollector;
 use crate::storage::pools::NodeStorage;
 
@@ -31,6 +32,7 @@ use crate::storage::pools::NodeStorage;
 pub struct AgentMetrics {
     registry: Registry,
     devices: DeviceMetrics,
+    refusals: RefusalMetrics,
     /// Digests of the metrics tokens the controller last said are valid.
     scrape_tokens: RwLock<Vec<TokenDigest>>,
 }
@@ -46,10 +48,13 @@ impl AgentMetrics {
         io.register(h);
         let devices = DeviceMetrics::default();
         devices.register(h);
+        let refusals = RefusalMetrics::default();
+        refusals.register(h);
         h.register_collector(Box::new(StateCollector { engines, storage }));
         Arc::new(AgentMetrics {
             registry,
             devices,
+            refusals,
             scrape_tokens: RwLock::new(Vec::new()),
         })
     }
@@ -57,6 +62,11 @@ impl AgentMetrics {
     /// The kernel devices' family, for [`crate::frontends::devices`] to keep.
     pub fn devices(&self) -> DeviceMetrics {
         self.devices.clone()
+    }
+
+    /// The replica server's refusals, for [`crate::replica::server::serve`] to count.
+    pub fn refusals(&self) -> RefusalMetrics {
+        self.refusals.clone()
     }
 
     /// Everything, in the format `accept` asks for: (content type, body).

@@ -6,4 +6,5 @@
 pub mod devices;
 pub mod io;
 pub mod metrics;
+pub mod refusals;
 mod state;

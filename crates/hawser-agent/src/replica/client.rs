@@ -237,7 +237,7 @@ impl ReplicaClient {
         let (stream, conn) = match tls {
             None => (stream, None),
             Some(cfg) => {
-                let (s, c) = conn::connect(stream, cfg).await.map_err(ctx)?;
+                let (s, c) = conn::connect(stream, cfg).await.map_err(|e| ctx(closed_hint(e)))?;
                 (s, Some(c))
             }
         };
@@ -556,6 +556,24 @@ async fn watchdog(shared: Arc<Shared>, out: Arc<Outbox<OwnedWriteHalf>>, epoch: 
             }
         }
     }
+}
+
+/// A TLS handshake the replica's node ended without a word: say what does that, rather than
+/// only "tls handshake eof" (issue 44: a node pair out of connections was silent on both
+/// sides).
+fn closed_hint(e: std::io::Error) -> std::io::Error {
+    if e.kind() != std::io::ErrorKind::UnexpectedEof {
+        return e;
+    }
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "{e}: the replica's node closed the connection during the TLS handshake; it does \
+             that at a connection limit (its log names the limit, and its metric \
+             hawser_replica_connections_refused_total counts it) or when it does not accept \
+             this node's certificate"
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use hawser_listen::{ConnLimits, ConnPermit};
+use hawser_listen::{ConnLimits, ConnPermit, Refused};
 use hawser_storage::{Replica, ReplicaIoError, StoredJournal};
 use hawser_wire::constants::MAX_PAYLOAD_BYTES;
 use hawser_wire::frame::{FrameHeader, HelloInfo, Op, Status};
@@ -41,6 +41,7 @@ use crate::constants::{
     REPLICA_SERVER_MAX_CONNS, REPLICA_SERVER_MAX_CONNS_PER_PEER, REPLICA_SERVER_MEMORY_BUDGET,
     REPLICA_UNGREETED_MAX_CONNS, REPLICA_UNGREETED_MAX_PER_PEER,
 };
+use crate::observe::refusals::RefusalMetrics;
 use crate::replica::frame_io::{read_header, read_payload, FrameIoError};
 use crate::replica::grants::{self, Expected};
 pub use crate::replica::replies::{error_reply, status_of};
@@ -103,10 +104,16 @@ pub use hawser_storage::node_boot_id as boot_id;
 /// With `tls`, every connection starts with a TLS handshake (within the Hello timeout) in
 /// which the client presents a node certificate of the cluster, and a session opens only for
 /// a grant naming that node as the engine's.
+///
+/// The limits on connections with a session grow with the replicas this node holds
+/// ([`session_limits`]): an engine node opens one connection per volume it runs with a
+/// replica here, so a fixed limit was a ceiling on the volumes a node pair could share. A
+/// refusal is counted and logged with the limit's name (`observe/refusals.rs`).
 pub async fn serve(
     listener: TcpListener,
     storage: Arc<NodeStorage>,
     tls: Option<Arc<hawser_tls::rustls::ServerConfig>>,
+    refusals: RefusalMetrics,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let conns = ConnLimits::new(REPLICA_SERVER_MAX_CONNS, REPLICA_SERVER_MAX_CONNS_PER_PEER);
@@ -128,13 +135,23 @@ pub async fn serve(
                 continue;
             }
         };
-        let admitted = conns
-            .admit(peer.ip())
-            .and_then(|c| ungreeted.admit(peer.ip()).map(|u| (c, u)));
+        let (total, per_peer) = session_limits(storage.replica_count());
+        conns.raise_to(total, per_peer);
+        let admitted = match conns.admit(peer.ip()) {
+            Err(why) => Err((why, &conns, SESSION_LIMIT_NAMES)),
+            Ok(c) => match ungreeted.admit(peer.ip()) {
+                Ok(u) => Ok((c, u)),
+                Err(why) => Err((why, &ungreeted, UNGREETED_LIMIT_NAMES)),
+            },
+        };
         let (permit, greeting) = match admitted {
             Ok(p) => p,
-            Err(why) => {
-                tracing::debug!(%peer, "replica connection refused: {why}");
+            Err((why, limits, (total_name, peer_name))) => {
+                let (total, per_peer) = limits.limits();
+                match why {
+                    Refused::Total => refusals.refused(total_name, total, peer),
+                    Refused::Peer => refusals.refused(peer_name, per_peer, peer),
+                }
                 continue;
             }
         };
@@ -174,6 +191,23 @@ pub async fn serve(
             .instrument(span),
         );
     }
+}
+
+/// The names of the limits (total, per peer) a refusal reports.
+const SESSION_LIMIT_NAMES: (&str, &str) =
+    ("REPLICA_SERVER_MAX_CONNS", "REPLICA_SERVER_MAX_CONNS_PER_PEER");
+const UNGREETED_LIMIT_NAMES: (&str, &str) =
+    ("REPLICA_UNGREETED_MAX_CONNS", "REPLICA_UNGREETED_MAX_PER_PEER");
+
+/// The limits on the replica port's connections (total, per peer) for a node holding
+/// `replicas` replicas: each replica has one engine session at a time, from one peer, plus a
+/// session being replaced and a snapshot copy's; the constants are the floor.
+fn session_limits(replicas: usize) -> (usize, usize) {
+    let need = replicas.saturating_mul(2).saturating_add(64);
+    (
+        REPLICA_SERVER_MAX_CONNS.max(need.saturating_mul(2)),
+        REPLICA_SERVER_MAX_CONNS_PER_PEER.max(need),
+    )
 }
 
 async fn serve_conn(

@@ -143,6 +143,11 @@ impl NodeStorage {
         Ok(())
     }
 
+    /// How many replicas this node holds, over every pool.
+    pub fn replica_count(&self) -> usize {
+        self.pools.iter().map(|p| p.count()).sum()
+    }
+
     pub fn replica(&self, id: &str) -> Option<Arc<Replica>> {
         self.pools.iter().find_map(|p| p.get(id))
     }

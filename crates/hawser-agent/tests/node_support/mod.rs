@@ -106,6 +106,7 @@ pub async fn two_nodes_with(
         rl,
         b.clone(),
         None,
+        Default::default(),
         stop_rx,
     ));
     let replica = |id: &str, node: &str, addr: String| EngineReplica {
