@@ -59,6 +59,9 @@ pub const INLINE_IO_MAX_BYTES: u32 = 64 * 1024;
 /// How often an engine's maintenance task runs: reconnecting lost replicas, background
 /// flushes.
 pub const ENGINE_TICK: Duration = Duration::from_millis(500);
+/// An engine at rest runs no clock (`engine/volume.rs`, `maintenance`); it looks again this
+/// often anyway, so a missed wake-up could cost at most this long.
+pub const ENGINE_REST_RECHECK: Duration = Duration::from_secs(30);
 /// A background flush when something was written and nothing flushed for this long, so a
 /// replica whose node crashes has at most this much recent writing to recopy.
 pub const BACKGROUND_FLUSH_INTERVAL: Duration = Duration::from_secs(1);

@@ -77,7 +77,13 @@ async fn two_nodes(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica::server::serve(rl, b.clone(), None, Default::default(), stop_rx));
+    tokio::spawn(replica::server::serve(
+        rl,
+        b.clone(),
+        None,
+        Default::default(),
+        stop_rx,
+    ));
     (a, b, raddr, stop_tx)
 }
 
@@ -262,7 +268,13 @@ async fn lacking_as(label: &str, blank: bool) -> Lacking {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica::server::serve(rl, b.clone(), None, Default::default(), stop_rx));
+    tokio::spawn(replica::server::serve(
+        rl,
+        b.clone(),
+        None,
+        Default::default(),
+        stop_rx,
+    ));
     let e1 = VolumeEngine::start(
         &lacking_b(1, "127.0.0.1:1", blank),
         "a",

@@ -234,3 +234,67 @@ async fn multi_conn_one_device_seen_from_every_connection() {
         }
     }
 }
+
+/// Polls `cond` every 20 ms until it holds; false if `within` passed first.
+async fn eventually(within: std::time::Duration, cond: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    cond()
+}
+
+/// An engine with nothing to do stops its clock (issue 44: idle volumes cost their node
+/// nothing), and the next request wakes it: the write is answered, the engine ticks until
+/// the write is flushed in the background and its extent has left the activity log, then
+/// rests again; what was written reads back, and both replicas have it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_engine_rests_and_the_next_request_wakes_it() {
+    use hawser_agent::constants::{ACTIVITY_IDLE_TICKS, BACKGROUND_FLUSH_INTERVAL, ENGINE_TICK};
+    use std::time::Duration;
+    const AT: u64 = 1 << 20;
+    let r = replicated("engine-rest").await;
+    let engine = r.engines.get("vol").expect("the engine");
+    // Nothing written yet: at rest within a few ticks.
+    let rests = ENGINE_TICK * 4;
+    assert!(
+        eventually(rests, || engine.is_resting()).await,
+        "a new engine with nothing to do keeps ticking"
+    );
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", r.port).parse().expect("addr");
+    let (mut conn, _) = RawClient::connect_go(addr, "vol").await;
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    conn.write(1, AT, &data).await;
+    let (reply, _) = conn.reply(0).await;
+    assert_eq!((reply.handle, reply.error), (1, 0), "the write is answered");
+    // The write woke the clock: a background flush is due, then the extent ages out.
+    assert!(
+        eventually(Duration::from_secs(2), || !engine.is_resting()).await,
+        "the write did not wake the engine's clock"
+    );
+    let settle = BACKGROUND_FLUSH_INTERVAL + ENGINE_TICK * (ACTIVITY_IDLE_TICKS as u32 + 8);
+    assert!(
+        eventually(settle, || engine.is_resting()).await,
+        "the engine did not come to rest after its write was flushed"
+    );
+    assert_eq!(
+        engine.status().active_extents,
+        0,
+        "an engine at rest has an empty activity log"
+    );
+    conn.request(NbdCommand::Read, 0, 2, AT, 4096).await;
+    let (reply, got) = conn.reply(4096).await;
+    assert_eq!(reply.error, 0);
+    assert!(got == data, "the write reads back");
+    conn.request(NbdCommand::Disc, 0, 0, 0, 0).await;
+    drop(engine);
+    let (fa, fb) = r.finish().await;
+    let at = AT as usize..AT as usize + 4096;
+    assert!(
+        fa[at.clone()] == data[..] && fb[at] == data[..],
+        "a replica lacks the write"
+    );
+}

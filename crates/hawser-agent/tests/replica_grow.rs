@@ -35,7 +35,13 @@ async fn a_session_opened_before_a_grow_writes_and_reads_the_new_range_after_it(
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(replica::server::serve(listener, b.clone(), None, Default::default(), stop_rx));
+    tokio::spawn(replica::server::serve(
+        listener,
+        b.clone(),
+        None,
+        Default::default(),
+        stop_rx,
+    ));
     let hello = HelloRequest {
         replica: "vol-b".into(),
         grant: None,

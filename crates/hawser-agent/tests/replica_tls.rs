@@ -72,7 +72,13 @@ async fn serve_b(
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let rl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = rl.local_addr().unwrap().to_string();
-    tokio::spawn(replica::server::serve(rl, b.clone(), Some(server), Default::default(), stop_rx));
+    tokio::spawn(replica::server::serve(
+        rl,
+        b.clone(),
+        Some(server),
+        Default::default(),
+        stop_rx,
+    ));
     (addr, client, stop)
 }
 

@@ -506,6 +506,24 @@ impl Engine {
         self.unflushed.pending() && !self.fenced
     }
 
+    /// Nothing for the driver's clock to do until something happens to the engine: no
+    /// request, copy, repair or scrub read in flight, no scrub pass running, nothing written
+    /// since the last flush began, and every replica in sync with a session (or failed: never
+    /// reconnected). A driver may stop its clock then, until the next event (issue 44: an
+    /// idle volume should cost its node nothing).
+    pub fn at_rest(&self) -> bool {
+        self.in_flight() == 0
+            && self.scrub_view().is_none_or(|s| !s.running)
+            && !self.wants_flush()
+            && self.indices().all(|r| {
+                let s = self.slot(r);
+                s.failed
+                    || (s.connected
+                        && !s.disconnecting
+                        && matches!(s.membership, Membership::InSync))
+            })
+    }
+
     /// Whether the driver should (re)connect to `r`: it is out of sync or down and not failed.
     pub fn wants_connection(&self, r: ReplicaIdx) -> bool {
         let s = self.slot(r);

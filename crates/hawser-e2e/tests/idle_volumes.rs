@@ -44,7 +44,11 @@ fn steps() -> Vec<usize> {
     std::env::var("HAWSER_IDLE_VOLUMES")
         .unwrap_or_else(|_| "10,100,1000".into())
         .split(',')
-        .map(|s| s.trim().parse().expect("HAWSER_IDLE_VOLUMES: counts, comma-separated"))
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("HAWSER_IDLE_VOLUMES: counts, comma-separated")
+        })
         .collect()
 }
 

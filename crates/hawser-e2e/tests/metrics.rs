@@ -297,7 +297,8 @@ fn a_refused_replica_connection_is_counted_and_logged_by_its_limit() {
     };
     let n1 = c.agent("n1");
     let (admin, replica_addr) = (n1.admin.clone(), n1.replica.clone());
-    let series = r#"hawser_replica_connections_refused_total{limit="REPLICA_UNGREETED_MAX_PER_PEER"}"#;
+    let series =
+        r#"hawser_replica_connections_refused_total{limit="REPLICA_UNGREETED_MAX_PER_PEER"}"#;
     let refused = || {
         let (status, body) = scraper.get(
             &admin,
@@ -307,27 +308,33 @@ fn a_refused_replica_connection_is_counted_and_logged_by_its_limit() {
         );
         (status == 200).then(|| samples(&body).get(series).copied().unwrap_or(0.0))
     };
-    wait_until("n1 takes the metrics token", Duration::from_secs(20), || {
-        refused().is_some()
-    });
+    wait_until(
+        "n1 takes the metrics token",
+        Duration::from_secs(20),
+        || refused().is_some(),
+    );
     assert_eq!(refused(), Some(0.0), "refused before anything was");
     // LIMIT silent connections hold every place an address has; the next is closed unread.
     let held: Vec<TcpStream> = (0..LIMIT)
         .map(|_| TcpStream::connect(&replica_addr).expect("connect"))
         .collect();
-    wait_until("the held connections are admitted", Duration::from_secs(10), || {
-        let mut extra = TcpStream::connect(&replica_addr).expect("connect");
-        extra
-            .set_read_timeout(Some(Duration::from_secs(3)))
-            .expect("timeout");
-        // Closed at once (EOF or reset), not held for the Hello timeout.
-        let closed = match extra.read(&mut [0u8; 1]) {
-            Ok(0) => true,
-            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
-            Ok(_) => false,
-        };
-        closed && refused().is_some_and(|n| n >= 1.0)
-    });
+    wait_until(
+        "the held connections are admitted",
+        Duration::from_secs(10),
+        || {
+            let mut extra = TcpStream::connect(&replica_addr).expect("connect");
+            extra
+                .set_read_timeout(Some(Duration::from_secs(3)))
+                .expect("timeout");
+            // Closed at once (EOF or reset), not held for the Hello timeout.
+            let closed = match extra.read(&mut [0u8; 1]) {
+                Ok(0) => true,
+                Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+                Ok(_) => false,
+            };
+            closed && refused().is_some_and(|n| n >= 1.0)
+        },
+    );
     let log = c.log("n1");
     assert!(
         log.contains(&format!(

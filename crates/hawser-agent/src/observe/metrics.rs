@@ -179,6 +179,7 @@ mod tests {
         let m = AgentMetrics {
             registry: Registry::default(),
             devices: DeviceMetrics::default(),
+            refusals: RefusalMetrics::default(),
             scrape_tokens: RwLock::new(Vec::new()),
         };
         assert!(!m.admits("t1"), "no digest yet: nobody");

@@ -79,7 +79,9 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains(r#"replica_connections_refused_total{limit="REPLICA_SERVER_MAX_CONNS"} 1"#),
+            out.contains(
+                r#"replica_connections_refused_total{limit="REPLICA_SERVER_MAX_CONNS"} 1"#
+            ),
             "{out}"
         );
         // The second and third of a burst were not logged; the first was.

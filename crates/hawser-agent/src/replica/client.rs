@@ -237,7 +237,9 @@ impl ReplicaClient {
         let (stream, conn) = match tls {
             None => (stream, None),
             Some(cfg) => {
-                let (s, c) = conn::connect(stream, cfg).await.map_err(|e| ctx(closed_hint(e)))?;
+                let (s, c) = conn::connect(stream, cfg)
+                    .await
+                    .map_err(|e| ctx(closed_hint(e)))?;
                 (s, Some(c))
             }
         };

@@ -158,7 +158,11 @@ async fn a_request_after_a_long_idle_spell_is_not_taken_for_silence() {
         let answer = timeout(Duration::from_secs(5), client.call(Op::Flush, 0, 0, None))
             .await
             .expect("the call returns");
-        assert_eq!(answer.map(|(s, _)| s), Some(Status::Ok), "the flush is answered");
+        assert_eq!(
+            answer.map(|(s, _)| s),
+            Some(Status::Ok),
+            "the flush is answered"
+        );
     }
     assert!(lost.try_recv().is_err(), "the connection was dropped");
     drop(client);

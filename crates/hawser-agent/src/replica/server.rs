@@ -194,10 +194,14 @@ pub async fn serve(
 }
 
 /// The names of the limits (total, per peer) a refusal reports.
-const SESSION_LIMIT_NAMES: (&str, &str) =
-    ("REPLICA_SERVER_MAX_CONNS", "REPLICA_SERVER_MAX_CONNS_PER_PEER");
-const UNGREETED_LIMIT_NAMES: (&str, &str) =
-    ("REPLICA_UNGREETED_MAX_CONNS", "REPLICA_UNGREETED_MAX_PER_PEER");
+const SESSION_LIMIT_NAMES: (&str, &str) = (
+    "REPLICA_SERVER_MAX_CONNS",
+    "REPLICA_SERVER_MAX_CONNS_PER_PEER",
+);
+const UNGREETED_LIMIT_NAMES: (&str, &str) = (
+    "REPLICA_UNGREETED_MAX_CONNS",
+    "REPLICA_UNGREETED_MAX_PER_PEER",
+);
 
 /// The limits on the replica port's connections (total, per peer) for a node holding
 /// `replicas` replicas: each replica has one engine session at a time, from one peer, plus a

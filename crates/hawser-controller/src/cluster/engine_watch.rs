@@ -165,7 +165,12 @@ struct Statuses {
 
 impl Statuses {
     /// How `node` runs `v`'s engine; `None` if the agent did not answer this round.
-    async fn engine(&mut self, st: &AppState, node: &NodeRecord, v: &VolumeRecord) -> Option<Engine> {
+    async fn engine(
+        &mut self,
+        st: &AppState,
+        node: &NodeRecord,
+        v: &VolumeRecord,
+    ) -> Option<Engine> {
         if !self.by_node.contains_key(&node.name) {
             let status = agent_status(st, node.agent()).await;
             self.by_node.insert(node.name.clone(), status);

@@ -298,6 +298,17 @@ impl Keeper {
                 .all(|s| matches!(s.stage, SaveStage::Idle))
     }
 
+    /// Nothing for the clock to do (with [`Engine::at_rest`]): the journal is quiet, its log
+    /// is empty and says what the engine would, and no resync's progress is kept for saving.
+    pub fn at_rest(&self, e: &Engine) -> bool {
+        self.quiet()
+            && self.wanted.is_none()
+            && self.al.active().is_empty()
+            && !self.al.wants_commit(self.p.idle_ticks)
+            && !self.out_changed(e)
+            && self.saves.iter().all(Option::is_none)
+    }
+
     /// Requests waiting for a commit.
     pub fn waiting_tags(&self) -> Vec<Tag> {
         self.waiting.iter().map(|(t, _)| *t).collect()

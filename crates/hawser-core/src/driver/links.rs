@@ -82,6 +82,11 @@ impl Links {
         due
     }
 
+    /// No (re)connect attempt under way.
+    pub fn at_rest(&self) -> bool {
+        self.links.iter().all(|l| !l.busy)
+    }
+
     /// Whether an attempt for `r` is under way.
     pub fn busy(&self, r: ReplicaIdx) -> bool {
         self.links[usize::from(r.0)].busy
