@@ -4,6 +4,9 @@
 //! of every agent and the controller over a quiet window. Target: 1,000 on one agent at
 //! ≤ 5% of a core and ≤ 128 MiB RSS.
 //!
+//! With `HAWSER_IDLE_SPREAD=1` the volumes are attached on n1, n2 and n3 in turn instead
+//! (the "1,000 volumes spread over three nodes").
+//!
 //! Prints one `idle:` line per step; `make bench` greps them.
 
 use std::io::Write;
@@ -75,6 +78,8 @@ fn idle_cost_of_attached_volumes() {
         .map(|n| (n.to_string(), c.agent(n).child.id()))
         .collect();
     pids.push(("controller".into(), c.controllers[0].child.id()));
+    let spread = std::env::var("HAWSER_IDLE_SPREAD").is_ok_and(|v| v == "1");
+    let engine_node = |i: usize| if spread { ["n1", "n2", "n3"][i % 3] } else { "n1" };
     let mut attached = 0usize;
     for want in steps() {
         let t = Instant::now();
@@ -84,7 +89,8 @@ fn idle_cost_of_attached_volumes() {
                 "/v1/volumes",
                 json!({"name": name, "size_bytes": 64u64 << 20, "replicas": 2}),
             );
-            post(&format!("/v1/volumes/{name}/attach"), json!({"node": "n1"}));
+            let node = engine_node(attached);
+            post(&format!("/v1/volumes/{name}/attach"), json!({"node": node}));
             attached += 1;
         }
         let made = t.elapsed();
@@ -94,7 +100,8 @@ fn idle_cost_of_attached_volumes() {
         std::thread::sleep(WINDOW);
         let secs = t.elapsed().as_secs_f64();
         let mut line = format!(
-            "idle: {attached} volumes attached on n1 (2 replicas each; the last {} in {:.0?}):",
+            "idle: {attached} volumes attached on {} (2 replicas each; the last {} in {:.0?}):",
+            if spread { "n1, n2 and n3 in turn" } else { "n1" },
             attached.min(want),
             made
         );
@@ -123,11 +130,16 @@ fn idle_cost_of_attached_volumes() {
         let _ = std::io::stdout().flush();
         std::thread::sleep(Duration::from_secs(hold));
     }
-    // Every volume is still attached: a step that measured fewer would say nothing.
+    // Every volume is still attached where it was: a step that measured fewer would say
+    // nothing.
     let vols = c.volumes();
-    let on_n1 = vols
-        .iter()
-        .filter(|v| v.attached_node.as_deref() == Some("n1"))
+    let still = (0..attached)
+        .filter(|i| {
+            let name = format!("idle{i}");
+            vols.iter().any(|v| {
+                v.name == name && v.attached_node.as_deref() == Some(engine_node(*i))
+            })
+        })
         .count();
-    assert_eq!(on_n1, attached, "volumes attached on n1 at the end");
+    assert_eq!(still, attached, "volumes still attached where they were at the end");
 }
