@@ -115,6 +115,7 @@ fn env() -> &'static Env {
                 listener,
                 storage.clone(),
                 None,
+                Default::default(),
                 stopped,
             ));
             addr
