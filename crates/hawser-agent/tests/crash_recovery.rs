@@ -62,6 +62,19 @@ fn pattern(seed: u8, len: usize) -> Bytes {
     Bytes::from((0..len).map(|i| seed ^ (i as u8)).collect::<Vec<u8>>())
 }
 
+/// A replica server for `b` on a free loopback port: its address, and the sender that stops
+/// it.
+async fn replica_server(
+    b: &std::sync::Arc<hawser_agent::storage::pools::NodeStorage>,
+) -> (String, tokio::sync::watch::Sender<bool>) {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let raddr = rl.local_addr().expect("addr").to_string();
+    let serve = replica::server::serve(rl, b.clone(), None, Default::default(), stop_rx);
+    tokio::spawn(serve);
+    (raddr, stop_tx)
+}
+
 /// Nodes a and b of `SIZE` replicas under `dir`, b behind a replica server: its address and
 /// the sender that stops it.
 async fn two_nodes(
@@ -74,16 +87,7 @@ async fn two_nodes(
 ) {
     let a = node(&dir.0, "a", SIZE);
     let b = node(&dir.0, "b", SIZE);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica::server::serve(
-        rl,
-        b.clone(),
-        None,
-        Default::default(),
-        stop_rx,
-    ));
+    let (raddr, stop_tx) = replica_server(&b).await;
     (a, b, raddr, stop_tx)
 }
 
@@ -265,16 +269,7 @@ async fn lacking_as(label: &str, blank: bool) -> Lacking {
     let dir = TempDir::new(label);
     let a = node(&dir.0, "a", VOL);
     let b = node(&dir.0, "b", VOL);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let rl = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let raddr = rl.local_addr().expect("addr").to_string();
-    tokio::spawn(replica::server::serve(
-        rl,
-        b.clone(),
-        None,
-        Default::default(),
-        stop_rx,
-    ));
+    let (raddr, stop_tx) = replica_server(&b).await;
     let e1 = VolumeEngine::start(
         &lacking_b(1, "127.0.0.1:1", blank),
         "a",

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use hawser_csi::proto::csi::volume_capability::access_mode::Mode;
 use hawser_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
 use hawser_csi::proto::csi::*;
+use hawser_e2e::run::cpu_ticks;
 use hawser_e2e::{Cluster, CsiProc};
 
 /// How long the processes are watched while idle.
@@ -22,15 +23,6 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
-}
-
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    n(11) + n(12)
 }
 
 fn cap() -> VolumeCapability {

@@ -12,6 +12,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use hawser_e2e::run::cpu_ticks;
 use hawser_e2e::Cluster;
 use serde_json::json;
 
@@ -20,15 +21,6 @@ use serde_json::json;
 const SETTLE: Duration = Duration::from_secs(10);
 /// How long each step measures.
 const WINDOW: Duration = Duration::from_secs(20);
-
-/// utime + stime of a process, in clock ticks (100 per second here).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    n(11) + n(12)
-}
 
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
@@ -79,7 +71,13 @@ fn idle_cost_of_attached_volumes() {
         .collect();
     pids.push(("controller".into(), c.controllers[0].child.id()));
     let spread = std::env::var("HAWSER_IDLE_SPREAD").is_ok_and(|v| v == "1");
-    let engine_node = |i: usize| if spread { ["n1", "n2", "n3"][i % 3] } else { "n1" };
+    let engine_node = |i: usize| {
+        if spread {
+            ["n1", "n2", "n3"][i % 3]
+        } else {
+            "n1"
+        }
+    };
     let mut attached = 0usize;
     for want in steps() {
         let t = Instant::now();
@@ -101,7 +99,11 @@ fn idle_cost_of_attached_volumes() {
         let secs = t.elapsed().as_secs_f64();
         let mut line = format!(
             "idle: {attached} volumes attached on {} (2 replicas each; the last {} in {:.0?}):",
-            if spread { "n1, n2 and n3 in turn" } else { "n1" },
+            if spread {
+                "n1, n2 and n3 in turn"
+            } else {
+                "n1"
+            },
             attached.min(want),
             made
         );
@@ -136,10 +138,12 @@ fn idle_cost_of_attached_volumes() {
     let still = (0..attached)
         .filter(|i| {
             let name = format!("idle{i}");
-            vols.iter().any(|v| {
-                v.name == name && v.attached_node.as_deref() == Some(engine_node(*i))
-            })
+            vols.iter()
+                .any(|v| v.name == name && v.attached_node.as_deref() == Some(engine_node(*i)))
         })
         .count();
-    assert_eq!(still, attached, "volumes still attached where they were at the end");
+    assert_eq!(
+        still, attached,
+        "volumes still attached where they were at the end"
+    );
 }

@@ -22,25 +22,31 @@ impl ReplySink for LossSink {
     }
 }
 
+/// Accepts one connection on `listener` and answers its Hello as a replica of 1 MiB.
+async fn accept_hello(listener: &TcpListener) -> tokio::net::TcpStream {
+    let (mut s, _) = listener.accept().await.expect("accept");
+    let (h, _) = read_frame(&mut s).await.expect("a Hello");
+    assert_eq!(h.op, Op::Hello);
+    let info = HelloInfo {
+        size: 1 << 20,
+        epoch: h.epoch,
+        generation: 1,
+        boot_id: 7,
+    }
+    .encode();
+    let reply = h.reply(Status::Ok).with_payload(&info);
+    s.write_all(&reply.encode()).await.expect("write");
+    s.write_all(&info).await.expect("write");
+    s
+}
+
 /// A replica that accepts one connection, answers its Hello, then reads requests and answers
 /// none. Resolves to the frames it read once the connection ends.
 async fn silent_replica() -> (String, tokio::task::JoinHandle<usize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let peer = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.expect("accept");
-        let (h, _) = read_frame(&mut s).await.expect("a Hello");
-        assert_eq!(h.op, Op::Hello);
-        let info = HelloInfo {
-            size: 1 << 20,
-            epoch: h.epoch,
-            generation: 1,
-            boot_id: 7,
-        }
-        .encode();
-        let reply = h.reply(Status::Ok).with_payload(&info);
-        s.write_all(&reply.encode()).await.expect("write");
-        s.write_all(&info).await.expect("write");
+        let mut s = accept_hello(&listener).await;
         let mut frames = 0;
         while read_frame(&mut s).await.is_ok() {
             frames += 1;
@@ -119,18 +125,7 @@ async fn slow_replica(delay: Duration) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.expect("accept");
-        let (h, _) = read_frame(&mut s).await.expect("a Hello");
-        let info = HelloInfo {
-            size: 1 << 20,
-            epoch: h.epoch,
-            generation: 1,
-            boot_id: 7,
-        }
-        .encode();
-        let reply = h.reply(Status::Ok).with_payload(&info);
-        s.write_all(&reply.encode()).await.expect("write");
-        s.write_all(&info).await.expect("write");
+        let mut s = accept_hello(&listener).await;
         while let Ok((h, _)) = read_frame(&mut s).await {
             tokio::time::sleep(delay).await;
             if s.write_all(&h.reply(Status::Ok).encode()).await.is_err() {
