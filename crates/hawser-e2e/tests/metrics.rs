@@ -41,6 +41,17 @@ struct Scraper {
 }
 
 impl Scraper {
+    /// A scraper of cluster `c`, with the metrics token its controller wrote at cluster init.
+    fn of(c: &Cluster) -> Scraper {
+        Scraper {
+            token: std::fs::read_to_string(c.dir.path().join("controller/metrics.token"))
+                .expect("the controller wrote the metrics token at cluster init")
+                .trim()
+                .to_string(),
+            ca_pem: c.tokens.ca_pem().to_string(),
+        }
+    }
+
     /// GET https://`addr`/metrics as Prometheus would: ordinary hostname verification of
     /// the role's DNS name (`tls_config.server_name`) against the cluster CA, no client
     /// certificate, the bearer `token` if any, and the Accept header `accept`.
@@ -105,13 +116,7 @@ fn scraped_metrics_match_a_workload_with_a_lost_replica_and_its_resync() {
     }
     let mut c = Cluster::start("metrics", 2);
     let uri = c.attached_volume("m", "64MiB", 2, "n1");
-    let scraper = Scraper {
-        token: std::fs::read_to_string(c.dir.path().join("controller/metrics.token"))
-            .expect("the controller wrote the metrics token at cluster init")
-            .trim()
-            .to_string(),
-        ca_pem: c.tokens.ca_pem().to_string(),
-    };
+    let scraper = Scraper::of(&c);
     let n1 = c.agent("n1").admin.clone();
     let ctl = c.url.trim_start_matches("https://").to_string();
     let r2 = c.replica_on("m", "n2").id;
@@ -288,13 +293,7 @@ fn a_refused_replica_connection_is_counted_and_logged_by_its_limit() {
     use std::net::TcpStream;
 
     let c = Cluster::start("refusals", 1);
-    let scraper = Scraper {
-        token: std::fs::read_to_string(c.dir.path().join("controller/metrics.token"))
-            .expect("the metrics token")
-            .trim()
-            .to_string(),
-        ca_pem: c.tokens.ca_pem().to_string(),
-    };
+    let scraper = Scraper::of(&c);
     let n1 = c.agent("n1");
     let (admin, replica_addr) = (n1.admin.clone(), n1.replica.clone());
     let series =
