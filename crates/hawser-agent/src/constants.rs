@@ -40,6 +40,11 @@ pub const REPLICA_PING_INTERVAL: Duration = Duration::from_millis(500);
 pub const REPLICA_SILENCE_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Connecting to a replica (TCP connect + Hello) gives up after this long.
 pub const REPLICA_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A peer probe (`control/peers.rs`) that has not connected and finished its handshake in
+/// this long counts as not reached: a path that slow would not carry an engine's writes.
+pub const PEER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Peers one probe call may name: more than any cluster Hawser is built for has nodes.
+pub const PEER_PROBE_MAX_PEERS: usize = 256;
 /// Pause between attempts to reach the controller for an outdate.
 pub const OUTDATE_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the agent re-registers (heartbeat) with the controller.

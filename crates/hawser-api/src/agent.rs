@@ -13,6 +13,7 @@
 //! | GET    | /v1/devices             | → `[Device]` (its kernel block devices) |
 //! | GET    | /v1/status              | → `AgentStatus`                       |
 //! | GET    | /v1/replicas/inventory  | → `[ReplicaInventory]` (reads journals) |
+//! | POST   | /v1/peers/probe         | `ProbePeers` → `[PeerReach]` (can this node reach them) |
 
 use serde::{Deserialize, Serialize};
 
@@ -517,4 +518,33 @@ pub struct Device {
     pub size_bytes: u64,
     /// Connections (nbd) or queues (ublk).
     pub connections: u32,
+}
+
+/// `POST /v1/peers/probe`: can this node reach these nodes' replica ports? The controller
+/// asks a node whose engine lost quorum before it lifts the node's `hawser.dev/quorum-lost`
+/// taint: only this node can see its own paths to its peers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbePeers {
+    pub peers: Vec<PeerAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerAddr {
+    /// The node, whose certificate the replica port must present (clusters with TLS).
+    pub node: String,
+    pub replica_addr: String,
+}
+
+/// One peer's answer: reached means a TCP connection and, with TLS, a mutual handshake with
+/// that node's certificate, within the probe's timeout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerReach {
+    pub node: String,
+    pub reached: bool,
+    /// Why not, when not reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }

@@ -11,8 +11,8 @@ use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use hawser_api::agent::{
     AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, FetchSnapshot,
-    GrowEngine, GrowReplica, PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica,
-    ResumeEngine, StartEngine, TakeSnapshot, NODE_HEADER,
+    GrowEngine, GrowReplica, PauseEngine, PeerReach, ProbePeers, ReplicaSnapshot, ReplicaStatus,
+    RestoreReplica, ResumeEngine, StartEngine, TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::{auth, ApiError, ErrorCode};
 use hawser_storage::{NewReplica, StorageError};
@@ -57,6 +57,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/replicas/{id}/wrapped-key", put(set_wrapped_key))
         .route("/v1/replicas/{id}/trash", post(trash_replica))
         .route("/v1/replicas/inventory", get(inventory))
+        .route("/v1/peers/probe", post(probe_peers))
         .route(
             "/v1/replicas/{id}/snapshots",
             post(take_snapshot).get(list_snapshots),
@@ -249,6 +250,16 @@ async fn get_io(State(s): State<AdminState>) -> Json<AgentIo> {
     Json(AgentIo {
         volumes: s.engines.io_counters(&s.node),
     })
+}
+
+/// `POST /v1/peers/probe`: whether this node reaches the replica ports of `peers`
+/// (`control/peers.rs`).
+async fn probe_peers(
+    State(s): State<AdminState>,
+    Json(req): Json<ProbePeers>,
+) -> Result<Json<Vec<PeerReach>>, Failure> {
+    let reached = crate::control::peers::probe(s.link.node.clone(), req).await;
+    reached.map(Json).map_err(Failure)
 }
 
 async fn get_status(State(s): State<AdminState>) -> Json<AgentStatus> {
