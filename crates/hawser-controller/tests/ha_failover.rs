@@ -195,13 +195,17 @@ async fn untouched(
     assert!(!tainted(api, node));
 }
 
-/// Whether `node` carries the failover's taint (the API server adds others of its own).
+/// Whether `node` carries the failover's taint for a silent agent (the API server adds
+/// others of its own).
 fn tainted(api: &ApiserverProcess, node: &str) -> bool {
+    has_taint(api, node, "hawser.dev/agent-unreachable")
+}
+
+fn has_taint(api: &ApiserverProcess, node: &str, key: &str) -> bool {
     let n = get_json(api, &["node", node]);
-    n["spec"]["taints"].as_array().is_some_and(|ts| {
-        ts.iter()
-            .any(|t| t["key"] == "hawser.dev/agent-unreachable")
-    })
+    n["spec"]["taints"]
+        .as_array()
+        .is_some_and(|ts| ts.iter().any(|t| t["key"] == key))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,8 +457,9 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     hb.pause("n1", false);
     common::eventually(10, || async { !tainted(&api, "n1") }).await;
     // 5. A healthy node whose engine lost quorum (it reports a replica down that it may not
-    // outdate) for longer than the timeout: the volume is fenced and its pod moved too, and
-    // the node is not tainted (it heartbeats).
+    // outdate, because n2 cannot reach that replica's node) for longer than the timeout: the
+    // volume is fenced and its pod moved too. n2 heartbeats, so it gets the quorum-lost
+    // taint, not the unreachable one, and keeps it until its agent reaches its peers.
     let body = json!({"name": "d", "size_bytes": GIB, "replicas": 2, "prefer_node": "n2"});
     let r = http
         .post(format!("{url}/v1/volumes"))
@@ -486,6 +491,16 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
         .as_str()
         .unwrap()
         .to_string();
+    let far_node = d["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == far.as_str())
+        .unwrap()["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    agents[1].cut_off_from(&far_node, true);
     let lost = Instant::now();
     agents[1].report_down("d", vec![far]);
     common::eventually(AFTER_SECS + 10, || async {
@@ -507,6 +522,25 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
         event_reasons(&api, "data-d").contains(&"FailedOver".to_string())
     })
     .await;
+    const QUORUM_LOST: &str = "hawser.dev/quorum-lost";
+    common::eventually(10, || async { has_taint(&api, "n2", QUORUM_LOST) }).await;
+    // n2's agent is asked whether it reaches its peers, and while it does not, the taint
+    // stays: wait for two probes after the taint was seen.
+    let probes = || {
+        agents[1]
+            .calls()
+            .iter()
+            .filter(|c| *c == "POST /v1/peers/probe")
+            .count()
+    };
+    let seen = probes();
+    common::eventually(15, || async { probes() >= seen + 2 }).await;
+    assert!(has_taint(&api, "n2", QUORUM_LOST));
+    assert!(!tainted(&api, "n2"));
+    // Its path to the peer is back: the next probe lifts the taint.
+    agents[1].report_down("d", vec![]);
+    agents[1].cut_off_from(&far_node, false);
+    common::eventually(15, || async { !has_taint(&api, "n2", QUORUM_LOST) }).await;
 
     let _ = stop_tx.send(());
     serving.await.unwrap().unwrap();

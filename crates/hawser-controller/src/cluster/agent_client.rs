@@ -2,8 +2,8 @@
 
 use hawser_api::agent::{
     AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, FetchSnapshot,
-    PauseEngine, ReplicaSnapshot, ReplicaStatus, RestoreReplica, ResumeEngine, StartEngine,
-    TakeSnapshot, NODE_HEADER,
+    PauseEngine, PeerReach, ProbePeers, ReplicaSnapshot, ReplicaStatus, RestoreReplica,
+    ResumeEngine, StartEngine, TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::ApiError;
@@ -319,6 +319,17 @@ impl AgentClient {
 
     pub async fn status(&self, to: Agent<'_>) -> Result<AgentStatus, AgentError> {
         self.call::<(), _>(Method::GET, to, "/v1/status", None)
+            .await
+    }
+
+    /// Whether the agent's node reaches these peers' replica ports (`POST /v1/peers/probe`).
+    /// An agent older than the call answers 404 (`Refused`).
+    pub async fn probe_peers(
+        &self,
+        to: Agent<'_>,
+        req: &ProbePeers,
+    ) -> Result<Vec<PeerReach>, AgentError> {
+        self.call(Method::POST, to, "/v1/peers/probe", Some(req))
             .await
     }
 

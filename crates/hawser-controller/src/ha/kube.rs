@@ -15,6 +15,23 @@ pub const OPT_OUT_ANNOTATION: &str = "hawser.dev/failover";
 /// The taint put on a node whose agent stopped heartbeating, so the scheduler places the
 /// replacement pods elsewhere; removed when the agent is back.
 pub const UNREACHABLE_TAINT: &str = "hawser.dev/agent-unreachable";
+/// The taint put on a node whose engine lost quorum: the node heartbeats, but cannot reach a
+/// replica's node, so a pod put back there would find its volume failing again. Removed when
+/// the node's agent reaches every heartbeating peer's replica port.
+pub const QUORUM_LOST_TAINT: &str = "hawser.dev/quorum-lost";
+
+/// The nodes (by Kubernetes name) that carry each of the failover's taints.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tainted {
+    pub unreachable: std::collections::HashSet<String>,
+    pub quorum_lost: std::collections::HashSet<String>,
+}
+
+impl Tainted {
+    pub fn is_empty(&self) -> bool {
+        self.unreachable.is_empty() && self.quorum_lost.is_empty()
+    }
+}
 
 /// A pod on a node and the Hawser volumes (by volume id) it mounts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -280,32 +297,39 @@ impl Kube {
         Err(format!("node {node} kept changing; {what} not updated"))
     }
 
-    /// The nodes carrying the [`UNREACHABLE_TAINT`] now.
-    pub async fn tainted_nodes(&self) -> KResult<std::collections::HashSet<String>> {
+    /// The nodes carrying each of the failover's taints now.
+    pub async fn tainted_nodes(&self) -> KResult<Tainted> {
         let list = self
             .api
             .get("/api/v1/nodes")
             .await
             .map_err(|e| failed("list nodes", e))?;
-        Ok(items(&list)
-            .iter()
-            .filter(|n| {
-                n.get("spec")
-                    .and_then(|s| s.get("taints"))
-                    .and_then(Value::as_array)
-                    .is_some_and(|ts| {
-                        ts.iter().any(|t| {
-                            t.get("key").and_then(Value::as_str) == Some(UNREACHABLE_TAINT)
-                        })
-                    })
-            })
-            .filter_map(|n| str_at(n, &["metadata", "name"]).map(str::to_string))
-            .collect())
+        let mut out = Tainted::default();
+        for n in items(&list) {
+            let Some(name) = str_at(n, &["metadata", "name"]) else {
+                continue;
+            };
+            let keys = n
+                .get("spec")
+                .and_then(|s| s.get("taints"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.get("key").and_then(Value::as_str));
+            for key in keys {
+                if key == UNREACHABLE_TAINT {
+                    out.unreachable.insert(name.to_string());
+                } else if key == QUORUM_LOST_TAINT {
+                    out.quorum_lost.insert(name.to_string());
+                }
+            }
+        }
+        Ok(out)
     }
 
-    /// Adds (`on`) or removes the [`UNREACHABLE_TAINT`] of `node`; a no-op when it already
-    /// is so.
-    pub async fn set_unreachable_taint(&self, node: &str, on: bool) -> KResult<()> {
+    /// Adds (`on`) or removes the taint `key` (`NoSchedule`) of `node`; a no-op when it
+    /// already is so.
+    pub async fn set_taint(&self, node: &str, key: &str, on: bool) -> KResult<()> {
         self.update_node(node, false, "taints", |n| {
             let taints: Vec<Value> = n
                 .get("spec")
@@ -313,13 +337,13 @@ impl Kube {
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
-            let ours = |t: &Value| t.get("key").and_then(Value::as_str) == Some(UNREACHABLE_TAINT);
+            let ours = |t: &Value| t.get("key").and_then(Value::as_str) == Some(key);
             if taints.iter().any(ours) == on {
                 return None;
             }
             let mut new: Vec<Value> = taints.into_iter().filter(|t| !ours(t)).collect();
             if on {
-                new.push(json!({"key": UNREACHABLE_TAINT, "effect": "NoSchedule"}));
+                new.push(json!({"key": key, "effect": "NoSchedule"}));
             }
             Some(json!({"spec": {"taints": new}}))
         })

@@ -12,8 +12,10 @@
 //! 2. **Free the attachment**: the volume leaves the node's `status.volumesInUse` (the
 //!    attach/detach controller would otherwise wait six minutes for a dead kubelet) and its
 //!    VolumeAttachments to that node are deleted.
-//! 3. **Move the pods**: the node is tainted `NoSchedule`, and the pods are deleted at once,
-//!    so their StatefulSet or Deployment recreates them elsewhere.
+//! 3. **Move the pods**: the node is tainted `NoSchedule` (`taints.rs`: a silent node until
+//!    its agent is back, a node whose engine lost quorum until it reaches its peers again),
+//!    and the pods are deleted at once, so their StatefulSet or Deployment recreates them
+//!    elsewhere.
 //! 4. **Tell**: an Event on each PVC (and on pods left alone).
 //!
 //! Pods annotated `hawser.dev/failover: "false"` are left alone with their volumes, and so
@@ -22,6 +24,7 @@
 
 pub mod kube;
 pub(crate) mod plan;
+pub mod taints;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -30,7 +33,7 @@ use std::time::Duration;
 use hawser_api::controller::VolumeState;
 
 use crate::errors::ControllerError;
-use crate::ha::kube::{Kube, PodUse};
+use crate::ha::kube::{Kube, PodUse, Tainted};
 use crate::ha::plan::Stranded;
 use crate::state::AppState;
 use crate::store::leader::Role;
@@ -53,9 +56,9 @@ pub async fn run(st: Arc<AppState>, kube: Arc<Kube>, cfg: HaConfig) {
     let mut reported = Reported::new();
     let mut quorum = QuorumWatch::default();
     let mut round_no: u64 = 0;
-    // Nodes this controller tainted; `None` until it has looked which nodes carry the taint
-    // (after it starts leading).
-    let mut tainted: Option<HashSet<String>> = None;
+    // Nodes carrying the failover's taints; `None` until it has looked (after it starts
+    // leading).
+    let mut tainted: Option<Tainted> = None;
     loop {
         tick.tick().await;
         if !matches!(st.leadership.role(), Role::Leader { .. } | Role::Sole) {
@@ -63,11 +66,13 @@ pub async fn run(st: Arc<AppState>, kube: Arc<Kube>, cfg: HaConfig) {
             continue;
         }
         round_no += 1;
-        if round_no.is_multiple_of(QUORUM_CHECK_ROUNDS) {
+        let check = round_no.is_multiple_of(QUORUM_CHECK_ROUNDS);
+        if check {
             quorum.check(&st).await;
         }
         let lost = quorum.lost_ms();
-        if let Err(e) = round(&st, &kube, &cfg, &lost, &mut reported, &mut tainted).await {
+        let r = round(&st, &kube, &cfg, &lost, &mut reported, &mut tainted, check);
+        if let Err(e) = r.await {
             tracing::warn!(error = %e, "failover round failed");
         }
     }
@@ -79,7 +84,8 @@ async fn round(
     cfg: &HaConfig,
     quorum_lost_ms: &HashMap<String, u64>,
     reported: &mut Reported,
-    tainted: &mut Option<HashSet<String>>,
+    tainted: &mut Option<Tainted>,
+    probe: bool,
 ) -> Result<(), String> {
     let nodes = st.records.nodes().await.map_err(|e| e.to_string())?;
     let volumes = st.records.volumes().await.map_err(|e| e.to_string())?;
@@ -95,18 +101,17 @@ async fn round(
         }
         return Ok(());
     }
-    let names = kube.node_names().await?;
-    let k8s_name = |hawser: &str| names.get(hawser).cloned().unwrap_or_else(|| hawser.into());
-    // Nodes heartbeating again: untaint, and a later outage is reported anew.
+    let names = taints::K8sNames(kube.node_names().await?);
+    // Nodes heartbeating again: a later outage is reported anew, and taints are lifted.
     for n in nodes.iter().filter(|n| n.age_ms(now) <= cfg.after_ms) {
         reported.retain(|(_, node, _)| *node != n.name);
-        let k = k8s_name(&n.name);
-        if tainted.contains(&k) {
-            kube.set_unreachable_taint(&k, false).await?;
-            tainted.remove(&k);
-            tracing::info!(node = %k, "agent heartbeating again: untainted");
-        }
     }
+    let beats = taints::Beats {
+        nodes: &nodes,
+        now,
+        after_ms: cfg.after_ms,
+    };
+    taints::lift_recovered(st, kube, beats, &names, tainted, probe).await?;
     if stranded.is_empty() {
         return Ok(());
     }
@@ -116,7 +121,7 @@ async fn round(
         let Some(pv) = pvs.iter().find(|p| p.volume == s.volume) else {
             continue; // not a Kubernetes volume
         };
-        let node = k8s_name(&s.node);
+        let node = names.of(&s.node);
         if !pods_by_node.contains_key(&s.node) {
             let pods = kube.pods_on(&node, &pvs).await?;
             pods_by_node.insert(s.node.clone(), pods);
@@ -179,11 +184,7 @@ async fn round(
         kube.release_volumes_in_use(&node, std::slice::from_ref(&s.volume))
             .await?;
         let attachments = kube.delete_attachments(&pv.pv, &node).await?;
-        // A silent node is kept from new pods until its agent is back. (A node whose engine
-        // lost quorum heartbeats: it is not tainted, the scheduler may choose it again.)
-        if !s.quorum_lost && tainted.insert(node.clone()) {
-            kube.set_unreachable_taint(&node, true).await?;
-        }
+        taint(kube, beats, &names, tainted, s, &node, reported).await?;
         for p in &users {
             kube.force_delete_pod(p).await?;
         }
@@ -209,6 +210,45 @@ async fn round(
             &msg,
         )
         .await?;
+    }
+    Ok(())
+}
+
+/// Keeps new pods off the node the volume was moved from (`taints.rs`).
+async fn taint(
+    kube: &Kube,
+    beats: taints::Beats<'_>,
+    names: &taints::K8sNames,
+    tainted: &mut Tainted,
+    s: &Stranded,
+    node: &str,
+    reported: &mut Reported,
+) -> Result<(), String> {
+    if !s.quorum_lost {
+        if tainted.unreachable.insert(node.to_string()) {
+            kube.set_taint(node, taints::UNREACHABLE_TAINT, true)
+                .await?;
+        }
+        return Ok(());
+    }
+    if tainted.quorum_lost.contains(node) {
+        return Ok(());
+    }
+    if taints::may_taint_quorum_lost(node, beats, names, tainted) {
+        kube.set_taint(node, taints::QUORUM_LOST_TAINT, true)
+            .await?;
+        tainted.quorum_lost.insert(node.to_string());
+        tracing::warn!(
+            node,
+            "tainted {} until it reaches its peers again",
+            taints::QUORUM_LOST_TAINT
+        );
+    } else if reported.insert((String::new(), s.node.clone(), "last-node")) {
+        tracing::warn!(
+            node,
+            "not tainted {}: no other heartbeating node is free of the failover's taints",
+            taints::QUORUM_LOST_TAINT
+        );
     }
     Ok(())
 }

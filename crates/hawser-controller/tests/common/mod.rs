@@ -61,6 +61,8 @@ pub struct FakeState {
     pub paused: BTreeMap<String, u64>,
     /// Volumes whose engine was asked for a scrub pass (it "runs" from then on).
     pub scrubbing: BTreeSet<String>,
+    /// Peer nodes a peer probe says this node does not reach.
+    pub unreached: BTreeSet<String>,
 }
 
 type Fake = Arc<Mutex<FakeState>>;
@@ -94,6 +96,7 @@ impl FakeAgent {
                 delete(delete_snapshot),
             )
             .route("/v1/status", get(agent_status))
+            .route("/v1/peers/probe", post(probe_peers))
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 record_authorization,
@@ -145,6 +148,16 @@ impl FakeAgent {
 
     pub fn engine(&self, volume: &str) -> Option<StartEngine> {
         self.state.lock().unwrap().engines.get(volume).cloned()
+    }
+
+    /// Makes a peer probe report `peer` as not reached (`on`) or reached.
+    pub fn cut_off_from(&self, peer: &str, on: bool) {
+        let mut st = self.state.lock().unwrap();
+        if on {
+            st.unreached.insert(peer.into());
+        } else {
+            st.unreached.remove(peer);
+        }
     }
 
     /// Makes the engine of `volume` report `replicas` as down (an empty list: none).
@@ -572,6 +585,27 @@ fn down_replicas(st: &Fake, volume: &str) -> Vec<hawser_api::agent::EngineReplic
 }
 
 /// Only what the controller reads: the replicas it holds and the engines it runs.
+async fn probe_peers(
+    State(st): State<Fake>,
+    Json(req): Json<hawser_api::agent::ProbePeers>,
+) -> Json<Vec<hawser_api::agent::PeerReach>> {
+    let mut st = st.lock().unwrap();
+    st.calls.push("POST /v1/peers/probe".into());
+    let answers = req
+        .peers
+        .into_iter()
+        .map(|p| {
+            let reached = !st.unreached.contains(&p.node);
+            hawser_api::agent::PeerReach {
+                error: (!reached).then(|| "connect: connection timed out".into()),
+                node: p.node,
+                reached,
+            }
+        })
+        .collect();
+    Json(answers)
+}
+
 async fn agent_status(State(st): State<Fake>) -> Response {
     let replicas = st
         .lock()
