@@ -337,12 +337,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             l,
             engines.clone(),
             nbd_tls,
+            metrics.refusals(),
             stop_rx.clone(),
         ));
     }
     tasks.spawn(nbd::server::serve_unix(
         unix_l,
         engines.clone(),
+        metrics.refusals(),
         stop_rx.clone(),
     ));
     // Kernel devices stop being served before the engines stop (their requests in flight

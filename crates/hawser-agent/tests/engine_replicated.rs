@@ -51,6 +51,7 @@ async fn replicated(label: &str) -> Replicated {
         nl,
         t.engines.clone(),
         None,
+        hawser_agent::observe::refusals::RefusalMetrics::default(),
         t.stop.subscribe(),
     ));
     Replicated {

@@ -538,6 +538,7 @@ async fn a_tls_listener_names_and_serves_nothing_before_starttls() {
         listener,
         registry,
         Some(hawser_agent::nbd::server::NbdTls::new(config, "n1")),
+        hawser_agent::observe::refusals::RefusalMetrics::default(),
         rx,
     ));
     let flags = nbd::CLIENT_FIXED_NEWSTYLE | nbd::CLIENT_NO_ZEROES;

@@ -22,9 +22,11 @@ use crate::nbd::handshake::{
     greet, haggle, negotiate, Access, Haggled, HandshakeError, Negotiated, Security,
 };
 use crate::nbd::transmission::{self, shutdown_requested, TransmissionError};
+use crate::observe::refusals::RefusalMetrics;
 
 /// Connections one listener serves at once. At the bound it stops accepting, and new clients
-/// wait in the kernel's backlog.
+/// wait in the kernel's backlog; each time it gets there, that is counted and logged
+/// (`observe/refusals.rs`), so a client left waiting is not left unexplained.
 pub const MAX_CONNECTIONS_PER_LISTENER: usize = 1024;
 /// Time a client has from connecting to choosing an export. Bounds the connections an idle
 /// or hostile peer can pin in the handshake.
@@ -70,6 +72,7 @@ pub async fn serve_tcp(
     listener: TcpListener,
     registry: Arc<dyn ExportRegistry>,
     tls: Option<NbdTls>,
+    refusals: RefusalMetrics,
     shutdown: watch::Receiver<bool>,
 ) {
     let listener = &listener;
@@ -79,13 +82,43 @@ pub async fn serve_tcp(
         stream.set_nodelay(true)?;
         Ok((stream, peer.to_string()))
     };
-    accept_loop(accept, registry, tls, shutdown).await;
+    let limit = Limit::new("tcp", MAX_CONNECTIONS_PER_LISTENER, refusals);
+    accept_loop(accept, registry, tls, limit, shutdown).await;
 }
 
 /// Serve NBD on a bound unix-domain listener until `shutdown`.
 pub async fn serve_unix(
     listener: UnixListener,
     registry: Arc<dyn ExportRegistry>,
+    refusals: RefusalMetrics,
+    shutdown: watch::Receiver<bool>,
+) {
+    let limit = Limit::new("unix", MAX_CONNECTIONS_PER_LISTENER, refusals);
+    serve_unix_within(listener, registry, limit, shutdown).await;
+}
+
+/// A listener's bound on its connections, and where reaching it is reported.
+struct Limit {
+    /// `tcp` or `unix`, the metric's label.
+    listener: &'static str,
+    max: usize,
+    refusals: RefusalMetrics,
+}
+
+impl Limit {
+    fn new(listener: &'static str, max: usize, refusals: RefusalMetrics) -> Limit {
+        Limit {
+            listener,
+            max,
+            refusals,
+        }
+    }
+}
+
+async fn serve_unix_within(
+    listener: UnixListener,
+    registry: Arc<dyn ExportRegistry>,
+    limit: Limit,
     shutdown: watch::Receiver<bool>,
 ) {
     let listener = &listener;
@@ -98,29 +131,33 @@ pub async fn serve_unix(
         };
         Ok((stream, peer))
     };
-    accept_loop(accept, registry, None, shutdown).await;
+    accept_loop(accept, registry, None, limit, shutdown).await;
 }
 
 async fn accept_loop<S, F, Fut>(
     mut accept: F,
     registry: Arc<dyn ExportRegistry>,
     tls: Option<NbdTls>,
+    limit: Limit,
     mut shutdown: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: FnMut() -> Fut,
     Fut: Future<Output = io::Result<(S, String)>>,
 {
-    let limit = Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_LISTENER));
+    let permits = Arc::new(Semaphore::new(limit.max));
     let mut connections = JoinSet::new();
     loop {
         while let Some(done) = connections.try_join_next() {
             report_task_end(done);
         }
+        if permits.available_permits() == 0 {
+            limit.refusals.listener_full(limit.listener, limit.max);
+        }
         let permit = tokio::select! {
             biased;
             () = shutdown_requested(&mut shutdown) => break,
-            p = Arc::clone(&limit).acquire_owned() => p,
+            p = Arc::clone(&permits).acquire_owned() => p,
         };
         // The semaphore is never closed.
         let Ok(permit) = permit else { break };
@@ -265,3 +302,7 @@ where
     transmission::serve(stream, negotiated.device, shutdown).await?;
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use hawser_agent::frontends::block::{BlockDevice, ExportRegistry};
 use hawser_agent::nbd::server::{serve_tcp, serve_unix};
+use hawser_agent::observe::refusals::RefusalMetrics;
 use hawser_core::IoError;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
@@ -247,9 +248,15 @@ impl TestServer {
                 tcp_listener,
                 Arc::clone(&registry),
                 None,
+                RefusalMetrics::default(),
                 rx.clone(),
             )),
-            tokio::spawn(serve_unix(unix_listener, registry, rx)),
+            tokio::spawn(serve_unix(
+                unix_listener,
+                registry,
+                RefusalMetrics::default(),
+                rx,
+            )),
         ];
         TestServer {
             tcp,
