@@ -91,12 +91,13 @@ pub fn stranded(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use hawser_api::controller::Replica;
 
-    fn node(name: &str, last_seen_ms: u64) -> NodeRecord {
+    /// A node record last seen at `last_seen_ms`, with nothing else in it.
+    pub(crate) fn node(name: &str, last_seen_ms: u64) -> NodeRecord {
         NodeRecord {
             name: name.into(),
             admin_addr: String::new(),

@@ -163,23 +163,10 @@ impl K8sNames {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::ha::plan::tests::node;
 
     const NOW: u64 = 100_000;
     const AFTER: u64 = 10_000;
-
-    fn node(name: &str, last_seen_ms: u64) -> NodeRecord {
-        NodeRecord {
-            name: name.into(),
-            admin_addr: String::new(),
-            replica_addr: String::new(),
-            nbd_addr: None,
-            nbd_socket: None,
-            nbd_tls: false,
-            last_seen_ms,
-            pools: vec![],
-            labels: Default::default(),
-        }
-    }
 
     fn set(names: &[&str]) -> std::collections::HashSet<String> {
         names.iter().map(|n| (*n).to_string()).collect()
