@@ -95,22 +95,20 @@ async fn round(
         None => tainted.insert(kube.tainted_nodes().await?),
     };
     let stranded = plan::stranded(&nodes, &volumes, now, cfg.after_ms, quorum_lost_ms);
-    if stranded.is_empty() && tainted.is_empty() {
-        for n in nodes.iter().filter(|n| n.age_ms(now) <= cfg.after_ms) {
-            reported.retain(|(_, node, _)| *node != n.name);
-        }
-        return Ok(());
-    }
-    let names = taints::K8sNames(kube.node_names().await?);
-    // Nodes heartbeating again: a later outage is reported anew, and taints are lifted.
-    for n in nodes.iter().filter(|n| n.age_ms(now) <= cfg.after_ms) {
-        reported.retain(|(_, node, _)| *node != n.name);
-    }
     let beats = taints::Beats {
         nodes: &nodes,
         now,
         after_ms: cfg.after_ms,
     };
+    // Nodes heartbeating again: a later outage is reported anew.
+    for n in beats.live() {
+        reported.retain(|(_, node, _)| *node != n.name);
+    }
+    if stranded.is_empty() && tainted.is_empty() {
+        return Ok(());
+    }
+    // ... and their taints are lifted.
+    let names = taints::K8sNames(kube.node_names().await?);
     taints::lift_recovered(st, kube, beats, &names, tainted, probe).await?;
     if stranded.is_empty() {
         return Ok(());
