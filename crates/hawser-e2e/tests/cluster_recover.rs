@@ -3,6 +3,9 @@
 //! another cluster until `hawser cluster recover` adopts them, and then every volume is back
 //! with its data. An orphan replica goes to its pool's trash, not to unlink.
 //!
+//! A recovery that adopted the cluster but timed out waiting for a node trashes nothing
+//! either: the store says so until a recovery finishes.
+//!
 //! An encrypted volume comes back too (issue 43, item 8): its replicas keep its wrapped data
 //! key, a key rotation updates their copies (so the old key-encryption key can be deleted
 //! first), and after the recovery it reads back byte for byte what was written to it.
@@ -13,6 +16,7 @@ use hawser_api::agent::ReplicaInventory;
 use hawser_api::controller::{
     ClusterInfo, OrphanReplica, RecoverReport, ReplicaState, VolumeKeyRotated,
 };
+use hawser_e2e::cluster::hawser_bin;
 use hawser_e2e::nbd_client::{NbdConn, NbdTarget};
 use hawser_e2e::{have, qemu_io, wait_until, Cluster};
 use sha2::{Digest, Sha256};
@@ -148,9 +152,41 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         assert!(path.exists(), "replica {id} still on disk");
     }
 
+    // A recovery that adopts the cluster but times out waiting for a node (n2 is down)
+    // leaves the store without volume records while n1 registers with all its replicas:
+    // until a recovery finishes, none of them is an orphan, and nothing goes to the trash.
+    c.kill_agent("n2");
+    let failed = c.cli(&["cluster", "recover", "--wait-secs", "3"]);
+    let why = String::from_utf8_lossy(&failed.stderr);
+    assert!(
+        !failed.status.success() && why.contains("did not register"),
+        "{why}"
+    );
+    wait_until("n1 registered", Duration::from_secs(30), || {
+        c.nodes().iter().any(|n| n.name == "n1")
+    });
+    let unfinished = |c: &Cluster| {
+        c.log("controller")
+            .matches("recovery is unfinished")
+            .count()
+    };
+    let seen = unfinished(&c);
+    wait_until(
+        "two reconcile rounds with n1 registered",
+        Duration::from_secs(30),
+        || unfinished(&c) >= seen + 2,
+    );
+    for (_, id, path, _) in &before {
+        assert!(
+            path.exists(),
+            "replica {id} kept while the recovery is unfinished"
+        );
+    }
+    c.restart_agent_from("n2", &hawser_bin(), false);
+
     let out = c.cli_ok(&["cluster", "recover", "-o", "json"]);
     let report: RecoverReport = serde_json::from_str(&out).expect("recover JSON");
-    assert!(report.adopted, "{report:?}");
+    assert!(!report.adopted, "the first recovery adopted it: {report:?}");
     assert_eq!(report.cluster_id, first.id);
     let mut names: Vec<&str> = report.volumes.iter().map(|v| v.name.as_str()).collect();
     names.sort_unstable();

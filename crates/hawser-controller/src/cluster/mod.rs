@@ -46,6 +46,13 @@ pub struct ClusterRecord {
     /// When `hawser cluster recover` adopted this id into the store.
     #[serde(default)]
     pub adopted_ms: Option<u64>,
+    /// Set by the adoption, cleared once a recovery has rebuilt the volume records. Until
+    /// then every replica the adopted nodes hold predates this store's records, so none of
+    /// them is an orphan: the reconciler moves nothing to the trash (`reconcile.rs`). A
+    /// recovery that adopted but timed out waiting for a node leaves it set, so the next
+    /// `hawser cluster recover` still finds every replica.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recovering: bool,
     /// Plaintext (`--insecure`) clusters only: the Ed25519 key (PKCS#8, base64) that signs
     /// epoch grants (`hawser_wire::grant`), kept in the store so that every controller signs
     /// with it. A TLS cluster derives its grant key from the CA's key instead
@@ -194,6 +201,7 @@ pub async fn identity(st: &AppState) -> Result<ClusterRecord, ControllerError> {
             id: new_id(),
             created_ms: now_ms(),
             adopted_ms: None,
+            recovering: false,
             grant_key: stored_grant_key(st)?,
         };
         match put_json(&*store, CLUSTER_KEY, &new, Expect::Absent).await {
@@ -340,6 +348,7 @@ pub async fn recover(
         }
     };
     let (volumes, skipped) = rebuild_all(&st, &cluster_id).await?;
+    recovered(&st).await?;
     Ok(Json(RecoverReport {
         cluster_id,
         adopted,
@@ -357,6 +366,7 @@ async fn adopt(st: &AppState, id: &str) -> Result<(), ControllerError> {
         id: id.into(),
         created_ms: now_ms(),
         adopted_ms: Some(now_ms()),
+        recovering: true,
         grant_key: stored_grant_key(st)?,
     };
     let expect = match get_json::<ClusterRecord>(&*store, CLUSTER_KEY).await? {
@@ -367,6 +377,41 @@ async fn adopt(st: &AppState, id: &str) -> Result<(), ControllerError> {
     st.waiting.clear();
     tracing::warn!(cluster = id, "adopted the nodes' cluster id into the store");
     Ok(())
+}
+
+/// Whether an adoption's recovery is unfinished ([`ClusterRecord::recovering`]).
+pub(crate) async fn recovering(st: &AppState) -> Result<bool, ControllerError> {
+    let store = st.records.store();
+    Ok(get_json::<ClusterRecord>(&*store, CLUSTER_KEY)
+        .await?
+        .is_some_and(|(c, _)| c.recovering))
+}
+
+/// Clears [`ClusterRecord::recovering`]: the volume records are rebuilt, so a replica none
+/// of them names is an orphan again.
+async fn recovered(st: &AppState) -> Result<(), ControllerError> {
+    let store = st.records.store();
+    for _ in 0..3 {
+        let Some((mut c, version)) = get_json::<ClusterRecord>(&*store, CLUSTER_KEY).await? else {
+            return Ok(());
+        };
+        if !c.recovering {
+            return Ok(());
+        }
+        c.recovering = false;
+        match put_json(&*store, CLUSTER_KEY, &c, Expect::Version(version)).await {
+            Ok(_) => {
+                tracing::info!(cluster = %c.id, "recovery finished: orphan replicas go to the trash again");
+                return Ok(());
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ControllerError::Contention {
+        key: CLUSTER_KEY.into(),
+        retries: 3,
+    })
 }
 
 /// Waits (polling the node records) until each adopted node has registered again.

@@ -21,6 +21,15 @@
 //! create listed (orphans the next round deletes) and deletes of replicas of records being
 //! removed anyway (a rollback of its own create, or a delete already marked `Deleting`).
 //!
+//! A store that adopted another cluster's nodes (`hawser cluster recover`, after the store
+//! was lost) breaks the first premise: the nodes' replicas were created under records this
+//! store never had. So from the adoption until a recovery has rebuilt the records, the
+//! cluster record says `recovering` and no round trashes anything. A round reads that flag
+//! after the node records and before the volume records. The adoption sets it before any
+//! adopted node can register, so a round that lists an adopted node sees it set; the
+//! recovery clears it after writing the rebuilt records, so a round that sees it clear reads
+//! those records.
+//!
 //! Why rolling back `Creating` is safe. This leader's own creates hold the volume's lock
 //! from before the record is written until it is `Detached` or gone, and the round takes the
 //! same lock and re-reads: a volume still `Creating` then belongs to no running operation of
@@ -70,6 +79,21 @@ pub(crate) async fn round(st: &AppState) {
         Ok(n) => n,
         Err(e) => return tracing::warn!(error = %e, "reconcile: cannot read the nodes"),
     };
+    // After the nodes and before the volumes (see the module doc).
+    let may_trash = match super::recovering(st).await {
+        Ok(false) => true,
+        Ok(true) => {
+            tracing::info!(
+                "reconcile: an adopted cluster's recovery is unfinished; no replica is an \
+                 orphan until `hawser cluster recover` has rebuilt the volumes"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "reconcile: cannot read the cluster record");
+            false
+        }
+    };
     // Agents first, records second (see the module doc).
     let held = replicas_on_agents(st, &nodes).await;
     let volumes = match st.records.volumes().await {
@@ -80,11 +104,13 @@ pub(crate) async fn round(st: &AppState) {
         .iter()
         .flat_map(|v| v.replicas.iter().chain(&v.retired).map(|r| r.id.as_str()))
         .collect();
-    for held in held
-        .iter()
-        .filter(|h| !referenced.contains(h.replica.as_str()))
-    {
-        delete_orphan(st, held).await;
+    if may_trash {
+        for held in held
+            .iter()
+            .filter(|h| !referenced.contains(h.replica.as_str()))
+        {
+            delete_orphan(st, held).await;
+        }
     }
     for held in held.iter().filter(|h| h.failed) {
         if let Some(v) = volumes
