@@ -2,15 +2,13 @@
 //! wrong one) a 401 JSON `ApiError` and nothing done; with it, the call runs.
 #![allow(clippy::unwrap_used)]
 
-mod node_support;
-
 use std::sync::Arc;
 
+use crate::node_support::{node, TempDir};
 use hawser_agent::control::admin_api::{self, AdminState};
 use hawser_agent::engine::registry::Engines;
 use hawser_agent::observe::metrics::AgentMetrics;
 use hawser_api::ApiError;
-use node_support::{node, TempDir};
 use serde_json::json;
 
 const TOKEN: &str = "agent-token-for-the-admin-api-test-0123456789";

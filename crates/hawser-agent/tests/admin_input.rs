@@ -2,14 +2,12 @@
 //! allocation follows a size from the request, and the agent then starts a good engine.
 #![allow(clippy::unwrap_used)]
 
-mod node_support;
-
 use std::sync::Arc;
 
+use crate::node_support::{node, TempDir};
 use hawser_agent::control::admin_api::{self, AdminState};
 use hawser_agent::engine::registry::Engines;
 use hawser_api::ApiError;
-use node_support::{node, TempDir};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "agent-token-for-the-admin-input-test-0123456789";

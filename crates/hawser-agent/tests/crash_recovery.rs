@@ -8,10 +8,9 @@
 // Test sizes and patterns: small values, truncation intended.
 #![allow(clippy::cast_possible_truncation)]
 
-mod node_support;
-
 use std::time::{Duration, Instant};
 
+use crate::node_support::{node, reopen, TempDir};
 use bytes::Bytes;
 use hawser_agent::engine::rate_limit::ResyncRates;
 use hawser_agent::engine::volume::VolumeEngine;
@@ -21,7 +20,6 @@ use hawser_api::agent::EngineReplicaStatus;
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::ReplicaState;
 use hawser_storage::{Replica, StoredJournal};
-use node_support::{node, reopen, TempDir};
 use tokio::net::TcpListener;
 
 const MIB: u64 = 1 << 20;

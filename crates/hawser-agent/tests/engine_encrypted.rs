@@ -5,8 +5,6 @@
 //! key reads the data, and one with another key, or none, is refused by the replicas' key
 //! check before it touches anything.
 
-mod node_support;
-
 use bytes::Bytes;
 use hawser_agent::engine::rate_limit::ResyncRates;
 use hawser_agent::frontends::block::ExportRegistry;
@@ -40,7 +38,7 @@ fn holds(haystack: &[u8], needle: &[u8]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_encrypted_volume_stores_only_ciphertext_and_reads_back_with_its_key() {
-    let t = node_support::two_nodes_with("encrypted", SIZE, Some(key(1))).await;
+    let t = crate::node_support::two_nodes_with("encrypted", SIZE, Some(key(1))).await;
     let dev = t.engines.lookup("vol").expect("the export");
     let data = plaintext(64 << 10);
     // Sector-aligned but not 4 KiB-aligned places too.

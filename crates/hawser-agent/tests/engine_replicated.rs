@@ -5,20 +5,17 @@
 //! other reads, and a flush on any of them covers it.
 #![allow(clippy::cast_possible_truncation)]
 
-mod nbd_support;
-mod node_support;
-
 use std::process::Command;
 use std::sync::Arc;
 
+use crate::nbd_support::raw_client::{export_info, RawClient};
+use crate::node_support::TempDir;
 use hawser_agent::engine::rate_limit::ResyncRates;
 use hawser_agent::engine::registry::Engines;
 use hawser_agent::nbd::server as nbd_server;
 use hawser_agent::storage::pools::NodeStorage;
 use hawser_api::agent::StartEngine;
 use hawser_wire::nbd::{self, Command as NbdCommand};
-use nbd_support::raw_client::{export_info, RawClient};
-use node_support::TempDir;
 use tokio::net::TcpListener;
 
 const SIZE: u64 = 256 << 20;
@@ -44,7 +41,7 @@ struct Replicated {
 }
 
 async fn replicated(label: &str) -> Replicated {
-    let t = node_support::two_nodes(label, SIZE).await;
+    let t = crate::node_support::two_nodes(label, SIZE).await;
     let nl = TcpListener::bind("127.0.0.1:0").await.expect("bind nbd");
     let port = nl.local_addr().expect("addr").port();
     tokio::spawn(nbd_server::serve_tcp(

@@ -4,16 +4,14 @@
 //! write acknowledged before the pause and none issued during it; a pause whose lease runs
 //! out lets requests through and its late resume is refused.
 
-mod node_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::node_support::two_nodes;
 use bytes::Bytes;
 use hawser_agent::engine::pause::PauseError;
 use hawser_agent::frontends::block::{BlockDevice, ExportRegistry};
 use hawser_agent::storage::pools::NodeStorage;
-use node_support::two_nodes;
 
 const SIZE: u64 = 16 << 20;
 

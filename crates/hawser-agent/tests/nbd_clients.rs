@@ -1,12 +1,10 @@
 //! The NBD frontend against real clients: nbdinfo, qemu-io, fio's nbd engine and nbdcopy,
 //! over TCP and unix sockets. A test whose client binary is missing says so and returns.
 
-mod nbd_support;
-
 use std::process::Output;
 use std::sync::atomic::Ordering;
 
-use nbd_support::{have, within, MemDevice, TestServer, EXPORT};
+use crate::nbd_support::{have, within, MemDevice, TestServer, EXPORT};
 use serde_json::Value;
 use tokio::process::Command;
 

@@ -3,17 +3,15 @@
 //! only their own connection, replies come back for every request in flight, back-pressure
 //! holds at the bound, and random bytes never panic the server or reach the block device.
 
-mod nbd_support;
-
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::nbd_support::raw_client::{export_size, RawClient};
+use crate::nbd_support::{within, MemDevice, TestServer, EXPORT};
 use hawser_agent::nbd::transmission::MAX_IN_FLIGHT_REQUESTS;
 use hawser_wire::nbd::{self, Command};
-use nbd_support::raw_client::{export_size, RawClient};
-use nbd_support::{within, MemDevice, TestServer, EXPORT};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -532,7 +530,7 @@ async fn a_tls_listener_names_and_serves_nothing_before_starttls() {
     let addr = listener.local_addr().expect("address");
     let device = MemDevice::new(SIZE);
     let registry: std::sync::Arc<dyn hawser_agent::frontends::block::ExportRegistry> =
-        std::sync::Arc::new(nbd_support::OneExport(device));
+        std::sync::Arc::new(crate::nbd_support::OneExport(device));
     let (stop, rx) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(hawser_agent::nbd::server::serve_tcp(
         listener,

@@ -3,17 +3,15 @@
 //! before the grow and served in it after, because the server checks every request against
 //! the replica's size when the request runs, not the size its Hello reported.
 
-mod node_support;
-
 use std::sync::Arc;
 
+use crate::node_support::{node, TempDir};
 use bytes::Bytes;
 use hawser_agent::replica;
 use hawser_agent::replica::client::{ReplicaClient, ReplySink};
 use hawser_core::{ReplicaResult, SubId};
 use hawser_wire::frame::{Op, Status};
 use hawser_wire::grant::HelloRequest;
-use node_support::{node, TempDir};
 use tokio::net::TcpListener;
 
 const MIB: u64 = 1 << 20;

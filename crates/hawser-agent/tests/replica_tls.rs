@@ -4,17 +4,15 @@
 //! the session.
 #![allow(clippy::unwrap_used)]
 
-mod node_support;
-
 use std::time::Duration;
 
+use crate::node_support::{node, TempDir};
 use base64::Engine as _;
 use hawser_agent::replica;
 use hawser_api::controller::ClusterJoin;
 use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, Peer};
 use hawser_wire::frame::{FrameHeader, Op, Status, HEADER_LEN};
 use hawser_wire::grant::{Grant, HelloRequest};
-use node_support::{node, TempDir};
 use ring::signature::KeyPair as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -4,16 +4,14 @@
 //! A wrapping that names another key check than the replica's, or garbage, changes nothing.
 #![allow(clippy::unwrap_used)]
 
-mod node_support;
-
 use std::sync::Arc;
 
+use crate::node_support::{node, TempDir};
 use hawser_agent::control::admin_api::{self, AdminState};
 use hawser_agent::engine::registry::Engines;
 use hawser_agent::observe::metrics::AgentMetrics;
 use hawser_api::agent::{CreateReplica, ReplicaInventory, ReplicaStatus};
 use hawser_api::{KeyCheck, WrappedKey};
-use node_support::{node, TempDir};
 use serde_json::json;
 
 const TOKEN: &str = "agent-token-for-the-wrapped-key-test-0123456789";

@@ -3,9 +3,7 @@
 //! grow, an offline node and a failing agent are refused with the record unchanged.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::{code, eventually, Cluster, Op, GIB};
+use crate::common::{code, eventually, Cluster, Op, GIB};
 use serde_json::json;
 
 fn replica_ids(v: &serde_json::Value) -> Vec<(String, String)> {

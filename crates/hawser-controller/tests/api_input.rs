@@ -2,9 +2,7 @@
 //! server answering.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::{code, pool, Cluster, GIB};
+use crate::common::{code, pool, Cluster, GIB};
 use reqwest::Method;
 use serde_json::json;
 

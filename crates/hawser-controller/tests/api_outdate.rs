@@ -2,9 +2,7 @@
 //! reports about the two replicas of a 2-replica volume.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::{code, Cluster, GIB};
+use crate::common::{code, Cluster, GIB};
 use hawser_api::controller::ReplicaState;
 use serde_json::{json, Value};
 

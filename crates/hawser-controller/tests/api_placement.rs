@@ -2,11 +2,9 @@
 //! pools, thick and thin accounting, locality, balancing, pool selector, offline nodes.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::{code, eventually, pool, Cluster, FakeAgent, GIB};
+use crate::common::{code, eventually, pool, Cluster, FakeAgent, GIB};
 use hawser_api::controller::{PoolInfo, PoolKind};
 use serde_json::{json, Value};
 

@@ -4,9 +4,7 @@
 //! with snapshots guarded against deletion.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::{code, Cluster, Op, GIB};
+use crate::common::{code, Cluster, Op, GIB};
 use serde_json::json;
 
 fn agent_calls(c: &Cluster, what: &str) -> Vec<String> {

@@ -2,9 +2,7 @@
 //! delete, placement, and rollback when an agent fails.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::{code, eventually, pool, Cluster, Op, GIB};
+use crate::common::{code, eventually, pool, Cluster, Op, GIB};
 use serde_json::json;
 
 #[tokio::test]
@@ -277,7 +275,7 @@ async fn state_survives_a_controller_restart() {
     let dir = tempfile::tempdir().unwrap();
     let args = hawser_controller::ControllerArgs {
         advertise_url: Some("http://controller.example:9400/".into()),
-        ..common::controller_args(dir.path(), None, None)
+        ..crate::common::controller_args(dir.path(), None, None)
     };
     let mut tokens = Vec::new();
     for round in 0..2 {
@@ -290,8 +288,8 @@ async fn state_survives_a_controller_restart() {
             let _ = rx.await;
         }));
         // The restarted controller keeps the tokens of the first start.
-        tokens.push(common::read_token(&dir.path().join("admin.token")));
-        let http = common::client_with_token(&tokens[0]);
+        tokens.push(crate::common::read_token(&dir.path().join("admin.token")));
+        let http = crate::common::client_with_token(&tokens[0]);
         if round == 0 {
             let body = json!({"admin_addr": "127.0.0.1:1", "replica_addr": "127.0.0.1:2",
                 "nbd_addr": null, "nbd_socket": null, "pools": []});
@@ -648,20 +646,22 @@ async fn a_volume_stored_before_checksums_existed_loads_without_them() {
         .await
         .unwrap();
     drop(store);
-    let args = common::controller_args(dir.path(), None, None);
+    let args = crate::common::controller_args(dir.path(), None, None);
     let ctl = hawser_controller::Controller::bind(args).await.unwrap();
     let url = format!("http://{}", ctl.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(ctl.serve(async move {
         let _ = rx.await;
     }));
-    let http = common::client_with_token(&common::read_token(&dir.path().join("admin.token")));
+    let http = crate::common::client_with_token(&crate::common::read_token(
+        &dir.path().join("admin.token"),
+    ));
     let r = http
         .get(format!("{url}/v1/volumes/old"))
         .send()
         .await
         .unwrap();
-    let (status, v) = common::read(r).await;
+    let (status, v) = crate::common::read(r).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(
         (v["epoch"].as_u64(), &v["checksums"]),

@@ -7,13 +7,11 @@
 //! all the failover looks at.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{client_with_token, controller_args, kubectl, pool, FakeAgent, GIB};
+use crate::common::{client_with_token, controller_args, kubectl, pool, FakeAgent, GIB};
 use hawser_controller::{Controller, ControllerArgs};
 use hawser_store::apiserver_process::ApiserverProcess;
 use hawser_store::k8s::{install_crds, KubeStoreUrl};
@@ -227,8 +225,8 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     };
     let controller = Controller::bind(args).await.unwrap();
     let url = format!("http://{}", controller.local_addr().unwrap());
-    let admin = common::read_token(&cdir.join("admin.token"));
-    let agent_token = common::read_token(&cdir.join("agent.token"));
+    let admin = crate::common::read_token(&cdir.join("admin.token"));
+    let agent_token = crate::common::read_token(&cdir.join("agent.token"));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(controller.serve(async move {
         let _ = stop_rx.await;
@@ -254,7 +252,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
         None,
     );
     let hb = heartbeats(url.clone(), agent_token, beats);
-    common::eventually(20, || async {
+    crate::common::eventually(20, || async {
         let r = http.get(format!("{url}/v1/nodes")).send().await.unwrap();
         r.status() == 200 && r.json::<Value>().await.unwrap().as_array().unwrap().len() == 3
     })
@@ -308,7 +306,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
 
     // 0. What happens to a volume shows on its PVC: its engine reports a replica outdated,
     // then in sync again (as an agent would, with the agent token).
-    let agent_http = client_with_token(&common::read_token(&cdir.join("agent.token")));
+    let agent_http = client_with_token(&crate::common::read_token(&cdir.join("agent.token")));
     let a = volume(&http, &url, "a").await;
     let other = a["replicas"]
         .as_array()
@@ -334,7 +332,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
             .unwrap();
         assert_eq!(r.status(), 200, "{what}: {}", r.text().await.unwrap());
     }
-    common::eventually(15, || async {
+    crate::common::eventually(15, || async {
         let reasons = event_reasons(&api, "data-a");
         reasons.contains(&"Degraded".to_string()) && reasons.contains(&"Resynced".to_string())
     })
@@ -371,7 +369,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
         )
         .await
         .unwrap();
-    common::eventually(10, || async {
+    crate::common::eventually(10, || async {
         let r = http.get(format!("{url}/v1/volumes")).send().await.unwrap();
         r.status() == 503
     })
@@ -393,7 +391,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     // silent past the timeout).
     thief.revoke_lease(lease).await.unwrap();
     let released = Instant::now();
-    common::eventually(20, || async {
+    crate::common::eventually(20, || async {
         !exists(&api, &["pod", "app-a", "-n", "default"])
     })
     .await;
@@ -425,7 +423,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
         ],
         "only a was released"
     );
-    common::eventually(10, || async {
+    crate::common::eventually(10, || async {
         event_reasons(&api, "data-a").contains(&"FailedOver".to_string())
             && event_reasons(&api, "app-b").contains(&"FailoverSkipped".to_string())
             && event_reasons(&api, "data-c").contains(&"FailoverBlocked".to_string())
@@ -455,7 +453,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
 
     // 4. n1's agent is back: the taint goes.
     hb.pause("n1", false);
-    common::eventually(10, || async { !tainted(&api, "n1") }).await;
+    crate::common::eventually(10, || async { !tainted(&api, "n1") }).await;
     // 5. A healthy node whose engine lost quorum (it reports a replica down that it may not
     // outdate, because n2 cannot reach that replica's node) for longer than the timeout: the
     // volume is fenced and its pod moved too. n2 heartbeats, so it gets the quorum-lost
@@ -503,7 +501,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     agents[1].cut_off_from(&far_node, true);
     let lost = Instant::now();
     agents[1].report_down("d", vec![far]);
-    common::eventually(AFTER_SECS + 10, || async {
+    crate::common::eventually(AFTER_SECS + 10, || async {
         !exists(&api, &["pod", "app-d", "-n", "default"])
     })
     .await;
@@ -518,12 +516,12 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
         "{d}"
     );
     assert!(!tainted(&api, "n2"));
-    common::eventually(10, || async {
+    crate::common::eventually(10, || async {
         event_reasons(&api, "data-d").contains(&"FailedOver".to_string())
     })
     .await;
     const QUORUM_LOST: &str = "hawser.dev/quorum-lost";
-    common::eventually(10, || async { has_taint(&api, "n2", QUORUM_LOST) }).await;
+    crate::common::eventually(10, || async { has_taint(&api, "n2", QUORUM_LOST) }).await;
     // n2's agent is asked whether it reaches its peers, and while it does not, the taint
     // stays: wait for two probes after the taint was seen.
     let probes = || {
@@ -534,13 +532,13 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
             .count()
     };
     let seen = probes();
-    common::eventually(15, || async { probes() >= seen + 2 }).await;
+    crate::common::eventually(15, || async { probes() >= seen + 2 }).await;
     assert!(has_taint(&api, "n2", QUORUM_LOST));
     assert!(!tainted(&api, "n2"));
     // Its path to the peer is back: the next probe lifts the taint.
     agents[1].report_down("d", vec![]);
     agents[1].cut_off_from(&far_node, false);
-    common::eventually(15, || async { !has_taint(&api, "n2", QUORUM_LOST) }).await;
+    crate::common::eventually(15, || async { !has_taint(&api, "n2", QUORUM_LOST) }).await;
 
     let _ = stop_tx.send(());
     serving.await.unwrap().unwrap();

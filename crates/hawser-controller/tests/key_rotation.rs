@@ -3,9 +3,7 @@
 //! gives each replica the new one; a replica it cannot update (its node down) is listed as
 //! behind, so nobody deletes the old key it still needs, and the next rotation catches it up.
 
-mod common;
-
-use common::{Cluster, Op, GIB};
+use crate::common::{Cluster, Op, GIB};
 use hawser_api::controller::VolumeKeyRotated;
 use serde_json::json;
 

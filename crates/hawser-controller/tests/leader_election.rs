@@ -5,11 +5,9 @@
 //! binaries (scripts/k8s/build.sh) are missing.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{client_with_token, controller_args, pool, FakeAgent, GIB};
+use crate::common::{client_with_token, controller_args, pool, FakeAgent, GIB};
 use hawser_controller::{Controller, ControllerArgs};
 use hawser_store::apiserver_process::ApiserverProcess;
 use hawser_store::etcd_process::EtcdProcess;
@@ -151,7 +149,7 @@ async fn crash_takeover(dir: &std::path::Path, store: &str) {
     let (leader, follower) = if leader_idx == 0 { (a, b) } else { (b, a) };
 
     // The follower says who leads (once it has looked), and does nothing.
-    common::eventually(10, || async {
+    crate::common::eventually(10, || async {
         let (status, e) = get(&follower.url, "/v1/volumes").await;
         assert_eq!(
             (status, e["code"].as_str()),
@@ -251,7 +249,7 @@ async fn clean_handover(dir: &std::path::Path, store: &str) {
     assert_eq!(leader_idx, 0);
     let b = start_controller(store, &dir.join("b")).await;
     // b sees a as the leader.
-    common::eventually(10, || async {
+    crate::common::eventually(10, || async {
         let (_, e) = get(&b.url, "/v1/nodes").await;
         e["leader_url"].as_str() == Some(a.url.as_str())
     })

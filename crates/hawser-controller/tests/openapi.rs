@@ -3,11 +3,9 @@
 //! (successes and errors) validate against the document's schemas for their status.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::{code, schema, Cluster, Op, GIB};
+use crate::common::{code, schema, Cluster, Op, GIB};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -115,7 +113,7 @@ async fn real_responses_validate_against_the_document() {
     let n1 = c.agent("n1");
     let body = json!({"admin_addr": n1.addr.to_string(), "replica_addr": "127.0.0.1:9",
         "nbd_addr": null, "nbd_socket": null, "labels": {},
-        "pools": [common::pool("n1", 100 * GIB, 100 * GIB)]});
+        "pools": [crate::common::pool("n1", 100 * GIB, 100 * GIB)]});
     assert_eq!(
         p.call(g, register.clone(), "/v1/nodes/n1", Some(body))
             .await
@@ -594,7 +592,7 @@ async fn real_responses_validate_against_the_document() {
     assert_eq!((s, code(&e)), (401, "unauthorized"), "{e}");
     let (s, e) = p.call(g, scrape.clone(), "/metrics", None).await;
     assert_eq!((s, code(&e)), (403, "forbidden"), "{e}");
-    let metrics_token = common::read_token(&p.c.dir.path().join("controller/metrics.token"));
+    let metrics_token = crate::common::read_token(&p.c.dir.path().join("controller/metrics.token"));
     let url = format!("{}/metrics", p.c.url);
     let text = |token: String| {
         let url = url.clone();

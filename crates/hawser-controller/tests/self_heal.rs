@@ -4,13 +4,11 @@
 //! deleted when its node returns.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, pool, Cluster, GIB};
+use crate::common::{eventually, pool, Cluster, GIB};
 use serde_json::{json, Value};
 
 /// Heartbeats every node but those in `down` every 300 ms, with its zone label, until dropped.

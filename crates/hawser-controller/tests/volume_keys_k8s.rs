@@ -6,11 +6,9 @@
 //! Fails if the Kubernetes binaries (scripts/k8s/build.sh) are missing.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::sync::Arc;
 
-use common::kubectl;
+use crate::common::kubectl;
 use hawser_controller::kube::Kube;
 use hawser_controller::volume_keys::{KekSecret, Keks};
 use hawser_store::apiserver_process::ApiserverProcess;

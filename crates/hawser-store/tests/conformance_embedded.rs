@@ -1,8 +1,6 @@
 //! The store conformance suite against the embedded single-file backend.
 #![allow(clippy::unwrap_used)]
 
-mod conformance;
-
 use std::sync::Arc;
 
 use hawser_store::{EmbeddedStore, Store};

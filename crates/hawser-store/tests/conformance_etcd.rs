@@ -2,8 +2,6 @@
 //! tests fail if the `etcd` binary is missing), and what only etcd can do: die and come back.
 #![allow(clippy::unwrap_used)]
 
-mod conformance;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,6 @@
 //! has: missing CRDs, `kubectl get` columns, orphaned and abandoned leases.
 #![allow(clippy::unwrap_used)]
 
-mod conformance;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -202,7 +200,7 @@ async fn conformance_on_kube_apiserver() {
         .await
         .unwrap();
     let mut tasks = Vec::new();
-    for (name, check) in conformance::all() {
+    for (name, check) in crate::conformance::all() {
         let s: Arc<dyn Store> =
             Arc::new(store(&api, &format!("c-{}", name.replace('_', "-"))).await);
         tasks.push((name, tokio::spawn(check(s))));

@@ -5,8 +5,6 @@
 //! refused without changing a key.
 #![allow(clippy::unwrap_used)]
 
-mod conformance;
-
 use std::time::Duration;
 
 use hawser_store::etcd_pki::EtcdPki;
@@ -36,7 +34,7 @@ async fn connect(cfg: EtcdConfig) -> EtcdStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_check_passes_over_tls_with_a_client_certificate() {
     let (_dir, etcd) = start().await;
-    for (name, check) in conformance::all() {
+    for (name, check) in crate::conformance::all() {
         let cfg = etcd.client_config(name, Some(SECURE_USER)).unwrap();
         assert!(cfg.endpoints.iter().all(|e| e.starts_with("https://")));
         check(std::sync::Arc::new(connect(cfg).await)).await;

@@ -76,6 +76,46 @@ fn no_file_imports_in_a_circle_without_a_comment_saying_why() {
     );
 }
 
+/// A crate whose integration tests are one binary (`autotests = false`, docs/testing.md)
+/// compiles only the files `tests/integration.rs` names: a new file left out would never run.
+#[test]
+fn every_integration_test_file_is_a_module_of_its_crates_one_test_binary() {
+    let mut missing = Vec::new();
+    let mut crates = 0;
+    for e in fs::read_dir(crates_dir()).unwrap() {
+        let krate = e.unwrap().path();
+        let manifest = fs::read_to_string(krate.join("Cargo.toml")).unwrap_or_default();
+        if !manifest.contains("autotests = false") {
+            continue;
+        }
+        crates += 1;
+        let tests = krate.join("tests");
+        let root = fs::read_to_string(tests.join("integration.rs")).unwrap();
+        let declared: BTreeSet<&str> = root
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';'))
+            .collect();
+        for f in fs::read_dir(&tests).unwrap() {
+            let path = f.unwrap().path();
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let is_module =
+                path.extension().is_some_and(|x| x == "rs") || path.join("mod.rs").is_file();
+            if is_module && stem != "integration" && !declared.contains(stem.as_str()) {
+                missing.push(path.display().to_string());
+            }
+        }
+    }
+    assert!(
+        crates >= 3,
+        "the controller, the agent and the store: {crates}"
+    );
+    assert!(
+        missing.is_empty(),
+        "test files no `mod` line of their crate's tests/integration.rs names (so never \
+         compiled): {missing:?}"
+    );
+}
+
 #[test]
 fn the_circle_check_finds_a_circle_and_accepts_a_commented_one() {
     let dir = tempfile::tempdir().unwrap();
