@@ -547,4 +547,12 @@ pub struct PeerReach {
     /// Why not, when not reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// When not reached: whether the peer's host answered at all. `Some(true)`: its kernel
+    /// refused or accepted the connection (the host is up; its agent is down, restarting or
+    /// hung). `Some(false)`: nothing answered within the timeout, or the network says the
+    /// host is unreachable (a dead host or a cut link). `None`: reached, or not known (an
+    /// agent too old to tell). Absent when `None`, so a controller that predates the field
+    /// reads every answer that reached its peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_answered: Option<bool>,
 }

@@ -58,6 +58,9 @@ pub const DEFAULT_SCRUB_INTERVAL_SECS: u64 = 7 * 24 * 3600;
 /// Default seconds a node's agent may be silent before Kubernetes pods using Hawser volumes
 /// on it are failed over (Piraeus' ha-controller reacts in about 10 s too).
 pub const DEFAULT_FAILOVER_AFTER_SECS: u64 = 10;
+/// The failover asks a silent node's peers about it after this long (`ha/confirm.rs`): one
+/// missed heartbeat (the agent's interval is 3 s) and a second of margin.
+pub const DEFAULT_FAILOVER_CONFIRM_SECS: u64 = 4;
 
 /// Default seconds a node may be offline before its replicas are replaced elsewhere.
 pub const DEFAULT_REPLACE_AFTER_SECS: u64 = 300;

@@ -33,9 +33,10 @@ pub use crate::api::route_table;
 pub use crate::healing::placement::{place, Candidate, Placement, PlacementError};
 pub use crate::store::etcd_access::EtcdArgs;
 pub use constants::{
-    DEFAULT_ENGINE_CHECK_SECS, DEFAULT_FAILOVER_AFTER_SECS, DEFAULT_HEAL_CHECK_SECS,
-    DEFAULT_MAX_REBUILDS, DEFAULT_NODE_TIMEOUT_SECS, DEFAULT_REPLACE_AFTER_SECS,
-    DEFAULT_SCRUB_INTERVAL_SECS, ELECTION_TICK, LEADER_TTL, MAX_BODY_BYTES, MAX_REPLICAS,
+    DEFAULT_ENGINE_CHECK_SECS, DEFAULT_FAILOVER_AFTER_SECS, DEFAULT_FAILOVER_CONFIRM_SECS,
+    DEFAULT_HEAL_CHECK_SECS, DEFAULT_MAX_REBUILDS, DEFAULT_NODE_TIMEOUT_SECS,
+    DEFAULT_REPLACE_AFTER_SECS, DEFAULT_SCRUB_INTERVAL_SECS, ELECTION_TICK, LEADER_TTL,
+    MAX_BODY_BYTES, MAX_REPLICAS,
 };
 pub use errors::ControllerError;
 // The modules the integration tests reach, at the paths they had before the folders.
@@ -133,6 +134,11 @@ pub struct ControllerArgs {
     /// are failed over to other nodes (Kubernetes store only; 0 disables failover).
     #[arg(long, default_value_t = DEFAULT_FAILOVER_AFTER_SECS)]
     pub failover_after_secs: u64,
+    /// Seconds a node's agent may be silent before other nodes are asked whether its host
+    /// answers them; if none does (a dead host, a cut link, but not a restarting agent), its
+    /// pods are failed over then, before --failover-after-secs. 0 waits for that timeout.
+    #[arg(long, default_value_t = DEFAULT_FAILOVER_CONFIRM_SECS)]
+    pub failover_confirm_secs: u64,
     /// The CSI driver name of this installation's PersistentVolumes (failover finds the
     /// pods of a volume through them).
     #[arg(long, default_value = "csi.hawser.dev")]
@@ -327,6 +333,7 @@ impl Controller {
             Some(k) if args.failover_after_secs > 0 => {
                 let c = crate::ha::HaConfig {
                     after_ms: args.failover_after_secs.saturating_mul(1000),
+                    confirm_ms: args.failover_confirm_secs.saturating_mul(1000),
                 };
                 Some((k.clone(), c))
             }

@@ -20,7 +20,9 @@ use serde_json::{json, Value};
 
 const NS: &str = "hawser-system";
 /// The failover timeout of this test (the default is 10 s; shorter keeps the test quick).
-const AFTER_SECS: u64 = 4;
+const AFTER_SECS: u64 = 6;
+/// After this long a silent node's peers are asked about it (the default is 4 s).
+const CONFIRM_SECS: u64 = 2;
 
 fn get_json(api: &ApiserverProcess, args: &[&str]) -> Value {
     let mut a = vec!["get"];
@@ -38,14 +40,31 @@ fn exists(api: &ApiserverProcess, args: &[&str]) -> bool {
 
 /// The reasons of the Events about `name` in namespace default.
 fn event_reasons(api: &ApiserverProcess, name: &str) -> Vec<String> {
+    events(api, name).into_iter().map(|(r, _)| r).collect()
+}
+
+/// The (reason, message) of each Event about `name` in namespace default.
+fn events(api: &ApiserverProcess, name: &str) -> Vec<(String, String)> {
     let sel = format!("involvedObject.name={name}");
     let list = get_json(api, &["events", "-n", "default", "--field-selector", &sel]);
     list["items"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| e["reason"].as_str().unwrap().to_string())
+        .map(|e| {
+            let text = |k: &str| e[k].as_str().unwrap().to_string();
+            (text("reason"), text("message"))
+        })
         .collect()
+}
+
+/// How many peer probes `agent` has been asked for.
+fn probes(agent: &FakeAgent) -> usize {
+    agent
+        .calls()
+        .iter()
+        .filter(|c| *c == "POST /v1/peers/probe")
+        .count()
 }
 
 /// A Hawser PV, its PVC and a pod bound to `node` that mounts it.
@@ -220,6 +239,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     let cdir = dir.path().join("controller");
     let args = ControllerArgs {
         failover_after_secs: AFTER_SECS,
+        failover_confirm_secs: CONFIRM_SECS,
         node_timeout_secs: 60,
         ..controller_args(&cdir, Some(store_url.clone()), None)
     };
@@ -338,9 +358,12 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     })
     .await;
 
-    // 1. A slow node: silent for less than the timeout. Nothing moves.
+    // 1. A slow node: silent for less than the timeout. Its peers are asked about it after
+    // CONFIRM_SECS, and they reach it, so nothing moves.
+    let asked = || probes(&agents[1]) + probes(&agents[2]);
+    let before = asked();
     hb.pause("n1", true);
-    tokio::time::sleep(Duration::from_secs(AFTER_SECS) - Duration::from_millis(1500)).await;
+    crate::common::eventually(AFTER_SECS, || async { asked() > before }).await;
     hb.pause("n1", false);
     tokio::time::sleep(Duration::from_secs(3)).await;
     untouched(&api, &http, &url, "a", "n1", epochs["a"]).await;
@@ -524,21 +547,66 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     crate::common::eventually(10, || async { has_taint(&api, "n2", QUORUM_LOST) }).await;
     // n2's agent is asked whether it reaches its peers, and while it does not, the taint
     // stays: wait for two probes after the taint was seen.
-    let probes = || {
-        agents[1]
-            .calls()
-            .iter()
-            .filter(|c| *c == "POST /v1/peers/probe")
-            .count()
-    };
-    let seen = probes();
-    crate::common::eventually(15, || async { probes() >= seen + 2 }).await;
+    let seen = probes(&agents[1]);
+    crate::common::eventually(15, || async { probes(&agents[1]) >= seen + 2 }).await;
     assert!(has_taint(&api, "n2", QUORUM_LOST));
     assert!(!tainted(&api, "n2"));
     // Its path to the peer is back: the next probe lifts the taint.
     agents[1].report_down("d", vec![]);
     agents[1].cut_off_from(&far_node, false);
     crate::common::eventually(15, || async { !has_taint(&api, "n2", QUORUM_LOST) }).await;
+
+    // 6. A node that lost power: silent to the controller and to its peers (their probes of
+    // its replica port get no answer). It is failed over once its peers confirm it, before
+    // the timeout, and the event says why. When it heartbeats again, it is untainted.
+    let body = json!({"name": "e", "size_bytes": GIB, "replicas": 2, "prefer_node": "n3"});
+    let r = http
+        .post(format!("{url}/v1/volumes"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let r = http
+        .post(format!("{url}/v1/volumes/e/attach"))
+        .json(&json!({"node": "n3"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let e_epoch = attachment(&volume(&http, &url, "e").await).2;
+    kubectl(
+        &api,
+        &["create", "-f", "-"],
+        Some(&workload("e", "n3", false)),
+    );
+    agents[0].cut_off_from("n3", true);
+    agents[1].cut_off_from("n3", true);
+    hb.pause("n3", true);
+    let lost = Instant::now();
+    crate::common::eventually(AFTER_SECS + 10, || async {
+        !exists(&api, &["pod", "app-e", "-n", "default"])
+    })
+    .await;
+    println!(
+        "confirmed failover done {:?} after n3 went silent (timeout {AFTER_SECS} s)",
+        lost.elapsed()
+    );
+    let e = volume(&http, &url, "e").await;
+    assert_eq!(
+        attachment(&e),
+        ("detached".into(), None, e_epoch + 1),
+        "{e}"
+    );
+    assert!(tainted(&api, "n3"));
+    crate::common::eventually(10, || async {
+        events(&api, "data-e")
+            .iter()
+            .any(|(r, m)| r == "FailedOver" && m.contains("its host is silent to its peers"))
+    })
+    .await;
+    hb.pause("n3", false);
+    crate::common::eventually(10, || async { !tainted(&api, "n3") }).await;
 
     let _ = stop_tx.send(());
     serving.await.unwrap().unwrap();

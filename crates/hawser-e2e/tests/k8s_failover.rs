@@ -184,6 +184,8 @@ fn trials() -> usize {
 
 /// When each step of a failover was seen, from the fault.
 struct Times {
+    /// The fault, in Unix milliseconds (to line the components' logs up with it).
+    fault_unix_ms: u128,
     fenced: Duration,
     deleted: Duration,
     running: Duration,
@@ -254,6 +256,7 @@ fn power_loss(
     show: &dyn Fn() -> Volume,
 ) -> Times {
     let fault = Instant::now();
+    let fault_unix_ms = now_ms();
     let pids = run_ok("ip", &["netns", "pids", netns2]);
     for pid in pids.split_whitespace() {
         // One may have exited since the listing (a short-lived child): nothing to say.
@@ -292,6 +295,7 @@ fn power_loss(
         first_write.is_some()
     });
     Times {
+        fault_unix_ms,
         fenced: fenced.expect("fenced before the pod moved"),
         deleted: deleted.expect("old pod deleted"),
         running: running.expect("running"),
@@ -508,11 +512,12 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         let t = power_loss(&w, &k, &netns2, &node1, &old_uid, volume.epoch, &show);
         eprintln!(
             "trial {trial}: fenced {:.1} s, old pod deleted {:.1} s, new pod running {:.1} s, \
-             first write {:.1} s after the fault",
+             first write {:.1} s after the fault (at Unix ms {})",
             t.fenced.as_secs_f64(),
             t.deleted.as_secs_f64(),
             t.running.as_secs_f64(),
-            t.first_write.as_secs_f64()
+            t.first_write.as_secs_f64(),
+            t.fault_unix_ms
         );
         assert!(
             t.first_write < FAILOVER_BOUND,
@@ -666,4 +671,36 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
     k.kubectl_ok(&["delete", "statefulset", "writer", "--wait=false"]);
     drop(sidecars);
     drop(csi2);
+    let d = dir.path();
+    keep_logs(&[
+        d,
+        &d.join("k8s/logs"),
+        &d.join("csi-node1"),
+        &d.join("csi-node2"),
+        &d.join("csi-controller"),
+    ]);
+}
+
+/// With `HAWSER_FAILOVER_LOGS=<dir>`, copies every component's log there (Hawser's, the
+/// kubelets', the control plane's), to profile where a failover's time goes against the
+/// faults' times the trials print.
+fn keep_logs(from: &[&Path]) {
+    let Some(to) = std::env::var_os("HAWSER_FAILOVER_LOGS") else {
+        return;
+    };
+    let to = Path::new(&to);
+    std::fs::create_dir_all(to).expect("create HAWSER_FAILOVER_LOGS");
+    for dir in from {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().is_some_and(|x| x == "log") {
+                let name = path.file_name().expect("a file name").to_string_lossy();
+                let from = dir.file_name().expect("a directory name").to_string_lossy();
+                std::fs::copy(&path, to.join(format!("{from}-{name}"))).expect("copy a log");
+            }
+        }
+    }
 }

@@ -3,8 +3,10 @@
 //! agent's admin API). Three real agents on loopback with TLS, as `make demo` runs them:
 //! a probe reaches a live peer, not a killed one (connection refused) or a stopped one (it
 //! accepts TCP but never finishes a handshake), and not a live port that belongs to another
-//! node (the handshake checks who answers). Bad input and clients that bring no credential
-//! are refused.
+//! node (the handshake checks who answers). Each answer that did not reach its peer says
+//! whether the peer's host answered: here, on loopback, it always does (a refusal, or a
+//! connection without a handshake); a silent host is `k8s_failover`'s power loss. Bad input
+//! and clients that bring no credential are refused.
 
 use hawser_api::agent::PeerReach;
 use hawser_e2e::probe::{self, Tls};
@@ -39,6 +41,15 @@ fn reached(answers: &[PeerReach], node: &str, addr: &str) -> Result<(), String> 
     }
 }
 
+/// What the answer for `node` says of its host (`PeerReach::host_answered`).
+fn host_answered(answers: &[PeerReach], node: &str) -> Option<bool> {
+    answers
+        .iter()
+        .find(|a| a.node == node)
+        .unwrap_or_else(|| panic!("no answer for {node}: {answers:?}"))
+        .host_answered
+}
+
 #[test]
 fn a_peer_probe_reaches_live_peers_only_and_checks_who_answers() {
     let mut c = Cluster::start("peer-probe", 3);
@@ -54,6 +65,7 @@ fn a_peer_probe_reaches_live_peers_only_and_checks_who_answers() {
     let a = probe_from(&c, "n1", &[("n3", &r2)]);
     let e = reached(&a, "n3", &r2).expect_err("another node's port counts as not reached");
     assert!(e.contains("TLS handshake with node n3"), "{e}");
+    assert_eq!(host_answered(&a, "n3"), Some(true), "a live host answered");
 
     // A hung node: its kernel still accepts the connection, nothing answers the handshake.
     c.pause_agent("n2");
@@ -61,13 +73,18 @@ fn a_peer_probe_reaches_live_peers_only_and_checks_who_answers() {
     c.resume_agent("n2");
     let e = reached(&a, "n2", &r2).expect_err("a stopped agent is not reached");
     assert!(e.contains("no answer within 1000 ms"), "{e}");
+    assert_eq!(host_answered(&a, "n2"), Some(true), "its kernel accepted");
     assert_eq!(reached(&a, "n3", &r3), Ok(()));
+    assert_eq!(host_answered(&a, "n3"), None, "reached");
 
     // A dead one: nothing listens.
     c.kill_agent("n2");
     let a = probe_from(&c, "n1", &[("n2", &r2), ("n3", &r3)]);
     let e = reached(&a, "n2", &r2).expect_err("a killed agent is not reached");
     assert!(e.contains(&format!("connect to {r2}")), "{e}");
+    // Refused by a live kernel: an agent down (or restarting), not a dead host, so the
+    // controller does not fail the node over before its timeout for it.
+    assert_eq!(host_answered(&a, "n2"), Some(true), "its kernel refused");
     assert_eq!(reached(&a, "n3", &r3), Ok(()));
 
     // Bad input: too many peers, garbage bodies.

@@ -62,6 +62,7 @@ impl Env {
             cert_lifetime_secs: 3600,
             tls_san: Vec::new(),
             failover_after_secs: 10,
+            failover_confirm_secs: 4,
             csi_driver: "csi.hawser.dev".into(),
         };
         let ctl = rt.block_on(Controller::bind(args)).unwrap();

@@ -1,7 +1,8 @@
 //! Failover on Kubernetes: when the node running a volume's engine stops heartbeating for
-//! [`HaConfig::after_ms`], or its engine has lost quorum that long (a replica it cannot reach
-//! and may not outdate, seen in the agent's status), the leader moves the pods that use the
-//! volume to another node.
+//! [`HaConfig::after_ms`] (or for [`HaConfig::confirm_ms`], if its host is silent to its
+//! peers too: `confirm.rs`), or its engine has lost quorum that long (a replica it cannot
+//! reach and may not outdate, seen in the agent's status), the leader moves the pods that use
+//! the volume to another node.
 //!
 //! In this order, for each volume [`plan::stranded`] vouches for:
 //! 1. **Fence**: one compare-and-swap on the volume record: detached, epoch + 1. It is a
@@ -22,6 +23,7 @@
 //! are volumes nobody can vouch for; both get an Event once per outage. Volumes without a
 //! PersistentVolume (attached with the CLI) are not Kubernetes' to move.
 
+pub(crate) mod confirm;
 pub mod kube;
 pub(crate) mod plan;
 pub mod taints;
@@ -45,24 +47,34 @@ pub const HA_TICK: Duration = Duration::from_millis(500);
 pub struct HaConfig {
     /// Silence after which a node's volumes are failed over.
     pub after_ms: u64,
+    /// Silence after which a node's peers are asked whether its host answers them, and its
+    /// volumes failed over at once if it does not (`confirm.rs`); 0: not before `after_ms`.
+    pub confirm_ms: u64,
 }
 
 /// What one outage has been reported as already: (volume, node, reason).
 type Reported = HashSet<(String, String, &'static str)>;
 
+/// What the failover keeps from one round to the next while it leads.
+#[derive(Default)]
+struct Memory {
+    reported: Reported,
+    /// Nodes carrying the failover's taints; `None` until it has looked (after it starts
+    /// leading).
+    tainted: Option<Tainted>,
+    confirm: confirm::Confirmations,
+}
+
 pub async fn run(st: Arc<AppState>, kube: Arc<Kube>, cfg: HaConfig) {
     let mut tick = tokio::time::interval(HA_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reported = Reported::new();
+    let mut memory = Memory::default();
     let mut quorum = QuorumWatch::default();
     let mut round_no: u64 = 0;
-    // Nodes carrying the failover's taints; `None` until it has looked (after it starts
-    // leading).
-    let mut tainted: Option<Tainted> = None;
     loop {
         tick.tick().await;
         if !matches!(st.leadership.role(), Role::Leader { .. } | Role::Sole) {
-            tainted = None;
+            memory.tainted = None;
             continue;
         }
         round_no += 1;
@@ -71,7 +83,7 @@ pub async fn run(st: Arc<AppState>, kube: Arc<Kube>, cfg: HaConfig) {
             quorum.check(&st).await;
         }
         let lost = quorum.lost_ms();
-        let r = round(&st, &kube, &cfg, &lost, &mut reported, &mut tainted, check);
+        let r = round(&st, &kube, &cfg, &lost, &mut memory, check);
         if let Err(e) = r.await {
             tracing::warn!(error = %e, "failover round failed");
         }
@@ -83,22 +95,31 @@ async fn round(
     kube: &Kube,
     cfg: &HaConfig,
     quorum_lost_ms: &HashMap<String, u64>,
-    reported: &mut Reported,
-    tainted: &mut Option<Tainted>,
+    memory: &mut Memory,
     probe: bool,
 ) -> Result<(), String> {
     let nodes = st.records.nodes().await.map_err(|e| e.to_string())?;
     let volumes = st.records.volumes().await.map_err(|e| e.to_string())?;
     let now = now_ms();
+    let Memory {
+        reported,
+        tainted,
+        confirm,
+    } = memory;
     let tainted = match tainted {
         Some(t) => t,
         None => tainted.insert(kube.tainted_nodes().await?),
     };
-    let stranded = plan::stranded(&nodes, &volumes, now, cfg.after_ms, quorum_lost_ms);
+    confirm
+        .update(st, &nodes, &volumes, now, cfg.confirm_ms, cfg.after_ms)
+        .await;
+    let down = confirm.down();
+    let stranded = plan::stranded(&nodes, &volumes, now, cfg.after_ms, quorum_lost_ms, &down);
     let beats = taints::Beats {
         nodes: &nodes,
         now,
         after_ms: cfg.after_ms,
+        down: &down,
     };
     // Nodes heartbeating again: a later outage is reported anew.
     for n in beats.live() {
@@ -257,6 +278,13 @@ fn what_happened(s: &Stranded) -> String {
         format!(
             "the engine on node {} has lost quorum for {} s (a replica it cannot reach and may \
              not outdate)",
+            s.node,
+            s.silent_ms / 1000
+        )
+    } else if let Some(found) = &s.confirmed {
+        format!(
+            "node {} stopped heartbeating {} s ago, and its host is silent to its peers \
+             ({found})",
             s.node,
             s.silent_ms / 1000
         )

@@ -10,6 +10,8 @@
 //! every acknowledged write. A controller cut off from the agents sees every node silent and
 //! vouches for nothing, so it moves nothing.
 
+use std::collections::HashMap;
+
 use hawser_api::controller::{ReplicaState, VolumeState};
 
 use crate::store::model::{NodeRecord, VolumeRecord};
@@ -25,18 +27,23 @@ pub struct Stranded {
     pub silent_ms: u64,
     /// The node heartbeats; its engine lost quorum.
     pub quorum_lost: bool,
+    /// Silent for less than the timeout, but its peers confirm its host is silent too
+    /// (`confirm.rs`): what they found.
+    pub confirmed: Option<String>,
     /// The heartbeating node of an in-sync replica, or why there is none.
     pub vouch: Result<String, String>,
 }
 
 /// The stranded volumes, in name order. A node without a record counts as silent since
-/// forever.
+/// forever; a node in `down` (confirmed by its peers, with their findings) as silent past the
+/// timeout.
 pub fn stranded(
     nodes: &[NodeRecord],
     volumes: &[VolumeRecord],
     now_ms: u64,
     after_ms: u64,
-    quorum_lost_ms: &std::collections::HashMap<String, u64>,
+    quorum_lost_ms: &HashMap<String, u64>,
+    down: &HashMap<String, String>,
 ) -> Vec<Stranded> {
     let age = |name: &str| {
         nodes
@@ -44,6 +51,7 @@ pub fn stranded(
             .find(|n| n.name == name)
             .map_or(u64::MAX, |n| n.age_ms(now_ms))
     };
+    let live = |name: &str| age(name) <= after_ms && !down.contains_key(name);
     let mut out: Vec<Stranded> = volumes
         .iter()
         .filter(|v| v.state == VolumeState::Attached)
@@ -51,7 +59,8 @@ pub fn stranded(
             let node = v.attached_node.as_deref()?;
             let mut silent_ms = age(node);
             let mut quorum_lost = false;
-            if silent_ms <= after_ms {
+            let confirmed = down.get(node).cloned();
+            if silent_ms <= after_ms && confirmed.is_none() {
                 match quorum_lost_ms.get(&v.name) {
                     Some(&ms) if ms > after_ms => {
                         silent_ms = ms;
@@ -66,7 +75,7 @@ pub fn stranded(
                 .filter(|r| r.state == ReplicaState::InSync && r.node != node)
                 .map(|r| r.node.as_str())
                 .collect();
-            let vouch = match in_sync_elsewhere.iter().find(|n| age(n) <= after_ms) {
+            let vouch = match in_sync_elsewhere.iter().find(|n| live(n)) {
                 Some(n) => Ok((*n).to_string()),
                 None if in_sync_elsewhere.is_empty() => Err(format!(
                     "no in-sync replica outside node {node}: only it has every acknowledged write"
@@ -82,6 +91,7 @@ pub fn stranded(
                 epoch: v.epoch,
                 silent_ms,
                 quorum_lost,
+                confirmed,
                 vouch,
             })
         })
@@ -141,7 +151,14 @@ pub(crate) mod tests {
             volume("v4", "a", &[("a", InSync), ("d", InSync)]), // d unknown
             volume("v5", "gone", &[("gone", InSync), ("b", InSync)]),
         ];
-        let s = stranded(&nodes, &vols, NOW, AFTER, &Default::default());
+        let s = stranded(
+            &nodes,
+            &vols,
+            NOW,
+            AFTER,
+            &Default::default(),
+            &Default::default(),
+        );
         let names: Vec<&str> = s.iter().map(|x| x.volume.as_str()).collect();
         assert_eq!(names, ["v1", "v3", "v4", "v5"]);
         assert_eq!(s[0].vouch, Ok("b".into()));
@@ -161,12 +178,27 @@ pub(crate) mod tests {
         use ReplicaState::*;
         let nodes = [node("a", 0), node("b", 0)];
         let vols = [volume("v1", "a", &[("a", InSync), ("b", InSync)])];
-        let s = stranded(&nodes, &vols, NOW, AFTER, &Default::default());
+        let s = stranded(
+            &nodes,
+            &vols,
+            NOW,
+            AFTER,
+            &Default::default(),
+            &Default::default(),
+        );
         assert!(s[0].vouch.is_err());
         // Detached volumes are never stranded.
         let mut v = vols[0].clone();
         v.state = VolumeState::Detached;
-        assert!(stranded(&nodes, &[v], NOW, AFTER, &Default::default()).is_empty());
+        assert!(stranded(
+            &nodes,
+            &[v],
+            NOW,
+            AFTER,
+            &Default::default(),
+            &Default::default()
+        )
+        .is_empty());
     }
 
     #[test]
@@ -182,10 +214,39 @@ pub(crate) mod tests {
             volume("v2", "a", &[("a", InSync), ("b", InSync)]),
         ];
         let lost = [("v1".to_string(), 12_000), ("v2".to_string(), 3_000)].into();
-        let s = stranded(&nodes, &vols, NOW, AFTER, &lost);
+        let s = stranded(&nodes, &vols, NOW, AFTER, &lost, &Default::default());
         assert_eq!(s.len(), 1, "{s:?}");
         assert_eq!((s[0].volume.as_str(), s[0].quorum_lost), ("v1", true));
         assert_eq!(s[0].silent_ms, 12_000);
         assert_eq!(s[0].vouch, Ok("b".into()));
+    }
+
+    #[test]
+    fn a_node_its_peers_confirm_down_strands_its_volumes_before_the_timeout() {
+        use ReplicaState::*;
+        let nodes = [
+            node("a", NOW - 5_000),
+            node("b", NOW - 500),
+            node("c", NOW - 5_000),
+        ];
+        let vols = [
+            volume("v1", "a", &[("a", InSync), ("b", InSync)]),
+            volume("v2", "b", &[("b", InSync), ("c", InSync)]),
+            volume("v3", "a", &[("a", InSync), ("c", InSync)]),
+        ];
+        let (no_loss, none) = (HashMap::new(), HashMap::new());
+        assert!(stranded(&nodes, &vols, NOW, AFTER, &no_loss, &none).is_empty());
+        let down: HashMap<String, String> = [("a", "b: no answer"), ("c", "b: no answer")]
+            .into_iter()
+            .map(|(n, w)| (n.to_string(), w.to_string()))
+            .collect();
+        let s = stranded(&nodes, &vols, NOW, AFTER, &no_loss, &down);
+        let names: Vec<&str> = s.iter().map(|x| x.volume.as_str()).collect();
+        assert_eq!(names, ["v1", "v3"], "{s:?}");
+        assert_eq!(s[0].vouch, Ok("b".into()));
+        assert_eq!((s[0].silent_ms, s[0].quorum_lost), (5_000, false));
+        assert_eq!(s[0].confirmed.as_deref(), Some("b: no answer"));
+        // c heartbeated 5 s ago, within the timeout, but is down too: it vouches for nothing.
+        assert!(s[1].vouch.as_ref().unwrap_err().contains("(c)"), "{s:?}");
     }
 }

@@ -33,14 +33,16 @@ pub struct Beats<'a> {
     pub now: u64,
     /// The failover timeout: a node silent longer does not heartbeat.
     pub after_ms: u64,
+    /// Nodes whose peers confirm them down (`confirm.rs`): they do not heartbeat either.
+    pub down: &'a HashMap<String, String>,
 }
 
 impl<'a> Beats<'a> {
     /// The nodes heartbeating within the timeout.
     pub fn live(self) -> impl Iterator<Item = &'a NodeRecord> {
-        self.nodes
-            .iter()
-            .filter(move |n| n.age_ms(self.now) <= self.after_ms)
+        self.nodes.iter().filter(move |n| {
+            n.age_ms(self.now) <= self.after_ms && !self.down.contains_key(&n.name)
+        })
     }
 }
 
@@ -175,10 +177,12 @@ mod tests {
     #[test]
     fn the_last_heartbeating_untainted_node_is_not_tainted_for_a_lost_quorum() {
         let nodes = [node("a", NOW), node("b", NOW), node("c", NOW - AFTER - 1)];
+        let none = HashMap::new();
         let beats = Beats {
             nodes: &nodes,
             now: NOW,
             after_ms: AFTER,
+            down: &none,
         };
         let same = K8sNames(HashMap::new());
         let mut t = Tainted::default();

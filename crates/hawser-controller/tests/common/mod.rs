@@ -239,6 +239,7 @@ pub fn controller_args(
         cert_lifetime_secs: 3600,
         tls_san: Vec::new(),
         failover_after_secs: hawser_controller::DEFAULT_FAILOVER_AFTER_SECS,
+        failover_confirm_secs: hawser_controller::DEFAULT_FAILOVER_CONFIRM_SECS,
         csi_driver: "csi.hawser.dev".into(),
     }
 }
@@ -595,9 +596,11 @@ async fn probe_peers(
         .peers
         .into_iter()
         .map(|p| {
+            // An unreached peer is one whose host is silent (a dead host, a cut link).
             let reached = !st.unreached.contains(&p.node);
             hawser_api::agent::PeerReach {
                 error: (!reached).then(|| "connect: connection timed out".into()),
+                host_answered: (!reached).then_some(false),
                 node: p.node,
                 reached,
             }
