@@ -72,6 +72,9 @@ if [ -f "$S/links.before" ]; then
     case "$l" in hawsercni*|hawserk8s*|veth*) ip link del "$l" 2>/dev/null ;; esac
   done
 fi
+# up.sh's fallback route for node 2's subnet (10.98.2.0/24 unless HAWSER_K8S_* said so).
+ip route show type unreachable 2>/dev/null | awk '$0 ~ /metric 4000/ {print $2}' |
+  while read -r net; do ip route del unreachable "$net" metric 4000 2>/dev/null; done
 if [ -f "$S/netns.before" ]; then
   for n in $(ip netns list 2>/dev/null | awk '{print $1}' | sort | comm -13 "$S/netns.before" -); do
     case "$n" in

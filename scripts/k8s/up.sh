@@ -164,6 +164,10 @@ if [ "$NODES" -ge 2 ]; then
   ip -n "$NODE2_NETNS" addr add "$NODE2_IP/24" dev eth0
   ip -n "$NODE2_NETNS" link set eth0 up
   ip -n "$NODE2_NETNS" route add default via "$NODE2_GW"
+  # While a test has hawserk8s2 down (node 2 lost power), its subnet's route is gone: this
+  # one, behind it, makes node 2 unreachable then, as a dead host on a LAN is, instead of
+  # sending its packets out of the machine by the default route.
+  ip route replace unreachable "${NODE2_IP%.*}.0/24" metric 4000
 fi
 
 # --- etcd, apiserver ---
