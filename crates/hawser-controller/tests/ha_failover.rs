@@ -180,6 +180,25 @@ async fn volume(http: &reqwest::Client, url: &str, name: &str) -> Value {
     body
 }
 
+/// Creates volume `name` of `replicas` (one on `node` if it can) and attaches it there.
+async fn attach_new(http: &reqwest::Client, url: &str, name: &str, replicas: u32, node: &str) {
+    let body = json!({"name": name, "size_bytes": GIB, "replicas": replicas, "prefer_node": node});
+    let r = http
+        .post(format!("{url}/v1/volumes"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let r = http
+        .post(format!("{url}/v1/volumes/{name}/attach"))
+        .json(&json!({"node": node}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
 fn attachment(v: &Value) -> (String, Option<String>, u64) {
     (
         v["state"].as_str().unwrap().to_string(),
@@ -281,22 +300,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     // out. c: one replica, on n1: nobody else has its writes.
     let mut epochs = std::collections::HashMap::new();
     for (vol, replicas) in [("a", 2), ("b", 2), ("c", 1)] {
-        let body =
-            json!({"name": vol, "size_bytes": GIB, "replicas": replicas, "prefer_node": "n1"});
-        let r = http
-            .post(format!("{url}/v1/volumes"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-        let r = http
-            .post(format!("{url}/v1/volumes/{vol}/attach"))
-            .json(&json!({"node": "n1"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        attach_new(&http, &url, vol, replicas, "n1").await;
         let v = volume(&http, &url, vol).await;
         epochs.insert(vol, attachment(&v).2);
         kubectl(
@@ -481,21 +485,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     // outdate, because n2 cannot reach that replica's node) for longer than the timeout: the
     // volume is fenced and its pod moved too. n2 heartbeats, so it gets the quorum-lost
     // taint, not the unreachable one, and keeps it until its agent reaches its peers.
-    let body = json!({"name": "d", "size_bytes": GIB, "replicas": 2, "prefer_node": "n2"});
-    let r = http
-        .post(format!("{url}/v1/volumes"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let r = http
-        .post(format!("{url}/v1/volumes/d/attach"))
-        .json(&json!({"node": "n2"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    attach_new(&http, &url, "d", 2, "n2").await;
     let d = volume(&http, &url, "d").await;
     let d_epoch = attachment(&d).2;
     kubectl(
@@ -559,21 +549,7 @@ async fn failover_moves_only_what_it_can_vouch_for_and_only_while_leading() {
     // 6. A node that lost power: silent to the controller and to its peers (their probes of
     // its replica port get no answer). It is failed over once its peers confirm it, before
     // the timeout, and the event says why. When it heartbeats again, it is untainted.
-    let body = json!({"name": "e", "size_bytes": GIB, "replicas": 2, "prefer_node": "n3"});
-    let r = http
-        .post(format!("{url}/v1/volumes"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let r = http
-        .post(format!("{url}/v1/volumes/e/attach"))
-        .json(&json!({"node": "n3"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    attach_new(&http, &url, "e", 2, "n3").await;
     let e_epoch = attachment(&volume(&http, &url, "e").await).2;
     kubectl(
         &api,
