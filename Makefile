@@ -143,9 +143,11 @@ bench: deps build k8s-tools kvm-kernel
 		-- --ignored --nocapture 2>/dev/null | grep '^idle:'
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
 		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
-	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere.
-	@set -o pipefail; HAWSER_FAILOVER_TRIALS=10 HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q \
-		-p hawser-e2e --test k8s_failover -- --nocapture --test-threads=1 2>/dev/null | grep '^failover:'
+	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere, with
+	@# the kubelets' default node status interval (10 s) and with the 2 s docs/csi.md advises.
+	@set -o pipefail; for s in 10 2; do HAWSER_KUBELET_STATUS_SECS=$$s HAWSER_FAILOVER_TRIALS=10 \
+		HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test k8s_failover \
+		-- --nocapture --test-threads=1 2>/dev/null | grep '^failover:' || exit 1; done
 
 # Instructions per request under callgrind: a CPU-per-I/O figure a noisy machine cannot move.
 instructions: deps build

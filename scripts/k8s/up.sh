@@ -25,6 +25,11 @@ mkdir -p "$1"
 S="$(cd "$1" && pwd)"
 NODE=hawser-k8s-1
 NODES=${HAWSER_K8S_NODES:-1}
+# The kubelets' log level; 4 shows the volume manager's reconciler and populator.
+KUBELET_V=${HAWSER_KUBELET_V:-2}
+# How often the kubelets report node status, Kubernetes' default unless told (docs/csi.md,
+# "Failover"): a kubelet mounts a newly attached volume only after a report lists it in use.
+KUBELET_STATUS_SECS=${HAWSER_KUBELET_STATUS_SECS:-10}
 # Node addresses: kubelets refuse a loopback node IP, and pods on the host network get the
 # node's (the API server listens on node 1's).
 NODE_IP=${HAWSER_K8S_NODE_IP:-10.98.0.1}
@@ -268,12 +273,13 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 fileCheckFrequency: 1s
 syncFrequency: 5s
+nodeStatusUpdateFrequency: ${KUBELET_STATUS_SECS}s
 YAML
   local kc="$S/kubelet.kubeconfig"
   [ "$n" -eq 1 ] || kc="$S/kubelet$n.kubeconfig"
   start "kubelet$sfx" "${pre[@]}" "$BIN/kubelet" --config "$d/kubelet/config.yaml" --kubeconfig "$kc" \
     --root-dir "$d/kubelet" --cert-dir "$d/kubelet/pki" --hostname-override "$name" \
-    --node-ip "$ip" --v=2
+    --node-ip "$ip" --v="$KUBELET_V"
   if [ "$n" -gt 1 ]; then
     # What boots the node again after a test cut its power (killed everything on it).
     local pre_q
@@ -285,7 +291,7 @@ set -e
 setsid $pre_q containerd --config '$d/containerd/config.toml' >>'$S/logs/containerd$sfx.log' 2>&1 </dev/null &
 echo \$! >'$S/pids/containerd$sfx.pid'
 for _ in \$(seq 150); do ctr -a '$sock' version >/dev/null 2>&1 && break; sleep 0.2; done
-setsid $pre_q '$BIN/kubelet' --config '$d/kubelet/config.yaml' --kubeconfig '$kc' --root-dir '$d/kubelet' --cert-dir '$d/kubelet/pki' --hostname-override '$name' --node-ip '$ip' --v=2 >>'$S/logs/kubelet$sfx.log' 2>&1 </dev/null &
+setsid $pre_q '$BIN/kubelet' --config '$d/kubelet/config.yaml' --kubeconfig '$kc' --root-dir '$d/kubelet' --cert-dir '$d/kubelet/pki' --hostname-override '$name' --node-ip '$ip' --v=$KUBELET_V >>'$S/logs/kubelet$sfx.log' 2>&1 </dev/null &
 echo \$! >'$S/pids/kubelet$sfx.pid'
 EOF
   fi

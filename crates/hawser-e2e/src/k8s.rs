@@ -143,6 +143,19 @@ impl Kubectl {
             .expect("run kubectl")
     }
 
+    /// `kubectl get <kinds> --watch-only -o name` as a child whose stdout gets a line per
+    /// change: what lets a loop wake on a change instead of at its next poll.
+    pub fn watch(&self, kinds: &str) -> std::io::Result<std::process::Child> {
+        Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["get", kinds, "-A", "--watch-only", "-o", "name"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+    }
+
     /// Runs kubectl and requires success; returns stdout.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
