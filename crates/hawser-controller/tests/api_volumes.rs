@@ -671,3 +671,46 @@ async fn a_volume_stored_before_checksums_existed_loads_without_them() {
     tx.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+/// `?limit=` pages in name order, each page's `Link` leads to the next, the last page has
+/// none, and every volume comes exactly once; bad limits and unknown parameters are refused.
+#[tokio::test]
+async fn lists_come_in_pages_that_follow_the_link() {
+    let c = Cluster::start(2).await;
+    for name in ["v3", "v1", "v5", "v2", "v4"] {
+        let (status, v) = c.create(name, GIB, 1).await;
+        assert_eq!(status, 201, "{v}");
+    }
+    let mut next = Some(format!("{}/v1/volumes?limit=2", c.url));
+    let (mut seen, mut pages) = (Vec::new(), 0);
+    while let Some(url) = next.take() {
+        let resp = c.http.get(&url).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        next = resp.headers().get("link").map(|l| {
+            let l = l.to_str().unwrap();
+            assert!(l.ends_with(">; rel=\"next\""), "{l}");
+            let path = l.trim_start_matches('<').split('>').next().unwrap();
+            format!("{}{path}", c.url)
+        });
+        let page: serde_json::Value = resp.json().await.unwrap();
+        let page = page.as_array().unwrap();
+        assert!(page.len() <= 2, "{page:?}");
+        seen.extend(page.iter().map(|v| v["name"].as_str().unwrap().to_string()));
+        pages += 1;
+    }
+    assert_eq!(seen, ["v1", "v2", "v3", "v4", "v5"]);
+    assert_eq!(pages, 3);
+    let (status, v) = c.get("/v1/volumes?after=v3").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v.as_array().unwrap().len(), 2, "{v}");
+    for bad in ["limit=0", "limit=10001", "limit=two", "limt=2"] {
+        let (status, e) = c.get(&format!("/v1/volumes?{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {e}");
+        assert_eq!(code(&e), "invalid_argument", "{bad}: {e}");
+    }
+    let (status, v) = c.get("/v1/replicas?limit=4").await;
+    assert_eq!((status, v.as_array().unwrap().len()), (200, 4), "{v}");
+    let (status, v) = c.get("/v1/nodes?limit=1&after=n1").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v[0]["name"], "n2", "{v}");
+}

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::Json;
 use hawser_api::backup::{
     AddBackupTarget, Backup, BackupSchedule, BackupTarget, CreateBackup, PruneReport,
@@ -13,6 +13,7 @@ use hawser_api::backup::{
 use serde::Deserialize;
 
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::paging::{self, PageQuery};
 use crate::errors::ControllerError;
 use crate::snapshots::{backup_targets, backups, retention, schedules};
 use crate::state::AppState;
@@ -29,8 +30,15 @@ pub async fn add_target(
     ))
 }
 
-pub async fn list_targets(State(st): Shared) -> Result<Json<Vec<BackupTarget>>, ControllerError> {
-    Ok(Json(backup_targets::list(&st).await?))
+/// Every backup target; one page of them with `?limit=&after=` (`api::paging`).
+pub async fn list_targets(
+    State(st): Shared,
+    uri: Uri,
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<BackupTarget>>), ControllerError> {
+    let all = backup_targets::list(&st).await?;
+    let (headers, page) = paging::page(all, |t| t.name.clone(), &q, &uri)?;
+    Ok((headers, Json(page)))
 }
 
 pub async fn show_target(
@@ -61,16 +69,25 @@ pub async fn create(
 pub struct ListQuery {
     pub volume: Option<String>,
     pub target: Option<String>,
+    /// A page (`api::paging`), by backup name.
+    pub limit: Option<usize>,
+    pub after: Option<String>,
 }
 
-/// Every backup (of one volume, to one target), oldest first.
+/// Every backup (of one volume, to one target), oldest first; one page of them, by name,
+/// with `?limit=&after=`.
 pub async fn list(
     State(st): Shared,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Backup>>, ControllerError> {
-    Ok(Json(
-        backups::list(&st, q.volume.as_deref(), q.target.as_deref()).await?,
-    ))
+) -> Result<(HeaderMap, Json<Vec<Backup>>), ControllerError> {
+    let all = backups::list(&st, q.volume.as_deref(), q.target.as_deref()).await?;
+    let page_q = PageQuery {
+        limit: q.limit,
+        after: q.after,
+    };
+    let (headers, page) = paging::page(all, |b| b.name.clone(), &page_q, &uri)?;
+    Ok((headers, Json(page)))
 }
 
 pub async fn show(

@@ -6,6 +6,7 @@ pub(crate) mod extract;
 pub(crate) mod io;
 pub(crate) mod metrics;
 pub(crate) mod nodes;
+pub(crate) mod paging;
 pub(crate) mod pools;
 pub(crate) mod replicas;
 pub(crate) mod snapshots;

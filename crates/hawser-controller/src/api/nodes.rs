@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::auth::Principal;
 use axum::extract::State;
+use axum::http::{HeaderMap, Uri};
 use axum::Extension;
 use axum::Json;
 use hawser_api::controller::{
@@ -11,7 +12,8 @@ use hawser_api::controller::{
 };
 use hawser_api::validate_name;
 
-use crate::api::extract::{ApiJson, ApiPath};
+use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::paging::{self, PageQuery};
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, NodeRecord, NodeSettings};
@@ -112,20 +114,24 @@ fn check_addr(what: &str, addr: &str) -> Result<(), ControllerError> {
     }
 }
 
-pub async fn list(State(st): State<Arc<AppState>>) -> Result<Json<Vec<Node>>, ControllerError> {
+/// Every node; one page of them with `?limit=&after=` (`api::paging`).
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    uri: Uri,
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<Node>>), ControllerError> {
     let now = now_ms();
-    let nodes = st.records.nodes().await?;
+    let (headers, nodes) = paging::page(st.records.nodes().await?, |n| n.name.clone(), &q, &uri)?;
     let settings = st.records.node_settings().await?;
-    Ok(Json(
-        nodes
-            .iter()
-            .map(|n| {
-                let mut api = n.to_api(now, st.node_timeout_ms);
-                api.evacuating = settings.get(&n.name).is_some_and(|s| s.evacuate);
-                api
-            })
-            .collect(),
-    ))
+    let api = nodes
+        .iter()
+        .map(|n| {
+            let mut api = n.to_api(now, st.node_timeout_ms);
+            api.evacuating = settings.get(&n.name).is_some_and(|s| s.evacuate);
+            api
+        })
+        .collect();
+    Ok((headers, Json(api)))
 }
 
 pub async fn show(

@@ -5,25 +5,35 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::{HeaderMap, Uri};
 use axum::Json;
 use hawser_api::controller::{OrphanReplica, ReplicaInfo};
 
-use crate::api::extract::ApiPath;
+use crate::api::extract::{ApiPath, ApiQuery};
+use crate::api::paging::{self, PageQuery};
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::VolumeRecord;
 
+/// Every replica, by volume; one page of them, by replica id, with `?limit=&after=`.
 pub async fn list(
     State(st): State<Arc<AppState>>,
-) -> Result<Json<Vec<ReplicaInfo>>, ControllerError> {
+    uri: Uri,
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<ReplicaInfo>>), ControllerError> {
     let volumes = st.records.volumes().await?;
-    Ok(Json(volumes.iter().flat_map(infos).collect()))
+    let all: Vec<ReplicaInfo> = volumes.iter().flat_map(infos).collect();
+    let (headers, page) = paging::page(all, |r| r.replica.id.clone(), &q, &uri)?;
+    Ok((headers, Json(page)))
 }
 
-/// `GET /v1/trash`: the trash of every agent that answers.
+/// `GET /v1/trash`: the trash of every agent that answers; one page of it, by
+/// `NODE/REPLICA`, with `?limit=&after=`.
 pub async fn trash(
     State(st): State<Arc<AppState>>,
-) -> Result<Json<Vec<OrphanReplica>>, ControllerError> {
+    uri: Uri,
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<OrphanReplica>>), ControllerError> {
     let mut out = Vec::new();
     for n in st.records.nodes().await? {
         let status = tokio::time::timeout(STATUS_TIMEOUT, st.agents.status(n.agent())).await;
@@ -35,7 +45,9 @@ pub async fn trash(
             _ => tracing::debug!(node = %n.name, "trash listing: agent does not answer"),
         }
     }
-    Ok(Json(out))
+    let key = |o: &OrphanReplica| format!("{}/{}", o.node, o.replica.replica_id);
+    let (headers, page) = paging::page(out, key, &q, &uri)?;
+    Ok((headers, Json(page)))
 }
 
 const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

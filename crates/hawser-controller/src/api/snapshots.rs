@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::Json;
 use hawser_api::controller::{CreateSnapshot, Snapshot};
 use serde::Deserialize;
 
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::paging::{self, PageQuery};
 use crate::errors::ControllerError;
 use crate::state::AppState;
 
@@ -29,13 +30,18 @@ pub async fn create(
 pub struct ListQuery {
     /// Only this volume's snapshots.
     pub volume: Option<String>,
+    /// A page (`api::paging`), by snapshot name.
+    pub limit: Option<usize>,
+    pub after: Option<String>,
 }
 
-/// Every snapshot (of one volume with `?volume=`), by volume, oldest first.
+/// Every snapshot (of one volume with `?volume=`), by volume, oldest first; one page of
+/// them, by name, with `?limit=&after=`.
 pub async fn list(
     State(st): Shared,
+    uri: Uri,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Vec<Snapshot>>, ControllerError> {
+) -> Result<(HeaderMap, Json<Vec<Snapshot>>), ControllerError> {
     let volumes = st.records.volumes().await?;
     if let Some(name) = &q.volume {
         if !volumes.iter().any(|v| v.name == *name) {
@@ -44,13 +50,17 @@ pub async fn list(
             });
         }
     }
-    Ok(Json(
-        volumes
-            .iter()
-            .filter(|v| q.volume.as_ref().is_none_or(|n| *n == v.name))
-            .flat_map(|v| v.snapshots.iter().map(|s| s.to_api(&v.name)))
-            .collect(),
-    ))
+    let all: Vec<Snapshot> = volumes
+        .iter()
+        .filter(|v| q.volume.as_ref().is_none_or(|n| *n == v.name))
+        .flat_map(|v| v.snapshots.iter().map(|s| s.to_api(&v.name)))
+        .collect();
+    let page_q = PageQuery {
+        limit: q.limit,
+        after: q.after,
+    };
+    let (headers, page) = paging::page(all, |s| s.name.clone(), &page_q, &uri)?;
+    Ok((headers, Json(page)))
 }
 
 pub async fn show(

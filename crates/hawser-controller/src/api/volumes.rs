@@ -1,11 +1,12 @@
 //! `/v1/volumes`: create, list, show, delete, attach, detach, expand, and the engines' outdate
 //! reports. Handlers only translate HTTP; the logic is in the `volume_*` modules.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::auth::Principal;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::Extension;
 use axum::Json;
 use hawser_api::controller::{
@@ -13,6 +14,7 @@ use hawser_api::controller::{
 };
 
 use crate::api::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::api::paging::{self, PageQuery};
 use crate::errors::ControllerError;
 use crate::store::model::VolumeRecord;
 
@@ -45,21 +47,27 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(rec.to_api(None))))
 }
 
-pub async fn list(State(st): Shared) -> Result<Json<Vec<Volume>>, ControllerError> {
-    let nodes = st.records.nodes().await?;
+/// Every volume; one page of them with `?limit=&after=` (`api::paging`).
+pub async fn list(
+    State(st): Shared,
+    uri: Uri,
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<Volume>>), ControllerError> {
     let volumes = st.records.volumes().await?;
-    Ok(Json(
-        volumes
-            .iter()
-            .map(|v| {
-                let node = v
-                    .attached_node
-                    .as_ref()
-                    .and_then(|a| nodes.iter().find(|n| n.name == *a));
-                v.to_api(node)
-            })
-            .collect(),
-    ))
+    let (headers, volumes) = paging::page(volumes, |v| v.name.clone(), &q, &uri)?;
+    let nodes = st.records.nodes().await?;
+    let nodes: HashMap<&str, _> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let api = volumes
+        .iter()
+        .map(|v| {
+            v.to_api(
+                v.attached_node
+                    .as_deref()
+                    .and_then(|a| nodes.get(a).copied()),
+            )
+        })
+        .collect();
+    Ok((headers, Json(api)))
 }
 
 pub async fn show(
