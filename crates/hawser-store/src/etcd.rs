@@ -323,6 +323,23 @@ impl EtcdStore {
     }
 }
 
+/// Keys per range request of a list: a page of volume records stays well under a MiB.
+const LIST_PAGE: i64 = 500;
+
+/// The end of the range of every key that starts with `prefix` (etcd's own rule: the prefix
+/// with its last byte below 0xff incremented, what follows dropped; `\0`, all keys, when
+/// every byte is 0xff).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 /// An etcd revision as a version; revisions of existing keys are >= 1.
 fn revision(r: i64) -> Option<u64> {
     u64::try_from(r).ok().filter(|&r| r > 0)
@@ -347,21 +364,41 @@ impl Store for EtcdStore {
         }
     }
 
+    /// The range in pages of [`LIST_PAGE`] keys, every page read at the first one's revision:
+    /// one consistent snapshot, however large. One range of 10,000 volume records would pass
+    /// the gRPC client's 4 MiB message limit, and would hold etcd to one large reply.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>> {
         let mut client = self.client.clone();
-        let opts = GetOptions::new().with_prefix();
-        let resp = self
-            .call(
-                "list",
-                prefix,
-                client.get(self.full_key(prefix), Some(opts)),
-            )
-            .await?;
-        // etcd answers a range sorted by key.
-        resp.kvs()
-            .iter()
-            .map(|kv| self.decode_kv("list", kv))
-            .collect()
+        let full = self.full_key(prefix);
+        let end = prefix_end(full.as_bytes());
+        let mut from = full.into_bytes();
+        let mut at_revision = 0;
+        let mut out = Vec::new();
+        loop {
+            let mut opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE);
+            if at_revision > 0 {
+                opts = opts.with_revision(at_revision);
+            }
+            let resp = self
+                .call("list", prefix, client.get(from.clone(), Some(opts)))
+                .await?;
+            if at_revision == 0 {
+                at_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            // etcd answers a range sorted by key.
+            for kv in resp.kvs() {
+                out.push(self.decode_kv("list", kv)?);
+            }
+            match resp.kvs().last() {
+                Some(last) if resp.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(out),
+            }
+        }
     }
 
     async fn put_with(

@@ -12,7 +12,7 @@ use hawser_store::{Expect, Fence, Store, StoreError, Watch, WatchEvent, WriteOpt
 macro_rules! with_checks {
     ($m:ident ! ($($args:tt)*)) => {
         $m! {$($args)* ;
-            cas_semantics, delete_conditions, list_order, versions_grow,
+            cas_semantics, delete_conditions, list_order, list_larger_than_one_reply, versions_grow,
             concurrent_cas_exactly_one_wins, lease_expiry_removes_key, lease_revoke_and_keep_alive,
             fenced_writes, watch_sees_changes_in_order, watch_from_the_past, binary_values}
     };
@@ -169,6 +169,32 @@ pub async fn list_order(s: Arc<dyn Store>) {
     assert_eq!(all, sorted);
     assert_eq!(all.len(), 6);
     assert!(s.list("zzz").await.unwrap().is_empty());
+}
+
+/// A list of more than 4 MiB (a gRPC client's default message limit) and more keys than
+/// one etcd range page: every key once, in order, with its value, as for a small one. 10,000
+/// volume records are about this large.
+pub async fn list_larger_than_one_reply(s: Arc<dyn Store>) {
+    const KEYS: usize = 1_100;
+    let value = |i: usize| {
+        let mut v = format!("{i:05}").into_bytes();
+        v.resize(4096, b'x');
+        v
+    };
+    for i in 0..KEYS {
+        s.put(&format!("many/{i:05}"), value(i), Expect::Any)
+            .await
+            .unwrap();
+    }
+    s.put("many0", b"outside".to_vec(), Expect::Any)
+        .await
+        .unwrap();
+    let list = s.list("many/").await.unwrap();
+    assert_eq!(list.len(), KEYS);
+    for (i, (k, v)) in list.iter().enumerate() {
+        assert_eq!(*k, format!("many/{i:05}"));
+        assert_eq!(v.value, value(i), "{k}");
+    }
 }
 
 pub async fn versions_grow(s: Arc<dyn Store>) {
