@@ -143,6 +143,11 @@ bench: deps build k8s-tools kvm-kernel
 		-- --ignored --nocapture 2>/dev/null | grep '^idle:'
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
 		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
+	@# The control plane with 10,000 volumes on each store: embedded, etcd, Kubernetes (issue 44):
+	@# latency per operation, list times, the controller's RSS and idle CPU, the store's size.
+	@set -o pipefail; for s in embedded etcd kubernetes; do HAWSER_E2E_STORE=$$s HAWSER_SCALE_VOLUMES=10000 HAWSER_SCALE_MEASURE_ONLY=1 \
+		HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test control_plane_scale \
+		-- --nocapture 2>/dev/null | grep '^scale:' || exit 1; done
 	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere, with
 	@# the kubelets' default node status interval (10 s) and with the 2 s docs/csi.md advises.
 	@set -o pipefail; for s in 10 2; do HAWSER_KUBELET_STATUS_SECS=$$s HAWSER_FAILOVER_TRIALS=10 \

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use hawser_api::agent::AgentStatus;
 use hawser_api::controller::{Node, Volume};
+use hawser_store::apiserver_process::ApiserverProcess;
 use hawser_store::etcd_process::{free_loopback_port, EtcdProcess};
 
 use crate::run::{wait_until, TempDir};
@@ -40,6 +41,9 @@ pub struct Cluster {
     pub agents: Vec<AgentProc>,
     /// Dropped after the processes that use it.
     pub etcd: Option<EtcdProcess>,
+    /// The Kubernetes store's API server (`HAWSER_E2E_STORE=kubernetes`), dropped after the
+    /// controller.
+    pub apiserver: Option<ApiserverProcess>,
     /// The cluster's tokens and CA, shared by every controller, agent and CLI run.
     pub tokens: TokenFiles,
     /// Plaintext (`--insecure`) rather than mutual TLS.
@@ -64,7 +68,8 @@ pub struct ClusterOptions {
 }
 
 /// Environment variable that selects the store of clusters that do not ask for etcd
-/// themselves: `embedded` (or unset) or `etcd` (a real etcd and one controller on it).
+/// themselves: `embedded` (or unset), `etcd` (a real etcd and one controller on it), or
+/// `kubernetes` (a real kube-apiserver with Hawser's CRDs, and one controller on it).
 /// `make test` runs the "Replicated volumes over NBD" tests once with each, so the etcd
 /// backend is held to the same end-to-end behaviour as the embedded one.
 pub const STORE_ENV: &str = "HAWSER_E2E_STORE";
@@ -76,10 +81,33 @@ fn etcd_controllers(opts: &ClusterOptions) -> usize {
         return opts.etcd_controllers;
     }
     match std::env::var(STORE_ENV).as_deref() {
-        Err(_) | Ok("") | Ok("embedded") => 0,
+        Err(_) | Ok("") | Ok("embedded") | Ok("kubernetes") => 0,
         Ok("etcd") => 1,
-        Ok(other) => panic!("{STORE_ENV}={other:?}: expected \"embedded\" or \"etcd\""),
+        Ok(other) => {
+            panic!("{STORE_ENV}={other:?}: expected \"embedded\", \"etcd\" or \"kubernetes\"")
+        }
     }
+}
+
+/// A kube-apiserver (and its etcd) under `dir`, with Hawser's CRDs and the namespace
+/// `hawser`: what the Kubernetes store needs, without kubelets.
+fn start_apiserver(dir: &Path) -> ApiserverProcess {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let api = ApiserverProcess::start(&dir.join("apiserver"))
+            .await
+            .unwrap_or_else(|e| panic!("start kube-apiserver: {e}"));
+        hawser_store::k8s::install_crds(&api.config(), Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("install the CRDs: {e}"));
+        api.create_namespace("hawser")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        api
+    })
 }
 
 pub fn hawser_bin() -> PathBuf {
@@ -114,6 +142,9 @@ impl Cluster {
         let etcd = (on_etcd > 0).then(|| {
             EtcdProcess::start_secure(dir.path()).unwrap_or_else(|e| panic!("start etcd: {e}"))
         });
+        let on_kubernetes =
+            on_etcd == 0 && std::env::var(STORE_ENV).is_ok_and(|v| v == "kubernetes");
+        let apiserver = on_kubernetes.then(|| start_apiserver(dir.path()));
         let mut store: Vec<String> = etcd
             .as_ref()
             .map(|e| {
@@ -122,6 +153,12 @@ impl Cluster {
                 a
             })
             .unwrap_or_default();
+        if let Some(api) = &apiserver {
+            store = vec![
+                "--store".to_string(),
+                format!("k8s://hawser?kubeconfig={}", api.kubeconfig().display()),
+            ];
+        }
         eprintln!(
             "cluster {name}: {} controller(s) on {}",
             on_etcd.max(1),
@@ -151,6 +188,7 @@ impl Cluster {
             controllers,
             agents: Vec::new(),
             etcd,
+            apiserver,
             tokens,
             insecure: opts.insecure,
             agent_args: opts.agent_args,
@@ -679,6 +717,7 @@ impl Drop for Cluster {
         if let Some(mut e) = self.etcd.take() {
             e.kill();
         }
+        drop(self.apiserver.take());
         if std::thread::panicking() {
             let names = self
                 .controllers

@@ -398,9 +398,6 @@ impl Inner {
     }
 }
 
-/// Objects per list request.
-const LIST_PAGE: usize = 500;
-
 #[async_trait]
 impl Store for KubeStore {
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
@@ -411,41 +408,23 @@ impl Store for KubeStore {
         let s = &self.inner;
         let mut out = Vec::new();
         for kind in objects::kinds_for_prefix(prefix) {
-            let base = objects::path(&s.namespace, kind, None);
-            // In pages (`limit` and `continue`, every page from the first one's snapshot), so
-            // that 10,000 volumes are not one reply the API server builds in memory at once.
-            let mut next = String::new();
-            loop {
-                let mut path = format!("{base}?limit={LIST_PAGE}");
-                if !next.is_empty() {
-                    path.push_str("&continue=");
-                    path.extend(form_urlencoded::byte_serialize(next.as_bytes()));
-                }
-                let list = s
-                    .api
-                    .get(&path)
-                    .await
-                    .map_err(|e| s.unavailable("list", prefix, e))?;
-                for obj in list
-                    .get("items")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    let (key, value, version) =
-                        objects::decode(obj).map_err(|e| s.unavailable("list", prefix, e))?;
-                    s.remember_status(&key, version, obj);
-                    if key.starts_with(prefix) {
-                        out.push((key, Versioned { value, version }));
-                    }
-                }
-                next = list
-                    .pointer("/metadata/continue")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                if next.is_empty() {
-                    break;
+            let path = objects::path(&s.namespace, kind, None);
+            let list = s
+                .api
+                .get(&path)
+                .await
+                .map_err(|e| s.unavailable("list", prefix, e))?;
+            for obj in list
+                .get("items")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let (key, value, version) =
+                    objects::decode(obj).map_err(|e| s.unavailable("list", prefix, e))?;
+                s.remember_status(&key, version, obj);
+                if key.starts_with(prefix) {
+                    out.push((key, Versioned { value, version }));
                 }
             }
         }
