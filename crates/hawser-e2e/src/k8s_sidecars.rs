@@ -14,7 +14,8 @@
 //! Each round polls with kubectl; errors are printed and retried next round, as the sidecars
 //! do. A round starts every 300 ms, and at once when a VolumeAttachment changes (a `kubectl
 //! --watch`), since the real attacher's informer sees one within milliseconds and a failover's
-//! measured time should not include this loop's polling. This is test scaffolding, not product code: the Helm chart runs the real sidecars.
+//! measured time should not include this loop's polling. This is test scaffolding, not
+//! product code: the Helm chart runs the real sidecars.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
