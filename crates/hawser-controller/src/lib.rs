@@ -481,6 +481,7 @@ impl Controller {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        let seen = tokio::spawn(self.state.records.follow_volumes());
         let watch = tokio::spawn(crate::cluster::engine_watch::run(
             self.state.clone(),
             self.engine_check,
@@ -527,6 +528,7 @@ impl Controller {
         )
         .await
         .context("serve the controller API");
+        seen.abort();
         watch.abort();
         heal.abort();
         reconcile.abort();

@@ -389,13 +389,18 @@ impl Store for EmbeddedStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>> {
+        Ok(self.list_at(prefix).await?.0)
+    }
+
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<(String, Versioned)>, u64)> {
         let inner = self.shared.lock().await?;
-        Ok(inner
+        let list = inner
             .entries
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, e)| (k.clone(), e.value.clone()))
-            .collect())
+            .collect();
+        Ok((list, inner.revision))
     }
 
     async fn put_with(

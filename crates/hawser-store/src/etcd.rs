@@ -368,6 +368,10 @@ impl Store for EtcdStore {
     /// one consistent snapshot, however large. One range of 10,000 volume records would pass
     /// the gRPC client's 4 MiB message limit, and would hold etcd to one large reply.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>> {
+        Ok(self.list_at(prefix).await?.0)
+    }
+
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<(String, Versioned)>, u64)> {
         let mut client = self.client.clone();
         let full = self.full_key(prefix);
         let end = prefix_end(full.as_bytes());
@@ -396,7 +400,7 @@ impl Store for EtcdStore {
                     from = last.key().to_vec();
                     from.push(0);
                 }
-                _ => return Ok(out),
+                _ => return Ok((out, u64::try_from(at_revision).unwrap_or(0))),
             }
         }
     }

@@ -202,6 +202,14 @@ pub trait Store: Send + Sync {
     async fn get(&self, key: &str) -> Result<Option<Versioned>>;
     /// Every key starting with `prefix`, sorted by key.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>>;
+    /// [`Store::list`], and a revision to watch from after it: a watch from that revision
+    /// misses no change made after the list, and may repeat some the list already shows.
+    /// The backends answer the list's own revision, so that nothing repeats; this default
+    /// (for wrappers that do not pass it on) reads the revision first.
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<(String, Versioned)>, u64)> {
+        let revision = self.revision().await?;
+        Ok((self.list(prefix).await?, revision))
+    }
     /// Writes `value` if `expect` (and the fence, if any) holds and returns the new version.
     async fn put_with(
         &self,

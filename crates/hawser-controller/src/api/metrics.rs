@@ -84,7 +84,7 @@ type Labels = Vec<(&'static str, String)>;
 pub(crate) struct Snapshot {
     leader: bool,
     nodes: Vec<(NodeRecord, bool)>,
-    volumes: Vec<VolumeRecord>,
+    volumes: Arc<Vec<VolumeRecord>>,
     backups: Vec<hawser_api::backup::Backup>,
     now_ms: u64,
 }
@@ -177,7 +177,7 @@ impl Collector for Snapshot {
                 .collect(),
         )?;
         let mut rows = Vec::new();
-        for v in &self.volumes {
+        for v in self.volumes.iter() {
             for s in REPLICA_STATES {
                 let n = v.replicas.iter().filter(|r| r.state == s).count();
                 rows.push((
@@ -371,7 +371,7 @@ pub async fn scrape(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     let leader = !matches!(st.leadership.role(), Role::Follower { .. });
     let read = async {
         let nodes = st.records.nodes().await?;
-        let volumes = st.records.volumes().await?;
+        let volumes = st.records.volumes_seen().await?;
         let backups = crate::snapshots::backups::list(&st, None, None).await?;
         Ok::<_, ControllerError>((nodes, volumes, backups))
     };

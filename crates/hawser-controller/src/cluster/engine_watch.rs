@@ -62,11 +62,12 @@ pub async fn start_missing_on(st: Arc<AppState>, node: String) {
 }
 
 async fn round(st: &AppState, scrub_every: Duration) {
-    let (Ok(volumes), Ok(nodes)) = (st.records.volumes().await, st.records.nodes().await) else {
+    let (Ok(volumes), Ok(nodes)) = (st.records.volumes_seen().await, st.records.nodes().await)
+    else {
         return;
     };
     let mut statuses = Statuses::default();
-    for v in &volumes {
+    for v in volumes.iter() {
         let Some(node) = engine_node(v) else {
             continue;
         };

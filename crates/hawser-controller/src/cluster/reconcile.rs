@@ -21,6 +21,11 @@
 //! create listed (orphans the next round deletes) and deletes of replicas of records being
 //! removed anyway (a rollback of its own create, or a delete already marked `Deleting`).
 //!
+//! The round finds its candidates in the watch-fed copy of the records
+//! (`store/volume_cache.rs`), which may lag the store; when it finds an unreferenced
+//! replica, it lists the store itself, after the agents, and trashes only what that list
+//! does not name either.
+//!
 //! A store that adopted another cluster's nodes (`hawser cluster recover`, after the store
 //! was lost) breaks the first premise: the nodes' replicas were created under records this
 //! store never had. So from the adoption until a recovery has rebuilt the records, the
@@ -46,7 +51,7 @@ use tokio::time::Instant;
 use crate::constants::{ELECTION_TICK, RECONCILE_INTERVAL};
 use crate::state::AppState;
 use crate::store::leader::Role;
-use crate::store::model::NodeRecord;
+use crate::store::model::{NodeRecord, VolumeRecord};
 use crate::volumes::delete::delete_locked;
 
 /// Runs until the task is aborted: a round at once whenever this controller starts a new
@@ -96,20 +101,21 @@ pub(crate) async fn round(st: &AppState) {
     };
     // Agents first, records second (see the module doc).
     let held = replicas_on_agents(st, &nodes).await;
-    let volumes = match st.records.volumes().await {
+    // The watch-fed copy finds the candidates; nothing is trashed on its word (below).
+    let volumes = match st.records.volumes_seen().await {
         Ok(v) => v,
         Err(e) => return tracing::warn!(error = %e, "reconcile: cannot read the volumes"),
     };
-    let referenced: BTreeSet<&str> = volumes
-        .iter()
-        .flat_map(|v| v.replicas.iter().chain(&v.retired).map(|r| r.id.as_str()))
-        .collect();
-    if may_trash {
-        for held in held
-            .iter()
-            .filter(|h| !referenced.contains(h.replica.as_str()))
-        {
-            delete_orphan(st, held).await;
+    if may_trash && !unreferenced(&held, &volumes).is_empty() {
+        // The copy may lag the store: the orphans are those no record names in a list read
+        // after the agents' (see the module doc).
+        match st.records.volumes().await {
+            Ok(fresh) => {
+                for held in unreferenced(&held, &fresh) {
+                    delete_orphan(st, held).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reconcile: cannot read the volumes"),
         }
     }
     for held in held.iter().filter(|h| h.failed) {
@@ -120,11 +126,22 @@ pub(crate) async fn round(st: &AppState) {
             record_failed(st, &v.name, held).await;
         }
     }
-    for v in &volumes {
+    for v in volumes.iter() {
         if matches!(v.state, VolumeState::Creating | VolumeState::Deleting) {
             finish(st, &v.name).await;
         }
     }
+}
+
+/// The replicas in `held` that no record in `volumes` names, as a replica or a retired one.
+fn unreferenced<'h, 'n>(held: &'h [Held<'n>], volumes: &[VolumeRecord]) -> Vec<&'h Held<'n>> {
+    let referenced: BTreeSet<&str> = volumes
+        .iter()
+        .flat_map(|v| v.replicas.iter().chain(&v.retired).map(|r| r.id.as_str()))
+        .collect();
+    held.iter()
+        .filter(|h| !referenced.contains(h.replica.as_str()))
+        .collect()
 }
 
 /// A replica an agent reported.

@@ -99,7 +99,7 @@ async fn round(
     probe: bool,
 ) -> Result<(), String> {
     let nodes = st.records.nodes().await.map_err(|e| e.to_string())?;
-    let volumes = st.records.volumes().await.map_err(|e| e.to_string())?;
+    let volumes = st.records.volumes_seen().await.map_err(|e| e.to_string())?;
     let now = now_ms();
     let Memory {
         reported,
@@ -309,7 +309,7 @@ struct QuorumWatch {
 
 impl QuorumWatch {
     async fn check(&mut self, st: &AppState) {
-        let (Ok(volumes), Ok(nodes)) = (st.records.volumes().await, st.records.nodes().await)
+        let (Ok(volumes), Ok(nodes)) = (st.records.volumes_seen().await, st.records.nodes().await)
         else {
             return;
         };

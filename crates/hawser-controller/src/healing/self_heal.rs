@@ -56,7 +56,7 @@ pub async fn run(st: Arc<AppState>, every: Duration, cfg: HealConfig) {
 
 /// One round: plan, then act. Returns what the plan held back.
 pub async fn round(st: &AppState, cfg: HealConfig) -> Result<Vec<String>, ControllerError> {
-    let volumes = st.records.volumes().await?;
+    let volumes = st.records.volumes_seen().await?;
     let nodes = st.records.nodes().await?;
     let settings = st.records.node_settings().await?;
     let now = now_ms();

@@ -89,7 +89,7 @@ pub async fn run(st: Arc<AppState>, every: Duration) {
 
 /// Makes every copy the plan asks for now, one at a time.
 pub async fn round(st: &AppState) -> Result<usize, ControllerError> {
-    let volumes = st.records.volumes().await?;
+    let volumes = st.records.volumes_seen().await?;
     let nodes = st.records.nodes().await?;
     let online = |name: &str| nodes.iter().any(|n| n.name == name && st.is_online(n));
     let mut done = 0;

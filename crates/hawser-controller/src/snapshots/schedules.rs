@@ -176,14 +176,15 @@ pub async fn run(st: Arc<AppState>) {
         ) {
             continue;
         }
-        let Ok(volumes) = st.records.volumes().await else {
+        let Ok(volumes) = st.records.volumes_seen().await else {
             wait = MIN_WAIT * 5;
             continue;
         };
         // Owned: a future that holds borrows of its locals across awaits trips the
         // compiler's Send check of `tokio::spawn` (rust-lang/rust#102211).
         let scheduled: Vec<(VolumeRecord, BackupSchedule)> = volumes
-            .into_iter()
+            .iter()
+            .filter(|v| !v.backup_schedules.is_empty())
             .flat_map(|v| {
                 let all = v.backup_schedules.clone();
                 all.into_iter().map(move |s| (v.clone(), s))

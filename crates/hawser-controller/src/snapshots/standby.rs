@@ -165,11 +165,16 @@ pub async fn run(st: Arc<AppState>, poll: Duration) {
             busy = false;
             continue;
         }
-        let Ok(volumes) = st.records.volumes().await else {
+        let Ok(volumes) = st.records.volumes_seen().await else {
             continue;
         };
         busy = false;
-        for v in volumes.into_iter().filter(|v| v.standby.is_some()) {
+        let standbys: Vec<VolumeRecord> = volumes
+            .iter()
+            .filter(|v| v.standby.is_some())
+            .cloned()
+            .collect();
+        for v in standbys {
             busy |= step(&st, &v, poll).await;
         }
     }

@@ -119,6 +119,9 @@ impl Store for FencedStore {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>> {
         self.inner.list(prefix).await
     }
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<(String, Versioned)>, u64)> {
+        self.inner.list_at(prefix).await
+    }
     async fn put_with(
         &self,
         key: &str,

@@ -12,6 +12,7 @@ use crate::store::model::{
     node_key, node_settings_key, node_settings_prefix, nodes_prefix, volume_key, volumes_prefix,
     NodeRecord, NodeSettings, VolumeRecord,
 };
+use crate::store::volume_cache::VolumeCache;
 
 #[derive(Clone)]
 pub struct Records {
@@ -22,6 +23,8 @@ pub struct Records {
     /// only the records whose version changed since. A key's version changes with every
     /// write (it is the store's revision), so a version names one content.
     decoded: Arc<Mutex<HashMap<String, (u64, VolumeRecord)>>>,
+    /// The watch-fed copy the loops read (`volumes_seen`), kept while `follow_volumes` runs.
+    seen: Arc<VolumeCache>,
 }
 
 impl Records {
@@ -29,6 +32,7 @@ impl Records {
         Records {
             store,
             decoded: Arc::default(),
+            seen: Arc::default(),
         }
     }
 
@@ -133,6 +137,23 @@ impl Records {
         // What this list did not see was deleted.
         *cache = seen;
         Ok(out)
+    }
+
+    /// All volumes, sorted by name, as the watch-fed copy last saw them: for loops that
+    /// choose work from the list and re-read each record they act on. A read that must see
+    /// every write made before it uses [`Records::volumes`] (see `store/volume_cache.rs`).
+    /// While the copy is not live (before `follow_volumes` has listed, or with the store
+    /// failing) this is `volumes`.
+    pub async fn volumes_seen(&self) -> Result<Arc<Vec<VolumeRecord>>, ControllerError> {
+        match self.seen.view() {
+            Some(view) => Ok(view),
+            None => Ok(Arc::new(self.volumes().await?)),
+        }
+    }
+
+    /// Keeps the copy `volumes_seen` reads, until the task is aborted.
+    pub fn follow_volumes(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.seen.clone().follow(self.store.clone())
     }
 
     /// Creates a volume record; fails with `VolumeExists` if the name is taken. A conflict

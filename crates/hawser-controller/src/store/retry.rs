@@ -161,6 +161,10 @@ impl Store for RetryingStore {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>> {
         self.retry("list", prefix, || self.inner.list(prefix)).await
     }
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<(String, Versioned)>, u64)> {
+        self.retry("list", prefix, || self.inner.list_at(prefix))
+            .await
+    }
     async fn put_with(
         &self,
         key: &str,

@@ -89,6 +89,10 @@ impl Store for FaultyStore {
         self.before("list", prefix, false)?;
         self.inner.list(prefix).await
     }
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<(String, Versioned)>, u64)> {
+        self.before("list", prefix, false)?;
+        self.inner.list_at(prefix).await
+    }
     async fn put_with(
         &self,
         key: &str,

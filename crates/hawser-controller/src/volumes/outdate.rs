@@ -369,6 +369,12 @@ mod tests {
         ) -> hawser_store::Result<Vec<(String, hawser_store::Versioned)>> {
             self.inner.list(prefix).await
         }
+        async fn list_at(
+            &self,
+            prefix: &str,
+        ) -> hawser_store::Result<(Vec<(String, hawser_store::Versioned)>, u64)> {
+            self.inner.list_at(prefix).await
+        }
         async fn put_with(
             &self,
             key: &str,

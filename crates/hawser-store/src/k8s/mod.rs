@@ -405,8 +405,15 @@ impl Store for KubeStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>> {
+        Ok(self.list_at(prefix).await?.0)
+    }
+
+    /// A prefix of several kinds is one list per kind, each at its own resourceVersion: the
+    /// smallest is the one to watch from.
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<(String, Versioned)>, u64)> {
         let s = &self.inner;
         let mut out = Vec::new();
+        let mut at: Option<u64> = None;
         for kind in objects::kinds_for_prefix(prefix) {
             let path = objects::path(&s.namespace, kind, None);
             let list = s
@@ -414,6 +421,9 @@ impl Store for KubeStore {
                 .get(&path)
                 .await
                 .map_err(|e| s.unavailable("list", prefix, e))?;
+            let rv = objects::resource_version(&list)
+                .ok_or_else(|| s.unavailable("list", prefix, "list without a resourceVersion"))?;
+            at = Some(at.map_or(rv, |a| a.min(rv)));
             for obj in list
                 .get("items")
                 .and_then(Value::as_array)
@@ -429,7 +439,12 @@ impl Store for KubeStore {
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        let at = match at {
+            Some(at) => at,
+            // A prefix of no kind holds nothing; any revision will do.
+            None => self.revision().await?,
+        };
+        Ok((out, at))
     }
 
     async fn put_with(

@@ -14,7 +14,8 @@ macro_rules! with_checks {
         $m! {$($args)* ;
             cas_semantics, delete_conditions, list_order, list_larger_than_one_reply, versions_grow,
             concurrent_cas_exactly_one_wins, lease_expiry_removes_key, lease_revoke_and_keep_alive,
-            fenced_writes, watch_sees_changes_in_order, watch_from_the_past, binary_values}
+            fenced_writes, watch_sees_changes_in_order, watch_from_the_past, list_at_then_watch,
+            binary_values}
     };
 }
 
@@ -506,6 +507,30 @@ pub async fn watch_from_the_past(s: Arc<dyn Store>) {
     for (v, rev) in [(b"1", a1), (b"2", a2), (b"3", a3)] {
         assert_eq!(next_event(&mut all).await, put_event("volumes/a", v, rev));
     }
+}
+
+/// A list and the revision it was read at: a watch from there starts with the first change
+/// after the list, neither repeating what the list showed nor missing what came after.
+/// (A controller's copy of the volume records is kept this way, `store/volume_cache.rs`.)
+pub async fn list_at_then_watch(s: Arc<dyn Store>) {
+    let a1 = s
+        .put("volumes/a", b"1".to_vec(), Expect::Any)
+        .await
+        .unwrap();
+    s.put("volumes/b", b"1".to_vec(), Expect::Any)
+        .await
+        .unwrap();
+    s.delete("volumes/b", Expect::Any).await.unwrap();
+    let (list, at) = s.list_at("volumes/").await.unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!((list[0].0.as_str(), list[0].1.version), ("volumes/a", a1));
+    assert!(at >= a1, "{at} {a1}");
+    let mut w = s.watch("volumes/", at).await.unwrap();
+    let a2 = s
+        .put("volumes/a", b"2".to_vec(), Expect::Version(a1))
+        .await
+        .unwrap();
+    assert_eq!(next_event(&mut w).await, put_event("volumes/a", b"2", a2));
 }
 
 pub async fn binary_values(s: Arc<dyn Store>) {
