@@ -355,6 +355,13 @@ impl Cluster {
         stop(&mut c.child);
         let data = self.dir.path().join(&c.name);
         std::fs::remove_file(data.join("store.json")).expect("remove the store file");
+        // Its log of the changes since the snapshot goes with it (a log without its
+        // snapshot is refused).
+        match std::fs::remove_file(data.join("store.json.log")) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("remove the store's log: {e}"),
+        }
         let port: u16 = c
             .url
             .rsplit(':')

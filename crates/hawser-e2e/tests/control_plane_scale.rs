@@ -20,8 +20,17 @@ use serde_json::{json, Value};
 /// Volumes attached (and detached again), spread over the three nodes: attaching them all
 /// waits for replica sessions multiplexed per node pair (issue 44, item 1).
 const ATTACHED: usize = 30;
-/// The controller's CPU is measured over this long with nothing asked of it.
-const IDLE_WINDOW: Duration = Duration::from_secs(10);
+/// The controller's CPU is measured over this long with nothing asked of it, unless
+/// `HAWSER_SCALE_IDLE_SECS` says otherwise (longer, to profile it: the test prints the
+/// controller's pid as the window opens).
+fn idle_window() -> Duration {
+    let secs = std::env::var("HAWSER_SCALE_IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(10);
+    Duration::from_secs(secs)
+}
 
 /// The guard's bounds for 1,000 volumes (scaled with the count where the cost should be).
 const MAX_OP_P99: Duration = Duration::from_secs(3);
@@ -117,9 +126,14 @@ fn ten_thousand_volumes_or_a_thousand_within_bounds() {
     // The controller with every volume in its store and some attached: its loops (engine
     // watch, self-heal, catch-up, events) run, and nobody asks anything.
     let pid = c.controllers[0].child.id();
+    let window = idle_window();
+    eprintln!(
+        "scale: idle window of {} s opens on controller pid {pid}",
+        window.as_secs()
+    );
     let before = cpu_ticks(pid);
     let t = Instant::now();
-    std::thread::sleep(IDLE_WINDOW);
+    std::thread::sleep(window);
     // Ticks are hundredths of a second: ticks / secs is percent of one core.
     #[allow(clippy::cast_precision_loss)]
     let idle_pct = cpu_ticks(pid).saturating_sub(before) as f64 / t.elapsed().as_secs_f64();
@@ -182,7 +196,10 @@ fn ten_thousand_volumes_or_a_thousand_within_bounds() {
     let store_bytes = match (&c.etcd, &c.apiserver) {
         (Some(_), _) => dir_bytes(&c.dir.path().join("etcd-data")),
         (_, Some(_)) => dir_bytes(&c.dir.path().join("apiserver").join("etcd")),
-        _ => dir_bytes(&c.dir.path().join(&c.controllers[0].name).join("store.json")),
+        _ => {
+            let data = c.dir.path().join(&c.controllers[0].name);
+            dir_bytes(&data.join("store.json")) + dir_bytes(&data.join("store.json.log"))
+        }
     };
 
     for i in 0..ATTACHED.min(n) {
@@ -222,7 +239,7 @@ fn ten_thousand_volumes_or_a_thousand_within_bounds() {
         bytes as f64 / 1048576.0,
         ms(paged),
         ms(cli),
-        IDLE_WINDOW.as_secs(),
+        window.as_secs(),
         store_bytes as f64 / 1048576.0,
     );
     let _ = std::io::stdout().flush();

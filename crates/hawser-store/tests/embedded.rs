@@ -185,3 +185,138 @@ async fn leftover_tmp_file_is_ignored() {
     assert_eq!(s.get("a").await.unwrap().unwrap().value, b"1");
     s.put("b", b"2".to_vec(), Expect::Any).await.unwrap();
 }
+
+fn log_path(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("store.json.log")
+}
+
+/// A write after the first goes to the log, not into a rewritten snapshot, and a reopen
+/// replays it.
+#[tokio::test]
+async fn writes_append_to_the_log_and_a_reopen_replays_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("store.json");
+    let last = {
+        let s = open(&dir);
+        s.put("a", b"1".to_vec(), Expect::Any).await.unwrap();
+        let first = std::fs::read(&snapshot).unwrap();
+        s.put("b", vec![0, 255], Expect::Any).await.unwrap();
+        s.put("a", b"2".to_vec(), Expect::Any).await.unwrap();
+        s.delete("b", Expect::Any).await.unwrap();
+        let last = s.put("c", b"3".to_vec(), Expect::Any).await.unwrap();
+        assert_eq!(
+            std::fs::read(&snapshot).unwrap(),
+            first,
+            "snapshot rewritten"
+        );
+        assert!(std::fs::metadata(log_path(&dir)).unwrap().len() > 0);
+        last
+    };
+    let s = open(&dir);
+    assert_eq!(s.get("a").await.unwrap().unwrap().value, b"2");
+    assert_eq!(s.get("b").await.unwrap(), None);
+    assert_eq!(s.get("c").await.unwrap().unwrap().version, last);
+    assert_eq!(s.revision().await.unwrap(), last);
+    let read = EmbeddedStore::read_file(&snapshot).unwrap();
+    assert_eq!(read.keys().collect::<Vec<_>>(), ["a", "c"]);
+}
+
+/// Once the log outgrows the snapshot (and 1 MiB), a write folds it into a new snapshot and
+/// empties it. A crash between the snapshot's rename and the emptying leaves records the
+/// snapshot holds: the next open skips them, and later records append after them.
+#[tokio::test]
+async fn the_log_folds_into_a_snapshot_and_stale_records_are_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir);
+    let value = vec![b'x'; 64 << 10];
+    let mut before_fold = Vec::new();
+    let mut folded_at = None;
+    for i in 0..40u32 {
+        let log = std::fs::read(log_path(&dir)).unwrap_or_default();
+        let v = s
+            .put(&format!("k{i:02}"), value.clone(), Expect::Any)
+            .await
+            .unwrap();
+        if std::fs::metadata(log_path(&dir)).unwrap().len() < log.len() as u64 {
+            before_fold = log;
+            folded_at = Some(v);
+            break;
+        }
+    }
+    let folded_at = folded_at.expect("the log never folded");
+    // At the write that took the log past 1 MiB (the snapshot was smaller).
+    let crossed = before_fold.len() + value.len();
+    assert!(
+        before_fold.len() < 1 << 20 && crossed > 1 << 20,
+        "folded at {}",
+        before_fold.len()
+    );
+    drop(s);
+    // The crash: the old records are back in the log.
+    std::fs::write(log_path(&dir), &before_fold).unwrap();
+    let s = open(&dir);
+    assert_eq!(s.revision().await.unwrap(), folded_at);
+    let next = s.put("after", b"1".to_vec(), Expect::Any).await.unwrap();
+    assert_eq!(next, folded_at + 1);
+    drop(s);
+    let s = open(&dir);
+    assert_eq!(s.get("after").await.unwrap().unwrap().version, next);
+    assert_eq!(s.list("k").await.unwrap().len() as u64, folded_at);
+}
+
+/// A crash in the middle of an append leaves part of a record, never acknowledged: the open
+/// cuts it off, and the store goes on from the last whole record.
+#[tokio::test]
+async fn an_unfinished_log_record_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = {
+        let s = open(&dir);
+        s.put("a", b"1".to_vec(), Expect::Any).await.unwrap();
+        s.put("b", b"1".to_vec(), Expect::Any).await.unwrap()
+    };
+    let whole = std::fs::read(log_path(&dir)).unwrap();
+    let mut torn = whole.clone();
+    torn.extend_from_slice(&whole[..whole.len() / 2]);
+    std::fs::write(log_path(&dir), &torn).unwrap();
+    {
+        let s = open(&dir);
+        assert_eq!(s.revision().await.unwrap(), kept);
+        assert_eq!(std::fs::read(log_path(&dir)).unwrap(), whole);
+        s.put("c", b"1".to_vec(), Expect::Any).await.unwrap();
+    }
+    let s = open(&dir);
+    assert_eq!(s.list("").await.unwrap().len(), 3);
+}
+
+/// Damage the open must not paper over: a bad record with good ones after it (acknowledged
+/// writes would be lost), and a log whose snapshot was deleted.
+#[test]
+fn a_damaged_log_or_one_without_its_snapshot_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("store.json");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = open(&dir);
+        for k in ["a", "b", "c"] {
+            s.put(k, b"1".to_vec(), Expect::Any).await.unwrap();
+        }
+    });
+    let good = std::fs::read(log_path(&dir)).unwrap();
+    let mut flipped = good.clone();
+    let at = good.iter().position(|&b| b == b'{').unwrap() + 3;
+    flipped[at] ^= 0x01;
+    std::fs::write(log_path(&dir), &flipped).unwrap();
+    let err = EmbeddedStore::open(&snapshot).err().expect("opened");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("store.json.log"), "{err}");
+
+    std::fs::write(log_path(&dir), &good).unwrap();
+    let saved = std::fs::read(&snapshot).unwrap();
+    std::fs::remove_file(&snapshot).unwrap();
+    let err = EmbeddedStore::open(&snapshot).err().expect("opened");
+    assert!(err.to_string().contains("do not belong together"), "{err}");
+    std::fs::write(&snapshot, saved).unwrap();
+    EmbeddedStore::open(&snapshot).unwrap();
+}

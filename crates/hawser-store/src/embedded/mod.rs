@@ -1,34 +1,34 @@
-//! The embedded backend: the whole key space in memory, rewritten to one file on every
-//! mutation.
+//! The embedded backend: the whole key space in memory, on disk as a snapshot file and a
+//! log of the changes since (`file.rs`, `log.rs`).
 //!
-//! Crash safety: each mutation writes `FILE.tmp`, fsyncs it, renames it over `FILE` and fsyncs
-//! the directory, so after a crash `FILE` is either the old or the new state, never a mix.
-//! A mutation is applied in memory only once it is durable (it is rolled back if the write
-//! fails), so a caller never sees a version that a restart would lose.
+//! Crash safety: a mutation appends its changes to `FILE.log` and fsyncs it. It is applied
+//! in memory, and acknowledged, only once that is durable; it is rolled back if the write
+//! fails. So a caller never sees a version that a restart would lose. When the log has
+//! grown larger than the snapshot, the mutation also writes a new snapshot (atomically:
+//! `FILE.tmp`, fsync, rename) and empties the log. A crash between the two leaves records
+//! the snapshot already holds, which the next open skips. Checksums on both files catch a
+//! flipped bit as well as truncation.
 //!
-//! File format: one header line `hawser-store 1 <crc32c of body, 8 hex> <body length>\n`
-//! followed by a JSON body. JSON parsing alone would catch truncation but not a flipped bit
-//! inside a value, which would silently change cluster state; the checksum and length catch
-//! both, and the header's format number lets a later version change the body.
-//!
-//! A global revision counter is stored in the file, so versions keep growing across restarts
+//! A global revision counter is kept on disk, so versions keep growing across restarts
 //! (and a deleted-then-recreated key never reuses a version). An exclusive lock on
-//! `FILE.lock` keeps two controllers from writing the same file.
+//! `FILE.lock` keeps two controllers from writing the same files. Whoever deletes `FILE`
+//! to start afresh deletes `FILE.log` too: a log without its snapshot is refused at open.
 //!
 //! Leases and watches are in-process: a lease lives only as long as the process holding the
 //! store, so keys written under a lease are not written to the file (after a restart they
 //! are gone, as if expired). Watchers get events through bounded channels, and a watch may
 //! start up to [`MAX_WATCH_HISTORY`] events in the past.
 
+mod file;
+mod log;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, Mutex, Notify};
 use tokio::time::Instant;
 
@@ -36,8 +36,11 @@ use crate::store::{
     Expect, Fence, LeaseId, Result, Store, StoreError, Versioned, Watch, WatchEvent, WriteOptions,
 };
 
-const MAGIC: &str = "hawser-store";
-const FORMAT: u32 = 1;
+use file::{sibling, write_atomic};
+use log::{Change, Log};
+
+/// The log is folded into a new snapshot once it is larger than the snapshot and than this.
+const FOLD_AT_LEAST: u64 = 1 << 20;
 
 /// Events kept in memory so a watch can start at a recent revision.
 pub const MAX_WATCH_HISTORY: usize = 1024;
@@ -77,8 +80,17 @@ struct Watcher {
     tx: mpsc::Sender<Result<WatchEvent>>,
 }
 
+/// The files, as the writer sees them.
+struct Disk {
+    log: Log,
+    /// The snapshot's size, and its format (0: no snapshot yet).
+    snapshot_len: u64,
+    snapshot_format: u32,
+}
+
 struct Inner {
     revision: u64,
+    disk: Disk,
     entries: BTreeMap<String, Entry>,
     leases: HashMap<LeaseId, Lease>,
     next_lease: LeaseId,
@@ -101,44 +113,43 @@ enum Op {
     },
 }
 
-/// One entry on disk. Values that are UTF-8 (JSON, in practice) are stored as text so the
-/// file stays readable by an operator; anything else is hex.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DiskEntry {
-    version: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    text: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    hex: Option<String>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DiskState {
-    revision: u64,
-    entries: BTreeMap<String, DiskEntry>,
-}
-
 impl EmbeddedStore {
     /// Opens (or creates, if absent) the store file at `path`. The parent directory must exist.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
         let lock = lock_file(&path)?;
-        let (revision, entries) = match fs::read(&path) {
-            Ok(bytes) => decode(&path, &bytes)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, BTreeMap::new()),
-            Err(source) => {
-                return Err(StoreError::Io {
-                    op: "read",
-                    path,
-                    source,
-                })
+        let (snapshot, replay) = read_files(&path)?;
+        let snapshot_len = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let (snapshot_format, mut revision, mut entries) =
+            (snapshot.format, snapshot.revision, snapshot.entries);
+        let logged = replay.records.len();
+        for record in replay.records {
+            revision = record.revision;
+            for change in record.changes {
+                match change {
+                    Change::Put { key, value } => {
+                        let value = Versioned {
+                            value,
+                            version: revision,
+                        };
+                        entries.insert(key, Entry { value, lease: None });
+                    }
+                    Change::Delete { key } => {
+                        entries.remove(&key);
+                    }
+                }
             }
-        };
+        }
+        let log = Log::open(sibling(&path, ".log"), replay.good_len)?;
+        tracing::debug!(path = %path.display(), logged, "replayed the store's log");
         tracing::debug!(path = %path.display(), revision, "opened store");
         let inner = Inner {
             revision,
+            disk: Disk {
+                log,
+                snapshot_len,
+                snapshot_format,
+            },
             entries,
             leases: HashMap::new(),
             next_lease: 1,
@@ -160,16 +171,19 @@ impl EmbeddedStore {
     /// The keys and values of the store file at `path` as last written, read without taking
     /// its lock (a controller may hold it): for inspection and tests, never for writing.
     pub fn read_file(path: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
-        let bytes = fs::read(path).map_err(|source| StoreError::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let (_, entries) = decode(path, &bytes)?;
-        Ok(entries
+        let (snapshot, replay) = read_files(path)?;
+        let mut out: BTreeMap<String, Vec<u8>> = snapshot
+            .entries
             .into_iter()
             .map(|(k, e)| (k, e.value.value))
-            .collect())
+            .collect();
+        for change in replay.records.into_iter().flat_map(|r| r.changes) {
+            match change {
+                Change::Put { key, value } => out.insert(key, value),
+                Change::Delete { key } => out.remove(&key),
+            };
+        }
+        Ok(out)
     }
 
     pub fn path(&self) -> &Path {
@@ -178,9 +192,30 @@ impl EmbeddedStore {
 }
 
 impl Shared {
-    /// Writes the state durably; on failure the caller rolls its change back.
-    async fn persist(&self, inner: &Inner) -> Result<()> {
-        let bytes = encode(inner)?;
+    /// Makes `changes` (the mutation that took `inner.revision`, already applied in
+    /// memory) durable; on failure the caller rolls them back.
+    async fn persist(&self, inner: &mut Inner, changes: &[Change]) -> Result<()> {
+        // A snapshot of an older format (or none) first: a binary that knows only format 1
+        // would open it without the log's changes.
+        if inner.disk.snapshot_format != file::FORMAT || !inner.disk.log.usable() {
+            return self.fold(inner).await;
+        }
+        let record = log::encode(inner.revision, changes)?;
+        inner.disk.log.append(record).await?;
+        if inner.disk.log.len() > inner.disk.snapshot_len.max(FOLD_AT_LEAST) {
+            // The change is durable already: a failed fold only leaves the log longer.
+            if let Err(e) = self.fold(inner).await {
+                tracing::warn!(error = %e, "cannot fold the store's log into a snapshot; \
+                    will try again at the next write");
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the whole state as a snapshot, then empties the log.
+    async fn fold(&self, inner: &mut Inner) -> Result<()> {
+        let bytes = file::encode(inner.revision, &inner.entries)?;
+        let len = bytes.len() as u64;
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || write_atomic(&path, &bytes))
             .await
@@ -188,7 +223,14 @@ impl Shared {
                 op: "join writer task for",
                 path: self.path.clone(),
                 source: std::io::Error::other(e.to_string()),
-            })?
+            })??;
+        inner.disk.snapshot_len = len;
+        inner.disk.snapshot_format = file::FORMAT;
+        // The snapshot holds every record, so what is left in the log is skipped at open.
+        if let Err(e) = inner.disk.log.clear().await {
+            tracing::warn!(error = %e, "cannot empty the store's log after a snapshot");
+        }
+        Ok(())
     }
 
     /// Applies `ops` at the next revision, durably, and tells the watchers. Rolls back the
@@ -202,9 +244,19 @@ impl Shared {
         })?;
         let mut undo: Vec<(String, Option<Entry>)> = Vec::with_capacity(ops.len());
         let mut events = Vec::with_capacity(ops.len());
+        let mut changes = Vec::with_capacity(ops.len());
         for op in ops {
             match op {
                 Op::Put { key, value, lease } => {
+                    // Leased keys are never on disk: for the log, a put under a lease
+                    // takes away whatever the key held there.
+                    changes.push(match lease {
+                        None => Change::Put {
+                            key: key.clone(),
+                            value: value.clone(),
+                        },
+                        Some(_) => Change::Delete { key: key.clone() },
+                    });
                     let value = Versioned {
                         value,
                         version: revision,
@@ -217,6 +269,7 @@ impl Shared {
                     undo.push((key, old));
                 }
                 Op::Delete { key } => {
+                    changes.push(Change::Delete { key: key.clone() });
                     let old = inner.entries.remove(&key);
                     if old.is_some() {
                         events.push(WatchEvent::Delete {
@@ -229,7 +282,7 @@ impl Shared {
             }
         }
         inner.revision = revision;
-        if let Err(e) = self.persist(inner).await {
+        if let Err(e) = self.persist(inner, &changes).await {
             inner.revision = old_revision;
             for (key, old) in undo.into_iter().rev() {
                 match old {
@@ -513,6 +566,27 @@ impl Store for EmbeddedStore {
     }
 }
 
+/// The snapshot at `path` (absent: empty) and what its log holds after it.
+fn read_files(path: &Path) -> Result<(file::Snapshot, log::Replay)> {
+    let snapshot = match fs::read(path) {
+        Ok(bytes) => file::decode(path, &bytes)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => file::Snapshot {
+            format: 0,
+            revision: 0,
+            entries: BTreeMap::new(),
+        },
+        Err(source) => {
+            return Err(StoreError::Io {
+                op: "read",
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let replay = log::read(&sibling(path, ".log"), snapshot.revision)?;
+    Ok((snapshot, replay))
+}
+
 /// A TTL in whole seconds, at least one, as etcd counts it.
 fn ttl_secs(ttl: Duration) -> Duration {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
@@ -543,168 +617,4 @@ fn lock_file(path: &Path) -> Result<File> {
             source,
         }),
     }
-}
-
-/// `path` with `suffix` appended to its file name (`store.json` -> `store.json.tmp`).
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = sibling(path, ".tmp");
-    let io = |op: &'static str, p: &Path| {
-        let p = p.to_path_buf();
-        move |source| StoreError::Io {
-            op,
-            path: p,
-            source,
-        }
-    };
-    let mut f = File::create(&tmp).map_err(io("create", &tmp))?;
-    f.write_all(bytes).map_err(io("write", &tmp))?;
-    f.sync_all().map_err(io("fsync", &tmp))?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(io("rename over", path))?;
-    // The rename is durable only once the directory entry is.
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("fsync directory", dir))?;
-    Ok(())
-}
-
-fn encode(inner: &Inner) -> Result<Vec<u8>> {
-    let entries = inner
-        .entries
-        .iter()
-        .filter(|(_, e)| e.lease.is_none())
-        .map(|(k, e)| {
-            let v = &e.value;
-            let e = match std::str::from_utf8(&v.value) {
-                Ok(s) => DiskEntry {
-                    version: v.version,
-                    text: Some(s.into()),
-                    hex: None,
-                },
-                Err(_) => DiskEntry {
-                    version: v.version,
-                    text: None,
-                    hex: Some(to_hex(&v.value)),
-                },
-            };
-            (k.clone(), e)
-        })
-        .collect();
-    let state = DiskState {
-        revision: inner.revision,
-        entries,
-    };
-    let body = serde_json::to_vec_pretty(&state).map_err(|source| StoreError::Encode {
-        key: "<store>".into(),
-        source,
-    })?;
-    let mut out = format!(
-        "{MAGIC} {FORMAT} {:08x} {}\n",
-        crc32c::crc32c(&body),
-        body.len()
-    )
-    .into_bytes();
-    out.extend_from_slice(&body);
-    Ok(out)
-}
-
-fn decode(path: &Path, bytes: &[u8]) -> Result<(u64, BTreeMap<String, Entry>)> {
-    let corrupt = |reason: String| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let nl = bytes
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or_else(|| corrupt("no header".into()))?;
-    let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| corrupt("bad header".into()))?;
-    let body = &bytes[nl + 1..];
-    let fields: Vec<&str> = header.split(' ').collect();
-    let [magic, format, crc, len] = fields[..] else {
-        return Err(corrupt(format!("bad header {header:?}")));
-    };
-    if magic != MAGIC {
-        return Err(corrupt(format!("not a hawser store (header {header:?})")));
-    }
-    if format != FORMAT.to_string() {
-        return Err(corrupt(format!(
-            "unsupported format {format:?}, expected {FORMAT}"
-        )));
-    }
-    let len: usize = len
-        .parse()
-        .map_err(|_| corrupt(format!("bad length {len:?}")))?;
-    if body.len() != len {
-        return Err(corrupt(format!(
-            "body is {} bytes, header says {len} (truncated?)",
-            body.len()
-        )));
-    }
-    let crc = u32::from_str_radix(crc, 16).map_err(|_| corrupt(format!("bad checksum {crc:?}")))?;
-    let actual = crc32c::crc32c(body);
-    if actual != crc {
-        return Err(corrupt(format!(
-            "checksum {actual:08x} does not match header {crc:08x}"
-        )));
-    }
-    let state: DiskState =
-        serde_json::from_slice(body).map_err(|e| corrupt(format!("bad JSON body: {e}")))?;
-    let mut entries = BTreeMap::new();
-    for (key, e) in state.entries {
-        let value = match (e.text, e.hex) {
-            (Some(t), None) => t.into_bytes(),
-            (None, Some(h)) => {
-                from_hex(&h).ok_or_else(|| corrupt(format!("bad hex in {key:?}")))?
-            }
-            _ => {
-                return Err(corrupt(format!(
-                    "entry {key:?} needs exactly one of text, hex"
-                )))
-            }
-        };
-        if e.version == 0 || e.version > state.revision {
-            return Err(corrupt(format!(
-                "entry {key:?} has version {} but the store revision is {}",
-                e.version, state.revision
-            )));
-        }
-        let value = Versioned {
-            value,
-            version: e.version,
-        };
-        entries.insert(key, Entry { value, lease: None });
-    }
-    // Every write takes the next revision; a file at the top of the range could take none
-    // (found by the store_record fuzz target: the next write overflowed).
-    if state.revision >= u64::MAX / 2 {
-        return Err(corrupt(format!(
-            "store revision {} is beyond any this store could reach",
-            state.revision
-        )));
-    }
-    Ok((state.revision, entries))
-}
-
-fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }
