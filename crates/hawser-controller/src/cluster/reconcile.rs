@@ -109,7 +109,7 @@ pub(crate) async fn round(st: &AppState) {
     if may_trash && !unreferenced(&held, &volumes).is_empty() {
         // The copy may lag the store: the orphans are those no record names in a list read
         // after the agents' (see the module doc).
-        match st.records.volumes().await {
+        match st.records.volumes_listed().await {
             Ok(fresh) => {
                 for held in unreferenced(&held, &fresh) {
                     delete_orphan(st, held).await;

@@ -12,7 +12,12 @@ use crate::store::model::{
     node_key, node_settings_key, node_settings_prefix, nodes_prefix, volume_key, volumes_prefix,
     NodeRecord, NodeSettings, VolumeRecord,
 };
-use crate::store::volume_cache::VolumeCache;
+use crate::store::volume_cache::{VolumeCache, Written};
+
+/// How long a list waits for the watch-fed copy to show this controller's own writes
+/// before it lists the store instead. The watch delivers in milliseconds; this is for a
+/// store that is slow or failing.
+pub const OWN_WRITES_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct Records {
@@ -114,8 +119,19 @@ impl Records {
             })
     }
 
-    /// All volumes, sorted by name.
+    /// All volumes, sorted by name, including every write this controller made before the
+    /// call: from the watch-fed copy once it shows them (within [`OWN_WRITES_WAIT`]), else
+    /// from a list of the store (see `store/volume_cache.rs`).
     pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, ControllerError> {
+        match self.seen.view_with_own_writes(OWN_WRITES_WAIT).await {
+            Some(view) => Ok(view.as_ref().clone()),
+            None => self.volumes_listed().await,
+        }
+    }
+
+    /// All volumes, sorted by name, from a list of the store made now: for a read that
+    /// must see every write made before it by anyone (reconcile's orphans).
+    pub async fn volumes_listed(&self) -> Result<Vec<VolumeRecord>, ControllerError> {
         let list = self.store.list(volumes_prefix()).await?;
         // No await below: the lock is held only while the list is matched to the cache.
         let mut cache = self.decoded.lock().unwrap_or_else(|e| e.into_inner());
@@ -147,7 +163,7 @@ impl Records {
     pub async fn volumes_seen(&self) -> Result<Arc<Vec<VolumeRecord>>, ControllerError> {
         match self.seen.view() {
             Some(view) => Ok(view),
-            None => Ok(Arc::new(self.volumes().await?)),
+            None => Ok(Arc::new(self.volumes_listed().await?)),
         }
     }
 
@@ -162,7 +178,10 @@ impl Records {
     pub async fn create_volume(&self, volume: &VolumeRecord) -> Result<(), ControllerError> {
         let key = volume_key(&volume.name);
         match put_json(&*self.store, &key, volume, Expect::Absent).await {
-            Ok(_) => Ok(()),
+            Ok(version) => {
+                self.seen.wrote(&key, Written::Put(version));
+                Ok(())
+            }
             Err(StoreError::Conflict { .. }) => match self.volume(&volume.name).await? {
                 Some(found) if found == *volume => Ok(()),
                 _ => Err(ControllerError::VolumeExists {
@@ -194,7 +213,10 @@ impl Records {
                 });
             }
             match self.store.delete(&key, Expect::Version(version)).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.seen.wrote(&key, Written::Delete(version));
+                    return Ok(());
+                }
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -229,6 +251,7 @@ impl Records {
             };
             if let Some((wanted, out)) = lost_write.take() {
                 if wanted == current {
+                    self.seen.wrote(&key, Written::Put(version));
                     return Ok((current, out));
                 }
             }
@@ -238,7 +261,10 @@ impl Records {
                 return Ok((next, out));
             }
             match put_json(&*self.store, &key, &next, Expect::Version(version)).await {
-                Ok(_) => return Ok((next, out)),
+                Ok(written) => {
+                    self.seen.wrote(&key, Written::Put(written));
+                    return Ok((next, out));
+                }
                 Err(StoreError::Conflict { .. }) => lost_write = Some((next, out)),
                 Err(e) => return Err(e.into()),
             }

@@ -16,8 +16,17 @@
 //! Until the first list, while the watch is broken, and while a stored record does not
 //! decode, [`VolumeCache::view`] answers `None` and readers list the store instead; they
 //! then see what a list sees, including that record's decode error.
+//!
+//! The API's lists read the copy too, once it shows every write this controller made
+//! before the request ([`VolumeCache::view_with_own_writes`]): every volume write goes
+//! through `Records`, which tells the copy what it wrote. So a client that created a
+//! volume finds it in the next list, as with a list of the store, and a list of 10,000
+//! volumes on the Kubernetes store is not a 10,000-object request to the API server. A
+//! write by another process (a deposed leader, an operator's `kubectl edit`) shows as soon
+//! as the watch delivers it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -33,6 +42,15 @@ pub struct VolumeCache {
     state: Mutex<State>,
     /// The store revision the copy has caught up to, for those waiting for a write to show.
     revision: tokio::sync::watch::Sender<u64>,
+    /// `follow` runs: only then are this controller's writes waited for.
+    following: AtomicBool,
+}
+
+/// A write of this controller to a volume record, by the version it wrote or deleted.
+#[derive(Clone, Copy, Debug)]
+pub enum Written {
+    Put(u64),
+    Delete(u64),
 }
 
 #[derive(Default)]
@@ -45,6 +63,10 @@ struct State {
     undecodable: BTreeSet<String>,
     /// The records in key order, built at the first read after a change.
     view: Option<Arc<Vec<VolumeRecord>>>,
+    /// The store revision the copy has caught up to.
+    at: u64,
+    /// This controller's writes the copy does not show yet, by key.
+    unseen: HashMap<String, Written>,
 }
 
 impl VolumeCache {
@@ -61,6 +83,38 @@ impl VolumeCache {
         Some(view.clone())
     }
 
+    /// [`VolumeCache::view`] once it shows every write [`VolumeCache::wrote`] was told of;
+    /// `None` if it does not within `within` (the store is slow to deliver, or the watch
+    /// broke), and then the caller lists the store.
+    pub async fn view_with_own_writes(&self, within: Duration) -> Option<Arc<Vec<VolumeRecord>>> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut rx = self.revision.subscribe();
+        loop {
+            if self.lock().unseen.is_empty() {
+                return self.view();
+            }
+            if !self.lock().live {
+                return None;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return None,
+            }
+        }
+    }
+
+    /// This controller wrote `key`: readers of [`VolumeCache::view_with_own_writes`] wait
+    /// until the copy shows it.
+    pub fn wrote(&self, key: &str, written: Written) {
+        if !self.following.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut st = self.lock();
+        if !st.shows(key, written) {
+            st.unseen.insert(key.to_string(), written);
+        }
+    }
+
     /// Waits until the copy has caught up to store revision `at`.
     #[cfg(test)]
     pub async fn caught_up(&self, at: u64) {
@@ -73,6 +127,7 @@ impl VolumeCache {
     /// revision; after the watch ends, a watch from the last revision seen; after a store
     /// error, a list again a second later.
     pub async fn follow(self: Arc<Self>, store: Arc<dyn Store>) {
+        self.following.store(true, Ordering::Relaxed);
         // Says so once per outage, not once a second.
         let mut quiet = false;
         loop {
@@ -105,7 +160,7 @@ impl VolumeCache {
             match watch.next().await {
                 Some(Ok(event)) => {
                     at = at.max(event.revision());
-                    self.apply(event);
+                    self.apply(event, at);
                     self.revision.send_replace(at);
                 }
                 Some(Err(e)) => return (true, e),
@@ -134,11 +189,13 @@ impl VolumeCache {
         }
         st.view = None;
         st.live = true;
+        st.at = at;
+        st.forget_seen();
         drop(st);
         self.revision.send_replace(at);
     }
 
-    fn apply(&self, event: WatchEvent) {
+    fn apply(&self, event: WatchEvent, at: u64) {
         let mut st = self.lock();
         match event {
             WatchEvent::Put { key, value } => st.put(key, value),
@@ -148,6 +205,8 @@ impl VolumeCache {
             }
         }
         st.view = None;
+        st.at = at;
+        st.forget_seen();
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -156,6 +215,32 @@ impl VolumeCache {
 }
 
 impl State {
+    /// Whether the copy shows `written` to `key` (or a later change).
+    fn shows(&self, key: &str, written: Written) -> bool {
+        let have = self.records.get(key).map(|(v, _)| *v);
+        match written {
+            // Absent, once the copy is past the write: deleted since.
+            Written::Put(v) => have.map_or(self.at >= v, |h| h >= v),
+            // Absent once past the deleted version, or made again since.
+            Written::Delete(v) => have.map_or(self.at >= v, |h| h > v),
+        }
+    }
+
+    fn forget_seen(&mut self) {
+        if self.unseen.is_empty() {
+            return;
+        }
+        let seen: Vec<String> = self
+            .unseen
+            .iter()
+            .filter(|(k, w)| self.shows(k, **w))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in seen {
+            self.unseen.remove(&k);
+        }
+    }
+
     fn put(&mut self, key: String, v: Versioned) {
         match serde_json::from_slice::<VolumeRecord>(&v.value) {
             Ok(record) => {
@@ -243,6 +328,70 @@ mod tests {
             [("a", 1), ("b", 2), ("c", 3)]
         );
         task.abort();
+    }
+
+    fn put_event(name: &str, size: u64, version: u64) -> WatchEvent {
+        WatchEvent::Put {
+            key: volume_key(name),
+            value: Versioned {
+                value: serde_json::to_vec(&record(name, size)).unwrap(),
+                version,
+            },
+        }
+    }
+
+    /// A list waits for this controller's own writes to show in the copy (and no longer
+    /// than told); a write the copy already shows, or one made again, is not waited for.
+    #[tokio::test]
+    async fn lists_wait_for_this_controllers_own_writes() {
+        let cache = VolumeCache::default();
+        cache.following.store(true, Ordering::Relaxed);
+        let a = serde_json::to_vec(&record("a", 1)).unwrap();
+        let listed = vec![(
+            volume_key("a"),
+            Versioned {
+                value: a,
+                version: 5,
+            },
+        )];
+        cache.replace(listed, 7);
+        let wait = Duration::from_millis(50);
+        assert_eq!(
+            sizes(&cache.view_with_own_writes(wait).await.unwrap()),
+            [("a", 1)]
+        );
+
+        // Written at 8, not delivered yet: no answer from the copy.
+        cache.wrote(&volume_key("b"), Written::Put(8));
+        assert!(cache.view_with_own_writes(wait).await.is_none());
+        // Delivered while a reader waits.
+        let reader = cache.view_with_own_writes(Duration::from_secs(30));
+        let deliver = async {
+            tokio::task::yield_now().await;
+            cache.apply(put_event("b", 2, 8), 8);
+            cache.revision.send_replace(8);
+        };
+        let (view, ()) = tokio::join!(reader, deliver);
+        assert_eq!(sizes(&view.unwrap()), [("a", 1), ("b", 2)]);
+
+        // A delete of version 5 shows once the copy has it gone.
+        cache.wrote(&volume_key("a"), Written::Delete(5));
+        assert!(cache.view_with_own_writes(wait).await.is_none());
+        cache.apply(
+            WatchEvent::Delete {
+                key: volume_key("a"),
+                revision: 9,
+            },
+            9,
+        );
+        assert_eq!(
+            sizes(&cache.view_with_own_writes(wait).await.unwrap()),
+            [("b", 2)]
+        );
+        // Writes the copy shows already leave nothing to wait for.
+        cache.wrote(&volume_key("b"), Written::Put(8));
+        cache.wrote(&volume_key("a"), Written::Delete(5));
+        assert!(cache.view_with_own_writes(wait).await.is_some());
     }
 
     /// A store that fails its first list: the copy is not live, then lists again and is.

@@ -29,8 +29,10 @@ use crate::store::{LeaseId, Result, StoreError};
 const STORE_LEASE_LABEL: &str = "hawser.dev/store-lease";
 /// How often the reaper looks at the Leases.
 const REAP_TICK: Duration = Duration::from_millis(500);
-/// Every this many ticks, it also looks for objects whose Lease is gone.
-const ORPHAN_SWEEP_TICKS: u32 = 4;
+/// Every this many ticks (30 s), it also looks for objects whose Lease is gone. Rarely: the
+/// sweep reads every object of every kind, and with 10,000 volumes a sweep every 2 s kept
+/// the API server busy enough to time out its own lists (docs/performance.md).
+const ORPHAN_SWEEP_TICKS: u32 = 60;
 
 /// The `hawser.dev/lease` label value of a lease.
 pub fn label(lease: LeaseId) -> String {
@@ -278,11 +280,14 @@ async fn reap_once(s: &Inner, seen: &mut HashMap<String, Seen>) -> Result<()> {
 
 /// Deletes objects labelled with a lease that no longer exists. Objects are listed before
 /// the Leases: a Lease missing from the later list was gone after the object was written.
+/// The objects come from the API server's cache (`resourceVersion=0`, no read of etcd):
+/// an object listed a moment late was still written before the Leases were listed, and its
+/// delete is conditional on the version listed.
 async fn sweep_orphans(s: &Inner) -> Result<()> {
     let mut labelled = Vec::new();
     for kind in &KINDS {
         let path = format!(
-            "{}?labelSelector={LEASE_LABEL}",
+            "{}?labelSelector={LEASE_LABEL}&resourceVersion=0",
             objects::path(&s.namespace, kind, None)
         );
         let list = s
