@@ -36,7 +36,7 @@ fn idle_window() -> Duration {
 const MAX_OP_P99: Duration = Duration::from_secs(3);
 const MAX_LIST_PER_1000: Duration = Duration::from_secs(2);
 const MAX_RSS_MIB: u64 = 512;
-const MAX_IDLE_CPU_PCT: f64 = 50.0;
+const MAX_IDLE_CPU_PCT: f64 = 10.0;
 
 fn count() -> usize {
     std::env::var("HAWSER_SCALE_VOLUMES")
