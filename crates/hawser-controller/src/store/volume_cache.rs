@@ -10,8 +10,8 @@
 //! loop picks candidates from it, and every action re-reads the record it changes (the
 //! compare-and-swap of `Records::update_volume`, or a re-read under the volume's lock), so
 //! a copy a moment old costs at most a wasted step, as a list read a moment earlier would.
-//! A read that must see every write made before it (the API's lists, reconcile's check
-//! that a replica is an orphan) lists the store instead: `Records::volumes`.
+//! A read that must see every write anyone made before it (reconcile's check that a
+//! replica is an orphan) lists the store instead: `Records::volumes_listed`.
 //!
 //! Until the first list, while the watch is broken, and while a stored record does not
 //! decode, [`VolumeCache::view`] answers `None` and readers list the store instead; they
