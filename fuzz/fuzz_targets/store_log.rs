@@ -57,28 +57,11 @@ fn check(env: &Env, log: &[u8]) {
     let Ok(store) = EmbeddedStore::open(&env.file) else {
         return;
     };
-    env.rt.block_on(async {
-        let revision = store.revision().await.expect("revision");
-        assert!(revision >= 2, "the log took the store back to revision {revision}");
-        let mut entries = store.list("").await.expect("list");
-        const KEY: &str = "\u{10ffff}fuzz-roundtrip";
-        let value = b"\xffwritten by the fuzzer".to_vec();
-        let version = store
-            .put(KEY, value.clone(), Expect::Any)
-            .await
-            .expect("a write to an opened store");
-        assert_eq!(version, revision + 1, "a write did not take the next revision");
-        drop(store);
-
-        let again = EmbeddedStore::open(&env.file).expect("the store reopens after a write");
-        assert_eq!(again.revision().await.expect("revision"), revision + 1);
-        entries.retain(|(k, _)| k != KEY);
-        entries.push((KEY.to_owned(), hawser_store::Versioned { value, version }));
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut found = again.list("").await.expect("list");
-        found.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(found, entries, "entries changed across a reopen");
-    });
+    let revision = hawser_fuzz::store_round_trip(&env.rt, store, &env.file);
+    assert!(
+        revision >= 2,
+        "the log took the store back to revision {revision}"
+    );
 }
 
 /// `body` as one log record.
@@ -102,7 +85,9 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         .expect("runtime");
     rt.block_on(async {
         let s = EmbeddedStore::open(&file).expect("open");
-        s.put("c", b"{\"x\":1}".to_vec(), Expect::Any).await.expect("put");
+        s.put("c", b"{\"x\":1}".to_vec(), Expect::Any)
+            .await
+            .expect("put");
         s.put("a", vec![0, 1, 255], Expect::Any).await.expect("put");
         s.delete("b", Expect::Any).await.expect("delete");
     });

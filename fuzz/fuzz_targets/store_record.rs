@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use hawser_store::{EmbeddedStore, Expect, Store};
+use hawser_store::EmbeddedStore;
 use libfuzzer_sys::fuzz_target;
 
 struct Env {
@@ -40,31 +40,7 @@ fn check(env: &Env, bytes: &[u8]) {
     let Ok(store) = EmbeddedStore::open(&env.file) else {
         return;
     };
-    env.rt.block_on(async {
-        let revision = store.revision().await.expect("revision");
-        let mut entries = store.list("").await.expect("list");
-        const KEY: &str = "\u{10ffff}fuzz-roundtrip";
-        let value = b"\xffwritten by the fuzzer".to_vec();
-        let version = store
-            .put(KEY, value.clone(), Expect::Any)
-            .await
-            .expect("a write to an opened store");
-        assert_eq!(
-            version,
-            revision + 1,
-            "a write did not take the next revision"
-        );
-        drop(store);
-
-        let again = EmbeddedStore::open(&env.file).expect("the store reopens after a write");
-        assert_eq!(again.revision().await.expect("revision"), revision + 1);
-        entries.retain(|(k, _)| k != KEY);
-        entries.push((KEY.to_owned(), hawser_store::Versioned { value, version }));
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut found = again.list("").await.expect("list");
-        found.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(found, entries, "entries changed across a rewrite");
-    });
+    hawser_fuzz::store_round_trip(&env.rt, store, &env.file);
 }
 
 /// A store file as the embedded store writes it (text and hex values), and its body alone

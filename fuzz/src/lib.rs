@@ -180,3 +180,41 @@ pub fn scratch_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).expect("create the fuzz directory");
     dir
 }
+
+/// The embedded store's round trip, for the targets that feed it files (`store_record`,
+/// `store_log`): `store`, opened from `file`, takes one write at the next revision, and the
+/// store opened again holds every entry it had plus that write. Returns the revision the
+/// store opened at.
+pub fn store_round_trip(
+    rt: &tokio::runtime::Runtime,
+    store: hawser_store::EmbeddedStore,
+    file: &std::path::Path,
+) -> u64 {
+    use hawser_store::{EmbeddedStore, Expect, Store};
+    rt.block_on(async {
+        let revision = store.revision().await.expect("revision");
+        let mut entries = store.list("").await.expect("list");
+        const KEY: &str = "\u{10ffff}fuzz-roundtrip";
+        let value = b"\xffwritten by the fuzzer".to_vec();
+        let version = store
+            .put(KEY, value.clone(), Expect::Any)
+            .await
+            .expect("a write to an opened store");
+        assert_eq!(
+            version,
+            revision + 1,
+            "a write did not take the next revision"
+        );
+        drop(store);
+
+        let again = EmbeddedStore::open(file).expect("the store reopens after a write");
+        assert_eq!(again.revision().await.expect("revision"), revision + 1);
+        entries.retain(|(k, _)| k != KEY);
+        entries.push((KEY.to_owned(), hawser_store::Versioned { value, version }));
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut found = again.list("").await.expect("list");
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(found, entries, "entries changed across a reopen");
+        revision
+    })
+}

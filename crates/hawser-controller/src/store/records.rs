@@ -277,12 +277,13 @@ impl Records {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::store::model::volume_key;
 
-    fn record(name: &str, size: u64) -> VolumeRecord {
+    /// A detached one-replica volume record of `size` bytes with no replicas.
+    pub(crate) fn record(name: &str, size: u64) -> VolumeRecord {
         serde_json::from_value(serde_json::json!({"name": name, "size_bytes": size,
             "replica_count": 1, "thin": true, "state": "detached", "epoch": 0,
             "attached_node": null, "replicas": []}))

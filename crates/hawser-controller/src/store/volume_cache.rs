@@ -260,14 +260,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::store::model::volume_key;
+    use crate::store::records::tests::record;
     use hawser_store::{put_json, EmbeddedStore, Expect};
-
-    fn record(name: &str, size: u64) -> VolumeRecord {
-        serde_json::from_value(serde_json::json!({"name": name, "size_bytes": size,
-            "replica_count": 1, "thin": true, "state": "detached", "epoch": 0,
-            "attached_node": null, "replicas": []}))
-        .unwrap()
-    }
 
     fn sizes(view: &[VolumeRecord]) -> Vec<(&str, u64)> {
         view.iter()
