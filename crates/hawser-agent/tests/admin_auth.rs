@@ -40,6 +40,7 @@ async fn admin_calls_need_the_agent_token() {
     for auth in [None, Some("Bearer"), Some(wrong.as_str()), Some(TOKEN)] {
         let calls = [
             http.get(format!("{base}/v1/status")),
+            http.get(format!("{base}/v1/engines")),
             http.post(format!("{base}/v1/replicas")).json(&create),
             http.delete(format!("{base}/v1/replicas/vol-a")),
             http.delete(format!("{base}/v1/engines/vol")),
@@ -90,6 +91,15 @@ async fn admin_calls_need_the_agent_token() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(ids(&storage).len(), 2);
+    let resp = http
+        .get(format!("{base}/v1/engines"))
+        .header("authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let engines: Vec<hawser_api::agent::EngineStatus> = resp.json().await.unwrap();
+    assert!(engines.is_empty(), "no engine runs: {engines:?}");
 
     // Metrics: the scrape token the controller named, or the agent token; nothing else.
     const SCRAPE: &str = "metrics-token-for-the-admin-api-test";

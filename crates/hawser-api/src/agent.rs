@@ -8,6 +8,7 @@
 //! | POST   | /v1/replicas/{id}/grow  | `GrowReplica` → `ReplicaStatus`       |
 //! | PUT    | /v1/replicas/{id}/wrapped-key | `WrappedKey` → `ReplicaStatus` (a key rotation) |
 //! | POST   | /v1/engines             | `StartEngine` → `EngineStatus`        |
+//! | GET    | /v1/engines             | → `[EngineStatus]` (engines only: what the controller polls) |
 //! | DELETE | /v1/engines/{volume}    | → 204 (flushes, then stops)           |
 //! | POST   | /v1/engines/{volume}/grow | `GrowEngine` → `EngineStatus`       |
 //! | GET    | /v1/devices             | → `[Device]` (its kernel block devices) |

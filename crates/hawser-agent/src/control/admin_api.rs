@@ -71,7 +71,7 @@ pub fn router(state: AdminState) -> Router {
             post(fetch_snapshot),
         )
         .route("/v1/replicas/{id}/restore", post(restore_replica))
-        .route("/v1/engines", post(start_engine))
+        .route("/v1/engines", post(start_engine).get(list_engines))
         .route("/v1/engines/{volume}", delete(stop_engine))
         .route("/v1/engines/{volume}/qos", put(set_engine_qos))
         .route("/v1/engines/{volume}/grow", post(grow_engine))
@@ -281,6 +281,14 @@ async fn get_status(State(s): State<AdminState>) -> Json<AgentStatus> {
         trash,
         cluster_id: s.storage.cluster_id(),
     })
+}
+
+/// `GET /v1/engines`: the engines alone. The controller polls them every few seconds for
+/// every node with an attached volume (engine watch, quorum check), and `/v1/status` would
+/// also read every replica's metadata here and ship it there: with 6,700 replicas on a
+/// node, decoding that was most of an idle controller's CPU (issue 44).
+async fn list_engines(State(s): State<AdminState>) -> Json<Vec<EngineStatus>> {
+    Json(s.engines.statuses())
 }
 
 async fn create_replica(

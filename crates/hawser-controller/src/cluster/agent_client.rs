@@ -322,6 +322,22 @@ impl AgentClient {
             .await
     }
 
+    /// The engines the agent runs (`GET /v1/engines`), without the replicas and pools that
+    /// `status` reads: what the loops that poll every node ask. An agent older than the
+    /// route answers 404 or 405 (the path takes only POST there), and its full status is
+    /// read instead, so a rolling upgrade keeps its quorum check and engine watch.
+    pub async fn engines(&self, to: Agent<'_>) -> Result<Vec<EngineStatus>, AgentError> {
+        match self
+            .call::<(), Vec<EngineStatus>>(Method::GET, to, "/v1/engines", None)
+            .await
+        {
+            Err(AgentError::Refused {
+                status: 404 | 405, ..
+            }) => Ok(self.status(to).await?.engines),
+            other => other,
+        }
+    }
+
     /// Whether the agent's node reaches these peers' replica ports (`POST /v1/peers/probe`).
     /// An agent older than the call answers 404 (`Refused`).
     pub async fn probe_peers(
@@ -446,3 +462,7 @@ fn short(text: &str, status: StatusCode) -> String {
     }
     truncate_chars(t, MAX)
 }
+
+#[cfg(test)]
+#[path = "agent_client_tests.rs"]
+mod tests;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hawser_api::agent::{AgentStatus, EngineStatus};
+use hawser_api::agent::EngineStatus;
 use hawser_api::controller::VolumeState;
 
 use crate::cluster::agent_client::Agent;
@@ -154,14 +154,15 @@ enum Engine {
     Current(Box<EngineStatus>),
 }
 
-/// Each node's status, asked once per round and read for every volume of the node. Asked per
-/// volume, a round cost volumes × engines: with 300 volumes attached to one node, 90,000
+/// Each node's engines, asked once per round and read for every volume of the node. Asked
+/// per volume, a round cost volumes × engines: with 300 volumes attached to one node, 90,000
 /// engine statuses every 5 s, a third of that agent's core and a sixth of the controller's
-/// while every volume was idle (issue 44). A status a round read is at most one round old;
-/// `restart` asks again before it acts.
+/// while every volume was idle (issue 44). Engines only (`GET /v1/engines`), not the full
+/// status: that lists every replica of the node too. What a round read is at most one round
+/// old; `restart` asks again before it acts.
 #[derive(Default)]
 struct Statuses {
-    by_node: HashMap<String, Option<AgentStatus>>,
+    by_node: HashMap<String, Option<Vec<EngineStatus>>>,
 }
 
 impl Statuses {
@@ -173,25 +174,24 @@ impl Statuses {
         v: &VolumeRecord,
     ) -> Option<Engine> {
         if !self.by_node.contains_key(&node.name) {
-            let status = agent_status(st, node.agent()).await;
-            self.by_node.insert(node.name.clone(), status);
+            let engines = agent_engines(st, node.agent()).await;
+            self.by_node.insert(node.name.clone(), engines);
         }
-        let status = self.by_node.get(&node.name)?.as_ref()?;
-        Some(engine_in(status, v))
+        let engines = self.by_node.get(&node.name)?.as_ref()?;
+        Some(engine_in(engines, v))
     }
 }
 
 /// `None` if the agent does not answer within 2 s.
-async fn agent_status(st: &AppState, agent: Agent<'_>) -> Option<AgentStatus> {
-    tokio::time::timeout(Duration::from_secs(2), st.agents.status(agent))
+async fn agent_engines(st: &AppState, agent: Agent<'_>) -> Option<Vec<EngineStatus>> {
+    tokio::time::timeout(Duration::from_secs(2), st.agents.engines(agent))
         .await
         .ok()?
         .ok()
 }
 
-fn engine_in(status: &AgentStatus, v: &VolumeRecord) -> Engine {
-    status
-        .engines
+fn engine_in(engines: &[EngineStatus], v: &VolumeRecord) -> Engine {
+    engines
         .iter()
         .find(|e| e.volume == v.name && e.epoch >= v.epoch)
         .map_or(Engine::Missing, |e| Engine::Current(Box::new(e.clone())))
@@ -199,5 +199,5 @@ fn engine_in(status: &AgentStatus, v: &VolumeRecord) -> Engine {
 
 /// How `agent` runs `v`'s engine now (asked now); `None` if the agent does not answer.
 async fn engine_state(st: &AppState, agent: Agent<'_>, v: &VolumeRecord) -> Option<Engine> {
-    Some(engine_in(&agent_status(st, agent).await?, v))
+    Some(engine_in(&agent_engines(st, agent).await?, v))
 }

@@ -314,7 +314,8 @@ impl QuorumWatch {
             return;
         };
         let mut seen = HashSet::new();
-        let mut statuses = HashMap::new();
+        // Each node's engines, asked once per check (`GET /v1/engines`: not its replicas).
+        let mut engines = HashMap::new();
         for v in volumes.iter().filter(|v| v.state == VolumeState::Attached) {
             let Some(node) = v.attached_node.as_deref() else {
                 continue;
@@ -322,16 +323,16 @@ impl QuorumWatch {
             let Some(rec) = nodes.iter().find(|n| n.name == node) else {
                 continue;
             };
-            if !statuses.contains_key(node) {
+            if !engines.contains_key(node) {
                 let answer =
-                    tokio::time::timeout(Duration::from_secs(2), st.agents.status(rec.agent()));
-                let status = answer.await.ok().and_then(Result::ok);
-                statuses.insert(node.to_string(), status);
+                    tokio::time::timeout(Duration::from_secs(2), st.agents.engines(rec.agent()));
+                let answer = answer.await.ok().and_then(Result::ok);
+                engines.insert(node.to_string(), answer);
             }
-            let Some(Some(status)) = statuses.get(node) else {
+            let Some(Some(on_node)) = engines.get(node) else {
                 continue;
             };
-            let lost = status.engines.iter().any(|e| {
+            let lost = on_node.iter().any(|e| {
                 e.volume == v.name
                     && e.epoch == v.epoch
                     && e.replicas.iter().any(|r| r.state == "down")

@@ -83,7 +83,7 @@ impl FakeAgent {
             .route("/v1/replicas/{id}/wrapped-key", put(set_wrapped_key))
             .route("/v1/replicas/{id}/restore", post(restore_replica))
             .route("/v1/replicas/{id}/trash", post(trash_replica))
-            .route("/v1/engines", post(start_engine))
+            .route("/v1/engines", post(start_engine).get(agent_engines))
             .route("/v1/engines/{volume}", delete(stop_engine))
             .route("/v1/engines/{volume}/qos", put(set_qos))
             .route("/v1/engines/{volume}/grow", post(grow_engine))
@@ -609,6 +609,23 @@ async fn probe_peers(
     Json(answers)
 }
 
+/// The engines it runs, each with the replicas `report_down` named.
+fn engines(st: &Fake) -> Vec<EngineStatus> {
+    let started: Vec<StartEngine> = st.lock().unwrap().engines.values().cloned().collect();
+    let scrubbing = st.lock().unwrap().scrubbing.clone();
+    started
+        .iter()
+        .map(|req| EngineStatus {
+            replicas: down_replicas(st, &req.volume),
+            ..engine_status(req, scrubbing.contains(&req.volume))
+        })
+        .collect()
+}
+
+async fn agent_engines(State(st): State<Fake>) -> Response {
+    Json(engines(&st)).into_response()
+}
+
 async fn agent_status(State(st): State<Fake>) -> Response {
     let replicas = st
         .lock()
@@ -617,20 +634,11 @@ async fn agent_status(State(st): State<Fake>) -> Response {
         .values()
         .map(replica_status)
         .collect();
-    let started: Vec<StartEngine> = st.lock().unwrap().engines.values().cloned().collect();
-    let scrubbing = st.lock().unwrap().scrubbing.clone();
-    let engines = started
-        .iter()
-        .map(|req| EngineStatus {
-            replicas: down_replicas(&st, &req.volume),
-            ..engine_status(req, scrubbing.contains(&req.volume))
-        })
-        .collect();
     Json(hawser_api::agent::AgentStatus {
         node: String::new(),
         pools: vec![],
         replicas,
-        engines,
+        engines: engines(&st),
         trash: vec![],
         cluster_id: None,
     })
