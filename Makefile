@@ -128,6 +128,9 @@ fuzz: deps
 demo: build
 	@scripts/demo.sh
 
+# What `make bench`'s e2e tests measure of the cluster (issue 44), as JSON lines.
+CLUSTER_FIGURES := $(abspath bench-cluster.jsonl)
+
 bench: deps build k8s-tools kvm-kernel
 	@scripts/bench.sh
 	@# The frontends (kernel NBD, nbdfuse) in one guest kernel: ratios only (software emulation).
@@ -138,21 +141,28 @@ bench: deps build k8s-tools kvm-kernel
 	@scripts/bench-snapshots.sh
 	@# Backup and restore throughput against the disk's sequential write, CPU per MiB.
 	@scripts/bench-backup.sh
-	@# Idle cost of 10, 100 and 1,000 attached volumes on one agent: CPU, RSS, fds (issue 44).
-	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test idle_volumes \
-		-- --ignored --nocapture 2>/dev/null | grep '^idle:'
+	@# The cluster figures of issue 44, each test appending its figures to $(CLUSTER_FIGURES),
+	@# charted at the end beside it (bench-cluster.{idle,api,failover}.svg):
+	@rm -f $(CLUSTER_FIGURES)
+	@# idle cost of 10, 100 and 1,000 attached volumes on one agent: CPU, RSS, fds;
+	@set -o pipefail; HAWSER_BENCH_FIGURES=$(CLUSTER_FIGURES) HAWSER_BIN=$(abspath $(HAWSER)) \
+		$(CARGO) test --release -q -p hawser-e2e --test idle_volumes -- --ignored --nocapture 2>/dev/null | grep '^idle:'
 	@set -o pipefail; HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test csi_footprint \
 		-- --ignored --nocapture 2>/dev/null | grep '^csi:'
-	@# The control plane with 10,000 volumes on each store: embedded, etcd, Kubernetes (issue 44):
-	@# latency per operation, list times, the controller's RSS and idle CPU, the store's size.
-	@set -o pipefail; for s in embedded etcd kubernetes; do HAWSER_E2E_STORE=$$s HAWSER_SCALE_VOLUMES=10000 HAWSER_SCALE_MEASURE_ONLY=1 \
+	@# the control plane with 100, 1,000 and 10,000 volumes on each store (embedded, etcd,
+	@# Kubernetes): latency per operation, list times, the controller's RSS and idle CPU, the
+	@# store's size;
+	@set -o pipefail; for s in embedded etcd kubernetes; do for n in 100 1000 10000; do \
+		HAWSER_E2E_STORE=$$s HAWSER_SCALE_VOLUMES=$$n HAWSER_SCALE_MEASURE_ONLY=1 HAWSER_BENCH_FIGURES=$(CLUSTER_FIGURES) \
 		HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test control_plane_scale \
-		-- --nocapture 2>/dev/null | grep '^scale:' || exit 1; done
-	@# Failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere, with
+		-- --nocapture 2>/dev/null | grep '^scale:' || exit 1; done; done
+	@# failover on Kubernetes: 10 power losses of a node, fault to first write elsewhere, with
 	@# the kubelets' default node status interval (10 s) and with the 2 s docs/csi.md advises.
 	@set -o pipefail; for s in 10 2; do HAWSER_KUBELET_STATUS_SECS=$$s HAWSER_FAILOVER_TRIALS=10 \
-		HAWSER_BIN=$(abspath $(HAWSER)) $(CARGO) test --release -q -p hawser-e2e --test k8s_failover \
+		HAWSER_BENCH_FIGURES=$(CLUSTER_FIGURES) HAWSER_BIN=$(abspath $(HAWSER)) \
+		$(CARGO) test --release -q -p hawser-e2e --test k8s_failover \
 		-- --nocapture --test-threads=1 2>/dev/null | grep '^failover:' || exit 1; done
+	@$(HAWSER) bench --cluster-charts $(CLUSTER_FIGURES)
 
 # Instructions per request under callgrind: a CPU-per-I/O figure a noisy machine cannot move.
 instructions: deps build

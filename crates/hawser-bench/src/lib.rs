@@ -6,6 +6,8 @@
 //! by the requests of each test, `ratio` compares targets, `runner` sequences a run and
 //! `report` prints and saves it; `chart` draws SVG charts beside the JSON (`chart_by_test`,
 //! `chart_history`, from `chart_run`'s view of the JSON, on `chart_scale` axes, with `svg`).
+//! `cluster_figures` are what the e2e tests of issue 44 measure (idle volumes, the control
+//! plane at scale, failover), and `chart_cluster` charts them (`--cluster-charts`).
 
 use std::path::PathBuf;
 
@@ -13,10 +15,12 @@ use anyhow::Context;
 
 mod chart;
 mod chart_by_test;
+mod chart_cluster;
 mod chart_files;
 mod chart_history;
 mod chart_run;
 mod chart_scale;
+pub mod cluster_figures;
 mod cost;
 mod fio;
 mod plan;
@@ -38,7 +42,7 @@ pub struct BenchArgs {
     #[arg(
         long = "target",
         value_name = "NAME=SPEC",
-        required_unless_present = "chart_only"
+        required_unless_present_any = ["chart_only", "cluster_charts"]
     )]
     pub targets: Vec<String>,
 
@@ -83,6 +87,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "JSON", conflicts_with = "targets")]
     pub chart_only: Option<PathBuf>,
 
+    /// Run no test: chart the cluster figures that `make bench`'s e2e tests appended to
+    /// FIGURES (JSON lines; `HAWSER_BENCH_FIGURES` names the file): `<stem>.idle.svg`,
+    /// `<stem>.api.svg` and `<stem>.failover.svg` beside it.
+    #[arg(long, value_name = "FIGURES", conflicts_with_all = ["targets", "chart_only"])]
+    pub cluster_charts: Option<PathBuf>,
+
     /// Report RSS and CPU of a process (e.g. a target's server) at rest before the tests and
     /// under load during them. Repeatable.
     #[arg(long = "monitor-pid", value_name = "NAME=PID")]
@@ -120,6 +130,12 @@ pub struct BenchArgs {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(json) = &args.chart_only {
         return chart_files::redraw(json, args.history.as_deref());
+    }
+    if let Some(figures) = &args.cluster_charts {
+        for path in chart_cluster::write(figures)? {
+            eprintln!("wrote {}", path.display());
+        }
+        return Ok(());
     }
     let plan = plan::Plan::from_args(&args).context("check bench arguments")?;
     let report = runner::run(&plan)?;

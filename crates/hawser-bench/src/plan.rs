@@ -260,6 +260,17 @@ mod tests {
             "a run needs a target"
         );
         assert!(Cli::try_parse_from(["bench", "--chart-only=r.json", "--no-charts"]).is_err());
+        let cli = Cli::try_parse_from(["bench", "--cluster-charts=f.jsonl"])?;
+        assert_eq!(cli.args.cluster_charts, Some(PathBuf::from("f.jsonl")));
+        let both = [
+            "bench",
+            "--cluster-charts=f.jsonl",
+            "--target=a=file:/tmp/a",
+        ];
+        assert!(
+            Cli::try_parse_from(both).is_err(),
+            "charts or a run, not both"
+        );
         Ok(())
     }
 

@@ -7,12 +7,14 @@
 //! RSS and idle CPU, and the store's size. `make test` runs the 1,000-volume run as a
 //! regression guard: the bounds below are several times what this machine measures, so
 //! they catch a list or a loop that went quadratic, not noise (`make bench` only measures:
-//! `HAWSER_SCALE_MEASURE_ONLY=1`).
+//! `HAWSER_SCALE_MEASURE_ONLY=1`). With `HAWSER_BENCH_FIGURES`, the line's figures are
+//! appended there too, for `make bench`'s charts (`hawser_bench::cluster_figures`).
 
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use hawser_bench::cluster_figures::{self, ApiFigure, Figure, Quantiles};
 use hawser_e2e::run::{cpu_ticks, rss_kib};
 use hawser_e2e::Cluster;
 use serde_json::{json, Value};
@@ -243,6 +245,25 @@ fn ten_thousand_volumes_or_a_thousand_within_bounds() {
         store_bytes as f64 / 1048576.0,
     );
     let _ = std::io::stdout().flush();
+    let q = |(p50, p99): (Duration, Duration)| Quantiles {
+        p50: ms(p50),
+        p99: ms(p99),
+    };
+    let figure = Figure::Api(ApiFigure {
+        store: store.to_string(),
+        volumes: n as u64,
+        create_ms: q((c50, c99)),
+        attach_ms: q((a50, a99)),
+        detach_ms: q((t50, t99)),
+        delete_ms: q((d50, d99)),
+        list_whole_ms: ms(whole),
+        list_pages_ms: ms(paged),
+        cli_list_ms: ms(cli),
+        controller_rss_mib: rss_mib,
+        controller_idle_pct: idle_pct,
+        store_mib: store_bytes as f64 / 1048576.0,
+    });
+    cluster_figures::record(&figure).expect("record the figure for make bench's charts");
 
     // The guard; `make bench` only measures (`HAWSER_SCALE_MEASURE_ONLY=1`), so that a store
     // past the bounds still gets its line and the bench goes on.

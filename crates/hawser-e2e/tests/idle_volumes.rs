@@ -7,11 +7,13 @@
 //! With `HAWSER_IDLE_SPREAD=1` the volumes are attached on n1, n2 and n3 in turn instead
 //! (the "1,000 volumes spread over three nodes").
 //!
-//! Prints one `idle:` line per step; `make bench` greps them.
+//! Prints one `idle:` line per step; `make bench` greps them, and with
+//! `HAWSER_BENCH_FIGURES` they are appended there too, for its charts.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use hawser_bench::cluster_figures::{self, Figure, IdleFigure, ProcessCost};
 use hawser_e2e::run::cpu_ticks;
 use hawser_e2e::Cluster;
 use serde_json::json;
@@ -107,20 +109,32 @@ fn idle_cost_of_attached_volumes() {
             attached.min(want),
             made
         );
+        let mut processes = Vec::new();
         for ((name, pid), b) in pids.iter().zip(&before) {
             let ticks = cpu_ticks(*pid).saturating_sub(*b);
             // Ticks are hundredths of a second: ticks / secs is percent of one core.
             #[allow(clippy::cast_precision_loss)]
-            let pct = ticks as f64 / secs;
+            let cost = ProcessCost {
+                name: name.clone(),
+                cpu_pct: ticks as f64 / secs,
+                rss_mib: hawser_e2e::run::rss_kib(*pid) / 1024,
+                fds: open_fds(*pid) as u64,
+                threads: threads(*pid),
+            };
             line.push_str(&format!(
-                " {name} {pct:.1}% of a core, {} MiB RSS, {} fds, {} threads;",
-                hawser_e2e::run::rss_kib(*pid) / 1024,
-                open_fds(*pid),
-                threads(*pid)
+                " {name} {:.1}% of a core, {} MiB RSS, {} fds, {} threads;",
+                cost.cpu_pct, cost.rss_mib, cost.fds, cost.threads
             ));
+            processes.push(cost);
         }
         println!("{line}");
         let _ = std::io::stdout().flush();
+        let figure = Figure::Idle(IdleFigure {
+            volumes: attached as u64,
+            spread,
+            processes,
+        });
+        cluster_figures::record(&figure).expect("record the figure for make bench's charts");
     }
     // For a profiler: `HAWSER_IDLE_HOLD=SECS` keeps the cluster up that long after the last
     // step, with the processes' pids printed.

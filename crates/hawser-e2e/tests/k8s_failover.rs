@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use hawser_api::agent::{EngineReplica, StartEngine};
 use hawser_api::controller::{Node, QuorumLoss, Volume};
+use hawser_bench::cluster_figures::{self, FailoverFigure, Figure, Spread};
 use hawser_e2e::cluster::{free_port, hawser_bin};
 use hawser_e2e::k8s::{KubeCluster, CSI_DRIVER_OBJECT};
 use hawser_e2e::k8s_sidecars::Sidecars;
@@ -594,6 +595,19 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
          {ha_max:.1} s. Published: Piraeus ha-controller ~10 s (no epoch fencing), Longhorn \
          1-7 min, Rook/Ceph RBD 7-30 min (manual taints)"
     );
+    let figure = Figure::Failover(FailoverFigure {
+        trials: trials as u64,
+        kubelet_status_secs: status_secs.parse().unwrap_or(0),
+        first_write_s: Spread {
+            median: w_med,
+            worst: w_max,
+        },
+        pod_deleted_s: Spread {
+            median: ha_med,
+            worst: ha_max,
+        },
+    });
+    cluster_figures::record(&figure).expect("record the figure for make bench's charts");
     let old_epoch = volume.epoch;
 
     // The old engine comes back (node 2's agent restarts, its link is up) at its old epoch:
