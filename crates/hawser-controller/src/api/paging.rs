@@ -4,6 +4,8 @@
 //! neither repeats nor hides another one. A list asked without either is whole, in the order
 //! the route documents, as before paging existed (old clients, and the CLI's small tables).
 
+use std::ops::Range;
+
 use axum::http::{header, HeaderMap, HeaderValue, Uri};
 use serde::Deserialize;
 
@@ -28,10 +30,29 @@ pub fn page<T>(
     q: &PageQuery,
     uri: &Uri,
 ) -> Result<(HeaderMap, Vec<T>), ControllerError> {
+    if q.limit.is_none() && q.after.is_none() {
+        return Ok((HeaderMap::new(), items));
+    }
+    let mut items: Vec<(String, T)> = items.into_iter().map(|i| (name(&i), i)).collect();
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    let (headers, range) = window(&items, |(n, _)| n.as_str(), q, uri)?;
+    let page = items.into_iter().skip(range.start).take(range.len());
+    Ok((headers, page.map(|(_, i)| i).collect()))
+}
+
+/// Which part of `sorted` (in `name` order) one page holds, and the headers that point at
+/// the next one: a page of a list already in name order (the volume records' copy) costs
+/// the page, not a copy and a sort of the list.
+pub fn window<T>(
+    sorted: &[T],
+    name: impl Fn(&T) -> &str,
+    q: &PageQuery,
+    uri: &Uri,
+) -> Result<(HeaderMap, Range<usize>), ControllerError> {
     let (limit, after) = (q.limit, q.after.as_deref());
     let mut headers = HeaderMap::new();
     if limit.is_none() && after.is_none() {
-        return Ok((headers, items));
+        return Ok((headers, 0..sorted.len()));
     }
     let limit = match limit {
         None => MAX_PAGE,
@@ -42,15 +63,11 @@ pub fn page<T>(
             })
         }
     };
-    let mut items: Vec<(String, T)> = items.into_iter().map(|i| (name(&i), i)).collect();
-    items.sort_by(|a, b| a.0.cmp(&b.0));
-    if let Some(after) = after {
-        items.retain(|(n, _)| n.as_str() > after);
-    }
-    if items.len() > limit {
-        items.truncate(limit);
-        if let Some((last, _)) = items.last() {
-            let link = format!("<{}>; rel=\"next\"", next_uri(uri, last));
+    let start = after.map_or(0, |after| sorted.partition_point(|i| name(i) <= after));
+    let end = sorted.len().min(start + limit);
+    if end < sorted.len() {
+        if let Some(last) = end.checked_sub(1).and_then(|i| sorted.get(i)) {
+            let link = format!("<{}>; rel=\"next\"", next_uri(uri, name(last)));
             // A name is percent-encoded, so the header value is ASCII; were it not, the page
             // would still be right and only the link missing.
             if let Ok(v) = HeaderValue::from_str(&link) {
@@ -58,7 +75,7 @@ pub fn page<T>(
             }
         }
     }
-    Ok((headers, items.into_iter().map(|(_, i)| i).collect()))
+    Ok((headers, start..end))
 }
 
 /// `uri` with its `after` replaced by `last`, every other parameter kept.
@@ -134,6 +151,27 @@ mod tests {
         let (h, p) = page(names(&["y", "z w"]), String::clone, &q("y"), &uri).unwrap();
         assert_eq!(p, names(&["z w"]));
         assert!(h.get(header::LINK).is_none(), "the last page has no link");
+    }
+
+    #[test]
+    fn a_window_of_a_sorted_list_starts_after_a_name_it_may_not_hold() {
+        let sorted = names(&["a", "b", "d", "e"]);
+        let uri: Uri = "/v1/volumes?limit=2".parse().unwrap();
+        let q = |after: Option<&str>| PageQuery {
+            limit: Some(2),
+            after: after.map(str::to_string),
+        };
+        let (h, r) = window(&sorted, String::as_str, &q(None), &uri).unwrap();
+        assert_eq!(r, 0..2);
+        assert_eq!(
+            h.get(header::LINK).unwrap(),
+            "</v1/volumes?limit=2&after=b>; rel=\"next\""
+        );
+        // "c" was deleted between two pages: the next starts at "d".
+        let (h, r) = window(&sorted, String::as_str, &q(Some("c")), &uri).unwrap();
+        assert_eq!((r, h.get(header::LINK)), (2..4, None));
+        let (h, r) = window(&sorted, String::as_str, &q(Some("z")), &uri).unwrap();
+        assert_eq!((r, h.get(header::LINK)), (4..4, None));
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<ClusterStatus>
         resyncs: Vec::new(),
         scrubs: Vec::new(),
     };
-    for v in &volumes {
+    for v in volumes.iter() {
         let agent = v
             .attached_node
             .as_ref()

@@ -53,11 +53,12 @@ pub async fn list(
     uri: Uri,
     ApiQuery(q): ApiQuery<PageQuery>,
 ) -> Result<(HeaderMap, Json<Vec<Volume>>), ControllerError> {
+    // In name order (`Records::volumes`), so a page is a slice of it.
     let volumes = st.records.volumes().await?;
-    let (headers, volumes) = paging::page(volumes, |v| v.name.clone(), &q, &uri)?;
+    let (headers, range) = paging::window(&volumes, |v| v.name.as_str(), &q, &uri)?;
     let nodes = st.records.nodes().await?;
     let nodes: HashMap<&str, _> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-    let api = volumes
+    let api = volumes[range]
         .iter()
         .map(|v| {
             v.to_api(

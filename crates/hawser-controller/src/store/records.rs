@@ -122,10 +122,10 @@ impl Records {
     /// All volumes, sorted by name, including every write this controller made before the
     /// call: from the watch-fed copy once it shows them (within [`OWN_WRITES_WAIT`]), else
     /// from a list of the store (see `store/volume_cache.rs`).
-    pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, ControllerError> {
+    pub async fn volumes(&self) -> Result<Arc<Vec<VolumeRecord>>, ControllerError> {
         match self.seen.view_with_own_writes(OWN_WRITES_WAIT).await {
-            Some(view) => Ok(view.as_ref().clone()),
-            None => self.volumes_listed().await,
+            Some(view) => Ok(view),
+            None => Ok(Arc::new(self.volumes_listed().await?)),
         }
     }
 
@@ -292,7 +292,9 @@ pub(crate) mod tests {
 
     async fn sizes(r: &Records) -> Vec<(String, u64)> {
         let list = r.volumes().await.unwrap();
-        list.into_iter().map(|v| (v.name, v.size_bytes)).collect()
+        list.iter()
+            .map(|v| (v.name.clone(), v.size_bytes))
+            .collect()
     }
 
     fn want(v: &[(&str, u64)]) -> Vec<(String, u64)> {

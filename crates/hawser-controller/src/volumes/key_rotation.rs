@@ -35,7 +35,7 @@ pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> 
         "made a new key-encryption key; re-wrapping the volumes' data keys"
     );
     let mut rewrapped = Vec::new();
-    for v in st.records.volumes().await? {
+    for v in st.records.volumes().await?.iter() {
         if v.encryption.as_ref().is_none_or(|w| w.kek >= kek) {
             continue;
         }
@@ -50,7 +50,7 @@ pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> 
             })
             .await;
         match changed {
-            Ok((_, true)) => rewrapped.push(v.name),
+            Ok((_, true)) => rewrapped.push(v.name.clone()),
             Ok((_, false)) | Err(ControllerError::VolumeNotFound { .. }) => {}
             Err(e) => {
                 // The ones done stay done; a retry finishes the rest.
@@ -61,7 +61,7 @@ pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> 
     }
     let behind = update_replicas(st).await?;
     let mut wrapping = BTreeMap::new();
-    for v in st.records.volumes().await? {
+    for v in st.records.volumes().await?.iter() {
         if let Some(w) = &v.encryption {
             *wrapping.entry(w.kek).or_insert(0u64) += 1;
         }
@@ -86,7 +86,7 @@ pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> 
 async fn update_replicas(st: &AppState) -> Result<Vec<String>, ControllerError> {
     let nodes = st.records.nodes().await?;
     let mut behind = Vec::new();
-    for v in st.records.volumes().await? {
+    for v in st.records.volumes().await?.iter() {
         let Some(w) = &v.encryption else { continue };
         for r in &v.replicas {
             let why = match nodes.iter().find(|n| n.name == r.node) {
