@@ -5,7 +5,8 @@
 //! Hand-written SVG (`svg`): no runtime dependency, no JavaScript, readable in a browser, on
 //! GitHub and in docs.
 
-use crate::svg::{Svg, TextStyle};
+use crate::chart_scale::{sig3, ticks_from_zero, Linear};
+use crate::svg::{Stroke, Svg, TextStyle};
 
 /// Width of every chart, px: fits a docs page and a laptop screen without scaling.
 pub const WIDTH: f64 = 800.0;
@@ -129,6 +130,30 @@ pub fn legend(svg: &mut Svg, top: f64, entries: &[(String, Colour)]) -> f64 {
         x += width;
     }
     y + ROW + 4.0
+}
+
+/// A y axis from zero up to at least `max`, with about four round ticks: their grid lines
+/// across `(x0, x1)` and labels left of `x0`. Returns the scale, `bottom` at zero.
+pub fn y_axis_from_zero(
+    svg: &mut Svg,
+    max: f64,
+    (x0, x1): (f64, f64),
+    (top, bottom): (f64, f64),
+) -> Linear {
+    let ticks = ticks_from_zero(max, 4);
+    let y = Linear {
+        lo: 0.0,
+        hi: ticks.last().copied().unwrap_or(1.0),
+        from: bottom,
+        to: top,
+    };
+    for tick in &ticks {
+        let ty = y.map(*tick);
+        svg.line((x0, ty), (x1, ty), Stroke::new(GRID, 1.0));
+        let style = TextStyle::new(10.0).anchor("end").fill(MUTED);
+        svg.text(x0 - 5.0, ty + 3.5, &sig3(*tick), style);
+    }
+    y
 }
 
 /// `2026-11-27 02:23 UTC` from `2026-11-27T02:23:33Z`.

@@ -242,19 +242,7 @@ fn draw_panel(svg: &mut Svg, panel: &Panel, xs: &[f64], (left, top): (f64, f64))
         .chain(panel.target)
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
-    let ticks = ticks_from_zero(max * 1.1, 4);
-    let y = Linear {
-        lo: 0.0,
-        hi: ticks.last().copied().unwrap_or(1.0),
-        from: y1,
-        to: y0,
-    };
-    for tick in &ticks {
-        let ty = y.map(*tick);
-        svg.line((x0, ty), (x1, ty), Stroke::new(GRID, 1.0));
-        let style = TextStyle::new(10.0).anchor("end").fill(MUTED);
-        svg.text(x0 - 5.0, ty + 3.5, &sig3(*tick), style);
-    }
+    let y = chart::y_axis_from_zero(svg, max * 1.1, (x0, x1), (y0, y1));
     // Room on either side of the first and last count, so their points are not on the axis.
     let x = Log::covering(xs, x0 + 14.0, x1 - 14.0);
     let mut counts: Vec<f64> = xs.to_vec();

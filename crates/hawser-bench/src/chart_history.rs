@@ -6,9 +6,8 @@
 //! baseline absorbs what the machine did that day; each run's ratio is to its own baseline.
 //! Runs are spaced evenly, not by date: runs come in bursts, and a dip must stay visible.
 
-use crate::chart::{self, Colour, AXIS, GRID, MUTED, WIDTH};
+use crate::chart::{self, Colour, AXIS, MUTED, WIDTH};
 use crate::chart_run::{self, RunData};
-use crate::chart_scale::{sig3, ticks_from_zero, Linear};
 use crate::suite::RatioMetric;
 use crate::svg::{Stroke, Svg, TextStyle};
 
@@ -104,19 +103,7 @@ fn draw_panel(
         .iter()
         .flat_map(|run| targets.iter().filter_map(move |t| ratio(run, t)))
         .fold(1.0, f64::max);
-    let ticks = ticks_from_zero(max * 1.1, 4);
-    let y = Linear {
-        lo: 0.0,
-        hi: ticks.last().copied().unwrap_or(1.0),
-        from: y1,
-        to: y0,
-    };
-    for tick in &ticks {
-        let ty = y.map(*tick);
-        svg.line((x0, ty), (x1, ty), Stroke::new(GRID, 1.0));
-        let style = TextStyle::new(10.0).anchor("end").fill(MUTED);
-        svg.text(x0 - 5.0, ty + 3.5, &sig3(*tick), style);
-    }
+    let y = chart::y_axis_from_zero(svg, max * 1.1, (x0, x1), (y0, y1));
     let one = Stroke::new(chart::BASELINE.fill, 1.5).dashed("5 4");
     svg.line((x0, y.map(1.0)), (x1, y.map(1.0)), one);
     svg.line((x0, y0), (x0, y1), Stroke::new(AXIS, 1.0));
