@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use hawser_api::agent::AgentStatus;
 use hawser_api::controller::{Node, Volume};
 use hawser_store::apiserver_process::ApiserverProcess;
-use hawser_store::etcd_process::{free_loopback_port, EtcdProcess};
+use hawser_store::etcd_process::EtcdProcess;
+use hawser_store::test_ports::free_loopback_port;
 
 use crate::run::{wait_until, TempDir};
 use crate::tokens::TokenFiles;

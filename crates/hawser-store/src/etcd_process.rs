@@ -10,13 +10,13 @@
 //! says how to install it.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::etcd_pki::EtcdPki;
+use crate::test_ports::free_loopback_port;
 use crate::EtcdConfig;
 
 /// How long etcd gets to answer `/health` after a start.
@@ -282,35 +282,6 @@ impl Drop for EtcdProcess {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// Ports tests listen on: below the kernel's ephemeral range (`ip_local_port_range`,
-/// 32768-60999 by default). A port picked by binding port 0 comes from that range, and
-/// between its release and the test process's bind any outgoing connection (etcd's
-/// clients and peers make many) may take it as its local port: "Address already in use".
-const TEST_PORTS: std::ops::Range<u32> = 20_000..32_000;
-
-/// Calls so far in this process: each call starts where the previous one stopped, so
-/// consecutive picks differ even before the first port is bound.
-static PORT_PICKS: AtomicU32 = AtomicU32::new(0);
-
-/// A loopback port in [`TEST_PORTS`] that was free a moment ago. Processes start at
-/// different points (by PID), so concurrent test runs rarely try the same ports.
-pub fn free_loopback_port() -> Result<u16, String> {
-    let len = TEST_PORTS.end - TEST_PORTS.start;
-    // A prime stride walks the whole range before repeating.
-    let start = std::process::id().wrapping_mul(7919);
-    for _ in 0..len {
-        let pick = PORT_PICKS.fetch_add(1, Ordering::Relaxed);
-        let offset = start.wrapping_add(pick.wrapping_mul(104_729)) % len;
-        let Ok(port) = u16::try_from(TEST_PORTS.start + offset) else {
-            continue;
-        };
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Err(format!("no free loopback port in {TEST_PORTS:?}"))
 }
 
 /// Whether etcd's `/health` (on its metrics port) says it is healthy (it has a raft leader).

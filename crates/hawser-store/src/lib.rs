@@ -11,6 +11,7 @@ pub mod etcd_pki;
 pub mod etcd_process;
 pub mod k8s;
 mod store;
+pub mod test_ports;
 
 pub use embedded::EmbeddedStore;
 pub use etcd::{EtcdConfig, EtcdIdentity, EtcdStore, EtcdTls, EtcdUser};
