@@ -41,6 +41,7 @@ async fn admin_calls_need_the_agent_token() {
         let calls = [
             http.get(format!("{base}/v1/status")),
             http.get(format!("{base}/v1/engines")),
+            http.get(format!("{base}/v1/replicas/held")),
             http.post(format!("{base}/v1/replicas")).json(&create),
             http.delete(format!("{base}/v1/replicas/vol-a")),
             http.delete(format!("{base}/v1/engines/vol")),
@@ -142,6 +143,39 @@ async fn admin_calls_need_the_agent_token() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 401, "the metrics token opens nothing else");
+
+    // The reconcile round's list: tagged, and not sent again while it is unchanged.
+    let held = |tag: Option<&str>| {
+        let req = http
+            .get(format!("{base}/v1/replicas/held"))
+            .header("authorization", &bearer);
+        let req = match tag {
+            Some(t) => req.header("if-none-match", t),
+            None => req,
+        };
+        async move {
+            let resp = req.send().await.unwrap();
+            let tag = resp.headers()["etag"].to_str().unwrap().to_string();
+            (resp.status().as_u16(), tag, resp.text().await.unwrap())
+        }
+    };
+    let (code, tag, body) = held(None).await;
+    assert_eq!(code, 200);
+    let list: Vec<hawser_api::agent::HeldReplica> = serde_json::from_str(&body).unwrap();
+    let listed: Vec<&str> = list.iter().map(|r| r.replica_id.as_str()).collect();
+    assert_eq!(listed, ["r2", "vol-a"]);
+    assert_eq!(held(Some(&tag)).await, (304, tag.clone(), String::new()));
+    let resp = http
+        .delete(format!("{base}/v1/replicas/r2"))
+        .header("authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    let (code, changed, body) = held(Some(&tag)).await;
+    assert_eq!(code, 200, "a replica was deleted: the list again");
+    assert_ne!(changed, tag);
+    assert!(body.contains("vol-a") && !body.contains("r2"), "{body}");
 }
 
 /// A call meant for another node (its `x-hawser-node` header names it) is refused with a

@@ -14,6 +14,7 @@
 //! | GET    | /v1/devices             | → `[Device]` (its kernel block devices) |
 //! | GET    | /v1/status              | → `AgentStatus`                       |
 //! | GET    | /v1/replicas/inventory  | → `[ReplicaInventory]` (reads journals) |
+//! | GET    | /v1/replicas/held       | → `[HeldReplica]`, `ETag`; 304 to a matching `If-None-Match` |
 //! | POST   | /v1/peers/probe         | `ProbePeers` → `[PeerReach]` (can this node reach them) |
 
 use serde::{Deserialize, Serialize};
@@ -199,6 +200,18 @@ pub struct ReplicaStatus {
     /// by a controller that sends it; an older agent sends none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wrapped_key: Option<crate::WrappedKey>,
+}
+
+/// A replica an agent holds, as the controller's reconcile round reads it
+/// (`GET /v1/replicas/held`): what it needs to find orphans and failed replicas, without the
+/// metadata and disk usage [`AgentStatus`] reads and ships for every replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeldReplica {
+    pub replica_id: String,
+    pub volume: String,
+    /// The agent cannot serve it (see [`ReplicaStatus::failed`]).
+    pub failed: bool,
 }
 
 /// One replica an engine writes to.

@@ -57,6 +57,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/replicas/{id}/wrapped-key", put(set_wrapped_key))
         .route("/v1/replicas/{id}/trash", post(trash_replica))
         .route("/v1/replicas/inventory", get(inventory))
+        .route(
+            "/v1/replicas/held",
+            get(crate::control::held::held_replicas),
+        )
         .route("/v1/peers/probe", post(probe_peers))
         .route(
             "/v1/replicas/{id}/snapshots",

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use hawser_api::agent::ReplicaStatus;
+use hawser_api::agent::{HeldReplica, ReplicaStatus};
 use hawser_api::controller::{PoolInfo, PoolKind};
 use hawser_storage::{NewReplica, Pool, Replica, StorageError};
 
@@ -356,6 +356,31 @@ impl NodeStorage {
                 }
             })
             .collect()
+    }
+
+    /// Every replica of every pool with its volume and whether it failed (the broken ones
+    /// are), from memory: no file is read. Sorted by id, so an unchanged set is the same
+    /// list, byte for byte (`GET /v1/replicas/held` tags it with its digest).
+    pub fn held(&self) -> Vec<HeldReplica> {
+        let mut held: Vec<HeldReplica> = self
+            .pools
+            .iter()
+            .flat_map(|p| {
+                let loaded = p.list().into_iter().map(|r| HeldReplica {
+                    replica_id: r.id().into(),
+                    volume: r.volume().into(),
+                    failed: r.is_failed(),
+                });
+                let broken = p.broken().into_iter().map(|b| HeldReplica {
+                    replica_id: b.id,
+                    volume: b.volume,
+                    failed: true,
+                });
+                loaded.chain(broken).collect::<Vec<_>>()
+            })
+            .collect();
+        held.sort_by(|a, b| a.replica_id.cmp(&b.replica_id));
+        held
     }
 
     /// Every replica of every pool, the broken ones (see `Pool::broken`) as failed.

@@ -2,11 +2,12 @@
 
 use hawser_api::agent::{
     AgentIo, AgentStatus, CreateReplica, EnginePaused, EngineResumed, EngineStatus, FetchSnapshot,
-    PauseEngine, PeerReach, ProbePeers, ReplicaSnapshot, ReplicaStatus, RestoreReplica,
-    ResumeEngine, StartEngine, TakeSnapshot, NODE_HEADER,
+    HeldReplica, PauseEngine, PeerReach, ProbePeers, ReplicaSnapshot, ReplicaStatus,
+    RestoreReplica, ResumeEngine, StartEngine, TakeSnapshot, NODE_HEADER,
 };
 use hawser_api::error::{error_chain, truncate_chars};
 use hawser_api::ApiError;
+use reqwest::header::{HeaderMap, HeaderValue, ETAG, IF_NONE_MATCH};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -338,6 +339,57 @@ impl AgentClient {
         }
     }
 
+    /// The replicas the agent holds (`GET /v1/replicas/held`), or `Unchanged` if they are
+    /// still the list the agent tagged `tag`. An agent older than the route answers 404 or
+    /// 405 (only `DELETE /v1/replicas/{id}` matches the path there), and the replicas of its
+    /// full status are read instead, untagged.
+    pub async fn held_replicas(
+        &self,
+        to: Agent<'_>,
+        tag: Option<&str>,
+    ) -> Result<HeldAnswer, AgentError> {
+        let mut headers = HeaderMap::new();
+        if let Some(t) = tag.and_then(|t| HeaderValue::from_str(t).ok()) {
+            headers.insert(IF_NONE_MATCH, t);
+        }
+        let path = "/v1/replicas/held";
+        let sent = self
+            .send_with::<()>(Method::GET, to, path, None, AGENT_REQUEST_TIMEOUT, headers)
+            .await;
+        let resp = match sent {
+            Ok(resp) => resp,
+            Err(AgentError::Refused { status: 304, .. }) => return Ok(HeldAnswer::Unchanged),
+            Err(AgentError::Refused {
+                status: 404 | 405, ..
+            }) => {
+                let replicas = self.status(to).await?.replicas;
+                let replicas = replicas.into_iter().map(|r| HeldReplica {
+                    replica_id: r.replica_id,
+                    volume: r.volume,
+                    failed: r.failed,
+                });
+                return Ok(HeldAnswer::Listed {
+                    tag: None,
+                    replicas: replicas.collect(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let tag = resp
+            .headers()
+            .get(ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let replicas = resp
+            .json()
+            .await
+            .map_err(|source| AgentError::BadResponse {
+                addr: to.addr.into(),
+                source,
+            })?;
+        Ok(HeldAnswer::Listed { tag, replicas })
+    }
+
     /// Whether the agent's node reaches these peers' replica ports (`POST /v1/peers/probe`).
     /// An agent older than the call answers 404 (`Refused`).
     pub async fn probe_peers(
@@ -412,6 +464,20 @@ impl AgentClient {
         body: Option<&B>,
         timeout: std::time::Duration,
     ) -> Result<reqwest::Response, AgentError> {
+        self.send_with(method, to, path, body, timeout, HeaderMap::new())
+            .await
+    }
+
+    /// [`Self::send`] with more headers.
+    async fn send_with<B: Serialize>(
+        &self,
+        method: Method,
+        to: Agent<'_>,
+        path: &str,
+        body: Option<&B>,
+        timeout: std::time::Duration,
+        headers: HeaderMap,
+    ) -> Result<reqwest::Response, AgentError> {
         let addr = to.addr;
         let (http, scheme) =
             self.client_for(to.node)
@@ -423,6 +489,7 @@ impl AgentClient {
         let mut req = http
             .request(method, format!("{scheme}://{addr}{path}"))
             .header(NODE_HEADER, to.node)
+            .headers(headers)
             .timeout(timeout);
         if let Some(a) = &self.authorization {
             req = req.header(reqwest::header::AUTHORIZATION, a);
@@ -451,6 +518,18 @@ impl AgentClient {
             message,
         })
     }
+}
+
+/// What [`AgentClient::held_replicas`] learnt.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HeldAnswer {
+    /// The agent's list is the one of the tag sent.
+    Unchanged,
+    /// The list, with its tag (none from an agent older than the route).
+    Listed {
+        tag: Option<String>,
+        replicas: Vec<HeldReplica>,
+    },
 }
 
 /// A non-JSON error body, trimmed so a stray HTML page does not flood the error message.

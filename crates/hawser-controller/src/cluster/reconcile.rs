@@ -21,6 +21,11 @@
 //! create listed (orphans the next round deletes) and deletes of replicas of records being
 //! removed anyway (a rollback of its own create, or a delete already marked `Deleting`).
 //!
+//! An agent is asked for its list with the tag of the list it gave last (`If-None-Match`),
+//! and answers "unchanged" when its list now is that one: the round then uses the list it
+//! kept, which the agent has just confirmed, so the order above holds as if it had been sent
+//! again (`hawser-agent/src/control/held.rs`).
+//!
 //! The round finds its candidates in the watch-fed copy of the records
 //! (`store/volume_cache.rs`), which may lag the store; when it finds an unreferenced
 //! replica, it lists the store itself, after the agents, and trashes only what that list
@@ -41,13 +46,15 @@
 //! this controller. One of a deposed leader can no longer finish (its `Detached` write is
 //! fenced); rolling it back is what that create would have done on failure.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hawser_api::agent::HeldReplica;
 use hawser_api::controller::{ReplicaState, VolumeState};
 use tokio::time::Instant;
 
+use crate::cluster::agent_client::HeldAnswer;
 use crate::constants::{ELECTION_TICK, RECONCILE_INTERVAL};
 use crate::state::AppState;
 use crate::store::leader::Role;
@@ -57,6 +64,7 @@ use crate::volumes::delete::delete_locked;
 /// Runs until the task is aborted: a round at once whenever this controller starts a new
 /// term as leader, then every [`RECONCILE_INTERVAL`].
 pub async fn run(st: Arc<AppState>) {
+    let mut seen = Seen::default();
     let mut tick = tokio::time::interval(ELECTION_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last: Option<(Role, Instant)> = None;
@@ -72,14 +80,14 @@ pub async fn run(st: Arc<AppState>) {
             None => true,
         };
         if due {
-            round(&st).await;
+            round(&st, &mut seen).await;
             last = Some((role, Instant::now()));
         }
     }
 }
 
 /// One round; errors are logged and the next round tries again.
-pub(crate) async fn round(st: &AppState) {
+async fn round(st: &AppState, seen: &mut Seen) {
     let nodes = match st.records.nodes().await {
         Ok(n) => n,
         Err(e) => return tracing::warn!(error = %e, "reconcile: cannot read the nodes"),
@@ -100,7 +108,14 @@ pub(crate) async fn round(st: &AppState) {
         }
     };
     // Agents first, records second (see the module doc).
-    let held = replicas_on_agents(st, &nodes).await;
+    let lists = replicas_on_agents(st, &nodes, seen).await;
+    let held: Vec<Held> = lists
+        .iter()
+        .flat_map(|(node, list)| {
+            let node: &NodeRecord = node;
+            list.iter().map(move |replica| Held { node, replica })
+        })
+        .collect();
     // The watch-fed copy finds the candidates; nothing is trashed on its word (below).
     let volumes = match st.records.volumes_seen().await {
         Ok(v) => v,
@@ -118,10 +133,10 @@ pub(crate) async fn round(st: &AppState) {
             Err(e) => tracing::warn!(error = %e, "reconcile: cannot read the volumes"),
         }
     }
-    for held in held.iter().filter(|h| h.failed) {
+    for held in held.iter().filter(|h| h.replica.failed) {
         if let Some(v) = volumes
             .iter()
-            .find(|v| v.replicas.iter().any(|r| r.id == held.replica))
+            .find(|v| v.replicas.iter().any(|r| r.id == held.replica.replica_id))
         {
             record_failed(st, &v.name, held).await;
         }
@@ -140,24 +155,21 @@ fn unreferenced<'h, 'n>(held: &'h [Held<'n>], volumes: &[VolumeRecord]) -> Vec<&
         .flat_map(|v| v.replicas.iter().chain(&v.retired).map(|r| r.id.as_str()))
         .collect();
     held.iter()
-        .filter(|h| !referenced.contains(h.replica.as_str()))
+        .filter(|h| !referenced.contains(h.replica.replica_id.as_str()))
         .collect()
 }
 
-/// A replica an agent reported.
+/// A replica an agent reported: its id, the volume the agent says it belongs to, and
+/// whether the agent cannot serve it.
 struct Held<'a> {
     node: &'a NodeRecord,
-    replica: String,
-    /// The volume the agent says it belongs to.
-    volume: String,
-    /// The agent cannot serve it.
-    failed: bool,
+    replica: &'a HeldReplica,
 }
 
 /// Rule 3 of the module doc, under the volume's lock.
 async fn record_failed(st: &AppState, volume: &str, held: &Held<'_>) {
     let _guard = st.volume_locks.lock(volume).await;
-    let id = held.replica.as_str();
+    let id = held.replica.replica_id.as_str();
     let changed = st
         .records
         .update_volume(volume, |v| {
@@ -195,9 +207,10 @@ async fn record_failed(st: &AppState, volume: &str, held: &Held<'_>) {
 /// records it (as a membership change may) holds that lock throughout, so the replica is
 /// either recorded or rolled back by the time the lock is free.
 async fn delete_orphan(st: &AppState, held: &Held<'_>) {
-    let (node, replica) = (&held.node.name, held.replica.as_str());
-    let _guard = st.volume_locks.lock(&held.volume).await;
-    match st.records.volume(&held.volume).await {
+    let (node, replica) = (&held.node.name, held.replica.replica_id.as_str());
+    let volume = held.replica.volume.as_str();
+    let _guard = st.volume_locks.lock(volume).await;
+    match st.records.volume(volume).await {
         // Retired replicas are self-healing's to delete (when their node answers).
         Ok(Some(v)) if v.replicas.iter().chain(&v.retired).any(|r| r.id == replica) => return,
         Ok(_) => {}
@@ -209,23 +222,54 @@ async fn delete_orphan(st: &AppState, held: &Held<'_>) {
     }
 }
 
-/// Every replica on every agent that answers, with its node.
-async fn replicas_on_agents<'a>(st: &AppState, nodes: &'a [NodeRecord]) -> Vec<Held<'a>> {
-    let mut held = Vec::new();
+/// What each node's agent last listed, with the tag it gave the list: the next round asks
+/// for the list only if it changed (`AgentClient::held_replicas`).
+#[derive(Default)]
+struct Seen {
+    by_node: HashMap<String, (String, Arc<Vec<HeldReplica>>)>,
+}
+
+/// Every replica on every agent that answers, with its node. An agent that answers that
+/// its list is the one of the tag `seen` holds has confirmed that list now: as good as
+/// sending it again, for the ordering the module doc relies on.
+async fn replicas_on_agents<'a>(
+    st: &AppState,
+    nodes: &'a [NodeRecord],
+    seen: &mut Seen,
+) -> Vec<(&'a NodeRecord, Arc<Vec<HeldReplica>>)> {
+    seen.by_node
+        .retain(|name, _| nodes.iter().any(|n| &n.name == name));
+    let mut lists = Vec::new();
     for node in nodes {
-        let status = tokio::time::timeout(STATUS_TIMEOUT, st.agents.status(node.agent()));
-        match status.await {
-            Ok(Ok(s)) => held.extend(s.replicas.into_iter().map(|r| Held {
-                node,
-                replica: r.replica_id,
-                volume: r.volume,
-                failed: r.failed,
-            })),
+        let cached = seen.by_node.get(&node.name);
+        let tag = cached.map(|(tag, _)| tag.as_str());
+        let answer =
+            tokio::time::timeout(STATUS_TIMEOUT, st.agents.held_replicas(node.agent(), tag));
+        match answer.await {
+            Ok(Ok(HeldAnswer::Unchanged)) => match cached {
+                Some((_, list)) => lists.push((node, list.clone())),
+                // Not asked with a tag: an agent that says "unchanged" anyway is wrong.
+                None => {
+                    tracing::warn!(node = %node.name, "reconcile: an untagged list came back unchanged")
+                }
+            },
+            Ok(Ok(HeldAnswer::Listed { tag, replicas })) => {
+                let list = Arc::new(replicas);
+                match tag {
+                    Some(tag) => {
+                        seen.by_node.insert(node.name.clone(), (tag, list.clone()));
+                    }
+                    None => {
+                        seen.by_node.remove(&node.name);
+                    }
+                }
+                lists.push((node, list));
+            }
             // An agent that does not answer keeps its orphans until a later round.
             _ => tracing::debug!(node = %node.name, "reconcile: agent does not answer"),
         }
     }
-    held
+    lists
 }
 
 /// How long a round waits for one agent's replica list.

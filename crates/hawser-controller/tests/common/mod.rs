@@ -96,6 +96,7 @@ impl FakeAgent {
                 delete(delete_snapshot),
             )
             .route("/v1/status", get(agent_status))
+            .route("/v1/replicas/held", get(agent_held))
             .route("/v1/peers/probe", post(probe_peers))
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
@@ -624,6 +625,41 @@ fn engines(st: &Fake) -> Vec<EngineStatus> {
 
 async fn agent_engines(State(st): State<Fake>) -> Response {
     Json(engines(&st)).into_response()
+}
+
+/// The replicas, tagged as the agent tags them (a digest of the answer's bytes; here std's
+/// hasher), and 304 to a request that names the tag: the reconcile round's rounds go
+/// through its kept lists as they do against a real agent.
+async fn agent_held(State(st): State<Fake>, headers: axum::http::HeaderMap) -> Response {
+    use std::hash::{Hash, Hasher};
+    let held: Vec<hawser_api::agent::HeldReplica> = st
+        .lock()
+        .unwrap()
+        .replicas
+        .values()
+        .map(|r| {
+            let r = replica_status(r);
+            hawser_api::agent::HeldReplica {
+                replica_id: r.replica_id,
+                volume: r.volume,
+                failed: r.failed,
+            }
+        })
+        .collect();
+    let body = serde_json::to_vec(&held).unwrap();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    body.hash(&mut h);
+    let tag = format!("\"{:016x}\"", h.finish());
+    let etag = axum::http::header::ETAG;
+    let asked = headers.get(axum::http::header::IF_NONE_MATCH);
+    if asked.is_some_and(|t| t.as_bytes() == tag.as_bytes()) {
+        return (StatusCode::NOT_MODIFIED, [(etag, tag)]).into_response();
+    }
+    let json = (
+        axum::http::header::CONTENT_TYPE,
+        "application/json".to_string(),
+    );
+    (StatusCode::OK, [(etag, tag), json], body).into_response()
 }
 
 async fn agent_status(State(st): State<Fake>) -> Response {
