@@ -57,10 +57,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/replicas/{id}/wrapped-key", put(set_wrapped_key))
         .route("/v1/replicas/{id}/trash", post(trash_replica))
         .route("/v1/replicas/inventory", get(inventory))
-        .route(
-            "/v1/replicas/held",
-            get(crate::control::held::held_replicas),
-        )
+        .route("/v1/replicas/held", get(held_replicas))
         .route("/v1/peers/probe", post(probe_peers))
         .route(
             "/v1/replicas/{id}/snapshots",
@@ -285,6 +282,12 @@ async fn get_status(State(s): State<AdminState>) -> Json<AgentStatus> {
         trash,
         cluster_id: s.storage.cluster_id(),
     })
+}
+
+/// `GET /v1/replicas/held`: the replicas, tagged; 304 while unchanged (`control::held`).
+async fn held_replicas(State(s): State<AdminState>, headers: axum::http::HeaderMap) -> Response {
+    let if_none_match = headers.get(axum::http::header::IF_NONE_MATCH);
+    crate::control::held::answer(&s.storage.held(), if_none_match)
 }
 
 /// `GET /v1/engines`: the engines alone. The controller polls them every few seconds for

@@ -14,20 +14,14 @@
 //! the same list (the list is sorted, and 128 bits of SHA-256 do not collide by chance), also
 //! across restarts and upgrades.
 
-use axum::extract::State;
-use axum::http::header::{CONTENT_TYPE, ETAG, IF_NONE_MATCH};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::header::{CONTENT_TYPE, ETAG};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hawser_api::agent::HeldReplica;
 
-use crate::control::admin_api::AdminState;
-
-pub async fn held_replicas(State(s): State<AdminState>, headers: HeaderMap) -> Response {
-    answer(&s.storage.held(), headers.get(IF_NONE_MATCH))
-}
-
-/// The answer to a request that sent `if_none_match`.
-fn answer(held: &[HeldReplica], if_none_match: Option<&HeaderValue>) -> Response {
+/// The answer to a request that sent `if_none_match`, when the node holds `held`
+/// (`NodeStorage::held`; the handler is `admin_api`'s).
+pub fn answer(held: &[HeldReplica], if_none_match: Option<&HeaderValue>) -> Response {
     let body = match serde_json::to_vec(held) {
         Ok(b) => b,
         Err(e) => {

@@ -354,7 +354,7 @@ impl AgentClient {
         }
         let path = "/v1/replicas/held";
         let sent = self
-            .send_with::<()>(Method::GET, to, path, None, AGENT_REQUEST_TIMEOUT, headers)
+            .send::<()>(Method::GET, to, path, None, AGENT_REQUEST_TIMEOUT, headers)
             .await;
         let resp = match sent {
             Ok(resp) => resp,
@@ -432,7 +432,9 @@ impl AgentClient {
         body: Option<&B>,
         timeout: std::time::Duration,
     ) -> Result<R, AgentError> {
-        let resp = self.send(method, to, path, body, timeout).await?;
+        let resp = self
+            .send(method, to, path, body, timeout, HeaderMap::new())
+            .await?;
         resp.json().await.map_err(|source| AgentError::BadResponse {
             addr: to.addr.into(),
             source,
@@ -446,7 +448,14 @@ impl AgentClient {
         path: &str,
     ) -> Result<(), AgentError> {
         match self
-            .send::<()>(method, to, path, None, AGENT_REQUEST_TIMEOUT)
+            .send::<()>(
+                method,
+                to,
+                path,
+                None,
+                AGENT_REQUEST_TIMEOUT,
+                HeaderMap::new(),
+            )
             .await
         {
             Ok(_) => Ok(()),
@@ -455,21 +464,9 @@ impl AgentClient {
         }
     }
 
-    /// Sends the request; a non-2xx answer becomes `Refused` with the agent's message.
+    /// Sends the request with `headers` besides the node and the authorization; a non-2xx
+    /// answer becomes `Refused` with the agent's message.
     async fn send<B: Serialize>(
-        &self,
-        method: Method,
-        to: Agent<'_>,
-        path: &str,
-        body: Option<&B>,
-        timeout: std::time::Duration,
-    ) -> Result<reqwest::Response, AgentError> {
-        self.send_with(method, to, path, body, timeout, HeaderMap::new())
-            .await
-    }
-
-    /// [`Self::send`] with more headers.
-    async fn send_with<B: Serialize>(
         &self,
         method: Method,
         to: Agent<'_>,
