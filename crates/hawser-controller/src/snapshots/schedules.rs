@@ -176,7 +176,10 @@ pub async fn run(st: Arc<AppState>) {
         ) {
             continue;
         }
-        let Ok(volumes) = st.records.volumes_seen().await else {
+        // With this controller's own writes: a wake comes right after a schedule was set,
+        // and the watch-fed copy may not show that yet; read before it did, the schedule
+        // waited out MAX_WAIT (e2e backup_schedule, once, under load).
+        let Ok(volumes) = st.records.volumes().await else {
             wait = MIN_WAIT * 5;
             continue;
         };

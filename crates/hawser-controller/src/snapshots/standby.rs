@@ -165,7 +165,9 @@ pub async fn run(st: Arc<AppState>, poll: Duration) {
             busy = false;
             continue;
         }
-        let Ok(volumes) = st.records.volumes_seen().await else {
+        // With this controller's own writes, as the schedules' loop: a wake follows a
+        // standby's create or a restore, which the watch-fed copy may not show yet.
+        let Ok(volumes) = st.records.volumes().await else {
             continue;
         };
         busy = false;
