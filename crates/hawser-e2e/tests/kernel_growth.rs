@@ -70,7 +70,9 @@ fn inner_growth() {
 
 fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
     let mnt_s = mnt.display().to_string();
-    c.attached_volume("g", "128MiB", 2, "n1");
+    // Small sizes: every byte written and hashed costs about 0.7 s per MiB in the emulated
+    // guest (200 MiB of new data took this test 2.5 of its 4 minutes).
+    c.attached_volume("g", "64MiB", 2, "n1");
     let dev = device_cli(c, &["attach", "g", "--frontend", "nbd"]);
     let dev = dev.trim().to_owned();
     assert!(dev.starts_with("/dev/nbd"), "{dev}");
@@ -81,8 +83,8 @@ fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
     app.wait_acks(100);
 
     // The grow, while the application writes.
-    c.cli_ok(&["volume", "expand", "g", "--size", "512MiB"]);
-    assert_eq!(device_bytes(&dev), 512 * MIB, "the kernel's size of {dev}");
+    c.cli_ok(&["volume", "expand", "g", "--size", "192MiB"]);
+    assert_eq!(device_bytes(&dev), 192 * MIB, "the kernel's size of {dev}");
     // `hawser volume show` names the device, its frontend and its new size.
     let shown = c
         .volume("g")
@@ -95,18 +97,18 @@ fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
             shown.frontend.as_str(),
             shown.size_bytes
         ),
-        (dev.as_str(), "nbd", 512 * MIB)
+        (dev.as_str(), "nbd", 192 * MIB)
     );
-    assert_eq!(replica_sizes(c, "g"), [512 * MIB, 512 * MIB]);
+    assert_eq!(replica_sizes(c, "g"), [192 * MIB, 192 * MIB]);
     run_ok("resize2fs", &[&dev]);
     let after = fs_bytes(&mnt_s);
     eprintln!("REPORT online growth on kernel NBD: ext4 {before} -> {after} bytes, mounted");
     assert!(
-        after > before + 300 * MIB,
+        after > before + 100 * MIB,
         "ext4 did not grow: {before} -> {after}"
     );
     app.wait_acks(100);
-    // Data into the new space: more than the old filesystem could hold.
+    // Data into the new space: more than the old filesystem, or even its device, could hold.
     let big = mnt.join("big");
     run_ok(
         "dd",
@@ -114,7 +116,7 @@ fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
             "if=/dev/urandom",
             &format!("of={}", big.display()),
             "bs=1M",
-            "count=200",
+            "count=72",
             "conv=fsync",
             "status=none",
         ],
@@ -134,7 +136,7 @@ fn grows_online_on_kernel_nbd(c: &Cluster, mnt: &Path) {
     c.cli_ok(&["volume", "detach", "g"]);
     let v = c.volume("g");
     let paths: Vec<_> = v.replicas.iter().map(|r| c.replica_path(&r.id)).collect();
-    hawser_e2e::assert_same_contents(&paths[0], &paths[1], 512 * MIB);
+    hawser_e2e::assert_same_contents(&paths[0], &paths[1], 192 * MIB);
     // The guest's pools are on its small /tmp.
     c.cli_ok(&["volume", "delete", "g"]);
 }
