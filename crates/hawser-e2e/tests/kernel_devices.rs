@@ -21,7 +21,8 @@ const NEXT_BIN: &str = "HAWSER_NEXT_BIN";
 /// Writes acknowledged before the fault, and after the agent is back. Each is a write and an
 /// fdatasync through ext4 and two replicas, about 35 ms in the emulated guest: 100 are a
 /// history of many blocks and keep writes in flight at the fault (the application never
-/// stops writing); 300 cost each of the seven tests that use them 14 s more.
+/// stops writing); 300 cost each of the seven tests that use them up to 14 s more (7 s
+/// for the two that stop counting at the fault).
 const ACKS_BEFORE: u64 = 100;
 const ACKS_AFTER: u64 = 100;
 
