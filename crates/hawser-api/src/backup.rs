@@ -226,6 +226,11 @@ pub struct StartRestoreJob {
     /// the blocks that differ from it are written. None: the replica is blank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
+    /// The replica holds parts of `base` over an older backup, so no one backup: every block
+    /// is written, zeros too. (`base` then names a backup deleted from the target, so an
+    /// agent older than this field finds no base and does the same.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base_unknown: bool,
 }
 
 impl StartRestoreJob {
@@ -317,6 +322,12 @@ pub struct Standby {
     /// Why the last check or apply failed (cleared by the next that works).
     #[serde(default)]
     pub error: Option<String>,
+    /// A backup that vanished from the target while it was being applied (deleted and
+    /// pruned at its source): the replicas may hold parts of it over `applied`, so they hold
+    /// no one backup. The next apply, of the newest backup, compares every block, and
+    /// `activate --as-is` waits for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed: Option<String>,
 }
 
 impl Standby {
@@ -407,4 +418,11 @@ pub struct PruneReport {
     /// Named by no manifest but written too recently to be sure no backup names them: kept
     /// for a later prune.
     pub young_blocks: u64,
+    /// Deleted backups a restore or a standby still reads: their blocks are kept until it
+    /// ends (0 from a controller older than reader locks).
+    #[serde(default)]
+    pub held_backups: u64,
+    /// Manifests of deleted backups that no one reads any more, deleted with their blocks.
+    #[serde(default)]
+    pub retired_deleted: u64,
 }

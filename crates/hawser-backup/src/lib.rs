@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod names;
 pub mod progress;
 pub mod prune;
+pub mod readers;
 pub mod restore;
 pub mod target;
 pub mod upload;
@@ -23,6 +24,7 @@ pub mod upload;
 pub use error::BackupError;
 pub use manifest::{BackupKey, BackupStats, Manifest};
 pub use progress::{Progress, ProgressView};
+pub use readers::{read_held_manifest, retire, ReadHold};
 pub use restore::{
     latest_backup, list_backups, read_manifest, restore, restore_over, Before, Chunk, Dest,
 };

@@ -20,6 +20,11 @@
 //! the other side: a backup then fails before it writes its manifest, and a prune stops
 //! deleting. A holder killed with its lock in place blocks the other side for at most the
 //! stale time.
+//!
+//! Readers (a restore, a standby's apply, a verify) hold a third kind, `read`, naming the
+//! backups they read (`readers.rs`): it does not stop a prune, which keeps what those backups
+//! name instead, and a reader waits out a live prune before it relies on the target, as a
+//! backup does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +33,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::constants::{LOCK_LAPSE_SECS, LOCK_REFRESH_SECS, LOCK_STALE_SECS};
+use crate::constants::{LOCK_LAPSE_SECS, LOCK_REFRESH_SECS, LOCK_STALE_SECS, LOCK_WAIT_POLL_MS};
 use crate::error::BackupError;
 use crate::target::{Listed, Target};
 
@@ -40,13 +45,18 @@ pub const LOCKS: &str = "locks";
 pub enum LockKind {
     Backup,
     Prune,
+    /// A reader of backups: a prune keeps every block they name (`readers.rs`).
+    Read,
 }
 
 impl LockKind {
+    const ALL: [LockKind; 3] = [LockKind::Backup, LockKind::Prune, LockKind::Read];
+
     fn word(self) -> &'static str {
         match self {
             LockKind::Backup => "backup",
             LockKind::Prune => "prune",
+            LockKind::Read => "read",
         }
     }
 }
@@ -61,6 +71,9 @@ pub struct LockBody {
     #[serde(default)]
     pub host: Option<String>,
     pub started_ms: u64,
+    /// The backups a reader reads (for [`LockKind::Read`]; empty for the others).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reads: Vec<String>,
 }
 
 /// Another holder's live lock.
@@ -93,10 +106,10 @@ pub fn object(kind: LockKind, holder: &str) -> String {
 pub fn parse_object(name: &str) -> Option<(LockKind, &str)> {
     let file = name.strip_prefix(LOCKS)?.strip_prefix('/')?;
     let stem = file.strip_suffix(".json")?;
-    if let Some(h) = stem.strip_prefix("backup-") {
-        return Some((LockKind::Backup, h));
-    }
-    stem.strip_prefix("prune-").map(|h| (LockKind::Prune, h))
+    LockKind::ALL.into_iter().find_map(|kind| {
+        let holder = stem.strip_prefix(kind.word())?.strip_prefix('-')?;
+        (!holder.is_empty()).then_some((kind, holder))
+    })
 }
 
 /// The live locks among `listed`, other than `own`, judged against `own_ms` (the target's
@@ -205,6 +218,30 @@ impl Lock {
         ))
     }
 
+    /// Waits while a prune holds the target (at most the stale time of its lock): a backup
+    /// or a reader then relies on no block vanishing, since any later prune sees this lock.
+    pub async fn wait_out_prunes(&self) -> Result<(), BackupError> {
+        let since = Instant::now();
+        loop {
+            let prunes: Vec<_> = self
+                .others()
+                .await?
+                .into_iter()
+                .filter(|h| h.kind == LockKind::Prune)
+                .collect();
+            let Some(first) = prunes.first() else {
+                return Ok(());
+            };
+            if since.elapsed() > Duration::from_secs(LOCK_STALE_SECS) {
+                return Err(BackupError::Busy {
+                    target: self.target.name().to_owned(),
+                    why: format!("a prune still holds it after {LOCK_STALE_SECS} s: {first}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(LOCK_WAIT_POLL_MS)).await;
+        }
+    }
+
     /// Fails if the lock may have looked dead to another holder at any time since it was
     /// taken: a backup must not then write its manifest, nor a prune go on deleting.
     pub fn check(&self) -> Result<(), BackupError> {
@@ -291,6 +328,7 @@ mod tests {
             cluster: None,
             host: None,
             started_ms: 0,
+            reads: Vec::new(),
         };
         let lock = Lock::take(&target, body).await.unwrap();
         lock.check().unwrap();
@@ -318,9 +356,15 @@ mod tests {
             parse_object("locks/prune-c1-5.json"),
             Some((LockKind::Prune, "c1-5"))
         );
+        assert_eq!(
+            parse_object("locks/read-db-1-9f.json"),
+            Some((LockKind::Read, "db-1-9f"))
+        );
         for junk in [
             "",
             "locks/",
+            "locks/read-.json",
+            "locks/reader-a.json",
             "locks/x.json",
             "lock/backup-a.json",
             "locks/backup-a",

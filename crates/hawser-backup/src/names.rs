@@ -4,6 +4,8 @@
 //! hawser-backup.json             the format marker, written by the connection check
 //! backups/<backup>.json          one manifest per backup, written after all its blocks
 //! blocks/<h0h1>/<sha256>.zst     one block, zstd-compressed, named by its content's hash
+//! retired/<backup>.json          a deleted backup's manifest, kept while a reader holds it
+//! locks/<kind>-<holder>.json     who backs up, prunes or reads now (`locks.rs`)
 //! ```
 //!
 //! Blocks are shared by every backup on the target that holds the same content, so a clone's
@@ -14,10 +16,24 @@ use crate::error::BackupError;
 pub const MARKER: &str = "hawser-backup.json";
 pub const BACKUPS: &str = "backups";
 pub const BLOCKS: &str = "blocks";
+pub const RETIRED: &str = "retired";
 
 /// The object of a manifest.
 pub fn manifest(backup: &str) -> String {
     format!("{BACKUPS}/{backup}.json")
+}
+
+/// Where a deleted backup's manifest waits for its last reader (`readers.rs`).
+pub fn retired(backup: &str) -> String {
+    format!("{RETIRED}/{backup}.json")
+}
+
+/// The backup a retired manifest's object name holds, if it is one.
+pub fn retired_of(object: &str) -> Option<&str> {
+    object
+        .strip_prefix(RETIRED)?
+        .strip_prefix('/')?
+        .strip_suffix(".json")
 }
 
 /// The object of a block, by the hex SHA-256 of its uncompressed content.

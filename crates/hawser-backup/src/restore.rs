@@ -11,6 +11,7 @@ use crate::constants::{MAX_IN_FLIGHT_BLOCKS, MAX_MANIFEST_BYTES};
 use crate::error::BackupError;
 use crate::manifest::Manifest;
 use crate::progress::{Pacer, Progress};
+use crate::readers::ReadHold;
 use crate::target::Target;
 use crate::upload::join;
 use crate::{block, names};
@@ -144,6 +145,8 @@ pub async fn restore(
 /// differs are written, and a block that became zeros is written as zeros. A base cut in
 /// blocks of another size counts as unknown data: every block is written. Applying the same
 /// manifest over a base again, after an apply that stopped half-way, ends in the same bytes.
+/// The backup is held on the target while it is read (`readers.rs`): this needs write access
+/// to the target's `locks/`.
 pub async fn restore_over(
     target: &Target,
     manifest: &Manifest,
@@ -153,6 +156,23 @@ pub async fn restore_over(
     bytes_per_sec: u64,
 ) -> Result<(), BackupError> {
     manifest.validate()?;
+    // Before a block is relied on: no prune deletes what this backup names until released,
+    // even if the backup is deleted meanwhile (readers.rs).
+    let hold = ReadHold::take(target, &manifest.backup).await?;
+    let done = held(target, manifest, before, dest, progress, bytes_per_sec).await;
+    hold.release().await;
+    done
+}
+
+/// [`restore_over`] under its hold on the backup.
+async fn held(
+    target: &Target,
+    manifest: &Manifest,
+    before: Before<'_>,
+    dest: Dest<'_>,
+    progress: Arc<Progress>,
+    bytes_per_sec: u64,
+) -> Result<(), BackupError> {
     let before = match before {
         Before::Backup(b) if b.block_bytes != manifest.block_bytes => Before::Unknown,
         b => b,

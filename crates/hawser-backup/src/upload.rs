@@ -5,12 +5,11 @@ use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
-use crate::constants::{LOCK_STALE_SECS, LOCK_WAIT_POLL_MS, MAX_IN_FLIGHT_BLOCKS};
+use crate::constants::MAX_IN_FLIGHT_BLOCKS;
 use crate::error::BackupError;
 use crate::locks::{Lock, LockBody, LockKind};
 use crate::manifest::{BackupKey, BackupStats, Manifest, FORMAT};
@@ -75,39 +74,17 @@ pub async fn back_up(
             cluster: plan.cluster.clone(),
             host: hostname(),
             started_ms: now_ms(),
+            reads: Vec::new(),
         },
     )
     .await?;
     let made = async {
-        wait_out_prunes(target, &lock).await?;
+        lock.wait_out_prunes().await?;
         locked(target, source, file, plan, progress, &lock, started).await
     }
     .await;
     lock.release().await;
     made
-}
-
-/// Waits while a prune holds the target (at most the stale time of its lock).
-async fn wait_out_prunes(target: &Target, lock: &Lock) -> Result<(), BackupError> {
-    let since = std::time::Instant::now();
-    loop {
-        let prunes: Vec<_> = lock
-            .others()
-            .await?
-            .into_iter()
-            .filter(|h| h.kind == LockKind::Prune)
-            .collect();
-        let Some(first) = prunes.first() else {
-            return Ok(());
-        };
-        if since.elapsed() > Duration::from_secs(LOCK_STALE_SECS) {
-            return Err(BackupError::Busy {
-                target: target.name().to_owned(),
-                why: format!("a prune still holds it after {LOCK_STALE_SECS} s: {first}"),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(LOCK_WAIT_POLL_MS)).await;
-    }
 }
 
 /// The backup proper, under the target's lock.

@@ -2,96 +2,15 @@
 //! and a prune and a backup never overlap (the target's locks).
 #![allow(clippy::unwrap_used)]
 
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
-use hawser_backup::locks::{Lock, LockBody, LockKind};
+use hawser_backup::locks::{Lock, LockKind};
+use hawser_backup::names;
 use hawser_backup::prune::prune;
-use hawser_backup::{back_up, read_manifest, restore, BackupError, BackupPlan, Dest, Progress};
-use hawser_backup::{names, Target, TargetSpec};
+use hawser_backup::{back_up, read_manifest, restore, BackupError, Dest, Progress};
 
-const MIB: u64 = 1 << 20;
-const STALE: u64 = hawser_backup::constants::LOCK_STALE_SECS;
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    store: PathBuf,
-    image: PathBuf,
-    target: Target,
-}
-
-fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("target");
-    std::fs::create_dir(&store).unwrap();
-    let image = dir.path().join("image");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(4 * MIB)
-        .unwrap();
-    let spec = TargetSpec::Dir {
-        path: store.display().to_string(),
-    };
-    let target = Target::open("t", &spec, None).unwrap();
-    Fixture {
-        _dir: dir,
-        store,
-        image,
-        target,
-    }
-}
-
-fn write(image: &Path, at: u64, byte: u8) {
-    let f = std::fs::OpenOptions::new().write(true).open(image).unwrap();
-    f.write_all_at(&vec![byte; 1 << 20], at).unwrap();
-}
-
-fn plan(backup: &str, previous: Option<hawser_backup::Manifest>) -> BackupPlan {
-    BackupPlan {
-        backup: backup.into(),
-        volume: "v".into(),
-        cluster: None,
-        snapshot: None,
-        taken_ms: 1,
-        size_bytes: 4 * MIB,
-        block_bytes: MIB,
-        encryption: None,
-        previous,
-        bytes_per_sec: 0,
-    }
-}
-
-/// Makes every object under `dir` look written an hour ago, as the target's clock tells.
-fn age(dir: &Path) {
-    let old = SystemTime::now() - Duration::from_secs(3600);
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            age(&p);
-        } else {
-            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-            f.set_modified(old).unwrap();
-        }
-    }
-}
-
-fn files_under(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.map(|e| {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    files_under(&p)
-                } else {
-                    1
-                }
-            })
-            .sum()
-        })
-        .unwrap_or(0)
-}
+mod common;
+use common::{age, files_under, fixture, lock_body, plan, write, MIB, STALE};
 
 #[tokio::test]
 async fn prune_deletes_only_unnamed_old_blocks() {
@@ -149,14 +68,7 @@ async fn prune_deletes_only_unnamed_old_blocks() {
 #[tokio::test]
 async fn a_running_backup_stops_a_prune_until_its_lock_is_stale() {
     let f = fixture();
-    let body = |kind, holder: &str| LockBody {
-        kind,
-        holder: holder.into(),
-        cluster: None,
-        host: None,
-        started_ms: 0,
-    };
-    let held = Lock::take(&f.target, body(LockKind::Backup, "v-9"))
+    let held = Lock::take(&f.target, lock_body(LockKind::Backup, "v-9"))
         .await
         .unwrap();
     let e = prune(&f.target, "p1", None, STALE).await.unwrap_err();
@@ -176,18 +88,9 @@ async fn a_running_backup_stops_a_prune_until_its_lock_is_stale() {
 async fn a_backup_waits_for_a_running_prune() {
     let f = fixture();
     write(&f.image, 0, 7);
-    let prune_lock = Lock::take(
-        &f.target,
-        LockBody {
-            kind: LockKind::Prune,
-            holder: "p".into(),
-            cluster: None,
-            host: None,
-            started_ms: 0,
-        },
-    )
-    .await
-    .unwrap();
+    let prune_lock = Lock::take(&f.target, lock_body(LockKind::Prune, "p"))
+        .await
+        .unwrap();
     let (target, image) = (f.target.clone(), f.image.clone());
     let backup = tokio::spawn(async move {
         back_up(

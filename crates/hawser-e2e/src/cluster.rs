@@ -34,6 +34,17 @@ pub struct ControllerProc {
     pub child: Child,
 }
 
+impl ControllerProc {
+    /// The port it listens on (a restart listens there again).
+    fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("controller port")
+    }
+}
+
 pub struct Cluster {
     pub dir: TempDir,
     /// Every controller's URL, comma-separated (what the CLI and the agents are given).
@@ -49,6 +60,8 @@ pub struct Cluster {
     pub tokens: TokenFiles,
     /// Plaintext (`--insecure`) rather than mutual TLS.
     pub insecure: bool,
+    /// What every controller was started with past its own (its store, the test's flags).
+    controller_args: Vec<String>,
     /// Extra arguments every agent is started (and restarted) with.
     pub agent_args: Vec<String>,
 }
@@ -193,6 +206,7 @@ impl Cluster {
             tokens,
             insecure: opts.insecure,
             agent_args: opts.agent_args,
+            controller_args: store,
         };
         // Until one leads, every API call (agent registrations included) is refused.
         c.wait_leader(Duration::from_secs(20));
@@ -344,6 +358,23 @@ impl Cluster {
         let _ = c.wait();
     }
 
+    /// kill -9 of controller `i`, then a start on the same address, data directory and
+    /// flags (a crash, or an upgrade that did not wait): its log goes on in the same file.
+    pub fn restart_controller(&mut self, i: usize) {
+        self.kill_controller(i);
+        let c = &self.controllers[i];
+        let port = c.port();
+        let name = c.name.clone();
+        self.controllers[i] = spawn_controller_on(
+            self.dir.path(),
+            &name,
+            &self.controller_args,
+            &self.tokens,
+            self.insecure,
+            port,
+        );
+    }
+
     /// The operator's worst day: the (single, embedded-store) controller stops, its store
     /// file is lost, and it starts again on the same address with an empty store (its token
     /// files are kept).
@@ -363,12 +394,7 @@ impl Cluster {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => panic!("remove the store's log: {e}"),
         }
-        let port: u16 = c
-            .url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("controller port");
+        let port = c.port();
         let name = c.name.clone();
         self.controllers[0] = spawn_controller_on(
             self.dir.path(),

@@ -253,7 +253,9 @@ async fn restore(
     req: &StartRestoreJob,
     progress: Arc<Progress>,
 ) -> Result<BackupStats, String> {
-    let m = hawser_backup::read_manifest(target, &req.backup)
+    // Live or retired: a backup deleted after its restore began is still held for it
+    // (hawser_backup::readers), and a job re-run after a restart must find it too.
+    let m = hawser_backup::read_held_manifest(target, &req.backup)
         .await
         .map_err(|e| e.to_string())?;
     if m.size_bytes > replica.size() {
@@ -276,7 +278,7 @@ async fn restore(
     // The backup a standby's replica holds. One gone from the target (pruned) leaves the
     // replica's content unknown: every block is written, zeros too.
     let base = match &req.base {
-        Some(b) => match hawser_backup::read_manifest(target, b).await {
+        Some(b) => match hawser_backup::read_held_manifest(target, b).await {
             Ok(base) => Some(base),
             Err(hawser_backup::BackupError::NotFound { .. }) => None,
             Err(e) => return Err(e.to_string()),
@@ -284,6 +286,8 @@ async fn restore(
         None => None,
     };
     let before = match (&req.base, &base) {
+        // Parts of a vanished backup over an older one: nothing is known.
+        _ if req.base_unknown => Before::Unknown,
         (_, Some(b)) => Before::Backup(b),
         (Some(_), None) => Before::Unknown,
         (None, None) => Before::Blank,

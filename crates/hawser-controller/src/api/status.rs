@@ -178,6 +178,7 @@ mod tests {
             origin: None,
             restoring: None,
             standby: None,
+            restore_from: None,
             backup_schedules: vec![],
             qos: Default::default(),
             encryption: None,

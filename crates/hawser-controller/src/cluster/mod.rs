@@ -602,6 +602,7 @@ pub fn rebuild(
             origin: None,
             restoring: None,
             standby: None,
+            restore_from: None,
             backup_schedules: vec![],
             qos: Default::default(),
             encryption,

@@ -35,7 +35,8 @@ pub struct BackupSettings {
     pub retry_secs: u64,
     /// The running backups this controller follows (`backups::follow`).
     pub following: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
-    /// Wakes the standby loop (`standby::run`) when a standby is created or activated.
+    /// Wakes the loop over volumes that read backups (`standby::run`) when a standby is
+    /// created or activated, or a restore from a backup starts.
     pub standby_wake: std::sync::Arc<tokio::sync::Notify>,
     /// Wakes the schedule loop (`schedules::run`) when a schedule is set or a prune wanted.
     pub schedule_wake: std::sync::Arc<tokio::sync::Notify>,
@@ -43,6 +44,8 @@ pub struct BackupSettings {
     pub prune_wanted: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     /// A block no manifest names is pruned only once the target wrote it this long ago.
     pub prune_grace_secs: u64,
+    /// Restores from a backup that failed, and when each is tried again (`restores::step`).
+    pub restore_retries: std::sync::Arc<crate::snapshots::retries::Retries>,
 }
 
 impl BackupSettings {
@@ -56,6 +59,7 @@ impl BackupSettings {
             schedule_wake: Default::default(),
             prune_wanted: Default::default(),
             prune_grace_secs: hawser_backup::constants::LOCK_STALE_SECS,
+            restore_retries: Default::default(),
         }
     }
 

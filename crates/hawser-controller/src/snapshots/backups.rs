@@ -409,7 +409,8 @@ async fn finish(
 /// `DELETE /v1/backups/{name}`: deletes the backup's manifest from its target, then its
 /// record. Its blocks stay until the target is pruned (`POST /v1/backup-targets/{t}/prune`,
 /// or the prune after a schedule's retention), since other backups may name them. A running
-/// backup is refused: it would write its manifest after this. A failed one has no manifest.
+/// backup is refused: it would write its manifest after this. A failed one may have one
+/// (written by a node the controller had given up on), and it goes the same way.
 pub async fn delete(st: &AppState, name: &str) -> Result<(), ControllerError> {
     hawser_api::validate_name_up_to(
         "backup",
@@ -430,22 +431,27 @@ pub async fn delete(st: &AppState, name: &str) -> Result<(), ControllerError> {
             ),
         });
     }
-    if rec.backup.state == BackupState::Ready {
-        let (_, _, target) = crate::snapshots::backup_targets::open(st, &rec.backup.target).await?;
-        target
-            .delete(&hawser_backup::names::manifest(name))
-            .await
-            .map_err(|e| ControllerError::BackupTarget {
+    // Any state but running: a backup recorded failed may have written its manifest after
+    // all (its node was only cut off), and that manifest must go too, or its blocks would
+    // never be pruned. Retired, not dropped: a restore reading it keeps its blocks until it
+    // ends (hawser_backup::readers).
+    // A failed backup of a target since removed has nothing left to clean.
+    let opened = crate::snapshots::backup_targets::open(st, &rec.backup.target).await;
+    let had_manifest = match opened {
+        Err(ControllerError::NotFound { .. }) if rec.backup.state == BackupState::Failed => false,
+        opened => hawser_backup::retire(&opened?.2, name).await.map_err(|e| {
+            ControllerError::BackupTarget {
                 target: rec.backup.target.clone(),
                 reason: e.to_string(),
-            })?;
-    }
+            }
+        })?,
+    };
     st.records
         .store()
         .delete(&key(name), Expect::Version(version))
         .await?;
     tracing::info!(backup = name, target = %rec.backup.target, "backup deleted");
-    if rec.backup.state == BackupState::Ready {
+    if had_manifest {
         st.backups.want_prune(&rec.backup.target);
     }
     st.events.keep(

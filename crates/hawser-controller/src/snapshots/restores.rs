@@ -3,26 +3,27 @@
 //! encrypted volume, the KEK). The volume is created as any other, blank, and marked
 //! `restoring` before its lock is let go, so nothing attaches it; then every replica's node
 //! reads the backup into its replica (`hawser-agent` `backup/`), each block checked against
-//! its hash. When all have, `restoring` is cleared; a restore that fails keeps the volume
-//! `restoring`, says why in an event, and the volume can only be deleted.
+//! its hash. When all have, `restoring` is cleared.
+//!
+//! The restore is the cluster's job, not the request's: the record names the backup
+//! (`restore_from`), and the leader's loop ([`step`]) starts every replica's job that is not
+//! done and clears `restoring` when all are, so a controller restart, a leader change or an
+//! agent restart (whose finished jobs are only in its memory: they run again) delays the
+//! restore, and never strands it. A restore that fails says why in an event and is tried
+//! again after a backoff (a target or node down comes back; a corrupt block does not, and
+//! the volume can only be deleted).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use hawser_api::backup::{BackupJob, JobState, S3Key, StartRestoreJob};
+use hawser_api::backup::{BackupJob, JobState, StartRestoreJob};
 use hawser_api::controller::CreateVolume;
 use hawser_backup::Manifest;
 
 use crate::errors::ControllerError;
 use crate::snapshots::backup_targets::TargetRecord;
 use crate::state::AppState;
-use crate::store::model::VolumeRecord;
+use crate::store::model::{BackupRef, VolumeRecord};
 use crate::volumes::keys::WrappedKey;
-
-/// How often the replicas' jobs are read.
-const FOLLOW_EVERY: Duration = Duration::from_secs(1);
-/// How long a node may not answer about a restore before the restore is failed.
-const UNREACHABLE_FOR: Duration = Duration::from_secs(120);
 
 /// Why a node's job could not be read.
 pub enum JobError {
@@ -51,7 +52,6 @@ pub async fn read_job(st: &AppState, node: &str, job: &str) -> Result<BackupJob,
 /// A backup to restore, read from its target.
 pub struct RestoreSource {
     pub target: TargetRecord,
-    pub credentials: Option<S3Key>,
     pub manifest: Manifest,
 }
 
@@ -74,7 +74,7 @@ pub async fn resolve(
             "--from-backup {from:?}: give TARGET/BACKUP (hawser backup list)"
         )));
     };
-    let (record, credentials, t) = crate::snapshots::backup_targets::open(st, target).await?;
+    let (record, _, t) = crate::snapshots::backup_targets::open(st, target).await?;
     let manifest = hawser_backup::read_manifest(&t, backup)
         .await
         .map_err(|e| match e {
@@ -90,7 +90,6 @@ pub async fn resolve(
     fit(req, &manifest, from)?;
     Ok(RestoreSource {
         target: record,
-        credentials,
         manifest,
     })
 }
@@ -139,135 +138,180 @@ pub async fn data_key(
     st.keks.wrap(name, &key).map_err(keys).map(Some)
 }
 
-/// Marks the created volume `restoring` (under its lock, before anyone may attach it), then
-/// starts its replicas' jobs and follows them in a task of their own.
+/// Marks the created volume `restoring` from `src` (under its lock, before anyone may attach
+/// it) and wakes the leader's loop, which starts its replicas' jobs and follows them
+/// ([`step`]): a restore is a job of the cluster, not of this request or this controller.
 pub async fn start(
     st: &Arc<AppState>,
     v: &VolumeRecord,
     src: RestoreSource,
 ) -> Result<VolumeRecord, ControllerError> {
     let label = src.label();
+    let from = BackupRef {
+        target: src.target.name.clone(),
+        backup: src.manifest.backup.clone(),
+    };
     let (marked, ()) = st
         .records
         .update_volume(&v.name, |v| {
             v.restoring = Some(label.clone());
+            v.restore_from = Some(from.clone());
             Ok(())
         })
         .await?;
-    let nodes = st.records.nodes().await?;
-    let mut jobs = Vec::new();
-    for r in &marked.replicas {
-        let Some(node) = nodes.iter().find(|n| n.name == r.node) else {
-            continue;
-        };
-        let req = StartRestoreJob {
-            replica: r.id.clone(),
-            backup: src.manifest.backup.clone(),
-            target: src.target.name.clone(),
-            spec: src.target.spec.clone(),
-            credentials: src.credentials.clone(),
-            bytes_per_sec: st.backups.bytes_per_sec,
-            base: None,
-        };
-        st.agents
-            .start_restore(node.agent(), &req)
-            .await
-            .map_err(|source| ControllerError::Agent {
-                node: node.name.clone(),
-                op: "start a restore".into(),
-                source,
-            })?;
-        jobs.push((node.name.clone(), req.job()));
-    }
-    tracing::info!(volume = %v.name, from = %label, replicas = jobs.len(), "restore started");
-    let (st, name) = (st.clone(), v.name.clone());
-    tokio::spawn(async move { follow(&st, &name, &label, jobs).await });
+    tracing::info!(volume = %v.name, from = %label, "restore started");
+    st.backups.standby_wake.notify_one();
     Ok(marked)
 }
 
-/// Waits for every replica's job; clears `restoring` when all are done.
-async fn follow(st: &AppState, volume: &str, label: &str, jobs: Vec<(String, String)>) {
-    let mut silent_since: Option<std::time::Instant> = None;
-    let failure = loop {
-        tokio::time::sleep(FOLLOW_EVERY).await;
-        let mut done = 0;
-        let mut failed = None;
-        let mut silent = None;
-        for (node, job) in &jobs {
-            let answer = read_job(st, node, job).await;
-            match answer {
-                Ok(BackupJob {
-                    state: JobState::Done,
-                    ..
-                }) => done += 1,
-                Ok(BackupJob {
-                    state: JobState::Failed,
-                    error,
-                    ..
-                }) => {
-                    failed = Some(format!("on node {node}: {}", error.unwrap_or_default()));
-                }
-                Ok(_) => {}
-                Err(JobError::Gone(e)) => {
-                    failed = Some(format!("node {node} has no restore job (restarted?): {e}"));
-                }
-                Err(JobError::Silent(e)) => silent = Some(e),
-            }
-        }
-        if let Some(f) = failed {
-            break Some(f);
-        }
-        if done == jobs.len() {
-            break None;
-        }
-        match silent {
-            Some(e) => {
-                let since = *silent_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() > UNREACHABLE_FOR {
-                    break Some(format!(
-                        "a node did not answer for {UNREACHABLE_FOR:?}: {e}"
-                    ));
-                }
-            }
-            None => silent_since = None,
-        }
+/// The backup `v` is being restored from, if it is: its record says so, or, in a record of
+/// a controller older than `restore_from`, its `restoring` label does ("backup T/B"; a
+/// snapshot's name, the other label, has no space).
+pub fn source_of(v: &VolumeRecord) -> Option<BackupRef> {
+    if v.standby.is_some() {
+        return None;
+    }
+    if let Some(from) = &v.restore_from {
+        return Some(from.clone());
+    }
+    let (target, backup) = v
+        .restoring
+        .as_deref()?
+        .strip_prefix("backup ")?
+        .split_once('/')?;
+    Some(BackupRef {
+        target: target.to_owned(),
+        backup: backup.to_owned(),
+    })
+}
+
+/// The label `restoring` carries for a restore from `from`.
+fn label_of(from: &BackupRef) -> String {
+    format!("backup {}/{}", from.target, from.backup)
+}
+
+/// On the leader, each turn of the loop over volumes reading backups (`standby::run`): starts
+/// `v`'s restore on every replica whose job is not done (starting is idempotent on the
+/// agent: a running or done job is returned, a failed or lost one starts again, and writing
+/// a block twice is harmless), then clears `restoring` once all are done. True while the
+/// restore goes on (the loop comes back within a second).
+pub async fn step(st: &AppState, v: &VolumeRecord) -> bool {
+    let Some(from) = source_of(v) else {
+        return false;
     };
-    match failure {
-        None => {
-            let cleared = st
-                .records
-                .update_volume(volume, |v| {
-                    if v.restoring.as_deref() == Some(label) {
-                        v.restoring = None;
-                    }
-                    Ok(())
-                })
-                .await;
-            if let Err(e) = cleared {
-                tracing::warn!(volume, error = %e, "restore done, but the record not updated");
-                return;
+    if !st.backups.restore_retries.due(&v.name) {
+        return true;
+    }
+    match start_jobs(st, v, &from).await {
+        Ok(true) => finish(st, v, &from).await,
+        Ok(false) => {
+            st.backups.restore_retries.clear(&v.name);
+            true
+        }
+        Err(why) => {
+            failed(st, v, &from, &why);
+            true
+        }
+    }
+}
+
+/// Starts or reads every replica's job: true once all are done.
+async fn start_jobs(st: &AppState, v: &VolumeRecord, from: &BackupRef) -> Result<bool, String> {
+    let (target, credentials, _) = crate::snapshots::backup_targets::open(st, &from.target)
+        .await
+        .map_err(|e| format!("cannot open target {}: {e}", from.target))?;
+    let nodes = st.records.nodes().await.map_err(|e| e.to_string())?;
+    let mut done = 0;
+    for r in &v.replicas {
+        let node = nodes
+            .iter()
+            .find(|n| n.name == r.node)
+            .ok_or_else(|| format!("replica {} is on node {}, not registered", r.id, r.node))?;
+        let req = StartRestoreJob {
+            replica: r.id.clone(),
+            backup: from.backup.clone(),
+            target: target.name.clone(),
+            spec: target.spec.clone(),
+            credentials: credentials.clone(),
+            bytes_per_sec: st.backups.bytes_per_sec,
+            base: None,
+            base_unknown: false,
+        };
+        match st.agents.start_restore(node.agent(), &req).await {
+            Ok(job) => match job.state {
+                JobState::Done => done += 1,
+                JobState::Running => {}
+                JobState::Failed => {
+                    let why = job.error.unwrap_or_default();
+                    return Err(format!("on node {}: {why}", r.node));
+                }
+            },
+            // The node runs its most jobs: come back later.
+            Err(e) if e.api_code() == Some(hawser_api::ErrorCode::Unavailable) => {}
+            Err(e) => return Err(format!("on node {}: {e}", r.node)),
+        }
+    }
+    Ok(done == v.replicas.len())
+}
+
+/// Clears `restoring` if it is still this restore's: one compare-and-swap, so the volume
+/// leaves `restoring` once, whoever else finished it too. False: nothing left to do.
+async fn finish(st: &AppState, v: &VolumeRecord, from: &BackupRef) -> bool {
+    let label = label_of(from);
+    let cleared = st
+        .records
+        .update_volume(&v.name, |r| {
+            if source_of(r).as_ref() != Some(from) {
+                return Ok(false);
             }
-            tracing::info!(volume, from = label, "restore done");
+            r.restore_from = None;
+            if r.restoring.as_deref() == Some(label.as_str()) {
+                r.restoring = None;
+            }
+            Ok(true)
+        })
+        .await;
+    match cleared {
+        Ok((_, true)) => {
+            st.backups.restore_retries.clear(&v.name);
+            tracing::info!(volume = %v.name, from = %label, "restore done");
             st.events.keep(
-                Some(volume),
+                Some(&v.name),
                 None,
                 false,
                 "RestoreDone",
-                &format!("volume {volume} restored from {label}"),
+                &format!("volume {} restored from {label}", v.name),
             );
+            false
         }
-        Some(why) => {
-            tracing::warn!(volume, from = label, error = %why, "restore failed");
-            st.events.keep(
-                Some(volume),
-                None,
-                true,
-                "RestoreFailed",
-                &format!(
-                    "restore of volume {volume} from {label} failed {why}; delete the \
-                          volume and create it again"
-                ),
-            );
+        Ok((_, false)) => false,
+        // Tried again at the next turn: the jobs are done, and say so again.
+        Err(e) => {
+            tracing::warn!(volume = %v.name, error = %e, "restore done, record not updated yet");
+            true
         }
     }
+}
+
+/// Records why a restore could not go on, with an event when the reason is new; it is tried
+/// again after a backoff (`Retries`).
+fn failed(st: &AppState, v: &VolumeRecord, from: &BackupRef, why: &str) {
+    let (fresh, wait) = st.backups.restore_retries.failed(&v.name, why);
+    if !fresh {
+        return;
+    }
+    let label = label_of(from);
+    tracing::warn!(volume = %v.name, from = %label, error = %why, "restore failed");
+    st.events.keep(
+        Some(&v.name),
+        None,
+        true,
+        "RestoreFailed",
+        &format!(
+            "restore of volume {} from {label} failed {why}; it is tried again in {} s (delete \
+             the volume to give up)",
+            v.name,
+            wait.as_secs()
+        ),
+    );
 }

@@ -11,6 +11,12 @@
 //! replica that holds the base plus some of them ends in the same bytes. Activation
 //! applies the newest backup first, or (`--as-is`, for a target that cannot be reached)
 //! keeps `applied`, and is refused while an apply is half done.
+//!
+//! The one mix that is not started again: a backup that vanished while it was applied
+//! (deleted and pruned at the source, while a standby node was down). Its blocks are gone,
+//! so the apply can never end. The record then says the replicas hold parts of it
+//! (`mixed`), and the newest backup is applied with every block compared (no base), after
+//! which the replicas hold exactly that backup again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,7 +51,7 @@ pub async fn resolve(
     of: &str,
 ) -> Result<RestoreSource, ControllerError> {
     let (target, volume) = parse(of)?;
-    let (record, credentials, t) = crate::snapshots::backup_targets::open(st, target).await?;
+    let (record, _, t) = crate::snapshots::backup_targets::open(st, target).await?;
     let manifest = hawser_backup::latest_backup(&t, volume)
         .await
         .map_err(|e| ControllerError::BackupTarget {
@@ -59,7 +65,6 @@ pub async fn resolve(
     crate::snapshots::restores::fit(req, &manifest, &format!("{target}/{}", manifest.backup))?;
     Ok(RestoreSource {
         target: record,
-        credentials,
         manifest,
     })
 }
@@ -79,6 +84,7 @@ pub async fn start(
         activating: false,
         checked_ms: Some(now_ms()),
         error: None,
+        mixed: None,
     };
     let label = standby.label();
     let (marked, ()) = st
@@ -116,7 +122,7 @@ pub async fn activate(
                 s.checked_ms = None;
                 return Ok(());
             }
-            if let Some(b) = &s.applying {
+            if let Some(b) = s.applying.as_ref().or(s.mixed.as_ref()) {
                 return Err(ControllerError::Refused {
                     message: format!(
                         "volume {name:?} is half-way through applying backup {b}: its \
@@ -148,10 +154,13 @@ fn activated(st: &AppState, name: &str, how: &str) {
     );
 }
 
-/// On the leader: applies new backups to every standby volume. Wakes every `poll`, or every
-/// second while an apply runs, or when a standby is created or activated.
+/// On the leader: applies new backups to every standby volume, and follows every restore
+/// from a backup (`restores::step`). Wakes every `poll`, or every second while an apply or
+/// a restore runs, or when a standby is created or activated or a restore starts.
 pub async fn run(st: Arc<AppState>, poll: Duration) {
-    let mut busy = false;
+    // The first pass comes within a second: a controller that just started or took over
+    // resumes the applies and restores it finds half done.
+    let mut busy = true;
     loop {
         let wait = if busy { FOLLOW_EVERY } else { poll };
         tokio::select! {
@@ -162,7 +171,9 @@ pub async fn run(st: Arc<AppState>, poll: Duration) {
             st.leadership.role(),
             crate::store::leader::Role::Follower { .. }
         ) {
-            busy = false;
+            // Looked at again within a second: a follower that becomes the leader takes
+            // over the applies and restores at once, not a poll interval later.
+            busy = true;
             continue;
         }
         // With this controller's own writes, as the schedules' loop: a wake follows a
@@ -178,6 +189,15 @@ pub async fn run(st: Arc<AppState>, poll: Duration) {
             .collect();
         for v in standbys {
             busy |= step(&st, &v, poll).await;
+        }
+        // The restores from a backup, resumed by whichever controller leads now.
+        let restoring: Vec<VolumeRecord> = volumes
+            .iter()
+            .filter(|v| crate::snapshots::restores::source_of(v).is_some())
+            .cloned()
+            .collect();
+        for v in restoring {
+            busy |= crate::snapshots::restores::step(&st, &v).await;
         }
     }
 }
@@ -217,10 +237,12 @@ async fn check(st: &AppState, v: &VolumeRecord, s: &Standby) -> bool {
             return false;
         }
     };
+    // Replicas that hold parts of a vanished backup take the newest one, whichever it is.
     let newer = newest.filter(|m| {
-        s.applied
-            .as_ref()
-            .is_none_or(|a| m.taken_ms > a.taken_ms && m.backup != a.backup)
+        s.mixed.is_some()
+            || s.applied
+                .as_ref()
+                .is_none_or(|a| m.taken_ms > a.taken_ms && m.backup != a.backup)
     });
     if let Some(m) = &newer {
         if m.size_bytes > v.size_bytes {
@@ -279,15 +301,16 @@ async fn apply(st: &AppState, v: &VolumeRecord, s: &Standby, backup: &str) -> bo
         Err(_) => return true,
     };
     let mut done = 0;
+    // Every node that answers gets its job, whichever other is down: the first error is
+    // recorded after all were asked.
+    let mut first_error = None;
     for r in &v.replicas {
         let Some(node) = nodes.iter().find(|n| n.name == r.node) else {
-            failed(
-                st,
-                v,
-                format!("replica {} is on node {}, not registered", r.id, r.node),
-            )
-            .await;
-            return false;
+            first_error.get_or_insert(format!(
+                "replica {} is on node {}, not registered",
+                r.id, r.node
+            ));
+            continue;
         };
         let req = StartRestoreJob {
             replica: r.id.clone(),
@@ -296,7 +319,11 @@ async fn apply(st: &AppState, v: &VolumeRecord, s: &Standby, backup: &str) -> bo
             spec: target.spec.clone(),
             credentials: credentials.clone(),
             bytes_per_sec: st.backups.bytes_per_sec,
-            base: s.applied.as_ref().map(|a| a.backup.clone()),
+            base: s
+                .mixed
+                .clone()
+                .or_else(|| s.applied.as_ref().map(|a| a.backup.clone())),
+            base_unknown: s.mixed.is_some(),
         };
         // Starting is idempotent: a job of that name that runs or is done is returned, a
         // failed one (or one lost with its agent) starts again.
@@ -304,30 +331,38 @@ async fn apply(st: &AppState, v: &VolumeRecord, s: &Standby, backup: &str) -> bo
             Ok(job) => match job.state {
                 JobState::Done => done += 1,
                 JobState::Running => {}
+                JobState::Failed if vanished(&t, backup).await => {
+                    moved_past(st, v, backup).await;
+                    return true;
+                }
                 JobState::Failed => {
                     let why = job.error.unwrap_or_default();
-                    failed(
-                        st,
-                        v,
-                        format!("applying {backup} on node {}: {why}", r.node),
-                    )
-                    .await;
-                    return false;
+                    first_error
+                        .get_or_insert(format!("applying {backup} on node {}: {why}", r.node));
                 }
             },
             // The node runs its most jobs: come back later.
             Err(e) if e.api_code() == Some(hawser_api::ErrorCode::Unavailable) => {}
             Err(e) => {
-                failed(st, v, format!("applying {backup} on node {}: {e}", r.node)).await;
-                return false;
+                first_error.get_or_insert(format!("applying {backup} on node {}: {e}", r.node));
             }
         }
+    }
+    if let Some(why) = first_error {
+        failed(st, v, why).await;
+        return false;
     }
     if done < v.replicas.len() {
         return true;
     }
-    let taken_ms = match hawser_backup::read_manifest(&t, backup).await {
+    let taken_ms = match hawser_backup::read_held_manifest(&t, backup).await {
         Ok(m) => m.taken_ms,
+        // Gone since every replica applied it: its recovery point is unknown, so the newest
+        // backup is applied over it, as over a vanished one.
+        Err(hawser_backup::BackupError::NotFound { .. }) => {
+            moved_past(st, v, backup).await;
+            return true;
+        }
         Err(e) => {
             failed(st, v, format!("cannot read backup {backup} again: {e}")).await;
             return false;
@@ -348,6 +383,7 @@ async fn apply(st: &AppState, v: &VolumeRecord, s: &Standby, backup: &str) -> bo
             {
                 rs.applied = Some(applied.clone());
                 rs.applying = None;
+                rs.mixed = None;
                 rs.error = None;
                 // Read the target again at once when activating: there may be a newer one.
                 if rs.activating {
@@ -376,6 +412,56 @@ async fn apply(st: &AppState, v: &VolumeRecord, s: &Standby, backup: &str) -> bo
         ),
     );
     s.activating
+}
+
+/// Whether `backup` is gone from the target for good: neither listed nor retired (a prune
+/// took it). A retired one still held is not: the apply reads it.
+async fn vanished(t: &hawser_backup::Target, backup: &str) -> bool {
+    matches!(
+        hawser_backup::read_held_manifest(t, backup).await,
+        Err(hawser_backup::BackupError::NotFound { .. })
+    )
+}
+
+/// The backup being applied vanished: the standby stops applying it, remembers that its
+/// replicas may hold parts of it (`mixed`), and reads the target again at once for the
+/// newest backup, which it applies comparing every block.
+async fn moved_past(st: &AppState, v: &VolumeRecord, backup: &str) {
+    let updated = st
+        .records
+        .update_volume(&v.name, |r| {
+            let Some(rs) = r.standby.as_mut() else {
+                return Ok(false);
+            };
+            if rs.applying.as_deref() != Some(backup) {
+                return Ok(false);
+            }
+            rs.applying = None;
+            rs.mixed = Some(backup.to_owned());
+            rs.checked_ms = None;
+            rs.error = None;
+            Ok(true)
+        })
+        .await;
+    match updated {
+        Ok((_, true)) => {
+            tracing::warn!(volume = %v.name, backup, "the backup a standby applied vanished");
+            st.events.keep(
+                Some(&v.name),
+                None,
+                true,
+                "StandbyBackupVanished",
+                &format!(
+                    "backup {backup} vanished from the target while standby volume {} applied \
+                     it; its replicas may hold parts of it, so the newest backup is applied \
+                     next, every block compared",
+                    v.name
+                ),
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(volume = %v.name, error = %e, "standby not updated"),
+    }
 }
 
 /// Records why a standby could not move on (an event when the reason is new); it tries

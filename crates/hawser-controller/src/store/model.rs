@@ -157,10 +157,22 @@ pub struct VolumeRecord {
     /// A standby volume (`snapshots/standby.rs`): `restoring` says so while this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<hawser_api::backup::Standby>,
+    /// The backup a volume made with `--from-backup` is being restored from, while
+    /// `restoring` says so (`snapshots/restores.rs`): the leader starts it again on every
+    /// replica whose job is not done, across restarts and leader changes, until all are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<BackupRef>,
     /// Backups on a schedule, one per target (`snapshots/schedules.rs`); on Kubernetes the
     /// HawserVolume's `spec.backup_schedules`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backup_schedules: Vec<hawser_api::backup::BackupSchedule>,
+}
+
+/// A backup on a target, by name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupRef {
+    pub target: String,
+    pub backup: String,
 }
 
 /// A snapshot of the volume whose record holds it.

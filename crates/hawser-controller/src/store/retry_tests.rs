@@ -163,6 +163,7 @@ fn volume(name: &str) -> VolumeRecord {
         origin: None,
         restoring: None,
         standby: None,
+        restore_from: None,
         backup_schedules: vec![],
         qos: Default::default(),
         encryption: None,

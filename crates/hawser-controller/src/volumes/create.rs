@@ -210,6 +210,7 @@ async fn create_placed(
         origin: req.from.clone(),
         restoring: None,
         standby: None,
+        restore_from: None,
         backup_schedules: schedules.to_vec(),
         qos: req.qos,
         encryption: encryption.clone(),

@@ -306,15 +306,24 @@ fn run_target(client: &Client, cmd: TargetCmd) -> Result<(), CliError> {
                 client.post(&format!("/v1/backup-targets/{name}/prune"), &json!({}))?;
             match out.format {
                 Format::Json => print_json(&r),
-                Format::Table => println!(
-                    "target {name} pruned: {} blocks deleted ({}), {} kept for {} backups, {} \
-                     too recent to prune yet",
-                    r.deleted_blocks,
-                    format_size(r.freed_bytes),
-                    r.blocks.saturating_sub(r.deleted_blocks + r.young_blocks),
-                    r.backups,
-                    r.young_blocks
-                ),
+                Format::Table => {
+                    println!(
+                        "target {name} pruned: {} blocks deleted ({}), {} kept for {} backups, \
+                         {} too recent to prune yet",
+                        r.deleted_blocks,
+                        format_size(r.freed_bytes),
+                        r.blocks.saturating_sub(r.deleted_blocks + r.young_blocks),
+                        r.backups,
+                        r.young_blocks
+                    );
+                    if r.held_backups > 0 {
+                        println!(
+                            "{} deleted backups are still being read (a restore or a standby): \
+                             their blocks go at the first prune after it ends",
+                            r.held_backups
+                        );
+                    }
+                }
             }
         }
         TargetCmd::Remove { name, out } => {

@@ -92,6 +92,7 @@ mod tests {
             activating: false,
             checked_ms: Some(1_795_864_500_000),
             error: Some("cannot read target offsite: 503".into()),
+            mixed: None,
         };
         let text: Vec<String> = lines(&s, 1_795_864_510_000)
             .into_iter()
