@@ -6,22 +6,34 @@
 #
 #   scripts/kvm/boot.sh --prepare      fetch the kernel and build the initramfs (make kvm-kernel)
 #   scripts/kvm/boot.sh --check        exit 0 when prepared, else say how (exit 3)
-#   scripts/kvm/boot.sh [--env NAME=VALUE]... [--] 'COMMAND'
+#   scripts/kvm/boot.sh [--env NAME=VALUE]... [--share PATH]... [--] 'COMMAND'
 #                                      run COMMAND with bash in the guest; exit with its status
-#   scripts/kvm/boot.sh -i             an interactive shell on the serial console (Ctrl-A X quits)
+#   scripts/kvm/boot.sh [--share PATH]... -i
+#                                      an interactive shell on the serial console (Ctrl-A X quits)
 #
 # COMMAND is a bash script: `boot.sh 'VAR=x cmd; other'` works, and `--env NAME=VALUE` exports
 # NAME to all of it (the guest starts from an empty environment: HOME, TERM and PATH only). It
 # starts in the caller's working directory. Its stdout and stderr are the guest's serial
 # console, which is this script's stdout; kernel messages of KERN_ERR and worse show there too
 # (loglevel=4, `nbd0: Connection timed out` is one), quieter ones do not. Exit status 125: the
-# guest never reported one (timeout, kernel panic, qemu killed).
+# guest never reported one (timeout, kernel panic, qemu killed). Exit status 4: refused before
+# the command, because the guest cannot show a path it needs (the message says which and why).
 #
 # In the guest: the host's root read-only over 9p under a tmpfs overlay (writes are thrown
-# away); fresh tmpfs on /tmp, /run and /dev/shm; every module of the guest kernel for modprobe
-# (the host's kmod); /job, a writable share of a host directory that carries the command in and
-# its exit status out; the host's 127.0.0.1 is 10.0.2.2 (QEMU user networking). No udev: poll
-# for device nodes. The 9p share caches (cache=loose): start a new guest after a rebuild.
+# away); every module of the guest kernel for modprobe (the host's kmod); /job, a writable
+# share of a host directory that carries the command in and its exit status out; the host's
+# 127.0.0.1 is 10.0.2.2 (QEMU user networking). No udev: poll for device nodes. The 9p share
+# caches (cache=loose): start a new guest after a rebuild.
+#
+# /tmp, /run and /dev/shm are fresh tmpfs: there the host has sockets, other tests' port
+# claims (/tmp/hawser-test-ports-UID; the guest's ports are its own) and files that change
+# while the guest runs (an overlay does not allow that of its lower layer), all at 9p's speed.
+# What the command needs from under them is bound back at the same path (from the overlay:
+# writable, writes thrown away), so a checkout or a build under /tmp runs too: the working
+# directory, each --share PATH, and each --env VALUE that names a file or directory here.
+# Refused at once (exit 4), naming it: a working directory or --share PATH that does not
+# exist, or lies where the guest has its own (/proc, /sys, /dev but /dev/shm, /job, the whole
+# of /tmp, /run or /dev/shm). An --env VALUE there is left to the guest's own.
 #
 # Settings: HAWSER_KVM_CACHE (~/.cache/hawser-kvm), HAWSER_KVM_MEM (2G), HAWSER_KVM_CPUS (1),
 # HAWSER_KVM_TIMEOUT (900 s), HAWSER_KVM_APPEND (more kernel arguments), HAWSER_KVM_MIRROR (the
@@ -69,13 +81,38 @@ mount -t 9p -o $O,ro,cache=loose hostroot /lower
 mount -t tmpfs -o mode=755 tmpfs /upper; mkdir -p /upper/u /upper/w
 mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w /newroot
 R=/newroot
+# Not cached: the exit status written here must reach the host.
+mkdir -p $R/job; mount -t 9p -o $O job $R/job
+# What the command cannot be run without; boot.sh says so and exits 4 (REFUSED).
+refuse() { echo "hawser-kvm: cannot show $1 in the guest: $2"; echo "$1: $2" >>$R/job/refused; }
+# boot.sh's shares: host paths under the fresh mounts below, in NUL-separated pairs SOURCE
+# DEST (no name is split, and none goes through the kernel's command line). Each SOURCE is
+# bound from the overlay now, before those mounts hide it, and at DEST after them.
+mkdir /shares; n=0
+while IFS= read -r -d '' src && IFS= read -r -d '' dst; do
+  n=$((n + 1))
+  if [ -d "$R$src" ]; then mkdir /shares/$n; else : >/shares/$n; fi
+  mount -o bind "$R$src" /shares/$n || refuse "$dst" "no $src in the host's root over 9p"
+done <$R/job/shares
 mount -t proc proc $R/proc; mount -t sysfs sysfs $R/sys; mount -t devtmpfs devtmpfs $R/dev
-mkdir -p $R/dev/pts $R/dev/shm $R/job $R/usr/lib/modules/$KVER
+mkdir -p $R/dev/pts $R/dev/shm $R/usr/lib/modules/$KVER
 ln -sf /proc/self/fd $R/dev/fd; ln -sf fd/0 $R/dev/stdin; ln -sf fd/1 $R/dev/stdout; ln -sf fd/2 $R/dev/stderr
 mount -t devpts devpts $R/dev/pts
-# Fresh and in guest memory: not the host's files, and not 9p's speed.
+# Fresh and in guest memory: not the host's files (the top of boot.sh says which), and not
+# 9p's speed. Then the shares, back at their paths.
 mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm; mount -t tmpfs -o mode=755 tmpfs $R/run
 mount -t tmpfs -o mode=1777 tmpfs $R/tmp
+n=0
+while IFS= read -r -d '' src && IFS= read -r -d '' dst; do
+  n=$((n + 1))
+  if [ -d /shares/$n ]; then
+    mkdir -p "$R$dst"
+  else
+    # Created only if missing: opening one that is there would copy it up into the overlay.
+    mkdir -p "$R$(dirname "$dst")"; [ -e "$R$dst" ] || : >"$R$dst"
+  fi
+  mount -o bind /shares/$n "$R$dst" || refuse "$dst" "its bind mount failed"
+done <$R/job/shares
 mount -t configfs configfs $R/sys/kernel/config 2>/dev/null
 # The guest kernel's modules (unpacked from Debian's package on the host) where modprobe looks.
 mount -t 9p -o $O,ro,cache=loose modules $R/usr/lib/modules/$KVER
@@ -85,8 +122,6 @@ grep -v '^#' $R/usr/lib/modules/$KVER/modules.devname | while read -r mod name d
   mm=${dev#?}; mkdir -p "$(dirname $R/dev/$name)"
   mknod -m 0600 $R/dev/$name ${dev%%[0-9]*} ${mm%:*} ${mm#*:} 2>/dev/null
 done
-# Not cached: the exit status written here must reach the host.
-mount -t 9p -o $O job $R/job
 # The kernel's own module loading (ext4 or xfs on mount) goes through the host's modprobe too.
 printf '#!/bin/sh\nexec chroot /newroot /sbin/modprobe "$@"\n' >/bin/guest-modprobe
 chmod +x /bin/guest-modprobe; echo /bin/guest-modprobe >/proc/sys/kernel/modprobe
@@ -97,13 +132,16 @@ rm -f $R/etc/resolv.conf; echo "nameserver 10.0.2.3" >$R/etc/resolv.conf
 hostname hawser-guest
 echo "hawser-kvm: command starts at $(cut -d' ' -f1 /proc/uptime) s of guest uptime"
 ENV="HOME=/root TERM=linux PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-if [ -e $R/job/interactive ]; then
+if [ -e $R/job/refused ]; then
+  rc=4
+elif [ -e $R/job/interactive ]; then
   # setsid -c: the console becomes the shell's terminal, so Ctrl-C and job control work.
   chroot $R /usr/bin/env -i $ENV setsid -c /bin/bash -i </dev/console >/dev/console 2>&1
+  rc=$?
 else
   chroot $R /usr/bin/env -i $ENV /bin/bash /job/cmd.sh </dev/null >/dev/console 2>&1
+  rc=$?
 fi
-rc=$?
 echo "$rc" >$R/job/rc; sync
 echo "hawser-kvm: exit status $rc at $(cut -d' ' -f1 /proc/uptime) s"
 umount $R/job 2>/dev/null
@@ -221,35 +259,118 @@ cleanup() {
   if [ -n "$JOB" ]; then rm -rf "$JOB"; fi
 }
 
+# --- Shares: what the command needs from under the guest's fresh /tmp, /run and /dev/shm ---
+# Exit status when the guest cannot show a path the command needs (the init's is the same).
+REFUSED=4
+FRESH_DIRS=(/tmp /run /dev/shm)
+SHARE_SRC=()
+SHARE_DST=()
+
+refuse() { log "cannot show $1 in the guest: $2"; exit "$REFUSED"; }
+under() { [[ $1 == "$2" || $1 == "$2"/* ]]; }
+
+# Why the guest cannot show the host's absolute path $1 (none: it is visible, or shared).
+hidden_reason() {
+  local d=$1 f o
+  for f in "${FRESH_DIRS[@]}"; do
+    if [ "$d" = "$f" ]; then
+      echo "the guest's $f is a fresh tmpfs of its own (see the top of $0): share a path under it"
+      return
+    fi
+    if under "$d" "$f"; then return; fi
+  done
+  for o in /proc /sys /dev /job "/usr/lib/modules/$KVER"; do
+    if under "$d" "$o"; then echo "the guest mounts its own $o there"; return; fi
+  done
+}
+
+# Whether the host's absolute path $1 is under a fresh mount of the guest's, so needs a bind.
+hidden() {
+  local f
+  for f in "${FRESH_DIRS[@]}"; do if under "$1" "$f" && [ "$1" != "$f" ]; then return 0; fi; done
+  return 1
+}
+
+# Adds host path $1 to the shares. Strict ($2 = strict): refuses a path the guest cannot show;
+# else (an --env value) leaves such a path to the guest's own.
+add_share() {
+  local p=$1 strict=$2 abs real why i
+  if [ ! -e "$p" ]; then
+    [ "$strict" != strict ] || refuse "$p" "it does not exist on this machine"
+    return 0
+  fi
+  # NUL-terminated, so that no name loses a trailing newline. abs: as given (its symlinks
+  # kept, as the command will name it); real: what it is.
+  IFS= read -r -d '' abs < <(realpath -zs -- "$p")
+  IFS= read -r -d '' real < <(realpath -ze -- "$p")
+  for i in "$abs" "$real"; do
+    why=$(hidden_reason "$i")
+    if [ -n "$why" ]; then
+      [ "$strict" != strict ] || refuse "$p" "$why"
+      return 0
+    fi
+  done
+  # The guest binds the real path, which has no symlink the guest could resolve otherwise,
+  # at each of the two names that its fresh mounts would hide.
+  for i in "$real" "$abs"; do
+    if ! hidden "$i" || shown "$i"; then continue; fi
+    SHARE_SRC+=("$real")
+    SHARE_DST+=("$i")
+  done
+}
+
+# Whether a share shows $1 already: it is a DEST, or under a DEST bound from itself (what
+# the checkout's share shows of its build needs no bind of its own).
+shown() {
+  local k
+  for k in "${!SHARE_DST[@]}"; do
+    if [ "${SHARE_DST[$k]}" = "$1" ]; then return 0; fi
+    if [ "${SHARE_SRC[$k]}" = "${SHARE_DST[$k]}" ] && under "$1" "${SHARE_DST[$k]}"; then return 0; fi
+  done
+  return 1
+}
+
+# --- Boot --------------------------------------------------------------------------------
+ENVS=()
+SHARES=()
+KVER=""
+
 boot() {
-  local interactive=$1 command=$2
-  shift 2
+  local interactive=$1 command=$2 kv
   check_prepared
   need_commands
-  local kver initrd
-  kver=$(kernel_version)
-  initrd=$(initrd_path "$kver")
+  local initrd
+  KVER=$(kernel_version)
+  initrd=$(initrd_path "$KVER")
   trap cleanup EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  # The command starts in the working directory, so the guest must show it.
+  add_share "$PWD" strict
+  for kv in "${SHARES[@]}"; do add_share "$kv" strict; done
+  for kv in "${ENVS[@]}"; do [[ ${kv#*=} != /* ]] || add_share "${kv#*=}" env; done
   JOB=$(mktemp -d "$CACHE/job.XXXXXX")
+  : >"$JOB/shares"
+  for kv in "${!SHARE_DST[@]}"; do
+    printf '%s\0%s\0' "${SHARE_SRC[$kv]}" "${SHARE_DST[$kv]}" >>"$JOB/shares"
+  done
   {
-    local kv
-    for kv in "$@"; do printf 'export %s=%q\n' "${kv%%=*}" "${kv#*=}"; done
-    printf 'cd %q 2>/dev/null || cd /job\n' "$PWD"
+    for kv in "${ENVS[@]}"; do printf 'export %s=%q\n' "${kv%%=*}" "${kv#*=}"; done
+    # Shared above: a cd that fails here is a guest that could not show it (REFUSED).
+    printf 'cd %q || exit %d\n' "$PWD" "$REFUSED"
     printf '%s\n' "$command"
   } >"$JOB/cmd.sh"
   local serial=stdio
   if [ "$interactive" = 1 ]; then touch "$JOB/interactive"; serial=mon:stdio; fi
   local qemu=(qemu-system-x86_64 -nodefaults -no-user-config -machine q35 -accel "tcg,thread=multi"
     -cpu max -smp "$CPUS" -m "$MEM" -display none -serial "$serial" -no-reboot
-    -kernel "$KERNEL/boot/vmlinuz-$kver" -initrd "$initrd"
+    -kernel "$KERNEL/boot/vmlinuz-$KVER" -initrd "$initrd"
     -append "console=ttyS0 quiet loglevel=4 panic=-1 ${HAWSER_KVM_APPEND:-}"
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
-    -virtfs "local,path=$KERNEL/usr/lib/modules/$kver,mount_tag=modules,security_model=none,readonly=on"
+    -virtfs "local,path=$KERNEL/usr/lib/modules/$KVER,mount_tag=modules,security_model=none,readonly=on"
     -virtfs "local,path=$JOB,mount_tag=job,security_model=none"
     -netdev "user,id=n0" -device "virtio-net-pci,netdev=n0")
-  log "kernel $kver, TCG, $CPUS CPUs, $MEM"
+  log "kernel $KVER, TCG, $CPUS CPUs, $MEM"
   if [ "$interactive" = 1 ]; then
     "${qemu[@]}" || true
   else
@@ -259,27 +380,51 @@ boot() {
     wait "$QEMU_PID" || true
     QEMU_PID=""
   fi
-  if [ -s "$JOB/rc" ]; then exit "$(cat "$JOB/rc")"; fi
-  log "the guest reported no exit status (timeout after ${TIMEOUT} s, kernel panic, or qemu killed)"
-  exit 125
+  report "$(cat "$JOB/rc" 2>/dev/null || true)"
+}
+
+# Exits with the guest's status $1 (empty: none came), saying what it means when unusual.
+report() {
+  local rc=$1
+  if [ -s "$JOB/refused" ]; then
+    log "the guest could not show what the command needs: $(cat "$JOB/refused")"
+    exit "$REFUSED"
+  fi
+  if [ -z "$rc" ]; then
+    log "the guest reported no exit status (timeout after ${TIMEOUT} s, kernel panic, or qemu killed)"
+    exit 125
+  fi
+  # The usual cause in this guest: a program under a host path its fresh mounts hide.
+  if [ "$rc" = 127 ]; then
+    log "exit status 127, a command not found: the guest's /tmp, /run and /dev/shm are its own;" \
+      "a host path under them that the command names needs --share PATH"
+  fi
+  exit "$rc"
 }
 
 case ${1:-} in
   --prepare) prepare ;;
   --check) check_prepared ;;
-  -i) boot 1 "" ;;
   *)
-    envs=()
+    interactive=0
     while [ $# -gt 0 ]; do
       case $1 in
         --env)
           [[ ${2:-} == [A-Za-z_]*=* ]] || die "--env takes NAME=VALUE"
-          envs+=("$2"); shift 2 ;;
+          ENVS+=("$2"); shift 2 ;;
+        --share)
+          [ -n "${2:-}" ] || die "--share takes a PATH"
+          SHARES+=("$2"); shift 2 ;;
+        -i) interactive=1; shift ;;
         --) shift; break ;;
         -*) die "unknown option $1 (see the comment at the top of $0)" ;;
         *) break ;;
       esac
     done
+    if [ "$interactive" = 1 ]; then
+      [ $# -eq 0 ] || die "-i takes no command"
+      boot 1 ""
+    fi
     [ $# -gt 0 ] || die "no command (see the comment at the top of $0)"
-    boot 0 "$*" "${envs[@]}" ;;
+    boot 0 "$*" ;;
 esac
