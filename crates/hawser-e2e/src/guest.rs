@@ -3,6 +3,8 @@
 //! modules). The guest sees this machine's root filesystem (read-only, under a tmpfs
 //! overlay), so the hawser binary and the Debian tools run there unchanged; the host's
 //! 127.0.0.1 is 10.0.2.2 in it. `make kvm-kernel` (a step of `make test`) prepares the kernel.
+//! Its /tmp is its own: what a command needs from under the host's /tmp (a checkout, a build,
+//! a file an environment variable names) `boot.sh` shares back at the same path.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -13,6 +15,10 @@ use std::time::{Duration, Instant};
 /// What `boot.sh` exits with when the guest never reported the command's status (timeout,
 /// kernel panic, qemu killed).
 pub const NO_REPORT: i32 = 125;
+
+/// What `boot.sh` exits with when the guest cannot show a path the command needs (its log
+/// says which and why): the command did not run.
+pub const REFUSED: i32 = 4;
 
 /// One command's run in a guest.
 #[derive(Debug)]
@@ -34,19 +40,35 @@ impl GuestRun {
     }
 }
 
+/// This checkout: the guest sees it at the same path, wherever it is (`boot.sh --share`).
+fn checkout() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
 /// `scripts/kvm/boot.sh` in this checkout.
 pub fn boot_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../scripts/kvm")
-        .join("boot.sh")
+    checkout().join("scripts/kvm").join("boot.sh")
+}
+
+/// `s` as one word of a bash command, whatever it holds (spaces, quotes, `$`).
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// Runs `command` with bash in a new guest, with `env` exported to it (the guest starts
 /// from an empty environment: HOME, TERM and PATH only), in this process's working
-/// directory. Prints the guest's output as it comes, each line prefixed with `[name]`, and
-/// returns it with the exit status. `HAWSER_KVM_TIMEOUT` (900 s), `HAWSER_KVM_MEM` (2G) and
-/// `HAWSER_KVM_CPUS` (1) reach `boot.sh`. Panics when the guest kernel is not prepared.
+/// directory. The guest sees this checkout, the working directory and each file or directory
+/// an `env` value names at the same paths as here, even under /tmp (`boot.sh` shares them;
+/// it refuses, [`REFUSED`], a working directory the guest cannot show). Prints the guest's
+/// output as it comes, each line prefixed with `[name]`, and returns it with the exit status.
+/// `HAWSER_KVM_TIMEOUT` (900 s), `HAWSER_KVM_MEM` (2G) and `HAWSER_KVM_CPUS` (1) reach
+/// `boot.sh`. Panics when the guest kernel is not prepared.
 pub fn run_in_guest(name: &str, command: &str, env: &[(&str, &str)]) -> GuestRun {
+    run_sharing(name, command, env, &[])
+}
+
+/// [`run_in_guest`], with the guest shown `shares` too.
+fn run_sharing(name: &str, command: &str, env: &[(&str, &str)], shares: &[&Path]) -> GuestRun {
     let script = boot_script();
     // boot.sh never prepares the kernel (that downloads): say at once which step does.
     let check = Command::new("bash")
@@ -69,6 +91,9 @@ pub fn run_in_guest(name: &str, command: &str, env: &[(&str, &str)]) -> GuestRun
     }
     for (k, v) in env {
         cmd.arg("--env").arg(format!("{k}={v}"));
+    }
+    for path in [checkout().as_path()].iter().chain(shares) {
+        cmd.arg("--share").arg(path);
     }
     cmd.arg("--")
         .arg(command)
@@ -126,25 +151,27 @@ fn echo_lines(name: &str, stream: impl Read + Send + 'static) -> thread::JoinHan
 pub const IN_GUEST: &str = "HAWSER_E2E_IN_GUEST";
 
 /// Runs `inner`, an ignored test of the calling test binary, in a new guest (`--exact`,
-/// `--include-ignored`), with [`IN_GUEST`] and `env` set, and asserts that it passed. Its
-/// lines with `REPORT ` (what it measured) go to the real stderr, past the test harness's
-/// capture, so `make test`'s log shows them on success too.
+/// `--include-ignored`), with [`IN_GUEST`], `HAWSER_BIN` (this process's
+/// [`hawser_bin`](crate::cluster::hawser_bin)) and `env` set, and asserts that it passed.
+/// The guest sees the test binary and `HAWSER_BIN` at their paths here, wherever they are.
+/// Its lines with `REPORT ` (what it measured) go to the real stderr, past the test
+/// harness's capture, so `make test`'s log shows them on success too.
 pub fn run_inner_test(inner: &str, env: &[(&str, &str)]) -> GuestRun {
     let exe = std::env::current_exe().expect("the test binary");
-    let mut all = vec![(IN_GUEST, "1")];
+    let bin = std::path::absolute(crate::cluster::hawser_bin()).expect("HAWSER_BIN's path");
+    let bin = bin.display().to_string();
+    let mut all = vec![(IN_GUEST, "1"), ("HAWSER_BIN", bin.as_str())];
     all.extend_from_slice(env);
-    let run = run_in_guest(
-        inner,
-        &format!(
-            "{} --exact {inner} --include-ignored --nocapture --test-threads=1",
-            exe.display()
-        ),
-        &all,
+    let command = format!(
+        "{} --exact {inner} --include-ignored --nocapture --test-threads=1",
+        shell_quote(&exe.display().to_string())
     );
+    let run = run_sharing(inner, &command, &all, &[&exe]);
     assert!(
         run.output.contains("test result: ok. 1 passed") && run.output.contains("REPORT "),
-        "{inner} did not pass in the guest (exit {})",
-        run.status
+        "{inner} did not pass in the guest (exit {}): {}",
+        run.status,
+        run.log.trim()
     );
     assert_eq!(run.status, 0, "{inner}: the guest's exit status");
     use std::io::Write as _;
@@ -160,4 +187,20 @@ pub fn assert_in_guest() {
         std::env::var_os(IN_GUEST).is_some(),
         "this test loads kernel modules and makes block devices: its outer test runs it in a guest"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_quote;
+
+    #[test]
+    fn a_quoted_word_reaches_bash_unchanged() {
+        let word = "/tmp/a b/it's \"$HOME\" `x` \\ \n*";
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("printf %s {}", shell_quote(word)))
+            .output()
+            .expect("run bash");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), word);
+    }
 }
