@@ -115,8 +115,8 @@ test: check-tools deps build upgrade-build lint k8s-tools kvm-kernel $(UI_MODULE
 	@scripts/test-times.sh --start
 	$(call timed,unit,$(CARGO) test --profile unit --workspace --exclude hawser-e2e)
 	$(call timed,fuzz,scripts/fuzz.sh)
-	$(call timed,e2e,HAWSER_BIN=$(abspath $(HAWSER)) CARGO=$(CARGO) scripts/e2e.sh)
-	$(call timed,e2e-etcd,HAWSER_E2E_STORE=etcd HAWSER_BIN=$(abspath $(HAWSER)) CARGO=$(CARGO) \
+	$(call timed,e2e,HAWSER_BIN="$(abspath $(HAWSER))" CARGO=$(CARGO) scripts/e2e.sh)
+	$(call timed,e2e-etcd,HAWSER_E2E_STORE=etcd HAWSER_BIN="$(abspath $(HAWSER))" CARGO=$(CARGO) \
 		scripts/e2e.sh $(E2E_ON_ETCD))
 	@scripts/test-times.sh --report
 

@@ -86,18 +86,18 @@ pop() {
     printf '%s\n' "$line"
 }
 
-# Runs jobs ("BINARY [TEST]" lines) from the first of the queue files $@ that has one, until
-# every one is empty.
+# Runs jobs ("BINARY[<tab>TEST]" lines: a tab, because the checkout's path may have spaces)
+# from the first of the queue files $@ that has one, until every one is empty.
 lane() {
-    local job q
+    local job q bin test
     while :; do
         job=""
         for q in "$@"; do
             job=$(pop "$q") && break
         done
         [ -n "$job" ] || return 0
-        # shellcheck disable=SC2086 # a job is a binary and maybe a test name, no spaces.
-        run_one $job
+        IFS=$'\t' read -r bin test <<<"$job"
+        run_one "$bin" "$test"
     done
 }
 
@@ -122,7 +122,7 @@ for name in $GUESTS; do
     [ -n "$b" ] || continue
     mapfile -t tests < <(default_tests "$b")
     [ "${#tests[@]}" -gt 0 ] || { echo "e2e: $name lists no test"; exit 1; }
-    for t in "${tests[@]}"; do guest_jobs+=("$b $t"); done
+    for t in "${tests[@]}"; do guest_jobs+=("$b"$'\t'"$t"); done
 done
 for name in $SHARED; do
     [ -z "${shared_bins[$name]:-}" ] || shared+=("${shared_bins[$name]}")
