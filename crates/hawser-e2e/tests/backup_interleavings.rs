@@ -235,6 +235,21 @@ fn a_restore_reaches_detached_after_a_leader_change_mid_restore() {
     };
     let mut c = Cluster::start_with("restore-leader", 2, opts);
     let t = Offsite::add_to(&c, "restore-leader-s3");
+    // A target's S3 key lives on the controller that was given it; the others get a copy,
+    // as its error message tells an operator to do.
+    let keys = |name: &str| c.dir.path().join(name).join("backup-targets");
+    let leader = &c.controllers[c.wait_leader(Duration::from_secs(10))].name;
+    let other = if leader == "controller-1" {
+        "controller-2"
+    } else {
+        "controller-1"
+    };
+    std::fs::create_dir_all(keys(other)).expect("mkdir");
+    let (from, to) = (
+        keys(leader).join("offsite.credentials"),
+        keys(other).join("offsite.credentials"),
+    );
+    std::fs::copy(&from, &to).expect("copy the target's key to the other controller");
     let (b, want) = source_backup(&c);
     restore(&c, "copy", &b);
     hawser_e2e::wait_until("the restore's readers", Duration::from_secs(60), || {

@@ -22,7 +22,7 @@ use hawser_backup::Manifest;
 use crate::errors::ControllerError;
 use crate::snapshots::backup_targets::TargetRecord;
 use crate::state::AppState;
-use crate::store::model::{BackupRef, VolumeRecord};
+use crate::store::model::{BackupRef, NodeRecord, VolumeRecord};
 use crate::volumes::keys::WrappedKey;
 
 /// Why a node's job could not be read.
@@ -46,6 +46,53 @@ pub async fn read_job(st: &AppState, node: &str, job: &str) -> Result<BackupJob,
             }),
         Ok(None) => Err(JobError::Gone(format!("node {node} is not registered"))),
         Err(e) => Err(JobError::Silent(e.to_string())),
+    }
+}
+
+/// Where a replica's restore job stands (`drive`).
+pub enum Turn {
+    Done,
+    Running,
+    /// It failed for this reason; it is not started again until asked (`restart`).
+    Failed(String),
+}
+
+/// Reads `req`'s job on `node` and starts it if the node has none (never started, or lost
+/// with an agent restart: an agent keeps its jobs in memory only). A failed job is reported,
+/// not started again: the caller does that when its backoff is over ([`restart`]), since
+/// starting a failed job at once would hide every failure behind a job that looks running.
+pub async fn drive(
+    st: &AppState,
+    node: &NodeRecord,
+    req: &StartRestoreJob,
+) -> Result<Turn, String> {
+    match read_job(st, &node.name, &req.job()).await {
+        Ok(job) => Ok(turn_of(job)),
+        Err(JobError::Gone(_)) => restart(st, node, req).await,
+        Err(JobError::Silent(e)) => Err(format!("on node {}: {e}", node.name)),
+    }
+}
+
+/// Starts `req`'s job on `node`, again if it failed (idempotent on the agent for a job that
+/// runs or is done).
+pub async fn restart(
+    st: &AppState,
+    node: &NodeRecord,
+    req: &StartRestoreJob,
+) -> Result<Turn, String> {
+    match st.agents.start_restore(node.agent(), req).await {
+        Ok(job) => Ok(turn_of(job)),
+        // The node runs its most jobs: come back later.
+        Err(e) if e.api_code() == Some(hawser_api::ErrorCode::Unavailable) => Ok(Turn::Running),
+        Err(e) => Err(format!("on node {}: {e}", node.name)),
+    }
+}
+
+fn turn_of(job: BackupJob) -> Turn {
+    match job.state {
+        JobState::Done => Turn::Done,
+        JobState::Running => Turn::Running,
+        JobState::Failed => Turn::Failed(job.error.unwrap_or_default()),
     }
 }
 
@@ -237,18 +284,14 @@ async fn start_jobs(st: &AppState, v: &VolumeRecord, from: &BackupRef) -> Result
             base: None,
             base_unknown: false,
         };
-        match st.agents.start_restore(node.agent(), &req).await {
-            Ok(job) => match job.state {
-                JobState::Done => done += 1,
-                JobState::Running => {}
-                JobState::Failed => {
-                    let why = job.error.unwrap_or_default();
-                    return Err(format!("on node {}: {why}", r.node));
-                }
-            },
-            // The node runs its most jobs: come back later.
-            Err(e) if e.api_code() == Some(hawser_api::ErrorCode::Unavailable) => {}
-            Err(e) => return Err(format!("on node {}: {e}", r.node)),
+        match drive(st, node, &req).await? {
+            Turn::Done => done += 1,
+            Turn::Running => {}
+            // Started again now; read again after the backoff this failure sets.
+            Turn::Failed(why) => {
+                restart(st, node, &req).await?;
+                return Err(format!("on node {}: {why}", r.node));
+            }
         }
     }
     Ok(done == v.replicas.len())

@@ -21,11 +21,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hawser_api::backup::{AppliedBackup, JobState, Standby, StartRestoreJob};
+use hawser_api::backup::{AppliedBackup, Standby, StartRestoreJob};
 use hawser_api::controller::CreateVolume;
 
 use crate::errors::ControllerError;
-use crate::snapshots::restores::RestoreSource;
+use crate::snapshots::restores::{self, RestoreSource, Turn};
 use crate::state::AppState;
 use crate::store::model::{now_ms, VolumeRecord};
 
@@ -325,26 +325,23 @@ async fn apply(st: &AppState, v: &VolumeRecord, s: &Standby, backup: &str) -> bo
                 .or_else(|| s.applied.as_ref().map(|a| a.backup.clone())),
             base_unknown: s.mixed.is_some(),
         };
-        // Starting is idempotent: a job of that name that runs or is done is returned, a
-        // failed one (or one lost with its agent) starts again.
-        match st.agents.start_restore(node.agent(), &req).await {
-            Ok(job) => match job.state {
-                JobState::Done => done += 1,
-                JobState::Running => {}
-                JobState::Failed if vanished(&t, backup).await => {
-                    moved_past(st, v, backup).await;
-                    return true;
+        // A job lost with its agent starts again; a failed one too, a poll interval after
+        // the failure was recorded (this turn comes no sooner), unless its backup vanished.
+        match restores::drive(st, node, &req).await {
+            Ok(Turn::Done) => done += 1,
+            Ok(Turn::Running) => {}
+            Ok(Turn::Failed(_)) if vanished(&t, backup).await => {
+                moved_past(st, v, backup).await;
+                return true;
+            }
+            Ok(Turn::Failed(why)) => {
+                if let Err(e) = restores::restart(st, node, &req).await {
+                    tracing::debug!(volume = %v.name, error = %e, "apply not started again");
                 }
-                JobState::Failed => {
-                    let why = job.error.unwrap_or_default();
-                    first_error
-                        .get_or_insert(format!("applying {backup} on node {}: {why}", r.node));
-                }
-            },
-            // The node runs its most jobs: come back later.
-            Err(e) if e.api_code() == Some(hawser_api::ErrorCode::Unavailable) => {}
+                first_error.get_or_insert(format!("applying {backup} on node {}: {why}", r.node));
+            }
             Err(e) => {
-                first_error.get_or_insert(format!("applying {backup} on node {}: {e}", r.node));
+                first_error.get_or_insert(format!("applying {backup}: {e}"));
             }
         }
     }
