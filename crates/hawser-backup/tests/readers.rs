@@ -16,8 +16,8 @@ use common::{age, files_under, fixture, lock_body, plan, write, Fixture, MIB};
 /// `v-1`, four distinct blocks, backed up, and the target aged so that nothing is young.
 async fn one_backup() -> Fixture {
     let f = fixture();
-    for i in 0..4 {
-        write(&f.image, i * MIB, 0x40 + i as u8);
+    for (i, byte) in (0..4).zip(0x40u8..) {
+        write(&f.image, i * MIB, byte);
     }
     let p = Arc::new(Progress::new(0));
     back_up(&f.target, &f.image, plan("v-1", None), p)
