@@ -90,7 +90,9 @@ impl Client {
     /// A client that authenticates with a node's certificate instead of a token, from the
     /// node's TLS directory (`node.pem`, `node.key`, `ca.pem`, which the agent renews and
     /// a CA rotation rewrites; they are read again when they change). What it may do is
-    /// what the node may read of itself: the CSI node plugin's credential.
+    /// what the node may read of itself: the CSI node plugin's credential. The pair is read
+    /// as `hawser_tls::NODE_IDENTITY` says: after an older agent's cut renewal, the key and
+    /// certificate that belong together.
     pub fn with_node_identity(
         base: &str,
         tls_dir: &std::path::Path,
@@ -99,9 +101,8 @@ impl Client {
             |e: &dyn std::fmt::Display| ClientError::Client(format!("the node's identity: {e}"));
         let trust = hawser_tls::TrustSlot::from_file(&tls_dir.join("ca.pem"))
             .map_err(|e| fail(&format!("{e:#}")))?;
-        let slot =
-            hawser_tls::CertSlot::from_files(&tls_dir.join("node.pem"), &tls_dir.join("node.key"))
-                .map_err(|e| fail(&format!("{e:#}")))?;
+        let slot = hawser_tls::CertSlot::from_dir(tls_dir, &hawser_tls::NODE_IDENTITY)
+            .map_err(|e| fail(&format!("{e:#}")))?;
         Client::with_trust(base, None, Some(trust), Some(slot))
     }
 
@@ -257,5 +258,48 @@ impl Client {
             status: 200,
             body: format!("{e}: {}", truncate_chars(body, 300)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An older agent's TLS directory after a cut renewal: the cluster's CA, and `node.key`,
+    /// `node.pem` and `node.new` each from the first (`false`) or second (`true`) pair.
+    fn older_cut(key_new: bool, cert_new: bool) -> tempfile::TempDir {
+        let ca = hawser_tls::Ca::generate("c").expect("ca");
+        let pairs: Vec<(String, String)> = (0..2)
+            .map(|_| {
+                let node = hawser_tls::Peer::Node("n1".into());
+                let (issued, key) = ca
+                    .issue_with_key(&node, Duration::from_secs(3600))
+                    .expect("issue");
+                (issued.chain_pem, key)
+            })
+            .collect();
+        let at = |new: bool| &pairs[usize::from(new)];
+        let dir = tempfile::tempdir().expect("dir");
+        let write = |name: &str, text: &str| {
+            std::fs::write(dir.path().join(name), text).expect("write");
+        };
+        write("ca.pem", ca.cert_pem());
+        write("node.key", &at(key_new).1);
+        write("node.pem", &at(cert_new).0);
+        // The half of the new pair that was not renamed into place.
+        write("node.new", if key_new { &at(true).0 } else { &at(true).1 });
+        dir
+    }
+
+    #[test]
+    fn the_csi_node_plugin_starts_after_a_renewal_cut_between_key_and_certificate() {
+        let dir = older_cut(true, false);
+        Client::with_node_identity("https://127.0.0.1:9", dir.path()).expect("the new pair");
+    }
+
+    #[test]
+    fn the_csi_node_plugin_starts_when_the_new_certificate_is_beside_the_old_key() {
+        let dir = older_cut(false, true);
+        Client::with_node_identity("https://127.0.0.1:9", dir.path()).expect("the new pair");
     }
 }

@@ -16,11 +16,13 @@
 //!
 //! Certificates expire ([`NODE_CERT_LIFETIME`]) and are replaced while connections stay up:
 //! configurations built here read the current certificate from a [`CertSlot`] at every
-//! handshake.
+//! handshake. A certificate and its key are kept on disk as [`PairLayout`] says, replaced
+//! in one rename, so that no crash leaves a key beside a certificate it does not belong to.
 
 mod ca;
 mod config;
 mod join;
+mod pair_files;
 mod peer;
 mod pem;
 mod slot;
@@ -33,6 +35,7 @@ pub use config::{
     not_after_unix, pinned_client_config, server_config, server_config_trusting, server_names,
 };
 pub use join::{ca_fingerprint, JoinToken};
+pub use pair_files::{Found, KeyOf, PairError, PairLayout, Seen, NODE_IDENTITY};
 pub use peer::{
     peer_of, ClientScope, Peer, PeerError, CLIENT_DNS_NAME, CONTROLLER_DNS_NAME,
     MAX_CLIENT_VOLUMES, NODE_DNS_NAME,

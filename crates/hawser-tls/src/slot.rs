@@ -15,6 +15,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::PrivateKeyDer;
 
 use crate::ca::CLOCK_SKEW;
+use crate::pair_files::PairLayout;
 use crate::peer::{peer_of, Peer};
 use crate::pem::certs_from_pem;
 
@@ -44,11 +45,15 @@ struct Current {
 /// Holds the certificate a process presents.
 pub struct CertSlot {
     current: RwLock<Current>,
-    /// For [`CertSlot::from_files`]: the files and their modification times when read.
+    /// For [`CertSlot::from_dir`]: the files and their modification times when read.
     files: Option<std::sync::Mutex<Files>>,
 }
 
 struct Files {
+    dir: PathBuf,
+    layout: &'static PairLayout,
+    /// The two paths watched for a change (links to the current generation, or an older
+    /// build's plain files).
     chain: PathBuf,
     key: PathBuf,
     seen: (Option<SystemTime>, Option<SystemTime>),
@@ -70,19 +75,23 @@ impl CertSlot {
         }))
     }
 
-    /// The certificate chain and key in two PEM files that another process renews (the
-    /// node's, which the CSI node plugin presents beside its agent): read again at the first
-    /// handshake after either changed. A pair that does not match (read between the two
-    /// renames) leaves the last good one in force until the next change.
-    pub fn from_files(chain: &Path, key: &Path) -> anyhow::Result<Arc<CertSlot>> {
-        let seen = (modified(chain), modified(key));
-        let current = load(&read_pair(chain, key)?)
-            .with_context(|| format!("the certificate in {}", chain.display()))?;
+    /// The certificate and key kept in `dir` as `layout` says, which another process renews
+    /// (the node's, which the CSI node plugin presents beside its agent): read again at the
+    /// first handshake after either file changed. The pair is read by the layout's rules, so
+    /// an older build's cut save yields the pair that belongs together; a pair that does not
+    /// load leaves the last good one in force until the next change.
+    pub fn from_dir(dir: &Path, layout: &'static PairLayout) -> anyhow::Result<Arc<CertSlot>> {
+        let (chain, key) = (dir.join(layout.cert), dir.join(layout.key));
+        let seen = (modified(&chain), modified(&key));
+        let current = load(&read_dir_pair(dir, layout)?)
+            .with_context(|| format!("the certificate in {}", dir.display()))?;
         Ok(Arc::new(CertSlot {
             current: RwLock::new(current),
             files: Some(std::sync::Mutex::new(Files {
-                chain: chain.into(),
-                key: key.into(),
+                dir: dir.into(),
+                layout,
+                chain,
+                key,
                 seen,
             })),
         }))
@@ -98,7 +107,7 @@ impl CertSlot {
         }
         f.seen = now;
         let peer = self.peer();
-        let next = read_pair(&f.chain, &f.key)
+        let next = read_dir_pair(&f.dir, f.layout)
             .and_then(|c| load(&c))
             .and_then(|next| {
                 anyhow::ensure!(
@@ -186,13 +195,11 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-fn read_pair(chain: &Path, key: &Path) -> anyhow::Result<Credentials> {
-    let read =
-        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
-    Ok(Credentials {
-        chain_pem: read(chain)?,
-        key_pem: read(key)?,
-    })
+fn read_dir_pair(dir: &Path, layout: &PairLayout) -> anyhow::Result<Credentials> {
+    match layout.load(dir)? {
+        Some(found) => Ok(found.creds),
+        None => anyhow::bail!("no {} and {} in {}", layout.cert, layout.key, dir.display()),
+    }
 }
 
 fn load(creds: &Credentials) -> anyhow::Result<Current> {
@@ -266,6 +273,7 @@ impl ResolvesClientCert for CertSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls_pki_types::CertificateDer;
 
     #[test]
     fn renewal_comes_at_two_thirds_of_the_life_not_counting_the_backdating() {
@@ -301,7 +309,7 @@ mod tests {
             issued.chain_pem
         };
         write(1_000_000);
-        let slot = CertSlot::from_files(&chain, &key).expect("slot");
+        let slot = CertSlot::from_dir(&dir, &crate::NODE_IDENTITY).expect("slot");
         let first = slot.key().cert[0].clone();
         write(2_000_000);
         let second = slot.key().cert[0].clone();
@@ -318,6 +326,67 @@ mod tests {
         assert_eq!(slot.key().cert[0], second);
         assert_eq!(slot.peer(), node);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Two renewals' pairs of node `n1`, the first and the second.
+    fn two_pairs() -> (Credentials, Credentials) {
+        let ca = crate::Ca::generate("c").expect("ca");
+        let pair = || {
+            let (issued, key_pem) = ca
+                .issue_with_key(
+                    &Peer::Node("n1".into()),
+                    std::time::Duration::from_secs(3600),
+                )
+                .expect("issue");
+            Credentials {
+                chain_pem: issued.chain_pem,
+                key_pem,
+            }
+        };
+        (pair(), pair())
+    }
+
+    /// The leaf the slot in `dir` presents, as the CSI node plugin loads it.
+    fn presented(dir: &Path) -> anyhow::Result<CertificateDer<'static>> {
+        let slot = CertSlot::from_dir(dir, &crate::NODE_IDENTITY)?;
+        let leaf = slot.key().cert[0].clone();
+        Ok(leaf)
+    }
+
+    fn leaf(creds: &Credentials) -> CertificateDer<'static> {
+        certs_from_pem(&creds.chain_pem).expect("chain")[0].clone()
+    }
+
+    #[test]
+    fn the_csi_node_plugin_after_a_renewal_cut_between_key_and_certificate_presents_the_new_pair() {
+        // An older agent renamed the new key over node.key and died before renaming the new
+        // certificate (written to node.new) over node.pem: new key, old certificate.
+        let (old, new) = two_pairs();
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("node.key"), &new.key_pem).expect("key");
+        std::fs::write(dir.path().join("node.pem"), &old.chain_pem).expect("cert");
+        std::fs::write(dir.path().join("node.new"), &new.chain_pem).expect("leftover");
+        assert_eq!(presented(dir.path()).expect("loads"), leaf(&new));
+        // Read only: the agent beside it repairs the directory, not the plugin.
+        assert!(dir.path().join("node.new").exists());
+    }
+
+    #[test]
+    fn the_csi_node_plugin_with_the_new_certificate_beside_the_old_key_presents_the_new_pair() {
+        // The other half: the certificate's rename landed, the key's did not (node.new).
+        let (old, new) = two_pairs();
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("node.key"), &old.key_pem).expect("key");
+        std::fs::write(dir.path().join("node.pem"), &new.chain_pem).expect("cert");
+        std::fs::write(dir.path().join("node.new"), &new.key_pem).expect("leftover");
+        assert_eq!(presented(dir.path()).expect("loads"), leaf(&new));
+        // With no half of the new pair anywhere, nothing matches: refused, naming the files.
+        std::fs::remove_file(dir.path().join("node.new")).expect("rm");
+        let e = format!("{:#}", presented(dir.path()).expect_err("no pair"));
+        assert!(
+            e.contains("node.key: a private key") && e.contains("node.pem"),
+            "{e}"
+        );
     }
 
     #[test]
