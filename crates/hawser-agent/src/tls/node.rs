@@ -2,6 +2,14 @@
 //! joining with a one-time join token and renewed with the current certificate, kept in
 //! `<data-dir>/tls/` (`node.key` mode 0600, `node.pem`, `ca.pem`).
 //!
+//! The key and the certificate are replaced together in one rename
+//! (`hawser_tls::NODE_IDENTITY`: both in a new `identity-<n>/`, the `identity` link renamed
+//! over, `node.pem` and `node.key` links into it), because the CSI node plugin and every
+//! start read them as a pair: a crash or a full disk between two renames used to leave a key
+//! beside a certificate it does not belong to, and a node that could only join again. A
+//! start that finds such a cut from an older build keeps the pair that belongs together.
+//! `ca.pem` stays a file of its own: a heartbeat answer replaces it alone (a CA rotation).
+//!
 //! A joining node knows the CA only by the fingerprint in its join token: it accepts a
 //! controller only if the controller's chain holds that CA, so the token is never sent to
 //! an impostor. The key is made on the node and never leaves it; the controller signs its
@@ -28,10 +36,8 @@ use hawser_api::controller::{
     ClusterCa, JoinNode, NodeCertificate, NodeTlsReport, RenewCertificate,
 };
 use hawser_tls::rustls::{ClientConfig, ServerConfig};
-use hawser_tls::{CertSlot, ClientAuth, Credentials, JoinToken, Peer, TrustSlot};
+use hawser_tls::{CertSlot, ClientAuth, Credentials, JoinToken, Peer, TrustSlot, NODE_IDENTITY};
 
-const KEY_FILE: &str = "node.key";
-const CERT_FILE: &str = "node.pem";
 const CA_FILE: &str = "ca.pem";
 
 pub struct NodeTls {
@@ -129,11 +135,12 @@ impl NodeTls {
         with: &JoinWith<'_>,
     ) -> anyhow::Result<NodeTls> {
         let dir = data_dir.join("tls");
-        let files = [KEY_FILE, CERT_FILE, CA_FILE].map(|f| dir.join(f));
-        let saved = files.iter().all(|f| f.exists());
-        let tls = match (saved, stale_identity(&dir, &files[2], with)?) {
-            (true, None) => load_saved(dir, &files, node, names)?,
-            (true, Some(bootstrap)) => {
+        let ca_file = dir.join(CA_FILE);
+        // Without the CAs it trusts a node cannot check a controller: it joins again.
+        let saved = saved_identity(&dir)?.filter(|_| ca_file.exists());
+        let tls = match (saved, stale_identity(&dir, &ca_file, with)?) {
+            (Some(creds), None) => load_saved(dir, creds, &ca_file, node, names)?,
+            (Some(creds), Some(bootstrap)) => {
                 tracing::warn!(dir = %dir.display(), "the bootstrap names a CA this node does not trust (the cluster's CA was rotated while it was away?): joining again");
                 match join(&dir, node, names.clone(), controllers, &bootstrap).await {
                     Ok(t) => t,
@@ -141,11 +148,11 @@ impl NodeTls {
                         // A stale bootstrap beside a current identity (an old join token
                         // file): the saved identity is the one that works.
                         tracing::warn!(error = %format!("{e:#}"), "could not join again; keeping the saved certificate");
-                        load_saved(dir, &files, node, names)?
+                        load_saved(dir, creds, &ca_file, node, names)?
                     }
                 }
             }
-            (false, _) => join(&dir, node, names, controllers, &with.bootstrap()?).await?,
+            (None, _) => join(&dir, node, names, controllers, &with.bootstrap()?).await?,
         };
         anyhow::ensure!(
             tls.slot.peer() == Peer::Node(node.into()),
@@ -280,24 +287,36 @@ impl NodeTls {
     }
 }
 
-/// The node's saved key, certificate and trusted CAs (`files`: key, certificate, CAs).
+/// The node's saved key and certificate, whole: an older build's cut save is recovered to
+/// the pair that belongs together (`hawser_tls::NODE_IDENTITY`'s rules). `None` if there is
+/// none, or only a key: a first join cut short before its certificate was written leaves
+/// nothing to keep, and the node joins again as it always did.
+fn saved_identity(dir: &Path) -> anyhow::Result<Option<Credentials>> {
+    match NODE_IDENTITY.recover(dir) {
+        Ok(found) => Ok(found),
+        Err(e) if !e.found_a_certificate() => {
+            tracing::warn!(error = %e, "no saved certificate, only the start of one: joining");
+            Ok(None)
+        }
+        Err(e) => Err(e).context("read the node's saved key and certificate"),
+    }
+}
+
+/// The node with its saved key and certificate (`creds`) and trusted CAs (`ca_file`).
 fn load_saved(
     dir: PathBuf,
-    files: &[PathBuf; 3],
+    creds: Credentials,
+    ca_file: &Path,
     node: &str,
     names: Vec<String>,
 ) -> anyhow::Result<NodeTls> {
     let read =
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
-    let creds = Credentials {
-        chain_pem: read(&files[1])?,
-        key_pem: read(&files[0])?,
-    };
     let slot = CertSlot::new(&creds)
         .with_context(|| format!("the node certificate in {}", dir.display()))?;
     let has = hawser_tls::cert_names(&creds.chain_pem).unwrap_or_default();
     let renew_now = names.iter().any(|n| !has.contains(n));
-    let trust = TrustSlot::from_pem(&read(&files[2])?)
+    let trust = TrustSlot::from_pem(&read(ca_file)?)
         .with_context(|| format!("the trusted CAs in {}", dir.display()))?;
     Ok(NodeTls {
         node: node.into(),
@@ -439,10 +458,13 @@ async fn post_any<B: serde::Serialize, R: serde::de::DeserializeOwned>(
     Err(last.unwrap_or_else(|| anyhow::anyhow!("no controller URL")))
 }
 
-/// Writes the key, certificate and CA, each to a new file renamed into place.
+/// Writes the key and certificate in one step, then the CAs. A cut between the two leaves
+/// the new pair beside the CAs trusted before, which a renewal rewrites unchanged; after a
+/// first join there are none yet, and the next start joins again.
 fn save(dir: &Path, creds: &Credentials, ca_pem: &str) -> anyhow::Result<()> {
-    write_replace(&dir.join(KEY_FILE), &creds.key_pem, 0o600)?;
-    write_replace(&dir.join(CERT_FILE), &creds.chain_pem, 0o644)?;
+    NODE_IDENTITY
+        .save(dir, creds)
+        .context("save the node's key and certificate")?;
     write_replace(&dir.join(CA_FILE), ca_pem, 0o644)
 }
 
@@ -470,4 +492,163 @@ fn write_replace(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
 fn b64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Node `n1`'s pair from a certificate of `secs` seconds (so that tests tell pairs apart
+    /// by when they expire).
+    fn pair(ca: &hawser_tls::Ca, secs: u64) -> Credentials {
+        let (issued, key_pem) = ca
+            .issue_with_key(
+                &Peer::Node("n1".into()),
+                std::time::Duration::from_secs(secs),
+            )
+            .expect("issue");
+        Credentials {
+            chain_pem: issued.chain_pem,
+            key_pem,
+        }
+    }
+
+    /// An older build's TLS directory in `data/tls`: `ca.pem` and `files`, plain files.
+    fn older_build(data: &Path, ca: &hawser_tls::Ca, files: &[(&str, &str)]) {
+        let dir = data.join("tls");
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join(CA_FILE), ca.cert_pem()).expect("ca");
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).expect("write");
+        }
+    }
+
+    /// The agent's start with what it saved: no controller is reached.
+    async fn start(data: &Path) -> anyhow::Result<NodeTls> {
+        let none = JoinWith {
+            join_token_file: None,
+            agent_token_file: None,
+            ca_file: None,
+        };
+        NodeTls::load_or_join(data, "n1", vec![], "https://127.0.0.1:9", &none).await
+    }
+
+    fn expires(creds: &Credentials) -> u64 {
+        hawser_tls::not_after_unix(&creds.chain_pem).expect("expiry")
+    }
+
+    /// After a recovered start the directory holds the pair whole, and starts again.
+    async fn whole_again(data: &Path, kept: &Credentials) {
+        let dir = data.join("tls");
+        assert!(
+            !dir.join("node.new").exists(),
+            "the older build's half is gone"
+        );
+        let link = std::fs::read_link(dir.join("node.pem")).expect("node.pem is a link");
+        assert_eq!(link, Path::new("identity/node.pem"));
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).expect("read");
+        assert_eq!(
+            (read("node.pem"), read("node.key")),
+            (kept.chain_pem.clone(), kept.key_pem.clone())
+        );
+        let again = start(data).await.expect("starts again");
+        assert_eq!(again.slot.not_after_unix(), expires(kept));
+    }
+
+    #[tokio::test]
+    async fn a_renewal_cut_between_key_and_certificate_starts_with_the_pair_that_matches() {
+        // An older build renamed the new key over node.key, wrote the new certificate to
+        // node.new and died (or found the disk full) before renaming it over node.pem.
+        let ca = hawser_tls::Ca::generate("c").expect("ca");
+        let (old, new) = (pair(&ca, 3600), pair(&ca, 7200));
+        let data = tempfile::tempdir().expect("dir");
+        older_build(
+            data.path(),
+            &ca,
+            &[
+                ("node.key", &new.key_pem),
+                ("node.pem", &old.chain_pem),
+                ("node.new", &new.chain_pem),
+            ],
+        );
+        let tls = start(data.path()).await.expect("starts");
+        assert_eq!(tls.slot.not_after_unix(), expires(&new), "the new pair");
+        whole_again(data.path(), &new).await;
+    }
+
+    #[tokio::test]
+    async fn a_renewal_cut_leaving_the_new_certificate_beside_the_old_key_starts_with_the_new_pair()
+    {
+        // The other half: node.pem is the new certificate, node.key still the old key, the
+        // new key left in node.new (its rename lost: the older build ignored a failed
+        // directory sync).
+        let ca = hawser_tls::Ca::generate("c").expect("ca");
+        let (old, new) = (pair(&ca, 3600), pair(&ca, 7200));
+        let data = tempfile::tempdir().expect("dir");
+        older_build(
+            data.path(),
+            &ca,
+            &[
+                ("node.key", &old.key_pem),
+                ("node.pem", &new.chain_pem),
+                ("node.new", &new.key_pem),
+            ],
+        );
+        let tls = start(data.path()).await.expect("starts");
+        assert_eq!(tls.slot.not_after_unix(), expires(&new), "the new pair");
+        whole_again(data.path(), &new).await;
+    }
+
+    #[tokio::test]
+    async fn a_renewal_cut_before_the_key_was_renamed_starts_with_the_old_pair() {
+        let ca = hawser_tls::Ca::generate("c").expect("ca");
+        let (old, new) = (pair(&ca, 3600), pair(&ca, 7200));
+        let data = tempfile::tempdir().expect("dir");
+        older_build(
+            data.path(),
+            &ca,
+            &[
+                ("node.key", &old.key_pem),
+                ("node.pem", &old.chain_pem),
+                ("node.new", &new.key_pem),
+            ],
+        );
+        let tls = start(data.path()).await.expect("starts");
+        assert_eq!(tls.slot.not_after_unix(), expires(&old), "the old pair");
+        whole_again(data.path(), &old).await;
+    }
+
+    #[tokio::test]
+    async fn a_cut_that_leaves_no_pair_refuses_naming_the_files_and_what_to_do() {
+        let ca = hawser_tls::Ca::generate("c").expect("ca");
+        let (old, new) = (pair(&ca, 3600), pair(&ca, 7200));
+        let data = tempfile::tempdir().expect("dir");
+        let files = [("node.key", &*new.key_pem), ("node.pem", &*old.chain_pem)];
+        older_build(data.path(), &ca, &files);
+        let e = format!("{:#}", start(data.path()).await.err().expect("refused"));
+        for want in [
+            "node.key: a private key",
+            "node.pem: 2 certificate(s)",
+            "join-token",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        // Nothing was changed: the files stay for whoever looks.
+        assert!(data
+            .path()
+            .join("tls/node.pem")
+            .symlink_metadata()
+            .is_ok_and(|m| m.is_file()));
+    }
+
+    #[tokio::test]
+    async fn a_first_join_cut_before_its_certificate_joins_again() {
+        // A key alone: the node joins again as before (here without a bootstrap, so the
+        // start says what it needs to join).
+        let ca = hawser_tls::Ca::generate("c").expect("ca");
+        let data = tempfile::tempdir().expect("dir");
+        older_build(data.path(), &ca, &[("node.key", &pair(&ca, 60).key_pem)]);
+        let e = format!("{:#}", start(data.path()).await.err().expect("no identity"));
+        assert!(e.contains("no certificate yet"), "{e}");
+    }
 }
