@@ -54,13 +54,13 @@ async fn the_ca_secret_follows_a_rotation() {
     // Step 1: both CAs, in the Secret and beside each controller that applied it.
     let next = Ca::generate("y").unwrap();
     let both = format!("{}{}", old.cert_pem(), next.cert_pem());
-    a.keep_trust(&both).await.unwrap();
+    a.keep_trust(&old, &both).await.unwrap();
     assert_eq!(secret().await["ca.pem"], both);
     assert_eq!(
         std::fs::read_to_string(dir.path().join("a/ca.pem")).unwrap(),
         both
     );
-    b.keep_trust(&both).await.unwrap(); // the same edit again: no change, no error
+    b.keep_trust(&old, &both).await.unwrap(); // the same edit again: no change, no error
     let restarted = b.load_or_create("x").await.unwrap();
     assert_eq!(
         restarted.ca.fingerprint(),

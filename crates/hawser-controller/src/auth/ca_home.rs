@@ -3,7 +3,9 @@
 //!
 //! - `ca.pem`: the CA's certificate, then during a rotation the CA trusted beside it (so
 //!   that the CLI, the CSI driver and Prometheus, which are given this file, trust both);
-//! - `ca.key`: the CA's key (mode 0600);
+//! - `ca.key`: the CA's key (mode 0600), never beside a `ca.pem` it does not belong to: in
+//!   the data directory both are links into `ca-<n>/`, replaced together by one rename
+//!   ([`CA_FILES`]);
 //! - `grant-root.key`, once the CA has rotated: the secret the epoch grant key is derived
 //!   from, taken from the first CA (`Ca::secret_root`), so that grants keep their key when
 //!   the CA that made it is retired.
@@ -20,15 +22,29 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use hawser_tls::Ca;
+use hawser_tls::{Ca, Credentials, KeyOf, PairLayout};
 
 const CA_CERT_FILE: &str = "ca.pem";
 const CA_KEY_FILE: &str = "ca.key";
 const GRANT_ROOT_FILE: &str = "grant-root.key";
-/// A retired CA's replacement is written under these names, then renamed over the CA's:
-/// a crash between the renames is finished at the next start.
-const NEXT_CERT_FILE: &str = "ca-next.pem";
-const NEXT_KEY_FILE: &str = "ca-next.key";
+
+/// The CA's certificate and key in the data directory: `ca -> ca-<n>/` with `ca.pem` and
+/// `ca.key` links into it, so that a new trust or a new CA replaces both in one rename
+/// (`hawser_tls::PairLayout` argues the layout). Builds before wrote a retired CA's
+/// replacement as `ca-next.key` then `ca-next.pem` (each through `ca-next.tmp`, as
+/// `ca.pem` went through `ca.tmp`) and renamed them over the CA's, key first; a start that
+/// finds such a cut keeps the pair that belongs together, the new CA's first, and never
+/// puts a key in place whose certificate is missing. A rotation record that retires the
+/// CA this leaves is applied again (`ca_rotation::apply`), its key unsealed from the store.
+const CA_FILES: PairLayout = PairLayout {
+    cert: CA_CERT_FILE,
+    key: CA_KEY_FILE,
+    link: "ca",
+    leftovers: &["ca-next.pem", "ca-next.key", "ca-next.tmp", "ca.tmp"],
+    key_of: KeyOf::Any,
+    remedy: "restore ca.pem and ca.key from another controller of this cluster (a new CA \
+             would lock every node out)",
+};
 
 /// Where the CA is kept.
 pub enum CaHome {
@@ -70,10 +86,11 @@ impl CaHome {
         }
     }
 
-    /// Keeps `trust_pem` (the kept CA's certificate first) as what clients trust.
-    pub async fn keep_trust(&self, trust_pem: &str) -> anyhow::Result<()> {
+    /// Keeps `trust_pem` (the kept CA's certificate first) as what clients trust; `kept` is
+    /// the kept CA, whose key a data directory writes beside it again.
+    pub async fn keep_trust(&self, kept: &Ca, trust_pem: &str) -> anyhow::Result<()> {
         match self {
-            CaHome::Files(dir) => write_replace(&dir.join(CA_CERT_FILE), trust_pem, 0o644),
+            CaHome::Files(dir) => save_files(dir, trust_pem, kept),
             CaHome::Secret {
                 data_dir,
                 namespace,
@@ -95,10 +112,10 @@ impl CaHome {
         let root = b64(grant_root);
         match self {
             CaHome::Files(dir) => {
+                // Before the CA: a cut between leaves the old CA with the root it derives
+                // from itself or was given, the same root.
                 write_replace(&dir.join(GRANT_ROOT_FILE), &root, 0o600)?;
-                write_replace(&dir.join(NEXT_KEY_FILE), &next.key_pem(), 0o600)?;
-                write_replace(&dir.join(NEXT_CERT_FILE), next.cert_pem(), 0o644)?;
-                finish_files(dir)
+                save_files(dir, next.cert_pem(), next)
             }
             CaHome::Secret {
                 kube,
@@ -120,65 +137,55 @@ impl CaHome {
 }
 
 fn load_files(dir: &Path, hint: &str) -> anyhow::Result<Kept> {
-    finish_files(dir)?;
-    let (cert_path, key_path) = (dir.join(CA_CERT_FILE), dir.join(CA_KEY_FILE));
-    let read =
-        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
-    match (cert_path.exists(), key_path.exists()) {
-        (true, true) => {
-            let trust_pem = read(&cert_path)?;
-            let ca = Ca::from_pem(&trust_pem, &read(&key_path)?)
-                .with_context(|| format!("the cluster CA in {}", dir.display()))?;
-            let root_path = dir.join(GRANT_ROOT_FILE);
-            let root = if root_path.exists() {
-                Some(read(&root_path)?)
-            } else {
-                None
-            };
-            let grant_root = grant_root(&ca, root.as_deref())
-                .with_context(|| format!("{}", root_path.display()))?;
-            Ok(Kept {
-                ca,
-                trust_pem,
-                grant_root,
-            })
-        }
-        (false, false) => {
-            let ca = Ca::generate(hint)?;
-            write_new(&key_path, &ca.key_pem(), 0o600)?;
-            write_new(&cert_path, ca.cert_pem(), 0o644)?;
-            tracing::info!(
-                ca = %cert_path.display(),
-                "made the cluster's certificate authority; give {CA_CERT_FILE} to the CLI \
-                 and the CSI driver, and both files to any other controller of this cluster"
-            );
-            Ok(Kept {
-                trust_pem: ca.cert_pem().to_string(),
-                grant_root: grant_root(&ca, None)?,
-                ca,
-            })
-        }
-        _ => anyhow::bail!(
-            "{} and {} must both exist or both be absent: restore the missing one (a new \
-             CA would lock every node out)",
-            cert_path.display(),
-            key_path.display()
-        ),
-    }
+    let Some(creds) = CA_FILES.recover(dir).context("read the cluster CA")? else {
+        return create_files(dir, hint);
+    };
+    let ca = Ca::from_pem(&creds.chain_pem, &creds.key_pem)
+        .with_context(|| format!("the cluster CA in {}", dir.display()))?;
+    let root_path = dir.join(GRANT_ROOT_FILE);
+    let root = if root_path.exists() {
+        Some(
+            std::fs::read_to_string(&root_path)
+                .with_context(|| format!("read {}", root_path.display()))?,
+        )
+    } else {
+        None
+    };
+    let grant_root =
+        grant_root(&ca, root.as_deref()).with_context(|| format!("{}", root_path.display()))?;
+    Ok(Kept {
+        ca,
+        trust_pem: creds.chain_pem,
+        grant_root,
+    })
 }
 
-/// Finishes replacing the CA's files if a start found it half done: the key first, then the
-/// certificate (a `ca-next.pem` alone means the key is in place already).
-fn finish_files(dir: &Path) -> anyhow::Result<()> {
-    for (from, to) in [(NEXT_KEY_FILE, CA_KEY_FILE), (NEXT_CERT_FILE, CA_CERT_FILE)] {
-        let from = dir.join(from);
-        if from.exists() {
-            std::fs::rename(&from, dir.join(to))
-                .with_context(|| format!("rename {} into place", from.display()))?;
-            sync_dir(dir);
-        }
-    }
-    Ok(())
+/// A new CA for a data directory that has none.
+fn create_files(dir: &Path, hint: &str) -> anyhow::Result<Kept> {
+    let ca = Ca::generate(hint)?;
+    save_files(dir, ca.cert_pem(), &ca)?;
+    tracing::info!(
+        ca = %dir.join(CA_CERT_FILE).display(),
+        "made the cluster's certificate authority; give {CA_CERT_FILE} to the CLI and the \
+         CSI driver, and both files (their contents: `cp`, not `cp -a`) to any other \
+         controller of this cluster"
+    );
+    Ok(Kept {
+        trust_pem: ca.cert_pem().to_string(),
+        grant_root: grant_root(&ca, None)?,
+        ca,
+    })
+}
+
+/// Replaces `ca.pem` with `trust_pem` and `ca.key` with `ca`'s key, in one step.
+fn save_files(dir: &Path, trust_pem: &str, ca: &Ca) -> anyhow::Result<()> {
+    let pair = Credentials {
+        chain_pem: trust_pem.into(),
+        key_pem: ca.key_pem(),
+    };
+    CA_FILES
+        .save(dir, &pair)
+        .context("save the cluster CA's certificate and key")
 }
 
 async fn load_secret(
@@ -331,7 +338,7 @@ mod tests {
         );
         let next = Ca::generate("c").expect("ca");
         let both = format!("{}{}", old.cert_pem(), next.cert_pem());
-        home.keep_trust(&both).await.expect("trust");
+        home.keep_trust(&old, &both).await.expect("trust");
         let again = home.load_or_create("c").await.expect("reload");
         assert_eq!(
             again.ca.fingerprint(),
@@ -347,21 +354,160 @@ mod tests {
         assert_eq!(after.trust_pem, next.cert_pem());
         assert_eq!(after.grant_root, first.grant_root, "the grant key stays");
         let key = std::fs::read_to_string(dir.path().join(CA_KEY_FILE)).expect("key");
-        assert_eq!(key, next.key_pem(), "the old key is gone");
+        assert_eq!(key, next.key_pem());
+        // Both files name one generation, the only one: the old key is gone.
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["ca", "ca-3", "ca.key", "ca.pem", "grant-root.key"]);
+        let old_key = old.key_pem();
+        let everywhere = walk(dir.path());
+        assert!(!everywhere.contains(&old_key), "the old key is gone");
+    }
+
+    /// The contents of every file under `dir`.
+    fn walk(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).expect("list") {
+            let path = e.expect("entry").path();
+            let meta = path.symlink_metadata().expect("meta");
+            if meta.is_dir() {
+                out.extend(walk(&path));
+            } else if meta.is_file() {
+                out.push(std::fs::read_to_string(&path).expect("read"));
+            }
+        }
+        out
+    }
+
+    /// An older build's data directory: plain files, as it wrote them.
+    fn older_build(dir: &Path, files: &[(&str, &str)]) {
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).expect("write");
+        }
+    }
+
+    fn read(dir: &Path, name: &str) -> String {
+        std::fs::read_to_string(dir.join(name)).expect("read")
     }
 
     #[tokio::test]
-    async fn a_replacement_cut_between_its_renames_is_finished_at_the_next_start() {
+    async fn a_retirement_cut_before_the_new_certificate_was_written_starts_with_the_old_ca() {
+        // An older build's retirement wrote ca-next.key, then died (or found the disk full)
+        // writing ca-next.pem through ca-next.tmp. Its next start renamed ca-next.key over
+        // ca.key, beside a ca.pem it does not belong to, and refused for good.
         let dir = tempfile::tempdir().expect("dir");
+        let (old, next) = (
+            Ca::generate("c").expect("old"),
+            Ca::generate("c").expect("new"),
+        );
+        let cut_short = &next.cert_pem()[..40];
+        let files = [
+            (CA_CERT_FILE, old.cert_pem()),
+            (CA_KEY_FILE, &old.key_pem()),
+            ("ca-next.key", &next.key_pem()),
+            ("ca-next.tmp", cut_short),
+        ];
+        older_build(dir.path(), &files);
         let home = CaHome::Files(dir.path().into());
-        let old = home.load_or_create("c").await.expect("create").ca;
-        let next = Ca::generate("c").expect("ca");
-        // As if the process died after writing the key's rename but before the cert's.
-        write_replace(&dir.path().join(CA_KEY_FILE), &next.key_pem(), 0o600).expect("key");
-        write_replace(&dir.path().join(NEXT_CERT_FILE), next.cert_pem(), 0o644).expect("cert");
-        let after = home.load_or_create("c").await.expect("finish");
+        let kept = home.load_or_create("c").await.expect("starts");
+        assert_eq!(
+            kept.ca.fingerprint(),
+            old.fingerprint(),
+            "the pair that matches"
+        );
+        assert_eq!(read(dir.path(), CA_KEY_FILE), old.key_pem());
+        assert!(!dir.path().join("ca-next.key").exists());
+        // The rotation's retirement, applied again from the store, lands whole.
+        home.keep_new(&next, &kept.grant_root)
+            .await
+            .expect("retire");
+        let after = home.load_or_create("c").await.expect("starts again");
         assert_eq!(after.ca.fingerprint(), next.fingerprint());
-        assert_ne!(after.ca.fingerprint(), old.fingerprint());
-        assert!(!dir.path().join(NEXT_CERT_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn a_retirement_cut_with_the_new_certificate_but_not_its_key_starts_with_the_old_ca() {
+        // The other half: ca-next.pem beside the old ca.key, ca-next.key gone (its rename
+        // lost, the older build ignoring a failed directory sync, or ca.key restored). The
+        // older build took a lone ca-next.pem to mean the key was in place, renamed it over
+        // ca.pem, and refused.
+        let dir = tempfile::tempdir().expect("dir");
+        let (old, next) = (
+            Ca::generate("c").expect("old"),
+            Ca::generate("c").expect("new"),
+        );
+        let files = [
+            (CA_CERT_FILE, old.cert_pem()),
+            (CA_KEY_FILE, &old.key_pem()),
+            ("ca-next.pem", next.cert_pem()),
+        ];
+        older_build(dir.path(), &files);
+        let home = CaHome::Files(dir.path().into());
+        let kept = home.load_or_create("c").await.expect("starts");
+        assert_eq!(
+            kept.ca.fingerprint(),
+            old.fingerprint(),
+            "the pair that matches"
+        );
+        assert_eq!(read(dir.path(), CA_CERT_FILE), old.cert_pem());
+        assert!(!dir.path().join("ca-next.pem").exists());
+    }
+
+    #[tokio::test]
+    async fn a_retirement_cut_between_the_key_and_the_certificate_starts_with_the_new_ca() {
+        // The older build's key rename landed, its certificate's did not: the new pair is
+        // ca.key and ca-next.pem.
+        let dir = tempfile::tempdir().expect("dir");
+        let (old, next) = (
+            Ca::generate("c").expect("old"),
+            Ca::generate("c").expect("new"),
+        );
+        let files = [
+            (CA_CERT_FILE, old.cert_pem()),
+            (CA_KEY_FILE, &next.key_pem()),
+            ("ca-next.pem", next.cert_pem()),
+        ];
+        older_build(dir.path(), &files);
+        let after = CaHome::Files(dir.path().into())
+            .load_or_create("c")
+            .await
+            .expect("starts");
+        assert_eq!(after.ca.fingerprint(), next.fingerprint());
+        assert_eq!(read(dir.path(), CA_CERT_FILE), next.cert_pem());
+        assert!(!dir.path().join("ca-next.pem").exists());
+    }
+
+    #[tokio::test]
+    async fn a_cut_that_leaves_no_pair_refuses_naming_the_files_and_what_to_do() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (old, next) = (
+            Ca::generate("c").expect("old"),
+            Ca::generate("c").expect("new"),
+        );
+        let files = [
+            (CA_CERT_FILE, old.cert_pem()),
+            (CA_KEY_FILE, &next.key_pem()),
+        ];
+        older_build(dir.path(), &files);
+        let home = CaHome::Files(dir.path().into());
+        let e = format!(
+            "{:#}",
+            home.load_or_create("c").await.err().expect("refused")
+        );
+        for want in [
+            "ca.pem: 1 certificate(s)",
+            "ca.key: a private key",
+            "restore ca.pem",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        assert_eq!(
+            read(dir.path(), CA_KEY_FILE),
+            next.key_pem(),
+            "nothing changed"
+        );
     }
 }

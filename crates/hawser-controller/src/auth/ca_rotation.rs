@@ -257,7 +257,7 @@ async fn apply(tls: &ControllerTls, r: &RotationRecord) -> anyhow::Result<()> {
     match r.step {
         CaRotationStep::Trust | CaRotationStep::Issue => {
             if kept.fingerprint() == old_fp {
-                tls.home.keep_trust(&both).await?;
+                tls.home.keep_trust(&kept, &both).await?;
             }
             let issuer = if r.step == CaRotationStep::Trust {
                 kept.clone()
