@@ -695,3 +695,87 @@ fn a_node_joins_with_the_agent_token_and_the_ca_and_not_otherwise() {
         "n2 did not join again"
     );
 }
+
+/// Issue 61: an older agent's renewal cut between its two renames left the new key in
+/// `node.key`, the old certificate in `node.pem` and the new certificate in `node.new`; that
+/// agent refused to start and the node could only join again. The real agent starts with
+/// the pair that matches, without joining (its join token is spent), and keeps it whole.
+#[test]
+fn an_agent_restarted_after_a_renewal_cut_between_key_and_certificate_keeps_the_matching_pair() {
+    let mut c = start("tls-cut", 1, 3600);
+    let (node, data, _) = c.agents[0].clone();
+    let old = node_creds(&data);
+    c.procs.truncate(1); // the agent stops (SIGTERM, waited for); the controller stays
+    let ctl = c.dir.path().join("controller");
+    let read = |f: &str| std::fs::read_to_string(ctl.join(f)).expect("the CA's file");
+    let ca = hawser_tls::Ca::from_pem(&read("ca.pem"), &read("ca.key")).expect("the CA");
+    let (new, new_key) = ca
+        .issue_with_key(&Peer::Node(node.clone()), Duration::from_secs(7200))
+        .expect("a renewed certificate");
+    // The older build's directory: plain files, the cut's halves.
+    let tls = data.join("tls");
+    for entry in std::fs::read_dir(&tls).expect("the TLS directory") {
+        let path = entry.expect("entry").path();
+        if path.file_name() == Some("ca.pem".as_ref()) {
+            continue;
+        }
+        if path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir_all(&path).expect("remove");
+        } else {
+            std::fs::remove_file(&path).expect("remove");
+        }
+    }
+    std::fs::write(tls.join("node.key"), &new_key).expect("key");
+    std::fs::write(tls.join("node.pem"), &old.chain_pem).expect("old certificate");
+    std::fs::write(tls.join("node.new"), &new.chain_pem).expect("new certificate");
+
+    let seen = || c.admin_call(reqwest::Method::GET, "/v1/nodes/n1", None)["last_seen_ms"].clone();
+    let before = seen();
+    let args = vec![
+        s("agent"),
+        s("--node"),
+        node.clone(),
+        s("--controller"),
+        c.url.clone(),
+        s("--join-token-file"),
+        c.dir.path().join("join.token").display().to_string(),
+        s("--data-dir"),
+        data.display().to_string(),
+        s("--admin-listen"),
+        format!("127.0.0.1:{}", free_port()),
+        s("--replica-listen"),
+        format!("127.0.0.1:{}", free_port()),
+        s("--nbd-listen"),
+        s("none"),
+    ];
+    let again = spawn(c.dir.path(), "n1-again", &args);
+    wait_until("n1 heartbeats again", Duration::from_secs(30), || {
+        seen() != before
+    });
+    let log = std::fs::read_to_string(c.dir.path().join("n1-again.log")).unwrap_or_default();
+    assert!(!log.contains("joined"), "it did not join again: {log}");
+    assert!(
+        log.contains("belong together") && log.contains("node.new"),
+        "it says what it kept: {log}"
+    );
+    // A pair that belongs together is in place: the one kept, or its renewal at once (the
+    // certificate made here lacks the names the node is dialled by), which the controller
+    // granted to a caller presenting the pair kept.
+    let kept = hawser_tls::NODE_IDENTITY
+        .load(&tls)
+        .expect("a pair")
+        .expect("a pair");
+    let slot = CertSlot::new(&kept.creds).expect("a key that is the certificate's");
+    assert_eq!(slot.peer(), Peer::Node(node.clone()));
+    let log = std::fs::read_to_string(c.dir.path().join("n1-again.log")).unwrap_or_default();
+    assert!(
+        kept.creds.chain_pem == new.chain_pem || log.contains("renewed the node's certificate"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read_link(tls.join("node.pem")).expect("node.pem is a link now"),
+        Path::new("identity/node.pem")
+    );
+    assert!(!tls.join("node.new").exists(), "the cut's leftover is gone");
+    c.procs.push(again);
+}
