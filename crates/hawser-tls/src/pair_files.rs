@@ -36,13 +36,15 @@
 //! certificate's, and the next start refused. [`PairLayout::load`] reads a pair by these
 //! rules:
 //!
-//! 1. The current generation (what the link names) is whole by construction: it is the
-//!    pair when its key is its certificate's.
-//! 2. Else every candidate certificate is tried, newest first (the current generation's,
-//!    the older build's leftovers in [`PairLayout::leftovers`] order, the known path), with
-//!    every candidate key in the same order; the first pair whose key's public half is the
-//!    certificate's is the pair. A key whose certificate was never written is never put
-//!    beside a certificate it does not belong to.
+//! 1. Every candidate certificate is tried, newest first, with every candidate key in the
+//!    same order; the first pair whose key's public half is the certificate's is the pair.
+//!    A key whose certificate was never written is never put beside a certificate it does
+//!    not belong to.
+//! 2. Newest first means: an older build's leftovers ([`PairLayout::leftovers`] order),
+//!    then the known paths when they are plain files, then the current generation (what the
+//!    link names). A save removes the first two kinds, so whatever of them is found was
+//!    written after the last save: by an older build (a downgrade, or the build before
+//!    this one) or by hand (a restore). In this layout alone, the generation is the pair.
 //! 3. Nothing at all: there is no pair (`None`; the caller makes one).
 //! 4. Files but no matching pair: [`PairError::NoMatchingPair`] names every file and what
 //!    it holds, and says what to do ([`PairLayout::remedy`]).
@@ -215,13 +217,20 @@ impl PairLayout {
 
     fn load_once(&self, dir: &Path) -> Result<Option<Found>, PairError> {
         let current = self.current(dir);
-        let mut names = Vec::new();
+        // Newest first (rule 2). The known paths come last again for what they are when
+        // they are links: the generation's files (read once) or a link to nothing.
+        let known = [self.cert, self.key];
+        let mut names: Vec<String> = self.leftovers.iter().map(|n| n.to_string()).collect();
+        names.extend(
+            known
+                .iter()
+                .filter(|n| is_file(&dir.join(n)))
+                .map(|n| n.to_string()),
+        );
         if let Some(generation) = &current {
-            names.push(format!("{generation}/{}", self.cert));
-            names.push(format!("{generation}/{}", self.key));
+            names.extend(known.iter().map(|n| format!("{generation}/{n}")));
         }
-        names.extend(self.leftovers.iter().map(|n| n.to_string()));
-        names.extend([self.cert.to_string(), self.key.to_string()]);
+        names.extend(known.iter().map(|n| n.to_string()));
         let candidates = read_candidates(dir, &names);
         if candidates.is_empty() {
             return Ok(None);
@@ -399,6 +408,11 @@ impl PairLayout {
     }
 }
 
+/// Whether `path` is a plain file (not a link, nor a directory).
+fn is_file(path: &Path) -> bool {
+    path.symlink_metadata().is_ok_and(|m| m.is_file())
+}
+
 /// The candidates that exist, each file once (a link to one read before is skipped).
 fn read_candidates(dir: &Path, names: &[String]) -> Vec<Candidate> {
     let mut seen = Vec::new();
@@ -561,6 +575,29 @@ mod tests {
             .expect("load")
             .expect("a pair");
         assert!(found.whole && found.dropped.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_pair_an_older_build_wrote_over_the_links_is_newer_than_the_generation() {
+        // After a downgrade, the older build renewed: it renamed plain files over both
+        // links. The generation they named is older; the next start keeps the plain pair.
+        let ca = Ca::generate("c").expect("ca");
+        let dir = tempfile::tempdir().expect("dir");
+        let (saved, renewed) = (pair(&ca), pair(&ca));
+        NODE_IDENTITY.save(dir.path(), &saved).expect("save");
+        for (name, text) in [
+            ("node.key", &renewed.key_pem),
+            ("node.pem", &renewed.chain_pem),
+        ] {
+            std::fs::write(dir.path().join("plain"), text).expect("write");
+            std::fs::rename(dir.path().join("plain"), dir.path().join(name)).expect("rename");
+        }
+        let found = NODE_IDENTITY.load(dir.path()).expect("load").expect("pair");
+        assert_eq!(found.creds.chain_pem, renewed.chain_pem);
+        assert!(!found.whole);
+        NODE_IDENTITY.recover(dir.path()).expect("recover");
+        let again = NODE_IDENTITY.load(dir.path()).expect("load").expect("pair");
+        assert!(again.whole && again.creds.chain_pem == renewed.chain_pem);
     }
 
     #[test]
