@@ -21,6 +21,7 @@
 
 mod ca;
 mod config;
+mod credentials;
 mod join;
 mod pair_files;
 mod peer;
@@ -34,6 +35,7 @@ pub use config::{
     cert_names, client_config, client_config_trusting, client_peer, issuer_fingerprint,
     not_after_unix, pinned_client_config, server_config, server_config_trusting, server_names,
 };
+pub use credentials::Credentials;
 pub use join::{ca_fingerprint, JoinToken};
 pub use pair_files::{Found, KeyOf, PairError, PairLayout, Seen, NODE_IDENTITY};
 pub use peer::{
@@ -41,7 +43,7 @@ pub use peer::{
     MAX_CLIENT_VOLUMES, NODE_DNS_NAME,
 };
 pub use pem::certs_from_pem;
-pub use slot::{CertSlot, Credentials};
+pub use slot::CertSlot;
 pub use trust::{ClientAuth, TrustSlot, MAX_TRUSTED_CAS};
 
 pub use rustls;

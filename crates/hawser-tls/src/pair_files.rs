@@ -61,7 +61,7 @@ use rcgen::PublicKeyData;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::PrivateKeyDer;
 
-use crate::slot::Credentials;
+use crate::credentials::Credentials;
 
 /// The most times [`PairLayout::load`] reads a directory whose link moved while it read.
 const MAX_READS: u32 = 3;

@@ -15,23 +15,10 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::PrivateKeyDer;
 
 use crate::ca::CLOCK_SKEW;
+use crate::credentials::Credentials;
 use crate::pair_files::PairLayout;
 use crate::peer::{peer_of, Peer};
 use crate::pem::certs_from_pem;
-
-/// A certificate chain and its key, both PEM, as the CA issued them and as they are kept on
-/// disk.
-#[derive(Clone)]
-pub struct Credentials {
-    pub chain_pem: String,
-    pub key_pem: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials").finish_non_exhaustive()
-    }
-}
 
 struct Current {
     key: Arc<CertifiedKey>,
