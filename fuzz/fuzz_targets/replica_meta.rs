@@ -64,6 +64,12 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             kek: 2,
             sealed: vec![0xa7; 92],
         }),
+        ..meta.clone()
+    }
+    .encode()
+    .expect("meta");
+    let uid = ReplicaMeta {
+        volume_uid: Some([0xc3; 16]),
         ..meta
     }
     .encode()
@@ -74,6 +80,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("keyed", keyed),
         ("summed", summed),
         ("wrapped", wrapped),
+        ("uid", uid),
     ]
 }
 

@@ -126,6 +126,15 @@ pub struct AgentArgs {
     /// before failing it with EIO.
     #[arg(long, default_value_t = DEFAULT_KERNEL_DEAD_CONN_TIMEOUT.as_secs())]
     pub kernel_dead_conn_timeout: u64,
+    /// Seconds a kernel device left by the agent's last life waits, its I/O held, for a
+    /// controller to confirm it is still its volume's (the same uid, attached here, in the
+    /// same attachment) and for that volume's engine to start here; then it is failed with
+    /// EIO. It is never served on a guess.
+    #[arg(long, default_value_t = 600)]
+    pub device_confirm_timeout: u64,
+    /// Seconds between the questions to the controller meanwhile.
+    #[arg(long, default_value_t = 2)]
+    pub device_confirm_retry: u64,
     /// Queues per ublk device, each served by a thread of its own (cut to the CPU count:
     /// the kernel refuses more). 2 and 64 by measurement (docs/performance.md, "ublk queues
     /// and depth"): depth 16 halves deep-queue reads, 128 gains nothing over 64, and a second
@@ -351,32 +360,38 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     // answered), so a device sees its connections close, never an error: the next agent
     // takes it back.
     let (devices_stop_tx, devices_stop_rx) = watch::channel(false);
-    let devices = Arc::new(Devices::new(
-        &args.data_dir,
-        &args.node,
-        engines.clone(),
-        Arc::new(ControllerLink::new(&args.controller).with_auth(&link)),
-        KernelSettings {
-            nbd: KernelNbdSettings {
-                connections: args.kernel_nbd_connections.clamp(1, 16),
-                io_timeout: std::time::Duration::from_secs(args.kernel_nbd_io_timeout.max(1)),
-                dead_conn_timeout: std::time::Duration::from_secs(
-                    args.kernel_dead_conn_timeout.max(1),
-                ),
+    let devices = Arc::new(
+        Devices::new(
+            &args.data_dir,
+            &args.node,
+            engines.clone(),
+            Arc::new(ControllerLink::new(&args.controller).with_auth(&link)),
+            KernelSettings {
+                nbd: KernelNbdSettings {
+                    connections: args.kernel_nbd_connections.clamp(1, 16),
+                    io_timeout: std::time::Duration::from_secs(args.kernel_nbd_io_timeout.max(1)),
+                    dead_conn_timeout: std::time::Duration::from_secs(
+                        args.kernel_dead_conn_timeout.max(1),
+                    ),
+                },
+                ublk: UblkSettings {
+                    queues: args
+                        .ublk_queues
+                        .clamp(1, crate::frontends::devices::MAX_UBLK_QUEUES),
+                    depth: args
+                        .ublk_queue_depth
+                        .clamp(1, crate::frontends::devices::MAX_UBLK_QUEUE_DEPTH),
+                    ..UblkSettings::default()
+                },
             },
-            ublk: UblkSettings {
-                queues: args
-                    .ublk_queues
-                    .clamp(1, crate::frontends::devices::MAX_UBLK_QUEUES),
-                depth: args
-                    .ublk_queue_depth
-                    .clamp(1, crate::frontends::devices::MAX_UBLK_QUEUE_DEPTH),
-                ..UblkSettings::default()
-            },
-        },
-        devices_stop_rx.clone(),
-        metrics.devices(),
-    ));
+            devices_stop_rx.clone(),
+            metrics.devices(),
+        )
+        .confirming(crate::frontends::devices::Confirming {
+            retry: std::time::Duration::from_secs(args.device_confirm_retry.max(1)),
+            timeout: std::time::Duration::from_secs(args.device_confirm_timeout.max(1)),
+        }),
+    );
     let state = AdminState {
         node: args.node.clone(),
         storage: storage.clone(),

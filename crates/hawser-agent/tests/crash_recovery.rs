@@ -53,6 +53,7 @@ fn request(epoch: u64, raddr: &str) -> StartEngine {
         grant: None,
         qos: Default::default(),
         data_key: None,
+        uid: None,
     }
 }
 

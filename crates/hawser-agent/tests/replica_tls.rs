@@ -151,6 +151,7 @@ async fn replicas_open_only_for_grants_with_their_key_check() {
         key_check: Some(right.0),
         checksums: false,
         wrapped_key: None,
+        volume_uid: None,
     };
     b.create("default", &keyed).unwrap();
     let (addr, client, _stop) = serve_b(&b).await;

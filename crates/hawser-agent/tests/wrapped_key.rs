@@ -56,6 +56,7 @@ async fn a_replica_keeps_its_wrapped_key_lists_it_and_takes_only_newer_ones() {
         key_check: Some(check),
         checksums: false,
         wrapped_key: Some(wrapped),
+        volume_uid: None,
     };
 
     // A wrapping of another key than the replica's check: refused, nothing created.

@@ -55,6 +55,10 @@ pub struct CreateReplica {
     /// the record (docs/encryption.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wrapped_key: Option<crate::WrappedKey>,
+    /// Its volume's uid (`crate::uid`), recorded in the replica's metadata so that `hawser
+    /// cluster recover` gives the rebuilt volume the same identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_uid: Option<String>,
 }
 
 /// A snapshot of a replica.
@@ -200,6 +204,9 @@ pub struct ReplicaStatus {
     /// by a controller that sends it; an older agent sends none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wrapped_key: Option<crate::WrappedKey>,
+    /// Its volume's uid as its metadata records it (None: created before volumes had uids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_uid: Option<String>,
 }
 
 /// A replica an agent holds, as the controller's reconcile round reads it
@@ -264,6 +271,11 @@ pub struct StartEngine {
     /// decrypts reads with it (`hawser-agent` `volume_crypt.rs`). Kept in memory only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_key: Option<crate::Secret>,
+    /// The volume's uid (`crate::uid`): an engine of the same name but another uid is another
+    /// volume (a namesake created after a delete), which the agent never swaps in under the
+    /// old one's clients and devices. None for a volume without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 fn yes() -> bool {
@@ -317,6 +329,9 @@ impl StartEngine {
         }
         if self.epoch == 0 || self.epoch == u64::MAX {
             return Err(ApiError::invalid(format!("bad epoch {}", self.epoch)));
+        }
+        if let Some(uid) = &self.uid {
+            crate::uid::parse_uid(uid)?;
         }
         if !(self.controller_url.starts_with("http://")
             || self.controller_url.starts_with("https://"))

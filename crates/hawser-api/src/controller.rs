@@ -84,6 +84,9 @@ pub enum DeviceEventReason {
     FrontendFallback,
     /// `frontend: auto` found no kernel frontend at all (the CSI node then uses nbdfuse).
     NoKernelFrontend,
+    /// A device left by the agent's last life was failed with EIO, not served again: its
+    /// volume moved, was replaced by a namesake, or was never confirmed.
+    DeviceFailed,
 }
 
 impl DeviceEventReason {
@@ -91,6 +94,7 @@ impl DeviceEventReason {
         match self {
             DeviceEventReason::FrontendFallback => "FrontendFallback",
             DeviceEventReason::NoKernelFrontend => "NoKernelFrontend",
+            DeviceEventReason::DeviceFailed => "DeviceFailed",
         }
     }
 }
@@ -540,6 +544,17 @@ pub struct Volume {
     /// Its backups on a schedule, one per target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backup_schedules: Vec<crate::backup::BackupSchedule>,
+    /// Its identity for life (`crate::uid`): a volume created later under the same name has
+    /// another. None for a volume created before volumes had uids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// While attached: the epoch its attachment began at (later epochs of the same attachment
+    /// come from replica changes). A kernel device made at this epoch or later belongs to this
+    /// attachment; one made before it belongs to an earlier one, whose page cache and queued
+    /// writes predate whatever was written since. None while detached, or for an attachment
+    /// made before this was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached_epoch: Option<u64>,
 }
 
 /// `POST /v1/volumes/{name}/restore`: put a detached volume's data back to one of its

@@ -17,6 +17,7 @@ pub mod qos;
 pub mod secret;
 pub mod size;
 pub mod time;
+pub mod uid;
 
 pub use error::{ApiError, ErrorCode};
 pub use qos::{Qos, QosField, QosPatch};

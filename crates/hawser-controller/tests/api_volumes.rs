@@ -497,6 +497,7 @@ async fn orphan_replicas_are_trashed_and_referenced_ones_kept() {
         key_check: None,
         checksums: false,
         wrapped_key: None,
+        volume_uid: None,
     };
     let n1 = c.agent("n1");
     n1.state

@@ -237,6 +237,7 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         key_check: None,
         checksums: false,
         wrapped_key: None,
+        volume_uid: None,
     };
     let resp = c
         .agent_request(reqwest::Method::POST, "n1", "/v1/replicas")

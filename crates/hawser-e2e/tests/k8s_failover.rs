@@ -660,6 +660,7 @@ fn a_statefulset_pod_moves_off_a_dead_node_and_keeps_every_acknowledged_write() 
         grant: None,
         qos: Default::default(),
         data_key: None,
+        uid: None,
     };
     let resp = tokens
         .http(hawser_tls::Peer::Node(node2.clone()))

@@ -102,6 +102,8 @@ pub struct NewReplica {
     /// An encrypted volume's wrapped data key (recorded in its metadata, beside the key
     /// check, so that a controller that lost its store can rebuild the volume's record).
     pub wrapped_key: Option<WrappedKey>,
+    /// The uid of its volume (recorded in its metadata; None for a volume without one).
+    pub volume_uid: Option<[u8; hawser_wire::meta::VOLUME_UID_BYTES]>,
 }
 
 impl Replica {
@@ -157,6 +159,7 @@ impl Replica {
             key_check: new.key_check,
             checksums: new.checksums,
             wrapped_key: new.wrapped_key.clone(),
+            volume_uid: new.volume_uid,
         };
         // A new replica starts with an empty journal: nothing can differ yet. (No journal at
         // all means a replica from before journals, which recovery treats as unknown.)
@@ -360,6 +363,15 @@ impl Replica {
             .unwrap_or_else(|p| p.into_inner())
             .wrapped_key
             .clone()
+    }
+
+    /// The uid of its volume recorded in its metadata (None: a volume created before volumes
+    /// had uids).
+    pub fn volume_uid(&self) -> Option<[u8; hawser_wire::meta::VOLUME_UID_BYTES]> {
+        self.meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .volume_uid
     }
 
     /// Records `w` as the wrapped data key (a key rotation: the same data key under a newer

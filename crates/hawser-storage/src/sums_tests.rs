@@ -18,6 +18,7 @@ fn summed(id: &str, size: u64, thin: bool) -> NewReplica {
     NewReplica {
         checksums: true,
         wrapped_key: None,
+        volume_uid: None,
         ..new(id, size, thin)
     }
 }

@@ -44,6 +44,7 @@ pub(crate) fn new(id: &str, size: u64, thin: bool) -> NewReplica {
         key_check: None,
         checksums: false,
         wrapped_key: None,
+        volume_uid: None,
         id: id.into(),
         volume: "vol".into(),
         size,

@@ -379,8 +379,15 @@ mod tests {
     fn client_certificates_name_every_volume_and_their_node() {
         let ca = Ca::generate("c1").expect("ca");
         let (_, spki) = new_key().expect("key");
-        let scope =
-            crate::peer::ClientScope::new(&["b".into(), "a".into()], Some("n2")).expect("scope");
+        let uid = |name: &str, uid: Option<&str>| crate::peer::ClientVolume {
+            name: name.into(),
+            uid: uid.map(str::to_string),
+        };
+        let scope = crate::peer::ClientScope::of(
+            &[uid("b", Some(&"0a".repeat(16))), uid("a", None)],
+            Some("n2"),
+        )
+        .expect("scope");
         let issued = ca
             .issue(&Peer::Client(scope.clone()), &spki, NODE_CERT_LIFETIME)
             .expect("issue");

@@ -39,7 +39,7 @@ pub use credentials::Credentials;
 pub use join::{ca_fingerprint, JoinToken};
 pub use pair_files::{Found, KeyOf, PairError, PairLayout, Seen, NODE_IDENTITY};
 pub use peer::{
-    peer_of, ClientScope, Peer, PeerError, CLIENT_DNS_NAME, CONTROLLER_DNS_NAME,
+    peer_of, ClientScope, ClientVolume, Peer, PeerError, CLIENT_DNS_NAME, CONTROLLER_DNS_NAME,
     MAX_CLIENT_VOLUMES, NODE_DNS_NAME,
 };
 pub use pem::certs_from_pem;

@@ -5,12 +5,17 @@
 //! |---|---|---|
 //! | a controller | `hawser://controller` | agents' admin API |
 //! | a node's agent | `hawser://node/<name>` | the controller's agent routes, replica ports |
-//! | an NBD client | `hawser://client/volume/<v>` (one per volume), optionally `hawser://client/node/<n>` | NBD TCP: exports `<v>` (at node `<n>` only) |
+//! | an NBD client | `hawser://client/volume/<v>/<uid>` (one per volume), optionally `hawser://client/node/<n>` | NBD TCP: exports `<v>` of uid `<uid>` (at node `<n>` only) |
 //!
 //! A controller or node certificate carries one URI and nothing else of `hawser://`; a client
 //! certificate carries one or more volume URIs and at most one node URI. A certificate with
 //! none, a mix, or a `hawser://` URI outside these names nobody. It also carries its role's
 //! DNS name (`Peer::role_dns_name`) for clients that verify hostnames, which says less.
+//!
+//! A client certificate names each volume by its uid as well as its name: names are reused
+//! (delete a volume, create another of the same name), so a certificate that named only the
+//! name would open the namesake until it expired. A volume URI without a uid (certificates
+//! issued before volumes had uids) opens only an export that has none either.
 
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -46,24 +51,60 @@ pub enum Peer {
 /// What an NBD client certificate opens.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ClientScope {
-    /// Sorted, without duplicates, 1 to [`MAX_CLIENT_VOLUMES`] valid names.
-    volumes: Vec<String>,
+    /// Sorted by name, one per name, 1 to [`MAX_CLIENT_VOLUMES`] valid names.
+    volumes: Vec<ClientVolume>,
     node: Option<String>,
 }
 
+/// A volume a client certificate opens: its name and, for a volume that has one, its uid
+/// (32 lowercase hex digits, `hawser_api::uid`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientVolume {
+    pub name: String,
+    pub uid: Option<String>,
+}
+
 impl ClientScope {
-    /// The scope of `volumes` (any order, duplicates dropped), at `node` only if given.
+    /// The scope of volumes named without uids (any order, duplicates dropped), at `node`
+    /// only if given: what certificates issued before volumes had uids name.
     pub fn new(volumes: &[String], node: Option<&str>) -> Result<ClientScope, PeerError> {
+        let v: Vec<ClientVolume> = volumes
+            .iter()
+            .map(|name| ClientVolume {
+                name: name.clone(),
+                uid: None,
+            })
+            .collect();
+        ClientScope::of(&v, node)
+    }
+
+    /// The scope of `volumes` (any order, duplicates dropped; one name with two uids is
+    /// refused), at `node` only if given.
+    pub fn of(volumes: &[ClientVolume], node: Option<&str>) -> Result<ClientScope, PeerError> {
         let mut v = volumes.to_vec();
         v.sort();
         v.dedup();
+        if let Some(w) = v.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(PeerError::TwoUids {
+                name: w[0].name.clone(),
+            });
+        }
         if v.is_empty() || v.len() > MAX_CLIENT_VOLUMES {
             return Err(PeerError::ClientVolumes { count: v.len() });
         }
-        let names = v.iter().map(String::as_str).chain(node);
+        let names = v.iter().map(|c| c.name.as_str()).chain(node);
         if let Some(bad) = names.into_iter().find(|n| !valid_name(n)) {
             return Err(PeerError::InvalidName {
                 name: bad.to_string(),
+            });
+        }
+        if let Some(bad) = v
+            .iter()
+            .filter_map(|c| c.uid.as_deref())
+            .find(|u| !valid_uid(u))
+        {
+            return Err(PeerError::InvalidUid {
+                uid: bad.to_string(),
             });
         }
         Ok(ClientScope {
@@ -72,21 +113,27 @@ impl ClientScope {
         })
     }
 
-    pub fn volumes(&self) -> &[String] {
+    pub fn volumes(&self) -> &[ClientVolume] {
         &self.volumes
+    }
+
+    /// The names of its volumes, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.volumes.iter().map(|c| c.name.clone()).collect()
     }
 
     pub fn node(&self) -> Option<&str> {
         self.node.as_deref()
     }
 
-    /// Whether this client may open export `volume` at node `here`.
-    pub fn admits(&self, here: &str, volume: &str) -> bool {
+    /// Whether this client may open export `volume`, whose volume has uid `uid`, at node
+    /// `here`: the certificate names that volume with that uid (or both have none).
+    pub fn admits(&self, here: &str, volume: &str, uid: Option<&str>) -> bool {
         self.node.as_deref().is_none_or(|n| n == here)
             && self
                 .volumes
-                .binary_search_by(|v| v.as_str().cmp(volume))
-                .is_ok()
+                .binary_search_by(|v| v.name.as_str().cmp(volume))
+                .is_ok_and(|i| self.volumes[i].uid.as_deref() == uid)
     }
 }
 
@@ -99,7 +146,10 @@ impl Peer {
             Peer::Client(s) => s
                 .volumes
                 .iter()
-                .map(|v| format!("{CLIENT_VOLUME_URI_PREFIX}{v}"))
+                .map(|v| match &v.uid {
+                    Some(uid) => format!("{CLIENT_VOLUME_URI_PREFIX}{}/{uid}", v.name),
+                    None => format!("{CLIENT_VOLUME_URI_PREFIX}{}", v.name),
+                })
                 .chain(
                     s.node
                         .iter()
@@ -125,7 +175,7 @@ impl Peer {
 /// One `hawser://` URI, as [`peer_of`] reads it.
 enum Part {
     Whole(Peer),
-    ClientVolume(String),
+    ClientVolume(ClientVolume),
     ClientNode(String),
 }
 
@@ -137,8 +187,18 @@ fn part_of(uri: &str) -> Option<Part> {
     if let Some(n) = named(NODE_URI_PREFIX) {
         return Some(Part::Whole(Peer::Node(n.to_string())));
     }
-    if let Some(v) = named(CLIENT_VOLUME_URI_PREFIX) {
-        return Some(Part::ClientVolume(v.to_string()));
+    if let Some(rest) = uri.strip_prefix(CLIENT_VOLUME_URI_PREFIX) {
+        let (name, uid) = match rest.split_once('/') {
+            Some((name, uid)) => (name, Some(uid)),
+            None => (rest, None),
+        };
+        if !valid_name(name) || uid.is_some_and(|u| !valid_uid(u)) {
+            return None;
+        }
+        return Some(Part::ClientVolume(ClientVolume {
+            name: name.to_string(),
+            uid: uid.map(str::to_string),
+        }));
     }
     named(CLIENT_NODE_URI_PREFIX).map(|n| Part::ClientNode(n.to_string()))
 }
@@ -149,7 +209,7 @@ impl std::fmt::Display for Peer {
             Peer::Controller => f.write_str("the controller"),
             Peer::Node(n) => write!(f, "node {n}"),
             Peer::Client(s) => {
-                write!(f, "a client of volume {}", s.volumes.join(", "))?;
+                write!(f, "a client of volume {}", s.names().join(", "))?;
                 match &s.node {
                     Some(n) => write!(f, " at node {n}"),
                     None => Ok(()),
@@ -157,6 +217,14 @@ impl std::fmt::Display for Peer {
             }
         }
     }
+}
+
+/// A volume uid as `hawser_api::uid` writes it: 32 lowercase hex digits.
+fn valid_uid(uid: &str) -> bool {
+    uid.len() == 32
+        && uid
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
 }
 
 /// Node and volume names as the API accepts them: 1-63 of a-z, 0-9 and '-', not starting
@@ -182,6 +250,10 @@ pub enum PeerError {
     ClientVolumes { count: usize },
     #[error("invalid name {name:?}: use 1-63 characters a-z, 0-9 and '-', not starting with '-'")]
     InvalidName { name: String },
+    #[error("invalid volume uid {uid:?}: expected 32 lowercase hex digits")]
+    InvalidUid { uid: String },
+    #[error("volume {name} is named with two uids")]
+    TwoUids { name: String },
 }
 
 /// The principal a certificate names. Says nothing about who signed it: call it only on a
@@ -216,7 +288,7 @@ pub fn peer_of(cert_der: &[u8]) -> Result<Peer, PeerError> {
         (Some(p), true, None) => Ok(p),
         (Some(_), _, _) => Err(PeerError::Ambiguous),
         (None, true, _) => Err(PeerError::Unnamed),
-        (None, false, _) => ClientScope::new(&volumes, node.as_deref()).map(Peer::Client),
+        (None, false, _) => ClientScope::of(&volumes, node.as_deref()).map(Peer::Client),
     }
 }
 
@@ -263,12 +335,12 @@ mod tests {
     #[test]
     fn client_scopes_admit_their_volumes_at_their_node_only() {
         let any = ClientScope::new(&[s("b"), s("a"), s("b")], None).expect("scope");
-        assert_eq!(any.volumes(), [s("a"), s("b")]);
-        assert!(any.admits("n1", "a") && any.admits("n2", "b"));
-        assert!(!any.admits("n1", "c") && !any.admits("n1", ""));
+        assert_eq!(any.names(), [s("a"), s("b")]);
+        assert!(any.admits("n1", "a", None) && any.admits("n2", "b", None));
+        assert!(!any.admits("n1", "c", None) && !any.admits("n1", "", None));
         let at = ClientScope::new(&[s("a")], Some("n1")).expect("scope");
-        assert!(at.admits("n1", "a"));
-        assert!(!at.admits("n2", "a"));
+        assert!(at.admits("n1", "a", None));
+        assert!(!at.admits("n2", "a", None));
         assert_eq!(
             ClientScope::new(&[], None),
             Err(PeerError::ClientVolumes { count: 0 })
@@ -283,6 +355,43 @@ mod tests {
             Err(PeerError::InvalidName { name: s("a/../b") })
         );
         assert!(ClientScope::new(&[s("a")], Some("N")).is_err());
+    }
+
+    /// A certificate for volume `a` of one uid opens neither a namesake of another uid nor a
+    /// volume without one; a certificate without a uid opens only a volume without one. The
+    /// uid travels in the URI and comes back from it.
+    #[test]
+    fn client_scopes_admit_their_volume_by_uid_not_its_namesake() {
+        let (u1, u2) = ("1".repeat(32), "2".repeat(32));
+        let v = |name: &str, uid: &str| ClientVolume {
+            name: s(name),
+            uid: Some(s(uid)),
+        };
+        let scope = ClientScope::of(&[v("a", &u1), v("a", &u1)], None).expect("scope");
+        assert!(scope.admits("n1", "a", Some(&u1)));
+        assert!(!scope.admits("n1", "a", Some(&u2)));
+        assert!(!scope.admits("n1", "a", None));
+        let legacy = ClientScope::new(&[s("a")], None).expect("scope");
+        assert!(!legacy.admits("n1", "a", Some(&u1)));
+        let uris = Peer::Client(scope.clone()).uris();
+        assert_eq!(uris, [format!("hawser://client/volume/a/{u1}")]);
+        assert!(matches!(part_of(&uris[0]), Some(Part::ClientVolume(c)) if c == v("a", &u1)));
+        for bad in [
+            format!("hawser://client/volume/a/{}", "A".repeat(32)),
+            format!("hawser://client/volume/a/{}", "1".repeat(31)),
+            format!("hawser://client/volume/a/{u1}/x"),
+            format!("hawser://client/volume//{u1}"),
+        ] {
+            assert!(part_of(&bad).is_none(), "{bad}");
+        }
+        assert_eq!(
+            ClientScope::of(&[v("a", &u1), v("a", &u2)], None),
+            Err(PeerError::TwoUids { name: s("a") })
+        );
+        assert_eq!(
+            ClientScope::of(&[v("a", "nothex")], None),
+            Err(PeerError::InvalidUid { uid: s("nothex") })
+        );
     }
 
     #[test]

@@ -16,12 +16,20 @@ pub const META_VERSION_FLAGS: u32 = 4;
 /// Version 5 adds an encrypted volume's wrapped data key (`FLAG_WRAPPED_KEY`); it is written
 /// only for a replica that holds one, so other records stay readable by older agents.
 pub const META_VERSION_WRAPPED: u32 = 5;
+/// Version 6 adds the volume's uid (`FLAG_VOLUME_UID`): the identity a volume keeps for life,
+/// which a namesake created after it was deleted does not share. Written only for a replica
+/// of a volume that has one, so other records stay readable by older agents.
+pub const META_VERSION_UID: u32 = 6;
 /// Version 4 flag: the replica keeps block checksums (`<id>.sums`).
 pub const FLAG_CHECKSUMS: u8 = 1 << 0;
 /// Version 4 flag: the key check at `KEY_CHECK_AT` is set (an encrypted volume).
 pub const FLAG_KEY_CHECK: u8 = 1 << 1;
 /// Version 5 flag: the wrapped data key at `WRAPPED_AT` is set (never without a key check).
 pub const FLAG_WRAPPED_KEY: u8 = 1 << 2;
+/// Version 6 flag: the volume uid at `UID_AT` is set.
+pub const FLAG_VOLUME_UID: u8 = 1 << 3;
+/// A volume uid's length in bytes (shown as 32 lowercase hex digits).
+pub const VOLUME_UID_BYTES: usize = 16;
 /// Longest sealed data key (nonce, ciphertext and tag): a 64-byte data key sealed with
 /// AES-256-GCM takes 12 + 64 + 16 = 92.
 pub const MAX_WRAPPED_KEY_BYTES: usize = 128;
@@ -79,6 +87,9 @@ pub struct ReplicaMeta {
     /// before replicas kept it). Set at create; a key rotation replaces it with the same data
     /// key wrapped under a newer KEK.
     pub wrapped_key: Option<WrappedKey>,
+    /// The uid of the volume it belongs to (None: a volume created before volumes had uids).
+    /// Set at create, never changed; `hawser cluster recover` gives it back to the volume.
+    pub volume_uid: Option<[u8; VOLUME_UID_BYTES]>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -99,6 +110,7 @@ pub enum MetaError {
 // size u64 | epoch u64 | generation u64 | vol_len u16 | rep_len u16 | volume bytes |
 // replica bytes | cluster bytes | zeroes | (version 3) key check at KEY_CHECK_AT | zeroes |
 // (version 5) at WRAPPED_AT: kek u32 | sealed_len u16 | sealed bytes | zeroes |
+// (version 6) at UID_AT: volume uid (16 bytes) |
 // (version 4) flags at FLAGS_AT | crc32c of bytes 0..META_LEN-4 in the last 4 bytes.
 const IDS_AT: usize = 44;
 /// Past the longest ids (44 + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES).
@@ -113,6 +125,9 @@ const WRAPPED_AT: usize = FLAGS_AT - 6 - MAX_WRAPPED_KEY_BYTES;
 const _: () = assert!(IDS_AT + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES <= WRAPPED_AT);
 const _: () = assert!(WRAPPED_AT + 6 + MAX_WRAPPED_KEY_BYTES <= FLAGS_AT);
 const _: () = assert!(MAX_WRAPPED_KEY_BYTES <= u16::MAX as usize);
+/// Just before the wrapped key.
+const UID_AT: usize = WRAPPED_AT - VOLUME_UID_BYTES;
+const _: () = assert!(IDS_AT + 2 * MAX_ID_BYTES + MAX_CLUSTER_ID_BYTES <= UID_AT);
 
 impl ReplicaMeta {
     pub fn encode(&self) -> Result<Vec<u8>, MetaError> {
@@ -140,11 +155,21 @@ impl ReplicaMeta {
             self.put_wrapped_key(&mut b, w)?;
             flags |= FLAG_WRAPPED_KEY;
         }
-        let version = match (self.wrapped_key.is_some(), self.checksums, self.key_check) {
-            (true, _, _) => META_VERSION_WRAPPED,
-            (false, false, None) => META_VERSION,
-            (false, false, Some(_)) => META_VERSION_KEYED,
-            (false, true, _) => META_VERSION_FLAGS,
+        if let Some(uid) = &self.volume_uid {
+            b[UID_AT..UID_AT + VOLUME_UID_BYTES].copy_from_slice(uid);
+            flags |= FLAG_VOLUME_UID;
+        }
+        let version = match (
+            self.volume_uid.is_some(),
+            self.wrapped_key.is_some(),
+            self.checksums,
+            self.key_check,
+        ) {
+            (true, _, _, _) => META_VERSION_UID,
+            (false, true, _, _) => META_VERSION_WRAPPED,
+            (false, false, false, None) => META_VERSION,
+            (false, false, false, Some(_)) => META_VERSION_KEYED,
+            (false, false, true, _) => META_VERSION_FLAGS,
         };
         if version >= META_VERSION_FLAGS {
             b[FLAGS_AT] = flags;
@@ -203,7 +228,7 @@ impl ReplicaMeta {
             return Err(MetaError::BadMagic { found: magic });
         }
         let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if !(1..=META_VERSION_WRAPPED).contains(&version) {
+        if !(1..=META_VERSION_UID).contains(&version) {
             return Err(MetaError::BadVersion { found: version });
         }
         let found = u32::from_le_bytes([b[4092], b[4093], b[4094], b[4095]]);
@@ -233,6 +258,10 @@ impl ReplicaMeta {
             });
         }
         let (flags, known) = match version {
+            META_VERSION_UID => (
+                b[FLAGS_AT],
+                FLAG_CHECKSUMS | FLAG_KEY_CHECK | FLAG_WRAPPED_KEY | FLAG_VOLUME_UID,
+            ),
             META_VERSION_WRAPPED => (
                 b[FLAGS_AT],
                 FLAG_CHECKSUMS | FLAG_KEY_CHECK | FLAG_WRAPPED_KEY,
@@ -274,6 +303,11 @@ impl ReplicaMeta {
             }),
             checksums: flags & FLAG_CHECKSUMS != 0,
             wrapped_key,
+            volume_uid: (flags & FLAG_VOLUME_UID != 0).then(|| {
+                let mut uid = [0u8; VOLUME_UID_BYTES];
+                uid.copy_from_slice(&b[UID_AT..UID_AT + VOLUME_UID_BYTES]);
+                uid
+            }),
         })
     }
 }
@@ -322,7 +356,57 @@ mod tests {
             key_check: None,
             checksums: false,
             wrapped_key: None,
+            volume_uid: None,
         }
+    }
+
+    /// A volume's uid makes a version 6 record beside every other field, and comes back byte
+    /// for byte; a record without one keeps the older version (older agents read it).
+    #[test]
+    fn volume_uids_roundtrip_in_version_6_only() {
+        let uid = Some([0xc3; VOLUME_UID_BYTES]);
+        for (key_check, checksums, wrapped_key) in [
+            (None, false, None),
+            (None, true, None),
+            (
+                Some([0x5a; KEY_CHECK_BYTES]),
+                true,
+                Some(wrapped(7, MAX_WRAPPED_KEY_BYTES)),
+            ),
+        ] {
+            let m = ReplicaMeta {
+                volume: "v".repeat(MAX_ID_BYTES),
+                replica: "r".repeat(MAX_ID_BYTES),
+                cluster: Some("c".repeat(MAX_CLUSTER_ID_BYTES)),
+                key_check,
+                checksums,
+                wrapped_key,
+                volume_uid: uid,
+                ..sample()
+            };
+            let b = m.encode().expect("encode");
+            assert_eq!(b[8..12], META_VERSION_UID.to_le_bytes());
+            assert_eq!(ReplicaMeta::decode(&b), Ok(m.clone()));
+            let without = ReplicaMeta {
+                volume_uid: None,
+                ..m
+            };
+            let b = without.encode().expect("encode");
+            assert!(u32::from_le_bytes([b[8], b[9], b[10], b[11]]) < META_VERSION_UID);
+            assert_eq!(ReplicaMeta::decode(&b), Ok(without));
+        }
+        // Version 5 cannot claim a uid: the flag is unknown there.
+        let mut b = ReplicaMeta {
+            volume_uid: uid,
+            ..sample()
+        }
+        .encode()
+        .expect("encode");
+        b[8..12].copy_from_slice(&META_VERSION_WRAPPED.to_le_bytes());
+        assert_eq!(
+            ReplicaMeta::decode(&resealed(b)),
+            Err(MetaError::BadField { field: "flags" })
+        );
     }
 
     fn wrapped(kek: u32, len: usize) -> WrappedKey {
@@ -503,12 +587,13 @@ mod tests {
         flipped[KEY_CHECK_AT + 3] ^= 1;
         assert!(ReplicaMeta::decode(&flipped).is_err(), "checksum covers it");
         let mut future = b;
-        future[8..12].copy_from_slice(&6u32.to_le_bytes());
+        let next = META_VERSION_UID + 1;
+        future[8..12].copy_from_slice(&next.to_le_bytes());
         let crc = crc32c::crc32c(&future[..META_LEN - 4]);
         future[META_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             ReplicaMeta::decode(&future),
-            Err(MetaError::BadVersion { found: 6 })
+            Err(MetaError::BadVersion { found: next })
         );
     }
 

@@ -160,6 +160,7 @@ async fn fake_agent() -> SocketAddr {
             key_check: r.key_check,
             checksums: r.checksums,
             wrapped_key: r.wrapped_key,
+            volume_uid: None,
         };
         (StatusCode::CREATED, Json(status))
     }

@@ -308,6 +308,12 @@ async fn create_replica(
         .map(|w| sealed_key(w, req.key_check))
         .transpose()
         .map_err(Failure)?;
+    let volume_uid = req
+        .volume_uid
+        .as_deref()
+        .map(hawser_api::uid::parse_uid)
+        .transpose()
+        .map_err(Failure)?;
     let new = NewReplica {
         id: req.replica_id.clone(),
         volume: req.volume.clone(),
@@ -317,6 +323,7 @@ async fn create_replica(
         key_check: req.key_check.map(|k| k.0),
         checksums: req.checksums,
         wrapped_key,
+        volume_uid,
     };
     let storage = s.storage.clone();
     let replica = tokio::task::spawn_blocking(move || {

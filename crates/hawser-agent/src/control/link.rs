@@ -324,13 +324,24 @@ impl ControllerLink {
     /// answered. A restarted agent asks before it serves a kernel device it left behind
     /// (`frontends::devices`). Over TLS the controller shows a node only the volumes attached
     /// to it and answers 403 for the rest, which is the answer here.
-    pub async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>> {
+    /// Where the volume is attached now, and which volume of that name it is (`None`:
+    /// detached or gone).
+    pub async fn attachment(
+        &self,
+        volume: &str,
+    ) -> anyhow::Result<Option<crate::frontends::device_identity::Attachment>> {
         let path = format!("/v1/volumes/{volume}");
         match self.on_leader(reqwest::Method::GET, &path, &()).await {
             Ok(Ok(b)) => {
                 let v: hawser_api::controller::Volume = serde_json::from_slice(&b)
                     .map_err(|e| anyhow::anyhow!("bad answer for volume {volume}: {e}"))?;
-                Ok(v.attached_node)
+                Ok(v.attached_node
+                    .map(|node| crate::frontends::device_identity::Attachment {
+                        node,
+                        uid: v.uid,
+                        epoch: v.epoch,
+                        attached_epoch: v.attached_epoch,
+                    }))
             }
             Ok(Err(Refusal { error: Some(e), .. }))
                 if matches!(e.code, ErrorCode::NotFound | ErrorCode::Forbidden) =>
@@ -402,8 +413,11 @@ impl std::fmt::Display for Refusal {
 
 #[async_trait::async_trait]
 impl crate::frontends::devices::WhereAttached for ControllerLink {
-    async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>> {
-        ControllerLink::attached_node(self, volume).await
+    async fn attachment(
+        &self,
+        volume: &str,
+    ) -> anyhow::Result<Option<crate::frontends::device_identity::Attachment>> {
+        ControllerLink::attachment(self, volume).await
     }
 
     async fn report(

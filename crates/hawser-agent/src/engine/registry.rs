@@ -7,6 +7,11 @@
 //! so the old engine is stopped with nothing in flight (its final flush succeeds and its
 //! journal says so: the new engine's recovery compares nothing), the new one starts, and the
 //! requests that arrived meanwhile run on it. Clients see a pause, never an error.
+//!
+//! Only an engine of the same volume is swapped in: one of the same name but another uid is
+//! a namesake (the volume was deleted and another created under its name), so the old
+//! export is ended (its clients and kernel devices get errors from now on, never the
+//! namesake's blocks) and the namesake gets an export of its own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +28,7 @@ use crate::control::link::LinkAuth;
 use crate::engine::qos::{Cost, QosLimiter};
 use crate::engine::rate_limit::ResyncRates;
 use crate::engine::volume::VolumeEngine;
-use crate::frontends::block::{BlockDevice, ExportRegistry};
+use crate::frontends::block::{BlockDevice, ExportIdentity, ExportRegistry};
 use crate::observe::io::{IoMetrics, IoOp, VolumeIo};
 use crate::storage::pools::NodeStorage;
 
@@ -44,17 +49,32 @@ pub struct Export {
     /// The volume's limits (`StartEngine::qos`, changed live by `PUT .../qos`): they apply
     /// to the volume, whichever engine serves it.
     qos: QosLimiter,
+    /// The volume's uid (`StartEngine::uid`), fixed for the export's life: every engine it
+    /// is given serves the same volume.
+    uid: Option<String>,
+    /// The epoch of the engine behind it (the last started).
+    epoch: AtomicU64,
 }
 
 impl Export {
-    fn new(engine: Arc<VolumeEngine>, nbd: bool, io: VolumeIo, qos: Qos) -> Export {
+    fn new(engine: Arc<VolumeEngine>, req: &StartEngine, io: VolumeIo) -> Export {
         Export {
+            uid: req.uid.clone(),
+            epoch: AtomicU64::new(req.epoch),
             size: AtomicU64::new(BlockDevice::size(&*engine)),
             gate: tokio::sync::RwLock::new(()),
             engine: Mutex::new(Some(engine)),
-            nbd: AtomicBool::new(nbd),
+            nbd: AtomicBool::new(req.export),
             io,
-            qos: QosLimiter::new(qos),
+            qos: QosLimiter::new(req.qos),
+        }
+    }
+
+    /// Who it serves now.
+    pub fn identity(&self) -> ExportIdentity {
+        ExportIdentity {
+            uid: self.uid.clone(),
+            epoch: self.epoch.load(Ordering::Acquire),
         }
     }
 
@@ -209,13 +229,21 @@ impl Engines {
     ) -> anyhow::Result<Arc<VolumeEngine>> {
         // A wrong key is refused before a running engine is stopped for it.
         VolumeEngine::keys(req, node, storage)?;
-        let existing = self.lock().get(&req.volume).cloned();
+        let mut existing = self.lock().get(&req.volume).cloned();
+        if let Some(old) = existing.take_if(|x| x.uid != req.uid) {
+            tracing::warn!(
+                volume = %req.volume, old_uid = ?old.uid, new_uid = ?req.uid,
+                "an engine of another volume of the same name: ending the old volume's export \
+                 (its clients and devices get errors) before serving the new one"
+            );
+            self.end_export(&req.volume, &old).await;
+        }
         let Some(export) = existing else {
             let engine =
                 VolumeEngine::start_with_auth(req, node, storage, resync_rate, controller_auth)
                     .await?;
             let io = self.io.volume(&req.volume);
-            let export = Arc::new(Export::new(engine.clone(), req.export, io, req.qos));
+            let export = Arc::new(Export::new(engine.clone(), req, io));
             let replaced = self.lock().insert(req.volume.clone(), export);
             if let Some(old) = replaced {
                 // A concurrent first start of the same volume; the controller serialises
@@ -240,6 +268,7 @@ impl Engines {
         let engine =
             VolumeEngine::start_with_auth(req, node, storage, resync_rate, controller_auth).await?;
         export.set(Some(engine.clone()));
+        export.epoch.store(req.epoch, Ordering::Release);
         // A volume grown while no engine ran here (the record had the new size).
         export
             .size
@@ -248,6 +277,21 @@ impl Engines {
         export.qos.set(req.qos);
         drop(closed);
         Ok(engine)
+    }
+
+    /// Removes `old` (if it is still the volume's export) and stops its engine: requests of
+    /// its clients and devices fail from now on.
+    async fn end_export(&self, volume: &str, old: &Arc<Export>) {
+        {
+            let mut map = self.lock();
+            if map.get(volume).is_some_and(|x| Arc::ptr_eq(x, old)) {
+                map.remove(volume);
+            }
+        }
+        let _closed = old.gate.write().await;
+        if let Some(e) = old.set(None) {
+            e.stop().await;
+        }
     }
 
     /// Stops the volume's engine and removes its export (clients' requests fail from now on).
@@ -335,6 +379,14 @@ impl ExportRegistry for Engines {
             return None;
         }
         Some(export as Arc<dyn BlockDevice>)
+    }
+
+    fn lookup_identified(&self, name: &str) -> Option<(Arc<dyn BlockDevice>, ExportIdentity)> {
+        let export = self.export(name)?;
+        let identity = export.identity();
+        self.lookup(name)
+            .filter(|d| std::ptr::addr_eq(Arc::as_ptr(d), Arc::as_ptr(&export)))
+            .map(|d| (d, identity))
     }
 
     fn names(&self) -> Vec<String> {

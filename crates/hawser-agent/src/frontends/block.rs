@@ -134,9 +134,24 @@ pub async fn execute(
     }
 }
 
+/// Who an export serves: its volume's uid (None: a volume without one, or a device outside a
+/// cluster) and the epoch of the engine behind it when looked up. A name is not an identity:
+/// after a delete, a volume of the same name is another volume, with another uid.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExportIdentity {
+    pub uid: Option<String>,
+    pub epoch: u64,
+}
+
 /// Finds the device behind an NBD export name (a volume attached on this node).
 pub trait ExportRegistry: Send + Sync + 'static {
     fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>>;
+    /// [`ExportRegistry::lookup`], with who the device found serves (read together, so the
+    /// identity is the device's own). Registries of devices without one (tests) keep the
+    /// default: no uid, epoch 0.
+    fn lookup_identified(&self, name: &str) -> Option<(Arc<dyn BlockDevice>, ExportIdentity)> {
+        self.lookup(name).map(|d| (d, ExportIdentity::default()))
+    }
     /// Names of all exports, for NBD_OPT_LIST.
     fn names(&self) -> Vec<String>;
 }

@@ -3,11 +3,15 @@
 //! A device outlives the agent (ublk holds I/O until a new server takes it back; kernel NBD
 //! holds it for `dead_conn_timeout` when its sockets die), so each has a record, `<data-dir>/devices/<volume>.json`, replaced atomically. At
 //! start the agent goes through the records and, for each device the kernel still has:
-//! - serves it again once the volume's engine runs here (the controller restarts engines of
-//!   volumes attached here, in the same epoch), so the application saw a pause;
-//! - fails it with EIO when the controller says the volume is attached elsewhere, or detached
-//!   or gone: the volume moved on while this agent was away, and serving the old device would
-//!   serve stale blocks, or take writes the volume will never have.
+//! - serves it again once the controller has confirmed that it is the same volume (its uid),
+//!   attached here, in the same attachment (see `device_identity.rs`), and that volume's
+//!   engine runs here (the controller restarts engines of volumes attached here), so the
+//!   application saw a pause;
+//! - fails it with EIO when the controller says otherwise (attached elsewhere, detached, gone,
+//!   or a namesake): the volume moved on while this agent was away, and serving the old
+//!   device would serve stale blocks, or take writes the volume will never have;
+//! - fails it with EIO too when no controller confirms it within `--device-confirm-timeout`:
+//!   until then its I/O waits in the kernel. It is never served on a guess.
 //!
 //! A record whose device the kernel no longer has (a reboot) is removed; a device carrying a
 //! Hawser identity (NBD backend id, ublk owner tag) but no record (the agent died between CONNECT and the record) is
@@ -28,6 +32,7 @@ use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
 use crate::frontends::block::ExportRegistry;
+use crate::frontends::device_identity::{judge, Attachment, Served, Verdict};
 use crate::frontends::kernel::{self, Kind, Link, LinkError, Settings};
 use crate::observe::devices::DeviceMetrics;
 
@@ -35,16 +40,32 @@ use crate::observe::devices::DeviceMetrics;
 /// link to it): `Ok(None)` when it is detached or gone.
 #[async_trait::async_trait]
 pub trait WhereAttached: Send + Sync {
-    async fn attached_node(&self, volume: &str) -> anyhow::Result<Option<String>>;
+    async fn attachment(&self, volume: &str) -> anyhow::Result<Option<Attachment>>;
     /// Tell the cluster what happened to a device of a volume attached to `node` (its
     /// events, and the Kubernetes Events on the volume's PVC).
     async fn report(&self, node: &str, event: &DeviceEvent) -> anyhow::Result<()>;
 }
 
-/// How often a recovering device checks whether the volume's engine runs here yet, and how
-/// often it asks the controller again meanwhile.
+/// How often a recovering device checks whether the volume's engine runs here yet.
 const ENGINE_POLL: Duration = Duration::from_millis(100);
-const CONTROLLER_POLL: Duration = Duration::from_secs(2);
+
+/// How a device left by the last agent waits for the controller's word (`--device-confirm-*`).
+#[derive(Clone, Copy, Debug)]
+pub struct Confirming {
+    /// How often it asks the controller.
+    pub retry: Duration,
+    /// How long it waits, in all, to be confirmed and served before it is failed.
+    pub timeout: Duration,
+}
+
+impl Default for Confirming {
+    fn default() -> Confirming {
+        Confirming {
+            retry: Duration::from_secs(2),
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -94,11 +115,25 @@ struct Record {
     index: u32,
     connections: u32,
     size_bytes: u64,
+    /// The uid of the volume it serves (absent: a volume without one, or a record written
+    /// before uids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    uid: Option<String>,
+    /// The epoch of the engine behind it when it was made (absent in records written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
 }
 
 impl Record {
     fn kind(&self) -> Option<Kind> {
         Kind::parse(&self.frontend)
+    }
+
+    fn served(&self) -> Served<'_> {
+        Served {
+            uid: self.uid.as_deref(),
+            epoch: self.epoch,
+        }
     }
 
     fn device(&self) -> Device {
@@ -129,6 +164,7 @@ pub struct Devices {
     live: Mutex<HashMap<String, Live>>,
     shutdown: watch::Receiver<bool>,
     metrics: DeviceMetrics,
+    confirming: Confirming,
 }
 
 impl Devices {
@@ -150,7 +186,15 @@ impl Devices {
             live: Mutex::new(HashMap::new()),
             shutdown,
             metrics,
+            confirming: Confirming::default(),
         }
+    }
+
+    /// How devices left by the last agent wait for the controller (the default: every 2 s,
+    /// for 10 minutes).
+    pub fn confirming(mut self, c: Confirming) -> Devices {
+        self.confirming = c;
+        self
     }
 
     /// Report `reason` about `volume` to the controller, in the background (an event must
@@ -252,13 +296,26 @@ impl Devices {
             other => return Err(DeviceError::UnknownFrontend(other.to_owned())),
         };
         let mut live = self.live.lock().await;
+        let found = self.exports.lookup_identified(volume);
         if let Some(l) = live.get(volume) {
-            return Ok(l.record.device());
+            let namesake = found
+                .as_ref()
+                .is_some_and(|(_, id)| l.record.uid.is_some() && id.uid != l.record.uid);
+            if !namesake {
+                return Ok(l.record.device());
+            }
+            // The volume it served was deleted and another made under its name: the old
+            // device ends (its I/O fails), and the new volume gets a device of its own.
+            if let Some(old) = live.remove(volume) {
+                warn!(%volume, device = %old.record.device().path, "a device of a deleted volume of the same name: ending it");
+                self.end(old).await;
+            }
+        } else if self.records().iter().any(|r| r.volume == volume) {
+            // Left by the last agent and not judged yet: it keeps its record and its index.
+            return Err(DeviceError::NotLive(volume.to_owned()));
         }
-        let export = self
-            .exports
-            .lookup(volume)
-            .ok_or_else(|| DeviceError::NotAttachedHere(volume.to_owned()))?;
+        let (export, identity) =
+            found.ok_or_else(|| DeviceError::NotAttachedHere(volume.to_owned()))?;
         let size_bytes = export.size();
         let mut last = None;
         for (i, &kind) in kinds.iter().enumerate() {
@@ -291,6 +348,8 @@ impl Devices {
                         index: link.index(),
                         connections: u32::try_from(connections).unwrap_or(1),
                         size_bytes,
+                        uid: identity.uid.clone(),
+                        epoch: Some(identity.epoch),
                     };
                     if let Err(e) = self.save(&record) {
                         // Without a record a restarted agent could not find the device.
@@ -324,6 +383,16 @@ impl Devices {
             self.report(volume, DeviceEventReason::NoKernelFrontend, message);
         }
         Err(err)
+    }
+
+    /// Ends a live device (its I/O fails with EIO) and removes its record.
+    async fn end(&self, l: Live) {
+        let d = l.record.device();
+        self.metrics.gone(&d.volume, &d.frontend, &d.path);
+        if let Err(e) = l.link.detach().await {
+            warn!(volume = %d.volume, device = %d.path, error = %e, "end a device");
+        }
+        self.remove_record(&d.volume);
     }
 
     /// End `volume`'s device: I/O still queued on it fails with EIO, and the record goes.
@@ -459,29 +528,32 @@ impl Devices {
 
     async fn recover_one(&self, kind: Kind, r: Record) {
         let mut shutdown = self.shutdown.clone();
+        let started = std::time::Instant::now();
         let mut asked: Option<std::time::Instant> = None;
+        let mut confirmed = false;
         loop {
             if *shutdown.borrow() {
                 return;
             }
-            if asked.is_none_or(|t| t.elapsed() >= CONTROLLER_POLL) {
+            if asked.is_none_or(|t| t.elapsed() >= self.confirming.retry) {
                 asked = Some(std::time::Instant::now());
-                match self.controller.attached_node(&r.volume).await {
-                    Ok(Some(n)) if n == self.node => {}
-                    Ok(other) => {
-                        let now = other.as_deref().unwrap_or("no node");
-                        warn!(volume = %r.volume, device = %r.device().path, attached = now,
-                            "the volume is no longer attached here: failing its device with EIO");
-                        kernel::fail_if_ours(kind, r.index, &self.node, &r.volume).await;
-                        self.remove_record(&r.volume);
-                        return;
-                    }
+                match self.controller.attachment(&r.volume).await {
+                    Ok(now) => match judge(&r.volume, &self.node, r.served(), now.as_ref()) {
+                        Verdict::TakeBack => confirmed = true,
+                        Verdict::Fail(why) => return self.fail_left(kind, &r, &why).await,
+                    },
                     Err(e) => {
-                        warn!(volume = %r.volume, error = %e, "cannot ask the controller about a device left by the last agent; waiting")
+                        warn!(volume = %r.volume, error = %e, "cannot ask the controller about a device left by the last agent; its I/O waits")
                     }
                 }
             }
-            if let Some(export) = self.exports.lookup(&r.volume) {
+            // The engine of the volume confirmed: an export of another uid is a namesake's,
+            // which the device never serves (it waits for the right one, or its time).
+            let export = self
+                .exports
+                .lookup_identified(&r.volume)
+                .filter(|(_, id)| confirmed && (r.uid.is_none() || id.uid == r.uid));
+            if let Some((export, _)) = export {
                 let mut settings = self.settings;
                 settings.nbd.connections = r.connections.max(1) as usize;
                 match kernel::take_back(
@@ -516,10 +588,29 @@ impl Devices {
                 }
                 return;
             }
+            if started.elapsed() >= self.confirming.timeout {
+                let why = match confirmed {
+                    true => "its volume's engine did not start here",
+                    false => "no controller confirmed that it is still its volume's",
+                };
+                let why = format!("{why} within {:?}", self.confirming.timeout);
+                return self.fail_left(kind, &r, &why).await;
+            }
             tokio::select! {
                 _ = shutdown.changed() => {}
                 () = tokio::time::sleep(ENGINE_POLL) => {}
             }
         }
+    }
+
+    /// Fails a device left by the last agent with EIO, removes its record, and says why (in
+    /// the log and the volume's events).
+    async fn fail_left(&self, kind: Kind, r: &Record, why: &str) {
+        warn!(volume = %r.volume, device = %r.device().path, reason = why,
+            "a device left by the last agent is not served again: failing it with EIO");
+        kernel::fail_if_ours(kind, r.index, &self.node, &r.volume).await;
+        self.remove_record(&r.volume);
+        let message = format!("{} failed with EIO: {why}", r.device().path);
+        self.report(&r.volume, DeviceEventReason::DeviceFailed, message);
     }
 }

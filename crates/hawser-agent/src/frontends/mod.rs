@@ -3,6 +3,7 @@
 //! kernel frontends (ublk, kernel NBD over netlink) of issue 42 land here.
 
 pub mod block;
+pub mod device_identity;
 pub mod devices;
 pub mod kernel;
 pub mod kernel_nbd;

@@ -26,7 +26,7 @@ use hawser_wire::nbd::{self, BlockSizes, InfoRequest, NbdError, OptionHeader};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::debug;
 
-use crate::frontends::block::{BlockDevice, ExportRegistry};
+use crate::frontends::block::{BlockDevice, ExportIdentity, ExportRegistry};
 
 /// Options a client may send before it must pick an export. A plain connect needs fewer than
 /// ten, but `nbdinfo --list` sends one INFO per export, so this leaves room for a node with
@@ -116,13 +116,15 @@ pub enum Access {
 }
 
 impl Access {
-    pub fn admits(&self, export: &str) -> bool {
+    /// Whether the client may open `export`, whose volume has uid `uid` (a certificate names
+    /// the volume by uid too: a namesake is another volume).
+    pub fn admits(&self, export: &str, uid: Option<&str>) -> bool {
         match self {
             Access::All => true,
             Access::Certificate {
                 here,
                 peer: Some(Peer::Client(scope)),
-            } => scope.admits(here, export),
+            } => scope.admits(here, export, uid),
             Access::Certificate { .. } => false,
         }
     }
@@ -268,12 +270,13 @@ where
     match option {
         nbd::OPT_EXPORT_NAME => {
             let name = nbd::parse_name(payload)?;
-            if !exports.access.admits(name) {
+            let found = lookup(exports.registry, name);
+            if !exports.access.admits(name, uid_of(&found)) {
                 return Err(HandshakeError::NotPermitted {
                     name: name.to_owned(),
                 });
             }
-            let Some(device) = lookup(exports.registry, name) else {
+            let Some((device, _)) = found else {
                 return Err(HandshakeError::UnknownExport {
                     name: name.to_owned(),
                 });
@@ -326,7 +329,8 @@ where
             return Ok(Step::Continue);
         }
     };
-    if !exports.access.admits(request.name) {
+    let found = lookup(exports.registry, request.name);
+    if !exports.access.admits(request.name, uid_of(&found)) {
         debug!(
             export = request.name,
             "export refused to this client certificate"
@@ -338,7 +342,7 @@ where
         send_reply(stream, option, nbd::REP_ERR_POLICY, msg.as_bytes()).await?;
         return Ok(Step::Continue);
     }
-    let Some(device) = lookup(exports.registry, request.name) else {
+    let Some((device, _)) = found else {
         let msg = format!("no export named {:?}", request.name);
         send_reply(stream, option, nbd::REP_ERR_UNKNOWN, msg.as_bytes()).await?;
         return Ok(Step::Continue);
@@ -368,7 +372,11 @@ where
     S: AsyncWrite + Unpin,
 {
     let names = exports.registry.names();
-    for name in names.into_iter().filter(|n| exports.access.admits(n)) {
+    let listed = names.into_iter().filter(|n| {
+        let found = lookup(exports.registry, n);
+        found.is_some() && exports.access.admits(n, uid_of(&found))
+    });
+    for name in listed {
         match nbd::encode_rep_server(&name) {
             Some(entry) => send_reply(stream, nbd::OPT_LIST, nbd::REP_SERVER, &entry).await?,
             None => debug!(len = name.len(), "export name too long for NBD; not listed"),
@@ -383,11 +391,20 @@ struct Scoped<'a> {
     access: &'a Access,
 }
 
-fn lookup(registry: &dyn ExportRegistry, name: &str) -> Option<Arc<dyn BlockDevice>> {
+fn lookup(
+    registry: &dyn ExportRegistry,
+    name: &str,
+) -> Option<(Arc<dyn BlockDevice>, ExportIdentity)> {
     if name.is_empty() {
         return None;
     }
-    registry.lookup(name)
+    registry.lookup_identified(name)
+}
+
+/// The uid of the volume behind an export looked up (None: no such export, or a volume
+/// without one).
+fn uid_of(found: &Option<(Arc<dyn BlockDevice>, ExportIdentity)>) -> Option<&str> {
+    found.as_ref().and_then(|(_, id)| id.uid.as_deref())
 }
 
 /// One option reply: header and payload in a single write.

@@ -401,6 +401,7 @@ impl NodeStorage {
                 key_check: None,
                 checksums: false,
                 wrapped_key: None,
+                volume_uid: None,
             })
         });
         self.pools
@@ -428,6 +429,7 @@ pub fn status(r: &Replica) -> ReplicaStatus {
         key_check: r.key_check().map(hawser_api::KeyCheck),
         checksums: r.checksums(),
         wrapped_key: wrapped_key(r),
+        volume_uid: r.volume_uid().map(|u| hawser_api::uid::uid_text(&u)),
     }
 }
 

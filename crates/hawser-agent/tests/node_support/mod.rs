@@ -48,6 +48,7 @@ pub fn node_keyed(
         key_check: key_check.map(|k| k.0),
         checksums: false,
         wrapped_key: None,
+        volume_uid: None,
     };
     s.create("default", &new).expect("create replica");
     s
@@ -130,6 +131,7 @@ pub async fn two_nodes_with(
         grant: None,
         qos: Default::default(),
         data_key,
+        uid: None,
     };
     let engines = Arc::new(hawser_agent::engine::registry::Engines::default());
     let engine = engines

@@ -1,5 +1,6 @@
 //! Certificates for NBD clients (`POST /v1/client-certificates`, admin): a client of some
-//! volumes gets a certificate naming them (`hawser://client/volume/<v>`), and an agent's NBD
+//! volumes gets a certificate naming them by name and uid (`hawser://client/volume/<v>/<uid>`:
+//! a volume created later under the same name is not opened by it), and an agent's NBD
 //! port opens those exports to it and no others, at any node or only at the one it names.
 //! The client makes its own key and sends the public half, as a joining node does, so the
 //! key never crosses the network. Such a certificate opens nothing else: no API, no replica
@@ -11,7 +12,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::Json;
 use hawser_api::controller::{ClientCertificate, CreateClientCertificate};
-use hawser_tls::{ClientScope, Peer, MAX_CLIENT_VOLUMES, NODE_CERT_LIFETIME};
+use hawser_tls::{ClientScope, ClientVolume, Peer, MAX_CLIENT_VOLUMES, NODE_CERT_LIFETIME};
 
 use crate::api::extract::ApiJson;
 use crate::auth::tls::{decode_public_key, tls_of};
@@ -40,9 +41,15 @@ pub async fn create(
             req.volumes.len()
         )));
     }
+    let mut volumes = Vec::with_capacity(req.volumes.len());
     for v in &req.volumes {
         hawser_api::validate_name("volume", v)?;
-        st.records.existing_volume(v).await?;
+        // Named by uid too: the certificate opens this volume, not a later namesake.
+        let uid = st.records.existing_volume(v).await?.uid;
+        volumes.push(ClientVolume {
+            name: v.clone(),
+            uid,
+        });
     }
     if let Some(n) = &req.node {
         hawser_api::validate_name("node", n)?;
@@ -50,7 +57,7 @@ pub async fn create(
             return Err(ControllerError::NodeNotFound { node: n.clone() });
         }
     }
-    let scope = ClientScope::new(&req.volumes, req.node.as_deref())
+    let scope = ClientScope::of(&volumes, req.node.as_deref())
         .map_err(|e| ControllerError::invalid(e.to_string()))?;
     let spki = decode_public_key(&req.public_key)?;
     let issued = tls
@@ -62,7 +69,7 @@ pub async fn create(
         )
         .map_err(|e| ControllerError::invalid(format!("cannot issue a certificate: {e:#}")))?;
     tracing::info!(
-        volumes = ?scope.volumes(),
+        volumes = ?scope.names(),
         node = ?scope.node(),
         ttl,
         "issued an NBD client certificate"
@@ -71,7 +78,7 @@ pub async fn create(
         chain_pem: issued.chain_pem,
         ca_pem: tls.trust_pem(),
         not_after_unix: issued.not_after_unix,
-        volumes: scope.volumes().to_vec(),
+        volumes: scope.names(),
         node: scope.node().map(str::to_string),
     }))
 }

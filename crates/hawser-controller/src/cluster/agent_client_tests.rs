@@ -183,6 +183,7 @@ async fn held_replicas_are_sent_once_per_change_and_an_older_agent_sends_its_sta
         key_check: None,
         checksums: false,
         wrapped_key: None,
+        volume_uid: None,
     }];
     let older = Router::new()
         .route("/v1/replicas/{id}", delete(|| async { "" }))

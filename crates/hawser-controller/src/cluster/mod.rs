@@ -13,6 +13,7 @@
 pub(crate) mod agent_client;
 pub(crate) mod engine_watch;
 pub(crate) mod events;
+mod namesakes;
 pub(crate) mod reconcile;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -530,6 +531,9 @@ pub fn rebuild(
             skipped.push(format!("volume {name:?}: not a valid volume name"));
             continue;
         }
+        let Some((uid, reps)) = namesakes::newest_volume(name, reps, &mut skipped) else {
+            continue;
+        };
         let epoch = reps.iter().map(|f| f.1.status.epoch).max().unwrap_or(0);
         let newest = reps
             .iter()
@@ -609,6 +613,8 @@ pub fn rebuild(
             // In the replicas' metadata: replacements keep sums if every replica found does.
             checksums: reps.iter().all(|f| f.1.status.checksums),
             scrubbed_ms: None,
+            uid,
+            attached_epoch: None,
         });
     }
     (records, skipped)
@@ -709,6 +715,7 @@ mod tests {
                 key_check: None,
                 checksums: false,
                 wrapped_key: None,
+                volume_uid: None,
             },
             journal: journal.map(|(epoch, seq, lacking)| JournalSummary {
                 epoch,

@@ -290,6 +290,8 @@ mod tests {
             encryption: None,
             checksums: false,
             scrubbed_ms: None,
+            attached_epoch: None,
+            uid: None,
         }
     }
 

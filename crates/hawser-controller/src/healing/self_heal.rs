@@ -143,6 +143,7 @@ async fn add_blank(
         key_check: v.encryption.as_ref().map(|w| w.check),
         checksums: v.checksums,
         wrapped_key: v.encryption.clone(),
+        volume_uid: v.uid.clone(),
     };
     if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
         st.reservations.release(&id);

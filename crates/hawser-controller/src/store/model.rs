@@ -166,6 +166,22 @@ pub struct VolumeRecord {
     /// HawserVolume's `spec.backup_schedules`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backup_schedules: Vec<hawser_api::backup::BackupSchedule>,
+    /// Its identity for life (`hawser_api::uid`), given at create and recorded in every
+    /// replica's metadata (so `cluster recover` gives it back). A namesake created after a
+    /// delete has another: NBD client certificates and kernel devices name it. None in
+    /// records written before volumes had uids; such a volume never gets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The epoch its current attachment began at (set by each attach; read only while
+    /// attached, see `hawser_api::controller::Volume::attached_epoch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached_epoch: Option<u64>,
+}
+
+/// A new volume uid: 16 random bytes.
+pub fn new_volume_uid() -> String {
+    let bytes: [u8; hawser_api::uid::UID_BYTES] = rand::random();
+    hawser_api::uid::uid_text(&bytes)
 }
 
 /// A backup on a target, by name.
@@ -259,6 +275,10 @@ impl VolumeRecord {
                 .iter()
                 .map(crate::snapshots::cron::view)
                 .collect(),
+            uid: self.uid.clone(),
+            attached_epoch: self
+                .attached_epoch
+                .filter(|_| self.state == VolumeState::Attached),
         }
     }
 }

@@ -169,6 +169,8 @@ fn volume(name: &str) -> VolumeRecord {
         encryption: None,
         checksums: false,
         scrubbed_ms: None,
+        attached_epoch: None,
+        uid: None,
     }
 }
 

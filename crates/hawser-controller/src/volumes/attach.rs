@@ -57,6 +57,7 @@ pub async fn attach_volume(
             check_detached(v, " (detach it first)")?;
             v.sync_node = None;
             v.epoch += 1;
+            v.attached_epoch = Some(v.epoch);
             v.state = VolumeState::Attached;
             v.attached_node = Some(node.name.clone());
             Ok(())
@@ -78,6 +79,7 @@ pub async fn attach_volume(
         )?),
         qos: rec.qos,
         data_key: key,
+        uid: rec.uid.clone(),
     };
     if let Err(source) = st.agents.start_engine(node.agent(), &start).await {
         let err = ControllerError::Agent {
@@ -120,6 +122,7 @@ pub(crate) async fn ensure_engine(
         )?),
         qos: rec.qos,
         data_key: data_key(st, rec).await?,
+        uid: rec.uid.clone(),
     };
     st.agents
         .start_engine(node.agent(), &start)

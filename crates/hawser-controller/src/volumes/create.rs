@@ -216,6 +216,8 @@ async fn create_placed(
         encryption: encryption.clone(),
         checksums: req.wants_checksums(),
         scrubbed_ms: None,
+        uid: Some(crate::store::model::new_volume_uid()),
+        attached_epoch: None,
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back
@@ -357,6 +359,7 @@ async fn create_replicas(
             key_check: record.encryption.as_ref().map(|w| w.check),
             checksums: record.checksums,
             wrapped_key: record.encryption.clone(),
+            volume_uid: record.uid.clone(),
         };
         if let Err(source) = st.agents.create_replica(node.agent(), &req).await {
             // A create that timed out or got an error answer may still have happened on the

@@ -332,6 +332,7 @@ fn replica_status(req: &CreateReplica) -> ReplicaStatus {
         key_check: req.key_check,
         checksums: req.checksums,
         wrapped_key: req.wrapped_key.clone(),
+        volume_uid: req.volume_uid.clone(),
     }
 }
 

@@ -36,6 +36,7 @@ async fn a_queued_resync_send_for_a_closed_session_is_dropped() {
         key_check: None,
         checksums: false,
         wrapped_key: None,
+        volume_uid: None,
     };
     let replica = storage.create("default", &new).expect("create replica");
     let req = StartEngine {
@@ -55,6 +56,7 @@ async fn a_queued_resync_send_for_a_closed_session_is_dropped() {
         grant: None,
         qos: Default::default(),
         data_key: None,
+        uid: None,
     };
     let ve = VolumeEngine::start(
         &req,
