@@ -11,6 +11,7 @@ mod admin_auth;
 mod admin_input;
 mod crash_recovery;
 mod engine_encrypted;
+mod engine_namesake;
 mod engine_replicated;
 mod engine_snapshot;
 mod nbd_clients;
