@@ -244,6 +244,14 @@ impl Cluster {
     /// directory and ports, after stopping it with SIGTERM if `stop_first` (else it must be
     /// dead already: [`Self::kill_agent`]); waits until it has registered again.
     pub fn restart_agent_from(&mut self, name: &str, bin: &Path, stop_first: bool) {
+        let before = last_seen(&self.nodes(), name);
+        self.relaunch_agent(name, bin, stop_first);
+        wait_registered(name, before, || self.nodes());
+    }
+
+    /// [`Self::restart_agent_from`] without waiting for the agent to register: for a test
+    /// whose controller is down meanwhile.
+    pub fn relaunch_agent(&mut self, name: &str, bin: &Path, stop_first: bool) {
         let i = self
             .agents
             .iter()
@@ -257,9 +265,7 @@ impl Cluster {
             a.pools.clone(),
             (a.admin.clone(), a.replica.clone(), a.nbd.clone()),
         );
-        let before = last_seen(&self.nodes(), name);
         self.agents[i] = self.launch_agent_from(bin, name, &pools, addrs);
-        wait_registered(name, before, || self.nodes());
     }
 
     fn launch_agent(

@@ -2,7 +2,8 @@
 //! application writing through ext4 sees a pause, never an error, while the agent serving the
 //! device is `kill -9`ed and started again, or stopped and replaced by a second build (an
 //! upgrade), and loses no acknowledged write; and a device whose volume moved to another
-//! node while its agent was away is failed with EIO, never served stale.
+//! node while its agent was away is failed with EIO, never served stale; so is one whose volume
+//! was deleted and replaced by a namesake (`kernel_devices/namesake.rs`).
 //!
 //! This machine's kernel has no `nbd` module, so the outer test boots Debian's kernel in QEMU
 //! (`scripts/kvm/boot.sh`) and runs the inner one, this same binary, inside it: the whole
@@ -15,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use hawser_e2e::fs_app::{device_cli, verify, App};
 use hawser_e2e::{Cluster, ClusterOptions};
+
+mod namesake;
 
 /// The second build the upgrade test replaces the agent with (`make upgrade-build`).
 const NEXT_BIN: &str = "HAWSER_NEXT_BIN";

@@ -4,7 +4,9 @@
 //! writes one in the layout libnbd and qemu read. qemu-io reads the volume it names and is
 //! refused the other; nbdinfo lists only it; a node's certificate, a certificate limited to
 //! another node, another CA's, none at all and plaintext open nothing; and the certificate
-//! stops working when its TTL ends. Local users keep the unix socket (mode 0600).
+//! stops working when its TTL ends. Local users keep the unix socket (mode 0600). A
+//! certificate names its volume by uid too: it opens nothing of a volume created later under
+//! the same name (issue 61, acceptance e).
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -267,4 +269,52 @@ fn nbd_over_tcp_opens_only_the_volumes_a_client_certificate_names() {
     // Nothing above changed the volumes.
     qemu_io(&secret, &["read -P 0x6b 0 8M"]);
     qemu_io(&other, &["read -P 0x4f 0 8M"]);
+}
+
+/// Delete a volume and create another of the same name, attached at the same node: the
+/// first volume's certificate opens nothing of it (not listed, not opened), while a
+/// certificate issued for the new volume reads the new data.
+#[test]
+fn a_certificate_of_a_deleted_volume_opens_nothing_of_its_namesake() {
+    for tool in ["nbdinfo", "qemu-io"] {
+        if !have(tool) {
+            eprintln!("SKIP: {tool} missing (make test installs it)");
+            return;
+        }
+    }
+    let c = Cluster::start("nbdreuse", 2);
+    let first = c.attached_volume("reuse", "8MiB", 2, "n1");
+    qemu_io(&first, &["write -P 0x6b 0 8M", "flush"]);
+    let first_uid = c.volume("reuse").uid.expect("a new volume has a uid");
+    let tcp = c.agent("n1").nbd.clone();
+    let dir = |name: &str| c.dir.path().join(name);
+    let arg = |name: &str| dir(name).display().to_string();
+    c.cli_ok(&["volume", "client-cert", "reuse", "--out", &arg("old-cert")]);
+    let ok = qemu(&tcp, &dir("old-cert"), "reuse", "read -P 0x6b 0 8M");
+    assert!(opened(&ok), "its own volume: {}", text(&ok));
+
+    c.cli_ok(&["volume", "detach", "reuse"]);
+    c.cli_ok(&["volume", "delete", "reuse"]);
+    let second = c.attached_volume("reuse", "8MiB", 2, "n1");
+    qemu_io(&second, &["write -P 0x21 0 8M", "flush"]);
+    let second_uid = c.volume("reuse").uid.expect("a uid");
+    assert_ne!(first_uid, second_uid, "a namesake is another volume");
+
+    for cmd in ["read 0 4k", "write -P 0x99 0 4k"] {
+        let o = qemu(&tcp, &dir("old-cert"), "reuse", cmd);
+        assert!(
+            !o.status.success(),
+            "the deleted volume's certificate opened its namesake ({cmd}): {}",
+            text(&o)
+        );
+    }
+    let list = run("nbdinfo", &["--list", &nbds(&tcp, "", &dir("old-cert"))]);
+    assert!(
+        !text(&list).contains("reuse"),
+        "the deleted volume's certificate lists its namesake: {}",
+        text(&list)
+    );
+    c.cli_ok(&["volume", "client-cert", "reuse", "--out", &arg("new-cert")]);
+    let ok = qemu(&tcp, &dir("new-cert"), "reuse", "read -P 0x21 0 8M");
+    assert!(opened(&ok), "the new volume's certificate: {}", text(&ok));
 }

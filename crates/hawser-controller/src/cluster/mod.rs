@@ -730,6 +730,48 @@ mod tests {
         v.replicas.iter().map(|r| (r.id.clone(), r.state)).collect()
     }
 
+    fn of_uid(mut i: ReplicaInventory, uid: &str) -> ReplicaInventory {
+        i.status.volume_uid = Some(uid.into());
+        i
+    }
+
+    /// Replicas of two volumes that had the same name (an orphan of the deleted one, and
+    /// the namesake's): the record is the newer volume's, with its uid, and the other's
+    /// replica is left as an orphan; two equally new volumes are left alone.
+    #[test]
+    fn namesakes_are_split_by_uid_and_the_newest_volume_is_rebuilt() {
+        let (old, new) = ("0".repeat(32), "f".repeat(32));
+        let found = vec![
+            ("n1".to_string(), of_uid(inv("old-a", "v", 9, Some((9, 40, &[]))), &old)),
+            ("n1".to_string(), of_uid(inv("new-a", "v", 3, Some((3, 2, &[]))), &new)),
+            ("n2".to_string(), of_uid(inv("new-b", "v", 12, Some((12, 1, &[]))), &new)),
+        ];
+        let (records, skipped) = rebuild("c1", &[], &found, &BTreeSet::new());
+        assert_eq!(records.len(), 1, "{skipped:?}");
+        let v = &records[0];
+        assert_eq!(v.uid.as_deref(), Some(new.as_str()));
+        let ids: Vec<&str> = v.replicas.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["new-a", "new-b"]);
+        assert!(
+            skipped.len() == 1 && skipped[0].contains("old-a") && skipped[0].contains("orphan"),
+            "{skipped:?}"
+        );
+        let tie = vec![
+            ("n1".to_string(), of_uid(inv("x", "w", 4, Some((4, 1, &[]))), &old)),
+            ("n2".to_string(), of_uid(inv("y", "w", 4, Some((4, 1, &[]))), &new)),
+        ];
+        let (records, skipped) = rebuild("c1", &[], &tie, &BTreeSet::new());
+        assert!(records.is_empty(), "{records:?}");
+        assert!(skipped[0].contains("left alone"), "{skipped:?}");
+        // One uid throughout: kept as it is, a volume from before uids keeps none.
+        let one = vec![("n1".to_string(), of_uid(inv("z", "u", 1, None), &new))];
+        let (records, _) = rebuild("c1", &[], &one, &BTreeSet::new());
+        assert_eq!(records[0].uid.as_deref(), Some(new.as_str()));
+        let legacy = vec![("n1".to_string(), inv("z", "u", 1, None))];
+        let (records, _) = rebuild("c1", &[], &legacy, &BTreeSet::new());
+        assert_eq!(records[0].uid, None);
+    }
+
     #[test]
     fn the_newest_journal_and_the_highest_epoch_decide_who_is_in_sync() {
         use ReplicaState::{InSync, Outdated};
