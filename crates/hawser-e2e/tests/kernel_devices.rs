@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use hawser_e2e::fs_app::{device_cli, verify, App};
 use hawser_e2e::{Cluster, ClusterOptions};
 
+#[path = "kernel_devices/namesake.rs"]
 mod namesake;
 
 /// The second build the upgrade test replaces the agent with (`make upgrade-build`).

@@ -187,7 +187,9 @@ pub async fn start_engines(
 
 /// `POST /v1/nodes/{node}/events`: the node's agent tells what happened to a kernel device
 /// of a volume attached to it (a frontend passed over); a warning in the volume's events and
-/// on its PVC. Only about its own volumes: another node's is refused.
+/// on its PVC. Only about its own volumes: another node's is refused, except that a device
+/// it failed after a restart (`DeviceFailed`) is told whatever the volume's attachment is
+/// now, which is when that news matters (the volume moved, or is a namesake).
 pub async fn device_event(
     State(st): State<Arc<AppState>>,
     Extension(principal): Extension<Principal>,
@@ -197,7 +199,8 @@ pub async fn device_event(
     principal.may_act_as(&name)?;
     validate_name("volume", &req.volume)?;
     let v = st.records.existing_volume(&req.volume).await?;
-    if v.attached_node.as_deref() != Some(name.as_str()) {
+    let failed_here = req.reason == hawser_api::controller::DeviceEventReason::DeviceFailed;
+    if !failed_here && v.attached_node.as_deref() != Some(name.as_str()) {
         return Err(ControllerError::invalid(format!(
             "volume {} is not attached to node {name}",
             req.volume

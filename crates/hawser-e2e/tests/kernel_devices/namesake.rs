@@ -61,6 +61,10 @@ fn inner_namesake() {
     // The agent comes back while no controller answers: its device waits.
     c.kill_controller(0);
     c.relaunch_agent("n1", &hawser_e2e::cluster::hawser_bin(), false);
+    // Its first question found no controller; the next comes CONFIRM_RETRY_SECS later.
+    hawser_e2e::wait_until("the agent's first question", Duration::from_secs(60), || {
+        c.log("n1").contains("cannot ask the controller about a device left by the last agent")
+    });
     let relaunched = Instant::now();
     c.restart_controller(0);
     c.wait_nodes_online(2);
@@ -69,7 +73,7 @@ fn inner_namesake() {
     let new_uid = c.volume("ns").uid.expect("a uid");
     assert_ne!(old_uid, new_uid);
     let namesake_at = relaunched.elapsed();
-    eprintln!("the namesake was attached at n1 {namesake_at:?} after the agent started");
+    eprintln!("the namesake was attached at n1 {namesake_at:?} after the agent's first question");
     assert!(
         namesake_at < Duration::from_secs(CONFIRM_RETRY_SECS),
         "the namesake was attached after the agent's second question: raise CONFIRM_RETRY_SECS"
