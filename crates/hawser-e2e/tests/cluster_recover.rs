@@ -130,6 +130,12 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
         ));
     }
 
+    // Each volume's identity, which the recovered records must keep (certificates and
+    // devices name it).
+    let uids: Vec<(String, Option<String>)> =
+        c.volumes().into_iter().map(|v| (v.name, v.uid)).collect();
+    assert!(uids.iter().all(|(_, u)| u.is_some()), "{uids:?}");
+
     c.restart_controller_with_empty_store();
     // Both agents are refused as of another cluster; the new store has no volume.
     wait_until("both nodes waiting", Duration::from_secs(30), || {
@@ -193,6 +199,8 @@ fn a_lost_store_deletes_nothing_and_recover_brings_every_volume_back() {
     assert_eq!(names, ["alpha", "beta", "gamma"], "{report:?}");
     assert!(report.skipped.is_empty(), "{report:?}");
     for v in &report.volumes {
+        let kept = uids.iter().find(|(n, _)| *n == v.name).map(|(_, u)| u);
+        assert_eq!(kept, Some(&v.uid), "{} keeps its uid", v.name);
         assert_eq!(v.size_bytes, 64 << 20);
         assert!(
             v.replicas.iter().all(|r| r.state == ReplicaState::InSync),
