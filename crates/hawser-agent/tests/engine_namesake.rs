@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use hawser_agent::engine::rate_limit::ResyncRates;
-use hawser_agent::frontends::block::{BlockDevice, ExportRegistry};
+use hawser_agent::frontends::block::ExportRegistry;
 
 use crate::node_support::two_nodes;
 
@@ -46,7 +46,10 @@ async fn a_namesake_engine_gets_an_export_of_its_own_and_the_old_one_ends() {
     start(U1, 3).await;
     let same = identified(U1);
     assert!(Arc::ptr_eq(&first, &same), "the same export");
-    assert_eq!(t.engines.lookup_identified("vol").expect("export").1.epoch, 3);
+    assert_eq!(
+        t.engines.lookup_identified("vol").expect("export").1.epoch,
+        3
+    );
     assert_eq!(first.read(0, 4096).await.expect("read")[..], [0xa1; 4096]);
     // A namesake: the first volume's export (and anything holding it) gets errors.
     start(U2, 4).await;

@@ -742,9 +742,18 @@ mod tests {
     fn namesakes_are_split_by_uid_and_the_newest_volume_is_rebuilt() {
         let (old, new) = ("0".repeat(32), "f".repeat(32));
         let found = vec![
-            ("n1".to_string(), of_uid(inv("old-a", "v", 9, Some((9, 40, &[]))), &old)),
-            ("n1".to_string(), of_uid(inv("new-a", "v", 3, Some((3, 2, &[]))), &new)),
-            ("n2".to_string(), of_uid(inv("new-b", "v", 12, Some((12, 1, &[]))), &new)),
+            (
+                "n1".to_string(),
+                of_uid(inv("old-a", "v", 9, Some((9, 40, &[]))), &old),
+            ),
+            (
+                "n1".to_string(),
+                of_uid(inv("new-a", "v", 3, Some((3, 2, &[]))), &new),
+            ),
+            (
+                "n2".to_string(),
+                of_uid(inv("new-b", "v", 12, Some((12, 1, &[]))), &new),
+            ),
         ];
         let (records, skipped) = rebuild("c1", &[], &found, &BTreeSet::new());
         assert_eq!(records.len(), 1, "{skipped:?}");
@@ -757,8 +766,14 @@ mod tests {
             "{skipped:?}"
         );
         let tie = vec![
-            ("n1".to_string(), of_uid(inv("x", "w", 4, Some((4, 1, &[]))), &old)),
-            ("n2".to_string(), of_uid(inv("y", "w", 4, Some((4, 1, &[]))), &new)),
+            (
+                "n1".to_string(),
+                of_uid(inv("x", "w", 4, Some((4, 1, &[]))), &old),
+            ),
+            (
+                "n2".to_string(),
+                of_uid(inv("y", "w", 4, Some((4, 1, &[]))), &new),
+            ),
         ];
         let (records, skipped) = rebuild("c1", &[], &tie, &BTreeSet::new());
         assert!(records.is_empty(), "{records:?}");

@@ -62,9 +62,14 @@ fn inner_namesake() {
     c.kill_controller(0);
     c.relaunch_agent("n1", &hawser_e2e::cluster::hawser_bin(), false);
     // Its first question found no controller; the next comes CONFIRM_RETRY_SECS later.
-    hawser_e2e::wait_until("the agent's first question", Duration::from_secs(60), || {
-        c.log("n1").contains("cannot ask the controller about a device left by the last agent")
-    });
+    hawser_e2e::wait_until(
+        "the agent's first question",
+        Duration::from_secs(60),
+        || {
+            c.log("n1")
+                .contains("cannot ask the controller about a device left by the last agent")
+        },
+    );
     let relaunched = Instant::now();
     c.restart_controller(0);
     c.wait_nodes_online(2);
@@ -130,7 +135,8 @@ fn inner_namesake() {
         "the deleted volume's live device was handed out ({third}, was {fresh})"
     );
     assert!(
-        c.log("n1").contains("a device of a deleted volume of the same name: ending it"),
+        c.log("n1")
+            .contains("a device of a deleted volume of the same name: ending it"),
         "the agent did not end the old device"
     );
     device_cli(&c, &["detach", "ns"]);
