@@ -126,6 +126,17 @@ impl ClientScope {
         self.node.as_deref()
     }
 
+    /// Whether this client's certificate names a volume called `volume`, of whatever uid, and
+    /// is good at node `here`: what decides between "no such export" and "not yours" when
+    /// no export of that name exists here.
+    pub fn mentions(&self, here: &str, volume: &str) -> bool {
+        self.node.as_deref().is_none_or(|n| n == here)
+            && self
+                .volumes
+                .binary_search_by(|v| v.name.as_str().cmp(volume))
+                .is_ok()
+    }
+
     /// Whether this client may open export `volume`, whose volume has uid `uid`, at node
     /// `here`: the certificate names that volume with that uid (or both have none).
     pub fn admits(&self, here: &str, volume: &str, uid: Option<&str>) -> bool {
@@ -373,6 +384,8 @@ mod tests {
         assert!(!scope.admits("n1", "a", None));
         let legacy = ClientScope::new(&[s("a")], None).expect("scope");
         assert!(!legacy.admits("n1", "a", Some(&u1)));
+        assert!(scope.mentions("n1", "a") && legacy.mentions("n1", "a"));
+        assert!(!scope.mentions("n1", "b"));
         let uris = Peer::Client(scope.clone()).uris();
         assert_eq!(uris, [format!("hawser://client/volume/a/{u1}")]);
         assert!(matches!(part_of(&uris[0]), Some(Part::ClientVolume(c)) if c == v("a", &u1)));

@@ -116,15 +116,24 @@ pub enum Access {
 }
 
 impl Access {
-    /// Whether the client may open `export`, whose volume has uid `uid` (a certificate names
-    /// the volume by uid too: a namesake is another volume).
-    pub fn admits(&self, export: &str, uid: Option<&str>) -> bool {
+    /// Whether the client may open `export`, looked up as `found` (a certificate names the
+    /// volume by uid too: a namesake is another volume). With no such export here, whether
+    /// its certificate names one of that name: the client then hears "unknown", as it would
+    /// have for a volume attached elsewhere, and others hear "not yours".
+    pub fn admits(
+        &self,
+        export: &str,
+        found: &Option<(Arc<dyn BlockDevice>, ExportIdentity)>,
+    ) -> bool {
         match self {
             Access::All => true,
             Access::Certificate {
                 here,
                 peer: Some(Peer::Client(scope)),
-            } => scope.admits(here, export, uid),
+            } => match found {
+                Some((_, id)) => scope.admits(here, export, id.uid.as_deref()),
+                None => scope.mentions(here, export),
+            },
             Access::Certificate { .. } => false,
         }
     }
@@ -271,7 +280,7 @@ where
         nbd::OPT_EXPORT_NAME => {
             let name = nbd::parse_name(payload)?;
             let found = lookup(exports.registry, name);
-            if !exports.access.admits(name, uid_of(&found)) {
+            if !exports.access.admits(name, &found) {
                 return Err(HandshakeError::NotPermitted {
                     name: name.to_owned(),
                 });
@@ -330,7 +339,7 @@ where
         }
     };
     let found = lookup(exports.registry, request.name);
-    if !exports.access.admits(request.name, uid_of(&found)) {
+    if !exports.access.admits(request.name, &found) {
         debug!(
             export = request.name,
             "export refused to this client certificate"
@@ -374,7 +383,7 @@ where
     let names = exports.registry.names();
     let listed = names.into_iter().filter(|n| {
         let found = lookup(exports.registry, n);
-        found.is_some() && exports.access.admits(n, uid_of(&found))
+        found.is_some() && exports.access.admits(n, &found)
     });
     for name in listed {
         match nbd::encode_rep_server(&name) {
@@ -399,12 +408,6 @@ fn lookup(
         return None;
     }
     registry.lookup_identified(name)
-}
-
-/// The uid of the volume behind an export looked up (None: no such export, or a volume
-/// without one).
-fn uid_of(found: &Option<(Arc<dyn BlockDevice>, ExportIdentity)>) -> Option<&str> {
-    found.as_ref().and_then(|(_, id)| id.uid.as_deref())
 }
 
 /// One option reply: header and payload in a single write.
