@@ -434,11 +434,37 @@ impl Inner {
     }
 }
 
+impl EmbeddedStore {
+    /// Runs `work` on the store to its end in a task of its own, even when the caller goes
+    /// away: an HTTP handler whose client hung up drops its future at whatever await it is
+    /// in. A mutation is applied in memory, then its log record written, then the log's new
+    /// length kept; cut between the last two, the next write would land at the same offset
+    /// and leave a log that no longer opens (a gap in its revisions). Reads run the same
+    /// way, since taking the lock ends due leases, which is a mutation too.
+    async fn run<T, Fut>(&self, work: impl FnOnce(Arc<Shared>) -> Fut) -> Result<T>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        tokio::spawn(work(self.shared.clone()))
+            .await
+            .map_err(|e| StoreError::Io {
+                op: "finish a store call on",
+                path: self.shared.path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?
+    }
+}
+
 #[async_trait]
 impl Store for EmbeddedStore {
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
-        let inner = self.shared.lock().await?;
-        Ok(inner.entries.get(key).map(|e| e.value.clone()))
+        let key = key.to_string();
+        self.run(move |shared| async move {
+            let inner = shared.lock().await?;
+            Ok(inner.entries.get(&key).map(|e| e.value.clone()))
+        })
+        .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>> {
@@ -446,14 +472,18 @@ impl Store for EmbeddedStore {
     }
 
     async fn list_at(&self, prefix: &str) -> Result<(Vec<(String, Versioned)>, u64)> {
-        let inner = self.shared.lock().await?;
-        let list = inner
-            .entries
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, e)| (k.clone(), e.value.clone()))
-            .collect();
-        Ok((list, inner.revision))
+        let prefix = prefix.to_string();
+        self.run(move |shared| async move {
+            let inner = shared.lock().await?;
+            let list = inner
+                .entries
+                .range(prefix.clone()..)
+                .take_while(|(k, _)| k.starts_with(&prefix))
+                .map(|(k, e)| (k.clone(), e.value.clone()))
+                .collect();
+            Ok((list, inner.revision))
+        })
+        .await
     }
 
     async fn put_with(
@@ -463,102 +493,118 @@ impl Store for EmbeddedStore {
         expect: Expect,
         opts: &WriteOptions,
     ) -> Result<u64> {
-        let mut inner = self.shared.lock().await?;
-        inner.check_fence(key, opts.fence.as_ref())?;
-        inner.check_expect(key, expect)?;
-        if let Some(lease) = opts.lease {
-            if !inner.leases.contains_key(&lease) {
-                return Err(StoreError::LeaseExpired { lease });
+        let (key, fence, lease) = (key.to_string(), opts.fence.clone(), opts.lease);
+        self.run(move |shared| async move {
+            let mut inner = shared.lock().await?;
+            inner.check_fence(&key, fence.as_ref())?;
+            inner.check_expect(&key, expect)?;
+            if let Some(lease) = lease {
+                if !inner.leases.contains_key(&lease) {
+                    return Err(StoreError::LeaseExpired { lease });
+                }
             }
-        }
-        let op = Op::Put {
-            key: key.into(),
-            value,
-            lease: opts.lease,
-        };
-        self.shared.mutate(&mut inner, vec![op]).await
+            let op = Op::Put { key, value, lease };
+            shared.mutate(&mut inner, vec![op]).await
+        })
+        .await
     }
 
     async fn delete_with(&self, key: &str, expect: Expect, opts: &WriteOptions) -> Result<()> {
-        let mut inner = self.shared.lock().await?;
-        inner.check_fence(key, opts.fence.as_ref())?;
-        let found = inner.check_expect(key, expect)?;
-        if found.is_some() {
-            let op = Op::Delete { key: key.into() };
-            self.shared.mutate(&mut inner, vec![op]).await?;
-        }
-        Ok(())
+        let (key, fence) = (key.to_string(), opts.fence.clone());
+        self.run(move |shared| async move {
+            let mut inner = shared.lock().await?;
+            inner.check_fence(&key, fence.as_ref())?;
+            let found = inner.check_expect(&key, expect)?;
+            if found.is_some() {
+                let op = Op::Delete { key };
+                shared.mutate(&mut inner, vec![op]).await?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
-        let mut inner = self.shared.lock().await?;
-        if inner.leases.len() >= MAX_LEASES {
-            return Err(StoreError::Unavailable {
-                endpoint: self.describe(),
-                op: "grant lease",
-                key: String::new(),
-                reason: format!("{MAX_LEASES} leases are live already"),
-            });
-        }
-        let ttl = ttl_secs(ttl);
-        let id = inner.next_lease;
-        inner.next_lease += 1;
-        inner.leases.insert(
-            id,
-            Lease {
-                ttl,
-                deadline: Instant::now() + ttl,
-                keys: BTreeSet::new(),
-            },
-        );
-        if !inner.expiry_task {
-            inner.expiry_task = true;
-            tokio::spawn(Shared::expiry_loop(Arc::downgrade(&self.shared)));
-        }
-        self.shared.expiry.notify_one();
-        Ok(id)
+        let describe = self.describe();
+        self.run(move |shared| async move {
+            let mut inner = shared.lock().await?;
+            if inner.leases.len() >= MAX_LEASES {
+                return Err(StoreError::Unavailable {
+                    endpoint: describe,
+                    op: "grant lease",
+                    key: String::new(),
+                    reason: format!("{MAX_LEASES} leases are live already"),
+                });
+            }
+            let ttl = ttl_secs(ttl);
+            let id = inner.next_lease;
+            inner.next_lease += 1;
+            inner.leases.insert(
+                id,
+                Lease {
+                    ttl,
+                    deadline: Instant::now() + ttl,
+                    keys: BTreeSet::new(),
+                },
+            );
+            if !inner.expiry_task {
+                inner.expiry_task = true;
+                tokio::spawn(Shared::expiry_loop(Arc::downgrade(&shared)));
+            }
+            shared.expiry.notify_one();
+            Ok(id)
+        })
+        .await
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<()> {
-        let mut inner = self.shared.lock().await?;
-        let l = inner
-            .leases
-            .get_mut(&lease)
-            .ok_or(StoreError::LeaseExpired { lease })?;
-        l.deadline = Instant::now() + l.ttl;
-        Ok(())
+        self.run(move |shared| async move {
+            let mut inner = shared.lock().await?;
+            let l = inner
+                .leases
+                .get_mut(&lease)
+                .ok_or(StoreError::LeaseExpired { lease })?;
+            l.deadline = Instant::now() + l.ttl;
+            Ok(())
+        })
+        .await
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
-        let mut inner = self.shared.lock().await?;
-        self.shared.end_lease(&mut inner, lease).await
+        self.run(move |shared| async move {
+            let mut inner = shared.lock().await?;
+            shared.end_lease(&mut inner, lease).await
+        })
+        .await
     }
 
     async fn watch(&self, prefix: &str, after: u64) -> Result<Watch> {
-        let mut inner = self.shared.lock().await?;
-        if after < inner.history_start {
-            return Err(StoreError::Compacted {
-                prefix: prefix.into(),
-                after,
-                oldest: inner.history_start,
-            });
-        }
-        let (tx, rx) = mpsc::channel(MAX_WATCH_BACKLOG);
-        for event in &inner.history {
-            if event.revision() > after && event.key().starts_with(prefix) {
-                // Cannot fail: the history is shorter than the channel.
-                let _ = tx.try_send(Ok(event.clone()));
+        let prefix = prefix.to_string();
+        self.run(move |shared| async move {
+            let mut inner = shared.lock().await?;
+            if after < inner.history_start {
+                return Err(StoreError::Compacted {
+                    prefix,
+                    after,
+                    oldest: inner.history_start,
+                });
             }
-        }
-        inner.watchers.push(Watcher {
-            prefix: prefix.into(),
-            tx,
-        });
-        Ok(Watch::new(rx, None))
+            let (tx, rx) = mpsc::channel(MAX_WATCH_BACKLOG);
+            for event in &inner.history {
+                if event.revision() > after && event.key().starts_with(&prefix) {
+                    // Cannot fail: the history is shorter than the channel.
+                    let _ = tx.try_send(Ok(event.clone()));
+                }
+            }
+            inner.watchers.push(Watcher { prefix, tx });
+            Ok(Watch::new(rx, None))
+        })
+        .await
     }
 
     async fn revision(&self) -> Result<u64> {
-        Ok(self.shared.lock().await?.revision)
+        self.run(|shared| async move { Ok(shared.lock().await?.revision) })
+            .await
     }
 
     fn describe(&self) -> String {
