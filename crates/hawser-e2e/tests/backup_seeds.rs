@@ -591,13 +591,6 @@ impl Seed<'_> {
     /// test kept.
     fn check(&self) -> Compared {
         let mut n = Compared::default();
-        // A backup drops the snapshot it took when it ends, or when it fails to start.
-        let left: Vec<Snapshot> = self.w.get(&format!("/v1/snapshots?volume={}", self.src));
-        assert!(
-            left.is_empty(),
-            "{} keeps snapshots its backups took, with no backup running: {left:?}",
-            self.src
-        );
         let manifests = self.w.manifests();
         for b in self.w.backups("target=offsite") {
             assert!(
@@ -631,6 +624,14 @@ impl Seed<'_> {
                 n.replicas += self.compare_replicas(name, &a.backup, "a standby that applied");
             }
         }
+        // Last, once the data is compared: a backup drops the snapshot it took when it ends,
+        // or when it fails to start.
+        let left: Vec<Snapshot> = self.w.get(&format!("/v1/snapshots?volume={}", self.src));
+        assert!(
+            left.is_empty(),
+            "{} keeps snapshots its backups took, with no backup running: {left:?}",
+            self.src
+        );
         n
     }
 
