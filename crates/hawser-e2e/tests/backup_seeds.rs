@@ -410,12 +410,13 @@ impl<'w> Seed<'w> {
         Some((name, state))
     }
 
-    /// Whether volume `name` exists (a create that failed may have made it all the same).
-    fn exists(&self, name: &str) -> bool {
-        self.w
-            .api
-            .get::<Volume>(&format!("/v1/volumes/{name}"))
-            .is_ok()
+    /// `hawser volume create NAME FLAG FROM --replicas N`: what it said, and whether the
+    /// volume exists now (a create that failed may have made it all the same).
+    fn create(&self, name: &str, flag: &str, from: &str, replicas: u32) -> (String, bool) {
+        let r = replicas.to_string();
+        let said = self.cli(&["volume", "create", name, flag, from, "--replicas", &r]);
+        let exists = self.w.api.get::<Volume>(&format!("/v1/volumes/{name}"));
+        (said_short(said), exists.is_ok())
     }
 
     fn restore(&mut self, of: usize, replicas: u32) -> String {
@@ -424,20 +425,11 @@ impl<'w> Seed<'w> {
         };
         let name = format!("s{}-r{}", self.n, self.restores.len() + 1);
         let from = format!("offsite/{backup}");
-        let r = replicas.to_string();
-        let said = self.cli(&[
-            "volume",
-            "create",
-            &name,
-            "--from-backup",
-            &from,
-            "--replicas",
-            &r,
-        ]);
-        if self.exists(&name) {
+        let (said, exists) = self.create(&name, "--from-backup", &from, replicas);
+        if exists {
             self.restores.push((name.clone(), backup.clone()));
         }
-        format!("{name} from {backup} ({state}): {}", said_short(said))
+        format!("{name} from {backup} ({state}): {said}")
     }
 
     /// A standby of the source, once its first backup ended.
@@ -445,20 +437,11 @@ impl<'w> Seed<'w> {
         let first = self.ended(0).map(|(_, s)| s).unwrap_or_default();
         let name = format!("s{}-dr", self.n);
         let of = format!("offsite/{}", self.src);
-        let r = replicas.to_string();
-        let said = self.cli(&[
-            "volume",
-            "create",
-            &name,
-            "--standby-of",
-            &of,
-            "--replicas",
-            &r,
-        ]);
-        if self.exists(&name) {
+        let (said, exists) = self.create(&name, "--standby-of", &of, replicas);
+        if exists {
             self.standby = Some(name.clone());
         }
-        format!("{name} (first backup {first}): {}", said_short(said))
+        format!("{name} (first backup {first}): {said}")
     }
 
     fn delete(&mut self, of: usize) -> String {
