@@ -723,7 +723,9 @@ fn seeded_interleavings_with_kills_keep_every_backup_restore_and_standby_exact()
             Err(panic) if keep_going => {
                 report(&w, n, &ops);
                 failed.push((n, panic_text(&*panic)));
-                w.forget(n);
+                if catch_unwind(AssertUnwindSafe(|| w.forget(n))).is_err() {
+                    panic!("the cluster did not recover after seed {n}; failed: {failed:#?}");
+                }
             }
             Err(panic) => {
                 report(&w, n, &ops);
@@ -753,6 +755,8 @@ impl World {
     /// After a failed seed `n` (with `HAWSER_INTERLEAVE_KEEP_GOING`): its agent up again and
     /// its volumes deleted as an operator would, so the next seeds start as they should.
     fn forget(&mut self, n: u64) {
+        // A controller that cannot start again ends the run: no later seed could pass.
+        self.c.wait_leader(Duration::from_secs(30));
         self.revive();
         for v in ["v", "r1", "r2", "dr"].map(|x| format!("s{n}-{x}")) {
             let _ = self.c.cli(&["volume", "detach", &v]);
