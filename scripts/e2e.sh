@@ -27,7 +27,10 @@ jobs=${E2E_JOBS:-2}
 PARALLEL=" ca_rotation tls_garbage port_matrix nbd_tls tls_identity join_names node_credential
   snapshots snapshot_restore snapshot_catchup checksums encryption epoch_grants write_log
   volume_expand force_promote bad_replicas metrics cluster_recover device_api backup_targets
-  backup_volume standby_volume backup_cost backup_schedule csi_backup peer_probe "
+  backup_volume standby_volume backup_cost backup_schedule csi_backup peer_probe backup_seeds "
+# backup_seeds runs here though it kills agents and its controller: by the PIDs its own cluster
+# started, on free ports, and its bounds (a minute for a seed to settle) are not timings that
+# another binary on the other core could break.
 # backup_interleavings stays in phase 3: its leader-change test runs two controllers on etcd,
 # whose lease a loaded machine lets lapse (etcd answering in over 3 s), as for the failover tests.
 # Longest first (kernel_growth is one test of over 4 minutes), so the two lanes end together.

@@ -52,3 +52,25 @@ pub fn assert_file_is(path: &Path, want: &[u8], what: &str) {
         );
     }
 }
+
+/// The SHA-256 of the first `len` bytes of the file at `path` (a replica's data file, a
+/// backup restored into a file), as hex: a short name for a volume's content, for tests
+/// that keep what each backup or volume should hold.
+pub fn sha256_of(path: &Path, len: u64) -> String {
+    use sha2::Digest;
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let n = usize::try_from(len).expect("a length that fits usize");
+    assert!(
+        data.len() >= n,
+        "{} has {} bytes, fewer than {len}",
+        path.display(),
+        data.len()
+    );
+    format!("{:x}", sha2::Sha256::digest(&data[..n]))
+}
+
+/// The SHA-256 of `data`, as hex (as [`sha256_of`] gives it for a file).
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(data))
+}

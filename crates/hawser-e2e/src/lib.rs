@@ -8,6 +8,7 @@
 //!
 //! The binary comes from `HAWSER_BIN` (set by `make test`), else `target/release/hawser`.
 
+pub mod api;
 pub mod backups;
 pub mod capture;
 pub mod cluster;
@@ -43,7 +44,7 @@ pub use invariants::{assert_volumes_whole, volume_problems, wait_volumes_whole};
 pub use mounts::{FuseExport, LoopDevice, Mount, SmallFs};
 pub use nbd_client::{NbdConn, NbdTarget};
 pub use netns::{NetCluster, NetHost};
-pub use run::{assert_fsck_clean, have, qemu_io, rss_kib, run_ok, sh, wait_until, TempDir};
+pub use run::{assert_fsck_clean, have, qemu_io, rss_kib, run_ok, sh, wait_until, within, TempDir};
 pub use s3::S3Server;
 pub use tokens::TokenFiles;
 pub use write_log::{WriteLog, BLOCK_BYTES};

@@ -8,6 +8,7 @@ use hawser_api::backup::{Backup, BackupState, PruneReport};
 use hawser_api::controller::Volume;
 use hawser_backup::Target;
 use hawser_e2e::cluster::{Cluster, ClusterOptions};
+use hawser_e2e::compare::sha256_of;
 use hawser_e2e::run::qemu_io;
 use hawser_e2e::{S3Server, TempDir};
 
@@ -129,16 +130,6 @@ fn restored(c: &Cluster, volume: &str, want: &str) {
             "{replica:?}"
         );
     }
-}
-
-/// The SHA-256 of a replica's first `len` bytes, as hex.
-fn sha256_of(path: &std::path::Path, len: u64) -> String {
-    use sha2::Digest;
-    let data = std::fs::read(path).expect("read the replica");
-    format!(
-        "{:x}",
-        sha2::Sha256::digest(&data[..usize::try_from(len).expect("len")])
-    )
 }
 
 /// `hawser backup target prune offsite`, again while the leader's own prune holds the target.
