@@ -4,7 +4,7 @@
 //! with snapshots guarded against deletion.
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{code, Cluster, Op, GIB};
+use crate::common::{code, eventually, Cluster, Op, GIB};
 use serde_json::json;
 
 fn agent_calls(c: &Cluster, what: &str) -> Vec<String> {
@@ -98,6 +98,32 @@ async fn an_attached_volume_is_paused_copied_on_every_replica_and_resumed() {
     assert_eq!(copies(&c), 0);
     let (s, _) = c.get("/v1/snapshots/s1").await;
     assert_eq!(s, 404);
+    let (s, _) = c.delete("/v1/volumes/db").await;
+    assert_eq!(s, 204);
+}
+
+/// A delete that a node did not answer leaves the snapshot `deleting`; once the node
+/// answers again the reconcile round finishes it, with no retry by hand, and the volume can
+/// be deleted.
+#[tokio::test]
+async fn a_snapshot_left_deleting_is_discarded_when_its_nodes_answer() {
+    let c = Cluster::start(2).await;
+    assert_eq!(c.create("db", GIB, 2).await.0, 201);
+    let (s, snap) = c
+        .post("/v1/snapshots", json!({"name": "s1", "volume": "db"}))
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    assert_eq!(copies(&c), 2);
+    c.agent("n2").fail(Op::DeleteSnapshot, true);
+    let (s, e) = c.delete("/v1/snapshots/s1").await;
+    assert_eq!(s, 503, "{e}");
+    let (s, shown) = c.get("/v1/snapshots/s1").await;
+    assert_eq!((s, shown["state"].as_str()), (200, Some("deleting")), "{shown}");
+    c.agent("n2").fail(Op::DeleteSnapshot, false);
+    eventually(30, || async {
+        c.get("/v1/snapshots/s1").await.0 == 404 && copies(&c) == 0
+    })
+    .await;
     let (s, _) = c.delete("/v1/volumes/db").await;
     assert_eq!(s, 204);
 }

@@ -51,7 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_api::agent::HeldReplica;
-use hawser_api::controller::{ReplicaState, VolumeState};
+use hawser_api::controller::{ReplicaState, SnapshotState, VolumeState};
 use tokio::time::Instant;
 
 use crate::cluster::agent_client::HeldAnswer;
@@ -144,6 +144,52 @@ async fn round(st: &AppState, seen: &mut Seen) {
     for v in volumes.iter() {
         if matches!(v.state, VolumeState::Creating | VolumeState::Deleting) {
             finish(st, &v.name).await;
+        } else if v
+            .snapshots
+            .iter()
+            .any(|s| s.state == SnapshotState::Deleting)
+            && all_online(st, v, &nodes)
+        {
+            discard_again(st, &v.name).await;
+        }
+    }
+}
+
+/// Whether every node holding a replica of `v` (retired ones too) is online: a discard asks
+/// them all, and one that is down would only fail it again, after its timeout.
+fn all_online(st: &AppState, v: &VolumeRecord, nodes: &[NodeRecord]) -> bool {
+    v.replicas.iter().chain(&v.retired).all(|r| {
+        nodes
+            .iter()
+            .find(|n| n.name == r.node)
+            .is_none_or(|n| st.is_online(n))
+    })
+}
+
+/// Discards again the snapshots of `name` left `Deleting` (a node that did not answer when
+/// a delete, or a backup's end, discarded them): their copies hold space on the replicas'
+/// nodes, and a volume with snapshots is not deleted without `--with-snapshots`. Under the
+/// volume's lock, on the record as it is then; a discard already running elsewhere does the
+/// same deletes, which are idempotent.
+async fn discard_again(st: &AppState, name: &str) {
+    let _guard = st.volume_locks.lock(name).await;
+    let v = match st.records.volume(name).await {
+        Ok(Some(v)) => v,
+        Ok(None) => return,
+        Err(e) => return tracing::warn!(volume = name, error = %e, "reconcile: cannot read"),
+    };
+    for s in v
+        .snapshots
+        .iter()
+        .filter(|s| s.state == SnapshotState::Deleting)
+    {
+        match crate::snapshots::create::discard(st, &v, s).await {
+            Ok(()) => {
+                tracing::info!(volume = name, snapshot = %s.name, "a snapshot left deleting is gone")
+            }
+            Err(e) => {
+                tracing::warn!(volume = name, snapshot = %s.name, error = %e, "a snapshot left deleting: will try again")
+            }
         }
     }
 }

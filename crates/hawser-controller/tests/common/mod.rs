@@ -42,6 +42,8 @@ pub enum Op {
     SetQos,
     /// `PUT /v1/replicas/{id}/wrapped-key` (a key rotation) fails, as on a node that is down.
     SetWrappedKey,
+    /// `DELETE /v1/replicas/{id}/snapshots/{snapshot}` fails, as on a node that is down.
+    DeleteSnapshot,
 }
 
 #[derive(Default)]
@@ -493,11 +495,13 @@ async fn delete_snapshot(
     State(st): State<Fake>,
     Path((id, snapshot)): Path<(String, String)>,
 ) -> Response {
-    record(
+    if record(
         &st,
         format!("DELETE /v1/replicas/{id}/snapshots/{snapshot}"),
-        Op::DeleteReplica,
-    );
+        Op::DeleteSnapshot,
+    ) {
+        return refuse("delete snapshot");
+    }
     st.lock().unwrap().snapshots.remove(&(id, snapshot));
     StatusCode::NO_CONTENT.into_response()
 }
