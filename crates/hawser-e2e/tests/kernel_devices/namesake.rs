@@ -148,19 +148,8 @@ fn inner_namesake() {
 
 /// Writes 1 MiB of `byte` at offset 0 of `dev`, past the page cache.
 fn fill(dev: &str, byte: u8) {
-    let path = std::env::temp_dir().join(format!("fill-{byte:02x}"));
-    std::fs::write(&path, vec![byte; 1 << 20]).expect("pattern file");
-    sh(
-        "dd",
-        &[
-            &format!("if={}", path.display()),
-            &format!("of={dev}"),
-            "bs=1M",
-            "count=1",
-            "oflag=direct",
-            "status=none",
-        ],
-    );
+    let done = queued_write(dev, byte).wait().expect("dd");
+    assert!(done.success(), "dd to {dev}: {done}");
 }
 
 /// [`fill`] in the background: it waits for as long as the device holds its I/O.
