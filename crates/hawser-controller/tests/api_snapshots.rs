@@ -118,7 +118,11 @@ async fn a_snapshot_left_deleting_is_discarded_when_its_nodes_answer() {
     let (s, e) = c.delete("/v1/snapshots/s1").await;
     assert_eq!(s, 503, "{e}");
     let (s, shown) = c.get("/v1/snapshots/s1").await;
-    assert_eq!((s, shown["state"].as_str()), (200, Some("deleting")), "{shown}");
+    assert_eq!(
+        (s, shown["state"].as_str()),
+        (200, Some("deleting")),
+        "{shown}"
+    );
     c.agent("n2").fail(Op::DeleteSnapshot, false);
     eventually(30, || async {
         c.get("/v1/snapshots/s1").await.0 == 404 && copies(&c) == 0
