@@ -1174,6 +1174,7 @@ fuzz_target!(init: hawser_fuzz::write_seeds(seeds), |data: &[u8]| {
                 // the model's answers hold for that path too (nothing rots here).
                 checksums: true,
                 wrapped_key: None,
+                volume_uid: None,
             },
         )
         .expect("create the replica");
