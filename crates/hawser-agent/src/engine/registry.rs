@@ -280,7 +280,7 @@ impl Engines {
     }
 
     /// Removes `old` (if it is still the volume's export) and stops its engine: requests of
-    /// its clients and devices fail from now on.
+    /// its clients and devices fail from now on, as after [`Engines::stop`].
     async fn end_export(&self, volume: &str, old: &Arc<Export>) {
         {
             let mut map = self.lock();
@@ -288,7 +288,6 @@ impl Engines {
                 map.remove(volume);
             }
         }
-        let _closed = old.gate.write().await;
         if let Some(e) = old.set(None) {
             e.stop().await;
         }
@@ -296,13 +295,10 @@ impl Engines {
 
     /// Stops the volume's engine and removes its export (clients' requests fail from now on).
     pub async fn stop(&self, volume: &str) -> bool {
-        let removed = self.lock().remove(volume);
-        let Some(export) = removed else {
+        let Some(export) = self.export(volume) else {
             return false;
         };
-        if let Some(e) = export.set(None) {
-            e.stop().await;
-        }
+        self.end_export(volume, &export).await;
         true
     }
 
@@ -370,23 +366,26 @@ impl Engines {
     }
 }
 
+impl Engines {
+    /// The volume's export if it is offered to clients: between engines (a swap) it still is
+    /// (its requests wait at the gate); an export that only syncs replicas, or whose engine is
+    /// fenced (the volume is served elsewhere now), is not.
+    fn offered(&self, name: &str) -> Option<Arc<Export>> {
+        let export = self.export(name)?;
+        let fenced = export.engine().is_some_and(|e| e.is_fenced());
+        (export.nbd.load(Ordering::Acquire) && !fenced).then_some(export)
+    }
+}
+
 impl ExportRegistry for Engines {
     fn lookup(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
-        let export = self.lock().get(name).cloned()?;
-        // Between engines (a swap) the export is still there: its requests wait at the gate.
-        // A fenced engine's export is not offered: the volume is served elsewhere now.
-        if !export.nbd.load(Ordering::Acquire) || export.engine().is_some_and(|e| e.is_fenced()) {
-            return None;
-        }
-        Some(export as Arc<dyn BlockDevice>)
+        self.offered(name).map(|x| x as Arc<dyn BlockDevice>)
     }
 
     fn lookup_identified(&self, name: &str) -> Option<(Arc<dyn BlockDevice>, ExportIdentity)> {
-        let export = self.export(name)?;
+        let export = self.offered(name)?;
         let identity = export.identity();
-        self.lookup(name)
-            .filter(|d| std::ptr::addr_eq(Arc::as_ptr(d), Arc::as_ptr(&export)))
-            .map(|d| (d, identity))
+        Some((export as Arc<dyn BlockDevice>, identity))
     }
 
     fn names(&self) -> Vec<String> {

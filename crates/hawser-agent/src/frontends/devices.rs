@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
-use crate::frontends::block::ExportRegistry;
+use crate::frontends::block::{ExportIdentity, ExportRegistry};
 use crate::frontends::device_identity::{judge, Attachment, Served, Verdict};
 use crate::frontends::kernel::{self, Kind, Link, LinkError, Settings};
 use crate::observe::devices::DeviceMetrics;
@@ -308,7 +308,7 @@ impl Devices {
             // device ends (its I/O fails), and the new volume gets a device of its own.
             if let Some(old) = live.remove(volume) {
                 warn!(%volume, device = %old.record.device().path, "a device of a deleted volume of the same name: ending it");
-                self.end(old).await;
+                self.end(old).await?;
             }
         } else if self.records().iter().any(|r| r.volume == volume) {
             // Left by the last agent and not judged yet: it keeps its record and its index.
@@ -385,14 +385,19 @@ impl Devices {
         Err(err)
     }
 
-    /// Ends a live device (its I/O fails with EIO) and removes its record.
-    async fn end(&self, l: Live) {
+    /// Ends a live device (I/O still queued on it fails with EIO) and removes its record;
+    /// a device the kernel would not end keeps its record, so the next agent finds it.
+    async fn end(&self, l: Live) -> Result<(), DeviceError> {
+        let frontend = l.record.kind().map_or("kernel", Kind::name);
         let d = l.record.device();
         self.metrics.gone(&d.volume, &d.frontend, &d.path);
-        if let Err(e) = l.link.detach().await {
-            warn!(volume = %d.volume, device = %d.path, error = %e, "end a device");
-        }
+        l.link.detach().await.map_err(|source| DeviceError::Link {
+            volume: d.volume.clone(),
+            frontend,
+            source,
+        })?;
         self.remove_record(&d.volume);
+        Ok(())
     }
 
     /// End `volume`'s device: I/O still queued on it fails with EIO, and the record goes.
@@ -409,15 +414,7 @@ impl Devices {
             self.remove_record(volume);
             return Ok(());
         };
-        let frontend = Kind::parse(&l.record.frontend).map_or("kernel", Kind::name);
-        let d = l.record.device();
-        self.metrics.gone(&d.volume, &d.frontend, &d.path);
-        l.link.detach().await.map_err(|source| DeviceError::Link {
-            volume: volume.to_owned(),
-            frontend,
-            source,
-        })?;
-        self.remove_record(volume);
+        self.end(l).await?;
         info!(%volume, "kernel device detached");
         Ok(())
     }
@@ -553,7 +550,7 @@ impl Devices {
                 .exports
                 .lookup_identified(&r.volume)
                 .filter(|(_, id)| confirmed && (r.uid.is_none() || id.uid == r.uid));
-            if let Some((export, _)) = export {
+            if let Some((export, identity)) = export {
                 let mut settings = self.settings;
                 settings.nbd.connections = r.connections.max(1) as usize;
                 match kernel::take_back(
@@ -569,6 +566,7 @@ impl Devices {
                 {
                     Ok(link) => {
                         info!(volume = %r.volume, device = %r.device().path, "kernel device taken back");
+                        let r = self.reidentified(r, identity);
                         let volume = r.volume.clone();
                         let grown = self.exports.lookup(&volume).map(|x| x.size());
                         {
@@ -601,6 +599,20 @@ impl Devices {
                 () = tokio::time::sleep(ENGINE_POLL) => {}
             }
         }
+    }
+
+    /// `r` naming the uid and epoch of the export it is served from again, saved: a record
+    /// written before uids gets them, so a later restart judges it by uid and attachment.
+    fn reidentified(&self, mut r: Record, id: ExportIdentity) -> Record {
+        if r.uid == id.uid && r.epoch.is_some() {
+            return r;
+        }
+        r.uid = id.uid;
+        r.epoch = Some(id.epoch);
+        if let Err(e) = self.save(&r) {
+            warn!(volume = %r.volume, error = %e, "cannot rewrite a device's record with its volume's uid");
+        }
+        r
     }
 
     /// Fails a device left by the last agent with EIO, removes its record, and says why (in
