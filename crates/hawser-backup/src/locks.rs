@@ -197,6 +197,11 @@ impl Lock {
         &self.object
     }
 
+    /// The target the lock is on.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
     /// The target's stamp of the lock's first write: "now" by the target's clock.
     pub fn stamped_ms(&self) -> u64 {
         self.stamped_ms

@@ -39,6 +39,7 @@ const MAX_LOCK_BYTES: u64 = 64 << 10;
 #[derive(Debug)]
 pub struct ReadHold {
     lock: Lock,
+    backup: String,
 }
 
 impl ReadHold {
@@ -46,12 +47,39 @@ impl ReadHold {
     /// that the backup is still there (live or retired); if it is not, a prune may have
     /// taken its blocks before the lock was seen, and the hold fails with `NotFound`.
     pub async fn take(target: &Target, backup: &str) -> Result<ReadHold, BackupError> {
+        let hold = ReadHold::write(target, backup).await?;
+        match hold.confirm().await {
+            Ok(()) => Ok(hold),
+            Err(e) => {
+                hold.release().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The first half of [`ReadHold::take`]: the read lock is written (and rewritten from
+    /// now on), so every prune that lists the locks from now on keeps `backup`; but a prune
+    /// that listed them before may still be deleting, so nothing may be relied on until
+    /// [`ReadHold::confirm`] says so. A caller that must not wait (an API request) writes
+    /// the lock at once and confirms in the background.
+    pub async fn write(target: &Target, backup: &str) -> Result<ReadHold, BackupError> {
+        ReadHold::write_as(target, backup, &holder(backup)).await
+    }
+
+    /// [`ReadHold::write`] under the name `holder` (unique to this hold, and valid in an
+    /// object name), for a holder that later supersedes its own older holds
+    /// ([`ReadHold::supersede`]).
+    pub async fn write_as(
+        target: &Target,
+        backup: &str,
+        holder: &str,
+    ) -> Result<ReadHold, BackupError> {
         names::validate_backup(backup)?;
         let lock = Lock::take(
             target,
             LockBody {
                 kind: LockKind::Read,
-                holder: holder(backup),
+                holder: holder.to_owned(),
                 cluster: None,
                 host: hostname(),
                 started_ms: now_ms(),
@@ -59,24 +87,52 @@ impl ReadHold {
             },
         )
         .await?;
-        let ready = async {
-            lock.wait_out_prunes().await?;
-            if manifest_object(target, backup).await?.is_none() {
-                return Err(BackupError::NotFound {
-                    target: target.name().to_owned(),
-                    backup: backup.to_owned(),
-                });
-            }
-            Ok(())
+        Ok(ReadHold {
+            lock,
+            backup: backup.to_owned(),
+        })
+    }
+
+    /// Waits out live prunes (each saw this lock, or ran before it), then checks that the
+    /// backup is still there, live or retired: from then on its blocks stay while the hold
+    /// lives. `NotFound`: a prune that did not see the lock took the backup first.
+    pub async fn confirm(&self) -> Result<(), BackupError> {
+        self.lock.wait_out_prunes().await?;
+        let target = self.lock.target();
+        if manifest_object(target, &self.backup).await?.is_none() {
+            return Err(BackupError::NotFound {
+                target: target.name().to_owned(),
+                backup: self.backup.clone(),
+            });
         }
-        .await;
-        match ready {
-            Ok(()) => Ok(ReadHold { lock }),
-            Err(e) => {
-                lock.release().await;
-                Err(e)
+        Ok(())
+    }
+
+    /// Deletes the other read locks whose holder starts with `prefix`: holds of the same
+    /// reader left by a process that died (a controller killed mid-restore), which would
+    /// otherwise hold their backups for the stale time. Only after [`ReadHold::confirm`]:
+    /// this hold keeps the backup from then on. A holder that still lives writes its lock
+    /// again at its next refresh, and holds as before.
+    pub async fn supersede(&self, prefix: &str) -> Result<usize, BackupError> {
+        let target = self.lock.target();
+        let mut deleted = 0;
+        for object in target.list(crate::locks::LOCKS).await? {
+            let Some((LockKind::Read, holder)) = crate::locks::parse_object(&object) else {
+                continue;
+            };
+            if holder.starts_with(prefix) && object != self.lock.object() {
+                target.delete(&object).await?;
+                deleted += 1;
             }
         }
+        Ok(deleted)
+    }
+
+    /// Fails if the lock may have looked dead to a prune at some time since it was taken
+    /// (it could not be rewritten for [`crate::constants::LOCK_LAPSE_SECS`]): the hold no
+    /// longer promises anything, and a holder that needs it takes a new one.
+    pub fn check(&self) -> Result<(), BackupError> {
+        self.lock.check()
     }
 
     /// The lock's object on the target (for tests and logs).

@@ -187,3 +187,32 @@ async fn a_reader_lock_that_does_not_decode_stops_the_prune() {
     let s = prune(&f.target, "p2", None, 0).await.unwrap();
     assert_eq!(s.deleted_blocks, 4, "{s:?}");
 }
+
+/// A controller's new hold of a restore deletes the holds its dead predecessors left under
+/// the same prefix, and nobody else's.
+#[tokio::test]
+async fn a_confirmed_hold_supersedes_older_holds_of_the_same_reader_only() {
+    let f = one_backup().await;
+    let old = ReadHold::write_as(&f.target, "v-1", "restore-u1-1")
+        .await
+        .unwrap();
+    let other = ReadHold::take(&f.target, "v-1").await.unwrap();
+    let namesake = ReadHold::write_as(&f.target, "v-1", "restore-u2-1")
+        .await
+        .unwrap();
+    let new = ReadHold::write_as(&f.target, "v-1", "restore-u1-2")
+        .await
+        .unwrap();
+    new.confirm().await.unwrap();
+    assert_eq!(new.supersede("restore-u1-").await.unwrap(), 1);
+    let mut locks = f.target.list("locks").await.unwrap();
+    locks.sort();
+    let mut want = vec![
+        new.object().to_owned(),
+        other.object().to_owned(),
+        namesake.object().to_owned(),
+    ];
+    want.sort();
+    assert_eq!(locks, want);
+    drop(old);
+}

@@ -45,6 +45,15 @@ impl Offsite {
             .expect("list the target")
     }
 
+    /// How many replicas' jobs hold the target now: the readers other than the controller's
+    /// holds of its restores (`restore-<uid>-<ms>`, `restore_holds.rs`).
+    fn job_readers(&self) -> usize {
+        self.list("locks")
+            .iter()
+            .filter(|l| l.starts_with("locks/read-") && !l.starts_with("locks/read-restore-"))
+            .count()
+    }
+
     /// How many readers hold the target now (`hawser_backup::readers`).
     fn readers(&self) -> usize {
         self.list("locks")
@@ -163,9 +172,9 @@ fn a_prune_during_a_restore_keeps_the_deleted_backups_blocks_until_the_restore_e
 
     restore(&c, "copy", &b);
     hawser_e2e::wait_until(
-        "both replicas' reader locks",
+        "the restore's reader lock and both replicas'",
         Duration::from_secs(60),
-        || t.readers() == 2,
+        || t.readers() == 3,
     );
     // The backup deleted (the leader prunes after it on its own) and a prune forced.
     c.cli_ok(&["backup", "delete", &b.name]);
@@ -184,7 +193,9 @@ fn a_prune_during_a_restore_keeps_the_deleted_backups_blocks_until_the_restore_e
     );
 
     restored(&c, "copy", &want);
-    assert_eq!(t.readers(), 0, "{:?}", t.list("locks"));
+    hawser_e2e::wait_until("the readers to let go", Duration::from_secs(10), || {
+        t.readers() == 0
+    });
     // Nobody reads the backup now: the next prune (the leader's, if it was still waiting for
     // its turn, or this one) takes its manifest and blocks.
     let r = prune_now(&c);
@@ -209,7 +220,7 @@ fn a_restore_reaches_detached_after_its_controller_restarts_mid_restore() {
     let (b, want) = source_backup(&c);
     restore(&c, "copy", &b);
     hawser_e2e::wait_until("the restore's readers", Duration::from_secs(60), || {
-        t.readers() == 2
+        t.readers() == 3
     });
     // Both nodes still read (their locks are live), so the dead controller cannot have
     // seen the restore end; the one started again may, within its first second.
@@ -218,6 +229,54 @@ fn a_restore_reaches_detached_after_its_controller_restarts_mid_restore() {
     restored(&c, "copy", &want);
     let events = c.cli_ok(&["events"]);
     assert_eq!(events.matches("RestoreDone").count(), 1, "{events}");
+}
+
+/// Issue 61 (found by `backup_seeds`): a restore whose replicas' jobs all end while its
+/// controller is down, its backup deleted before and the target pruned meanwhile (with no
+/// grace, as another cluster sharing the target may), then both agents killed, so that the
+/// finished jobs, kept in their memory only, are lost and run again. Before the restore
+/// held its backup itself (`restore_holds.rs`), the last job's end let the prune take the
+/// backup: the jobs run again found nothing, and the volume stayed `restoring` for good.
+#[test]
+fn a_restore_whose_jobs_ended_unseen_outlives_a_prune_and_its_agents_restarts() {
+    let opts = ClusterOptions {
+        controller_args: slow_restores(),
+        ..Default::default()
+    };
+    let mut c = Cluster::start_with("restore-unseen", 2, opts);
+    let t = Offsite::add_to(&c, "restore-unseen-s3");
+    let (b, want) = source_backup(&c);
+    restore(&c, "copy", &b);
+    hawser_e2e::wait_until("both replicas' jobs", Duration::from_secs(60), || {
+        t.job_readers() == 2
+    });
+    assert_eq!(t.readers(), 3, "the restore holds its backup too");
+    c.cli_ok(&["backup", "delete", &b.name]);
+    // The leader prunes after a delete on its own; killed mid-prune, it would leave its prune
+    // lock, which keeps the test's prune out for the stale time.
+    hawser_e2e::wait_until("the leader's prune", Duration::from_secs(30), || {
+        c.cli_ok(&["events"]).contains("BackupTargetPruned")
+    });
+    c.kill_controller(0);
+    hawser_e2e::wait_until(
+        "both replicas' jobs to end",
+        Duration::from_secs(120),
+        || t.job_readers() == 0,
+    );
+    let r =
+        t.rt.block_on(hawser_backup::prune::prune(&t.target, "test", None, 0))
+            .expect("a prune of the target");
+    assert_eq!((r.held_backups, r.deleted_blocks), (1, 0), "{r:?}");
+    for node in ["n1", "n2"] {
+        c.kill_agent(node);
+        c.relaunch_agent(node, &hawser_e2e::cluster::hawser_bin(), false);
+    }
+    c.restart_controller(0);
+    c.wait_leader(Duration::from_secs(30));
+    restored(&c, "copy", &want);
+    hawser_e2e::wait_until("the readers to let go", Duration::from_secs(10), || {
+        t.readers() == 0
+    });
 }
 
 /// Issue 61.b: two controllers on etcd, and the leader killed while the replicas' nodes
@@ -249,7 +308,7 @@ fn a_restore_reaches_detached_after_a_leader_change_mid_restore() {
     let (b, want) = source_backup(&c);
     restore(&c, "copy", &b);
     hawser_e2e::wait_until("the restore's readers", Duration::from_secs(60), || {
-        t.readers() == 2
+        t.readers() == 3
     });
     let old = c.wait_leader(Duration::from_secs(10));
     c.kill_controller(old);

@@ -46,6 +46,8 @@ pub struct BackupSettings {
     pub prune_grace_secs: u64,
     /// Restores from a backup that failed, and when each is tried again (`restores::step`).
     pub restore_retries: std::sync::Arc<crate::snapshots::retries::Retries>,
+    /// The backups that restoring volumes hold on their targets (`restore_holds.rs`).
+    pub restore_holds: std::sync::Arc<crate::snapshots::restore_holds::RestoreHolds>,
 }
 
 impl BackupSettings {
@@ -60,6 +62,7 @@ impl BackupSettings {
             prune_wanted: Default::default(),
             prune_grace_secs: hawser_backup::constants::LOCK_STALE_SECS,
             restore_retries: Default::default(),
+            restore_holds: Default::default(),
         }
     }
 

@@ -21,6 +21,7 @@ use hawser_backup::Manifest;
 
 use crate::errors::ControllerError;
 use crate::snapshots::backup_targets::TargetRecord;
+use crate::snapshots::restore_holds;
 use crate::state::AppState;
 use crate::store::model::{BackupRef, NodeRecord, VolumeRecord};
 use crate::volumes::keys::WrappedKey;
@@ -198,14 +199,42 @@ pub async fn start(
         target: src.target.name.clone(),
         backup: src.manifest.backup.clone(),
     };
-    let (marked, ()) = st
+    // The restore holds its backup from now on (restore_holds.rs): the lock is written
+    // before the volume is marked, so a delete and a prune that follow this request keep
+    // the backup. A target that cannot be reached now is held from the leader's loop.
+    let held = match crate::snapshots::backup_targets::open(st, &from.target).await {
+        Ok((_, _, t)) => {
+            let holder = restore_holds::holder(&restore_holds::prefix(v));
+            let written = hawser_backup::ReadHold::write_as(&t, &from.backup, &holder).await;
+            if let Err(e) = &written {
+                tracing::warn!(volume = %v.name, from = %label, error = %e,
+                    "cannot hold the backup yet; the restore's loop tries again");
+            }
+            Some((t, written.ok()))
+        }
+        Err(_) => None,
+    };
+    let marked = st
         .records
         .update_volume(&v.name, |v| {
             v.restoring = Some(label.clone());
             v.restore_from = Some(from.clone());
             Ok(())
         })
-        .await?;
+        .await;
+    let marked = match (marked, held) {
+        (Ok((marked, ())), Some((t, written))) => {
+            st.backups.restore_holds.keep(v, &from, t, written);
+            marked
+        }
+        (Ok((marked, ())), None) => marked,
+        (Err(e), held) => {
+            if let Some((_, Some(written))) = held {
+                written.release().await;
+            }
+            return Err(e);
+        }
+    };
     tracing::info!(volume = %v.name, from = %label, "restore started");
     st.backups.standby_wake.notify_one();
     Ok(marked)
@@ -249,6 +278,7 @@ pub async fn step(st: &AppState, v: &VolumeRecord) -> bool {
     if !st.backups.restore_retries.due(&v.name) {
         return true;
     }
+    hold(st, v, &from).await;
     match start_jobs(st, v, &from).await {
         Ok(true) => finish(st, v, &from).await,
         Ok(false) => {
@@ -259,6 +289,17 @@ pub async fn step(st: &AppState, v: &VolumeRecord) -> bool {
             failed(st, v, &from, &why);
             true
         }
+    }
+}
+
+/// Takes `v`'s hold on its backup if it has none (a new leader, a target that was down).
+async fn hold(st: &AppState, v: &VolumeRecord, from: &BackupRef) {
+    let holds = &st.backups.restore_holds;
+    if !holds.wanted(&v.name, from) {
+        return;
+    }
+    if let Ok((_, _, t)) = crate::snapshots::backup_targets::open(st, &from.target).await {
+        holds.keep(v, from, t, None);
     }
 }
 
@@ -316,6 +357,7 @@ async fn finish(st: &AppState, v: &VolumeRecord, from: &BackupRef) -> bool {
         .await;
     match cleared {
         Ok((_, true)) => {
+            st.backups.restore_holds.release(&v.name);
             st.backups.restore_retries.clear(&v.name);
             tracing::info!(volume = %v.name, from = %label, "restore done");
             st.events.keep(
@@ -327,7 +369,10 @@ async fn finish(st: &AppState, v: &VolumeRecord, from: &BackupRef) -> bool {
             );
             false
         }
-        Ok((_, false)) => false,
+        Ok((_, false)) => {
+            st.backups.restore_holds.release(&v.name);
+            false
+        }
         // Tried again at the next turn: the jobs are done, and say so again.
         Err(e) => {
             tracing::warn!(volume = %v.name, error = %e, "restore done, record not updated yet");

@@ -172,7 +172,9 @@ pub async fn run(st: Arc<AppState>, poll: Duration) {
             crate::store::leader::Role::Follower { .. }
         ) {
             // Looked at again within a second: a follower that becomes the leader takes
-            // over the applies and restores at once, not a poll interval later.
+            // over the applies and restores at once, not a poll interval later. Its holds
+            // on restores' backups go: the leader holds them now.
+            st.backups.restore_holds.retain(&Default::default());
             busy = true;
             continue;
         }
@@ -196,6 +198,10 @@ pub async fn run(st: Arc<AppState>, poll: Duration) {
             .filter(|v| crate::snapshots::restores::source_of(v).is_some())
             .cloned()
             .collect();
+        // Holds of volumes deleted, or finished by another leader, go.
+        st.backups
+            .restore_holds
+            .retain(&restoring.iter().map(|v| v.name.clone()).collect());
         for v in restoring {
             busy |= crate::snapshots::restores::step(&st, &v).await;
         }
