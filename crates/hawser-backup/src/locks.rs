@@ -112,6 +112,32 @@ pub fn parse_object(name: &str) -> Option<(LockKind, &str)> {
     })
 }
 
+/// The largest lock body [`bodies`] reads.
+const MAX_BODY_BYTES: u64 = 64 << 10;
+
+/// Every lock of `kind` on `target`, with its body: for a holder that knows some of them
+/// are dead (a controller's own prune locks, left when it was killed). A lock whose body is
+/// gone since the listing, or does not decode, is left out.
+pub async fn bodies(
+    target: &Target,
+    kind: LockKind,
+) -> Result<Vec<(String, LockBody)>, BackupError> {
+    let mut found = Vec::new();
+    for object in target.list(LOCKS).await? {
+        if parse_object(&object).is_none_or(|(k, _)| k != kind) {
+            continue;
+        }
+        let Some(bytes) = target.get(&object, MAX_BODY_BYTES).await? else {
+            continue;
+        };
+        match serde_json::from_slice::<LockBody>(&bytes) {
+            Ok(body) => found.push((object, body)),
+            Err(e) => tracing::debug!(lock = %object, error = %e, "lock body does not decode"),
+        }
+    }
+    Ok(found)
+}
+
 /// The live locks among `listed`, other than `own`, judged against `own_ms` (the target's
 /// stamp of our own lock). `stale_ms` is [`LOCK_STALE_SECS`] outside tests.
 pub fn live_others(listed: &[Listed], own: &str, own_ms: u64, stale_ms: u64) -> Vec<Held> {

@@ -506,6 +506,10 @@ impl Controller {
             self.standby_poll,
         ));
         let schedules = tokio::spawn(crate::snapshots::schedules::run(self.state.clone()));
+        let prune_locks = {
+            let st = self.state.clone();
+            tokio::spawn(async move { crate::snapshots::prune_locks::clear_left(&st).await })
+        };
         let node_events = tokio::spawn(crate::cluster::events::watch_nodes(self.state.clone()));
         let tokens = tokio::spawn(crate::api::tokens::refresh_forever(self.state.clone()));
         let failover = self
@@ -536,6 +540,7 @@ impl Controller {
         backups.abort();
         standby.abort();
         schedules.abort();
+        prune_locks.abort();
         node_events.abort();
         tokens.abort();
         follow_ca.abort();

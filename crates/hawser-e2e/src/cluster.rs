@@ -441,13 +441,18 @@ impl Cluster {
 
     /// Run the CLI against this cluster.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(hawser_bin())
-            .env("HAWSER_CONTROLLER", &self.url)
+        self.cli_command(args).output().expect("run hawser")
+    }
+
+    /// The CLI against this cluster, to start in the background (a request that a test
+    /// kills the controller under).
+    pub fn cli_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(hawser_bin());
+        cmd.env("HAWSER_CONTROLLER", &self.url)
             .env("HAWSER_TOKEN_FILE", &self.tokens.admin)
             .env("HAWSER_CA_FILE", &self.tokens.ca_file)
-            .args(args)
-            .output()
-            .expect("run hawser")
+            .args(args);
+        cmd
     }
 
     /// Run the CLI and require success; returns stdout.

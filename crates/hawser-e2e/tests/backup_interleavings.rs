@@ -279,6 +279,91 @@ fn a_restore_whose_jobs_ended_unseen_outlives_a_prune_and_its_agents_restarts() 
     });
 }
 
+/// Found by `backup_seeds`: the only controller killed (-9) mid-prune left its prune lock on
+/// the target, and every backup waited it out for the stale time (10 min). Restarted, it
+/// deletes the locks of its own cluster that it does not hold (`prune_locks.rs`) and keeps
+/// those of another cluster; a backup then runs at once.
+#[test]
+fn a_prune_lock_left_by_a_killed_controller_is_cleared_at_its_restart() {
+    let mut c = Cluster::start_with(
+        "prune-left",
+        1,
+        ClusterOptions {
+            controller_args: ["--backup-prune-grace-secs", "0"]
+                .map(String::from)
+                .to_vec(),
+            ..Default::default()
+        },
+    );
+    let t = Offsite::add_to(&c, "prune-left-s3");
+    // Blocks no manifest names, enough for the prune to take a while.
+    t.rt.block_on(async {
+        let mut puts = tokio::task::JoinSet::new();
+        for i in 0..3000u32 {
+            let hash = hawser_e2e::compare::sha256_hex(&i.to_le_bytes());
+            let object = format!("blocks/{}/{hash}.zst", &hash[..2]);
+            let target = t.target.clone();
+            puts.spawn(async move { target.put(&object, b"x".to_vec().into()).await });
+            if puts.len() >= 32 {
+                puts.join_next()
+                    .await
+                    .expect("a put")
+                    .expect("join")
+                    .expect("put a block");
+            }
+        }
+        while let Some(r) = puts.join_next().await {
+            r.expect("join").expect("put a block");
+        }
+    });
+    let mut running = c
+        .cli_command(&["backup", "target", "prune", "offsite"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the prune request");
+    hawser_e2e::wait_until("the prune's lock", Duration::from_secs(30), || {
+        t.list("locks")
+            .iter()
+            .any(|l| l.starts_with("locks/prune-"))
+    });
+    c.kill_controller(0);
+    let prune = running.wait().expect("the prune request");
+    let left: Vec<String> = t.list("locks");
+    assert!(
+        !prune.success() && left.len() == 1 && t.list("blocks").len() > 64,
+        "the controller was to die mid-prune: {left:?}, {} blocks left",
+        t.list("blocks").len()
+    );
+    // Another cluster's prune, live on the same target.
+    let foreign = hawser_backup::locks::LockBody {
+        kind: hawser_backup::locks::LockKind::Prune,
+        holder: "another-cluster".into(),
+        cluster: Some("another".into()),
+        host: None,
+        started_ms: 0,
+        reads: Vec::new(),
+    };
+    let foreign_object = "locks/prune-another-cluster.json";
+    t.rt.block_on(t.target.put(
+        foreign_object,
+        serde_json::to_vec(&foreign).expect("JSON").into(),
+    ))
+    .expect("put the other cluster's lock");
+
+    c.restart_controller(0);
+    c.wait_leader(Duration::from_secs(30));
+    hawser_e2e::wait_until(
+        "the dead run's prune lock to go",
+        Duration::from_secs(20),
+        || t.list("locks") == [foreign_object],
+    );
+    t.rt.block_on(t.target.delete(foreign_object))
+        .expect("delete the other cluster's lock");
+    c.attached_volume("v", "4MiB", 1, "n1");
+    backup(&c, "v");
+}
+
 /// Issue 61.b: two controllers on etcd, and the leader killed while the replicas' nodes
 /// restore: the other one leads and finishes the restore.
 #[test]

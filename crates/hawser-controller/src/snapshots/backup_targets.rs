@@ -14,7 +14,7 @@ use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::now_ms;
 
-const PREFIX: &str = "backup-targets/";
+pub(crate) const PREFIX: &str = "backup-targets/";
 
 /// A target as the store keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +48,8 @@ pub struct BackupSettings {
     pub restore_retries: std::sync::Arc<crate::snapshots::retries::Retries>,
     /// The backups that restoring volumes hold on their targets (`restore_holds.rs`).
     pub restore_holds: std::sync::Arc<crate::snapshots::restore_holds::RestoreHolds>,
+    /// The prunes this process runs (`prune_locks.rs`).
+    pub pruning: std::sync::Arc<crate::snapshots::prune_locks::Running>,
 }
 
 impl BackupSettings {
@@ -63,6 +65,7 @@ impl BackupSettings {
             prune_grace_secs: hawser_backup::constants::LOCK_STALE_SECS,
             restore_retries: Default::default(),
             restore_holds: Default::default(),
+            pruning: Default::default(),
         }
     }
 

@@ -11,6 +11,7 @@ pub(crate) mod backups;
 pub(crate) mod catchup;
 pub(crate) mod create;
 pub(crate) mod cron;
+pub(crate) mod prune_locks;
 pub(crate) mod restore_holds;
 pub(crate) mod restores;
 pub(crate) mod retention;

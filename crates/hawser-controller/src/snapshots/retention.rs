@@ -92,6 +92,8 @@ pub async fn prune(st: &AppState, target: &str) -> Result<PruneReport, Controlle
         .2;
     let cluster = crate::cluster::identity(st).await.ok().map(|c| c.id);
     let holder = format!("controller-{}", now_ms());
+    // Noted before the lock is written: a sweep of locks left by dead runs spares it.
+    let _running = st.backups.pruning.start(&holder);
     let report = hawser_backup::prune::prune(&t, &holder, cluster, st.backups.prune_grace_secs)
         .await
         .map_err(|e| match e {
