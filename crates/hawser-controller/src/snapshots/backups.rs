@@ -467,17 +467,26 @@ pub async fn delete(st: &AppState, name: &str) -> Result<(), ControllerError> {
     Ok(())
 }
 
-/// On the leader, every `every`: follow the running backups nobody here follows (after this
-/// controller started, or took over from another that was following them).
+/// On the leader, within a second of its start or its taking over and then every `every`:
+/// follow the running backups nobody here follows (after this controller started, or took
+/// over from another that was following them).
 pub async fn run(st: Arc<AppState>, every: Duration) {
+    // Due at once: a controller that starts, or takes over, follows the backups it finds
+    // running within a second (a backup it does not follow is never recorded ready).
+    let mut due = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(every.min(Duration::from_secs(1))).await;
         if matches!(
             st.leadership.role(),
             crate::store::leader::Role::Follower { .. }
         ) {
+            due = tokio::time::Instant::now();
             continue;
         }
+        if tokio::time::Instant::now() < due {
+            continue;
+        }
+        due = tokio::time::Instant::now() + every;
         let Ok(all) = list(&st, None, None).await else {
             continue;
         };
