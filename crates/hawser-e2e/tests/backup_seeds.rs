@@ -20,7 +20,7 @@
 //!
 //! ```sh
 //! HAWSER_INTERLEAVE_COUNT=2000 HAWSER_INTERLEAVE_KEEP_GOING=1 \
-//!     HAWSER_BIN=target/release/hawser \
+//!     HAWSER_BIN=$PWD/target/release/hawser \
 //!     cargo test --release -p hawser-e2e --test backup_seeds -- --nocapture
 //! ```
 //!
