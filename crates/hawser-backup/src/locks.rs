@@ -112,8 +112,8 @@ pub fn parse_object(name: &str) -> Option<(LockKind, &str)> {
     })
 }
 
-/// The largest lock body [`bodies`] reads.
-const MAX_BODY_BYTES: u64 = 64 << 10;
+/// The largest lock body read from a target (a few backup names and a host).
+pub(crate) const MAX_BODY_BYTES: u64 = 64 << 10;
 
 /// Every lock of `kind` on `target`, with its body: for a holder that knows some of them
 /// are dead (a controller's own prune locks, left when it was killed). A lock whose body is

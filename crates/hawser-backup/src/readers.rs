@@ -30,10 +30,6 @@ use crate::manifest::Manifest;
 use crate::names;
 use crate::target::Target;
 use crate::upload::{hostname, now_ms};
-
-/// The largest reader lock body a prune reads (a few backup names and a host).
-const MAX_LOCK_BYTES: u64 = 64 << 10;
-
 /// A reader's hold on a backup: while it lives, no prune deletes what the backup names, even
 /// once the backup is deleted.
 #[derive(Debug)]
@@ -208,7 +204,7 @@ pub(crate) async fn held_backups(
     let mut held = HashSet::new();
     for r in readers.iter().filter(|r| r.kind == LockKind::Read) {
         let object = crate::locks::object(LockKind::Read, &r.holder);
-        let Some(bytes) = target.get(&object, MAX_LOCK_BYTES).await? else {
+        let Some(bytes) = target.get(&object, crate::locks::MAX_BODY_BYTES).await? else {
             continue;
         };
         let body: LockBody = serde_json::from_slice(&bytes).map_err(|e| BackupError::Busy {
