@@ -30,6 +30,7 @@ use crate::manifest::Manifest;
 use crate::names;
 use crate::target::Target;
 use crate::upload::{hostname, now_ms};
+
 /// A reader's hold on a backup: while it lives, no prune deletes what the backup names, even
 /// once the backup is deleted.
 #[derive(Debug)]
