@@ -48,8 +48,8 @@ pub struct BackupSettings {
     pub restore_retries: std::sync::Arc<crate::snapshots::retries::Retries>,
     /// The backups that restoring volumes hold on their targets (`restore_holds.rs`).
     pub restore_holds: std::sync::Arc<crate::snapshots::restore_holds::RestoreHolds>,
-    /// The prunes this process runs (`prune_locks.rs`).
-    pub pruning: std::sync::Arc<crate::snapshots::prune_locks::Running>,
+    /// The prunes this process runs (`prune_runs.rs`).
+    pub pruning: std::sync::Arc<crate::snapshots::prune_runs::Running>,
 }
 
 impl BackupSettings {

@@ -12,6 +12,7 @@ pub(crate) mod catchup;
 pub(crate) mod create;
 pub(crate) mod cron;
 pub(crate) mod prune_locks;
+pub(crate) mod prune_runs;
 pub(crate) mod restore_holds;
 pub(crate) mod restores;
 pub(crate) mod retention;

@@ -11,53 +11,12 @@
 //! controller that lost its lease may still be deleting blocks until it notices. Their prune
 //! locks go stale as before.
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
-
 use hawser_backup::locks::{bodies, LockKind};
 use hawser_store::list_json;
 
 use crate::snapshots::backup_targets::{open_with_retry, TargetRecord, PREFIX};
 use crate::state::AppState;
 use crate::store::leader::Role;
-
-/// The prunes this process runs, by lock holder.
-#[derive(Debug, Default)]
-pub struct Running {
-    holders: Mutex<BTreeSet<String>>,
-}
-
-impl Running {
-    /// Notes `holder` as running until the guard drops; before its lock is written, so a
-    /// sweep that lists the lock finds the holder here.
-    pub fn start(self: &Arc<Self>, holder: &str) -> RunningGuard {
-        if let Ok(mut h) = self.holders.lock() {
-            h.insert(holder.to_owned());
-        }
-        RunningGuard {
-            running: self.clone(),
-            holder: holder.to_owned(),
-        }
-    }
-
-    fn runs(&self, holder: &str) -> bool {
-        self.holders.lock().map_or(true, |h| h.contains(holder))
-    }
-}
-
-/// A running prune; dropped when it ends.
-pub struct RunningGuard {
-    running: Arc<Running>,
-    holder: String,
-}
-
-impl Drop for RunningGuard {
-    fn drop(&mut self) {
-        if let Ok(mut h) = self.running.holders.lock() {
-            h.remove(&self.holder);
-        }
-    }
-}
 
 /// At the start of the only controller of its cluster: deletes, on every target, the prune
 /// locks of this cluster that no prune of this process holds. A target that cannot be
