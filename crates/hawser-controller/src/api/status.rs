@@ -159,10 +159,6 @@ mod tests {
             engine: None,
         };
         VolumeRecord {
-            name: "v".into(),
-            size_bytes: 1 << 30,
-            replica_count: 2,
-            thin: true,
             state: VolumeState::Attached,
             epoch: 3,
             attached_node: Some("node-a".into()),
@@ -170,22 +166,7 @@ mod tests {
                 r("a", ReplicaState::InSync, false),
                 r("b", ReplicaState::Outdated, true),
             ],
-            placement: Default::default(),
-            on_quorum_loss: Default::default(),
-            retired: Vec::new(),
-            sync_node: None,
-            snapshots: Vec::new(),
-            origin: None,
-            restoring: None,
-            standby: None,
-            restore_from: None,
-            backup_schedules: vec![],
-            qos: Default::default(),
-            encryption: None,
-            checksums: false,
-            scrubbed_ms: None,
-            attached_epoch: None,
-            uid: None,
+            ..VolumeRecord::new("v", 1 << 30, 2)
         }
     }
 

@@ -24,7 +24,7 @@ use axum::extract::State;
 use axum::Json;
 use hawser_api::agent::ReplicaInventory;
 use hawser_api::controller::{
-    ClusterInfo, RecoverCluster, RecoverReport, Replica, ReplicaState, VolumeState, WaitingNode,
+    ClusterInfo, RecoverCluster, RecoverReport, Replica, ReplicaState, WaitingNode,
 };
 use hawser_store::{get_json, put_json, Expect, StoreError};
 use serde::{Deserialize, Serialize};
@@ -590,31 +590,14 @@ pub fn rebuild(
         };
         let n = u32::try_from(replicas.len()).unwrap_or(u32::MAX);
         records.push(VolumeRecord {
-            name: name.into(),
-            size_bytes: size,
-            replica_count: n.min(crate::constants::MAX_REPLICAS),
             thin: reps[0].1.status.thin,
-            state: VolumeState::Detached,
             epoch,
-            attached_node: None,
             replicas,
-            placement: Default::default(),
-            on_quorum_loss: Default::default(),
-            retired: Vec::new(),
-            sync_node: None,
-            snapshots: Vec::new(),
-            origin: None,
-            restoring: None,
-            standby: None,
-            restore_from: None,
-            backup_schedules: vec![],
-            qos: Default::default(),
             encryption,
             // In the replicas' metadata: replacements keep sums if every replica found does.
             checksums: reps.iter().all(|f| f.1.status.checksums),
-            scrubbed_ms: None,
             uid,
-            attached_epoch: None,
+            ..VolumeRecord::new(name, size, n.min(crate::constants::MAX_REPLICAS))
         });
     }
     (records, skipped)
@@ -692,6 +675,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use hawser_api::agent::{JournalSummary, ReplicaStatus};
+    use hawser_api::controller::VolumeState;
 
     fn inv(
         id: &str,

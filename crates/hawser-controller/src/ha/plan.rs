@@ -122,15 +122,25 @@ pub(crate) mod tests {
     }
 
     fn volume(name: &str, on: &str, replicas: &[(&str, ReplicaState)]) -> VolumeRecord {
-        let json = serde_json::json!({
-            "name": name, "size_bytes": 1, "replica_count": replicas.len(), "thin": true,
-            "state": "attached", "epoch": 4, "attached_node": on,
-            "replicas": replicas.iter().enumerate().map(|(i, (n, s))| Replica {
-                id: format!("r{i}"), node: (*n).into(), pool: "p".into(), state: *s,
-                blank: false, engine: None,
-            }).collect::<Vec<_>>(),
-        });
-        serde_json::from_value(json).unwrap()
+        let count = u32::try_from(replicas.len()).unwrap();
+        VolumeRecord {
+            state: VolumeState::Attached,
+            epoch: 4,
+            attached_node: Some(on.into()),
+            replicas: replicas
+                .iter()
+                .enumerate()
+                .map(|(i, (n, s))| Replica {
+                    id: format!("r{i}"),
+                    node: (*n).into(),
+                    pool: "p".into(),
+                    state: *s,
+                    blank: false,
+                    engine: None,
+                })
+                .collect(),
+            ..VolumeRecord::new(name, 1, count)
+        }
     }
 
     const NOW: u64 = 100_000;

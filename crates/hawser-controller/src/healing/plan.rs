@@ -268,30 +268,11 @@ mod tests {
 
     fn volume(name: &str, state: VolumeState, replicas: Vec<Replica>) -> VolumeRecord {
         VolumeRecord {
-            name: name.into(),
-            size_bytes: 1 << 30,
-            replica_count: 2,
-            thin: true,
             state,
             epoch: 1,
             attached_node: (state == VolumeState::Attached).then(|| "n1".into()),
             replicas,
-            placement: Default::default(),
-            on_quorum_loss: Default::default(),
-            retired: Vec::new(),
-            sync_node: None,
-            snapshots: Vec::new(),
-            origin: None,
-            restoring: None,
-            standby: None,
-            restore_from: None,
-            backup_schedules: vec![],
-            qos: Default::default(),
-            encryption: None,
-            checksums: false,
-            scrubbed_ms: None,
-            attached_epoch: None,
-            uid: None,
+            ..VolumeRecord::new(name, 1 << 30, 2)
         }
     }
 

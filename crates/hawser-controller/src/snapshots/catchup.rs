@@ -223,11 +223,10 @@ mod tests {
 
     #[test]
     fn in_sync_replicas_that_lack_a_ready_snapshot_get_it_from_an_online_holder() {
-        let json = serde_json::json!({
-            "name": "v", "size_bytes": 1048576, "replica_count": 3, "thin": true,
-            "state": "detached", "epoch": 1, "attached_node": null, "replicas": []
-        });
-        let mut v: VolumeRecord = serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
+        let mut v = VolumeRecord {
+            epoch: 1,
+            ..VolumeRecord::new("v", 1048576, 3)
+        };
         v.replicas = vec![
             replica("a", "n1", ReplicaState::InSync),
             replica("b", "n2", ReplicaState::InSync),

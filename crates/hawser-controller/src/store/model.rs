@@ -225,6 +225,39 @@ impl SnapshotRecord {
 }
 
 impl VolumeRecord {
+    /// A detached, thin volume of `size_bytes` at epoch 0, with no replicas, no uid and
+    /// every option at its default. The base that create, `cluster recover` and the tests
+    /// fill in with struct update syntax (`VolumeRecord { epoch: 3, ..VolumeRecord::new(..) }`),
+    /// so that a new field is given its default in one place.
+    pub fn new(name: &str, size_bytes: u64, replica_count: u32) -> Self {
+        VolumeRecord {
+            name: name.to_owned(),
+            size_bytes,
+            replica_count,
+            thin: true,
+            state: VolumeState::Detached,
+            epoch: 0,
+            attached_node: None,
+            replicas: Vec::new(),
+            placement: VolumePlacement::default(),
+            on_quorum_loss: QuorumLoss::default(),
+            retired: Vec::new(),
+            sync_node: None,
+            snapshots: Vec::new(),
+            origin: None,
+            restoring: None,
+            qos: hawser_api::Qos::default(),
+            encryption: None,
+            checksums: false,
+            scrubbed_ms: None,
+            standby: None,
+            restore_from: None,
+            backup_schedules: Vec::new(),
+            uid: None,
+            attached_epoch: None,
+        }
+    }
+
     pub fn in_sync(&self) -> impl Iterator<Item = &Replica> {
         self.replicas
             .iter()

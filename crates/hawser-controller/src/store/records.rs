@@ -284,10 +284,7 @@ pub(crate) mod tests {
 
     /// A detached one-replica volume record of `size` bytes with no replicas.
     pub(crate) fn record(name: &str, size: u64) -> VolumeRecord {
-        serde_json::from_value(serde_json::json!({"name": name, "size_bytes": size,
-            "replica_count": 1, "thin": true, "state": "detached", "epoch": 0,
-            "attached_node": null, "replicas": []}))
-        .unwrap()
+        VolumeRecord::new(name, size, 1)
     }
 
     async fn sizes(r: &Records) -> Vec<(String, u64)> {

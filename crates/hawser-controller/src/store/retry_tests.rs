@@ -147,30 +147,8 @@ fn volume(name: &str) -> VolumeRecord {
         engine: None,
     };
     VolumeRecord {
-        name: name.into(),
-        size_bytes: 1 << 20,
-        replica_count: 2,
-        thin: true,
-        state: VolumeState::Detached,
-        epoch: 0,
-        attached_node: None,
         replicas: vec![replica(0), replica(1)],
-        placement: Default::default(),
-        on_quorum_loss: Default::default(),
-        retired: Vec::new(),
-        sync_node: None,
-        snapshots: Vec::new(),
-        origin: None,
-        restoring: None,
-        standby: None,
-        restore_from: None,
-        backup_schedules: vec![],
-        qos: Default::default(),
-        encryption: None,
-        checksums: false,
-        scrubbed_ms: None,
-        attached_epoch: None,
-        uid: None,
+        ..VolumeRecord::new(name, 1 << 20, 2)
     }
 }
 

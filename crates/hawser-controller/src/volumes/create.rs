@@ -194,30 +194,18 @@ async fn create_placed(
         seeds,
     } = placed;
     let record = VolumeRecord {
-        name: req.name.clone(),
-        size_bytes: req.size_bytes,
-        replica_count: req.replicas,
         thin: req.thin,
         state: VolumeState::Creating,
-        epoch: 0,
-        attached_node: None,
         replicas,
         placement,
         on_quorum_loss: req.on_quorum_loss,
-        retired: Vec::new(),
-        sync_node: None,
-        snapshots: Vec::new(),
         origin: req.from.clone(),
-        restoring: None,
-        standby: None,
-        restore_from: None,
         backup_schedules: schedules.to_vec(),
         qos: req.qos,
         encryption: encryption.clone(),
         checksums: req.wants_checksums(),
-        scrubbed_ms: None,
         uid: Some(crate::store::model::new_volume_uid()),
-        attached_epoch: None,
+        ..VolumeRecord::new(&req.name, req.size_bytes, req.replicas)
     };
     // Recorded before any agent call, so a controller crash mid-create leaves a Creating
     // volume listing every replica it may have made, which the next leader rolls back

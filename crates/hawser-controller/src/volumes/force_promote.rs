@@ -111,17 +111,11 @@ fn plan(v: &mut VolumeRecord, keep: &[String]) -> Result<Vec<String>, Controller
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hawser_api::controller::{QuorumLoss, Replica, VolumePlacement, VolumeState};
+    use hawser_api::controller::{Replica, VolumeState};
 
     fn volume(states: &[ReplicaState]) -> VolumeRecord {
         VolumeRecord {
-            name: "v".into(),
-            size_bytes: 1 << 20,
-            replica_count: u32::try_from(states.len()).unwrap_or(3),
-            thin: true,
-            state: VolumeState::Detached,
             epoch: 7,
-            attached_node: None,
             replicas: states
                 .iter()
                 .enumerate()
@@ -134,22 +128,7 @@ mod tests {
                     engine: None,
                 })
                 .collect(),
-            placement: VolumePlacement::default(),
-            on_quorum_loss: QuorumLoss::default(),
-            retired: vec![],
-            sync_node: None,
-            snapshots: Vec::new(),
-            origin: None,
-            restoring: None,
-            standby: None,
-            restore_from: None,
-            backup_schedules: vec![],
-            qos: Default::default(),
-            encryption: None,
-            checksums: false,
-            scrubbed_ms: None,
-            attached_epoch: None,
-            uid: None,
+            ..VolumeRecord::new("v", 1 << 20, u32::try_from(states.len()).unwrap_or(3))
         }
     }
 

@@ -224,10 +224,6 @@ mod tests {
 
     fn volume(states: &[ReplicaState]) -> VolumeRecord {
         VolumeRecord {
-            name: "v".into(),
-            size_bytes: 4096,
-            replica_count: u32::try_from(states.len()).unwrap(),
-            thin: true,
             state: VolumeState::Attached,
             epoch: 3,
             attached_node: Some("n1".into()),
@@ -243,22 +239,7 @@ mod tests {
                     engine: None,
                 })
                 .collect(),
-            placement: Default::default(),
-            on_quorum_loss: Default::default(),
-            retired: Vec::new(),
-            sync_node: None,
-            snapshots: Vec::new(),
-            origin: None,
-            restoring: None,
-            standby: None,
-            restore_from: None,
-            backup_schedules: vec![],
-            qos: Default::default(),
-            encryption: None,
-            checksums: false,
-            scrubbed_ms: None,
-            attached_epoch: None,
-            uid: None,
+            ..VolumeRecord::new("v", 4096, u32::try_from(states.len()).unwrap())
         }
     }
 
