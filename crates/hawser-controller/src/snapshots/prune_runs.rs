@@ -26,6 +26,8 @@ impl Running {
         }
     }
 
+    /// Whether `holder` is a prune of this process. A poisoned list answers yes, so the
+    /// sweep keeps a lock rather than delete one on a guess.
     pub(crate) fn runs(&self, holder: &str) -> bool {
         self.holders.lock().map_or(true, |h| h.contains(holder))
     }
