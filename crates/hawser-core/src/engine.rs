@@ -25,10 +25,20 @@
 //! - A replica answering "stale epoch" means a newer engine exists: this engine fences itself
 //!   and fails everything with `IoError::ShutDown`.
 
+pub(crate) mod grow;
+pub(crate) mod repair;
+pub(crate) mod resync;
+pub(crate) mod scrub;
+pub(crate) mod unflushed;
+
 use std::collections::BTreeSet;
 
 use crate::id_map::IdMap;
 
+use self::repair::{Integrity, Repair};
+use self::resync::Copy;
+use self::scrub::Scrub;
+use self::unflushed::{compact, Unflushed};
 use crate::bitmap::ChunkMap;
 use crate::constants::{
     DEFAULT_CHUNK_BYTES, DEFAULT_CORRUPT_LIMIT_BLOCKS, DEFAULT_RESYNC_PARALLEL,
@@ -37,11 +47,7 @@ use crate::constants::{
 };
 use crate::io_error::IoError;
 use crate::range_lock::{span, RangeLock};
-use crate::repair::{Integrity, Repair};
-use crate::resync::Copy;
-use crate::scrub::Scrub;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId, Tag};
-use crate::unflushed::{compact, Unflushed};
 
 /// A replica's membership as this engine sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

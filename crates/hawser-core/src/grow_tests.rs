@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use crate::engine::grow::GrowError;
 use crate::engine::{Engine, EngineConfig, Initial, Membership, ReplicaSpec};
-use crate::grow::GrowError;
 use crate::io_error::IoError;
 use crate::types::{ClientOp, Command, ReplicaIdx, SubId, Tag};
 

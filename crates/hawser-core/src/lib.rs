@@ -9,30 +9,25 @@ pub mod bitmap;
 pub mod constants;
 pub mod driver;
 pub mod engine;
-mod grow;
 pub mod id_map;
 pub mod io_error;
 mod membership;
 pub mod range_lock;
 pub mod recovery_plan;
-mod repair;
-mod resync;
-mod scrub;
 pub mod types;
-mod unflushed;
 
 pub use activity::ActivityLog;
 pub use bitmap::ChunkMap;
+pub use engine::grow::GrowError;
+pub use engine::repair::Integrity;
+pub use engine::resync::ResyncPoint;
+pub use engine::scrub::ScrubView;
 pub use engine::{
     Engine, EngineConfig, Initial, Membership, NoQuorum, Quorum, ReplicaSpec, ReplicaView,
 };
-pub use grow::GrowError;
 pub use id_map::IdMap;
 pub use io_error::IoError;
 pub use recovery_plan::Plan;
-pub use repair::Integrity;
-pub use resync::ResyncPoint;
-pub use scrub::ScrubView;
 pub use types::{
     ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaOp, ReplicaResult, SubId, Tag,
 };

@@ -3,9 +3,9 @@
 //! as a command (`Outdate`, `MarkInSync`) and comes back as `on_outdate_done` /
 //! `on_mark_in_sync_done`; the engine never assumes the answer.
 
+use crate::engine::unflushed::compact;
 use crate::engine::{Engine, Membership, Quorum};
 use crate::types::{Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId};
-use crate::unflushed::compact;
 
 impl Engine {
     /// The session with replica `r` is gone: every request in flight on it fails, and it

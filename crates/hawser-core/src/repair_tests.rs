@@ -6,9 +6,9 @@
 use bytes::Bytes;
 
 use crate::bitmap::ChunkMap;
+use crate::engine::repair::Integrity;
 use crate::engine::{Engine, EngineConfig, Initial, Membership, ReplicaSpec};
 use crate::io_error::IoError;
-use crate::repair::Integrity;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, SubId};
 
 const R0: ReplicaIdx = ReplicaIdx(0);

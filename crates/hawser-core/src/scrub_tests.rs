@@ -8,9 +8,9 @@ use std::collections::{BTreeSet, VecDeque};
 use bytes::Bytes;
 
 use crate::constants::{MAX_REPAIRS, ORDER_BLOCK_BYTES};
+use crate::engine::repair::Integrity;
+use crate::engine::scrub::ScrubView;
 use crate::engine::{Engine, EngineConfig, Membership, ReplicaSpec};
-use crate::repair::Integrity;
-use crate::scrub::ScrubView;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, SubId};
 
 const R0: ReplicaIdx = ReplicaIdx(0);

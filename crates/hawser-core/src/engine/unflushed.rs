@@ -12,8 +12,8 @@
 //! not cover it), and a resync copy's when it lands.
 
 use crate::constants::UNFLUSHED_COMPACT_AT;
-// A circle by design: this file is one part of `Engine`'s impl (the engine's state lives in
-// engine.rs, which calls this part), split by concern as the engine grew.
+// One part of `Engine`'s impl, a child module of engine.rs (which holds the engine's state
+// and calls this part), split by concern as the engine grew.
 use crate::engine::Engine;
 use crate::types::{ReplicaIdx, SubId, Tag};
 

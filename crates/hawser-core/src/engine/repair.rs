@@ -33,8 +33,8 @@
 //!    the repair (the replica left; what it lacks is resynced when it returns).
 
 use crate::constants::{MAX_REPAIRS, ORDER_BLOCK_BYTES};
-// A circle by design: this file is one part of `Engine`'s impl (the engine's state lives in
-// engine.rs, which calls this part), split by concern as the engine grew.
+// One part of `Engine`'s impl, a child module of engine.rs (which holds the engine's state
+// and calls this part), split by concern as the engine grew.
 use crate::engine::{failure_to_io, Engine, Membership, Set, Work};
 use crate::range_lock::block_span;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, Tag};

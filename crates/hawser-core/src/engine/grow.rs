@@ -30,8 +30,8 @@
 //! ordered, sent and marked dirty like any other.
 
 use crate::constants::SECTOR_BYTES;
-// A circle by design: this file is one part of `Engine`'s impl (the engine's state lives in
-// engine.rs, which calls this part), split by concern as the engine grew.
+// One part of `Engine`'s impl, a child module of engine.rs (which holds the engine's state
+// and calls this part), split by concern as the engine grew.
 use crate::engine::Engine;
 
 /// Why `Engine::grow` refused a size.

@@ -26,10 +26,10 @@
 //!    `ScrubDone`; fencing and shutdown do too. Answers to a stopped pass's reads are ignored.
 
 use crate::constants::{MAX_REPAIRS, MAX_REPLICAS, ORDER_BLOCK_BYTES};
-// A circle by design: this file is one part of `Engine`'s impl (the engine's state lives in
-// engine.rs, which calls this part), split by concern as the engine grew.
+// One part of `Engine`'s impl, a child module of engine.rs (which holds the engine's state
+// and calls this part), split by concern as the engine grew.
+use crate::engine::repair::Integrity;
 use crate::engine::Engine;
-use crate::repair::Integrity;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, Tag};
 
 /// What `Engine::scrub_view` reports about the scrub pass running, or the last one.

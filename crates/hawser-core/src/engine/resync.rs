@@ -26,8 +26,8 @@
 use bytes::Bytes;
 
 use crate::bitmap::ChunkMap;
-// A circle by design: this file is one part of `Engine`'s impl (the engine's state lives in
-// engine.rs, which calls this part), split by concern as the engine grew.
+// One part of `Engine`'s impl, a child module of engine.rs (which holds the engine's state
+// and calls this part), split by concern as the engine grew.
 use crate::engine::{Engine, Membership, Set, Work};
 use crate::io_error::IoError;
 use crate::types::{ClientOp, Command, ReplicaFailure, ReplicaIdx, ReplicaResult, Tag};
