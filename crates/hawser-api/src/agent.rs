@@ -19,9 +19,9 @@
 
 use serde::{Deserialize, Serialize};
 
-// A circle by design: the agent's and the controller's APIs describe one cluster, so each
-// names some of the other's types (a pool, a replica's state; an engine's status).
-use crate::controller::{PoolInfo, QuorumLoss, ReplicaState};
+use crate::pool::PoolInfo;
+use crate::quorum_loss::QuorumLoss;
+use crate::replica_state::ReplicaState;
 
 /// Header naming the node an admin call is meant for. An agent refuses a call for another
 /// node (`Conflict`): an address can change hands (a node restarted elsewhere, ports reused),

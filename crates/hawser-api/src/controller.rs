@@ -21,6 +21,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::pool::{PoolInfo, PoolKind};
+pub use crate::quorum_loss::QuorumLoss;
+pub use crate::replica_state::ReplicaState;
 use crate::ApiError;
 
 /// The node label placement reads as the failure domain: replicas of one volume go to
@@ -248,79 +251,11 @@ pub enum NodeState {
     Offline,
 }
 
-/// A storage pool on a node, as reported by its agent.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolInfo {
-    pub node: String,
-    pub name: String,
-    pub path: String,
-    /// Size of the filesystem the pool lives on (or its configured limit).
-    pub capacity_bytes: u64,
-    /// Free bytes on that filesystem.
-    pub free_bytes: u64,
-    /// Sum of the sizes of replicas placed in the pool (thin replicas count at full size).
-    pub provisioned_bytes: u64,
-    /// Thin replicas may be placed while provisioned <= capacity * this ratio.
-    pub overprovision_ratio: f64,
-    pub replicas: u32,
-    /// Which replicas the pool takes: thin, thick or both.
-    #[serde(default)]
-    pub kind: PoolKind,
-    /// Snapshot copies its replicas hold.
-    #[serde(default)]
-    pub snapshots: u32,
-    /// Bytes the snapshot copies' files occupy; extents shared by reflinks (XFS, btrfs) are
-    /// counted in full, so it is at most what deleting them frees (exact on ext4, where
-    /// snapshots are copies).
-    #[serde(default)]
-    pub snapshot_bytes: u64,
-}
-
-/// Which replicas a pool takes. An overprovisioned pool may be kept thin-only so a thick
-/// replica cannot take the real space its thin replicas were promised; a pool may be kept
-/// thick-only for predictable latency (no allocation on first write).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PoolKind {
-    /// Thin and thick replicas.
-    #[default]
-    Any,
-    Thin,
-    Thick,
-}
-
-impl PoolKind {
-    pub fn allows(self, thin: bool) -> bool {
-        match self {
-            PoolKind::Any => true,
-            PoolKind::Thin => thin,
-            PoolKind::Thick => !thin,
-        }
-    }
-}
-
-impl PoolInfo {
-    /// The most that may be provisioned in the pool: capacity times the overprovision ratio.
-    pub fn overprovision_limit(&self) -> u64 {
-        // Float-to-int `as` saturates, which is the wanted bound for a huge ratio.
-        #[allow(clippy::cast_possible_truncation)]
-        let limit = (self.capacity_bytes as f64 * self.overprovision_ratio) as u64;
-        limit
-    }
-
-    /// Whether a new replica of `size` fits: thick replicas need real free space, thin ones
-    /// must stay within the overprovision limit. The pool's kind is checked separately
-    /// ([`PoolKind::allows`]).
-    pub fn fits(&self, size: u64, thin: bool) -> bool {
-        if thin {
-            let limit = self.capacity_bytes as f64 * self.overprovision_ratio;
-            (self.provisioned_bytes.saturating_add(size)) as f64 <= limit
-        } else {
-            size <= self.free_bytes
-        }
-    }
-}
+/// Replicas per volume, at most: what the controller accepts and the CSI driver's `replicas`
+/// parameter allows. Five copies is already more than any failure model needs, and within
+/// what an engine takes ([`crate::agent::ENGINE_MAX_REPLICAS`]).
+pub const MAX_VOLUME_REPLICAS: u32 = 5;
+const _: () = assert!(MAX_VOLUME_REPLICAS as usize <= crate::agent::ENGINE_MAX_REPLICAS);
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -399,20 +334,6 @@ pub struct VolumeSource {
     pub volume: Option<String>,
 }
 
-/// What a volume's writes do while too few of its replicas are in sync to form a quorum
-/// (fewer than a majority, or exactly half without the store's tie-break).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QuorumLoss {
-    /// Writes a lost replica missed wait (no error, no acknowledgement) until a replica
-    /// returns; I/O resumes by itself.
-    #[default]
-    Suspend,
-    /// Writes a lost replica missed fail with EIO at once; the replicas never diverge either
-    /// way (their ranges are resynced when the replica returns).
-    Fail,
-}
-
 /// How a volume's replicas spread over the nodes' `zone` labels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -459,17 +380,6 @@ pub enum VolumeState {
     Attached,
     /// Being deleted; replicas are removed.
     Deleting,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplicaState {
-    /// Has every acknowledged write; receives all new writes.
-    InSync,
-    /// Missed writes; removed from the in-sync set by compare-and-swap. Never read from.
-    Outdated,
-    /// Disk error or corruption; never read from.
-    Failed,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,7 +13,10 @@ pub mod device_client;
 pub mod error;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod pool;
 pub mod qos;
+pub mod quorum_loss;
+pub mod replica_state;
 pub mod secret;
 pub mod size;
 pub mod time;

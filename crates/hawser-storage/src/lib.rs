@@ -10,9 +10,7 @@ pub mod gate;
 pub mod journal_file;
 pub mod pool;
 pub mod replica;
-mod replica_sums;
 pub mod ring;
-pub mod snapshot;
 pub mod snapshot_fetch;
 pub mod sums;
 
@@ -22,8 +20,8 @@ pub use journal_file::Stored as StoredJournal;
 pub use pool::{
     node_boot_id, BrokenReplica, Pool, PoolConfig, PoolKind, PoolUsage, TrashedReplica,
 };
+pub use replica::snapshot::{SnapshotFile, Taken};
 pub use replica::{NewReplica, Replica};
-pub use snapshot::{SnapshotFile, Taken};
 
 #[cfg(test)]
 mod grow_tests;

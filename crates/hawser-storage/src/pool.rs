@@ -8,6 +8,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+/// Which replicas a pool takes: the API's type, so what the agent reports is what the pool
+/// enforces.
+pub use hawser_api::pool::PoolKind;
+
 use crate::error::StorageError;
 use crate::file_ops;
 use crate::replica::{check_size, NewReplica, Replica};
@@ -39,25 +43,6 @@ pub fn node_boot_id() -> u64 {
             h.finish()
         })
         .unwrap_or(0)
-}
-
-/// Which replicas a pool takes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PoolKind {
-    #[default]
-    Any,
-    Thin,
-    Thick,
-}
-
-impl PoolKind {
-    pub fn allows(self, thin: bool) -> bool {
-        match self {
-            PoolKind::Any => true,
-            PoolKind::Thin => thin,
-            PoolKind::Thick => !thin,
-        }
-    }
 }
 
 /// A snapshot of a pool's space.
@@ -193,7 +178,7 @@ impl Pool {
         std::fs::create_dir_all(&trash)
             .map_err(|e| StorageError::io("create pool trash", &trash, e))?;
         let (data, meta) = Replica::paths(&self.dir, id);
-        let snaps = crate::snapshot::snaps_dir(&data);
+        let snaps = crate::replica::snapshot::snaps_dir(&data);
         let sums = crate::sums::Sums::path_for(&data);
         for from in [snaps, data, sums, meta.with_extension("journal"), meta] {
             let ext = from.extension().and_then(|e| e.to_str()).unwrap_or("x");

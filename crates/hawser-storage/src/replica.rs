@@ -7,6 +7,9 @@
 //! raising the epoch waits until no ticket is out, so once a newer engine's Hello has been
 //! answered no write of an older engine can still land.
 
+pub(crate) mod replica_sums;
+pub mod snapshot;
+
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -20,13 +23,13 @@ use hawser_wire::journal::{Journal, ACTIVITY_EXTENT_BYTES};
 use hawser_wire::meta::{ReplicaDiskState, ReplicaMeta, WrappedKey};
 use sha2::{Digest, Sha256};
 
+use self::replica_sums::Cover;
 use crate::aligned::{is_aligned, AlignedBuf};
 use crate::chunk_bits::ChunkBits;
 use crate::error::{ReplicaIoError, StorageError};
 use crate::file_ops;
 use crate::gate::{EpochGate, Ticket};
 use crate::journal_file::{JournalFile, Stored};
-use crate::replica_sums::Cover;
 use crate::ring::{self, Kind, Op, Reserved};
 use crate::sums::{is_whole, Sums};
 
@@ -860,7 +863,7 @@ impl Replica {
                 Err(e) => return Err(StorageError::io("remove replica file", p, e)),
             }
         }
-        let snaps = crate::snapshot::snaps_dir(&self.data_path);
+        let snaps = crate::replica::snapshot::snaps_dir(&self.data_path);
         match std::fs::remove_dir_all(&snaps) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -22,8 +22,8 @@ use hawser_wire::frame::MAX_CHECKSUM_BYTES;
 
 use crate::error::{ReplicaIoError, StorageError};
 use crate::file_ops;
+use crate::replica::snapshot::{snaps_dir, SnapshotFile};
 use crate::replica::{digests, Replica};
-use crate::snapshot::{snaps_dir, SnapshotFile};
 
 /// A snapshot copy opened to be read by another replica.
 pub struct SnapshotReader {

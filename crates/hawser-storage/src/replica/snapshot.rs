@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::clone::{clone_file, CloneKind};
 use crate::error::StorageError;
 use crate::file_ops;
-// A circle by design: this file is the snapshot part of `Replica`'s impl, which calls it.
+// The snapshot part of `Replica`'s impl, a child module of replica.rs, which calls it.
 use crate::replica::Replica;
 
 /// One snapshot of a replica, as its file says.

@@ -11,7 +11,7 @@ use crate::aligned::AlignedBuf;
 use crate::error::ReplicaIoError;
 use crate::file_ops;
 use crate::journal_file::Stored;
-// A circle by design: this file is the checksum part of `Replica`'s impl, which calls it.
+// The checksum part of `Replica`'s impl, a child module of replica.rs, which calls it.
 use crate::replica::Replica;
 use crate::sums::{is_whole, whole_blocks, Bad, Sums, SUM_BLOCK_BYTES};
 
