@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+// What the API lets a `StartEngine` name is what the engine's replica sets hold: the agent
+// is the one crate that sees both definitions, so it holds them equal.
+const _: () =
+    assert!(hawser_api::agent::ENGINE_MAX_REPLICAS == hawser_core::constants::MAX_REPLICAS);
+
 /// Requests one replica connection may have in flight on the server (back-pressure beyond).
 pub const REPLICA_CONN_MAX_INFLIGHT: usize = 256;
 /// Reply bytes a replica connection may have queued for a peer that is slow to read them

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::node_support::two_nodes;
 use bytes::Bytes;
-use hawser_agent::engine::pause::PauseError;
+use hawser_agent::engine::registry::pause::PauseError;
 use hawser_agent::frontends::block::{BlockDevice, ExportRegistry};
 use hawser_agent::storage::pools::NodeStorage;
 

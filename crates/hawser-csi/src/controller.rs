@@ -1,6 +1,8 @@
 //! The CSI Controller service: volumes through the Hawser controller's REST API.
 //! Publish and unpublish live in `controller_publish.rs`.
 
+pub mod snapshots;
+
 use std::collections::HashMap;
 
 use hawser_api::controller::{Node, PoolInfo, ReplicaState, Volume, VolumeSource, VolumeState};
@@ -18,7 +20,6 @@ use crate::proto::csi::controller_server::Controller;
 use crate::proto::csi::controller_service_capability::rpc::Type as Rpc;
 use crate::proto::csi::controller_service_capability::{self as ccap, Rpc as RpcCap};
 use crate::proto::csi::*;
-use crate::snapshots;
 
 pub struct ControllerService {
     pub api: Api,

@@ -13,7 +13,7 @@
 //! | `mounts.rs`             | mkfs, mount, bind mounts, statvfs, filesystem growth       |
 //! | `registration.rs`       | the kubelet's plugin registration                          |
 //! | `authority.rs`          | fixes the registration client's invalid HTTP/2 authority   |
-//! | `snapshots.rs`          | Controller: snapshots, and clones of snapshots and volumes |
+//! | `controller/snapshots.rs` | Controller: snapshots, and clones of snapshots and volumes |
 //! | `snapshot_backups.rs`   | Controller: snapshots that are backups, restores of them   |
 //! | `capability.rs`, `capacity.rs`, `params.rs`, `names.rs` | pure request checks    |
 //! | `snapshot_class.rs`     | pure: a VolumeSnapshotClass's parameters, backup ids       |
@@ -38,6 +38,5 @@ pub mod registration;
 pub mod server;
 pub mod snapshot_backups;
 pub mod snapshot_class;
-pub mod snapshots;
 
 pub use server::{run, CsiArgs, Mode};

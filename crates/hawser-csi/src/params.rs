@@ -58,7 +58,8 @@ const KEYS: &[&str] = &[
     "backupRetain",
 ];
 pub const DEFAULT_REPLICAS: u32 = 2;
-pub const MAX_REPLICAS: u32 = 5;
+/// The `replicas` parameter's bound: the controller's (the API's one definition).
+pub use hawser_api::controller::MAX_VOLUME_REPLICAS as MAX_REPLICAS;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeParams {

@@ -24,13 +24,13 @@ use hawser_api::controller::{CreateSnapshot, Snapshot};
 use tonic::Status;
 
 use crate::api::{is_not_found, status};
+use crate::controller::snapshots::{timestamp, Source};
 use crate::controller::ControllerService;
 use crate::names::is_hawser_name;
 use crate::proto::csi;
 use crate::snapshot_class::{
     backup_ids_fit, backup_snapshot_name, is_backup_snapshot_name, BackupId,
 };
-use crate::snapshots::{timestamp, Source};
 
 /// The CSI view of a backup.
 pub fn csi_backup(b: &Backup) -> csi::Snapshot {

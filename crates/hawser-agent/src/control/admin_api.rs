@@ -21,8 +21,8 @@ use hawser_listen::Transport;
 use hawser_tls::Peer;
 
 use crate::control::link::LinkAuth;
-use crate::engine::pause::PauseError;
 use crate::engine::rate_limit::ResyncRates;
+use crate::engine::registry::pause::PauseError;
 use crate::engine::registry::Engines;
 use crate::observe::metrics::AgentMetrics;
 use crate::storage::pools::{sealed_key, status, NodeStorage};
@@ -349,7 +349,7 @@ fn pause_error(e: PauseError) -> Failure {
     Failure(ApiError::new(code, e.to_string()))
 }
 
-/// Holds a volume's requests for a snapshot (`engine/pause.rs`).
+/// Holds a volume's requests for a snapshot (`engine/registry/pause.rs`).
 async fn pause_engine(
     State(s): State<AdminState>,
     Path(volume): Path<String>,

@@ -13,6 +13,8 @@
 //! export is ended (its clients and kernel devices get errors from now on, never the
 //! namesake's blocks) and the namesake gets an export of its own.
 
+pub mod pause;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -188,8 +190,8 @@ fn cost_of(op: IoOp, bytes: u64) -> Cost {
 pub struct Engines {
     map: Mutex<HashMap<String, Arc<Export>>>,
     io: IoMetrics,
-    /// Volumes held for a snapshot (`engine/pause.rs`).
-    pauses: Arc<crate::engine::pause::Pauses>,
+    /// Volumes held for a snapshot (`pause.rs`).
+    pauses: Arc<self::pause::Pauses>,
 }
 
 impl Engines {
@@ -201,7 +203,7 @@ impl Engines {
         self.lock().get(volume).cloned()
     }
 
-    pub(crate) fn pauses(&self) -> &Arc<crate::engine::pause::Pauses> {
+    pub(crate) fn pauses(&self) -> &Arc<self::pause::Pauses> {
         &self.pauses
     }
 

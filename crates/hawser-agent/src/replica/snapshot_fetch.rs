@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use hawser_core::ReplicaResult;
-use hawser_storage::snapshot::SnapshotFile;
+use hawser_storage::SnapshotFile;
 use hawser_wire::frame::{
     Op, Status, CHECKSUM_BLOCK_BYTES, CHECKSUM_DIGEST_BYTES, MAX_CHECKSUM_BYTES,
 };

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use hawser_api::agent::{HeldReplica, ReplicaStatus};
-use hawser_api::controller::{PoolInfo, PoolKind};
+use hawser_api::controller::PoolInfo;
 use hawser_storage::{NewReplica, Pool, Replica, StorageError};
 
 pub struct NodeStorage {
@@ -344,11 +344,7 @@ impl NodeStorage {
                     replicas: u.replicas,
                     snapshots: u.snapshots,
                     snapshot_bytes: u.snapshot_bytes,
-                    kind: match p.kind() {
-                        hawser_storage::PoolKind::Any => PoolKind::Any,
-                        hawser_storage::PoolKind::Thin => PoolKind::Thin,
-                        hawser_storage::PoolKind::Thick => PoolKind::Thick,
-                    },
+                    kind: p.kind(),
                 }),
                 Err(e) => {
                     tracing::error!(pool = p.name(), error = %e, "cannot read pool usage");

@@ -21,7 +21,7 @@ use hawser_api::agent::{EnginePaused, EngineResumed};
 use tokio::sync::oneshot;
 
 use crate::constants::ENGINE_SWAP_DRAIN_TIMEOUT;
-// A circle by design: this file is the pause half of `Engines`' impl, and `Engines` holds the
+// The pause half of `Engines`' impl, a child module of registry.rs: `Engines` holds the
 // `Pauses` below, as it holds each export's gate that a pause takes.
 use crate::engine::registry::Engines;
 use crate::frontends::block::BlockDevice;

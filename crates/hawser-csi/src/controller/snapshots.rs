@@ -16,7 +16,7 @@ use tonic::Status;
 
 use crate::api::{is_not_found, status};
 use crate::capacity::{self, size_fits};
-// A circle by design: this file is the snapshot part of `ControllerService`'s impl, whose
+// The snapshot part of `ControllerService`'s impl, a child module of controller.rs, whose
 // CreateVolume calls it for a volume's content source.
 use crate::controller::{required, ControllerService};
 use crate::names::{is_hawser_name, snapshot_id_for, MAX_CSI_NAME_LEN};
