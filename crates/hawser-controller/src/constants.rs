@@ -5,8 +5,8 @@ use std::time::Duration;
 /// Largest request body the API accepts; larger ones get 413.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
-/// Replicas per volume. Five copies is already more than any failure model needs.
-pub const MAX_REPLICAS: u32 = 5;
+/// Replicas per volume (the API's one definition).
+pub use hawser_api::controller::MAX_VOLUME_REPLICAS as MAX_REPLICAS;
 
 /// How many nodes whose agent did not answer one `volume create` skips before it gives up
 /// and reports the last one's error. Each skip costs at most a connect timeout.

@@ -419,7 +419,7 @@ impl Controller {
         };
         tracing::info!(store = %store.describe(), "cluster store");
         let fenced = FencedStore::new(store, leadership.clone());
-        let metrics = crate::api::metrics::ControllerMetrics::default();
+        let metrics = crate::state::metrics::ControllerMetrics::default();
         let retrying = RetryingStore::new(
             Arc::new(fenced),
             leadership.clone(),
@@ -445,9 +445,9 @@ impl Controller {
             waiting: Default::default(),
             metrics,
             keks,
-            backups: crate::snapshots::backup_targets::BackupSettings {
+            backups: crate::snapshots::backup_settings::BackupSettings {
                 prune_grace_secs: args.backup_prune_grace_secs,
-                ..crate::snapshots::backup_targets::BackupSettings::new(
+                ..crate::snapshots::backup_settings::BackupSettings::new(
                     &args.data_dir,
                     args.backup_rate,
                     args.backup_retry_secs,
@@ -510,7 +510,8 @@ impl Controller {
             let st = self.state.clone();
             tokio::spawn(async move { crate::snapshots::prune_locks::clear_left(&st).await })
         };
-        let node_events = tokio::spawn(crate::cluster::events::watch_nodes(self.state.clone()));
+        let node_events =
+            tokio::spawn(crate::cluster::node_events::watch_nodes(self.state.clone()));
         let tokens = tokio::spawn(crate::api::tokens::refresh_forever(self.state.clone()));
         let failover = self
             .ha

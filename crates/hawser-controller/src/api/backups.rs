@@ -94,7 +94,7 @@ pub async fn show(
     State(st): Shared,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Backup>, ControllerError> {
-    Ok(Json(backups::record(&st, &name).await?.backup))
+    Ok(Json(backups::record(&st.records, &name).await?.backup))
 }
 
 /// Deletes a backup (ready or failed) from its target and the store; 409 while it runs.
@@ -128,6 +128,6 @@ pub async fn remove_schedule(
     State(st): Shared,
     ApiPath((volume, target)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ControllerError> {
-    schedules::remove(&st, &volume, &target).await?;
+    schedules::remove(&st.records, &volume, &target).await?;
     Ok(StatusCode::NO_CONTENT)
 }

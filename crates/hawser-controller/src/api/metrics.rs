@@ -2,83 +2,31 @@
 //!
 //! Counted as they happen ([`ControllerMetrics`]): replicas outdated and resynced back in,
 //! reports refused for a stale epoch (an engine fenced off by a newer one), and the cluster
-//! store's calls (latency and failures). Read from the store at each scrape: nodes (online, heartbeat age), volumes
-//! and replicas by state, and whether this controller leads. Any controller answers, a
+//! store's calls (latency and failures), in `state/metrics.rs`. Read from the store at each
+//! scrape: nodes (online, heartbeat age), volumes and replicas by state, and whether this controller leads. Any controller answers, a
 //! follower too (its own process and leadership; the store as it reads it), so one scrape
 //! config covers all of them.
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use hawser_api::backup::BackupState;
 use hawser_api::controller::{ReplicaState, VolumeState};
-use hawser_api::metrics::{ProcessCollector, LATENCY_BUCKETS_SECS};
-use hawser_store::StoreError;
+use hawser_api::metrics::ProcessCollector;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::errors::ControllerError;
+use crate::state::metrics::{ControllerMetrics, Labels};
 use crate::state::AppState;
 use crate::store::leader::Role;
 use crate::store::model::{now_ms, NodeRecord, VolumeRecord};
-
-/// What the controller counts as it happens. Clones share the counters.
-#[derive(Clone, Debug, Default)]
-pub struct ControllerMetrics {
-    /// Replicas taken out of the in-sync set (an engine lost them), by whether they failed.
-    pub outdated: Counter,
-    pub failed: Counter,
-    /// Outdated replicas an engine resynced and marked in-sync again.
-    pub resynced: Counter,
-    /// Outdate or in-sync reports refused for a stale epoch: a fenced engine.
-    pub stale_epoch_reports: Counter,
-    /// The cluster store's calls (see [`StoreMetrics`]).
-    pub store: StoreMetrics,
-}
-
-/// The cluster store's calls as the records make them (`store_retry`): latency, retries
-/// included, and failures other than a lost compare-and-swap (which is how concurrent
-/// updates are ordered, not an error of the store). Clones share the series.
-#[derive(Clone, Debug)]
-pub struct StoreMetrics {
-    latency: Family<Labels, Histogram, fn() -> Histogram>,
-    errors: Family<Labels, Counter>,
-}
-
-impl Default for StoreMetrics {
-    fn default() -> Self {
-        StoreMetrics {
-            latency: Family::new_with_constructor(|| Histogram::new(LATENCY_BUCKETS_SECS)),
-            errors: Family::default(),
-        }
-    }
-}
-
-impl StoreMetrics {
-    /// One call of `op` (get, list, put, delete, ...) that took `took` and failed with
-    /// `error`, if it did.
-    pub fn observe(&self, op: &'static str, took: Duration, error: Option<&StoreError>) {
-        let labels = vec![("op", op.to_string())];
-        self.latency
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
-        if error.is_some_and(|e| !e.is_conflict()) {
-            self.errors.get_or_create(&labels).inc();
-        }
-    }
-}
-
-type Labels = Vec<(&'static str, String)>;
 
 /// The store as read for one scrape.
 pub(crate) struct Snapshot {

@@ -2,6 +2,9 @@
 //! into a JSON `ApiError` (axum's defaults answer in plain text, some with 422).
 
 pub(crate) mod backups;
+pub(crate) mod ca_rotation;
+pub(crate) mod certificates;
+pub(crate) mod cluster;
 pub(crate) mod extract;
 pub(crate) mod io;
 pub(crate) mod metrics;
@@ -27,9 +30,7 @@ use axum::Router;
 use axum::Extension;
 use hawser_listen::Transport;
 
-use crate::auth::tls;
 use crate::auth::Caller;
-use crate::cluster;
 use crate::constants::MAX_BODY_BYTES;
 use crate::errors::ControllerError;
 use crate::state::AppState;
@@ -113,7 +114,7 @@ fn routes() -> Vec<Route> {
             M::POST,
             "/v1/cluster/volume-key",
             Admin,
-            post(crate::volumes::key_rotation::rotate_volume_key),
+            post(cluster::rotate_volume_key),
         ),
         route(
             M::GET,
@@ -125,32 +126,32 @@ fn routes() -> Vec<Route> {
             M::POST,
             "/v1/join-tokens",
             Admin,
-            post(tls::create_join_token),
+            post(certificates::create_join_token),
         ),
-        route(M::POST, "/v1/join", Joining, post(tls::join)),
+        route(M::POST, "/v1/join", Joining, post(certificates::join)),
         route(
             M::GET,
             "/v1/cluster/ca-rotation",
             Admin,
-            get(crate::auth::ca_rotation::show),
+            get(ca_rotation::show),
         ),
         route(
             M::POST,
             "/v1/cluster/ca-rotation",
             Admin,
-            post(crate::auth::ca_rotation::step),
+            post(ca_rotation::step),
         ),
         route(
             M::POST,
             "/v1/client-certificates",
             Admin,
-            post(crate::auth::client_cert::create),
+            post(certificates::create_client_certificate),
         ),
         route(
             M::POST,
             "/v1/nodes/{node}/certificate",
             Agent,
-            post(tls::renew),
+            post(certificates::renew),
         ),
         route(
             M::POST,

@@ -27,13 +27,14 @@ pub struct DeleteQuery {
     pub with_snapshots: bool,
 }
 use crate::state::AppState;
+use crate::store::records::Records;
 
 type Shared = State<Arc<AppState>>;
 
 /// The API view of a record, with NBD addresses if it is attached.
-async fn view(st: &AppState, rec: &VolumeRecord) -> Result<Volume, ControllerError> {
+async fn view(records: &Records, rec: &VolumeRecord) -> Result<Volume, ControllerError> {
     let node = match &rec.attached_node {
-        Some(n) => st.records.node(n).await?,
+        Some(n) => records.node(n).await?,
         None => None,
     };
     Ok(rec.to_api(node.as_ref()))
@@ -91,7 +92,7 @@ pub async fn show(
         }
     }
     let rec = st.records.existing_volume(&name).await?;
-    let mut v = view(&st, &rec).await?;
+    let mut v = view(&st.records, &rec).await?;
     add_engine_view(&st, &rec, &mut v).await;
     Ok(Json(v))
 }
@@ -172,7 +173,7 @@ pub async fn expand(
     ApiJson(req): ApiJson<ExpandVolume>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = crate::volumes::expand::expand_volume(&st, &name, req).await?;
-    Ok(Json(view(&st, &rec).await?))
+    Ok(Json(view(&st.records, &rec).await?))
 }
 
 pub async fn restore(
@@ -181,7 +182,7 @@ pub async fn restore(
     ApiJson(req): ApiJson<RestoreVolume>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = crate::volumes::restore::restore_volume(&st, &name, req).await?;
-    Ok(Json(view(&st, &rec).await?))
+    Ok(Json(view(&st.records, &rec).await?))
 }
 
 /// `POST /v1/volumes/{name}/activate`: a standby volume becomes a normal one, after the
@@ -192,7 +193,7 @@ pub async fn activate(
     ApiJson(req): ApiJson<hawser_api::backup::ActivateVolume>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = crate::snapshots::standby::activate(&st, &name, req.as_is).await?;
-    Ok(Json(view(&st, &rec).await?))
+    Ok(Json(view(&st.records, &rec).await?))
 }
 
 /// `POST /v1/volumes/{name}/qos`: change its limits; the reply shows what the engine's node
@@ -203,7 +204,7 @@ pub async fn set_qos(
     ApiJson(req): ApiJson<hawser_api::QosPatch>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = crate::volumes::qos::set_qos(&st, &name, req).await?;
-    let mut v = view(&st, &rec).await?;
+    let mut v = view(&st.records, &rec).await?;
     add_engine_view(&st, &rec, &mut v).await;
     Ok(Json(v))
 }
@@ -215,7 +216,7 @@ pub async fn scrub(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Volume>, ControllerError> {
     let (rec, _) = crate::volumes::scrub::start(&st, &name).await?;
-    let mut v = view(&st, &rec).await?;
+    let mut v = view(&st.records, &rec).await?;
     add_engine_view(&st, &rec, &mut v).await;
     Ok(Json(v))
 }
@@ -226,7 +227,7 @@ pub async fn force_promote(
     ApiJson(req): ApiJson<ForcePromote>,
 ) -> Result<Json<Volume>, ControllerError> {
     let rec = crate::volumes::force_promote::force_promote(&st, &name, req).await?;
-    Ok(Json(view(&st, &rec).await?))
+    Ok(Json(view(&st.records, &rec).await?))
 }
 
 pub async fn outdate(
@@ -237,7 +238,7 @@ pub async fn outdate(
 ) -> Result<Json<Volume>, ControllerError> {
     engine_node_only(&st, &principal, &name).await?;
     let rec = crate::volumes::outdate::outdate_replica(&st, &name, &id, req).await?;
-    Ok(Json(view(&st, &rec).await?))
+    Ok(Json(view(&st.records, &rec).await?))
 }
 
 pub async fn mark_in_sync(
@@ -248,7 +249,7 @@ pub async fn mark_in_sync(
 ) -> Result<Json<Volume>, ControllerError> {
     engine_node_only(&st, &principal, &name).await?;
     let rec = crate::volumes::outdate::mark_in_sync(&st, &name, &id, req).await?;
-    Ok(Json(view(&st, &rec).await?))
+    Ok(Json(view(&st.records, &rec).await?))
 }
 
 /// A node reports on a volume's replicas only while the volume's engine runs there: the

@@ -26,19 +26,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::State;
-use axum::Json;
 use hawser_api::auth::digest_hex as hex;
 use hawser_api::controller::{CaRotation, CaRotationStep, ClusterCa, StartCaRotationStep};
 use hawser_store::{get_json, put_json, Expect};
 use hawser_tls::Ca;
 use serde::{Deserialize, Serialize};
 
-use crate::api::extract::ApiJson;
 use crate::auth::ca_home::{b64, decode_root};
-// A circle by design: a rotation step changes the controller's TLS material, and that
-// material remembers the step it last applied.
-use crate::auth::tls::{tls_of, ControllerTls};
+use crate::auth::tls::{AppliedRotation, ControllerTls};
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::now_ms;
@@ -70,14 +65,6 @@ struct Sealed {
     grant_root: String,
 }
 
-/// The rotation a controller applied last.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Applied {
-    step: CaRotationStep,
-    old: [u8; 32],
-    new: [u8; 32],
-}
-
 /// What a heartbeat answer says of the CAs, once the CA has rotated.
 pub fn cluster_ca(tls: &ControllerTls) -> Option<ClusterCa> {
     let applied = tls
@@ -91,21 +78,19 @@ pub fn cluster_ca(tls: &ControllerTls) -> Option<ClusterCa> {
     })
 }
 
-/// `GET /v1/cluster/ca-rotation`.
-pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<CaRotation>, ControllerError> {
-    let tls = tls_of(&st)?;
+/// The rotation as it stands (`GET /v1/cluster/ca-rotation`).
+pub async fn show(st: &AppState) -> Result<CaRotation, ControllerError> {
+    let tls = st.required_tls()?;
     let record = get_json::<RotationRecord>(&*st.records.store(), ROTATION_KEY)
         .await?
         .map(|(r, _)| r);
-    Ok(Json(status(&st, tls, record.as_ref()).await?))
+    status(st, tls, record.as_ref()).await
 }
 
-/// `POST /v1/cluster/ca-rotation`: takes one step.
-pub async fn step(
-    State(st): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<StartCaRotationStep>,
-) -> Result<Json<CaRotation>, ControllerError> {
-    let tls = tls_of(&st)?;
+/// Takes one step (`POST /v1/cluster/ca-rotation`), refused until the cluster is ready for
+/// it.
+pub async fn step(st: &AppState, req: StartCaRotationStep) -> Result<CaRotation, ControllerError> {
+    let tls = st.required_tls()?;
     let _one_at_a_time = st.volume_locks.lock(ROTATION_KEY).await;
     let store = st.records.store();
     let current = get_json::<RotationRecord>(&*store, ROTATION_KEY).await?;
@@ -157,7 +142,7 @@ pub async fn step(
             };
             if r.step == want {
                 // Taken already (a retried request): answer where it stands.
-                return Ok(Json(status(&st, tls, Some(&r)).await?));
+                return status(st, tls, Some(&r)).await;
             }
             if r.step != before {
                 return Err(refused(format!(
@@ -167,7 +152,7 @@ pub async fn step(
                     step_name(before)
                 )));
             }
-            let now = status(&st, tls, Some(&r)).await?;
+            let now = status(st, tls, Some(&r)).await?;
             if !now.waiting_for.is_empty() {
                 return Err(refused(format!(
                     "not yet: node(s) {} {} (they do at their next heartbeat, within seconds; \
@@ -187,7 +172,7 @@ pub async fn step(
     put_json(&*store, ROTATION_KEY, &record, expect).await?;
     apply(tls, &record).await.map_err(internal)?;
     tracing::info!(step = step_name(record.step), "CA rotation: step taken");
-    Ok(Json(status(&st, tls, Some(&record)).await?))
+    status(st, tls, Some(&record)).await
 }
 
 /// Follows the rotation in the store, forever: a step another controller took, or one taken
@@ -220,7 +205,7 @@ async fn apply(tls: &ControllerTls, r: &RotationRecord) -> anyhow::Result<()> {
         first_fingerprint(&r.old_ca_pem)?,
         first_fingerprint(&r.new_ca_pem)?,
     );
-    let applied = Applied {
+    let applied = AppliedRotation {
         step: r.step,
         old: old_fp,
         new: new_fp,

@@ -4,18 +4,14 @@
 //! port opens those exports to it and no others, at any node or only at the one it names.
 //! The client makes its own key and sends the public half, as a joining node does, so the
 //! key never crosses the network. Such a certificate opens nothing else: no API, no replica
-//! port.
+//! port. The route is `api/certificates.rs`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::Json;
 use hawser_api::controller::{ClientCertificate, CreateClientCertificate};
 use hawser_tls::{ClientScope, ClientVolume, Peer, MAX_CLIENT_VOLUMES, NODE_CERT_LIFETIME};
 
-use crate::api::extract::ApiJson;
-use crate::auth::tls::{decode_public_key, tls_of};
+use crate::auth::tls::decode_public_key;
 use crate::errors::ControllerError;
 use crate::state::AppState;
 
@@ -24,10 +20,10 @@ const DEFAULT_CLIENT_CERT_TTL_SECS: u64 = 24 * 3600;
 
 /// `POST /v1/client-certificates`.
 pub async fn create(
-    State(st): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<CreateClientCertificate>,
-) -> Result<Json<ClientCertificate>, ControllerError> {
-    let tls = tls_of(&st)?;
+    st: &AppState,
+    req: CreateClientCertificate,
+) -> Result<ClientCertificate, ControllerError> {
+    let tls = st.required_tls()?;
     let ttl = req.ttl_secs.unwrap_or(DEFAULT_CLIENT_CERT_TTL_SECS);
     let max = NODE_CERT_LIFETIME.as_secs();
     if ttl == 0 || ttl > max {
@@ -74,11 +70,11 @@ pub async fn create(
         ttl,
         "issued an NBD client certificate"
     );
-    Ok(Json(ClientCertificate {
+    Ok(ClientCertificate {
         chain_pem: issued.chain_pem,
         ca_pem: tls.trust_pem(),
         not_after_unix: issued.not_after_unix,
         volumes: scope.names(),
         node: scope.node().map(str::to_string),
-    }))
+    })
 }

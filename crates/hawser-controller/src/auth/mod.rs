@@ -14,6 +14,7 @@
 pub mod ca_home;
 pub(crate) mod ca_rotation;
 pub(crate) mod client_cert;
+pub(crate) mod join;
 pub(crate) mod tls;
 
 use std::io::Write;

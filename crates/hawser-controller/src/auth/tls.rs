@@ -1,39 +1,22 @@
 //! The controller as the cluster's certificate authority (issue 16.a): the CA's files, the
 //! controller's own certificate (made at start, renewed while it runs, never written down),
-//! join tokens, and the certificates nodes get by joining and renew with their current one.
+//! and the certificates nodes get by joining and renew with their current one (the routes
+//! that hand them out are `api/join.rs`).
 //!
 //! The CA is kept in the controller's data directory or a Secret (`ca_home`), and replaced
 //! by `ca_rotation`: this holds the CAs in force, which both change while the controller
-//! runs. Join tokens live in the store (`auth/join/<id>`), which keeps only their secret's
-//! digest.
+//! runs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::State;
-use axum::{Extension, Json};
-use hawser_api::auth;
-use hawser_api::controller::{
-    CreateJoinToken, JoinNode, JoinTokenCreated, NodeCertificate, NodeTlsReport, RenewCertificate,
-};
-use hawser_listen::Transport;
-use hawser_store::{get_json, put_json, Expect, StoreError};
-use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, JoinToken, Peer, TrustSlot};
-use serde::{Deserialize, Serialize};
+use hawser_api::controller::{CaRotationStep, NodeCertificate, NodeTlsReport};
+use hawser_tls::{Ca, CertSlot, ClientAuth, Credentials, Peer, TrustSlot};
 
-use crate::api::extract::{ApiJson, ApiPath};
 use crate::auth::ca_home::CaHome;
-use crate::auth::Principal;
 use crate::errors::ControllerError;
-use crate::state::AppState;
-use crate::store::model::now_ms;
-
-const JOIN_PREFIX: &str = "auth/join/";
-const DEFAULT_JOIN_TTL_SECS: u64 = 3600;
-const MAX_JOIN_TTL_SECS: u64 = 7 * 24 * 3600;
-const MAX_JOIN_USES: u32 = 1000;
 
 /// The CAs in force: the one that issues, the one kept with its key (`ca_home`; the old
 /// one until a rotation retires it), and the grant key's root.
@@ -41,6 +24,15 @@ struct Cas {
     issuer: Arc<Ca>,
     kept: Arc<Ca>,
     grant_root: [u8; 32],
+}
+
+/// The CA rotation step a controller applied last (`ca_rotation`), with the fingerprints of
+/// the old and the new CA: a controller applies the store's rotation record only when it differs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AppliedRotation {
+    pub(crate) step: CaRotationStep,
+    pub(crate) old: [u8; 32],
+    pub(crate) new: [u8; 32],
 }
 
 /// The controller's TLS state.
@@ -58,7 +50,7 @@ pub struct ControllerTls {
     /// steps.
     node_reports: Mutex<HashMap<String, NodeTlsReport>>,
     /// The rotation applied last (`ca_rotation`), if the CA ever rotated.
-    pub(crate) rotation: Mutex<Option<crate::auth::ca_rotation::Applied>>,
+    pub(crate) rotation: Mutex<Option<AppliedRotation>>,
 }
 
 impl ControllerTls {
@@ -152,7 +144,7 @@ impl ControllerTls {
         if self.own_issuer() != Some(fingerprint) {
             self.slot
                 .replace(&own_certificate(&issuer, self.lifetime, &self.names)?)?;
-            tracing::info!(issuer = %auth::digest_hex(&fingerprint), "reissued the controller's certificate on the new CA");
+            tracing::info!(issuer = %hawser_api::auth::digest_hex(&fingerprint), "reissued the controller's certificate on the new CA");
         }
         Ok(())
     }
@@ -206,7 +198,7 @@ impl ControllerTls {
 
     /// A certificate for `node`, also valid for the `names` it is dialled by (its listen
     /// addresses and `--tls-san`: what it says, as it says its node name when it joins).
-    fn issue_node(
+    pub(crate) fn issue_node(
         &self,
         node: &str,
         public_key_b64: &str,
@@ -244,184 +236,4 @@ pub(crate) fn decode_public_key(b64: &str) -> Result<Vec<u8>, ControllerError> {
     base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
         .map_err(|_| ControllerError::invalid("public_key is not base64"))
-}
-
-/// A join token as the store keeps it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JoinRecord {
-    secret_sha256: String,
-    expires_ms: u64,
-    uses_left: u32,
-    /// The only node name it joins (`hawser cluster join-token --node`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    node: Option<String>,
-}
-
-pub(crate) fn tls_of(st: &AppState) -> Result<&Arc<ControllerTls>, ControllerError> {
-    st.tls.as_ref().ok_or_else(|| ControllerError::Refused {
-        message: "this controller runs without TLS (--insecure): nodes do not join, they use \
-                  the agent token"
-            .into(),
-    })
-}
-
-/// `POST /v1/join-tokens`.
-pub async fn create_join_token(
-    State(st): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<CreateJoinToken>,
-) -> Result<Json<JoinTokenCreated>, ControllerError> {
-    let tls = tls_of(&st)?;
-    let ttl = req.ttl_secs.unwrap_or(DEFAULT_JOIN_TTL_SECS);
-    let uses = req.uses.unwrap_or(1);
-    if ttl == 0 || ttl > MAX_JOIN_TTL_SECS {
-        return Err(ControllerError::invalid(format!(
-            "ttl_secs {ttl}: use 1 to {MAX_JOIN_TTL_SECS}"
-        )));
-    }
-    if uses == 0 || uses > MAX_JOIN_USES {
-        return Err(ControllerError::invalid(format!(
-            "uses {uses}: use 1 to {MAX_JOIN_USES}"
-        )));
-    }
-    if let Some(n) = &req.node {
-        hawser_api::validate_name("node", n)?;
-    }
-    let token = JoinToken::generate(tls.ca().cert_der());
-    let record = JoinRecord {
-        secret_sha256: auth::digest_hex(&auth::digest(&token.secret)),
-        expires_ms: now_ms().saturating_add(ttl.saturating_mul(1000)),
-        uses_left: uses,
-        node: req.node.clone(),
-    };
-    let store = st.records.store();
-    put_json(
-        &*store,
-        &format!("{JOIN_PREFIX}{}", token.id),
-        &record,
-        Expect::Absent,
-    )
-    .await?;
-    tracing::info!(id = %token.id, ttl, uses, node = ?req.node, "join token created");
-    Ok(Json(JoinTokenCreated {
-        token: token.to_string(),
-        expires_ms: record.expires_ms,
-        uses,
-    }))
-}
-
-/// `POST /v1/join`: one use of a join token buys a certificate for the named node. The
-/// cluster's agent token is also taken, and not used up: it is the standing bootstrap
-/// secret of installations that hand every node the same credentials (the Helm chart's
-/// Secret, as k3s's node token), where the node learns the CA from a file, not the token.
-pub async fn join(
-    State(st): State<Arc<AppState>>,
-    transport: Option<Extension<Transport>>,
-    ApiJson(req): ApiJson<JoinNode>,
-) -> Result<Json<NodeCertificate>, ControllerError> {
-    let tls = tls_of(&st)?;
-    if !matches!(transport.as_deref(), Some(Transport::Tls { .. })) {
-        return Err(ControllerError::invalid("join over TLS only"));
-    }
-    hawser_api::validate_name("node", &req.node)?;
-    // Every failure of the token itself says the same: nothing to probe.
-    let refused = || ControllerError::Unauthorized {
-        reason: "the join token is not valid (unknown, used up or expired)".into(),
-    };
-    let Some(token) = JoinToken::parse(&req.token) else {
-        if st.tokens.is_agent_token(&req.token) {
-            name_is_free(&st, &req.node, None).await?;
-            let cert = tls.issue_node(&req.node, &req.public_key, &req.names)?;
-            tracing::info!(node = %req.node, "node joined the cluster with the agent token");
-            return Ok(Json(cert));
-        }
-        return Err(refused());
-    };
-    let store = st.records.store();
-    let key = format!("{JOIN_PREFIX}{}", token.id);
-    for _ in 0..5 {
-        let Some((mut rec, version)) = get_json::<JoinRecord>(&*store, &key).await? else {
-            return Err(refused());
-        };
-        let stored = auth::parse_digest_hex(&rec.secret_sha256).ok_or_else(refused)?;
-        let matches = auth::digests_equal(&auth::digest(&token.secret), &stored);
-        if !matches || rec.expires_ms < now_ms() || rec.uses_left == 0 {
-            return Err(refused());
-        }
-        name_is_free(&st, &req.node, rec.node.as_deref()).await?;
-        // Issue first (it can fail on a bad key), then spend the use.
-        let cert = tls.issue_node(&req.node, &req.public_key, &req.names)?;
-        rec.uses_left -= 1;
-        let spent = if rec.uses_left == 0 {
-            store
-                .delete(&key, Expect::Version(version))
-                .await
-                .map(|_| ())
-        } else {
-            put_json(&*store, &key, &rec, Expect::Version(version))
-                .await
-                .map(|_| ())
-        };
-        match spent {
-            Ok(()) => {
-                tracing::info!(node = %req.node, token = %token.id, "node joined the cluster");
-                return Ok(Json(cert));
-            }
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(ControllerError::Contention { key, retries: 5 })
-}
-
-/// Whether a node may join as `node` with a token bound to `bound_to` (if any). A token bound
-/// to another name is refused. A name whose node is online is held by another machine: a
-/// second registration would take its identity while it runs, so only a token bound to that
-/// name (an operator's explicit choice, as for a reinstalled machine) may take it over.
-async fn name_is_free(
-    st: &AppState,
-    node: &str,
-    bound_to: Option<&str>,
-) -> Result<(), ControllerError> {
-    if let Some(b) = bound_to {
-        if b != node {
-            return Err(ControllerError::ForbiddenFor {
-                reason: format!("this join token is for node {b}, not {node}"),
-            });
-        }
-        return Ok(());
-    }
-    let online = st
-        .records
-        .node(node)
-        .await?
-        .is_some_and(|n| n.is_online(now_ms(), st.node_timeout_ms));
-    if online {
-        return Err(ControllerError::Refused {
-            message: format!(
-                "node {node} is registered and online: another machine holds the name. Stop \
-                 it (the name is free once it is offline), or join with a token made for this \
-                 name: `hawser cluster join-token --node {node}`"
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// `POST /v1/nodes/{node}/certificate`: a node renews its certificate with its current one.
-pub async fn renew(
-    State(st): State<Arc<AppState>>,
-    Extension(principal): Extension<Principal>,
-    ApiPath(node): ApiPath<String>,
-    ApiJson(req): ApiJson<RenewCertificate>,
-) -> Result<Json<NodeCertificate>, ControllerError> {
-    let tls = tls_of(&st)?;
-    if !matches!(&principal, Principal::Node(n) if *n == node) {
-        return Err(ControllerError::ForbiddenFor {
-            reason: format!("only node {node}, with its current certificate, renews it"),
-        });
-    }
-    let cert = tls.issue_node(&node, &req.public_key, &req.names)?;
-    tracing::info!(%node, "renewed the node's certificate");
-    Ok(Json(cert))
 }

@@ -16,6 +16,7 @@ use hawser_api::agent::EngineStatus;
 use hawser_api::controller::VolumeState;
 
 use crate::cluster::agent_client::Agent;
+use crate::cluster::agent_client::AgentClient;
 use crate::state::AppState;
 use crate::store::leader::Role;
 use crate::store::model::{NodeRecord, VolumeRecord};
@@ -174,7 +175,7 @@ impl Statuses {
         v: &VolumeRecord,
     ) -> Option<Engine> {
         if !self.by_node.contains_key(&node.name) {
-            let engines = agent_engines(st, node.agent()).await;
+            let engines = agent_engines(&st.agents, node.agent()).await;
             self.by_node.insert(node.name.clone(), engines);
         }
         let engines = self.by_node.get(&node.name)?.as_ref()?;
@@ -183,8 +184,8 @@ impl Statuses {
 }
 
 /// `None` if the agent does not answer within 2 s.
-async fn agent_engines(st: &AppState, agent: Agent<'_>) -> Option<Vec<EngineStatus>> {
-    tokio::time::timeout(Duration::from_secs(2), st.agents.engines(agent))
+async fn agent_engines(agents: &AgentClient, agent: Agent<'_>) -> Option<Vec<EngineStatus>> {
+    tokio::time::timeout(Duration::from_secs(2), agents.engines(agent))
         .await
         .ok()?
         .ok()
@@ -199,5 +200,5 @@ fn engine_in(engines: &[EngineStatus], v: &VolumeRecord) -> Engine {
 
 /// How `agent` runs `v`'s engine now (asked now); `None` if the agent does not answer.
 async fn engine_state(st: &AppState, agent: Agent<'_>, v: &VolumeRecord) -> Option<Engine> {
-    Some(engine_in(&agent_engines(st, agent).await?, v))
+    Some(engine_in(&agent_engines(&st.agents, agent).await?, v))
 }

@@ -14,14 +14,13 @@ pub(crate) mod agent_client;
 pub(crate) mod engine_watch;
 pub(crate) mod events;
 mod namesakes;
+pub(crate) mod node_events;
 pub(crate) mod reconcile;
+pub(crate) mod waiting;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::Json;
 use hawser_api::agent::ReplicaInventory;
 use hawser_api::controller::{
     ClusterInfo, RecoverCluster, RecoverReport, Replica, ReplicaState, WaitingNode,
@@ -29,10 +28,10 @@ use hawser_api::controller::{
 use hawser_store::{get_json, put_json, Expect, StoreError};
 use serde::{Deserialize, Serialize};
 
-use crate::api::extract::ApiJson;
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, VolumeRecord};
+use crate::store::records::Records;
 use crate::volumes::keys::WrappedKey;
 
 const CLUSTER_KEY: &str = "cluster/identity";
@@ -225,41 +224,6 @@ fn new_id() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Nodes refused because their replicas name another cluster, by node name. In memory: a
-/// refused agent asks again every heartbeat.
-#[derive(Default)]
-pub struct Waiting(Mutex<BTreeMap<String, WaitingNode>>);
-
-impl Waiting {
-    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, WaitingNode>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn add(&self, w: WaitingNode) {
-        let mut map = self.map();
-        if !map.contains_key(&w.node) {
-            tracing::error!(
-                node = %w.node, node_cluster = %w.cluster_id,
-                "refused a node of another cluster; nothing of it is touched. If this \
-                 controller's store was wiped or restored, run `hawser cluster recover`"
-            );
-        }
-        map.insert(w.node.clone(), w);
-    }
-
-    pub fn remove(&self, node: &str) {
-        self.map().remove(node);
-    }
-
-    pub fn list(&self) -> Vec<WaitingNode> {
-        self.map().values().cloned().collect()
-    }
-
-    fn clear(&self) {
-        self.map().clear();
-    }
-}
-
 /// Checks a registering node's cluster against the store's; returns what the node joins.
 pub async fn admit(
     st: &AppState,
@@ -298,23 +262,22 @@ pub async fn admit(
     }
 }
 
-/// `GET /v1/cluster`.
-pub async fn show(State(st): State<Arc<AppState>>) -> Result<Json<ClusterInfo>, ControllerError> {
-    let c = identity(&st).await?;
-    Ok(Json(ClusterInfo {
+/// The cluster's id and the nodes waiting for a recovery (`GET /v1/cluster`).
+pub async fn show(st: &AppState) -> Result<ClusterInfo, ControllerError> {
+    let c = identity(st).await?;
+    Ok(ClusterInfo {
         id: c.id,
         created_ms: c.created_ms,
         waiting: st.waiting.list(),
-    }))
+    })
 }
 
-/// `POST /v1/cluster/recover`.
-pub async fn recover(
-    State(st): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<RecoverCluster>,
-) -> Result<Json<RecoverReport>, ControllerError> {
+/// `hawser cluster recover` (`POST /v1/cluster/recover`): adopts the waiting nodes' cluster
+/// into a store without volumes, if they name one, and rebuilds every volume's record from
+/// its replicas.
+pub async fn recover(st: &AppState, req: RecoverCluster) -> Result<RecoverReport, ControllerError> {
     let _guard = st.volume_locks.lock(CLUSTER_KEY).await;
-    let ours = identity(&st).await?;
+    let ours = identity(st).await?;
     let waiting = st.waiting.list();
     let theirs: BTreeSet<&str> = waiting.iter().map(|w| w.cluster_id.as_str()).collect();
     let mut adopted = false;
@@ -334,9 +297,9 @@ pub async fn recover(
                     ),
                 });
             }
-            adopt(&st, one).await?;
+            adopt(st, one).await?;
             adopted = true;
-            wait_for(&st, &waiting, req.wait_secs.unwrap_or(30)).await?;
+            wait_for(&st.records, &waiting, req.wait_secs.unwrap_or(30)).await?;
             one.to_owned()
         }
         ref many => {
@@ -348,14 +311,14 @@ pub async fn recover(
             })
         }
     };
-    let (volumes, skipped) = rebuild_all(&st, &cluster_id).await?;
-    recovered(&st).await?;
-    Ok(Json(RecoverReport {
+    let (volumes, skipped) = rebuild_all(st, &cluster_id).await?;
+    recovered(&st.records).await?;
+    Ok(RecoverReport {
         cluster_id,
         adopted,
         volumes: volumes.iter().map(|v| v.to_api(None)).collect(),
         skipped,
-    }))
+    })
 }
 
 /// Replaces the store's cluster id with `id` (the store holds no volumes).
@@ -381,8 +344,8 @@ async fn adopt(st: &AppState, id: &str) -> Result<(), ControllerError> {
 }
 
 /// Whether an adoption's recovery is unfinished ([`ClusterRecord::recovering`]).
-pub(crate) async fn recovering(st: &AppState) -> Result<bool, ControllerError> {
-    let store = st.records.store();
+pub(crate) async fn recovering(records: &Records) -> Result<bool, ControllerError> {
+    let store = records.store();
     Ok(get_json::<ClusterRecord>(&*store, CLUSTER_KEY)
         .await?
         .is_some_and(|(c, _)| c.recovering))
@@ -390,8 +353,8 @@ pub(crate) async fn recovering(st: &AppState) -> Result<bool, ControllerError> {
 
 /// Clears [`ClusterRecord::recovering`]: the volume records are rebuilt, so a replica none
 /// of them names is an orphan again.
-async fn recovered(st: &AppState) -> Result<(), ControllerError> {
-    let store = st.records.store();
+async fn recovered(records: &Records) -> Result<(), ControllerError> {
+    let store = records.store();
     for _ in 0..3 {
         let Some((mut c, version)) = get_json::<ClusterRecord>(&*store, CLUSTER_KEY).await? else {
             return Ok(());
@@ -416,10 +379,14 @@ async fn recovered(st: &AppState) -> Result<(), ControllerError> {
 }
 
 /// Waits (polling the node records) until each adopted node has registered again.
-async fn wait_for(st: &AppState, nodes: &[WaitingNode], secs: u64) -> Result<(), ControllerError> {
+async fn wait_for(
+    records: &Records,
+    nodes: &[WaitingNode],
+    secs: u64,
+) -> Result<(), ControllerError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {
-        let registered = st.records.nodes().await?;
+        let registered = records.nodes().await?;
         let missing: Vec<&str> = nodes
             .iter()
             .map(|w| w.node.as_str())

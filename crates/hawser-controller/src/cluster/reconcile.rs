@@ -54,6 +54,7 @@ use hawser_api::agent::HeldReplica;
 use hawser_api::controller::{ReplicaState, SnapshotState, VolumeState};
 use tokio::time::Instant;
 
+use crate::cluster::agent_client::AgentClient;
 use crate::cluster::agent_client::HeldAnswer;
 use crate::constants::{ELECTION_TICK, RECONCILE_INTERVAL};
 use crate::state::AppState;
@@ -93,7 +94,7 @@ async fn round(st: &AppState, seen: &mut Seen) {
         Err(e) => return tracing::warn!(error = %e, "reconcile: cannot read the nodes"),
     };
     // After the nodes and before the volumes (see the module doc).
-    let may_trash = match super::recovering(st).await {
+    let may_trash = match super::recovering(&st.records).await {
         Ok(false) => true,
         Ok(true) => {
             tracing::info!(
@@ -108,7 +109,7 @@ async fn round(st: &AppState, seen: &mut Seen) {
         }
     };
     // Agents first, records second (see the module doc).
-    let lists = replicas_on_agents(st, &nodes, seen).await;
+    let lists = replicas_on_agents(&st.agents, &nodes, seen).await;
     let held: Vec<Held> = lists
         .iter()
         .flat_map(|(node, list)| {
@@ -279,7 +280,7 @@ struct Seen {
 /// its list is the one of the tag `seen` holds has confirmed that list now: as good as
 /// sending it again, for the ordering the module doc relies on.
 async fn replicas_on_agents<'a>(
-    st: &AppState,
+    agents: &AgentClient,
     nodes: &'a [NodeRecord],
     seen: &mut Seen,
 ) -> Vec<(&'a NodeRecord, Arc<Vec<HeldReplica>>)> {
@@ -289,8 +290,7 @@ async fn replicas_on_agents<'a>(
     for node in nodes {
         let cached = seen.by_node.get(&node.name);
         let tag = cached.map(|(tag, _)| tag.as_str());
-        let answer =
-            tokio::time::timeout(STATUS_TIMEOUT, st.agents.held_replicas(node.agent(), tag));
+        let answer = tokio::time::timeout(STATUS_TIMEOUT, agents.held_replicas(node.agent(), tag));
         match answer.await {
             Ok(Ok(HeldAnswer::Unchanged)) => match cached {
                 Some((_, list)) => lists.push((node, list.clone())),

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use hawser_api::agent::{PeerAddr, PeerReach, ProbePeers};
 use hawser_api::controller::VolumeState;
 
+use crate::cluster::agent_client::AgentClient;
 use crate::state::AppState;
 use crate::store::model::{NodeRecord, VolumeRecord};
 
@@ -103,7 +104,7 @@ impl Confirmations {
                 .take(MAX_WITNESSES)
                 .copied()
                 .collect();
-            (*s, ask(st, s, &chosen).await)
+            (*s, ask(&st.agents, s, &chosen).await)
         });
         for (s, finding) in futures_util::future::join_all(asks).await {
             match finding {
@@ -129,7 +130,7 @@ enum Finding {
 }
 
 /// Asks each witness's agent to probe `node`'s replica port.
-async fn ask(st: &AppState, node: &NodeRecord, witnesses: &[&NodeRecord]) -> Finding {
+async fn ask(agents: &AgentClient, node: &NodeRecord, witnesses: &[&NodeRecord]) -> Finding {
     let req = ProbePeers {
         peers: vec![PeerAddr {
             node: node.name.clone(),
@@ -139,7 +140,7 @@ async fn ask(st: &AppState, node: &NodeRecord, witnesses: &[&NodeRecord]) -> Fin
     let calls = witnesses.iter().map(|w| {
         let req = &req;
         async move {
-            let call = tokio::time::timeout(CALL_TIMEOUT, st.agents.probe_peers(w.agent(), req));
+            let call = tokio::time::timeout(CALL_TIMEOUT, agents.probe_peers(w.agent(), req));
             let answer = match call.await {
                 Ok(Ok(answers)) => answers.into_iter().find(|a| a.node == node.name),
                 Ok(Err(_)) | Err(_) => None,

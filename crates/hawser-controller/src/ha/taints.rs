@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use hawser_api::agent::{PeerAddr, ProbePeers};
 
+use crate::cluster::agent_client::AgentClient;
 use crate::cluster::agent_client::AgentError;
 use crate::ha::kube::{Kube, Tainted};
 pub use crate::ha::kube::{QUORUM_LOST_TAINT, UNREACHABLE_TAINT};
@@ -70,7 +71,7 @@ pub async fn lift_recovered(
     let checks = beats
         .live()
         .filter(|n| tainted.quorum_lost.contains(&names.of(&n.name)))
-        .map(|n| async move { (n, peers_reached(st, beats, n).await) });
+        .map(|n| async move { (n, peers_reached(&st.agents, beats, n).await) });
     for (n, reached) in futures_util::future::join_all(checks).await {
         let k = names.of(&n.name);
         match reached {
@@ -94,7 +95,7 @@ pub async fn lift_recovered(
 /// reached, or why the taint stays. An agent too old to probe gets the taint lifted, as
 /// before this taint existed.
 async fn peers_reached(
-    st: &AppState,
+    agents: &AgentClient,
     beats: Beats<'_>,
     n: &NodeRecord,
 ) -> Result<Vec<String>, String> {
@@ -108,7 +109,7 @@ async fn peers_reached(
         .collect();
     let names: Vec<String> = peers.iter().map(|p| p.node.clone()).collect();
     let req = ProbePeers { peers };
-    let call = st.agents.probe_peers(n.agent(), &req);
+    let call = agents.probe_peers(n.agent(), &req);
     match tokio::time::timeout(PROBE_CALL_TIMEOUT, call).await {
         Err(_) => Err(format!(
             "its agent did not answer the probe within {} s",

@@ -15,10 +15,14 @@
 //!
 //! When no placement exists the error lists every node that was not usable and why, and
 //! under strict spread the zones that were, so the user knows what to change.
+//!
+//! The rules a create asks for ([`rules`]) and the ids placed replicas get ([`replica_id`],
+//! the one random part: a reused volume name never meets an old replica's id) are here too,
+//! for create, clone and self-healing alike.
 
 use std::collections::BTreeMap;
 
-use hawser_api::controller::{PoolInfo, VolumePlacement, ZoneSpread};
+use hawser_api::controller::{CreateVolume, PoolInfo, VolumePlacement, ZoneSpread};
 use hawser_api::format_size;
 
 /// A node as placement sees it.
@@ -119,6 +123,24 @@ pub fn default_zone_spread(candidates: &[Candidate]) -> ZoneSpread {
     } else {
         ZoneSpread::None
     }
+}
+
+/// The volume's placement rules as asked, the zone spread resolved against `candidates`.
+pub fn rules(req: &CreateVolume, candidates: &[Candidate]) -> VolumePlacement {
+    VolumePlacement {
+        pool: req.pool.clone(),
+        zone_spread: req
+            .zone_spread
+            .unwrap_or_else(|| default_zone_spread(candidates)),
+        prefer_node: req.prefer_node.clone(),
+    }
+}
+
+/// `{volume}-r{n}-{6 hex}`: readable, and unique even when a volume name is reused while an
+/// old replica of the same name may still linger on an unreachable agent.
+pub fn replica_id(volume: &str, n: u32) -> String {
+    let tag: u32 = rand::random::<u32>() & 0xff_ffff;
+    format!("{volume}-r{n}-{tag:06x}")
 }
 
 /// Room left in `pool` for new replicas: the overprovision headroom for thin replicas, the

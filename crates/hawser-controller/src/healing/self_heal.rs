@@ -19,13 +19,14 @@ use hawser_api::agent::CreateReplica;
 use hawser_api::controller::{Replica, ReplicaState, VolumeState, ZoneSpread};
 
 use crate::errors::ControllerError;
+use crate::healing::placement::replica_id;
 use crate::healing::placement::Request;
 use crate::healing::plan::{plan, Action, HealConfig, NodeView};
 use crate::state::AppState;
 use crate::store::leader::Role;
 use crate::store::model::{now_ms, NodeRecord, VolumeRecord};
 use crate::volumes::attach::{ensure_engine, stop_engine};
-use crate::volumes::create::{find_node, replica_id};
+use crate::volumes::create::find_node;
 
 /// Runs until the task is aborted; `every` zero disables it.
 pub async fn run(st: Arc<AppState>, every: Duration, cfg: HealConfig) {

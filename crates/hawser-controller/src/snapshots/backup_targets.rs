@@ -3,16 +3,16 @@
 //! 0600 file of the controller's data directory (`backup-targets/<name>.credentials`), never
 //! in the store, as the KEKs are. Removing a target forgets it; nothing on it is deleted.
 
-use std::path::{Path, PathBuf};
-
 use hawser_api::backup::{AddBackupTarget, BackupTarget, S3Key, TargetSpec};
 use hawser_backup::{S3Credentials, Target};
 use hawser_store::{get_json, list_json, put_json, Expect};
 use serde::{Deserialize, Serialize};
 
 use crate::errors::ControllerError;
+use crate::snapshots::backup_settings::BackupSettings;
 use crate::state::AppState;
 use crate::store::model::now_ms;
+use crate::store::records::Records;
 
 pub(crate) const PREFIX: &str = "backup-targets/";
 
@@ -24,119 +24,12 @@ pub struct TargetRecord {
     pub created_ms: u64,
 }
 
-/// Where a controller keeps what backups need outside the store, and how fast they may read.
-#[derive(Clone, Debug)]
-pub struct BackupSettings {
-    /// `<data-dir>/backup-targets`: one 0600 credentials file per S3 target.
-    pub credentials_dir: PathBuf,
-    /// The most a backup reads per second on its node (0: no limit).
-    pub bytes_per_sec: u64,
-    /// How long one request to a target is retried before the backup fails.
-    pub retry_secs: u64,
-    /// The running backups this controller follows (`backups::follow`).
-    pub following: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
-    /// Wakes the loop over volumes that read backups (`standby::run`) when a standby is
-    /// created or activated, or a restore from a backup starts.
-    pub standby_wake: std::sync::Arc<tokio::sync::Notify>,
-    /// Wakes the schedule loop (`schedules::run`) when a schedule is set or a prune wanted.
-    pub schedule_wake: std::sync::Arc<tokio::sync::Notify>,
-    /// Targets a backup was deleted from, to prune (`retention.rs`).
-    pub prune_wanted: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
-    /// A block no manifest names is pruned only once the target wrote it this long ago.
-    pub prune_grace_secs: u64,
-    /// Restores from a backup that failed, and when each is tried again (`restores::step`).
-    pub restore_retries: std::sync::Arc<crate::snapshots::retries::Retries>,
-    /// The backups that restoring volumes hold on their targets (`restore_holds.rs`).
-    pub restore_holds: std::sync::Arc<crate::snapshots::restore_holds::RestoreHolds>,
-    /// The prunes this process runs (`prune_runs.rs`).
-    pub pruning: std::sync::Arc<crate::snapshots::prune_runs::Running>,
-}
-
-impl BackupSettings {
-    pub fn new(data_dir: &Path, bytes_per_sec: u64, retry_secs: u64) -> BackupSettings {
-        BackupSettings {
-            credentials_dir: data_dir.join("backup-targets"),
-            bytes_per_sec,
-            retry_secs,
-            following: Default::default(),
-            standby_wake: Default::default(),
-            schedule_wake: Default::default(),
-            prune_wanted: Default::default(),
-            prune_grace_secs: hawser_backup::constants::LOCK_STALE_SECS,
-            restore_retries: Default::default(),
-            restore_holds: Default::default(),
-            pruning: Default::default(),
-        }
-    }
-
-    /// Asks for a prune of `target` on the leader's next pass (`retention::prune_wanted`).
-    pub fn want_prune(&self, target: &str) {
-        if let Ok(mut w) = self.prune_wanted.lock() {
-            w.insert(target.to_owned());
-        }
-        self.schedule_wake.notify_one();
-    }
-
-    fn credentials_path(&self, target: &str) -> PathBuf {
-        self.credentials_dir.join(format!("{target}.credentials"))
-    }
-
-    /// The target's access key, if this controller holds one.
-    pub fn credentials(&self, target: &str) -> Result<Option<S3Credentials>, ControllerError> {
-        let path = self.credentials_path(target);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                S3Credentials::parse(&text)
-                    .map(Some)
-                    .map_err(|e| ControllerError::BackupTarget {
-                        target: target.into(),
-                        reason: e.to_string(),
-                    })
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(ControllerError::BackupTarget {
-                target: target.into(),
-                reason: format!("read {}: {e}", path.display()),
-            }),
-        }
-    }
-
-    /// Writes the key as a 0600 file, whole or not at all (a temporary file renamed).
-    fn save_credentials(&self, target: &str, key: &S3Credentials) -> Result<(), ControllerError> {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let fail = |what: &str, e: std::io::Error| ControllerError::BackupTarget {
-            target: target.into(),
-            reason: format!("{what} {}: {e}", self.credentials_dir.display()),
-        };
-        std::fs::create_dir_all(&self.credentials_dir).map_err(|e| fail("create", e))?;
-        let tmp = self
-            .credentials_dir
-            .join(format!(".{target}.credentials.tmp"));
-        let body = format!(
-            "access_key_id = {}\nsecret_access_key = {}\n",
-            key.access_key_id, key.secret_access_key
-        );
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| fail("write in", e))?;
-        f.write_all(body.as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(|e| fail("write in", e))?;
-        std::fs::rename(&tmp, self.credentials_path(target)).map_err(|e| fail("rename in", e))
-    }
-}
-
 fn key(name: &str) -> String {
     format!("{PREFIX}{name}")
 }
 
-fn view(st: &AppState, r: &TargetRecord) -> BackupTarget {
-    let has = matches!(st.backups.credentials(&r.name), Ok(Some(_)));
+fn view(backups: &BackupSettings, r: &TargetRecord) -> BackupTarget {
+    let has = matches!(backups.credentials(&r.name), Ok(Some(_)));
     BackupTarget {
         name: r.name.clone(),
         spec: r.spec.clone(),
@@ -144,8 +37,8 @@ fn view(st: &AppState, r: &TargetRecord) -> BackupTarget {
     }
 }
 
-pub async fn target_record(st: &AppState, name: &str) -> Result<TargetRecord, ControllerError> {
-    get_json::<TargetRecord>(&*st.records.store(), &key(name))
+pub async fn target_record(records: &Records, name: &str) -> Result<TargetRecord, ControllerError> {
+    get_json::<TargetRecord>(&*records.store(), &key(name))
         .await?
         .map(|(r, _)| r)
         .ok_or_else(|| ControllerError::NotFound {
@@ -169,7 +62,7 @@ pub async fn open_with_retry(
     name: &str,
     retry: u64,
 ) -> Result<(TargetRecord, Option<S3Key>, Target), ControllerError> {
-    let record = target_record(st, name).await?;
+    let record = target_record(&st.records, name).await?;
     let creds = st.backups.credentials(name)?;
     if matches!(record.spec, TargetSpec::S3 { .. }) && creds.is_none() {
         return Err(ControllerError::BackupTarget {
@@ -247,16 +140,16 @@ pub async fn add(st: &AppState, req: AddBackupTarget) -> Result<BackupTarget, Co
         }
     };
     tracing::info!(target = %record.name, spec = %record.spec.describe(), "backup target added");
-    Ok(view(st, &record))
+    Ok(view(&st.backups, &record))
 }
 
 pub async fn list(st: &AppState) -> Result<Vec<BackupTarget>, ControllerError> {
     let all = list_json::<TargetRecord>(&*st.records.store(), PREFIX).await?;
-    Ok(all.iter().map(|(_, r, _)| view(st, r)).collect())
+    Ok(all.iter().map(|(_, r, _)| view(&st.backups, r)).collect())
 }
 
 pub async fn show(st: &AppState, name: &str) -> Result<BackupTarget, ControllerError> {
-    Ok(view(st, &target_record(st, name).await?))
+    Ok(view(&st.backups, &target_record(&st.records, name).await?))
 }
 
 /// Forgets a target and this controller's key for it. Its backups stay where they are.

@@ -16,6 +16,7 @@ use crate::errors::ControllerError;
 use crate::snapshots::restores::JobError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, SnapshotRecord, VolumeRecord};
+use crate::store::records::Records;
 
 const PREFIX: &str = "backups/";
 /// How often a running backup's job is read from its node.
@@ -43,8 +44,8 @@ fn key(name: &str) -> String {
     format!("{PREFIX}{name}")
 }
 
-pub async fn record(st: &AppState, name: &str) -> Result<BackupRecord, ControllerError> {
-    get_json::<BackupRecord>(&*st.records.store(), &key(name))
+pub async fn record(records: &Records, name: &str) -> Result<BackupRecord, ControllerError> {
+    get_json::<BackupRecord>(&*records.store(), &key(name))
         .await?
         .map(|(r, _)| r)
         .ok_or_else(|| ControllerError::NotFound {
@@ -59,7 +60,7 @@ pub async fn list(
     volume: Option<&str>,
     target: Option<&str>,
 ) -> Result<Vec<Backup>, ControllerError> {
-    Ok(records(st, volume, target)
+    Ok(records(&st.records, volume, target)
         .await?
         .into_iter()
         .map(|r| r.backup)
@@ -68,11 +69,11 @@ pub async fn list(
 
 /// [`list`], as the store keeps them.
 pub async fn records(
-    st: &AppState,
+    records: &Records,
     volume: Option<&str>,
     target: Option<&str>,
 ) -> Result<Vec<BackupRecord>, ControllerError> {
-    let all = list_json::<BackupRecord>(&*st.records.store(), PREFIX).await?;
+    let all = list_json::<BackupRecord>(&*records.store(), PREFIX).await?;
     let mut out: Vec<BackupRecord> = all
         .into_iter()
         .map(|(_, r, _)| r)
@@ -87,8 +88,8 @@ pub async fn records(
     Ok(out)
 }
 
-async fn save(st: &AppState, r: &BackupRecord, expect: Expect) -> Result<(), ControllerError> {
-    put_json(&*st.records.store(), &key(&r.backup.name), r, expect).await?;
+async fn save(records: &Records, r: &BackupRecord, expect: Expect) -> Result<(), ControllerError> {
+    put_json(&*records.store(), &key(&r.backup.name), r, expect).await?;
     Ok(())
 }
 
@@ -203,13 +204,13 @@ pub async fn create_as(
         owns_snapshot: owns,
         scheduled,
     };
-    save(st, &rec, Expect::Absent).await?;
+    save(&st.records, &rec, Expect::Absent).await?;
     let started = start_on_a_holder(st, &mut rec, &snap, &target_rec, credentials, previous).await;
     if let Err(e) = started {
         finish(st, &mut rec, Err(e.to_string())).await;
         return Err(e);
     }
-    save(st, &rec, Expect::Any).await?;
+    save(&st.records, &rec, Expect::Any).await?;
     tracing::info!(backup = %name, volume = %v.name, target = %req.target,
         node = ?rec.backup.node, "backup started");
     spawn_follow(st, &name);
@@ -286,7 +287,7 @@ async fn follow(st: &AppState, name: &str) {
     let mut silent_since: Option<std::time::Instant> = None;
     loop {
         tokio::time::sleep(FOLLOW_EVERY).await;
-        let Ok(mut rec) = record(st, name).await else {
+        let Ok(mut rec) = record(&st.records, name).await else {
             return;
         };
         if rec.backup.state != BackupState::Running {
@@ -304,7 +305,7 @@ async fn follow(st: &AppState, name: &str) {
             }) => {
                 silent_since = None;
                 rec.backup.progress = Some(progress);
-                if let Err(e) = save(st, &rec, Expect::Any).await {
+                if let Err(e) = save(&st.records, &rec, Expect::Any).await {
                     tracing::warn!(backup = name, error = %e, "cannot record a backup's progress");
                 }
             }
@@ -401,7 +402,7 @@ async fn finish(
             rec.backup.error = Some(why);
         }
     }
-    if let Err(e) = save(st, rec, Expect::Any).await {
+    if let Err(e) = save(&st.records, rec, Expect::Any).await {
         tracing::warn!(backup = %name, error = %e, "cannot record how a backup ended");
     }
 }

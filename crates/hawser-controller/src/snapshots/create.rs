@@ -3,12 +3,12 @@
 //! 1. **Record** the snapshot as Creating in the volume's record (one compare-and-swap),
 //!    before any agent is asked: a controller that dies mid-way leaves a record that says
 //!    what to clean up.
-//! 2. **Hold the writes.** Attached: the engine's node pauses it (`engine_pause.rs` in the
-//!    agent): requests in flight finish, new ones wait, every replica is flushed; the pause
+//! 2. **Hold the writes.** Attached: the engine's node pauses it (`engine/registry/pause.rs` in
+//!    the agent): requests in flight finish, new ones wait, every replica is flushed; the pause
 //!    answers with the epoch and the engine's in-sync set. Detached: nothing writes; the
 //!    record's in-sync replicas are the volume. (An engine that syncs a detached volume's new
 //!    replicas writes only to replicas that are not in sync, which are not copied.)
-//! 3. **Copy** every in-sync replica (`hawser_storage::snapshot`), concurrently, each call
+//! 3. **Copy** every in-sync replica (`hawser_storage::replica::snapshot`), concurrently, each call
 //!    carrying the epoch so a fenced engine's replica set cannot be used.
 //! 4. **Resume**, and only if the pause was still held (its lease did not run out) do the
 //!    copies count: otherwise a later write may be in some of them, and they are deleted.
@@ -22,6 +22,7 @@
 use hawser_api::agent::{ReplicaSnapshot, TakeSnapshot};
 use hawser_api::controller::{CreateSnapshot, SnapshotState, VolumeState};
 
+use crate::cluster::agent_client::AgentClient;
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, NodeRecord, SnapshotRecord, VolumeRecord};
@@ -166,7 +167,7 @@ async fn take(
     };
     if v.state != VolumeState::Attached {
         let in_sync: Vec<String> = v.in_sync().map(|r| r.id.clone()).collect();
-        let copies = copy_all(st, v, &nodes, &in_sync, v.epoch, &snap.id)
+        let copies = copy_all(&st.agents, v, &nodes, &in_sync, v.epoch, &snap.id)
             .await
             .map_err(failed)?;
         return Ok(taken(copies, None));
@@ -191,7 +192,7 @@ async fn take(
         .cloned()
         .collect();
     let copies = if paused.epoch == v.epoch {
-        copy_all(st, v, &nodes, &holders, paused.epoch, &snap.id).await
+        copy_all(&st.agents, v, &nodes, &holders, paused.epoch, &snap.id).await
     } else {
         Err(format!(
             "its engine runs epoch {}, the record says {} (moved meanwhile?)",
@@ -232,7 +233,7 @@ fn taken(copies: Vec<ReplicaSnapshot>, pause_micros: Option<u64>) -> Taken {
 
 /// Copies every replica of `ids`, all at once; the first failure (as a reason) if any fails.
 async fn copy_all(
-    st: &AppState,
+    agents: &AgentClient,
     v: &VolumeRecord,
     nodes: &[NodeRecord],
     ids: &[String],
@@ -256,7 +257,7 @@ async fn copy_all(
             snapshot: snapshot.into(),
             epoch,
         };
-        st.agents
+        agents
             .take_snapshot(node.agent(), id, &req)
             .await
             .map_err(|e| format!("replica {id} on node {}: {e}", r.node))

@@ -19,6 +19,7 @@ use hawser_api::backup::{BackupJob, JobState, StartRestoreJob};
 use hawser_api::controller::CreateVolume;
 use hawser_backup::Manifest;
 
+use crate::cluster::agent_client::AgentClient;
 use crate::errors::ControllerError;
 use crate::snapshots::backup_targets::TargetRecord;
 use crate::snapshots::restore_holds;
@@ -69,7 +70,7 @@ pub async fn drive(
 ) -> Result<Turn, String> {
     match read_job(st, &node.name, &req.job()).await {
         Ok(job) => Ok(turn_of(job)),
-        Err(JobError::Gone(_)) => restart(st, node, req).await,
+        Err(JobError::Gone(_)) => restart(&st.agents, node, req).await,
         Err(JobError::Silent(e)) => Err(format!("on node {}: {e}", node.name)),
     }
 }
@@ -77,11 +78,11 @@ pub async fn drive(
 /// Starts `req`'s job on `node`, again if it failed (idempotent on the agent for a job that
 /// runs or is done).
 pub async fn restart(
-    st: &AppState,
+    agents: &AgentClient,
     node: &NodeRecord,
     req: &StartRestoreJob,
 ) -> Result<Turn, String> {
-    match st.agents.start_restore(node.agent(), req).await {
+    match agents.start_restore(node.agent(), req).await {
         Ok(job) => Ok(turn_of(job)),
         // The node runs its most jobs: come back later.
         Err(e) if e.api_code() == Some(hawser_api::ErrorCode::Unavailable) => Ok(Turn::Running),
@@ -330,7 +331,7 @@ async fn start_jobs(st: &AppState, v: &VolumeRecord, from: &BackupRef) -> Result
             Turn::Running => {}
             // Started again now; read again after the backoff this failure sets.
             Turn::Failed(why) => {
-                restart(st, node, &req).await?;
+                restart(&st.agents, node, &req).await?;
                 return Err(format!("on node {}: {why}", r.node));
             }
         }

@@ -26,7 +26,7 @@ pub async fn apply(
     volume: &str,
     s: &BackupSchedule,
 ) -> Result<u64, ControllerError> {
-    let mine: Vec<BackupRecord> = backups::records(st, Some(volume), Some(&s.target))
+    let mine: Vec<BackupRecord> = backups::records(&st.records, Some(volume), Some(&s.target))
         .await?
         .into_iter()
         .filter(|r| r.scheduled)

@@ -17,6 +17,7 @@ use hawser_api::backup::{BackupSchedule, BackupState, CreateBackup, SetBackupSch
 use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, VolumeRecord};
+use crate::store::records::Records;
 
 /// The most backups one schedule keeps.
 pub const MAX_RETAIN: u32 = 10_000;
@@ -86,7 +87,7 @@ async fn check(
             req.retain
         )));
     }
-    crate::snapshots::backup_targets::target_record(st, target).await?;
+    crate::snapshots::backup_targets::target_record(&st.records, target).await?;
     Ok(())
 }
 
@@ -139,8 +140,8 @@ pub async fn initial(
 
 /// `DELETE /v1/volumes/{name}/backup-schedules/{target}`: no more backups on that schedule.
 /// The backups it made stay.
-pub async fn remove(st: &AppState, volume: &str, target: &str) -> Result<(), ControllerError> {
-    st.records
+pub async fn remove(records: &Records, volume: &str, target: &str) -> Result<(), ControllerError> {
+    records
         .update_volume(volume, |v| {
             let before = v.backup_schedules.len();
             v.backup_schedules.retain(|s| s.target != target);

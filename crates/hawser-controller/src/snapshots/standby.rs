@@ -24,6 +24,7 @@ use std::time::Duration;
 use hawser_api::backup::{AppliedBackup, Standby, StartRestoreJob};
 use hawser_api::controller::CreateVolume;
 
+use crate::cluster::events::ClusterEvents;
 use crate::errors::ControllerError;
 use crate::snapshots::restores::{self, RestoreSource, Turn};
 use crate::state::AppState;
@@ -138,14 +139,14 @@ pub async fn activate(
         .await?;
     match &v.standby {
         Some(_) => st.backups.standby_wake.notify_one(),
-        None => activated(st, name, "as it is"),
+        None => activated(&st.events, name, "as it is"),
     }
     Ok(v)
 }
 
-fn activated(st: &AppState, name: &str, how: &str) {
+fn activated(events: &ClusterEvents, name: &str, how: &str) {
     tracing::info!(volume = name, how, "standby activated");
-    st.events.keep(
+    events.keep(
         Some(name),
         None,
         false,
@@ -284,7 +285,7 @@ async fn check(st: &AppState, v: &VolumeRecord, s: &Standby) -> bool {
         })
         .await;
     match updated {
-        Ok((_, true)) => activated(st, &v.name, "with the newest backup applied"),
+        Ok((_, true)) => activated(&st.events, &v.name, "with the newest backup applied"),
         Ok(_) => {}
         Err(e) => tracing::warn!(volume = %v.name, error = %e, "standby not updated"),
     }
@@ -341,7 +342,7 @@ async fn apply(st: &AppState, v: &VolumeRecord, s: &Standby, backup: &str) -> bo
                 return true;
             }
             Ok(Turn::Failed(why)) => {
-                if let Err(e) = restores::restart(st, node, &req).await {
+                if let Err(e) = restores::restart(&st.agents, node, &req).await {
                     tracing::debug!(volume = %v.name, error = %e, "apply not started again");
                 }
                 first_error.get_or_insert(format!("applying {backup} on node {}: {why}", r.node));

@@ -28,8 +28,8 @@ use async_trait::async_trait;
 use hawser_store::{Expect, LeaseId, Result, Store, StoreError, Versioned, Watch, WriteOptions};
 use tokio::time::Instant;
 
-use crate::api::metrics::StoreMetrics;
 use crate::constants::{STORE_RETRY_DEADLINE, STORE_RETRY_FIRST_BACKOFF, STORE_RETRY_MAX_BACKOFF};
+use crate::state::metrics::StoreMetrics;
 use crate::store::leader::{Leadership, Role};
 
 /// How long and how often to retry.

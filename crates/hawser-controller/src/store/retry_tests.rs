@@ -291,7 +291,7 @@ async fn fenced_writes_wait_only_while_no_other_controller_leads() {
 #[tokio::test]
 async fn store_calls_are_timed_and_failures_counted_but_not_lost_swaps() {
     let store = FaultyStore::new();
-    let metrics = crate::api::metrics::ControllerMetrics::default();
+    let metrics = crate::state::metrics::ControllerMetrics::default();
     let inner: Arc<dyn Store> = store.clone();
     let retrying = RetryingStore::new(inner, Leadership::sole(), OWN_URL.into(), TEST_POLICY)
         .with_metrics(metrics.store.clone());

@@ -12,6 +12,7 @@ use crate::errors::ControllerError;
 use crate::state::AppState;
 use crate::store::model::{now_ms, NodeRecord, VolumeRecord};
 use crate::volumes::create::find_node;
+use crate::volumes::keys::Keks;
 use hawser_api::Secret;
 
 /// Attaches `name` to `req.node`; returns the record and the node it is attached to.
@@ -35,7 +36,7 @@ pub async fn attach_volume(
     }
     check_detached(&current, " (detach it first)")?;
     // Before anything changes: a key that does not open refuses the attach as it is.
-    let key = data_key(st, &current).await?;
+    let key = data_key(&st.keks, &current).await?;
     if !st.is_online(&node) {
         let age_secs = node.age_ms(now_ms()) / 1000;
         return Err(ControllerError::NodeOffline {
@@ -121,7 +122,7 @@ pub(crate) async fn ensure_engine(
             key_check(rec),
         )?),
         qos: rec.qos,
-        data_key: data_key(st, rec).await?,
+        data_key: data_key(&st.keks, rec).await?,
         uid: rec.uid.clone(),
     };
     st.agents
@@ -142,15 +143,15 @@ fn key_check(rec: &VolumeRecord) -> Option<hawser_api::KeyCheck> {
 
 /// An encrypted volume's data key, unwrapped for its engine (which gets it over TLS and keeps
 /// it in memory). A key that does not open refuses the start, saying why.
-async fn data_key(st: &AppState, rec: &VolumeRecord) -> Result<Option<Secret>, ControllerError> {
+async fn data_key(keks: &Keks, rec: &VolumeRecord) -> Result<Option<Secret>, ControllerError> {
     let Some(wrapped) = &rec.encryption else {
         return Ok(None);
     };
     let refused = |e: crate::volumes::keys::KeyError| ControllerError::Refused {
         message: e.to_string(),
     };
-    st.keks.fetch(wrapped.kek).await.map_err(refused)?;
-    let key = st.keks.unwrap(&rec.name, wrapped).map_err(refused)?;
+    keks.fetch(wrapped.kek).await.map_err(refused)?;
+    let key = keks.unwrap(&rec.name, wrapped).map_err(refused)?;
     Ok(Some(Secret::new(&key)))
 }
 

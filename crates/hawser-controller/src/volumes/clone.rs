@@ -21,13 +21,11 @@ use hawser_api::controller::{
 };
 
 use crate::errors::ControllerError;
-use crate::healing::placement::Request;
+use crate::healing::placement::{replica_id, rules, Request};
+use crate::healing::reservations::Reservations;
 use crate::snapshots::create::{self, find};
 use crate::state::AppState;
 use crate::store::model::{NodeRecord, SnapshotRecord};
-// A circle by design: a clone is a create with a source. Create asks this file for the
-// source's part, and this file places the copy by create's rules and replica ids.
-use crate::volumes::create::{replica_id, rules};
 
 /// A clone's replicas, its placement rules, and which replica is seeded from which copy.
 pub type Placed = (Vec<Replica>, VolumePlacement, BTreeMap<String, SnapshotRef>);
@@ -209,7 +207,7 @@ pub fn place(
         {
             Ok(p) => p,
             Err(e) => {
-                release(st, &replicas);
+                release(&st.reservations, &replicas);
                 return Err(e.into());
             }
         };
@@ -225,8 +223,8 @@ pub fn place(
     Ok((replicas, rules, seeds))
 }
 
-fn release(st: &AppState, replicas: &[Replica]) {
+fn release(reservations: &Reservations, replicas: &[Replica]) {
     for r in replicas {
-        st.reservations.release(&r.id);
+        reservations.release(&r.id);
     }
 }

@@ -12,9 +12,11 @@ use hawser_api::validate_name;
 
 use crate::constants::{MAX_REPLICAS, MAX_UNANSWERED_NODES};
 use crate::errors::ControllerError;
-use crate::healing::placement::{default_zone_spread, Candidate, Request};
+use crate::healing::placement::{replica_id, rules, Request};
+use crate::healing::reservations::Reservations;
 use crate::state::AppState;
 use crate::store::model::{NodeRecord, VolumeRecord};
+use crate::volumes::keys::Keks;
 use crate::volumes::keys::WrappedKey;
 
 pub async fn create_volume(
@@ -69,7 +71,7 @@ pub async fn create_volume(
     };
     let key = match &restore {
         Some(r) => crate::snapshots::restores::data_key(st, &req.name, r).await,
-        None => data_key(st, &req, source.as_ref()).await,
+        None => data_key(&st.keks, &req, source.as_ref()).await,
     };
     let encryption = match key {
         Ok(k) => k,
@@ -106,27 +108,27 @@ pub async fn create_volume(
 /// (re-wrapped for its own name), an encrypted volume a new one, any other none. A clone of
 /// a plain volume cannot be encrypted: its data would be plaintext under a key.
 async fn data_key(
-    st: &AppState,
+    keks: &Keks,
     req: &CreateVolume,
     source: Option<&crate::volumes::clone::CloneSource>,
 ) -> Result<Option<WrappedKey>, ControllerError> {
     let keys = |e: crate::volumes::keys::KeyError| ControllerError::invalid(e.to_string());
     let encrypted = req.encrypted || source.is_some_and(|s| s.encryption.is_some());
     if encrypted {
-        st.keks.ready().await.map_err(keys)?;
+        keks.ready().await.map_err(keys)?;
     }
     match source.map(|s| &s.encryption) {
         Some(Some((from, wrapped))) => {
-            st.keks.fetch(wrapped.kek).await.map_err(keys)?;
-            let key = st.keks.unwrap(from, wrapped).map_err(keys)?;
-            Ok(Some(st.keks.wrap(&req.name, &key).map_err(keys)?))
+            keks.fetch(wrapped.kek).await.map_err(keys)?;
+            let key = keks.unwrap(from, wrapped).map_err(keys)?;
+            Ok(Some(keks.wrap(&req.name, &key).map_err(keys)?))
         }
         Some(None) if req.encrypted => Err(ControllerError::invalid(
             "a clone of an unencrypted snapshot or volume cannot be encrypted: its data \
              starts as the source's plaintext",
         )),
         Some(None) => Ok(None),
-        None if req.encrypted => Ok(Some(st.keks.new_data_key(&req.name).map_err(keys)?.1)),
+        None if req.encrypted => Ok(Some(keks.new_data_key(&req.name).map_err(keys)?.1)),
         None => Ok(None),
     }
 }
@@ -211,7 +213,7 @@ async fn create_placed(
     // volume listing every replica it may have made, which the next leader rolls back
     // (`cluster/reconcile.rs`, which also relies on this order to delete orphan replicas safely).
     if let Err(e) = st.records.create_volume(&record).await {
-        release_all(st, &record);
+        release_all(&st.reservations, &record);
         return Err(e);
     }
     let mut attempted = Vec::new();
@@ -268,17 +270,6 @@ fn validate(req: &CreateVolume) -> Result<(), ControllerError> {
     Ok(())
 }
 
-/// The volume's placement rules as asked, the zone spread resolved against `candidates`.
-pub(crate) fn rules(req: &CreateVolume, candidates: &[Candidate]) -> VolumePlacement {
-    VolumePlacement {
-        pool: req.pool.clone(),
-        zone_spread: req
-            .zone_spread
-            .unwrap_or_else(|| default_zone_spread(candidates)),
-        prefer_node: req.prefer_node.clone(),
-    }
-}
-
 /// Chooses and reserves the replicas' pools. Returns the replicas and the volume's rules,
 /// with the zone spread resolved so later placements of this volume follow the same rules
 /// whatever labels appear meanwhile.
@@ -317,13 +308,6 @@ fn place(
         })
         .collect();
     Ok((replicas, rules))
-}
-
-/// `{volume}-r{n}-{6 hex}`: readable, and unique even when a volume name is reused while an
-/// old replica of the same name may still linger on an unreachable agent.
-pub(crate) fn replica_id(volume: &str, n: u32) -> String {
-    let tag: u32 = rand::random::<u32>() & 0xff_ffff;
-    format!("{volume}-r{n}-{tag:06x}")
 }
 
 async fn create_replicas(
@@ -403,7 +387,7 @@ async fn rollback(
             );
         }
     }
-    release_all(st, record);
+    release_all(&st.reservations, record);
     // Only this create's record (its replica ids carry random tags): a record that another
     // leader replaced while this one was cut off from the store is not ours to delete.
     let ours = |v: &VolumeRecord| same_replicas(v, record);
@@ -424,9 +408,9 @@ pub(crate) fn same_replicas(a: &VolumeRecord, b: &VolumeRecord) -> bool {
             .all(|(x, y)| x.id == y.id)
 }
 
-fn release_all(st: &AppState, record: &VolumeRecord) {
+fn release_all(reservations: &Reservations, record: &VolumeRecord) {
     for r in &record.replicas {
-        st.reservations.release(&r.id);
+        reservations.release(&r.id);
     }
 }
 

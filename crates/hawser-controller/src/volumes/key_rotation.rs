@@ -21,13 +21,8 @@ use hawser_api::controller::VolumeKeyRotated;
 use crate::errors::ControllerError;
 use crate::state::AppState;
 
-/// `POST /v1/cluster/volume-key`.
-pub async fn rotate_volume_key(
-    axum::extract::State(st): axum::extract::State<std::sync::Arc<AppState>>,
-) -> Result<axum::Json<VolumeKeyRotated>, ControllerError> {
-    rotate(&st).await.map(axum::Json)
-}
-
+/// A new KEK, and every encrypted volume's data key re-wrapped under it
+/// (`POST /v1/cluster/volume-key`).
 pub async fn rotate(st: &AppState) -> Result<VolumeKeyRotated, ControllerError> {
     let kek = st.keks.rotate().await.map_err(refused)?;
     tracing::info!(

@@ -16,6 +16,7 @@
 use hawser_api::controller::{MarkInSync, Outdate, ReplicaState, VolumeState};
 
 use crate::errors::ControllerError;
+use crate::state::metrics::ControllerMetrics;
 use crate::state::AppState;
 use crate::store::model::VolumeRecord;
 
@@ -113,9 +114,9 @@ fn check_epoch(v: &VolumeRecord, epoch: u64) -> Result<(), ControllerError> {
 }
 
 /// Counts a report refused for a stale epoch (a fenced engine) in the metrics.
-fn count_refusal(st: &AppState, e: &ControllerError) {
+fn count_refusal(metrics: &ControllerMetrics, e: &ControllerError) {
     if matches!(e, ControllerError::StaleEpoch { .. }) {
-        st.metrics.stale_epoch_reports.inc();
+        metrics.stale_epoch_reports.inc();
     }
 }
 
@@ -132,7 +133,7 @@ pub async fn outdate_replica(
             apply_outdate(v, replica, req.epoch, req.failed).map(|()| was)
         })
         .await
-        .inspect_err(|e| count_refusal(st, e))?;
+        .inspect_err(|e| count_refusal(&st.metrics, e))?;
     tracing::warn!(
         volume = %name, replica, epoch = req.epoch, reason = %req.reason, failed = req.failed,
         "replica outdated"
@@ -177,7 +178,7 @@ pub async fn mark_in_sync(
             apply_mark_in_sync(v, replica, req.epoch).map(|()| was)
         })
         .await
-        .inspect_err(|e| count_refusal(st, e))?;
+        .inspect_err(|e| count_refusal(&st.metrics, e))?;
     if was.is_some_and(|s| s != ReplicaState::InSync) {
         st.metrics.resynced.inc();
     }
@@ -428,7 +429,7 @@ mod tests {
             waiting: Default::default(),
             metrics: Default::default(),
             keks: crate::volumes::keys::Keks::new(std::path::Path::new("/nonexistent")),
-            backups: crate::snapshots::backup_targets::BackupSettings::new(
+            backups: crate::snapshots::backup_settings::BackupSettings::new(
                 std::path::Path::new("/nonexistent"),
                 0,
                 120,

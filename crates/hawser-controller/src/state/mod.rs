@@ -1,15 +1,23 @@
 //! The state shared by all request handlers.
+//!
+//! It holds each part of the controller (its store, agent client, tokens, TLS, events,
+//! metrics, backup settings), and each part's handlers take it as axum's one `State`. So the
+//! types it holds live in files that import nothing that takes the state (`metrics.rs` here,
+//! `auth/tls.rs`, `cluster/events.rs`, `cluster/waiting.rs`, `snapshots/backup_settings.rs`,
+//! ...): the layout test (`crates/hawser/tests/layout.rs`) refuses an import circle.
 
-// A circle by design: the state holds each part of the controller (its store, agent client,
-// tokens, TLS, events, metrics), and each part's handlers take the state as axum's one
-// `State`. The parts below import the state; the state imports only their types.
-use crate::api::metrics::ControllerMetrics;
+pub mod metrics;
+
+use std::sync::Arc;
+
 use crate::auth::tls::ControllerTls;
 use crate::auth::ClusterTokens;
 use crate::cluster::agent_client::AgentClient;
 use crate::cluster::events::ClusterEvents;
-use crate::cluster::Waiting;
-use crate::snapshots::backup_targets::BackupSettings;
+use crate::cluster::waiting::Waiting;
+use crate::errors::ControllerError;
+use crate::snapshots::backup_settings::BackupSettings;
+use crate::state::metrics::ControllerMetrics;
 use crate::store::records::Records;
 
 use crate::healing::placement::Candidate;
@@ -35,7 +43,7 @@ pub struct AppState {
     /// Nodes refused as of another cluster (`cluster/mod.rs`).
     pub waiting: Waiting,
     /// The CA and this controller's certificate; `None` with `--insecure`.
-    pub tls: Option<std::sync::Arc<ControllerTls>>,
+    pub tls: Option<Arc<ControllerTls>>,
     /// What `/metrics` counts as it happens.
     pub metrics: ControllerMetrics,
     /// The key-encryption keys of encrypted volumes' data keys (`volumes/keys.rs`).
@@ -45,6 +53,16 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The controller's TLS material, or the refusal of a controller started with
+    /// `--insecure` to what needs it (joins, certificates, a CA rotation).
+    pub fn required_tls(&self) -> Result<&Arc<ControllerTls>, ControllerError> {
+        self.tls.as_ref().ok_or_else(|| ControllerError::Refused {
+            message: "this controller runs without TLS (--insecure): nodes do not join, they use \
+                      the agent token"
+                .into(),
+        })
+    }
+
     /// The controller URLs an engine reports to, comma-separated: this one (the leader)
     /// first, then every other live controller, so the engine can find the next leader
     /// after this one is gone.
