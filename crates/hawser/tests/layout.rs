@@ -1,11 +1,12 @@
-//! The workspace's layout rules (issue 41), read from the sources:
+//! The workspace's layout rules (issues 41 and 62), read from the sources:
 //! - the two largest crates, the controller and the agent, keep at most 12 entries at the top
 //!   of their `src/`: new code goes into a folder by concern, not beside 50 others;
 //! - no file of a crate imports in a circle (a `crate::` or `super::` path from file A to a
-//!   file B that reaches A back), unless a comment right above one of the circle's imports
-//!   (or above the block of `use` lines it is in) says why: it contains the word "circle". A circle is often a design that grew by
-//!   accident; where it is the right design (one type's `impl` split over two files), the
-//!   comment tells the next reader so.
+//!   file B that reaches A back). A child module's imports of its ancestors are not counted:
+//!   that is how one type's `impl` is split by concern (`hawser-core`'s `engine/repair.rs`
+//!   is a part of `Engine`, which engine.rs holds and calls), and the module tree says so.
+//!   Any other circle fails, whatever a comment says: a circle is a design that grew by
+//!   accident, and the next reader cannot change one file of it alone.
 //!
 //! Test code (`#[cfg(test)]` modules, `*tests.rs` files) is not counted.
 #![allow(clippy::unwrap_used)]
@@ -41,7 +42,7 @@ fn the_controller_and_the_agent_keep_at_most_12_entries_at_the_top_of_src() {
 }
 
 #[test]
-fn no_file_imports_in_a_circle_without_a_comment_saying_why() {
+fn no_file_imports_in_a_circle() {
     let mut found = Vec::new();
     let mut crates: Vec<PathBuf> = fs::read_dir(crates_dir())
         .unwrap()
@@ -70,8 +71,9 @@ fn no_file_imports_in_a_circle_without_a_comment_saying_why() {
     }
     assert!(
         found.is_empty(),
-        "files that import in a circle, with no comment saying why (break the circle, or put a \
-         comment with the word \"circle\" right above one of its imports):\n{}",
+        "files that import in a circle: break it (move the types both sides use to a file \
+         that imports neither), or make the one file a child module of the other if it is a \
+         part of the other's impl:\n{}",
         found.join("\n")
     );
 }
@@ -117,7 +119,7 @@ fn every_integration_test_file_is_a_module_of_its_crates_one_test_binary() {
 }
 
 #[test]
-fn the_circle_check_finds_a_circle_and_accepts_a_commented_one() {
+fn the_circle_check_finds_a_circle_even_a_commented_one_and_not_a_child_using_its_parent() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path();
     fs::create_dir(src.join("a")).unwrap();
@@ -132,30 +134,29 @@ fn the_circle_check_finds_a_circle_and_accepts_a_commented_one() {
     let circles = Graph::of_crate(src).circles();
     assert_eq!(circles, vec![vec!["a::c".to_string(), "b".to_string()]]);
 
+    // A comment excuses nothing.
     fs::write(
         src.join("a/c.rs"),
         "// A circle by design: b is the other half.\nuse super::super::b;\n",
     )
     .unwrap();
-    assert!(Graph::of_crate(src).circles().is_empty());
-
-    // The comment covers the block of `use` lines below it, not the code after the block.
+    assert_eq!(Graph::of_crate(src).circles().len(), 1);
+    // Code past the `use` lines counts too.
     fs::write(
         src.join("a/c.rs"),
-        "// The circle: b is the other half.\nuse std::fmt;\nuse super::super::b;\n",
-    )
-    .unwrap();
-    assert!(Graph::of_crate(src).circles().is_empty());
-    fs::write(
-        src.join("a/c.rs"),
-        "// The circle: b is the other half.\nuse std::fmt;\n\nfn f() { super::super::b::g() }\n",
+        "use std::fmt;\n\nfn f() { super::super::b::g() }\n",
     )
     .unwrap();
     assert_eq!(Graph::of_crate(src).circles().len(), 1);
+
+    // A child module that uses its parent (a part of the parent's impl) is no circle: `b`
+    // names `a::c`, and `a::c` names only `a`, its parent.
+    fs::write(src.join("a/c.rs"), "use crate::a::A;\nimpl A {}\n").unwrap();
+    assert!(Graph::of_crate(src).circles().is_empty());
 }
 
 /// The imports between the files of one crate: module path -> (module path -> the first line
-/// that imports it, unless a comment excuses that import).
+/// that imports it).
 struct Graph {
     edges: BTreeMap<String, BTreeMap<String, String>>,
 }
@@ -271,15 +272,14 @@ fn module_of(src: &Path, file: &Path) -> String {
     parts.join("::")
 }
 
-/// The files `module` imports, each with the first line that does, leaving out imports under
-/// a comment that mentions a circle, and test modules.
+/// The files `module` imports, each with the first line that does, leaving out its own
+/// ancestors (see the file's doc) and test modules.
 fn imports(
     module: &str,
     text: &str,
     modules: &BTreeMap<String, PathBuf>,
 ) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    let mut excused = false;
     let mut in_test = false;
     let mut after_cfg_test = false;
     // A `use crate::{` group that rustfmt spread over lines is read as one line.
@@ -317,19 +317,16 @@ fn imports(
             continue;
         }
         if line.starts_with("//") {
-            excused |= line.to_lowercase().contains("circle");
             continue;
         }
         let code = line.split("//").next().unwrap_or("");
         for path in paths_in(code, module) {
             if let Some(target) = longest_module(&path, modules) {
-                if target != module && !module.starts_with(&format!("{target}::")) && !excused {
+                if target != module && !module.starts_with(&format!("{target}::")) {
                     out.entry(target).or_insert_with(|| line.to_string());
                 }
             }
         }
-        // A comment above a block of `use` lines speaks for the whole block.
-        excused &= line.starts_with("use ") || line.starts_with("pub use ");
     }
     out
 }
