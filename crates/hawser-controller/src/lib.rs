@@ -27,7 +27,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use hawser_store::{EmbeddedStore, EtcdStore, KubeStore, KubeStoreUrl, Store};
+use hawser_kube::{KubeStore, KubeStoreUrl};
+use hawser_store::{EmbeddedStore, EtcdStore, Store};
 
 pub use crate::api::route_table;
 pub use crate::healing::placement::{place, Candidate, Placement, PlacementError};
@@ -219,7 +220,7 @@ pub struct Controller {
 struct OpenedStore {
     store: Arc<dyn Store>,
     shared: bool,
-    kube: Option<hawser_store::KubeConfig>,
+    kube: Option<hawser_kube::KubeConfig>,
     /// The namespace of a `k8s://` store.
     namespace: Option<String>,
 }
@@ -282,7 +283,7 @@ async fn open_store(args: &ControllerArgs) -> anyhow::Result<OpenedStore> {
                 &cfg,
                 &target,
                 &identity,
-                hawser_store::k8s::DEFAULT_REQUEST_TIMEOUT,
+                hawser_kube::DEFAULT_REQUEST_TIMEOUT,
             )
             .await
             .with_context(|| format!("connect to the Kubernetes cluster store ({})", cfg.source))?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use hawser_controller::ca_home::CaHome;
 use hawser_controller::kube::Kube;
-use hawser_store::apiserver_process::ApiserverProcess;
+use hawser_testkit::apiserver_process::ApiserverProcess;
 use hawser_tls::Ca;
 
 const NS: &str = "hawser-test";

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::{client_with_token, controller_args, kubectl, pool, FakeAgent, GIB};
 use hawser_controller::{Controller, ControllerArgs};
-use hawser_store::apiserver_process::ApiserverProcess;
-use hawser_store::k8s::{install_crds, KubeStoreUrl};
-use hawser_store::{Expect, KubeStore, Store, WriteOptions};
+use hawser_kube::{install_crds, KubeStore, KubeStoreUrl};
+use hawser_store::{Expect, Store, WriteOptions};
+use hawser_testkit::apiserver_process::ApiserverProcess;
 use serde_json::{json, Value};
 
 const NS: &str = "hawser-system";

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::{client_with_token, controller_args, pool, FakeAgent, GIB};
 use hawser_controller::{Controller, ControllerArgs};
-use hawser_store::apiserver_process::ApiserverProcess;
-use hawser_store::etcd_process::EtcdProcess;
-use hawser_store::k8s::install_crds;
+use hawser_kube::install_crds;
+use hawser_testkit::apiserver_process::ApiserverProcess;
+use hawser_testkit::etcd_process::EtcdProcess;
 use serde_json::{json, Value};
 
 struct Running {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::common::kubectl;
 use hawser_controller::kube::Kube;
 use hawser_controller::volume_keys::{KekSecret, Keks};
-use hawser_store::apiserver_process::ApiserverProcess;
+use hawser_testkit::apiserver_process::ApiserverProcess;
 
 const NS: &str = "hawser-test";
 const SECRET: &str = "hc-ca-volume-keys";

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use hawser_api::agent::AgentStatus;
 use hawser_api::controller::{Node, Volume};
-use hawser_store::apiserver_process::ApiserverProcess;
-use hawser_store::etcd_process::EtcdProcess;
-use hawser_store::test_ports::free_loopback_port;
+use hawser_testkit::apiserver_process::ApiserverProcess;
+use hawser_testkit::etcd_process::EtcdProcess;
+use hawser_testkit::test_ports::free_loopback_port;
 
 use crate::run::{wait_until, TempDir};
 use crate::tokens::TokenFiles;
@@ -114,7 +114,7 @@ fn start_apiserver(dir: &Path) -> ApiserverProcess {
         let api = ApiserverProcess::start(&dir.join("apiserver"))
             .await
             .unwrap_or_else(|e| panic!("start kube-apiserver: {e}"));
-        hawser_store::k8s::install_crds(&api.config(), Duration::from_secs(60))
+        hawser_kube::install_crds(&api.config(), Duration::from_secs(60))
             .await
             .unwrap_or_else(|e| panic!("install the CRDs: {e}"));
         api.create_namespace("hawser")

@@ -5,8 +5,8 @@
 //! the replica server under test checks real grants with the real key.
 
 use base64::Engine as _;
-use hawser_store::etcd_process::SECURE_USER;
 use hawser_store::{EmbeddedStore, EtcdStore, Store};
+use hawser_testkit::etcd_process::SECURE_USER;
 use hawser_wire::grant::{Grant, HelloRequest, GRANT_KEY_PURPOSE};
 
 use crate::cluster::Cluster;

@@ -100,7 +100,9 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub(crate) fn new(
+    /// A watch fed through `rx` by a backend (this crate's, or hawser-kube's); `task`, the
+    /// feeding task, is aborted when the watch is dropped.
+    pub fn new(
         rx: tokio::sync::mpsc::Receiver<Result<WatchEvent>>,
         task: Option<tokio::task::AbortHandle>,
     ) -> Watch {

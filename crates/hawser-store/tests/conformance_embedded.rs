@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use hawser_store::{EmbeddedStore, Store};
+use hawser_testkit::conformance_tests;
 
 async fn embedded() -> (tempfile::TempDir, Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();

@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hawser_store::etcd_process::EtcdProcess;
 use hawser_store::{EtcdConfig, EtcdStore, Expect, Store, StoreError};
+use hawser_testkit::conformance_tests;
+use hawser_testkit::etcd_process::EtcdProcess;
 
 struct Guard {
     _etcd: EtcdProcess,

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use hawser_store::etcd_pki::EtcdPki;
-use hawser_store::etcd_process::{EtcdProcess, NO_ROLE_USER, PASSWORD_USER, SECURE_USER};
 use hawser_store::{EtcdConfig, EtcdStore, EtcdTls, EtcdUser, Expect, Store};
+use hawser_testkit::etcd_pki::EtcdPki;
+use hawser_testkit::etcd_process::{EtcdProcess, NO_ROLE_USER, PASSWORD_USER, SECURE_USER};
 
 async fn start() -> (tempfile::TempDir, EtcdProcess) {
     let dir = tempfile::tempdir().unwrap();
@@ -34,7 +34,7 @@ async fn connect(cfg: EtcdConfig) -> EtcdStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_check_passes_over_tls_with_a_client_certificate() {
     let (_dir, etcd) = start().await;
-    for (name, check) in crate::conformance::all() {
+    for (name, check) in hawser_testkit::store_conformance::all() {
         let cfg = etcd.client_config(name, Some(SECURE_USER)).unwrap();
         assert!(cfg.endpoints.iter().all(|e| e.starts_with("https://")));
         check(std::sync::Arc::new(connect(cfg).await)).await;

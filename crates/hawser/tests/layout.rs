@@ -6,7 +6,10 @@
 //!   that is how one type's `impl` is split by concern (`hawser-core`'s `engine/repair.rs`
 //!   is a part of `Engine`, which engine.rs holds and calls), and the module tree says so.
 //!   Any other circle fails, whatever a comment says: a circle is a design that grew by
-//!   accident, and the next reader cannot change one file of it alone.
+//!   accident, and the next reader cannot change one file of it alone;
+//! - no production crate depends on the test harness (`hawser-testkit`, `hawser-e2e`), and
+//!   the cluster store (`hawser-store`) depends on no Kubernetes client: the binary's normal
+//!   dependencies, followed through every workspace crate's `[dependencies]`, reach neither.
 //!
 //! Test code (`#[cfg(test)]` modules, `*tests.rs` files) is not counted.
 #![allow(clippy::unwrap_used)]
@@ -116,6 +119,81 @@ fn every_integration_test_file_is_a_module_of_its_crates_one_test_binary() {
         "test files no `mod` line of their crate's tests/integration.rs names (so never \
          compiled): {missing:?}"
     );
+}
+
+/// The test harness crates, which only dev-dependencies (and the e2e crate) may name.
+const HARNESS: [&str; 2] = ["hawser-testkit", "hawser-e2e"];
+
+#[test]
+fn the_binary_reaches_no_test_harness_and_the_store_no_kubernetes_client() {
+    let mut graph = BTreeMap::new();
+    for e in fs::read_dir(crates_dir()).unwrap() {
+        let krate = e.unwrap().path();
+        if let Ok(manifest) = fs::read_to_string(krate.join("Cargo.toml")) {
+            let name = krate.file_name().unwrap().to_string_lossy().into_owned();
+            graph.insert(name, normal_dependencies(&manifest));
+        }
+    }
+    assert!(graph.contains_key("hawser-testkit"), "no harness crate where this test looks");
+    let from_binary = reachable("hawser", &graph);
+    for h in HARNESS {
+        assert!(
+            !from_binary.contains(h),
+            "the hawser binary depends on the test harness {h}: name it under \
+             [dev-dependencies] only ({from_binary:?})"
+        );
+    }
+    let from_store = reachable("hawser-store", &graph);
+    for k in ["hawser-kube", "reqwest", "kube", "k8s-openapi"] {
+        assert!(
+            !from_store.contains(k),
+            "hawser-store depends on {k}: the Kubernetes client and the store on custom \
+             resources live in hawser-kube ({from_store:?})"
+        );
+    }
+}
+
+#[test]
+fn the_dependency_walk_counts_normal_dependencies_only() {
+    let manifest = "[package]\nname = \"a\"\n\n[dependencies]\nb.workspace = true\n\
+                    c = { path = \"../c\" }\n# d = \"1\"\n\n[[test]]\nname = \"x\"\n\n\
+                    [dev-dependencies]\nhawser-testkit.workspace = true\n\n\
+                    [build-dependencies]\ne = \"1\"\n";
+    assert_eq!(normal_dependencies(manifest), ["b", "c"]);
+    let graph = BTreeMap::from([
+        ("a".to_string(), vec!["b".to_string()]),
+        ("b".to_string(), vec!["hawser-testkit".to_string()]),
+    ]);
+    assert!(reachable("a", &graph).contains("hawser-testkit"));
+}
+
+/// The names under a manifest's `[dependencies]` (not dev-, build- or target-specific ones).
+fn normal_dependencies(manifest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == "[dependencies]";
+        } else if inside && !line.is_empty() && !line.starts_with('#') {
+            let name = line.split(['=', '.', ' ']).next().unwrap_or_default();
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// Every crate reachable from `from` through `graph` (crates outside it are leaves).
+fn reachable(from: &str, graph: &BTreeMap<String, Vec<String>>) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![from.to_string()];
+    while let Some(c) = todo.pop() {
+        for d in graph.get(&c).into_iter().flatten() {
+            if seen.insert(d.clone()) {
+                todo.push(d.clone());
+            }
+        }
+    }
+    seen
 }
 
 #[test]

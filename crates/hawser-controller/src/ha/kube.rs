@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 
-use hawser_store::k8s::api::{Api, ApiError};
-use hawser_store::k8s::KubeConfig;
+use hawser_kube::api::{Api, ApiError};
+use hawser_kube::KubeConfig;
 use serde_json::{json, Value};
 
 /// The pod annotation that opts a pod out of failover.
@@ -360,7 +360,7 @@ impl Kube {
         reason: &str,
         message: &str,
     ) -> KResult<()> {
-        let now = hawser_store::k8s::micro_time(std::time::SystemTime::now());
+        let now = hawser_kube::micro_time(std::time::SystemTime::now());
         let secs = now.split('.').next().unwrap_or(&now).to_string() + "Z";
         let suffix: String = (0..8)
             .map(|_| format!("{:x}", rand::random::<u8>() & 0xf))

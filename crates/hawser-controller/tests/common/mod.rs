@@ -1036,21 +1036,22 @@ where
 
 /// Runs kubectl against `api` with `stdin`; its stdout. Fails the test if kubectl fails.
 pub fn kubectl(
-    api: &hawser_store::apiserver_process::ApiserverProcess,
+    api: &hawser_testkit::apiserver_process::ApiserverProcess,
     args: &[&str],
     stdin: Option<&str>,
 ) -> String {
     use std::io::Write;
-    let mut child =
-        std::process::Command::new(hawser_store::apiserver_process::k8s_bin_dir().join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(api.kubeconfig())
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+    let mut child = std::process::Command::new(
+        hawser_testkit::apiserver_process::k8s_bin_dir().join("kubectl"),
+    )
+    .arg("--kubeconfig")
+    .arg(api.kubeconfig())
+    .args(args)
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let mut input = child.stdin.take().unwrap();
     if let Some(s) = stdin {
         input.write_all(s.as_bytes()).unwrap();

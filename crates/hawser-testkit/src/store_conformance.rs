@@ -1,6 +1,8 @@
-//! The store conformance suite: one set of checks every backend must pass, run by
-//! `conformance_embedded.rs` and `conformance_etcd.rs` through [`conformance_tests!`].
-#![allow(clippy::unwrap_used, dead_code)]
+//! The store conformance suite: one set of checks every backend must pass. hawser-store's
+//! tests run it on the embedded file and etcd through [`conformance_tests!`] (imported by
+//! name: `use hawser_testkit::conformance_tests;`), hawser-kube's on a kube-apiserver
+//! through [`all`].
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +33,7 @@ macro_rules! conformance_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let (_guard, store) = $fixture().await;
-                $crate::conformance::$name(store).await;
+                $crate::store_conformance::$name(store).await;
             }
         )*
     };

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::api::{ApiError, RawEvent, WatchStream};
 use super::objects;
 use super::Inner;
-use crate::store::{Result, StoreError, Versioned, Watch, WatchEvent};
+use crate::api::{ApiError, RawEvent, WatchStream};
+use hawser_store::{Result, StoreError, Versioned, Watch, WatchEvent};
 
 /// Events a watcher may fall behind by before its stream blocks.
 const BACKLOG: usize = 4096;

@@ -15,15 +15,16 @@
 
 use std::collections::HashMap;
 use std::sync::Weak;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::api::ApiError;
 use super::objects::{self, KINDS, LEASE_LABEL, MANAGED_BY};
 use super::Inner;
-use crate::store::{LeaseId, Result, StoreError};
+use crate::api::ApiError;
+use crate::time::micro_time;
+use hawser_store::{LeaseId, Result, StoreError};
 
 /// The label that marks Leases as store leases.
 const STORE_LEASE_LABEL: &str = "hawser.dev/store-lease";
@@ -53,30 +54,6 @@ fn lease_path(s: &Inner, name: Option<&str>) -> String {
         Some(n) => format!("{base}/{n}"),
         None => base,
     }
-}
-
-/// Now as a Kubernetes MicroTime (`2006-01-02T15:04:05.000000Z`).
-pub fn micro_time(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = i64::try_from(days).unwrap_or(0) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_micros()
-    )
 }
 
 pub async fn grant(s: &Inner, ttl: Duration) -> Result<LeaseId> {
@@ -317,18 +294,4 @@ async fn sweep_orphans(s: &Inner) -> Result<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn micro_times() {
-        assert_eq!(micro_time(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
-        let t = UNIX_EPOCH + Duration::from_micros(1_795_600_539_123_456);
-        assert_eq!(micro_time(t), "2026-11-25T09:55:39.123456Z");
-        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
-        assert_eq!(micro_time(leap), "2000-02-29T00:00:00.000000Z");
-    }
 }

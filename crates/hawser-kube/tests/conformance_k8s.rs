@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hawser_store::apiserver_process::ApiserverProcess;
-use hawser_store::k8s::{install_crds, KubeStoreUrl};
-use hawser_store::{Expect, KubeStore, Store, WriteOptions};
+use hawser_kube::{install_crds, KubeStore, KubeStoreUrl};
+use hawser_store::{Expect, Store, WriteOptions};
+use hawser_testkit::apiserver_process::ApiserverProcess;
 
 type Extra = fn(
     Arc<ApiserverProcess>,
@@ -18,7 +18,7 @@ type Extra = fn(
 
 /// Runs kubectl (from the Kubernetes build) against the test API server.
 fn kubectl(api: &ApiserverProcess, args: &[&str]) -> String {
-    let bin = hawser_store::apiserver_process::k8s_bin_dir().join("kubectl");
+    let bin = hawser_testkit::apiserver_process::k8s_bin_dir().join("kubectl");
     let out = std::process::Command::new(&bin)
         .arg("--kubeconfig")
         .arg(api.kubeconfig())
@@ -200,7 +200,7 @@ async fn conformance_on_kube_apiserver() {
         .await
         .unwrap();
     let mut tasks = Vec::new();
-    for (name, check) in crate::conformance::all() {
+    for (name, check) in hawser_testkit::store_conformance::all() {
         let s: Arc<dyn Store> =
             Arc::new(store(&api, &format!("c-{}", name.replace('_', "-"))).await);
         tasks.push((name, tokio::spawn(check(s))));

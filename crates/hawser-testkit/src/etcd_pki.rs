@@ -13,7 +13,7 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose,
 };
 
-use crate::{EtcdIdentity, EtcdTls};
+use hawser_store::{EtcdIdentity, EtcdTls};
 
 /// The files of one test etcd's certificates.
 pub struct EtcdPki {

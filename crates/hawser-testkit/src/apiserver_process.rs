@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::etcd_process::EtcdProcess;
-use crate::k8s::{api::Api, api::ApiError, Auth, KubeConfig};
 use crate::test_ports::free_loopback_port;
+use hawser_kube::api::{Api, ApiError};
+use hawser_kube::{Auth, KubeConfig};
 
 /// How long the API server gets to become ready.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);

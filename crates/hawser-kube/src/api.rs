@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::config::{Auth, KubeConfig, TokenSource};
+use crate::config::{Auth, KubeConfig, TokenSource};
 
 /// How an API call ended, when it did not succeed.
 #[derive(Debug)]

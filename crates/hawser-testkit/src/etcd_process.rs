@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::etcd_pki::EtcdPki;
 use crate::test_ports::free_loopback_port;
-use crate::EtcdConfig;
+use hawser_store::EtcdConfig;
 
 /// How long etcd gets to answer `/health` after a start.
 pub const ETCD_START_TIMEOUT: Duration = Duration::from_secs(20);

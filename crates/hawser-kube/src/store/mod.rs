@@ -27,8 +27,6 @@
 //!   controller makes) sees changes in revision order; one spanning kinds sees each kind's
 //!   changes in order, interleaved.
 
-pub mod api;
-mod config;
 mod leases;
 mod objects;
 mod status;
@@ -40,17 +38,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 
-pub use config::{Auth, KubeConfig};
-pub use leases::micro_time;
 pub use objects::{GROUP, KINDS, VERSION};
 
-use crate::store::{
+use hawser_store::{
     Expect, Fence, LeaseId, Result, Store, StoreError, Versioned, Watch, WriteOptions,
 };
-use api::{Api, ApiError};
 
-/// Default deadline of one API call.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::api::{Api, ApiError};
+use crate::config::KubeConfig;
+use crate::DEFAULT_REQUEST_TIMEOUT;
+
 /// Attempts of an unconditional write that keeps racing other writers.
 const MAX_ANY_ATTEMPTS: u32 = 16;
 

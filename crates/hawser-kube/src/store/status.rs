@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::leases::micro_time;
+use crate::time::micro_time;
 
 /// The `status` of a record of kind `kind` whose spec is `spec`.
 pub fn derive(
