@@ -76,3 +76,16 @@ impl PoolInfo {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn pool_kinds() {
+        assert!(PoolKind::Any.allows(true) && PoolKind::Any.allows(false));
+        assert!(PoolKind::Thin.allows(true) && !PoolKind::Thin.allows(false));
+        assert!(!PoolKind::Thick.allows(true) && PoolKind::Thick.allows(false));
+    }
+}

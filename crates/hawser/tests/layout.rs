@@ -134,7 +134,10 @@ fn the_binary_reaches_no_test_harness_and_the_store_no_kubernetes_client() {
             graph.insert(name, normal_dependencies(&manifest));
         }
     }
-    assert!(graph.contains_key("hawser-testkit"), "no harness crate where this test looks");
+    assert!(
+        graph.contains_key("hawser-testkit"),
+        "no harness crate where this test looks"
+    );
     let from_binary = reachable("hawser", &graph);
     for h in HARNESS {
         assert!(
