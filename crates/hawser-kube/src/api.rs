@@ -82,7 +82,11 @@ impl Api {
             .http
             .request(method, format!("{}{path}", self.server))
             .header("Accept", "application/json");
-        if let Some(b) = self.token.bearer().map_err(ApiError::Failed)? {
+        if let Some(b) = self
+            .token
+            .bearer()
+            .map_err(|e| ApiError::Failed(e.to_string()))?
+        {
             rb = rb.header("Authorization", b);
         }
         Ok(rb)

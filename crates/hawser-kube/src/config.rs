@@ -19,6 +19,60 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 /// service account tokens are rotated by the kubelet (they expire after an hour by default).
 const TOKEN_REREAD: Duration = Duration::from_secs(60);
 
+/// Why no usable way to the API server was found.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not in a pod, no `$KUBECONFIG`, and no `$HOME` to find `~/.kube/config` in.
+    #[error("no Kubernetes credentials: not in a pod, $KUBECONFIG unset and no $HOME")]
+    NoCredentials,
+    /// The service account was asked for outside a pod.
+    #[error("KUBERNETES_SERVICE_HOST is not set")]
+    NotInPod,
+    /// A file cannot be read: the kubeconfig, a file it names, or a service account file.
+    #[error("read {what} {}: {source}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not a kubeconfig (YAML of the wrong shape).
+    #[error("kubeconfig {} is not valid: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    /// The kubeconfig parses, but its current context cannot be used.
+    #[error("kubeconfig {}: {problem}", path.display())]
+    Context {
+        path: PathBuf,
+        problem: ContextProblem,
+    },
+}
+
+/// What is wrong with a kubeconfig's current context.
+#[derive(Debug, thiserror::Error)]
+pub enum ContextProblem {
+    #[error("no current-context")]
+    NoCurrentContext,
+    /// A context, cluster or user it names is not in the file.
+    #[error("{what} {name:?} is not defined")]
+    Undefined { what: &'static str, name: String },
+    /// Exec and auth-provider plugins are refused rather than ignored.
+    #[error(
+        "user {0:?} authenticates through an exec or auth-provider plugin, which Hawser does \
+         not run; use a token or a client certificate"
+    )]
+    Plugin(String),
+    #[error("{what} data is not base64: {reason}")]
+    NotBase64 { what: &'static str, reason: String },
+    #[error("a client certificate needs both certificate and key")]
+    HalfCertificate,
+    /// A file it names (relative to the kubeconfig's directory) cannot be read.
+    #[error("read {what} {}: {source}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// How to reach and authenticate to the API server.
 #[derive(Clone, Debug)]
 pub struct KubeConfig {
@@ -48,7 +102,7 @@ pub enum Auth {
 impl KubeConfig {
     /// In a pod (`KUBERNETES_SERVICE_HOST` set): the service account. Otherwise the
     /// kubeconfig in `$KUBECONFIG` (its first file) or `~/.kube/config`.
-    pub fn discover() -> Result<KubeConfig, String> {
+    pub fn discover() -> Result<KubeConfig, ConfigError> {
         if let Ok(p) = std::env::var("KUBECONFIG") {
             if let Some(first) = std::env::split_paths(&p).find(|p| !p.as_os_str().is_empty()) {
                 return KubeConfig::from_kubeconfig(&first);
@@ -57,23 +111,25 @@ impl KubeConfig {
         if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
             return KubeConfig::in_cluster(Path::new(SERVICE_ACCOUNT_DIR));
         }
-        let home = std::env::var_os("HOME").ok_or(
-            "no Kubernetes credentials: not in a pod, $KUBECONFIG unset and no $HOME".to_string(),
-        )?;
+        let home = std::env::var_os("HOME").ok_or(ConfigError::NoCredentials)?;
         KubeConfig::from_kubeconfig(&Path::new(&home).join(".kube/config"))
     }
 
     /// The pod's service account (token, CA and namespace files under `dir`).
-    pub fn in_cluster(dir: &Path) -> Result<KubeConfig, String> {
-        let host = std::env::var("KUBERNETES_SERVICE_HOST")
-            .map_err(|_| "KUBERNETES_SERVICE_HOST is not set".to_string())?;
+    pub fn in_cluster(dir: &Path) -> Result<KubeConfig, ConfigError> {
+        let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| ConfigError::NotInPod)?;
         let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
         let host = if host.contains(':') {
             format!("[{host}]")
         } else {
             host
         };
-        let ca = read(&dir.join("ca.crt"))?;
+        let ca_path = dir.join("ca.crt");
+        let ca = std::fs::read(&ca_path).map_err(|source| ConfigError::Read {
+            what: "service account CA",
+            path: ca_path,
+            source,
+        })?;
         let namespace = std::fs::read_to_string(dir.join("namespace"))
             .ok()
             .map(|s| s.trim().to_string())
@@ -89,19 +145,22 @@ impl KubeConfig {
     }
 
     /// The current context of a kubeconfig file.
-    pub fn from_kubeconfig(path: &Path) -> Result<KubeConfig, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("read kubeconfig {}: {e}", path.display()))?;
-        let kc: Kubeconfig = serde_yaml::from_str(&text)
-            .map_err(|e| format!("kubeconfig {} is not valid: {e}", path.display()))?;
+    pub fn from_kubeconfig(path: &Path) -> Result<KubeConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            what: "kubeconfig",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let kc: Kubeconfig = serde_yaml::from_str(&text).map_err(|e| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        kc.resolve(base)
-            .map_err(|e| format!("kubeconfig {}: {e}", path.display()))
+        kc.resolve(base).map_err(|problem| ConfigError::Context {
+            path: path.to_path_buf(),
+            problem,
+        })
     }
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))
 }
 
 /// A bearer token source that re-reads its file now and then.
@@ -119,7 +178,7 @@ impl TokenSource {
     }
 
     /// The `Authorization` header value, if this auth uses one.
-    pub fn bearer(&self) -> Result<Option<String>, String> {
+    pub fn bearer(&self) -> Result<Option<String>, ConfigError> {
         match &self.auth {
             Auth::None | Auth::ClientCert(_) => Ok(None),
             Auth::Token(t) => Ok(Some(format!("Bearer {t}"))),
@@ -131,7 +190,11 @@ impl TokenSource {
                     }
                 }
                 let t = std::fs::read_to_string(path)
-                    .map_err(|e| format!("read token {}: {e}", path.display()))?
+                    .map_err(|source| ConfigError::Read {
+                        what: "token",
+                        path: path.clone(),
+                        source,
+                    })?
                     .trim()
                     .to_string();
                 *cached = Some((t.clone(), Instant::now()));
@@ -205,11 +268,18 @@ struct Context {
     namespace: Option<String>,
 }
 
-fn find<'a, T>(list: &'a [Named<T>], name: &str, what: &str) -> Result<&'a T, String> {
+fn find<'a, T>(
+    list: &'a [Named<T>],
+    name: &str,
+    what: &'static str,
+) -> Result<&'a T, ContextProblem> {
     list.iter()
         .find(|n| n.name == name)
         .map(|n| &n.value)
-        .ok_or_else(|| format!("{what} {name:?} is not defined"))
+        .ok_or_else(|| ContextProblem::Undefined {
+            what,
+            name: name.to_string(),
+        })
 }
 
 /// Inline base64 data or a file relative to the kubeconfig's directory.
@@ -217,24 +287,32 @@ fn data_or_file(
     data: &Option<String>,
     file: &Option<String>,
     base: &Path,
-    what: &str,
-) -> Result<Option<Vec<u8>>, String> {
+    what: &'static str,
+) -> Result<Option<Vec<u8>>, ContextProblem> {
     if let Some(d) = data {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(d.trim())
-            .map_err(|e| format!("{what} data is not base64: {e}"))?;
+            .map_err(|e| ContextProblem::NotBase64 {
+                what,
+                reason: e.to_string(),
+            })?;
         return Ok(Some(bytes));
     }
     match file {
-        Some(f) => read(&base.join(f)).map(Some),
+        Some(f) => {
+            let path = base.join(f);
+            std::fs::read(&path)
+                .map(Some)
+                .map_err(|source| ContextProblem::Read { what, path, source })
+        }
         None => Ok(None),
     }
 }
 
 impl Kubeconfig {
-    fn resolve(&self, base: &Path) -> Result<KubeConfig, String> {
+    fn resolve(&self, base: &Path) -> Result<KubeConfig, ContextProblem> {
         if self.current_context.is_empty() {
-            return Err("no current-context".into());
+            return Err(ContextProblem::NoCurrentContext);
         }
         let ctx = find(&self.contexts, &self.current_context, "context")?;
         let cluster = find(&self.clusters, &ctx.cluster, "cluster")?;
@@ -245,11 +323,7 @@ impl Kubeconfig {
             find(&self.users, &ctx.user, "user")?
         };
         if user.exec.is_some() || user.auth_provider.is_some() {
-            return Err(format!(
-                "user {:?} authenticates through an exec or auth-provider plugin, which Hawser \
-                 does not run; use a token or a client certificate",
-                ctx.user
-            ));
+            return Err(ContextProblem::Plugin(ctx.user.clone()));
         }
         let ca_pem = data_or_file(
             &cluster.certificate_authority_data,
@@ -273,7 +347,7 @@ impl Kubeconfig {
                 Auth::ClientCert(c)
             }
             (None, None, Some(_), None) | (None, None, None, Some(_)) => {
-                return Err("a client certificate needs both certificate and key".into())
+                return Err(ContextProblem::HalfCertificate)
             }
             (None, None, None, None) => Auth::None,
         };
@@ -334,7 +408,7 @@ mod tests {
         for (i, (text, want)) in cases.iter().enumerate() {
             let p = write(dir.path(), &format!("kc{i}"), text);
             let err = KubeConfig::from_kubeconfig(&p).unwrap_err();
-            assert!(err.contains(want), "{text:?}: {err}");
+            assert!(err.to_string().contains(want), "{text:?}: {err}");
         }
     }
 
@@ -345,6 +419,10 @@ mod tests {
         let t = TokenSource::new(Auth::TokenFile(p));
         assert_eq!(t.bearer().unwrap().unwrap(), "Bearer tok");
         let missing = TokenSource::new(Auth::TokenFile(dir.path().join("nope")));
-        assert!(missing.bearer().unwrap_err().contains("nope"));
+        let err = missing.bearer().unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Read { what: "token", path, .. } if path.ends_with("nope")),
+            "{err}"
+        );
     }
 }

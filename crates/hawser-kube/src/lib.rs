@@ -15,7 +15,7 @@ mod time;
 
 use std::time::Duration;
 
-pub use config::{Auth, KubeConfig};
+pub use config::{Auth, ConfigError, ContextProblem, KubeConfig};
 pub use store::{install_crds, KubeStore, KubeStoreUrl, CRDS_YAML, GROUP, KINDS, VERSION};
 pub use time::micro_time;
 

@@ -45,7 +45,7 @@ use hawser_store::{
 };
 
 use crate::api::{Api, ApiError};
-use crate::config::KubeConfig;
+use crate::config::{ConfigError, KubeConfig};
 use crate::DEFAULT_REQUEST_TIMEOUT;
 
 /// Attempts of an unconditional write that keeps racing other writers.
@@ -162,7 +162,7 @@ impl KubeStoreUrl {
 
     /// The credentials: the kubeconfig named in the URL, else discovered
     /// ([`KubeConfig::discover`]).
-    pub fn config(&self) -> std::result::Result<KubeConfig, String> {
+    pub fn config(&self) -> std::result::Result<KubeConfig, ConfigError> {
         match &self.kubeconfig {
             Some(p) => KubeConfig::from_kubeconfig(p),
             None => KubeConfig::discover(),
