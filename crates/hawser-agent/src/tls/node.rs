@@ -555,25 +555,47 @@ mod tests {
         assert_eq!(again.slot.not_after_unix(), expires(kept));
     }
 
-    #[tokio::test]
-    async fn a_renewal_cut_between_key_and_certificate_starts_with_the_pair_that_matches() {
-        // An older build renamed the new key over node.key, wrote the new certificate to
-        // node.new and died (or found the disk full) before renaming it over node.pem.
+    /// Which pair a start after an older build's renewal cut must take.
+    #[derive(Clone, Copy, Debug)]
+    enum Keeps {
+        Old,
+        New,
+    }
+
+    /// An older build's renewal, cut: `files` says what it left in node.key, node.pem and
+    /// node.new, from the old pair and the new. A start takes the pair `keeps` names and
+    /// leaves it whole.
+    async fn after_a_renewal_cut(
+        files: for<'a> fn(&'a Credentials, &'a Credentials) -> [&'a str; 3],
+        keeps: Keeps,
+    ) {
         let ca = hawser_tls::Ca::generate("c").expect("ca");
         let (old, new) = (pair(&ca, 3600), pair(&ca, 7200));
+        let [key, pem, next] = files(&old, &new);
         let data = tempfile::tempdir().expect("dir");
         older_build(
             data.path(),
             &ca,
-            &[
-                ("node.key", &new.key_pem),
-                ("node.pem", &old.chain_pem),
-                ("node.new", &new.chain_pem),
-            ],
+            &[("node.key", key), ("node.pem", pem), ("node.new", next)],
         );
         let tls = start(data.path()).await.expect("starts");
-        assert_eq!(tls.slot.not_after_unix(), expires(&new), "the new pair");
-        whole_again(data.path(), &new).await;
+        let kept = match keeps {
+            Keeps::Old => &old,
+            Keeps::New => &new,
+        };
+        assert_eq!(tls.slot.not_after_unix(), expires(kept), "{keeps:?}");
+        whole_again(data.path(), kept).await;
+    }
+
+    #[tokio::test]
+    async fn a_renewal_cut_between_key_and_certificate_starts_with_the_pair_that_matches() {
+        // An older build renamed the new key over node.key, wrote the new certificate to
+        // node.new and died (or found the disk full) before renaming it over node.pem.
+        after_a_renewal_cut(
+            |old, new| [&new.key_pem, &old.chain_pem, &new.chain_pem],
+            Keeps::New,
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -582,40 +604,20 @@ mod tests {
         // The other half: node.pem is the new certificate, node.key still the old key, the
         // new key left in node.new (its rename lost: the older build ignored a failed
         // directory sync).
-        let ca = hawser_tls::Ca::generate("c").expect("ca");
-        let (old, new) = (pair(&ca, 3600), pair(&ca, 7200));
-        let data = tempfile::tempdir().expect("dir");
-        older_build(
-            data.path(),
-            &ca,
-            &[
-                ("node.key", &old.key_pem),
-                ("node.pem", &new.chain_pem),
-                ("node.new", &new.key_pem),
-            ],
-        );
-        let tls = start(data.path()).await.expect("starts");
-        assert_eq!(tls.slot.not_after_unix(), expires(&new), "the new pair");
-        whole_again(data.path(), &new).await;
+        after_a_renewal_cut(
+            |old, new| [&old.key_pem, &new.chain_pem, &new.key_pem],
+            Keeps::New,
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn a_renewal_cut_before_the_key_was_renamed_starts_with_the_old_pair() {
-        let ca = hawser_tls::Ca::generate("c").expect("ca");
-        let (old, new) = (pair(&ca, 3600), pair(&ca, 7200));
-        let data = tempfile::tempdir().expect("dir");
-        older_build(
-            data.path(),
-            &ca,
-            &[
-                ("node.key", &old.key_pem),
-                ("node.pem", &old.chain_pem),
-                ("node.new", &new.key_pem),
-            ],
-        );
-        let tls = start(data.path()).await.expect("starts");
-        assert_eq!(tls.slot.not_after_unix(), expires(&old), "the old pair");
-        whole_again(data.path(), &old).await;
+        after_a_renewal_cut(
+            |old, new| [&old.key_pem, &old.chain_pem, &new.key_pem],
+            Keeps::Old,
+        )
+        .await;
     }
 
     #[tokio::test]

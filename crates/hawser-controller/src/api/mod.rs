@@ -355,16 +355,10 @@ async fn no_route(
     method: Method,
     uri: Uri,
 ) -> ControllerError {
-    if let Err(e) = st
-        .tokens
-        .check(&headers, transport.as_deref(), Caller::Admin)
-    {
-        return e;
-    }
-    ControllerError::NoRoute {
+    admin_or(&st, transport, &headers).unwrap_or(ControllerError::NoRoute {
         method: method.to_string(),
         path: uri.path().to_string(),
-    }
+    })
 }
 
 async fn method_not_allowed(
@@ -374,14 +368,19 @@ async fn method_not_allowed(
     method: Method,
     uri: Uri,
 ) -> ControllerError {
-    if let Err(e) = st
-        .tokens
-        .check(&headers, transport.as_deref(), Caller::Admin)
-    {
-        return e;
-    }
-    ControllerError::BadBody {
+    admin_or(&st, transport, &headers).unwrap_or(ControllerError::BadBody {
         status: 405,
         message: format!("method {method} is not allowed on {}", uri.path()),
-    }
+    })
+}
+
+/// The refusal of a caller without the admin token, if this one is such a caller.
+fn admin_or(
+    st: &AppState,
+    transport: Option<Extension<Transport>>,
+    headers: &HeaderMap,
+) -> Option<ControllerError> {
+    st.tokens
+        .check(headers, transport.as_deref(), Caller::Admin)
+        .err()
 }

@@ -389,6 +389,14 @@ mod tests {
         }
     }
 
+    /// A data directory and two CAs of one cluster: the one in use and the next.
+    fn cut_fixture() -> (tempfile::TempDir, Ca, Ca) {
+        let dir = tempfile::tempdir().expect("dir");
+        let old = Ca::generate("c").expect("old");
+        let next = Ca::generate("c").expect("new");
+        (dir, old, next)
+    }
+
     fn read(dir: &Path, name: &str) -> String {
         std::fs::read_to_string(dir.join(name)).expect("read")
     }
@@ -398,11 +406,7 @@ mod tests {
         // An older build's retirement wrote ca-next.key, then died (or found the disk full)
         // writing ca-next.pem through ca-next.tmp. Its next start renamed ca-next.key over
         // ca.key, beside a ca.pem it does not belong to, and refused for good.
-        let dir = tempfile::tempdir().expect("dir");
-        let (old, next) = (
-            Ca::generate("c").expect("old"),
-            Ca::generate("c").expect("new"),
-        );
+        let (dir, old, next) = cut_fixture();
         let cut_short = &next.cert_pem()[..40];
         let files = [
             (CA_CERT_FILE, old.cert_pem()),
@@ -434,11 +438,7 @@ mod tests {
         // lost, the older build ignoring a failed directory sync, or ca.key restored). The
         // older build took a lone ca-next.pem to mean the key was in place, renamed it over
         // ca.pem, and refused.
-        let dir = tempfile::tempdir().expect("dir");
-        let (old, next) = (
-            Ca::generate("c").expect("old"),
-            Ca::generate("c").expect("new"),
-        );
+        let (dir, old, next) = cut_fixture();
         let files = [
             (CA_CERT_FILE, old.cert_pem()),
             (CA_KEY_FILE, &old.key_pem()),
@@ -460,11 +460,7 @@ mod tests {
     async fn a_retirement_cut_between_the_key_and_the_certificate_starts_with_the_new_ca() {
         // The older build's key rename landed, its certificate's did not: the new pair is
         // ca.key and ca-next.pem.
-        let dir = tempfile::tempdir().expect("dir");
-        let (old, next) = (
-            Ca::generate("c").expect("old"),
-            Ca::generate("c").expect("new"),
-        );
+        let (dir, old, next) = cut_fixture();
         let files = [
             (CA_CERT_FILE, old.cert_pem()),
             (CA_KEY_FILE, &next.key_pem()),
@@ -482,11 +478,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cut_that_leaves_no_pair_refuses_naming_the_files_and_what_to_do() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (old, next) = (
-            Ca::generate("c").expect("old"),
-            Ca::generate("c").expect("new"),
-        );
+        let (dir, old, next) = cut_fixture();
         let files = [
             (CA_CERT_FILE, old.cert_pem()),
             (CA_KEY_FILE, &next.key_pem()),
