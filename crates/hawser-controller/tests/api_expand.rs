@@ -3,7 +3,7 @@
 //! grow, an offline node and a failing agent are refused with the record unchanged.
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{code, eventually, Cluster, Op, GIB};
+use crate::common::{code, Cluster, Op, GIB};
 use serde_json::json;
 
 fn replica_ids(v: &serde_json::Value) -> Vec<(String, String)> {
@@ -165,15 +165,7 @@ async fn a_failing_agent_leaves_the_record_as_it_was() {
 async fn an_offline_replica_node_refuses_the_expand_before_anything_grows() {
     let c = Cluster::start_with(2, 1).await;
     c.create("v", GIB, 2).await;
-    eventually(10, || async {
-        let (_, nodes) = c.get("/v1/nodes").await;
-        nodes
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|n| n["state"] == "offline")
-    })
-    .await;
+    c.until_every_node_is_offline().await;
     let (status, e) = c
         .post("/v1/volumes/v/expand", json!({"size_bytes": 2 * GIB}))
         .await;

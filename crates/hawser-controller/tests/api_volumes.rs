@@ -159,15 +159,7 @@ async fn attach_to_unknown_or_offline_node() {
         .await;
     assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
     // Without heartbeats the nodes go offline after the 1 s timeout.
-    eventually(10, || async {
-        let (_, nodes) = c.get("/v1/nodes").await;
-        nodes
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|n| n["state"] == "offline")
-    })
-    .await;
+    c.until_every_node_is_offline().await;
     let (status, e) = c.post("/v1/volumes/v/attach", json!({"node": "n1"})).await;
     assert_eq!((status, code(&e)), (503, "unavailable"), "{e}");
     assert!(e["message"].as_str().unwrap().contains("offline"), "{e}");

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use hawser_controller::ca_home::CaHome;
 use hawser_controller::kube::Kube;
-use hawser_testkit::apiserver_process::ApiserverProcess;
 use hawser_tls::Ca;
 
 const NS: &str = "hawser-test";
@@ -30,11 +29,7 @@ fn home(kube: &Arc<Kube>, dir: &std::path::Path) -> CaHome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ca_secret_follows_a_rotation() {
     let dir = tempfile::tempdir().unwrap();
-    let api = ApiserverProcess::start(&dir.path().join("k8s"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    api.create_namespace(NS).await.unwrap();
-    let kube = Arc::new(Kube::new(&api.config(), "csi.hawser.dev").unwrap());
+    let (_api, kube) = crate::common::apiserver_with_namespace(&dir.path().join("k8s"), NS).await;
     let (a, b) = (
         home(&kube, &dir.path().join("a")),
         home(&kube, &dir.path().join("b")),

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use crate::common::kubectl;
 use hawser_controller::kube::Kube;
 use hawser_controller::volume_keys::{KekSecret, Keks};
-use hawser_testkit::apiserver_process::ApiserverProcess;
 
 const NS: &str = "hawser-test";
 const SECRET: &str = "hc-ca-volume-keys";
@@ -42,11 +41,7 @@ async fn items(kube: &Kube) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controllers_share_key_encryption_keys_through_a_secret() {
     let dir = tempfile::tempdir().unwrap();
-    let api = ApiserverProcess::start(&dir.path().join("k8s"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    api.create_namespace(NS).await.unwrap();
-    let kube = Arc::new(Kube::new(&api.config(), "csi.hawser.dev").unwrap());
+    let (api, kube) = crate::common::apiserver_with_namespace(&dir.path().join("k8s"), NS).await;
     let a = keks(&kube, &dir.path().join("a"));
 
     // A start makes nothing; the first encrypted volume makes key 1, in the Secret first.

@@ -922,6 +922,20 @@ impl Cluster {
         read(resp).await
     }
 
+    /// Waits (10 s at most) until the controller shows every node offline: the agents of
+    /// this cluster send no heartbeats, so that is 1 s after the last registration.
+    pub async fn until_every_node_is_offline(&self) {
+        eventually(10, || async {
+            let (_, nodes) = self.get("/v1/nodes").await;
+            nodes
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n["state"] == "offline")
+        })
+        .await;
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         self.send(reqwest::Method::GET, path, None).await
     }
@@ -1032,6 +1046,23 @@ where
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// A real kube-apiserver (in `dir`, kept alive by the returned process) with namespace `ns`,
+/// and the controller's client of it.
+pub async fn apiserver_with_namespace(
+    dir: &std::path::Path,
+    ns: &str,
+) -> (
+    hawser_testkit::apiserver_process::ApiserverProcess,
+    Arc<hawser_controller::kube::Kube>,
+) {
+    let api = hawser_testkit::apiserver_process::ApiserverProcess::start(dir)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    api.create_namespace(ns).await.unwrap();
+    let kube = hawser_controller::kube::Kube::new(&api.config(), "csi.hawser.dev").unwrap();
+    (api, Arc::new(kube))
 }
 
 /// Runs kubectl against `api` with `stdin`; its stdout. Fails the test if kubectl fails.
