@@ -4,7 +4,7 @@
 //! it, for the cluster, volume and epoch at hand.
 
 use hawser_api::KeyCheck;
-use hawser_wire::grant::{Grant, SnapshotReadGrant, KEY_CHECK_BYTES};
+use hawser_wire::grant::{Grant, GrantError, SnapshotReadGrant, KEY_CHECK_BYTES};
 
 /// Why a grant is not good enough.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -37,23 +37,39 @@ pub struct Expected<'a> {
     pub node: Option<&'a str>,
 }
 
+/// A grant's decoder: the grant, its signed body and the signature.
+type Decode<'a, G> = fn(&'a [u8]) -> Result<(G, &'a [u8], &'a [u8]), GrantError>;
+
+/// The grant in `signed`, decoded by `decode`, once its signature is the cluster key's.
+fn verified<'a, G>(
+    key: &[u8],
+    signed: Option<&'a [u8]>,
+    decode: Decode<'a, G>,
+) -> Result<G, GrantRefusal> {
+    let signed = signed.ok_or(GrantRefusal::Missing)?;
+    let (grant, body, sig) = decode(signed).map_err(|e| GrantRefusal::Malformed(e.to_string()))?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key)
+        .verify(body, sig)
+        .map_err(|_| GrantRefusal::BadSignature)?;
+    Ok(grant)
+}
+
+/// A field of the grant that differs from the request's.
+fn mismatch(what: &'static str, granted: &str, asked: &str) -> GrantRefusal {
+    GrantRefusal::Mismatch {
+        what,
+        granted: granted.into(),
+        asked: asked.into(),
+    }
+}
+
 /// Checks `signed` (the grant's bytes) against the cluster's public key.
 pub fn check(
     key: &[u8],
     signed: Option<&[u8]>,
     want: &Expected<'_>,
 ) -> Result<Grant, GrantRefusal> {
-    let signed = signed.ok_or(GrantRefusal::Missing)?;
-    let (grant, body, sig) =
-        Grant::decode(signed).map_err(|e| GrantRefusal::Malformed(e.to_string()))?;
-    ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key)
-        .verify(body, sig)
-        .map_err(|_| GrantRefusal::BadSignature)?;
-    let mismatch = |what, granted: &str, asked: &str| GrantRefusal::Mismatch {
-        what,
-        granted: granted.into(),
-        asked: asked.into(),
-    };
+    let grant = verified(key, signed, Grant::decode)?;
     if grant.cluster != want.cluster {
         return Err(mismatch("cluster", &grant.cluster, want.cluster));
     }
@@ -115,17 +131,7 @@ pub fn check_snapshot_read(
     cluster: &str,
     node: Option<&str>,
 ) -> Result<SnapshotReadGrant, GrantRefusal> {
-    let signed = signed.ok_or(GrantRefusal::Missing)?;
-    let (grant, body, sig) =
-        SnapshotReadGrant::decode(signed).map_err(|e| GrantRefusal::Malformed(e.to_string()))?;
-    ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key)
-        .verify(body, sig)
-        .map_err(|_| GrantRefusal::BadSignature)?;
-    let mismatch = |what, granted: &str, asked: &str| GrantRefusal::Mismatch {
-        what,
-        granted: granted.into(),
-        asked: asked.into(),
-    };
+    let grant = verified(key, signed, SnapshotReadGrant::decode)?;
     if grant.cluster != cluster {
         return Err(mismatch("cluster", &grant.cluster, cluster));
     }
