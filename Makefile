@@ -39,7 +39,7 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps deps-demo check-tools doctor build upgrade-build k8s-tools kvm-kernel ui test test-unit test-e2e demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps deps-demo check-tools doctor build upgrade-build k8s-tools kvm-kernel ui test test-unit test-e2e check nextest demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -119,6 +119,23 @@ test: check-tools deps build upgrade-build lint k8s-tools kvm-kernel $(UI_MODULE
 	$(call timed,e2e-etcd,HAWSER_E2E_STORE=etcd HAWSER_BIN="$(abspath $(HAWSER))" CARGO=$(CARGO) \
 		scripts/e2e.sh $(E2E_ON_ETCD))
 	@scripts/test-times.sh --report
+
+# The inner loop (docs/testing.md): rustfmt, clippy, every crate's own tests (`--lib --bins`),
+# the layout rules, and 25 of each simulator shard's 250 seeds, in the `unit` profile through
+# cargo-nextest (.config/nextest.toml); JUnit in target/nextest/check/junit.xml. About 5 min
+# warm after a one-file change; `make test` stays the whole run.
+check: deps-demo nextest
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	HAWSER_SEEDS_PER_SHARD=25 $(CARGO) nextest run --profile check --cargo-profile unit \
+		--workspace --exclude hawser-e2e --lib --bins --test seeds --test layout
+
+# cargo-nextest, pinned, installed from crates.io when missing or of another version (about
+# 4 min on 2 cores, once).
+NEXTEST_VERSION := 0.9.151
+nextest:
+	@$(CARGO) nextest --version 2>/dev/null | grep -qF "cargo-nextest $(NEXTEST_VERSION)" || \
+		$(CARGO) install cargo-nextest --version $(NEXTEST_VERSION) --locked
 
 # Every fuzz target (fuzz/) for FUZZ_SECONDS each (default 20), on the pinned stable toolchain;
 # installs cargo-fuzz from crates.io when missing. Fails on any crash.
