@@ -107,13 +107,16 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 # failure prints the times so far and stops.
 timed = set -o pipefail; $(2) 2>&1 | scripts/test-times.sh $(1) || { scripts/test-times.sh --report; exit 1; }
 
-# Unit, simulation and integration tests (in the `unit` profile of Cargo.toml: the project's
-# crates at opt-level 1, so they compile fast), then the end-to-end tests against real clients
+# Unit, simulation and integration tests (through cargo-nextest, .config/nextest.toml's `ci`
+# profile: each test in a process of its own, JUnit in target/nextest/ci/junit.xml; in the
+# `unit` profile of Cargo.toml: the project's crates at opt-level 1, so they compile fast),
+# the doc tests (nextest runs none), then the end-to-end tests against real clients
 # (on the embedded store, then the NBD ones again on etcd; scripts/e2e.sh runs those that
 # can two at a time). Ends with the slowest test binaries and each step's time.
-test: check-tools deps build upgrade-build lint k8s-tools kvm-kernel $(UI_MODULES)
+test: check-tools deps build upgrade-build lint k8s-tools kvm-kernel $(UI_MODULES) nextest
 	@scripts/test-times.sh --start
-	$(call timed,unit,$(CARGO) test --profile unit --workspace --exclude hawser-e2e)
+	$(call timed,unit,$(CARGO) nextest run --profile ci --cargo-profile unit --workspace --exclude hawser-e2e)
+	$(call timed,doc,$(CARGO) test --doc --profile unit --workspace --exclude hawser-e2e)
 	$(call timed,fuzz,scripts/fuzz.sh)
 	$(call timed,e2e,HAWSER_BIN="$(abspath $(HAWSER))" CARGO=$(CARGO) scripts/e2e.sh)
 	$(call timed,e2e-etcd,HAWSER_E2E_STORE=etcd HAWSER_BIN="$(abspath $(HAWSER))" CARGO=$(CARGO) \

@@ -8,7 +8,9 @@
 #   scripts/test-times.sh --report        print the slowest binaries and every step
 #
 # cargo test names each binary on a "Running tests/x.rs (...)" or "Doc-tests x" line and ends
-# it with "test result: ... finished in N.NNs"; the times are libtest's own.
+# it with "test result: ... finished in N.NNs"; the times are libtest's own. cargo-nextest
+# (the unit step) prints a line for each test that ended, "PASS [   0.417s] (214/573)
+# hawser-controller healing::...": a binary's time is then the sum of its tests' times.
 set -uo pipefail
 log="${HAWSER_TEST_TIMES:-$(dirname "$0")/../target/test-times.log}"
 
@@ -20,7 +22,7 @@ case "${1:-}" in
 --report)
     [ -s "$log" ] || exit 0
     echo
-    echo "== slowest test binaries (seconds, libtest's own count) =="
+    echo "== slowest test binaries (seconds: libtest's count, or the sum of nextest's) =="
     # A binary run in several jobs (scripts/e2e.sh's guest tests) counts once, summed.
     grep '^binary ' "$log" | awk '{ t[$3 " " $4] += $2 } END { for (k in t) print t[k], k }' |
         sort -k1 -rn | head -n "${TOP:-15}" | awk '{ printf "%8.1f  %s: %s\n", $1, $2, $3 }'
@@ -45,6 +47,13 @@ case "${1:-}" in
             ;;
         *"Doc-tests "*)
             current="doc:$(sed -E 's/.*Doc-tests ([^ ]+).*/\1/' <<<"$line")"
+            ;;
+        *" PASS ["*"s] "* | *" FAIL ["*"s] "* | *" TIMEOUT ["*"s] "*)
+            # nextest: "  PASS [   0.417s] (214/573) hawser-controller healing::x::y"
+            sed -nE 's/.* (PASS|FAIL|TIMEOUT) \[ *([0-9.]+)s\] (\([ 0-9]+\/[0-9]+\) )?([^ ]+) .*/\2 \4/p' \
+                <<<"$line" | while read -r secs bin; do
+                echo "binary $secs $step nextest:$bin" >>"$log"
+            done
             ;;
         "test result:"*"finished in "*)
             secs=$(sed -E 's/.*finished in ([0-9.]+)s.*/\1/' <<<"$line")
