@@ -760,18 +760,27 @@ fn an_agent_restarted_after_a_renewal_cut_between_key_and_certificate_keeps_the_
     );
     // A pair that belongs together is in place: the one kept, or its renewal at once (the
     // certificate made here lacks the names the node is dialled by), which the controller
-    // granted to a caller presenting the pair kept.
-    let kept = hawser_tls::NODE_IDENTITY
-        .load(&tls)
-        .expect("a pair")
-        .expect("a pair");
+    // granted to a caller presenting the pair kept. The renewal saves its pair before it
+    // logs "renewed", so a pair that is neither the one kept nor logged yet is waited out.
+    let agent_log =
+        || std::fs::read_to_string(c.dir.path().join("n1-again.log")).unwrap_or_default();
+    let load = || {
+        hawser_tls::NODE_IDENTITY
+            .load(&tls)
+            .expect("a pair")
+            .expect("a pair")
+    };
+    wait_until(
+        "the kept pair, or its renewal logged",
+        Duration::from_secs(30),
+        || {
+            load().creds.chain_pem == new.chain_pem
+                || agent_log().contains("renewed the node's certificate")
+        },
+    );
+    let kept = load();
     let slot = CertSlot::new(&kept.creds).expect("a key that is the certificate's");
     assert_eq!(slot.peer(), Peer::Node(node.clone()));
-    let log = std::fs::read_to_string(c.dir.path().join("n1-again.log")).unwrap_or_default();
-    assert!(
-        kept.creds.chain_pem == new.chain_pem || log.contains("renewed the node's certificate"),
-        "{log}"
-    );
     assert_eq!(
         std::fs::read_link(tls.join("node.pem")).expect("node.pem is a link now"),
         Path::new("identity/node.pem")
