@@ -1,17 +1,17 @@
 //! Kubernetes' `MicroTime`, the time format of a Lease's `acquireTime` and `renewTime` and of
 //! an Event's `eventTime`, through the `time` crate (the workspace's date crate).
 
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `t` as a Kubernetes MicroTime (`2006-01-02T15:04:05.000000Z`, UTC). A time before 1970 is
-/// written as 1970-01-01, and one past 9999 as 9999's last microsecond: clocks give neither.
+/// written as 1970-01-01, and one past 9999 as 9999's last microsecond: clocks give neither,
+/// and a stamp is no reason to panic.
 pub fn micro_time(t: SystemTime) -> String {
-    let t = time::OffsetDateTime::from(t.max(SystemTime::UNIX_EPOCH));
-    let t = if t.year() > 9999 {
-        time::PrimitiveDateTime::MAX.assume_utc()
-    } else {
-        t
-    };
+    let nanos = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let t = i128::try_from(nanos)
+        .ok()
+        .and_then(|n| time::OffsetDateTime::from_unix_timestamp_nanos(n).ok())
+        .unwrap_or_else(|| time::PrimitiveDateTime::MAX.assume_utc());
     format!(
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
         t.year(),
@@ -26,7 +26,7 @@ pub fn micro_time(t: SystemTime) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, UNIX_EPOCH};
+    use std::time::Duration;
 
     use super::*;
 
@@ -39,5 +39,7 @@ mod tests {
         assert_eq!(micro_time(leap), "2000-02-29T00:00:00.000000Z");
         let before = UNIX_EPOCH - Duration::from_secs(1);
         assert_eq!(micro_time(before), "1970-01-01T00:00:00.000000Z");
+        let far = UNIX_EPOCH + Duration::from_secs(400_000_000_000); // year 12,645
+        assert_eq!(micro_time(far), "9999-12-31T23:59:59.999999Z");
     }
 }
