@@ -39,7 +39,7 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps deps-demo check-tools doctor build upgrade-build k8s-tools kvm-kernel ui test test-unit test-e2e check nextest demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps deps-demo check-tools doctor build upgrade-build k8s-tools kvm-kernel ui fuzz-build test test-prereqs test-unit test-e2e check nextest demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -107,20 +107,32 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 # failure prints the times so far and stops.
 timed = set -o pipefail; $(2) 2>&1 | scripts/test-times.sh $(1) || { scripts/test-times.sh --report; exit 1; }
 
+# Everything make test builds or installs before its first test, two jobs at a time: the
+# cargo builds (release, clippy's), the Go tools (the longest, 14 min on a fresh machine),
+# the guest kernel, npm, cargo-nextest's install and the fuzz build (each of those in a
+# directory of its own), so that one runs where another leaves a core idle (a link, one
+# large crate at a time, a download). On a fresh machine (docs/testing.md) the Go tools
+# beside clippy and nextest's install took 14 min, against 26 one after another.
+test-prereqs: check-tools deps
+	@scripts/test-times.sh --start
+	$(call timed,builds,$(MAKE) -j2 --output-sync=target build upgrade-build lint k8s-tools \
+		kvm-kernel $(UI_MODULES) nextest fuzz-build)
+
 # Unit, simulation and integration tests (through cargo-nextest, .config/nextest.toml's `ci`
 # profile: each test in a process of its own, JUnit in target/nextest/ci/junit.xml; in the
 # `unit` profile of Cargo.toml: the project's crates at opt-level 1, so they compile fast),
 # the doc tests (nextest runs none), then the end-to-end tests against real clients
-# (on the embedded store, then the NBD ones again on etcd; scripts/e2e.sh runs those that
-# can two at a time). Ends with the slowest test binaries and each step's time.
-test: check-tools deps build upgrade-build lint k8s-tools kvm-kernel $(UI_MODULES) nextest
-	@scripts/test-times.sh --start
+# (on the embedded store, then the NBD ones again on etcd; nextest's `e2e` profile, whose
+# test groups say which tests may run side by side, JUnit in target/nextest/e2e/junit.xml).
+# Ends with the slowest test binaries and each step's time.
+test: test-prereqs
 	$(call timed,unit,$(CARGO) nextest run --profile ci --cargo-profile unit --workspace --exclude hawser-e2e)
 	$(call timed,doc,$(CARGO) test --doc --profile unit --workspace --exclude hawser-e2e)
 	$(call timed,fuzz,scripts/fuzz.sh)
-	$(call timed,e2e,HAWSER_BIN="$(abspath $(HAWSER))" CARGO=$(CARGO) scripts/e2e.sh)
-	$(call timed,e2e-etcd,HAWSER_E2E_STORE=etcd HAWSER_BIN="$(abspath $(HAWSER))" CARGO=$(CARGO) \
-		scripts/e2e.sh $(E2E_ON_ETCD))
+	$(call timed,e2e,HAWSER_BIN="$(abspath $(HAWSER))" \
+		$(CARGO) nextest run --profile e2e --cargo-profile release -p hawser-e2e)
+	$(call timed,e2e-etcd,HAWSER_E2E_STORE=etcd HAWSER_BIN="$(abspath $(HAWSER))" \
+		$(CARGO) nextest run --profile e2e-etcd --cargo-profile release -p hawser-e2e $(E2E_ON_ETCD))
 	@scripts/test-times.sh --report
 
 # The inner loop (docs/testing.md): rustfmt, clippy, every crate's own tests (`--lib --bins`),
@@ -144,6 +156,11 @@ nextest:
 # installs cargo-fuzz from crates.io when missing. Fails on any crash.
 fuzz: deps
 	scripts/fuzz.sh
+
+# cargo-fuzz and the fuzz targets' build only (in ~/.cache/hawser-fuzz/target, apart from
+# target/, so beside the other builds).
+fuzz-build: deps
+	scripts/fuzz.sh --prepare
 
 demo: build
 	@scripts/demo.sh

@@ -4,6 +4,10 @@
 # (a panic, a failed assertion, a hang past the per-input timeout); prints per target the
 # number of inputs run.
 #
+#   scripts/fuzz.sh             build, then run every target
+#   scripts/fuzz.sh --prepare   install cargo-fuzz and build the targets only (make test does
+#                               this beside its other builds, so its fuzz step only runs)
+#
 # Toolchain: cargo-fuzz on the pinned stable toolchain (rust-toolchain.toml), with
 # `--sanitizer none`: no nightly is needed, so this runs on a fresh machine that can reach
 # crates.io. cargo-fuzz is installed from crates.io when missing.
@@ -18,6 +22,12 @@
 # (replica_session prints each exchange with HAWSER_FUZZ_TRACE=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prepare=false
+case "${1:-}" in
+--prepare) prepare=true ;;
+"") ;;
+*) echo "usage: $0 [--prepare]" >&2; exit 2 ;;
+esac
 
 seconds="${FUZZ_SECONDS:-20}"
 max_corpus="${FUZZ_MAX_CORPUS:-3000}"
@@ -38,6 +48,10 @@ start=$(date +%s)
 echo "fuzz: building the targets ($(cargo fuzz --version))"
 cargo fuzz build "${flags[@]}"
 built=$(date +%s)
+if $prepare; then
+    echo "fuzz: built in $((built - start))s"
+    exit 0
+fi
 
 # The targets' stores and replicas live here (tmpfs when there is one) and go away with it.
 if [ -d /dev/shm ] && [ -w /dev/shm ]; then

@@ -23,7 +23,7 @@ case "${1:-}" in
     [ -s "$log" ] || exit 0
     echo
     echo "== slowest test binaries (seconds: libtest's count, or the sum of nextest's) =="
-    # A binary run in several jobs (scripts/e2e.sh's guest tests) counts once, summed.
+    # A binary's tests, each a line of its own (nextest), count once, summed.
     grep '^binary ' "$log" | awk '{ t[$3 " " $4] += $2 } END { for (k in t) print t[k], k }' |
         sort -k1 -rn | head -n "${TOP:-15}" | awk '{ printf "%8.1f  %s: %s\n", $1, $2, $3 }'
     echo "== steps (wall seconds) =="
@@ -48,9 +48,9 @@ case "${1:-}" in
         *"Doc-tests "*)
             current="doc:$(sed -E 's/.*Doc-tests ([^ ]+).*/\1/' <<<"$line")"
             ;;
-        *" PASS ["*"s] "* | *" FAIL ["*"s] "* | *" TIMEOUT ["*"s] "*)
+        *" PASS ["*"s] "* | *" FAIL ["*"s] "* | *" TIMEOUT ["*"s] "* | *" LEAK ["*"s] "*)
             # nextest: "  PASS [   0.417s] (214/573) hawser-controller healing::x::y"
-            sed -nE 's/.* (PASS|FAIL|TIMEOUT) \[ *([0-9.]+)s\] (\([ 0-9]+\/[0-9]+\) )?([^ ]+) .*/\2 \4/p' \
+            sed -nE 's/.* (PASS|FAIL|TIMEOUT|LEAK) \[ *([0-9.]+)s\] (\([ 0-9]+\/[0-9]+\) )?([^ ]+) .*/\2 \4/p' \
                 <<<"$line" | while read -r secs bin; do
                 echo "binary $secs $step nextest:$bin" >>"$log"
             done

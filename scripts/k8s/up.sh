@@ -34,9 +34,11 @@ KUBELET_STATUS_SECS=${HAWSER_KUBELET_STATUS_SECS:-10}
 # node's (the API server listens on node 1's).
 NODE_IP=${HAWSER_K8S_NODE_IP:-10.98.0.1}
 NODE2=hawser-k8s-2 NODE2_NETNS=hawser-k8s-2 NODE2_IP=10.98.2.2 NODE2_GW=10.98.2.1
-# Ports away from Hawser's (9400-9700, 10809-10830) and from the ephemeral range.
-ETCD_PORT=23790 ETCD_PEER=23800 API_PORT=26443
-KUBELET_PORT=20250 KUBELET_HEALTHZ=20248 CM_PORT=20257 SCHED_PORT=20259
+# Fixed ports, away from Hawser's (9400-9700, 10809-10830), from the ephemeral range and from
+# the ports the test processes pick (hawser-testkit's TEST_PORTS, 20000-31999): another test
+# runs beside this cluster (.config/nextest.toml) and must never take one of them first.
+ETCD_PORT=18379 ETCD_PEER=18380 API_PORT=18443
+KUBELET_PORT=18250 KUBELET_HEALTHZ=18248 CM_PORT=18257 SCHED_PORT=18259
 export DEBIAN_FRONTEND=noninteractive
 
 need=""

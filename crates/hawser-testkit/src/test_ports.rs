@@ -4,8 +4,8 @@
 //!
 //! A port that was free when it was picked can still be taken before its listener binds
 //! it, or later: an e2e test kills an agent and starts it again on its old ports, and in the
-//! gap its ports are free as far as the kernel knows. `scripts/e2e.sh` runs two test
-//! binaries at a time, and another binary's pick once took such a port ("Address already in
+//! gap its ports are free as far as the kernel knows. The end-to-end tests run two at a
+//! time (.config/nextest.toml), and another test's pick once took such a port ("Address already in
 //! use" on the restart). So a pick is also claimed: an exclusive `flock` on a file named
 //! after the port, held until the process exits (the kernel drops it even on SIGKILL).
 //! Another process skips a port whose claim it cannot take.
@@ -20,6 +20,8 @@ use std::sync::Mutex;
 /// 32768-60999 by default). A port picked by binding port 0 comes from that range, and
 /// between its release and the test process's bind any outgoing connection (etcd's
 /// clients and peers make many) may take it as its local port: "Address already in use".
+/// scripts/k8s/up.sh's fixed ports lie below it, so a test beside that cluster never takes
+/// one of them first.
 pub const TEST_PORTS: std::ops::Range<u32> = 20_000..32_000;
 
 /// Calls so far in this process: each call starts where the previous one stopped, so

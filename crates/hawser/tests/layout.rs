@@ -121,6 +121,110 @@ fn every_integration_test_file_is_a_module_of_its_crates_one_test_binary() {
     );
 }
 
+/// The end-to-end binaries' `filter` lines in `.config/nextest.toml`'s `e2e` profile, but the
+/// last rule's (`package(hawser-e2e)`, which takes every test no earlier rule placed).
+fn e2e_placements(config: &str) -> Vec<String> {
+    let mut filters = Vec::new();
+    let mut in_e2e_rule = false;
+    for line in config.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_e2e_rule = line == "[[profile.e2e.overrides]]";
+        } else if in_e2e_rule && line.starts_with("filter") && !line.contains("package(") {
+            filters.push(line.to_string());
+        }
+    }
+    filters
+}
+
+/// Whether `name` is a whole name in `filter` (so `snapshots` is not found in `snapshot_cut`).
+fn names(filter: &str, name: &str) -> bool {
+    filter
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .any(|word| word == name)
+}
+
+/// Each end-to-end binary is placed by a rule of nextest's `e2e` profile (which tests may run
+/// beside it, docs/testing.md). One no rule names still runs, alone and last; this test makes
+/// the omission loud instead of a slower `make test`.
+#[test]
+fn every_end_to_end_binary_is_placed_in_nextest_toml() {
+    let config = fs::read_to_string(crates_dir().join("../.config/nextest.toml")).unwrap();
+    let filters = e2e_placements(&config);
+    assert!(filters.len() >= 5, "e2e rules found: {filters:?}");
+    let mut unplaced = Vec::new();
+    let mut binaries = 0;
+    for f in fs::read_dir(crates_dir().join("hawser-e2e/tests")).unwrap() {
+        let path = f.unwrap().path();
+        if path.extension().is_none_or(|x| x != "rs") {
+            continue;
+        }
+        binaries += 1;
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if !filters.iter().any(|filter| names(filter, &name)) {
+            unplaced.push(name);
+        }
+    }
+    assert!(binaries >= 50, "end-to-end binaries found: {binaries}");
+    assert!(
+        unplaced.is_empty(),
+        "end-to-end binaries that no rule of .config/nextest.toml's e2e profile names (they \
+         run alone, last): {unplaced:?}; add each to the rule whose comment fits"
+    );
+}
+
+/// The rules of the `e2e` profile, each as its lines.
+fn e2e_rules(config: &str) -> Vec<Vec<&str>> {
+    let mut rules: Vec<Vec<&str>> = Vec::new();
+    let mut in_e2e_rule = false;
+    for line in config.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_e2e_rule = line == "[[profile.e2e.overrides]]";
+            if in_e2e_rule {
+                rules.push(Vec::new());
+            }
+        } else if in_e2e_rule && !line.is_empty() && !line.starts_with('#') {
+            if let Some(rule) = rules.last_mut() {
+                rule.push(line);
+            }
+        }
+    }
+    rules
+}
+
+/// nextest takes each setting from the first rule that sets it, and the last rule (every
+/// test) sets `priority` and `threads-required`: a rule above it that leaves one out gives
+/// its tests the last rule's (the tests that may run beside any other once ran last, among
+/// those that must run alone).
+#[test]
+fn every_e2e_rule_sets_the_priority_and_the_threads_it_takes() {
+    let config = fs::read_to_string(crates_dir().join("../.config/nextest.toml")).unwrap();
+    let rules = e2e_rules(&config);
+    assert!(rules.len() >= 5, "e2e rules found: {rules:?}");
+    for rule in &rules {
+        for setting in ["priority", "threads-required"] {
+            assert!(
+                rule.iter().any(|l| l.starts_with(setting)),
+                "this rule of .config/nextest.toml's e2e profile does not set {setting}, so \
+                 its tests take the last rule's: {rule:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_placement_check_reads_whole_names_of_the_e2e_rules_only() {
+    let config =
+        "[[profile.e2e.overrides]]\nfilter = 'binary_id(/^hawser-e2e::(snapshot_cut|qos)$/)'\n\
+                  [[profile.e2e.overrides]]\nfilter = 'package(hawser-e2e)'\n\
+                  [[profile.ci.overrides]]\nfilter = 'binary_id(hawser-e2e::clones)'\n";
+    let filters = e2e_placements(config);
+    assert_eq!(filters.len(), 1, "{filters:?}");
+    assert!(names(&filters[0], "qos"));
+    assert!(names(&filters[0], "snapshot_cut"));
+    assert!(!names(&filters[0], "snapshot"), "a part of a name");
+    assert!(!names(&filters[0], "clones"), "another profile's rule");
+}
+
 /// The test harness crates, which only dev-dependencies (and the e2e crate) may name.
 const HARNESS: [&str; 2] = ["hawser-testkit", "hawser-e2e"];
 
