@@ -111,9 +111,9 @@ impl DeviceClient {
         s.take(MAX_ANSWER_BYTES)
             .read_to_end(&mut answer)
             .map_err(io)?;
-        let (status, body) = split_answer(&answer).map_err(|what| DeviceClientError::NotHttp {
+        let (status, body) = split_answer(&answer).map_err(|bad| DeviceClientError::NotHttp {
             path: self.path.clone(),
-            what,
+            what: bad.to_string(),
         })?;
         if (200..300).contains(&status) {
             return Ok(body);
@@ -128,14 +128,31 @@ impl DeviceClient {
     }
 }
 
+/// What in an answer is not HTTP/1.1 as the device API speaks it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum BadAnswer {
+    #[error("no end of headers")]
+    NoEndOfHeaders,
+    #[error("headers not UTF-8")]
+    HeadersNotUtf8,
+    #[error("status line {0:?}")]
+    StatusLine(String),
+    #[error("no chunk size line")]
+    NoChunkSizeLine,
+    #[error("chunk size {0:?}")]
+    ChunkSize(String),
+    #[error("chunk truncated")]
+    ChunkTruncated,
+}
+
 /// The status and body of an HTTP/1.1 answer read to its end (`Connection: close`); a
 /// chunked body is decoded.
-fn split_answer(a: &[u8]) -> Result<(u16, Vec<u8>), String> {
+fn split_answer(a: &[u8]) -> Result<(u16, Vec<u8>), BadAnswer> {
     let end = a
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| "no end of headers".to_owned())?;
-    let head = std::str::from_utf8(&a[..end]).map_err(|_| "headers not UTF-8".to_owned())?;
+        .ok_or(BadAnswer::NoEndOfHeaders)?;
+    let head = std::str::from_utf8(&a[..end]).map_err(|_| BadAnswer::HeadersNotUtf8)?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
     let status = status_line
@@ -143,7 +160,7 @@ fn split_answer(a: &[u8]) -> Result<(u16, Vec<u8>), String> {
         .or_else(|| status_line.strip_prefix("HTTP/1.0 "))
         .and_then(|r| r.get(..3))
         .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| format!("status line {status_line:?}"))?;
+        .ok_or_else(|| BadAnswer::StatusLine(status_line.to_owned()))?;
     let chunked = lines.any(|l| {
         l.to_ascii_lowercase().starts_with("transfer-encoding:")
             && l.to_ascii_lowercase().contains("chunked")
@@ -157,21 +174,21 @@ fn split_answer(a: &[u8]) -> Result<(u16, Vec<u8>), String> {
     Ok((status, body))
 }
 
-fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
+fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, BadAnswer> {
     let mut out = Vec::new();
     loop {
         let nl = b
             .windows(2)
             .position(|w| w == b"\r\n")
-            .ok_or_else(|| "chunk size line".to_owned())?;
-        let line = std::str::from_utf8(&b[..nl]).map_err(|_| "chunk size".to_owned())?;
+            .ok_or(BadAnswer::NoChunkSizeLine)?;
+        let line = String::from_utf8_lossy(&b[..nl]);
         let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|_| format!("chunk size {line:?}"))?;
+            .map_err(|_| BadAnswer::ChunkSize(line.clone().into_owned()))?;
         b = &b[nl + 2..];
         if size == 0 {
             return Ok(out);
         }
-        let chunk = b.get(..size).ok_or_else(|| "chunk truncated".to_owned())?;
+        let chunk = b.get(..size).ok_or(BadAnswer::ChunkTruncated)?;
         out.extend_from_slice(chunk);
         b = b.get(size + 2..).unwrap_or_default();
     }
@@ -203,5 +220,17 @@ mod tests {
         ] {
             assert!(split_answer(g).is_err(), "{g:?}");
         }
+        assert_eq!(split_answer(b"SSH-2.0\r\n"), Err(BadAnswer::NoEndOfHeaders));
+        assert_eq!(
+            split_answer(b"HTTP/1.1 2\r\n\r\n"),
+            Err(BadAnswer::StatusLine("HTTP/1.1 2".into()))
+        );
+        let truncated = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nff\r\nab";
+        assert_eq!(split_answer(truncated), Err(BadAnswer::ChunkTruncated));
+        let bad_size = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n";
+        assert_eq!(
+            split_answer(bad_size),
+            Err(BadAnswer::ChunkSize("zz".into()))
+        );
     }
 }

@@ -305,7 +305,7 @@ async fn fetch(
         block::open(&stored, len, &h)
     }))
     .await?;
-    let data = opened.map_err(|why| corrupt(target, m, index, obj, why))?;
+    let data = opened.map_err(|why| corrupt(target, m, index, obj, why.to_string()))?;
     Ok((data, sent))
 }
 

@@ -35,6 +35,19 @@ impl std::fmt::Display for ApiError {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// Why a client for a kubeconfig's server cannot be made (before any request).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetupError {
+    #[error("certificate authority of {source_name}: {why}")]
+    Authority { source_name: String, why: String },
+    #[error("no certificate authority in {source_name}")]
+    NoAuthority { source_name: String },
+    #[error("client certificate of {source_name}: {why}")]
+    ClientCertificate { source_name: String, why: String },
+    #[error("HTTP client for {server}: {why}")]
+    Http { server: String, why: String },
+}
+
 pub struct Api {
     http: reqwest::Client,
     server: String,
@@ -43,7 +56,8 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(cfg: &KubeConfig, timeout: Duration) -> Result<Api, String> {
+    pub fn new(cfg: &KubeConfig, timeout: Duration) -> Result<Api, SetupError> {
+        let source_name = || cfg.source.to_string();
         let mut b = reqwest::Client::builder()
             .use_rustls_tls()
             .connect_timeout(timeout)
@@ -52,23 +66,32 @@ impl Api {
         if cfg.insecure {
             b = b.danger_accept_invalid_certs(true);
         } else if let Some(pem) = &cfg.ca_pem {
-            let certs = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| format!("certificate authority of {}: {e}", cfg.source))?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(pem).map_err(|e| SetupError::Authority {
+                    source_name: source_name(),
+                    why: e.to_string(),
+                })?;
             if certs.is_empty() {
-                return Err(format!("no certificate authority in {}", cfg.source));
+                return Err(SetupError::NoAuthority {
+                    source_name: source_name(),
+                });
             }
             for c in certs {
                 b = b.add_root_certificate(c);
             }
         }
         if let Auth::ClientCert(pem) = &cfg.auth {
-            let id = reqwest::Identity::from_pem(pem)
-                .map_err(|e| format!("client certificate of {}: {e}", cfg.source))?;
+            let id =
+                reqwest::Identity::from_pem(pem).map_err(|e| SetupError::ClientCertificate {
+                    source_name: source_name(),
+                    why: e.to_string(),
+                })?;
             b = b.identity(id);
         }
-        let http = b
-            .build()
-            .map_err(|e| format!("HTTP client for {}: {e}", cfg.server))?;
+        let http = b.build().map_err(|e| SetupError::Http {
+            server: cfg.server.clone(),
+            why: e.to_string(),
+        })?;
         Ok(Api {
             http,
             server: cfg.server.clone(),

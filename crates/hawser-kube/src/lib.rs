@@ -16,7 +16,10 @@ mod time;
 use std::time::Duration;
 
 pub use config::{Auth, ConfigError, ContextProblem, KubeConfig};
-pub use store::{install_crds, KubeStore, KubeStoreUrl, CRDS_YAML, GROUP, KINDS, VERSION};
+pub use store::{
+    install_crds, InstallError, KubeStore, KubeStoreUrl, KubeUrlError, CRDS_YAML, GROUP, KINDS,
+    VERSION,
+};
 pub use time::micro_time;
 
 /// Default deadline of one API call.

@@ -87,23 +87,34 @@ impl std::fmt::Debug for EtcdUser {
     }
 }
 
+/// Why a store URL is not an etcd one (`--store`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EtcdUrlError {
+    #[error("{url:?} does not start with etcd://")]
+    Scheme { url: String },
+    #[error("endpoint {endpoint:?} in {url:?} is not host:port")]
+    Endpoint { endpoint: String, url: String },
+}
+
 impl EtcdConfig {
     /// Parses `etcd://host:port[,host:port...][/prefix]`. The prefix defaults to `/hawser/`.
-    pub fn parse(url: &str) -> std::result::Result<EtcdConfig, String> {
+    pub fn parse(url: &str) -> std::result::Result<EtcdConfig, EtcdUrlError> {
         let rest = url
             .strip_prefix("etcd://")
-            .ok_or_else(|| format!("{url:?} does not start with etcd://"))?;
+            .ok_or_else(|| EtcdUrlError::Scheme { url: url.into() })?;
         let (hosts, prefix) = match rest.split_once('/') {
             Some((h, p)) => (h, p.trim_matches('/')),
             None => (rest, ""),
         };
         let mut endpoints = Vec::new();
         for h in hosts.split(',') {
-            let (host, port) = h
-                .rsplit_once(':')
-                .ok_or_else(|| format!("endpoint {h:?} in {url:?} is not host:port"))?;
+            let not_host_port = || EtcdUrlError::Endpoint {
+                endpoint: h.into(),
+                url: url.into(),
+            };
+            let (host, port) = h.rsplit_once(':').ok_or_else(not_host_port)?;
             if host.is_empty() || port.parse::<u16>().is_err() {
-                return Err(format!("endpoint {h:?} in {url:?} is not host:port"));
+                return Err(not_host_port());
             }
             endpoints.push(format!("http://{h}"));
         }

@@ -10,7 +10,7 @@ mod etcd;
 mod store;
 
 pub use embedded::EmbeddedStore;
-pub use etcd::{EtcdConfig, EtcdIdentity, EtcdStore, EtcdTls, EtcdUser};
+pub use etcd::{EtcdConfig, EtcdIdentity, EtcdStore, EtcdTls, EtcdUrlError, EtcdUser};
 pub use store::{
     get_json, list_json, put_json, Expect, Fence, LeaseId, Result, Store, StoreError, Versioned,
     Watch, WatchEvent, WriteOptions,

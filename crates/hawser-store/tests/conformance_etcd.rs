@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hawser_store::{EtcdConfig, EtcdStore, Expect, Store, StoreError};
+use hawser_store::{EtcdConfig, EtcdStore, EtcdUrlError, Expect, Store, StoreError};
 use hawser_testkit::conformance_tests;
 use hawser_testkit::etcd_process::EtcdProcess;
 
@@ -61,6 +61,24 @@ fn urls_parse() {
     ] {
         assert!(EtcdConfig::parse(bad).is_err(), "{bad}");
     }
+    assert_eq!(
+        EtcdConfig::parse("http://a:1").unwrap_err(),
+        EtcdUrlError::Scheme {
+            url: "http://a:1".into()
+        }
+    );
+    let err = EtcdConfig::parse("etcd://a:1,b").unwrap_err();
+    assert_eq!(
+        err,
+        EtcdUrlError::Endpoint {
+            endpoint: "b".into(),
+            url: "etcd://a:1,b".into()
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        r#"endpoint "b" in "etcd://a:1,b" is not host:port"#
+    );
 }
 
 /// Two prefixes on one etcd are two separate stores.

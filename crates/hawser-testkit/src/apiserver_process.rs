@@ -141,7 +141,7 @@ impl ApiserverProcess {
     }
 
     fn api(&self) -> Result<Api, String> {
-        Api::new(&self.config(), Duration::from_secs(10))
+        Api::new(&self.config(), Duration::from_secs(10)).map_err(|e| e.to_string())
     }
 
     async fn wait_ready(&mut self) -> Result<(), String> {

@@ -132,7 +132,7 @@ impl EtcdProcess {
     /// The configuration of a client of this etcd under `prefix`: for a secure etcd, TLS
     /// with the certificate of `client` (a user's name) if given.
     pub fn client_config(&self, prefix: &str, client: Option<&str>) -> Result<EtcdConfig, String> {
-        let cfg = EtcdConfig::parse(&self.store_url(prefix))?;
+        let cfg = EtcdConfig::parse(&self.store_url(prefix)).map_err(|e| e.to_string())?;
         match &self.secure {
             Some(s) => Ok(cfg.with_tls(s.pki.tls(client)?)),
             None => Ok(cfg),

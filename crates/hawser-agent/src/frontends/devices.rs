@@ -320,7 +320,7 @@ impl Devices {
         let mut last = None;
         for (i, &kind) in kinds.iter().enumerate() {
             let made = match kind.ensure_module().await {
-                Err(why) => Err(DeviceError::NoFrontend(why)),
+                Err(missing) => Err(DeviceError::NoFrontend(missing.to_string())),
                 Ok(()) => kernel::make(
                     kind,
                     &self.node,

@@ -43,7 +43,7 @@ impl Kind {
 
     /// The kernel module, loaded if it is not (netlink families and `/dev/ublk-control` are
     /// not auto-loaded everywhere). The error says why not.
-    pub async fn ensure_module(self) -> Result<(), String> {
+    pub async fn ensure_module(self) -> Result<(), MissingModule> {
         let (module, present): (&str, fn() -> bool) = match self {
             Kind::Nbd => ("nbd", || std::path::Path::new("/sys/module/nbd").exists()),
             Kind::Ublk => ("ublk_drv", || {
@@ -64,8 +64,17 @@ impl Kind {
             Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_owned(),
             Err(e) => format!("modprobe: {e}"),
         };
-        Err(format!("the kernel has no {module} module ({why})"))
+        Err(MissingModule { module, why })
     }
+}
+
+/// A frontend's kernel module that is not loaded and that `modprobe` did not load.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the kernel has no {module} module ({why})")]
+pub struct MissingModule {
+    pub module: &'static str,
+    /// modprobe's own words, or why it did not run.
+    pub why: String,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -81,7 +81,7 @@ fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
 
 impl Kube {
     pub fn new(cfg: &KubeConfig, driver: &str) -> KResult<Kube> {
-        let api = Api::new(cfg, std::time::Duration::from_secs(5))?;
+        let api = Api::new(cfg, std::time::Duration::from_secs(5)).map_err(|e| e.to_string())?;
         Ok(Kube {
             api,
             driver: driver.to_string(),

@@ -4,13 +4,22 @@
 
 use hawser_api::backup::BackupSchedule;
 
+/// A cron expression the schedule cannot run by, with croner's reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cron {cron:?}: {why} (give five fields, minute hour day-of-month month day-of-week, in \
+     UTC; or six, with seconds first)"
+)]
+pub struct BadCron {
+    pub cron: String,
+    pub why: String,
+}
+
 /// A cron expression: five fields, or six with seconds first; UTC.
-pub fn parse(cron: &str) -> Result<croner::Cron, String> {
-    cron.parse::<croner::Cron>().map_err(|e| {
-        format!(
-            "cron {cron:?}: {e} (give five fields, minute hour day-of-month month \
-             day-of-week, in UTC; or six, with seconds first)"
-        )
+pub fn parse(cron: &str) -> Result<croner::Cron, BadCron> {
+    cron.parse::<croner::Cron>().map_err(|e| BadCron {
+        cron: cron.to_owned(),
+        why: e.to_string(),
     })
 }
 

@@ -29,7 +29,7 @@ const MIN_WAIT: Duration = Duration::from_secs(1);
 
 /// A cron expression, or the error the API gives for it.
 pub fn parse(cron: &str) -> Result<croner::Cron, ControllerError> {
-    crate::snapshots::cron::parse(cron).map_err(ControllerError::invalid)
+    crate::snapshots::cron::parse(cron).map_err(|e| ControllerError::invalid(e.to_string()))
 }
 
 pub use crate::snapshots::cron::{due, next_after};

@@ -44,7 +44,7 @@ use hawser_store::{
     Expect, Fence, LeaseId, Result, Store, StoreError, Versioned, Watch, WriteOptions,
 };
 
-use crate::api::{Api, ApiError};
+use crate::api::{Api, ApiError, SetupError};
 use crate::config::{ConfigError, KubeConfig};
 use crate::DEFAULT_REQUEST_TIMEOUT;
 
@@ -54,14 +54,35 @@ const MAX_ANY_ATTEMPTS: u32 = 16;
 /// The CRDs of every kind of record (the chart installs the same file).
 pub const CRDS_YAML: &str = include_str!("../../../../deploy/helm/hawser/crds/hawser.dev.yaml");
 
+/// Why the CRDs could not be installed.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error(transparent)]
+    Client(#[from] SetupError),
+    #[error("CRD manifest: {0}")]
+    Manifest(String),
+    #[error("create CRD {name}: {why}")]
+    Create { name: String, why: ApiError },
+    #[error("CRDs not served after {timeout:?} (served: {served:?})")]
+    NotServed {
+        timeout: Duration,
+        served: Vec<String>,
+    },
+    #[error("dry-run create of a {kind}: {why}")]
+    DryRun { kind: &'static str, why: ApiError },
+}
+
 /// Creates the CRDs that do not exist yet and waits until the API server serves all of
 /// them. For tests and clusters installed without the chart; needs the right to create
 /// CustomResourceDefinitions, which the chart does not give the controller.
-pub async fn install_crds(cfg: &KubeConfig, timeout: Duration) -> std::result::Result<(), String> {
+pub async fn install_crds(
+    cfg: &KubeConfig,
+    timeout: Duration,
+) -> std::result::Result<(), InstallError> {
     let api = Api::new(cfg, DEFAULT_REQUEST_TIMEOUT)?;
     for doc in serde_yaml::Deserializer::from_str(CRDS_YAML) {
         let v = <serde_json::Value as serde::Deserialize>::deserialize(doc)
-            .map_err(|e| format!("CRD manifest: {e}"))?;
+            .map_err(|e| InstallError::Manifest(e.to_string()))?;
         if v.is_null() {
             continue;
         }
@@ -73,7 +94,12 @@ pub async fn install_crds(cfg: &KubeConfig, timeout: Duration) -> std::result::R
             .await
         {
             Ok(_) | Err(ApiError::Conflict) => {}
-            Err(e) => return Err(format!("create CRD {}: {e}", v["metadata"]["name"])),
+            Err(why) => {
+                return Err(InstallError::Create {
+                    name: v["metadata"]["name"].to_string(),
+                    why,
+                })
+            }
         }
     }
     let deadline = tokio::time::Instant::now() + timeout;
@@ -93,9 +119,10 @@ pub async fn install_crds(cfg: &KubeConfig, timeout: Duration) -> std::result::R
             break;
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(format!(
-                "CRDs not served after {timeout:?} (served: {names:?})"
-            ));
+            return Err(InstallError::NotServed {
+                timeout,
+                served: names,
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -107,7 +134,12 @@ pub async fn install_crds(cfg: &KubeConfig, timeout: Duration) -> std::result::R
         let path = format!("{}?dryRun=All", objects::path("default", kind, None));
         match api.post(&path, &body).await {
             Ok(_) | Err(ApiError::Conflict) => {}
-            Err(e) => return Err(format!("dry-run create of a {}: {e}", kind.kind)),
+            Err(why) => {
+                return Err(InstallError::DryRun {
+                    kind: kind.kind,
+                    why,
+                })
+            }
         }
     }
     Ok(())
@@ -122,11 +154,22 @@ pub struct KubeStoreUrl {
     pub kubeconfig: Option<std::path::PathBuf>,
 }
 
+/// Why a store URL is not a `k8s://` one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KubeUrlError {
+    #[error("{url:?} does not start with k8s://")]
+    Scheme { url: String },
+    #[error("{url:?}: the only option is ?kubeconfig=PATH")]
+    Option { url: String },
+    #[error("{namespace:?} in {url:?} is not a namespace name")]
+    Namespace { namespace: String, url: String },
+}
+
 impl KubeStoreUrl {
-    pub fn parse(url: &str) -> std::result::Result<KubeStoreUrl, String> {
+    pub fn parse(url: &str) -> std::result::Result<KubeStoreUrl, KubeUrlError> {
         let rest = url
             .strip_prefix("k8s://")
-            .ok_or_else(|| format!("{url:?} does not start with k8s://"))?;
+            .ok_or_else(|| KubeUrlError::Scheme { url: url.into() })?;
         let (ns, query) = match rest.split_once('?') {
             Some((n, q)) => (n, Some(q)),
             None => (rest, None),
@@ -135,7 +178,7 @@ impl KubeStoreUrl {
             None => None,
             Some(q) => match q.strip_prefix("kubeconfig=") {
                 Some(p) if !p.is_empty() && !p.contains('&') => Some(p.into()),
-                _ => return Err(format!("{url:?}: the only option is ?kubeconfig=PATH")),
+                _ => return Err(KubeUrlError::Option { url: url.into() }),
             },
         };
         let ns = ns.trim_end_matches('/');
@@ -152,7 +195,10 @@ impl KubeStoreUrl {
             && !ns.starts_with('-')
             && !ns.ends_with('-');
         if !valid {
-            return Err(format!("{ns:?} in {url:?} is not a namespace name"));
+            return Err(KubeUrlError::Namespace {
+                namespace: ns.into(),
+                url: url.into(),
+            });
         }
         Ok(KubeStoreUrl {
             namespace: Some(ns.to_string()),
@@ -214,7 +260,7 @@ impl KubeStore {
             key: String::new(),
             reason,
         };
-        let api = Api::new(cfg, request_timeout).map_err(|e| fail("connect", e))?;
+        let api = Api::new(cfg, request_timeout).map_err(|e| fail("connect", e.to_string()))?;
         let inner = Arc::new(Inner {
             api,
             name: format!("{name} (namespace {namespace})"),
@@ -584,5 +630,22 @@ mod tests {
         ] {
             assert!(KubeStoreUrl::parse(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            KubeStoreUrl::parse("etcd://a:1"),
+            Err(KubeUrlError::Scheme {
+                url: "etcd://a:1".into()
+            })
+        );
+        assert_eq!(
+            KubeStoreUrl::parse("k8s://a?x=1"),
+            Err(KubeUrlError::Option {
+                url: "k8s://a?x=1".into()
+            })
+        );
+        let err = KubeStoreUrl::parse("k8s://Big").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#""Big" in "k8s://Big" is not a namespace name"#
+        );
     }
 }

@@ -198,27 +198,54 @@ fn structured(value: &[u8]) -> Option<Value> {
     (v.is_object() && exact(&v)).then_some(v)
 }
 
+/// Why an object in our resource is not a stored entry (made by hand, or by another program).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadObject {
+    #[error("object without metadata")]
+    NoMetadata,
+    #[error("object {name} has no {} annotation", KEY_ANNOTATION)]
+    NoKey { name: String },
+    #[error("object {name} has no resourceVersion")]
+    NoVersion { name: String },
+    #[error("object {name}: {why}")]
+    Spec { name: String, why: String },
+    #[error("object {name}: data is not base64: {why}")]
+    Data { name: String, why: String },
+    #[error("object {name} has no spec, text or data")]
+    NoValue { name: String },
+}
+
 /// A stored object as `(key, value, resource version)`.
-pub fn decode(obj: &Value) -> Result<(String, Vec<u8>, u64), String> {
-    let meta = obj.get("metadata").ok_or("object without metadata")?;
-    let name = meta.get("name").and_then(Value::as_str).unwrap_or("?");
+pub fn decode(obj: &Value) -> Result<(String, Vec<u8>, u64), BadObject> {
+    let meta = obj.get("metadata").ok_or(BadObject::NoMetadata)?;
+    let name = || {
+        meta.get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned()
+    };
     let key = meta
         .get("annotations")
         .and_then(|a| a.get(KEY_ANNOTATION))
         .and_then(Value::as_str)
-        .ok_or_else(|| format!("object {name} has no {KEY_ANNOTATION} annotation"))?;
-    let version =
-        resource_version(obj).ok_or_else(|| format!("object {name} has no resourceVersion"))?;
+        .ok_or_else(|| BadObject::NoKey { name: name() })?;
+    let version = resource_version(obj).ok_or_else(|| BadObject::NoVersion { name: name() })?;
     let value = if let Some(spec) = obj.get("spec") {
-        serde_json::to_vec(spec).map_err(|e| format!("object {name}: {e}"))?
+        serde_json::to_vec(spec).map_err(|e| BadObject::Spec {
+            name: name(),
+            why: e.to_string(),
+        })?
     } else if let Some(t) = obj.get("text").and_then(Value::as_str) {
         t.as_bytes().to_vec()
     } else if let Some(d) = obj.get("data").and_then(Value::as_str) {
         base64::engine::general_purpose::STANDARD
             .decode(d)
-            .map_err(|e| format!("object {name}: data is not base64: {e}"))?
+            .map_err(|e| BadObject::Data {
+                name: name(),
+                why: e.to_string(),
+            })?
     } else {
-        return Err(format!("object {name} has no spec, text or data"));
+        return Err(BadObject::NoValue { name: name() });
     };
     Ok((key.to_string(), value, version))
 }
@@ -336,14 +363,27 @@ mod tests {
 
     #[test]
     fn bad_objects_are_errors() {
-        for bad in [
-            json!({}),
-            json!({"metadata": {"name": "a"}}),
-            json!({"metadata": {"annotations": {KEY_ANNOTATION: "k"}, "resourceVersion": "x"}, "text": ""}),
-            json!({"metadata": {"annotations": {KEY_ANNOTATION: "k"}, "resourceVersion": "3"}}),
-            json!({"metadata": {"annotations": {KEY_ANNOTATION: "k"}, "resourceVersion": "3"}, "data": "!"}),
+        let name = || "?".to_owned();
+        for (bad, why) in [
+            (json!({}), BadObject::NoMetadata),
+            (
+                json!({"metadata": {"name": "a"}}),
+                BadObject::NoKey { name: "a".into() },
+            ),
+            (
+                json!({"metadata": {"annotations": {KEY_ANNOTATION: "k"}, "resourceVersion": "x"}, "text": ""}),
+                BadObject::NoVersion { name: name() },
+            ),
+            (
+                json!({"metadata": {"annotations": {KEY_ANNOTATION: "k"}, "resourceVersion": "3"}}),
+                BadObject::NoValue { name: name() },
+            ),
         ] {
-            assert!(decode(&bad).is_err(), "{bad}");
+            assert_eq!(decode(&bad), Err(why), "{bad}");
         }
+        let not_base64 = json!({"metadata": {"annotations": {KEY_ANNOTATION: "k"}, "resourceVersion": "3"}, "data": "!"});
+        let err = decode(&not_base64).unwrap_err();
+        assert!(matches!(err, BadObject::Data { .. }), "{err}");
+        assert!(err.to_string().contains("not base64"), "{err}");
     }
 }

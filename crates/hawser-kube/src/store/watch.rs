@@ -139,7 +139,7 @@ impl Feeder {
 
     /// The event, or `None` if its key is outside the prefix.
     fn put(&self, obj: &Value) -> Result<Option<WatchEvent>> {
-        let (key, value, version) = objects::decode(obj).map_err(|e| self.error(e))?;
+        let (key, value, version) = objects::decode(obj).map_err(|e| self.error(e.to_string()))?;
         Ok(key.starts_with(&self.prefix).then_some(WatchEvent::Put {
             key,
             value: Versioned { value, version },
@@ -148,7 +148,7 @@ impl Feeder {
 
     fn delete(&self, obj: &Value) -> Result<Option<WatchEvent>> {
         // The deleted object carries the revision of its deletion.
-        let (key, _, revision) = objects::decode(obj).map_err(|e| self.error(e))?;
+        let (key, _, revision) = objects::decode(obj).map_err(|e| self.error(e.to_string()))?;
         Ok(key
             .starts_with(&self.prefix)
             .then_some(WatchEvent::Delete { key, revision }))

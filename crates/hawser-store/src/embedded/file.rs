@@ -201,13 +201,22 @@ impl DiskEntry {
     }
 
     /// The value's bytes, or why it has none.
-    pub fn value(self) -> std::result::Result<Vec<u8>, String> {
+    pub fn value(self) -> std::result::Result<Vec<u8>, BadEntry> {
         match (self.text, self.hex) {
             (Some(t), None) => Ok(t.into_bytes()),
-            (None, Some(h)) => from_hex(&h).ok_or_else(|| "bad hex".to_string()),
-            _ => Err("needs exactly one of text, hex".to_string()),
+            (None, Some(h)) => from_hex(&h).ok_or(BadEntry::Hex),
+            _ => Err(BadEntry::TextOrHex),
         }
     }
+}
+
+/// Why a stored entry has no value: the file was written by something else, or damaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadEntry {
+    #[error("bad hex")]
+    Hex,
+    #[error("needs exactly one of text, hex")]
+    TextOrHex,
 }
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -222,4 +231,35 @@ fn from_hex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn entry(text: Option<&str>, hex: Option<&str>) -> DiskEntry {
+        DiskEntry {
+            version: 1,
+            text: text.map(str::to_owned),
+            hex: hex.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn an_entry_has_its_value_in_exactly_one_form() {
+        let binary = Versioned {
+            value: vec![0xff, 0x00, 0x7f],
+            version: 3,
+        };
+        assert_eq!(DiskEntry::of(&binary).value().unwrap(), binary.value);
+        assert_eq!(entry(Some("v"), None).value().unwrap(), b"v");
+        assert_eq!(entry(None, Some("ff0")).value(), Err(BadEntry::Hex));
+        assert_eq!(entry(None, Some("zz")).value(), Err(BadEntry::Hex));
+        assert_eq!(entry(None, None).value(), Err(BadEntry::TextOrHex));
+        assert_eq!(
+            entry(Some("v"), Some("76")).value(),
+            Err(BadEntry::TextOrHex)
+        );
+    }
 }
