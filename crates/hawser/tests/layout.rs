@@ -124,16 +124,12 @@ fn every_integration_test_file_is_a_module_of_its_crates_one_test_binary() {
 /// The end-to-end binaries' `filter` lines in `.config/nextest.toml`'s `e2e` profile, but the
 /// last rule's (`package(hawser-e2e)`, which takes every test no earlier rule placed).
 fn e2e_placements(config: &str) -> Vec<String> {
-    let mut filters = Vec::new();
-    let mut in_e2e_rule = false;
-    for line in config.lines().map(str::trim) {
-        if line.starts_with('[') {
-            in_e2e_rule = line == "[[profile.e2e.overrides]]";
-        } else if in_e2e_rule && line.starts_with("filter") && !line.contains("package(") {
-            filters.push(line.to_string());
-        }
-    }
-    filters
+    e2e_rules(config)
+        .into_iter()
+        .flatten()
+        .filter(|l| l.starts_with("filter") && !l.contains("package("))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Whether `name` is a whole name in `filter` (so `snapshots` is not found in `snapshot_cut`).
@@ -174,21 +170,27 @@ fn every_end_to_end_binary_is_placed_in_nextest_toml() {
 
 /// The rules of the `e2e` profile, each as its lines.
 fn e2e_rules(config: &str) -> Vec<Vec<&str>> {
-    let mut rules: Vec<Vec<&str>> = Vec::new();
-    let mut in_e2e_rule = false;
-    for line in config.lines().map(str::trim) {
+    toml_sections(config, "[[profile.e2e.overrides]]")
+}
+
+/// The lines (trimmed, without blanks and comments) of each section of `text` whose header
+/// is `header`, in order: a table's once, an array of tables' once per element.
+fn toml_sections<'a>(text: &'a str, header: &str) -> Vec<Vec<&'a str>> {
+    let mut sections: Vec<Vec<&str>> = Vec::new();
+    let mut inside = false;
+    for line in text.lines().map(str::trim) {
         if line.starts_with('[') {
-            in_e2e_rule = line == "[[profile.e2e.overrides]]";
-            if in_e2e_rule {
-                rules.push(Vec::new());
+            inside = line == header;
+            if inside {
+                sections.push(Vec::new());
             }
-        } else if in_e2e_rule && !line.is_empty() && !line.starts_with('#') {
-            if let Some(rule) = rules.last_mut() {
-                rule.push(line);
+        } else if inside && !line.is_empty() && !line.starts_with('#') {
+            if let Some(section) = sections.last_mut() {
+                section.push(line);
             }
         }
     }
-    rules
+    sections
 }
 
 /// nextest takes each setting from the first rule that sets it, and the last rule (every
@@ -276,17 +278,16 @@ fn the_dependency_walk_counts_normal_dependencies_only() {
 
 /// The names under a manifest's `[dependencies]` (not dev-, build- or target-specific ones).
 fn normal_dependencies(manifest: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut inside = false;
-    for line in manifest.lines().map(str::trim) {
-        if line.starts_with('[') {
-            inside = line == "[dependencies]";
-        } else if inside && !line.is_empty() && !line.starts_with('#') {
-            let name = line.split(['=', '.', ' ']).next().unwrap_or_default();
-            out.push(name.to_string());
-        }
-    }
-    out
+    toml_sections(manifest, "[dependencies]")
+        .into_iter()
+        .flatten()
+        .map(|line| {
+            line.split(['=', '.', ' '])
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
 }
 
 /// Every crate reachable from `from` through `graph` (crates outside it are leaves).
