@@ -4,10 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::node_support::{node, TempDir};
-use hawser_agent::control::admin_api::{self, AdminState};
+use crate::node_support::{node, serve_admin, TempDir};
 use hawser_agent::engine::registry::Engines;
-use hawser_agent::observe::metrics::AgentMetrics;
 use hawser_api::ApiError;
 use serde_json::json;
 
@@ -18,21 +16,7 @@ async fn admin_calls_need_the_agent_token() {
     let dir = TempDir::new("admin-auth");
     let storage = node(&dir.0, "a", 1 << 20);
     let engines = Arc::new(Engines::default());
-    let metrics = AgentMetrics::new(engines.clone(), storage.clone());
-    let state = AdminState {
-        devices: None,
-        backups: Default::default(),
-        node: "a".into(),
-        storage: storage.clone(),
-        engines,
-        metrics: metrics.clone(),
-        token: Some(TOKEN.into()),
-        link: Default::default(),
-        resync_rate: hawser_agent::engine::rate_limit::ResyncRates::default(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, admin_api::router(state)).await });
+    let (base, metrics) = serve_admin(&storage, &engines, TOKEN).await;
     let http = reqwest::Client::new();
     let create = json!({"replica_id": "r2", "volume": "v", "size_bytes": 1 << 20,
         "pool": "default", "thin": true});
@@ -186,21 +170,7 @@ async fn calls_meant_for_another_node_are_refused() {
     let dir = TempDir::new("admin-node");
     let storage = node(&dir.0, "a", 1 << 20);
     let engines = Arc::new(Engines::default());
-    let metrics = AgentMetrics::new(engines.clone(), storage.clone());
-    let state = AdminState {
-        devices: None,
-        backups: Default::default(),
-        node: "a".into(),
-        storage: storage.clone(),
-        engines,
-        metrics: metrics.clone(),
-        token: Some(TOKEN.into()),
-        link: Default::default(),
-        resync_rate: hawser_agent::engine::rate_limit::ResyncRates::default(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, admin_api::router(state)).await });
+    let (base, _) = serve_admin(&storage, &engines, TOKEN).await;
     let http = reqwest::Client::new();
     let bearer = format!("Bearer {TOKEN}");
     let create = json!({"replica_id": "r2", "volume": "v", "size_bytes": 1 << 20,

@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::node_support::{node, TempDir};
-use hawser_agent::control::admin_api::{self, AdminState};
+use crate::node_support::{node, serve_admin, TempDir};
 use hawser_agent::engine::registry::Engines;
 use hawser_api::ApiError;
 use serde_json::{json, Value};
@@ -26,23 +25,7 @@ async fn bad_engine_requests_are_refused_and_change_nothing() {
     let dir = TempDir::new("admin-input");
     let storage = node(&dir.0, "a", 1 << 20);
     let engines = Arc::new(Engines::default());
-    let state = AdminState {
-        devices: None,
-        backups: Default::default(),
-        node: "a".into(),
-        storage: storage.clone(),
-        engines: engines.clone(),
-        metrics: hawser_agent::observe::metrics::AgentMetrics::new(
-            engines.clone(),
-            storage.clone(),
-        ),
-        token: Some(TOKEN.into()),
-        link: Default::default(),
-        resync_rate: hawser_agent::engine::rate_limit::ResyncRates::default(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, admin_api::router(state)).await });
+    let (base, _) = serve_admin(&storage, &engines, TOKEN).await;
     let http = reqwest::Client::new();
     let good = || replica("vol-a", "in_sync");
     let nine: Vec<Value> = (0..9)

@@ -6,10 +6,8 @@
 
 use std::sync::Arc;
 
-use crate::node_support::{node, TempDir};
-use hawser_agent::control::admin_api::{self, AdminState};
+use crate::node_support::{node, serve_admin, TempDir};
 use hawser_agent::engine::registry::Engines;
-use hawser_agent::observe::metrics::AgentMetrics;
 use hawser_api::agent::{CreateReplica, ReplicaInventory, ReplicaStatus};
 use hawser_api::{KeyCheck, WrappedKey};
 use serde_json::json;
@@ -25,20 +23,7 @@ async fn a_replica_keeps_its_wrapped_key_lists_it_and_takes_only_newer_ones() {
     let dir = TempDir::new("wrapped-key");
     let storage = node(&dir.0, "a", 1 << 20);
     let engines = Arc::new(Engines::default());
-    let state = AdminState {
-        devices: None,
-        backups: Default::default(),
-        node: "a".into(),
-        storage: storage.clone(),
-        engines: engines.clone(),
-        metrics: AgentMetrics::new(engines, storage.clone()),
-        token: Some(TOKEN.into()),
-        link: Default::default(),
-        resync_rate: hawser_agent::engine::rate_limit::ResyncRates::default(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, admin_api::router(state)).await });
+    let (base, _) = serve_admin(&storage, &engines, TOKEN).await;
     let http = reqwest::Client::new();
     let call = |method: reqwest::Method, path: &str| {
         http.request(method, format!("{base}{path}"))

@@ -1,10 +1,14 @@
 //! Shared fixtures for engine tests without the control plane: a temporary directory removed
-//! on drop, and one node's storage with a replica `vol-<node>` of volume `vol`.
+//! on drop, one node's storage with a replica `vol-<node>` of volume `vol`, and that node's
+//! admin API on a loopback port.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hawser_agent::agent::parse_pool;
+use hawser_agent::control::admin_api::{self, AdminState};
+use hawser_agent::engine::registry::Engines;
+use hawser_agent::observe::metrics::AgentMetrics;
 use hawser_agent::storage::pools::NodeStorage;
 use hawser_storage::{NewReplica, Pool};
 
@@ -153,4 +157,29 @@ pub async fn two_nodes_with(
         engines,
         stop,
     }
+}
+
+/// The admin API of node `a` (`storage`, `engines`) on a loopback port, taking the agent token
+/// `token`: its base URL, and its metrics (whose scrape tokens a test may set).
+pub async fn serve_admin(
+    storage: &Arc<NodeStorage>,
+    engines: &Arc<Engines>,
+    token: &str,
+) -> (String, Arc<AgentMetrics>) {
+    let metrics = AgentMetrics::new(engines.clone(), storage.clone());
+    let state = AdminState {
+        devices: None,
+        backups: Default::default(),
+        node: "a".into(),
+        storage: storage.clone(),
+        engines: engines.clone(),
+        metrics: metrics.clone(),
+        token: Some(token.into()),
+        link: Default::default(),
+        resync_rate: Default::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, admin_api::router(state)).await });
+    (base, metrics)
 }
