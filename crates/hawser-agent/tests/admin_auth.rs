@@ -2,10 +2,7 @@
 //! wrong one) a 401 JSON `ApiError` and nothing done; with it, the call runs.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-
-use crate::node_support::{node, serve_admin, TempDir};
-use hawser_agent::engine::registry::Engines;
+use crate::node_support::admin_node;
 use hawser_api::ApiError;
 use serde_json::json;
 
@@ -13,10 +10,7 @@ const TOKEN: &str = "agent-token-for-the-admin-api-test-0123456789";
 
 #[tokio::test]
 async fn admin_calls_need_the_agent_token() {
-    let dir = TempDir::new("admin-auth");
-    let storage = node(&dir.0, "a", 1 << 20);
-    let engines = Arc::new(Engines::default());
-    let (base, metrics) = serve_admin(&storage, &engines, TOKEN).await;
+    let (_dir, storage, _, base, metrics) = admin_node("admin-auth", TOKEN).await;
     let http = reqwest::Client::new();
     let create = json!({"replica_id": "r2", "volume": "v", "size_bytes": 1 << 20,
         "pool": "default", "thin": true});
@@ -167,10 +161,7 @@ async fn admin_calls_need_the_agent_token() {
 /// another node's agent took it over, and must not create or delete replicas there.
 #[tokio::test]
 async fn calls_meant_for_another_node_are_refused() {
-    let dir = TempDir::new("admin-node");
-    let storage = node(&dir.0, "a", 1 << 20);
-    let engines = Arc::new(Engines::default());
-    let (base, _) = serve_admin(&storage, &engines, TOKEN).await;
+    let (_dir, storage, _, base, _) = admin_node("admin-node", TOKEN).await;
     let http = reqwest::Client::new();
     let bearer = format!("Bearer {TOKEN}");
     let create = json!({"replica_id": "r2", "volume": "v", "size_bytes": 1 << 20,

@@ -2,10 +2,7 @@
 //! allocation follows a size from the request, and the agent then starts a good engine.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-
-use crate::node_support::{node, serve_admin, TempDir};
-use hawser_agent::engine::registry::Engines;
+use crate::node_support::admin_node;
 use hawser_api::ApiError;
 use serde_json::{json, Value};
 
@@ -22,10 +19,7 @@ fn engine(size: u64, epoch: u64, replicas: Vec<Value>) -> Value {
 
 #[tokio::test]
 async fn bad_engine_requests_are_refused_and_change_nothing() {
-    let dir = TempDir::new("admin-input");
-    let storage = node(&dir.0, "a", 1 << 20);
-    let engines = Arc::new(Engines::default());
-    let (base, _) = serve_admin(&storage, &engines, TOKEN).await;
+    let (_dir, storage, engines, base, _) = admin_node("admin-input", TOKEN).await;
     let http = reqwest::Client::new();
     let good = || replica("vol-a", "in_sync");
     let nine: Vec<Value> = (0..9)

@@ -4,10 +4,7 @@
 //! A wrapping that names another key check than the replica's, or garbage, changes nothing.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-
-use crate::node_support::{node, serve_admin, TempDir};
-use hawser_agent::engine::registry::Engines;
+use crate::node_support::admin_node;
 use hawser_api::agent::{CreateReplica, ReplicaInventory, ReplicaStatus};
 use hawser_api::{KeyCheck, WrappedKey};
 use serde_json::json;
@@ -20,10 +17,7 @@ fn under(kek: u32, fill: u8, check: KeyCheck) -> WrappedKey {
 
 #[tokio::test]
 async fn a_replica_keeps_its_wrapped_key_lists_it_and_takes_only_newer_ones() {
-    let dir = TempDir::new("wrapped-key");
-    let storage = node(&dir.0, "a", 1 << 20);
-    let engines = Arc::new(Engines::default());
-    let (base, _) = serve_admin(&storage, &engines, TOKEN).await;
+    let (_dir, storage, _, base, _) = admin_node("wrapped-key", TOKEN).await;
     let http = reqwest::Client::new();
     let call = |method: reqwest::Method, path: &str| {
         http.request(method, format!("{base}{path}"))

@@ -159,13 +159,22 @@ pub async fn two_nodes_with(
     }
 }
 
-/// The admin API of node `a` (`storage`, `engines`) on a loopback port, taking the agent token
-/// `token`: its base URL, and its metrics (whose scrape tokens a test may set).
-pub async fn serve_admin(
-    storage: &Arc<NodeStorage>,
-    engines: &Arc<Engines>,
+/// Node `a` (1 MiB, a replica `vol-a`, no engine) with its admin API on a loopback port,
+/// taking the agent token `token`: the directory (removed on drop), the storage, the engines,
+/// the API's base URL, and its metrics (whose scrape tokens a test may set).
+pub async fn admin_node(
+    label: &str,
     token: &str,
-) -> (String, Arc<AgentMetrics>) {
+) -> (
+    TempDir,
+    Arc<NodeStorage>,
+    Arc<Engines>,
+    String,
+    Arc<AgentMetrics>,
+) {
+    let dir = TempDir::new(label);
+    let storage = node(&dir.0, "a", 1 << 20);
+    let engines = Arc::new(Engines::default());
     let metrics = AgentMetrics::new(engines.clone(), storage.clone());
     let state = AdminState {
         devices: None,
@@ -181,5 +190,5 @@ pub async fn serve_admin(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, admin_api::router(state)).await });
-    (base, metrics)
+    (dir, storage, engines, base, metrics)
 }
