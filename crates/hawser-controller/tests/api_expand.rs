@@ -3,20 +3,14 @@
 //! grow, an offline node and a failing agent are refused with the record unchanged.
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{code, Cluster, Op, GIB};
+use crate::common::{code, replicas_of, Cluster, Op, GIB};
 use serde_json::json;
 
+/// A volume body's replicas as (id, node).
 fn replica_ids(v: &serde_json::Value) -> Vec<(String, String)> {
-    v["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["id"].as_str().unwrap().to_string(),
-                r["node"].as_str().unwrap().to_string(),
-            )
-        })
+    replicas_of(v)
+        .into_iter()
+        .map(|(id, node, _, _)| (id, node))
         .collect()
 }
 

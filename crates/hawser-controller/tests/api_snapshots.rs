@@ -4,7 +4,7 @@
 //! with snapshots guarded against deletion.
 #![allow(clippy::unwrap_used)]
 
-use crate::common::{code, eventually, Cluster, Op, GIB};
+use crate::common::{code, eventually, replicas_of, Cluster, Op, GIB};
 use serde_json::json;
 
 fn agent_calls(c: &Cluster, what: &str) -> Vec<String> {
@@ -181,22 +181,6 @@ async fn a_detached_volume_needs_no_pause_and_goes_with_its_snapshots_when_asked
     assert_eq!(s, 400);
 }
 
-fn replicas_of(v: &serde_json::Value) -> Vec<(String, String, String, bool)> {
-    v["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["id"].as_str().unwrap().to_string(),
-                r["node"].as_str().unwrap().to_string(),
-                r["state"].as_str().unwrap().to_string(),
-                r["blank"].as_bool().unwrap_or(false),
-            )
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere() {
     let c = Cluster::start(3).await;
@@ -294,18 +278,11 @@ async fn a_clone_is_seeded_from_the_snapshot_on_its_holders_and_blank_elsewhere(
     assert_eq!(copies(&c), 2, "only s1's copies are left");
 }
 
+/// A volume body's replicas as (id, state, blank).
 fn replica_states(v: &serde_json::Value) -> Vec<(String, String, bool)> {
-    v["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["id"].as_str().unwrap().to_string(),
-                r["state"].as_str().unwrap().to_string(),
-                r["blank"].as_bool().unwrap_or(false),
-            )
-        })
+    replicas_of(v)
+        .into_iter()
+        .map(|(id, _, state, blank)| (id, state, blank))
         .collect()
 }
 

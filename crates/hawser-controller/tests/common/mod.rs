@@ -1024,6 +1024,23 @@ pub async fn read(resp: reqwest::Response) -> (u16, Value) {
     (status, body)
 }
 
+/// A volume body's replicas as (id, node, state, blank), in its order.
+pub fn replicas_of(v: &Value) -> Vec<(String, String, String, bool)> {
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["node"].as_str().unwrap().to_string(),
+                r["state"].as_str().unwrap().to_string(),
+                r["blank"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
 /// The error code of an error body.
 pub fn code(body: &Value) -> &str {
     body["code"].as_str().unwrap_or("<no code>")
