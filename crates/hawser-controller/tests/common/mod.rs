@@ -338,18 +338,20 @@ fn replica_status(req: &CreateReplica) -> ReplicaStatus {
     }
 }
 
+/// A delete's answer: done, or 404 for a `what` the fake does not have.
+fn removed(found: bool, what: &str, id: &str) -> Response {
+    if found {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    (StatusCode::NOT_FOUND, Json(ApiError::not_found(what, id))).into_response()
+}
+
 async fn delete_replica(State(st): State<Fake>, Path(id): Path<String>) -> Response {
     if record(&st, format!("DELETE /v1/replicas/{id}"), Op::DeleteReplica) {
         return refuse("delete replica");
     }
-    match st.lock().unwrap().replicas.remove(&id) {
-        Some(_) => StatusCode::NO_CONTENT.into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            Json(ApiError::not_found("replica", &id)),
-        )
-            .into_response(),
-    }
+    let found = st.lock().unwrap().replicas.remove(&id).is_some();
+    removed(found, "replica", &id)
 }
 
 /// Like a delete: the fake keeps no trash.
@@ -361,14 +363,8 @@ async fn trash_replica(State(st): State<Fake>, Path(id): Path<String>) -> Respon
     ) {
         return refuse("trash replica");
     }
-    match st.lock().unwrap().replicas.remove(&id) {
-        Some(_) => StatusCode::NO_CONTENT.into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            Json(ApiError::not_found("replica", &id)),
-        )
-            .into_response(),
-    }
+    let found = st.lock().unwrap().replicas.remove(&id).is_some();
+    removed(found, "replica", &id)
 }
 
 async fn grow_replica(
@@ -690,14 +686,8 @@ async fn stop_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Resp
     if record(&st, format!("DELETE /v1/engines/{volume}"), Op::StopEngine) {
         return refuse("stop engine");
     }
-    match st.lock().unwrap().engines.remove(&volume) {
-        Some(_) => StatusCode::NO_CONTENT.into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            Json(ApiError::not_found("engine", &volume)),
-        )
-            .into_response(),
-    }
+    let found = st.lock().unwrap().engines.remove(&volume).is_some();
+    removed(found, "engine", &volume)
 }
 
 async fn scrub_engine(State(st): State<Fake>, Path(volume): Path<String>) -> Response {
