@@ -183,7 +183,7 @@ fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, BadAnswer> {
             .ok_or(BadAnswer::NoChunkSizeLine)?;
         let line = String::from_utf8_lossy(&b[..nl]);
         let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|_| BadAnswer::ChunkSize(line.clone().into_owned()))?;
+            .map_err(|_| BadAnswer::ChunkSize(line.to_string()))?;
         b = &b[nl + 2..];
         if size == 0 {
             return Ok(out);
