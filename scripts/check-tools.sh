@@ -22,8 +22,10 @@ git rev-parse --is-inside-work-tree >/dev/null
 
 problems=0
 problem() { echo "check-tools: $*" >&2; problems=$((problems + 1)); }
-# make without a calling make's flags (-j's jobserver, -k, command-line variables).
-mk() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory "$@"; }
+# make without a calling make's flags (-j's jobserver, -k, command-line variables). A dry run
+# still runs the recipe lines that name $(MAKE), with test-times.sh after them: their times go
+# nowhere, not into the run's log.
+mk() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL HAWSER_TEST_TIMES=/dev/null make --no-print-directory "$@"; }
 # A Makefile variable as make sees it, so that no list is copied here.
 mkvar() { mk -s --eval 'print-var-%: ; @echo $($*)' "print-var-$1"; }
 

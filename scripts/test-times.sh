@@ -36,6 +36,9 @@ case "${1:-}" in
     ;;
 *)
     step="$1"
+    # make -n still runs a recipe line that names $(MAKE), and so this wrapper: check-tools'
+    # `make -n -B test` does, in a fresh checkout that has no target/ yet.
+    mkdir -p "$(dirname "$log")"
     start=$(date +%s)
     current="?"
     while IFS= read -r line; do
