@@ -1,96 +1,13 @@
-//! Tests of the embedded store: compare-and-swap, durability across reopen, corrupt files
-//! (concurrent writers, leases and watches: the conformance suite, run on both backends).
+//! Tests of the embedded store's own file: durability across reopen, one opener, corrupt
+//! and left-over files, the log. What every backend must do (compare-and-swap, conditional
+//! deletes, list order, concurrent writers, leases, watches) is the conformance suite
+//! (hawser-testkit's store_conformance), which runs on this backend too.
 #![allow(clippy::unwrap_used)]
 
 use hawser_store::{get_json, put_json, EmbeddedStore, Expect, Store, StoreError};
 
 fn open(dir: &tempfile::TempDir) -> EmbeddedStore {
     EmbeddedStore::open(dir.path().join("store.json")).unwrap()
-}
-
-#[tokio::test]
-async fn cas_conflicts() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = open(&dir);
-    let v1 = s
-        .put("volumes/a", b"1".to_vec(), Expect::Absent)
-        .await
-        .unwrap();
-    // Creating again fails and reports the version found.
-    let err = s
-        .put("volumes/a", b"2".to_vec(), Expect::Absent)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::Conflict { ref key, expected: Expect::Absent, found: Some(f) }
-            if key == "volumes/a" && f == v1),
-        "{err:?}"
-    );
-    let v2 = s
-        .put("volumes/a", b"2".to_vec(), Expect::Version(v1))
-        .await
-        .unwrap();
-    assert!(v2 > v1);
-    // A stale version loses.
-    let err = s
-        .put("volumes/a", b"3".to_vec(), Expect::Version(v1))
-        .await
-        .unwrap_err();
-    assert!(err.is_conflict());
-    // A version on an absent key loses too.
-    let err = s
-        .put("volumes/b", b"x".to_vec(), Expect::Version(v1))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::Conflict { found: None, .. }),
-        "{err:?}"
-    );
-    // Deletes are conditional as well.
-    assert!(s
-        .delete("volumes/a", Expect::Version(v1))
-        .await
-        .unwrap_err()
-        .is_conflict());
-    assert!(s
-        .delete("volumes/a", Expect::Absent)
-        .await
-        .unwrap_err()
-        .is_conflict());
-    s.delete("volumes/a", Expect::Version(v2)).await.unwrap();
-    assert_eq!(s.get("volumes/a").await.unwrap(), None);
-    // Deleting a missing key is a no-op unless a version was expected.
-    s.delete("volumes/a", Expect::Any).await.unwrap();
-    assert!(s
-        .delete("volumes/a", Expect::Version(v2))
-        .await
-        .unwrap_err()
-        .is_conflict());
-    // Any overwrites unconditionally.
-    let v3 = s
-        .put("volumes/a", b"4".to_vec(), Expect::Any)
-        .await
-        .unwrap();
-    assert!(v3 > v2, "a recreated key never reuses a version");
-}
-
-#[tokio::test]
-async fn list_is_sorted_and_prefix_bounded() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = open(&dir);
-    for k in ["volumes/b", "nodes/n1", "volumes/a", "volumesx", "w"] {
-        s.put(k, k.as_bytes().to_vec(), Expect::Any).await.unwrap();
-    }
-    let keys: Vec<String> = s
-        .list("volumes/")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
-    assert_eq!(keys, ["volumes/a", "volumes/b"]);
-    assert_eq!(s.list("").await.unwrap().len(), 5);
-    assert!(s.list("zzz").await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -169,8 +86,6 @@ fn corrupt_files_are_clear_errors() {
     std::fs::write(&path, &good).unwrap();
     EmbeddedStore::open(&path).unwrap();
 }
-
-// Concurrent CAS is in the conformance suite (tests/conformance), run on this backend too.
 
 #[tokio::test]
 async fn leftover_tmp_file_is_ignored() {

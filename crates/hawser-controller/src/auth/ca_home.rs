@@ -383,10 +383,25 @@ mod tests {
     }
 
     /// An older build's data directory: plain files, as it wrote them.
-    fn older_build(dir: &Path, files: &[(&str, &str)]) {
+    fn older_build(dir: &Path, files: &[(&str, &str)]) -> CaHome {
         for (name, text) in files {
             std::fs::write(dir.join(name), text).expect("write");
         }
+        CaHome::Files(dir.into())
+    }
+
+    /// Starts the controller's CA from `dir` and checks that it kept `want`, and that `gone`
+    /// (the half-written file of the cut that did not win) is no longer there.
+    async fn starts_with(dir: &Path, want: &Ca, gone: &str) -> Kept {
+        let home = CaHome::Files(dir.into());
+        let kept = home.load_or_create("c").await.expect("starts");
+        assert_eq!(
+            kept.ca.fingerprint(),
+            want.fingerprint(),
+            "the pair that matches"
+        );
+        assert!(!dir.join(gone).exists(), "{gone} is left");
+        kept
     }
 
     /// A data directory and two CAs of one cluster: the one in use and the next.
@@ -414,16 +429,9 @@ mod tests {
             ("ca-next.key", &next.key_pem()),
             ("ca-next.tmp", cut_short),
         ];
-        older_build(dir.path(), &files);
-        let home = CaHome::Files(dir.path().into());
-        let kept = home.load_or_create("c").await.expect("starts");
-        assert_eq!(
-            kept.ca.fingerprint(),
-            old.fingerprint(),
-            "the pair that matches"
-        );
+        let home = older_build(dir.path(), &files);
+        let kept = starts_with(dir.path(), &old, "ca-next.key").await;
         assert_eq!(read(dir.path(), CA_KEY_FILE), old.key_pem());
-        assert!(!dir.path().join("ca-next.key").exists());
         // The rotation's retirement, applied again from the store, lands whole.
         home.keep_new(&next, &kept.grant_root)
             .await
@@ -445,15 +453,8 @@ mod tests {
             ("ca-next.pem", next.cert_pem()),
         ];
         older_build(dir.path(), &files);
-        let home = CaHome::Files(dir.path().into());
-        let kept = home.load_or_create("c").await.expect("starts");
-        assert_eq!(
-            kept.ca.fingerprint(),
-            old.fingerprint(),
-            "the pair that matches"
-        );
+        starts_with(dir.path(), &old, "ca-next.pem").await;
         assert_eq!(read(dir.path(), CA_CERT_FILE), old.cert_pem());
-        assert!(!dir.path().join("ca-next.pem").exists());
     }
 
     #[tokio::test]
@@ -467,13 +468,8 @@ mod tests {
             ("ca-next.pem", next.cert_pem()),
         ];
         older_build(dir.path(), &files);
-        let after = CaHome::Files(dir.path().into())
-            .load_or_create("c")
-            .await
-            .expect("starts");
-        assert_eq!(after.ca.fingerprint(), next.fingerprint());
+        starts_with(dir.path(), &next, "ca-next.pem").await;
         assert_eq!(read(dir.path(), CA_CERT_FILE), next.cert_pem());
-        assert!(!dir.path().join("ca-next.pem").exists());
     }
 
     #[tokio::test]
@@ -483,8 +479,7 @@ mod tests {
             (CA_CERT_FILE, old.cert_pem()),
             (CA_KEY_FILE, &next.key_pem()),
         ];
-        older_build(dir.path(), &files);
-        let home = CaHome::Files(dir.path().into());
+        let home = older_build(dir.path(), &files);
         let e = format!(
             "{:#}",
             home.load_or_create("c").await.err().expect("refused")
