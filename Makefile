@@ -39,7 +39,7 @@ export HAWSER_K8S_BIN := $(K8S_CACHE)/bin
 # The dashboard test's browser driver (playwright-core), from ui/package-lock.json.
 UI_MODULES := ui/node_modules/.package-lock.json
 
-.PHONY: all deps deps-demo check-tools doctor build upgrade-build k8s-tools kvm-kernel ui fuzz-build test test-prereqs test-unit test-e2e check nextest demo bench instructions miri asan fmt lint clean fuzz
+.PHONY: all deps deps-demo check-tools doctor build upgrade-build unit-build e2e-build k8s-tools kvm-kernel ui fuzz-build test test-prereqs test-unit test-e2e check nextest demo bench instructions miri asan fmt lint clean fuzz
 
 all: build
 
@@ -108,15 +108,24 @@ E2E_ON_ETCD := --test replicated_volume --test bad_input
 timed = set -o pipefail; $(2) 2>&1 | scripts/test-times.sh $(1) || { scripts/test-times.sh --report; exit 1; }
 
 # Everything make test builds or installs before its first test, two jobs at a time: the
-# cargo builds (release, clippy's), the Go tools (the longest, 14 min on a fresh machine),
-# the guest kernel, npm, cargo-nextest's install and the fuzz build (each of those in a
-# directory of its own), so that one runs where another leaves a core idle (a link, one
-# large crate at a time, a download). On a fresh machine (docs/testing.md) the Go tools
-# beside clippy and nextest's install took 14 min, against 26 one after another.
+# Go tools first (the longest, 14 min on a fresh machine), cargo-nextest's install, the
+# release build, the unit and end-to-end steps' test binaries, clippy's build, the guest
+# kernel, npm and the fuzz build (each of those in a directory of its own), so that one runs
+# where another leaves a core idle (a link, one large crate at a time, a download). On a
+# fresh machine (docs/testing.md) the Go tools beside clippy and nextest's install took
+# 14 min, against 26 one after another.
 test-prereqs: check-tools deps
 	@scripts/test-times.sh --start
-	$(call timed,builds,$(MAKE) -j2 --output-sync=target build upgrade-build lint k8s-tools \
-		kvm-kernel $(UI_MODULES) nextest fuzz-build)
+	$(call timed,builds,$(MAKE) -j2 --output-sync=target k8s-tools nextest build upgrade-build \
+		unit-build e2e-build lint kvm-kernel $(UI_MODULES) fuzz-build)
+
+# The test binaries of make test's unit and end-to-end steps, as cargo-nextest builds them
+# there (`cargo test --no-run` with the step's profile and packages): built here, beside
+# the other builds, the steps find them up to date and only run.
+unit-build: deps-demo
+	$(CARGO) test --no-run --profile unit --workspace --exclude hawser-e2e
+e2e-build: build
+	$(CARGO) test --no-run --release -p hawser-e2e
 
 # Unit, simulation and integration tests (through cargo-nextest, .config/nextest.toml's `ci`
 # profile: each test in a process of its own, JUnit in target/nextest/ci/junit.xml; in the
@@ -145,12 +154,14 @@ check: deps-demo nextest
 	HAWSER_SEEDS_PER_SHARD=25 $(CARGO) nextest run --profile check --cargo-profile unit \
 		--workspace --exclude hawser-e2e --lib --bins --test seeds --test layout
 
-# cargo-nextest, pinned, installed from crates.io when missing or of another version (about
-# 4 min on 2 cores, once).
+# cargo-nextest, pinned, installed from crates.io when missing or of another version: about
+# 4.5 min on 2 cores, once. Without its self-update (`cargo nextest self update`, an HTTP
+# client that nothing here uses): 306 crates, not 333.
 NEXTEST_VERSION := 0.9.151
 nextest:
 	@$(CARGO) nextest --version 2>/dev/null | grep -qF "cargo-nextest $(NEXTEST_VERSION)" || \
-		$(CARGO) install cargo-nextest --version $(NEXTEST_VERSION) --locked
+		$(CARGO) install cargo-nextest --version $(NEXTEST_VERSION) --locked \
+		--no-default-features --features default-no-update
 
 # Every fuzz target (fuzz/) for FUZZ_SECONDS each (default 20), on the pinned stable toolchain;
 # installs cargo-fuzz from crates.io when missing. Fails on any crash.

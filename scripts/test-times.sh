@@ -14,6 +14,14 @@
 set -uo pipefail
 log="${HAWSER_TEST_TIMES:-$(dirname "$0")/../target/test-times.log}"
 
+# The seconds this machine's cores have been busy since it booted, all cores added up (user,
+# nice, system, irq and softirq in /proc/stat, at 100 ticks a second): over a step, the CPU
+# time it and whatever ran beside it took. A step whose busy seconds are about its wall time
+# times the cores waited on the CPU, not on itself.
+busy() {
+    awk '/^cpu / { print int(($2 + $3 + $4 + $7 + $8) / 100) }' /proc/stat 2>/dev/null || echo 0
+}
+
 case "${1:-}" in
 --start)
     mkdir -p "$(dirname "$log")"
@@ -26,9 +34,11 @@ case "${1:-}" in
     # A binary's tests, each a line of its own (nextest), count once, summed.
     grep '^binary ' "$log" | awk '{ t[$3 " " $4] += $2 } END { for (k in t) print t[k], k }' |
         sort -k1 -rn | head -n "${TOP:-15}" | awk '{ printf "%8.1f  %s: %s\n", $1, $2, $3 }'
-    echo "== steps (wall seconds) =="
-    grep '^step ' "$log" | awk '{ printf "%8d  %s%s\n", $2, $3, ($4 == "" ? "" : " (" $4 ")") }'
-    grep '^step ' "$log" | awk '{ s += $2 } END { printf "%8d  total\n", s }'
+    echo "== steps (wall seconds; the cores' busy seconds, and as a share of wall x $(nproc) cores) =="
+    grep '^step ' "$log" | awk -v n="$(nproc)" '{
+        printf "%8d  %-9s %7d busy  %3d%%\n", $2, $3, $4, ($2 > 0 ? 100 * $4 / ($2 * n) : 0) }'
+    grep '^step ' "$log" | awk -v n="$(nproc)" '{ w += $2; b += $4 } END {
+        printf "%8d  %-9s %7d busy  %3d%%\n", w, "total", b, (w > 0 ? 100 * b / (w * n) : 0) }'
     ;;
 "")
     echo "usage: CMD 2>&1 | $0 STEP, or $0 --start|--report" >&2
@@ -40,6 +50,7 @@ case "${1:-}" in
     # `make -n -B test` does, in a fresh checkout that has no target/ yet.
     mkdir -p "$(dirname "$log")"
     start=$(date +%s)
+    busy_at_start=$(busy)
     current="?"
     while IFS= read -r line; do
         printf '%s\n' "$line"
@@ -65,6 +76,6 @@ case "${1:-}" in
         esac
     done
     # The step's own exit status is the pipeline's (pipefail); noted here whatever it was.
-    echo "step $(($(date +%s) - start)) $step" >>"$log"
+    echo "step $(($(date +%s) - start)) $step $(($(busy) - busy_at_start))" >>"$log"
     ;;
 esac
