@@ -134,7 +134,10 @@ while read -r kind name file; do
 done <<<"$LOOKUPS"
 
 # --- make test runs each provider before its tests ---------------------------------------
-first_test=$(grep -nE '(^|[ /])cargo test ' <<<"$MAKE_N" | head -1 | cut -d: -f1 || true)
+# The first line that runs tests: `cargo test` or `cargo nextest run`, but not a build of test
+# binaries (`cargo test --no-run`, among the builds).
+first_test=$(grep -nE '(^|[ /])cargo (test|nextest run) ' <<<"$MAKE_N" | grep -v -- '--no-run' |
+  head -1 | cut -d: -f1 || true)
 # runs REGEX TARGET WHAT: else name the targets whose recipe has it.
 runs() {
   local at where
